@@ -1,0 +1,1 @@
+"""The pure privacy core: mechanisms as step operators, no Kafka, no Faust, no I/O."""

@@ -1,0 +1,79 @@
+"""The contract every counter in the core fulfils (see tests/core/test_contract.py).
+
+A counter is a step operator over ticks. Tick t = 1, 2, ... receives x_t in [0, 1] or
+None (⊥, "no event this tick") and releases y_t, an estimate of s_t = x_1 + ... + x_t.
+
+- update(x) -> y_t. Validates x first (InvalidInputError, state untouched), then steps.
+- skip(n) advances n ⊥ ticks; same output distribution as n updates with None, at a cost
+  that does not grow with n wherever the algorithm allows. Returns the ticks inside the
+  skipped range where y changed, as (t, y) pairs in increasing t; `y` is then y_{t+n}.
+- to_bytes() / from_bytes(data, key): explicit, versioned state. Restoring at any tick
+  and continuing gives exactly the outputs of never stopping.
+- error_bound(beta): a bound on |y_t - s_t| at the current tick that holds with
+  probability >= 1 - beta, computed from public quantities only (parameters and t).
+
+Releases are exact multiples of 2^-GRID_BITS (see grid.py); y is that value as a float.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar, Self
+
+from processor.core.rng import NoiseKey
+
+Change = tuple[int, float]
+
+
+class Counter(ABC):
+    """A private continual counter as a step operator."""
+
+    mechanism: ClassVar[str]
+    #: True when the mechanism is private for edit neighbours (the queue shift).
+    edit_private: ClassVar[bool]
+
+    eps: float
+    delta: float
+    counter_id: str
+
+    @property
+    @abstractmethod
+    def t(self) -> int:
+        """Ticks processed so far."""
+
+    @property
+    @abstractmethod
+    def y(self) -> float:
+        """The last release y_t (0.0 before the first tick)."""
+
+    @abstractmethod
+    def update(self, x: float | None) -> float: ...
+
+    def skip(self, n: int) -> list[Change]:
+        """Default: n ⊥ updates (exact, O(n)); fast mechanisms override."""
+        check_skip(n)
+        changes: list[Change] = []
+        for _ in range(n):
+            before = self.y
+            after = self.update(None)
+            if after != before:
+                changes.append((self.t, after))
+        return changes
+
+    @abstractmethod
+    def to_bytes(self) -> bytes: ...
+
+    @classmethod
+    @abstractmethod
+    def from_bytes(cls, data: bytes, key: NoiseKey) -> Self: ...
+
+    @abstractmethod
+    def error_bound(self, beta: float = 0.05) -> float: ...
+
+
+def check_skip(n: object) -> int:
+    from processor.core.errors import InvalidInputError
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InvalidInputError(n, "skip needs a non-negative integer")
+    return n

@@ -1,0 +1,31 @@
+"""Typed errors of the privacy core."""
+
+from __future__ import annotations
+
+
+class CoreError(Exception):
+    """Base class of every error the core raises on purpose."""
+
+
+class InvalidInputError(CoreError, ValueError):
+    """An input that is not in [0, 1] or ⊥ (None): NaN, infinity, wrong type, out of range.
+
+    Raised before any state changes, so the mechanism is exactly as it was.
+    """
+
+    def __init__(self, value: object, reason: str) -> None:
+        self.value = value
+        self.reason = reason
+        super().__init__(f"invalid input {value!r}: {reason}")
+
+
+class InvalidParameterError(CoreError, ValueError):
+    """A mechanism parameter outside its domain (eps <= 0, delta not in (0, 1), ...)."""
+
+
+class StateFormatError(CoreError, ValueError):
+    """Serialized state that cannot be restored: wrong magic, version, mechanism or parameters."""
+
+
+class NoiseKeyError(CoreError):
+    """A noise key that is missing, unreadable or too short. Never a silent weak default."""

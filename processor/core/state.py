@@ -1,0 +1,54 @@
+"""Versioned, compact state encoding shared by every mechanism.
+
+Layout: b"DPS" + one version byte + orjson payload. The payload is a dict that always
+holds "m" (the mechanism name) and the parameters needed to rebuild the instance, so a
+state can never be restored into a mechanism with other parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from processor.core.errors import StateFormatError
+
+MAGIC = b"DPS"
+
+
+def pack(mechanism: str, version: int, payload: dict[str, Any]) -> bytes:
+    body = dict(payload)
+    body["m"] = mechanism
+    return MAGIC + bytes([version]) + orjson.dumps(body)
+
+
+def unpack(data: bytes, mechanism: str, version: int) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise StateFormatError("state must be bytes")
+    data = bytes(data)
+    if data[:3] != MAGIC or len(data) < 5:
+        raise StateFormatError("not a mechanism state (bad magic)")
+    if data[3] != version:
+        raise StateFormatError(f"state version {data[3]} is not the supported version {version}")
+    try:
+        body = orjson.loads(data[4:])
+    except orjson.JSONDecodeError:
+        raise StateFormatError("state payload is corrupt") from None
+    if not isinstance(body, dict) or body.get("m") != mechanism:
+        got = body.get("m") if isinstance(body, dict) else None
+        raise StateFormatError(f"state is for mechanism {got!r}, not {mechanism!r}")
+    return body
+
+
+def peek_mechanism(data: bytes) -> str:
+    """The mechanism name inside a state, to dispatch `from_bytes`."""
+    if bytes(data[:3]) != MAGIC:
+        raise StateFormatError("not a mechanism state (bad magic)")
+    try:
+        body = orjson.loads(bytes(data[4:]))
+    except orjson.JSONDecodeError:
+        raise StateFormatError("state payload is corrupt") from None
+    m = body.get("m") if isinstance(body, dict) else None
+    if not isinstance(m, str):
+        raise StateFormatError("state names no mechanism")
+    return m
