@@ -9,6 +9,7 @@ None (⊥, "no event this tick") and releases y_t, an estimate of s_t = x_1 + ..
   skipped range where y changed, as (t, y) pairs in increasing t; `y` is then y_{t+n}.
 - to_bytes() / from_bytes(data, key): explicit, versioned state. Restoring at any tick
   and continuing gives exactly the outputs of never stopping.
+- next_due(): the next tick at which a run of ⊥ ticks can change anything (None: never).
 - error_bound(beta): a bound on |y_t - s_t| at the current tick that holds with
   probability >= 1 - beta, computed from public quantities only (parameters and t).
 
@@ -59,6 +60,17 @@ class Counter(ABC):
             if after != before:
                 changes.append((self.t, after))
         return changes
+
+    def next_due(self) -> int | None:
+        """The earliest tick > t at which a run of ⊥ inputs could change y or any internal
+        decision (a checkpoint, a scheduled release), or None if never.
+
+        The stream layer uses it so that a marker touches only counters with something due:
+        skipping to any tick before next_due() changes nothing but t. Mechanisms whose output
+        moves at every tick (fresh noise per tick) keep this default. Mechanisms that
+        presample a future event keep the sample in their state, so it is deterministic.
+        """
+        return self.t + 1
 
     @abstractmethod
     def to_bytes(self) -> bytes: ...
