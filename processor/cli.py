@@ -58,10 +58,10 @@ def _count_parser() -> argparse.ArgumentParser:
 
 
 def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
+    args = _count_parser().parse_args(argv)
     from processor.core import registry
     from processor.offline import TickSyntaxError, parse_ticks, run_counter
 
-    args = _count_parser().parse_args(argv)
     try:
         key = NoiseKey.from_file(args.key_file) if args.key_file else NoiseKey.from_seed(args.seed)
         params: dict[str, object] = {}
