@@ -1,0 +1,337 @@
+"""The unbounded continual counter CC (Lemma 3.12) and the biased counter BCC (Lemma 3.13).
+
+UnboundedCC: the doubling trick. Ticks are split into intervals I_k = [2^{k-1}, 2^k - 1].
+When I_k completes, p_k = (sum of I_k) + N(0, C_{eps/2,delta/2}^2 sensitivity^2) is drawn
+(discrete Gaussian in units) and added to l. Inside the running interval a fresh bounded
+(eps/2, delta/2) counter counts the inputs of I_k (q_t); y_t = l_t when t = 2^j - 1, else
+l_t + q_t.
+
+One refinement over the paper's text, with the same privacy argument: the inner counter of
+I_k is only ever read at the first 2^{k-1} - 1 ticks of I_k (at the last tick y_t = l_t),
+so it is given horizon 2^{k-1} - 1 and never sees the interval's last input, which is
+protected by p_k alone. Each input still enters p_k and at most one bounded counter, so
+CC is (eps, delta)-DP by composition; the tree gets one level fewer (less noise).
+
+BCC: CC with (eps, delta/2); eta = 0.5 delta / (1 + e^eps); y_t = ceil(max(y'_t +
+alpha_CC(eps, delta/2, eta, t), s_t)). It never underestimates and is an integer.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Self
+
+from processor.core.bounded import (
+    GaussianTree,
+    LaplaceTreeBounded,
+    SqrtFactor,
+    UnitCounter,
+    _get,
+    check_eps_delta,
+    check_positive_int,
+    check_units,
+    dlap_variance,
+    gaussian_sigma2,
+    laplace_tree_sigma,
+    sqrt_sigma,
+    tail_factor,
+    tree_sigma,
+)
+from processor.core.errors import InvalidParameterError, StateFormatError
+from processor.core.grid import UNIT
+from processor.core.rng import KeyedStream, NoiseKey, WordCursor
+from processor.core.samplers import discrete_gaussian, discrete_laplace, laplace_scale_units
+
+#: Base counters inside the running interval. "tree" (GaussianTree, O(log) state) is the
+#: default; "sqrt" (SqrtFactor, linear state) is for experiments; "laplace" is the pure-DP
+#: variant (discrete Laplace everywhere, delta unused) behind the LaplaceTree baseline.
+BASES = ("tree", "sqrt", "laplace")
+
+
+def _check_base(base: object) -> str:
+    if base not in BASES:
+        raise InvalidParameterError(f"unknown base {base!r}; valid: {', '.join(BASES)}")
+    return str(base)
+
+
+def _psum_laplace_scale(eps: float, sensitivity: int) -> int:
+    """Interval-sum scale in units for the pure-DP variant: Lap(sensitivity / (eps/2))."""
+    return laplace_scale_units(2.0 * sensitivity / (eps * UNIT))
+
+
+@lru_cache(maxsize=4096)
+def _psum_var(eps: float, delta: float, base: str, sensitivity: int) -> float:
+    """Variance (units^2) of one interval-sum release p_k."""
+    if base == "laplace":
+        return dlap_variance(_psum_laplace_scale(eps, sensitivity))
+    num, den = gaussian_sigma2(eps / 2, delta / 2, float(sensitivity))
+    return num / den
+
+
+def _inner_sigma(eps: float, delta: float, base: str, horizon: int, tau: int,
+                 sensitivity: int) -> float:
+    if base == "tree":
+        return tree_sigma(eps / 2, delta / 2, horizon, tau, sensitivity)
+    if base == "sqrt":
+        return sqrt_sigma(eps / 2, delta / 2, horizon, tau, sensitivity)
+    return laplace_tree_sigma(eps / 2, horizon, tau, sensitivity)
+
+
+def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
+             sensitivity: int = UNIT) -> float:
+    """Exact std (units) of y_t - s_t of UnboundedCC(eps, delta, base, sensitivity).
+
+    K = floor(log2(t + 1)) intervals are complete at t, each adding one p_k; if t is not
+    the end of an interval, the running interval's bounded counter adds its own error at
+    local time t - 2^K + 1 (horizon 2^K - 1). For base "sqrt" the release rounding (at most
+    half a unit) is not included.
+    """
+    if t <= 0:
+        return 0.0
+    k_done = (t + 1).bit_length() - 1
+    var = k_done * _psum_var(eps, delta, base, sensitivity)
+    start = 1 << k_done
+    if t != start - 1:
+        s = _inner_sigma(eps, delta, base, start - 1, t - start + 1, sensitivity)
+        var += s * s
+    return math.sqrt(var)
+
+
+def cc_alpha(eps: float, delta: float, beta: float, t: int, base: str = "tree",
+             sensitivity: int = UNIT) -> float:
+    """alpha_CC(eps, delta, beta, t) = sigma_t sqrt(2 ln(pi^2 t^2 / (3 beta))), in units."""
+    if t <= 0:
+        return 0.0
+    return cc_sigma(eps, delta, t, base, sensitivity) * tail_factor(beta, t)
+
+
+def bcc_eta(eps: float, delta: float) -> float:
+    """eta = 0.5 delta / (1 + e^eps) of Lemma 3.13 (the probability BCC differs from M)."""
+    return 0.5 * delta / (1.0 + math.exp(eps)) if eps < 700 else 0.0
+
+
+def bcc_offset(eps: float, delta: float, t: int, base: str = "tree",
+               sensitivity: int = UNIT) -> float:
+    """The shift BCC adds before rounding up: alpha_CC(eps, delta/2, eta, t), in units."""
+    eta = bcc_eta(eps, delta)
+    if eta <= 0.0:
+        raise InvalidParameterError("eps too large for BCC's eta")
+    return cc_alpha(eps, delta / 2, eta, t, base, sensitivity)
+
+
+def bcc_alpha(eps: float, delta: float, t: int, beta: float = 0.05, base: str = "tree",
+              sensitivity: int = UNIT) -> float:
+    """Lemma 3.13's accuracy bound of BCC, in whole counts (multiples of `sensitivity`):
+    (alpha_CC(eps, delta/2, beta, t) + alpha_CC(eps, delta/2, eta, t)) / sensitivity + 1.
+    With probability >= 1 - beta, 0 <= y_t - s_t <= this for all t."""
+    if t <= 0:
+        return 0.0
+    a = cc_alpha(eps, delta / 2, beta, t, base, sensitivity)
+    return (a + bcc_offset(eps, delta, t, base, sensitivity)) / sensitivity + 1.0
+
+
+class UnboundedCC(UnitCounter):
+    """The unbounded CC of Lemma 3.12 over integer units (see module docstring).
+
+    `step(u)` takes u >= 0 units, whose 1-step-neighbour change is at most `sensitivity`
+    units, and returns the noisy prefix sum in units. Labels: p_k draws from
+    f"{label}/psum"; the bounded counter of I_k from f"{label}/i{k}".
+    """
+
+    kind = "ucc"
+    __slots__ = ("_cur", "_inner", "_isum", "_l", "_psum", "_t", "_y", "base", "delta", "eps",
+                 "key", "label", "sensitivity")
+
+    def __init__(self, eps: float, delta: float, key: NoiseKey, label: str,
+                 sensitivity: int = UNIT, base: str = "tree") -> None:
+        self.base = _check_base(base)
+        self.eps, self.delta = check_eps_delta(eps, delta, delta_used=self.base != "laplace")
+        self.sensitivity = check_positive_int("sensitivity", sensitivity)
+        self.key = key
+        self.label = label
+        self._cur = WordCursor(KeyedStream(key, f"{label}/psum"))
+        if self.base == "laplace":
+            self._psum: tuple[int, int] = (_psum_laplace_scale(self.eps, self.sensitivity), 1)
+        else:
+            self._psum = gaussian_sigma2(self.eps / 2, self.delta / 2, float(self.sensitivity))
+        self._t = 0
+        self._l = 0      # sum of the released p_k (units)
+        self._isum = 0   # exact sum of the running interval (units)
+        self._y = 0
+        self._inner: UnitCounter | None = None
+
+    @property
+    def t(self) -> int:
+        return self._t
+
+    @property
+    def y(self) -> int:
+        """The last release in units."""
+        return self._y
+
+    def _new_inner(self, k: int, horizon: int) -> UnitCounter:
+        lab = f"{self.label}/i{k}"
+        e, d = self.eps / 2, self.delta / 2
+        if self.base == "tree":
+            return GaussianTree(e, d, horizon, self.key, lab, self.sensitivity)
+        if self.base == "sqrt":
+            return SqrtFactor(e, d, horizon, self.key, lab, self.sensitivity)
+        return LaplaceTreeBounded(e, horizon, self.key, lab, self.sensitivity)
+
+    def _draw_psum(self) -> int:
+        if self.base == "laplace":
+            return discrete_laplace(self._cur, self._psum[0])
+        return discrete_gaussian(self._cur, self._psum[0], self._psum[1])
+
+    def step(self, u: int) -> int:
+        u = check_units(u)
+        t = self._t + 1
+        k = t.bit_length()           # t lies in I_k = [2^{k-1}, 2^k - 1]
+        start, end = 1 << (k - 1), (1 << k) - 1
+        # Everything below is infallible: validation is done.
+        self._t = t
+        if t == start:
+            self._isum = 0
+            self._inner = self._new_inner(k, start - 1) if start > 1 else None
+        self._isum += u
+        if t == end:
+            self._l += self._isum + self._draw_psum()
+            self._inner = None
+            self._isum = 0
+            self._y = self._l
+        else:
+            assert self._inner is not None
+            self._y = self._l + self._inner.step(u)
+        return self._y
+
+    def sigma(self, t: int) -> float:
+        return cc_sigma(self.eps, self.delta, t, self.base, self.sensitivity)
+
+    @staticmethod
+    def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
+                 sensitivity: int = UNIT) -> float:
+        """sigma(t) without an instance (for the vectorised simulator)."""
+        return cc_sigma(eps, delta, t, base, sensitivity)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"k": self.kind, "e": self.eps, "d": self.delta, "sen": self.sensitivity,
+                "b": self.base, "lab": self.label, "t": self._t, "l": self._l,
+                "is": self._isum, "y": self._y, "p": self._cur.position,
+                "in": None if self._inner is None else self._inner.to_state()}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(d, "k", str) != cls.kind:
+            raise StateFormatError("not an UnboundedCC state")
+        try:
+            obj = cls(_get(d, "e", float), _get(d, "d", float), key, _get(d, "lab", str),
+                      _get(d, "sen", int), _get(d, "b", str))
+        except InvalidParameterError as exc:
+            raise StateFormatError(f"bad UnboundedCC parameters: {exc}") from None
+        t = _get(d, "t", int)
+        p = _get(d, "p", int)
+        isum = _get(d, "is", int)
+        if t < 0 or p < 0 or isum < 0:
+            raise StateFormatError("UnboundedCC state out of range")
+        obj._t, obj._l, obj._isum, obj._y = t, _get(d, "l", int), isum, _get(d, "y", int)
+        obj._cur.position = p
+        inner = d.get("in")
+        k = (t + 1).bit_length()     # the interval tick t + 1 falls in
+        start = 1 << (k - 1)
+        expect_inner = t >= start and start > 1   # inside I_k with ticks already consumed
+        if inner is None:
+            if expect_inner:
+                raise StateFormatError("UnboundedCC state lacks its running counter")
+        else:
+            if not expect_inner or not isinstance(inner, dict):
+                raise StateFormatError("UnboundedCC state has an unexpected running counter")
+            want = obj._new_inner(k, start - 1)
+            restored = type(want).from_state(inner, key)
+            fixed = ("k", "e", "d", "n", "sen", "lab")
+            a, b = restored.to_state(), want.to_state()
+            if any(a.get(f) != b.get(f) for f in fixed) or restored.t != t - start + 1:
+                raise StateFormatError("UnboundedCC running counter does not match")
+            obj._inner = restored
+        return obj
+
+
+class BCC(UnitCounter):
+    """The biased counter of Lemma 3.13: an integer count that never underestimates.
+
+    `step(d)` takes the raw integer count of this step (for ECC: a number of ticks). Inside,
+    the count is put on a fine lattice: d becomes d * sensitivity units of an UnboundedCC
+    with (eps, delta/2) whose 1-step change is `sensitivity` units, so the discrete Gaussian
+    noise lives on a grid 1/sensitivity of a count. The release is
+    y_t = ceil(max(y'_t + alpha_CC(eps, delta/2, eta, t), s_t * sensitivity) / sensitivity),
+    an int number of counts. (eps, delta)-DP for 1-step neighbours (one count changes by 1).
+    """
+
+    kind = "bcc"
+    __slots__ = ("_cc", "_s", "_y", "delta", "eps", "eta", "label", "sensitivity")
+
+    def __init__(self, eps: float, delta: float, key: NoiseKey, label: str,
+                 sensitivity: int = UNIT, base: str = "tree") -> None:
+        self.eps, self.delta = check_eps_delta(eps, delta)
+        self.sensitivity = check_positive_int("sensitivity", sensitivity)
+        if _check_base(base) == "laplace":
+            raise InvalidParameterError("BCC needs a Gaussian base ('tree' or 'sqrt')")
+        self.eta = bcc_eta(self.eps, self.delta)
+        if self.eta <= 0.0:
+            raise InvalidParameterError("eps too large for BCC (eta underflows)")
+        self.label = label
+        self._cc = UnboundedCC(self.eps, self.delta / 2, key, f"{label}/cc", self.sensitivity,
+                               base)
+        self._s = 0
+        self._y = 0
+
+    @property
+    def t(self) -> int:
+        return self._cc.t
+
+    @property
+    def y(self) -> int:
+        """The last release (counts)."""
+        return self._y
+
+    def step(self, u: int) -> int:
+        """Consume a raw count d >= 0; return the biased estimate of the running total (int)."""
+        d = check_units(u)
+        yp = self._cc.step(d * self.sensitivity)
+        self._s += d
+        shift = self._cc.alpha(self.eta, self._cc.t)
+        # ceil((y' + shift) / sensitivity) of a float: y' + shift is data-independent noise
+        # plus s, so this is post-processing; the max with s keeps it exact on the low side.
+        self._y = max(math.ceil((yp + shift) / self.sensitivity), self._s)
+        return self._y
+
+    def sigma(self, t: int) -> float:
+        """Std of y'_t - s_t of the inner CC, in counts."""
+        return self._cc.sigma(t) / self.sensitivity
+
+    def alpha(self, beta: float, t: int) -> float:
+        """Lemma 3.13 bound in counts: with probability >= 1 - beta, for all t,
+        0 <= y_t - s_t <= alpha(beta, t)."""
+        return bcc_alpha(self.eps, self.delta, t, beta, self._cc.base, self.sensitivity)
+
+    def to_state(self) -> dict[str, Any]:
+        return {"k": self.kind, "e": self.eps, "d": self.delta, "lab": self.label, "s": self._s,
+                "y": self._y, "cc": self._cc.to_state()}
+
+    @classmethod
+    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(d, "k", str) != cls.kind:
+            raise StateFormatError("not a BCC state")
+        cc = UnboundedCC.from_state(_get(d, "cc", dict), key)
+        try:
+            obj = cls(_get(d, "e", float), _get(d, "d", float), key, _get(d, "lab", str),
+                      cc.sensitivity, cc.base)
+        except InvalidParameterError as exc:
+            raise StateFormatError(f"bad BCC parameters: {exc}") from None
+        if cc.label != f"{obj.label}/cc" or cc.eps != obj.eps or cc.delta != obj.delta / 2:
+            raise StateFormatError("BCC inner counter does not match")
+        s, y = _get(d, "s", int), _get(d, "y", int)
+        if s < 0 or y < s:
+            raise StateFormatError("BCC state out of range")
+        obj._cc, obj._s, obj._y = cc, s, y
+        return obj
