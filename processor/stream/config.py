@@ -1,0 +1,363 @@
+"""Configuration of the stream processor: the ONE place settings are read.
+
+`load_settings(path, env)` reads a TOML file (every field documented in
+deploy/config.example.toml), applies `DPC_*` environment overrides on top, validates
+everything and returns a frozen `Settings`. A bad value raises `ConfigError` naming the
+field, so an operator sees "epsilon: must be a finite number > 0", never a stack trace
+from deep inside the mechanism.
+
+Secrets (the SASL password) never appear in repr/str; the noise key itself is not
+configuration at all: only the path of the file that holds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any
+
+import orjson
+
+from processor.core.grid import GRID_BITS
+
+#: Mechanisms the stream layer may run: only those private under the queue shift.
+STREAM_MECHANISMS = ("ecc", "simecc")
+SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+#: Longest accepted counter name (bytes of UTF-8); keeps state keys and records small.
+MAX_COUNTER_NAME = 200
+
+
+class ConfigError(ValueError):
+    """A configuration value that is missing, of the wrong type or outside its domain.
+
+    `field` is the dotted name of the offending setting (e.g. "topics.input",
+    "counters.signups"), so the message points at the line to fix.
+    """
+
+    def __init__(self, field_name: str, message: str) -> None:
+        self.field = field_name
+        self.message = message
+        super().__init__(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class SecuritySettings:
+    """How to reach the brokers: protocol, TLS files and SASL credentials."""
+
+    security_protocol: str = "PLAINTEXT"
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    # repr=False: the password must never reach a log line through a repr of the settings.
+    sasl_password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class TopicSettings:
+    """Names of the five topics the processor reads and writes."""
+
+    input: str = "dpc-input"
+    timeline: str = "dpc-timeline"
+    counts: str = "dpc-private-counts"
+    ledger: str = "dpc-privacy-ledger"
+    deadletter: str = "dpc-dead-letter"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every setting of the processor, validated. Build it with `load_settings` (or
+    `Settings(...)` then `validate_settings` in tests)."""
+
+    app_id: str = "dp-stream-counts"
+    bootstrap_servers: str = "localhost:9092"
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    #: Partitions of the timeline topic (and of the operator's state table).
+    partitions: int = 4
+    #: Length of one tick of event time, in milliseconds.
+    tick_ms: int = 1000
+    #: How long after a tick's end the tick is sealed (events later than that are "late").
+    lateness_ms: int = 2000
+    #: Events stamped further than this into the future are rejected to the dead letters.
+    max_future_ms: int = 60_000
+    mechanism: str = "ecc"
+    epsilon: float = 1.0
+    delta: float = 1e-6
+    #: Confidence of the published error bound: |y_t - s_t| <= bound w.p. >= 1 - beta.
+    beta: float = 0.05
+    #: A heartbeat release every this many ticks, even when y did not change.
+    heartbeat_ticks: int = 60
+    #: Declared counters: name -> start time (epoch ms, a multiple of tick_ms).
+    counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
+    #: Accept events for undeclared counters (the counter starts at its first event's tick,
+    #: which itself reveals that event's existence: off by default, see the example config).
+    allow_undeclared: bool = False
+    noise_key_file: str | None = None
+    state_dir: str = ".dpc-state"
+
+    def fingerprint(self) -> str:
+        """sha256 (hex) of the privacy-relevant settings: public, printed in every release
+        and ledger entry, so a consumer can tell which configuration produced a value."""
+        relevant = {
+            "mechanism": self.mechanism,
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "tick_ms": self.tick_ms,
+            "counters": sorted(self.counters.items()),
+            "allow_undeclared": self.allow_undeclared,
+            "grid_bits": GRID_BITS,
+            "contribution_bound": 1,
+        }
+        return hashlib.sha256(orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    def start_ms(self, counter: str) -> int | None:
+        """The declared start of `counter` (epoch ms), or None if it is not declared."""
+        return self.counters.get(counter)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+_TOP_KEYS = {
+    "app_id", "bootstrap_servers", "partitions", "tick_ms", "lateness_ms", "max_future_ms",
+    "mechanism", "epsilon", "delta", "beta", "heartbeat_ticks", "allow_undeclared",
+    "noise_key_file", "state_dir",
+}
+_SECTIONS = {"security", "topics", "counters"}
+
+# Environment overrides: variable -> (section or "", field). DPC_* wins over the legacy
+# KAFKA_BOOTSTRAP_SERVERS, which is honoured because the deploy scripts and CI export it.
+_ENV: dict[str, tuple[str, str]] = {f"DPC_{k.upper()}": ("", k) for k in _TOP_KEYS}
+_ENV.update({f"DPC_{f.name.upper()}": ("security", f.name) for f in fields(SecuritySettings)})
+_ENV.update({f"DPC_TOPIC_{f.name.upper()}": ("topics", f.name) for f in fields(TopicSettings)})
+
+
+def _as_int(name: str, v: object, minimum: int) -> int:
+    if isinstance(v, str):
+        try:
+            v = int(v.strip())
+        except ValueError:
+            raise ConfigError(name, "must be an integer") from None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(name, "must be an integer")
+    if v < minimum:
+        raise ConfigError(name, f"must be >= {minimum}")
+    return v
+
+
+def _as_float(name: str, v: object) -> float:
+    if isinstance(v, str):
+        try:
+            v = float(v.strip())
+        except ValueError:
+            raise ConfigError(name, "must be a number") from None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(name, "must be a number")
+    f = float(v)
+    if not math.isfinite(f):
+        raise ConfigError(name, "must be finite")
+    return f
+
+
+def _as_bool(name: str, v: object) -> bool:
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    if isinstance(v, str) and v.strip().lower() in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(name, "must be true or false")
+
+
+def _as_str(name: str, v: object, *, optional: bool = False) -> str | None:
+    if v is None or (optional and v == ""):
+        if optional:
+            return None
+        raise ConfigError(name, "is required")
+    if not isinstance(v, str) or not v.strip():
+        raise ConfigError(name, "must be a non-empty string")
+    return v
+
+
+def _start_ms(name: str, v: object) -> int:
+    """A counter start: epoch ms (int) or an ISO-8601 time with a zone."""
+    if isinstance(v, datetime):  # TOML has a native datetime type
+        if v.tzinfo is None:
+            raise ConfigError(name, "a start time needs a time zone (e.g. Z)")
+        return int(v.timestamp() * 1000)
+    if isinstance(v, str):
+        try:
+            dt = datetime.fromisoformat(v.strip())
+        except ValueError:
+            return _as_int(name, v, 0)
+        return _start_ms(name, dt)
+    return _as_int(name, v, 0)
+
+
+def _parse_counters_env(text: str) -> dict[str, object]:
+    """DPC_COUNTERS="a=0,b=2026-01-01T00:00:00Z": replaces the declared counters."""
+    out: dict[str, object] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, start = item.partition("=")
+        if not sep:
+            raise ConfigError("counters", "DPC_COUNTERS items must look like name=start_ms")
+        out[name.strip()] = start.strip()
+    return out
+
+
+def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) -> Settings:
+    """Read settings from the TOML file `path` (None: defaults only), then apply the
+    DPC_* overrides in `env`, then validate. Raises ConfigError naming the bad field."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as fh:
+                raw = tomllib.load(fh)
+        except OSError as exc:
+            raise ConfigError("config", f"cannot read {path!r}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", f"not valid TOML: {exc}") from None
+    for key, value in raw.items():
+        if key in _SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(key, "must be a table")
+        elif key not in _TOP_KEYS:
+            raise ConfigError(key, "unknown setting (typo?)")
+
+    top: dict[str, Any] = {k: v for k, v in raw.items() if k in _TOP_KEYS}
+    sec: dict[str, Any] = dict(raw.get("security", {}))
+    top_names = {f.name for f in fields(SecuritySettings)}
+    for k in sec:
+        if k not in top_names:
+            raise ConfigError(f"security.{k}", "unknown setting (typo?)")
+    topics: dict[str, Any] = dict(raw.get("topics", {}))
+    topic_names = {f.name for f in fields(TopicSettings)}
+    for k in topics:
+        if k not in topic_names:
+            raise ConfigError(f"topics.{k}", "unknown setting (typo?)")
+    counters: dict[str, Any] = dict(raw.get("counters", {}))
+
+    if "KAFKA_BOOTSTRAP_SERVERS" in env and "DPC_BOOTSTRAP_SERVERS" not in env:
+        top["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
+    for var, (section, name) in _ENV.items():
+        if var in env:
+            target = top if section == "" else sec if section == "security" else topics
+            target[name] = env[var]
+    if "DPC_COUNTERS" in env:
+        counters = _parse_counters_env(env["DPC_COUNTERS"])
+
+    return _build(top, sec, topics, counters)
+
+
+def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
+           counters: dict[str, Any]) -> Settings:
+    d = Settings()
+    s: dict[str, Any] = {}
+    s["app_id"] = _as_str("app_id", top.get("app_id", d.app_id))
+    s["bootstrap_servers"] = _as_str(
+        "bootstrap_servers", top.get("bootstrap_servers", d.bootstrap_servers))
+    s["partitions"] = _as_int("partitions", top.get("partitions", d.partitions), 1)
+    s["tick_ms"] = _as_int("tick_ms", top.get("tick_ms", d.tick_ms), 1)
+    s["lateness_ms"] = _as_int("lateness_ms", top.get("lateness_ms", d.lateness_ms), 0)
+    s["max_future_ms"] = _as_int("max_future_ms", top.get("max_future_ms", d.max_future_ms), 0)
+    s["mechanism"] = _as_str("mechanism", top.get("mechanism", d.mechanism))
+    s["epsilon"] = _as_float("epsilon", top.get("epsilon", d.epsilon))
+    s["delta"] = _as_float("delta", top.get("delta", d.delta))
+    s["beta"] = _as_float("beta", top.get("beta", d.beta))
+    s["heartbeat_ticks"] = _as_int(
+        "heartbeat_ticks", top.get("heartbeat_ticks", d.heartbeat_ticks), 1)
+    s["allow_undeclared"] = _as_bool(
+        "allow_undeclared", top.get("allow_undeclared", d.allow_undeclared))
+    s["noise_key_file"] = _as_str(
+        "noise_key_file", top.get("noise_key_file", d.noise_key_file), optional=True)
+    s["state_dir"] = _as_str("state_dir", top.get("state_dir", d.state_dir))
+
+    sd: dict[str, Any] = {}
+    for f in fields(SecuritySettings):
+        default = getattr(SecuritySettings(), f.name)
+        sd[f.name] = _as_str(f"security.{f.name}", sec.get(f.name, default), optional=True)
+    if sd["security_protocol"] is None:
+        sd["security_protocol"] = "PLAINTEXT"
+    td: dict[str, Any] = {}
+    for f in fields(TopicSettings):
+        td[f.name] = _as_str(f"topics.{f.name}", topics.get(f.name, getattr(TopicSettings(),
+                                                                             f.name)))
+    cd: dict[str, int] = {}
+    for name, start in counters.items():
+        cd[name] = _start_ms(f"counters.{name}", start)
+
+    settings = Settings(security=SecuritySettings(**sd), topics=TopicSettings(**td),
+                        counters=MappingProxyType(cd), **s)
+    validate_settings(settings)
+    return settings
+
+
+def validate_settings(s: Settings) -> Settings:
+    """Check every cross-field rule; return `s` unchanged or raise ConfigError."""
+    if s.mechanism not in STREAM_MECHANISMS:
+        raise ConfigError("mechanism", f"must be one of {', '.join(STREAM_MECHANISMS)} "
+                          "(the mechanisms private under the queue shift)")
+    if not (math.isfinite(s.epsilon) and s.epsilon > 0):
+        raise ConfigError("epsilon", "must be a finite number > 0")
+    if not 0 < s.delta < 1:
+        raise ConfigError("delta", "must be in (0, 1)")
+    if not 0 < s.beta < 1:
+        raise ConfigError("beta", "must be in (0, 1)")
+    for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
+                        ("lateness_ms", s.lateness_ms, 0),
+                        ("max_future_ms", s.max_future_ms, 0),
+                        ("heartbeat_ticks", s.heartbeat_ticks, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(name, f"must be an integer >= {lo}")
+    sec = s.security
+    if sec.security_protocol not in SECURITY_PROTOCOLS:
+        raise ConfigError("security.security_protocol",
+                          f"must be one of {', '.join(SECURITY_PROTOCOLS)}")
+    if sec.security_protocol.startswith("SASL"):
+        if sec.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigError("security.sasl_mechanism",
+                              f"must be one of {', '.join(SASL_MECHANISMS)} with SASL")
+        if not sec.sasl_username:
+            raise ConfigError("security.sasl_username", "is required with SASL")
+        if not sec.sasl_password:
+            raise ConfigError("security.sasl_password", "is required with SASL")
+    if (sec.ssl_certfile is None) != (sec.ssl_keyfile is None):
+        raise ConfigError("security.ssl_keyfile", "ssl_certfile and ssl_keyfile go together")
+    for f in fields(TopicSettings):
+        name = getattr(s.topics, f.name)
+        if not isinstance(name, str) or not _TOPIC_RE.match(name):
+            raise ConfigError(f"topics.{f.name}", "not a valid Kafka topic name")
+    names = [getattr(s.topics, f.name) for f in fields(TopicSettings)]
+    if len(set(names)) != len(names):
+        raise ConfigError("topics", "the five topics must have distinct names")
+    for name, start in s.counters.items():
+        if not isinstance(name, str) or not name or len(name.encode()) > MAX_COUNTER_NAME:
+            raise ConfigError("counters", f"counter names must be 1..{MAX_COUNTER_NAME} bytes")
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ConfigError(f"counters.{name}", "start must be epoch ms >= 0")
+        if start % s.tick_ms:
+            raise ConfigError(f"counters.{name}",
+                              f"start must be a multiple of tick_ms ({s.tick_ms})")
+    if not s.counters and not s.allow_undeclared:
+        raise ConfigError("counters", "declare at least one counter (or set allow_undeclared)")
+    return s
+
+
+def with_overrides(s: Settings, **changes: Any) -> Settings:
+    """A validated copy of `s` with some fields replaced (tests, the demo)."""
+    if "counters" in changes:
+        changes["counters"] = MappingProxyType(dict(changes["counters"]))
+    return validate_settings(replace(s, **changes))
