@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar, Self
 
-from processor.core.errors import InvalidParameterError
+from processor.core.api import Change, Counter, check_skip
+from processor.core.cc import BCC, UnboundedCC
+from processor.core.errors import InvalidParameterError, StateFormatError
+from processor.core.grid import UNIT, from_units, to_units
+from processor.core.partition import Part, SimPart, part_tau, simpart_scale
+from processor.core.rng import NoiseKey
+from processor.core.schedule import SchedList
+from processor.core.state import pack, unpack
+from processor.core.svt import svt_scales, svt_threshold
 
 
 def _check(eps: float, delta: float) -> None:
@@ -59,3 +68,240 @@ def simecc_parameters(eps: float, delta: float) -> SimEccParams:
     cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
     mu = 3 + math.ceil(102.0 * math.log(2.0 * math.pi**2 / (3.0 * delta)) / eps)
     return SimEccParams(eps / 51.0, mu, cc_eps, cc_delta, bcc_eps, bcc_delta)
+
+
+# ---------------------------------------------------------------------------------------
+# The counters
+# ---------------------------------------------------------------------------------------
+
+_VERSION = 1
+
+
+def _dlap_bound(scale_units: int, beta: float) -> float:
+    """k (events) with P(|Z| >= k) <= beta for Z ~ DLap(scale_units) in units:
+    P(|Z| >= k) < 2 e^{-k/b}, so k = b ln(2/beta) plus one unit for the lattice."""
+    return (scale_units * math.log(2.0 / beta) + 1) / UNIT
+
+
+def ecc_part_term(eps: float, delta: float, beta: float, t: int) -> float:
+    """The Part term of Theorem 4.3 with explicit constants (events), failure beta.
+
+    In the proof (case 2), the SVT running at some tick t' <= t returned ⊥ there, so its
+    intsum is at most its threshold plus |Z_0| + |Z_s|. With l <= t + 1 SVT instances and
+    local step s <= t, a union bound with beta_l = 6 beta / (pi^2 l^2) per instance (half
+    to Z_0, half to the Z_s with 6 (beta_l/2) / (pi^2 s^2) each) gives
+    part_tau(tau, t+1, eps_p) + (8/eps_p) ln(t + ceil(12/eps_p)) + k0 + k1, where k0, k1 are
+    the discrete Laplace tail bounds at the actual (rounded-up) scales, plus one unit for
+    the floored threshold.
+    """
+    p = ecc_parameters(eps, delta)
+    t0, t1 = svt_scales(p.eps_part)
+    l = t + 1  # noqa: E741
+    beta_l = 6.0 * beta / (math.pi**2 * l * l)
+    k0 = _dlap_bound(t0, beta_l / 2)
+    k1 = _dlap_bound(t1, 6.0 * (beta_l / 2) / (math.pi**2 * t * t))
+    return (svt_threshold(p.eps_part, part_tau(p.tau, l, p.eps_part), t) + k0 + k1
+            + 1.0 / UNIT)
+
+
+def simecc_gap_bound(eps: float, delta: float, beta: float, t: int) -> int:
+    """B_{t+1} of Lemma 6.4 with explicit constants (ticks): with probability >= 1 - beta,
+    every SimPart gap with index l <= t + 1 is at most mu + ceil(4 ln(l)/eps_p) + k_l, where
+    P(Z > k_l) <= beta_l = 6 beta / (pi^2 l^2) for Z ~ DLap at the rounded-up scale b:
+    P(Z > k) <= e^{-(k+1)/b}, so k_l = ceil(b ln(1/beta_l)) - 1."""
+    p = simecc_parameters(eps, delta)
+    ts, ss = simpart_scale(p.eps_part)
+    l = t + 1  # noqa: E741
+    beta_l = 6.0 * beta / (math.pi**2 * l * l)
+    k = math.ceil(ts / ss * math.log(1.0 / beta_l)) - 1
+    return max(1, p.mu + math.ceil(4.0 * math.log(l) / p.eps_part) + k)
+
+
+class _EccBase(Counter):
+    """Algorithm 2 around a partition (Part for ECC, SimPart for SimECC).
+
+    At a checkpoint t_l: t_hat_l = BCC(t_l - t_{l-1}) (whole ticks, never early),
+    v_hat_l = CC(intsum_l) (units); v_hat_l is scheduled for t_hat_l; y_t is the largest
+    value scheduled at t, else y_{t-1}. Nothing but y leaves the instance: checkpoints,
+    intsum and scheduled values are private state.
+    """
+
+    edit_private: ClassVar[bool] = True
+
+    def __init__(self, eps: float, delta: float, key: NoiseKey, counter_id: str = "",
+                 **params: Any) -> None:
+        if params:
+            raise InvalidParameterError(f"unknown parameters {sorted(params)}")
+        if not isinstance(counter_id, str):
+            raise InvalidParameterError("counter_id must be a string")
+        self._setup(eps, delta, key, counter_id, None)
+
+    def _setup(self, eps: float, delta: float, key: NoiseKey, counter_id: str,
+               st: dict[str, Any] | None) -> None:
+        cc_eps, cc_delta, bcc_eps, bcc_delta = self._constants(eps, delta)
+        self.eps = float(eps)
+        self.delta = float(delta)
+        self.counter_id = counter_id
+        self._key = key
+        base = f"{counter_id}/{self.mechanism}"
+        if st is None:
+            self._t = 0
+            self._y = 0
+            self._tprev = 0
+            self._intsum = 0
+            self._sched = SchedList()
+            self._part = self._new_part(key, base + "/part", None)
+            self._cc = UnboundedCC(cc_eps, cc_delta, key, base + "/cc")
+            self._bcc = BCC(bcc_eps, bcc_delta, key, base + "/bcc")
+        else:
+            self._t = int(st["t"])
+            self._y = int(st["y"])
+            self._tprev = int(st["tp"])
+            self._intsum = int(st["s"])
+            self._sched = SchedList.from_state(st["sched"])
+            self._part = self._new_part(key, base + "/part", st["part"])
+            self._cc = UnboundedCC.from_state(st["cc"], key)
+            self._bcc = BCC.from_state(st["bcc"], key)
+
+    # -- hooks for the two variants --------------------------------------------------------
+
+    def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
+        raise NotImplementedError
+
+    def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None
+                  ) -> Part | SimPart:
+        raise NotImplementedError
+
+    def _part_bound(self, beta: float) -> float:
+        raise NotImplementedError
+
+    # -- the contract ----------------------------------------------------------------------
+
+    @property
+    def t(self) -> int:
+        return self._t
+
+    @property
+    def y(self) -> float:
+        return from_units(self._y)
+
+    def update(self, x: float | None) -> float:
+        """Validate x (InvalidInputError, state untouched), then one tick of Algorithm 2."""
+        self._tick(to_units(x))
+        return self.y
+
+    def _tick(self, u: int) -> None:
+        self._t += 1
+        self._intsum += u
+        if self._part.step(u):
+            t_hat = self._bcc.step(self._t - self._tprev)
+            v_hat = self._cc.step(self._intsum)
+            self._sched.update(t_hat, v_hat)
+            self._tprev = self._t
+            self._intsum = 0
+        r = self._sched.check(self._t)
+        if r is not None:
+            self._y = r
+            self._sched.compact(self._t)
+
+    def next_due(self) -> int | None:
+        """min(next checkpoint if only ⊥ follows, next scheduled release); None: never."""
+        a = self._part.next_due()
+        b = self._sched.next_after(self._t)
+        if a is None:
+            return b
+        return a if b is None else min(a, b)
+
+    def skip(self, n: int) -> list[Change]:
+        """n ⊥ ticks, jumping between the ticks next_due() names: the cost is the number of
+        checkpoints and releases inside the range, not n."""
+        check_skip(n)
+        end = self._t + n
+        changes: list[Change] = []
+        while self._t < end:
+            d = self.next_due()
+            if d is None or d > end:
+                self._advance(end - self._t)
+                break
+            self._advance(d - 1 - self._t)
+            before = self._y
+            self._tick(0)
+            if self._y != before:
+                changes.append((self._t, self.y))
+        return changes
+
+    def _advance(self, k: int) -> None:
+        if k > 0:
+            self._part.advance(k)
+            self._t += k
+
+    def to_bytes(self) -> bytes:
+        return pack(self.mechanism, _VERSION, {
+            "eps": self.eps, "delta": self.delta, "id": self.counter_id,
+            "t": self._t, "y": self._y, "tp": self._tprev, "s": self._intsum,
+            "sched": self._sched.to_state(), "part": self._part.to_state(),
+            "cc": self._cc.to_state(), "bcc": self._bcc.to_state(),
+        })
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:
+        st = unpack(data, cls.mechanism, _VERSION)
+        try:
+            eps, delta, cid = float(st["eps"]), float(st["delta"]), st["id"]
+            if not isinstance(cid, str):
+                raise StateFormatError("counter id is not a string")
+            obj = cls.__new__(cls)
+            obj._setup(eps, delta, key, cid, st)
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, StateFormatError):
+                raise
+            raise StateFormatError(f"{cls.mechanism} state is incomplete: {exc}") from None
+        return obj
+
+    def error_bound(self, beta: float = 0.05) -> float:
+        """A bound on |y_t - s_t| (events) holding with probability >= 1 - beta, from
+        (eps, delta, t) only: beta is split in three equal parts between the partition,
+        CC and BCC; s_t and the number of checkpoints are bounded by t (public)."""
+        if not 0 < beta < 1:
+            raise InvalidParameterError("beta must be in (0, 1)")
+        t = self._t
+        if t == 0:
+            return 0.0
+        b = beta / 3.0
+        e_bcc = self._bcc.alpha(b, t)  # ticks, i.e. events (at most one per tick)
+        e_cc = self._cc.alpha(b, t) / UNIT
+        return 2.0 * e_bcc + e_cc + self._part_bound(b)
+
+
+class ECC(_EccBase):
+    """ECC (Algorithm 2): sparsity-adaptive, (eps, delta)-DP for edit neighbours."""
+
+    mechanism: ClassVar[str] = "ecc"
+
+    def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
+        p = ecc_parameters(eps, delta)
+        self._params = p
+        return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
+
+    def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> Part:
+        return Part(self._params.eps_part, self._params.tau, key, label, st)
+
+    def _part_bound(self, beta: float) -> float:
+        return ecc_part_term(self.eps, self.delta, beta, self._t)
+
+
+class SimECC(_EccBase):
+    """SimECC (Section 6): ECC with the data-independent SimPart."""
+
+    mechanism: ClassVar[str] = "simecc"
+
+    def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
+        p = simecc_parameters(eps, delta)
+        self._sparams = p
+        return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
+
+    def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> SimPart:
+        return SimPart(self._sparams.eps_part, self._sparams.mu, key, label, st)
+
+    def _part_bound(self, beta: float) -> float:
+        return float(simecc_gap_bound(self.eps, self.delta, beta, self._t))

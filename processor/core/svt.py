@@ -4,16 +4,46 @@ SVT with parameters (eps, tau) draws Z_0 ~ Lap(2/eps) once and, at its local ste
 Z_t ~ Lap(4/eps), and fires (outputs ⊤ and halts) the first time
 v_t + Z_t > tau + (8/eps) ln(t + ceil(12/eps)) + Z_0.
 Here v_t, Z_0 and Z_t are integers in grid units (discrete Laplace on the 2^-16 lattice,
-scale rounded up), so the test is an integer against a real threshold: k > r iff
-k > floor(r). The threshold is public, so rounding it is a public choice that does not
-touch privacy (SVT is private for any threshold).
+scale rounded up to whole units), so the test is an integer against a real threshold:
+k > r iff k > floor(r). The threshold is public, so rounding it is a public choice that
+does not touch privacy (SVT is private for any threshold).
+
+Two ways to advance:
+
+- dense, `feed(v)`: one step with input v, Z_t read from a LaplaceBank at the draw index
+  kept in state (deterministic, vectorised);
+- skip, `first_fire(v, n)` and the presampled plan: given Z_0 (which the instance holds),
+  the steps are independent and step s fires with probability q_s = P(Z > k_s),
+  k_s = floor(threshold_s * UNIT) + Z_0 - v. q_s is non-increasing in s, so the first
+  firing time is sampled by thinning: on each dyadic block [2^j, 2^{j+1}) of the local
+  step counter, candidates come at the constant rate q at the block start (one Exp(1)
+  draw carried across blocks by memorylessness), and a candidate at s is accepted with
+  probability q_s / q_block. q_s decays like 1/s^2, so the expected number of candidates
+  is O(1) and the work is one pass over at most 62 blocks, whatever n is. The skip path
+  reads its own WordCursor, whose position is in state.
+
+Because the steps are independent given Z_0, a plan sampled for a constant input can be
+dropped at any step s when the input changes: the plan only said "no fire before s", an
+event of the noise of steps before s, and step s onwards uses fresh draws.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from processor.core.grid import UNIT
+from processor.core.rng import KeyedStream, NoiseKey, WordCursor
+from processor.core.samplers import (
+    LaplaceBank,
+    bernoulli_float,
+    dlap_sf,
+    laplace_scale_units,
+    uniform01,
+)
+
+#: Local steps beyond this are "never": no stream reaches 2^62 ticks.
+HORIZON = 1 << 62
 
 
 def svt_threshold(eps: float, tau: float, t: int) -> float:
@@ -24,3 +54,209 @@ def svt_threshold(eps: float, tau: float, t: int) -> float:
 def svt_threshold_units(eps: float, tau: float, t: int) -> int:
     """floor(svt_threshold * UNIT): an integer k exceeds the real threshold iff k > this."""
     return math.floor(svt_threshold(eps, tau, t) * UNIT)
+
+
+def svt_scales(eps: float) -> tuple[int, int]:
+    """(scale of Z_0, scale of Z_t) in units: ceil(2/eps * UNIT), ceil(4/eps * UNIT)."""
+    return laplace_scale_units(2.0 / eps), laplace_scale_units(4.0 / eps)
+
+
+class SVT:
+    """One SVT instance (Algorithm 1) on integer unit inputs, with an exact fast skip.
+
+    `label` names the instance's randomness: Z_0 and the per-step Z_t come from
+    KeyedStream(key, label + "/z0" | "/z"), the skip path from label + "/skip".
+    """
+
+    __slots__ = (
+        "_bank",
+        "_cached",
+        "_cursor",
+        "_has_plan",
+        "_t1",
+        "draws",
+        "eps",
+        "halted",
+        "plan",
+        "steps",
+        "tau",
+        "z0",
+    )
+
+    def __init__(
+        self, eps: float, tau: float, key: NoiseKey, label: str,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.eps = eps
+        self.tau = tau
+        t0, self._t1 = svt_scales(eps)
+        self._bank = LaplaceBank(KeyedStream(key, label + "/z"), self._t1)
+        self._cursor = WordCursor(KeyedStream(key, label + "/skip"), 0, 0)
+        #: (steps, cursor position, v) -> (firing step or None, cursor position after)
+        self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
+        if state is None:
+            self.z0 = LaplaceBank(KeyedStream(key, label + "/z0"), t0).draw(0)
+            self.steps = 0
+            self.draws = 0
+            self.halted = False
+            #: committed plan: the local step at which the constant input fires (None: never)
+            self.plan: int | None = None
+            self._has_plan = False
+        else:
+            self.z0 = int(state["z0"])
+            self.steps = int(state["n"])
+            self.draws = int(state["d"])
+            self._cursor.position = int(state["p"])
+            self.halted = bool(state["h"])
+            self._has_plan = "f" in state
+            self.plan = None if state.get("f") is None else int(state["f"])
+
+    def to_state(self) -> dict[str, Any]:
+        """The instance as a small dict (Z_0, step and draw counters, cursor position, plan)."""
+        d: dict[str, Any] = {"z0": self.z0, "n": self.steps, "d": self.draws,
+                             "p": self._cursor.position, "h": self.halted}
+        if self._has_plan:
+            d["f"] = self.plan
+        return d
+
+    # -- the comparison -------------------------------------------------------------------
+
+    def _k(self, v: int, s: int) -> int:
+        """Step s fires iff Z_s > k_s (all integers, units)."""
+        return svt_threshold_units(self.eps, self.tau, s) + self.z0 - v
+
+    def fire_probability(self, v: int, s: int) -> float:
+        """q_s: the probability that local step s fires on input v, given Z_0 (float)."""
+        return float(dlap_sf(self._k(v, s), self._t1))
+
+    # -- dense path -----------------------------------------------------------------------
+
+    def feed(self, v: int) -> bool:
+        """One step with input v (units); True (⊤) halts the instance. Drops any plan."""
+        if self.halted:
+            raise RuntimeError("SVT has halted")
+        self._has_plan = False
+        self.plan = None
+        self.steps += 1
+        z = self._bank.draw(self.draws)
+        self.draws += 1
+        fired = z > self._k(v, self.steps)
+        self.halted = fired
+        return fired
+
+    # -- skip path ------------------------------------------------------------------------
+
+    def _sample(self, v: int, start: int, end: int, pos: int) -> tuple[int | None, int]:
+        """First firing step in [start, end) on constant input v, reading the skip lane
+        from word `pos`; returns (step or None, position after). Pure in the state."""
+        cur = WordCursor(self._cursor.stream, 0, pos)
+        s = start
+        while s < end:
+            exp1 = -math.log1p(-uniform01(cur))
+            cand: int | None = None
+            rate = 0.0
+            while s < end:
+                bend = min(1 << s.bit_length(), end)  # end of the dyadic block holding s
+                rate = self.fire_probability(v, s)
+                if s & (s - 1) == 0 and rate <= 0.5 and exp1 > self._tail_hazard(s, rate):
+                    s = end  # the candidates of all remaining blocks need more hazard
+                    break
+                if rate >= 1.0:
+                    cand = s
+                    break
+                if rate <= 0.0:
+                    s = end  # q is non-increasing: nothing can fire from here on
+                    break
+                hazard = -math.log1p(-rate)
+                length = bend - s
+                if exp1 < hazard * length:
+                    cand = s + int(exp1 / hazard)
+                    break
+                exp1 -= hazard * length
+                s = bend
+            if cand is None:
+                return None, cur.position
+            if rate >= 1.0 or bernoulli_float(cur, self.fire_probability(v, cand) / rate):
+                return cand, cur.position
+            s = cand + 1
+        return None, cur.position
+
+    def _tail_hazard(self, s: int, q: float) -> float:
+        """An upper bound on the total candidate hazard of the blocks from s = 2^J on,
+        given q = q_s <= 1/2 (so k_s >= 0 and P(Z > k) = e^{-(k+1)/t1}/(1+e^{-1/t1})).
+
+        k_{s'} - k_s >= (8 UNIT/eps) ln((s'+c)/(s+c)) - 1, so q_{s'} <= e^{1/t1} q_s
+        ((s'+c)/(s+c))^{-g}, g = 8 UNIT / (eps t1) > 1, and sum_{s'>=s} q_{s'} <= S :=
+        e^{1/t1} q_s (1 + (s+c)/(g-1)). Block J contributes s h(q_s); a later block j has
+        2^j h(q_{2^j}) <= 4 * (sum of q over block j-1), so all later blocks add <= 4 S.
+        If the Exp(1) budget exceeds this, no candidate ever comes: the answer is "never".
+        """
+        g = 8.0 * UNIT / (self.eps * self._t1)
+        if g <= 1.0:
+            return math.inf
+        c = math.ceil(12.0 / self.eps)
+        tail = math.exp(1.0 / self._t1) * q * (1.0 + (s + c) / (g - 1.0))
+        return s * -math.log1p(-q) + 4.0 * tail + 1e-9
+
+    def first_fire(self, v: int, n: int) -> int | None:
+        """Advance up to n steps on the constant input v; return the offset k in 1..n of
+        the step at which SVT fires (and halts), or None if it does not fire (n steps
+        advanced). Exact law of n dense feeds; cost does not grow with n."""
+        if self.halted:
+            raise RuntimeError("SVT has halted")
+        self._has_plan = False
+        self.plan = None
+        step, pos = self._sample(v, self.steps + 1, self.steps + 1 + n, self._cursor.position)
+        self._cursor.position = pos
+        if step is None:
+            self.steps += n
+            return None
+        k = step - self.steps
+        self.steps = step
+        self.halted = True
+        return k
+
+    def _planned(self, v: int) -> int | None:
+        """The plan for constant input v from the current step (computed once, cached)."""
+        if self._has_plan:
+            return self.plan
+        key = (self.steps, self._cursor.position, v)
+        if self._cached is None or self._cached[0] != key:
+            self._cached = (key, self._sample(v, self.steps + 1, HORIZON,
+                                              self._cursor.position))
+        return self._cached[1][0]
+
+    def due(self, v: int) -> int | None:
+        """Steps until the instance fires if the input stays v (None: never). Does not
+        change the state: the plan is a pure function of it."""
+        if self.halted:
+            raise RuntimeError("SVT has halted")
+        f = self._planned(v)
+        return None if f is None else f - self.steps
+
+    def _commit(self, v: int) -> None:
+        if not self._has_plan:
+            f = self._planned(v)
+            assert self._cached is not None
+            self._cursor.position = self._cached[1][1]
+            self.plan = f
+            self._has_plan = True
+
+    def const_step(self, v: int) -> bool:
+        """One step whose input equals the previous one (or the first step): follows the
+        presampled plan, drawing no per-step noise."""
+        if self.halted:
+            raise RuntimeError("SVT has halted")
+        self._commit(v)
+        self.steps += 1
+        fired = self.plan == self.steps
+        self.halted = fired
+        return fired
+
+    def advance(self, v: int, k: int) -> None:
+        """k steps on constant input v that the plan says do not fire (k < due(v))."""
+        f = self._planned(v)
+        if f is not None and self.steps + k >= f:
+            raise ValueError("advance would cross the planned firing step")
+        self._commit(v)
+        self.steps += k

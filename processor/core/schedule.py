@@ -1,0 +1,48 @@
+"""schedList (Algorithm 4): the releases ECC has scheduled for future ticks.
+
+Update(t_hat, v) schedules v at t_hat; Check(t) is the maximum value scheduled at t, or
+None. Only the maximum per tick is ever read, so only it is stored (same outputs, smaller
+state). It holds released (noisy) values only: pure post-processing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SchedList:
+    """Scheduled releases: tick -> the largest value scheduled for it (units)."""
+
+    def __init__(self, entries: dict[int, int] | None = None) -> None:
+        self._at: dict[int, int] = dict(entries or {})
+
+    def update(self, t_hat: int, v: int) -> None:
+        """Schedule v for tick t_hat (keeps the maximum per tick)."""
+        old = self._at.get(t_hat)
+        if old is None or v > old:
+            self._at[t_hat] = v
+
+    def check(self, t: int) -> int | None:
+        """The maximum value scheduled at t, or None."""
+        return self._at.get(t)
+
+    def compact(self, t: int) -> None:
+        """Drop entries at ticks <= t (they can never be checked again)."""
+        if any(k <= t for k in self._at):
+            self._at = {k: v for k, v in self._at.items() if k > t}
+
+    def next_after(self, t: int) -> int | None:
+        """The earliest scheduled tick > t, or None."""
+        later = [k for k in self._at if k > t]
+        return min(later) if later else None
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    def to_state(self) -> list[list[int]]:
+        """Sorted [tick, value] pairs."""
+        return [[k, v] for k, v in sorted(self._at.items())]
+
+    @classmethod
+    def from_state(cls, d: Any) -> SchedList:
+        return cls({int(k): int(v) for k, v in d})
