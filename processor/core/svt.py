@@ -10,8 +10,8 @@ does not touch privacy (SVT is private for any threshold).
 
 Two ways to advance:
 
-- dense, `feed(v)`: one step with input v, Z_t read from a LaplaceBank at the draw index
-  kept in state (deterministic, vectorised);
+- dense, `feed(v)`: one step with input v, Z_t read at the draw index kept in state
+  (first SCALAR_DRAWS from a scalar cursor, then from a vectorised LaplaceBank);
 - skip, `first_fire(v, n)` and the presampled plan: given Z_0 (which the instance holds),
   the steps are independent and step s fires with probability q_s = P(Z > k_s),
   k_s = floor(threshold_s * UNIT) + Z_0 - v. q_s is non-increasing in s, so the first
@@ -37,6 +37,7 @@ from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import (
     LaplaceBank,
     bernoulli_float,
+    discrete_laplace,
     dlap_sf,
     laplace_scale_units,
     uniform01,
@@ -44,6 +45,12 @@ from processor.core.samplers import (
 
 #: Local steps beyond this are "never": no stream reaches 2^62 ticks.
 HORIZON = 1 << 62
+
+#: The first dense draws of an instance are scalar samples from lane 0 of the "/z" stream
+#: (position in state); later ones come from the LaplaceBank on the same stream (lanes 1..).
+#: A bank chunk costs a few ms to fill, so an instance that halts after a few steps (most
+#: instances in Part) never pays for one; a long-lived one gets vectorised draws.
+SCALAR_DRAWS = 64
 
 
 def svt_threshold(eps: float, tau: float, t: int) -> float:
@@ -71,6 +78,7 @@ class SVT:
     __slots__ = (
         "_bank",
         "_cached",
+        "_zcur",
         "_cursor",
         "_has_plan",
         "_t1",
@@ -90,12 +98,14 @@ class SVT:
         self.eps = eps
         self.tau = tau
         t0, self._t1 = svt_scales(eps)
-        self._bank = LaplaceBank(KeyedStream(key, label + "/z"), self._t1)
+        zstream = KeyedStream(key, label + "/z")
+        self._bank = LaplaceBank(zstream, self._t1)
+        self._zcur = WordCursor(zstream, 0, 0)
         self._cursor = WordCursor(KeyedStream(key, label + "/skip"), 0, 0)
         #: (steps, cursor position, v) -> (firing step or None, cursor position after)
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
         if state is None:
-            self.z0 = LaplaceBank(KeyedStream(key, label + "/z0"), t0).draw(0)
+            self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label + "/z0")), t0)
             self.steps = 0
             self.draws = 0
             self.halted = False
@@ -107,6 +117,7 @@ class SVT:
             self.steps = int(state["n"])
             self.draws = int(state["d"])
             self._cursor.position = int(state["p"])
+            self._zcur.position = int(state["zp"])
             self.halted = bool(state["h"])
             self._has_plan = "f" in state
             self.plan = None if state.get("f") is None else int(state["f"])
@@ -114,7 +125,8 @@ class SVT:
     def to_state(self) -> dict[str, Any]:
         """The instance as a small dict (Z_0, step and draw counters, cursor position, plan)."""
         d: dict[str, Any] = {"z0": self.z0, "n": self.steps, "d": self.draws,
-                             "p": self._cursor.position, "h": self.halted}
+                             "p": self._cursor.position, "zp": self._zcur.position,
+                             "h": self.halted}
         if self._has_plan:
             d["f"] = self.plan
         return d
@@ -138,7 +150,10 @@ class SVT:
         self._has_plan = False
         self.plan = None
         self.steps += 1
-        z = self._bank.draw(self.draws)
+        if self.draws < SCALAR_DRAWS:
+            z = discrete_laplace(self._zcur, self._t1)
+        else:
+            z = self._bank.draw(self.draws - SCALAR_DRAWS)
         self.draws += 1
         fired = z > self._k(v, self.steps)
         self.halted = fired
