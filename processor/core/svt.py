@@ -78,10 +78,10 @@ class SVT:
     __slots__ = (
         "_bank",
         "_cached",
-        "_zcur",
         "_cursor",
         "_has_plan",
         "_t1",
+        "_zcur",
         "draws",
         "eps",
         "halted",
