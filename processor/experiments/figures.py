@@ -1,0 +1,365 @@
+"""The Section 8 experiments: sweeps, CSV files, figures and Table 1.
+
+Common random numbers, as in the paper: the trials (b, x^(0)) depend only on the seed and
+the chunk index, so every mechanism and every eps sees the same input streams; each
+(mechanism, eps, chunk) gets its own independent noise generator.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from processor.experiments import attack
+from processor.experiments.simulate import MECHANISMS, simulate
+
+FloatArray = npt.NDArray[np.float64]
+
+#: the paper's eps sweep: 12 values geometrically spaced from 0.1 to 150
+EPS_SWEEP: tuple[float, ...] = tuple(float(v) for v in np.geomspace(0.1, 150.0, 12))
+DELTA = 1e-5
+FIG1A_MECHANISMS = ("basecc", "partitioncc", "gaussiancc", "simecc")
+FIG1B_MECHANISMS = ("ecc", "simecc", "gaussiancc")
+LABELS = {"basecc": "BaseCC", "partitioncc": "PartitionCC", "gaussiancc": "GaussianCC",
+          "simecc": "SimECC", "ecc": "ECC"}
+#: elements (runs x T) per chunk: bounds memory to a few hundred MiB per array
+CHUNK_ELEMENTS = 1 << 25
+
+CSV_COLUMNS = ["panel", "mechanism", "epsilon", "delta", "horizon", "runs", "rate_low",
+               "rate_high", "width", "rmse", "rmse_se", "advantage", "advantage_low",
+               "advantage_high"]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One experimental setting (the stream distribution and the privacy target)."""
+
+    horizon: int = 10_000
+    runs: int = 20_000
+    delta: float = DELTA
+    low: float = 0.1
+    high: float = 0.9
+    width: int = 10
+    seed: int = 0
+    panel: str = ""
+
+    def rates(self) -> FloatArray:
+        return attack.block_rates(self.horizon, self.low, self.high, self.width)
+
+
+@dataclass
+class Point:
+    """The result of one (mechanism, eps) point of a sweep."""
+
+    panel: str
+    mechanism: str
+    epsilon: float
+    delta: float
+    horizon: int
+    runs: int
+    rate_low: float
+    rate_high: float
+    width: int
+    rmse: float
+    rmse_se: float
+    advantage: float = math.nan
+    advantage_low: float = math.nan
+    advantage_high: float = math.nan
+    stats: FloatArray | None = field(default=None, repr=False)
+    bits: npt.NDArray[np.bool_] | None = field(default=None, repr=False)
+
+    def row(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("stats")
+        d.pop("bits")
+        return d
+
+
+def _chunks(runs: int, horizon: int) -> list[int]:
+    size = max(1, min(runs, CHUNK_ELEMENTS // max(1, horizon)))
+    out = [size] * (runs // size)
+    if runs % size:
+        out.append(runs % size)
+    return out
+
+
+def _stream_rng(seed: int, chunk: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, 0, chunk]))
+
+
+def _noise_rng(seed: int, mechanism: str, eps: float, chunk: int) -> np.random.Generator:
+    tag = [ord(ch) for ch in mechanism]
+    return np.random.default_rng(
+        np.random.SeedSequence([seed, 1, *tag, round(eps * 1e6), chunk]))
+
+
+def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = True,
+              keep_stats: bool = False, progress: Any = None) -> Point:
+    """Run `setup.runs` trials of one mechanism at one eps; per-run RMSE and advantage."""
+    rates = setup.rates()
+    theta = attack.threshold(rates)
+    rmses: list[FloatArray] = []
+    stats: list[FloatArray] = []
+    bits: list[npt.NDArray[np.bool_]] = []
+    correct = 0
+    for i, size in enumerate(_chunks(setup.runs, setup.horizon)):
+        x, b = attack.draw_trials(rates, size, _stream_rng(setup.seed, i))
+        y = simulate(mechanism, x, eps, setup.delta, _noise_rng(setup.seed, mechanism, eps, i))
+        rmses.append(attack.per_run_rmse(y, np.cumsum(x, axis=1, dtype=np.int32)))
+        if attack_on:
+            st = attack.statistic(y, rates)
+            correct += int(np.sum((st >= theta) == b))
+            if keep_stats:
+                stats.append(st)
+                bits.append(b)
+        del x, y
+        if progress is not None:
+            progress.update(size)
+    rm, se = attack.mean_se(np.concatenate(rmses))
+    pt = Point(setup.panel, mechanism, eps, setup.delta, setup.horizon, setup.runs, setup.low,
+               setup.high, setup.width, rm, se)
+    if attack_on:
+        adv = attack.advantage(correct, setup.runs)
+        pt.advantage, pt.advantage_low, pt.advantage_high = adv.value, adv.low, adv.high
+    if keep_stats:
+        pt.stats = np.concatenate(stats)
+        pt.bits = np.concatenate(bits)
+    return pt
+
+
+def _bar(total: int, desc: str, enabled: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="run", disable=not enabled, leave=False,
+                dynamic_ncols=True)
+
+
+def sweep(setup: Setup, mechanisms: Sequence[str], eps_values: Sequence[float],
+          progress: bool = True) -> list[Point]:
+    """Every (mechanism, eps) point of the setting."""
+    out: list[Point] = []
+    with _bar(setup.runs * len(mechanisms) * len(eps_values), setup.panel or "sweep",
+              progress) as bar:
+        for m in mechanisms:
+            for eps in eps_values:
+                out.append(run_point(setup, m, eps, progress=bar))
+    return out
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_csv(path: Path, points: Iterable[Point], columns: Sequence[str] = CSV_COLUMNS) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for p in points:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v)
+                        for k, v in p.row().items()})
+
+
+def read_csv(path: Path) -> list[Point]:
+    out: list[Point] = []
+    with path.open() as fh:
+        for r in csv.DictReader(fh):
+            out.append(Point(r.get("panel", ""), r["mechanism"], float(r["epsilon"]),
+                             float(r["delta"]), int(r["horizon"]), int(r["runs"]),
+                             float(r.get("rate_low") or "nan"), float(r.get("rate_high") or "nan"),
+                             int(r.get("width") or 0), float(r["rmse"]), float(r["rmse_se"]),
+                             float(r.get("advantage") or "nan"),
+                             float(r.get("advantage_low") or "nan"),
+                             float(r.get("advantage_high") or "nan")))
+    return out
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_tradeoff(ax: Any, points: Sequence[Point], title: str) -> None:
+    """Advantage against per-run RMSE, one line per mechanism, the paper's error bars
+    (SE on RMSE, 95% Clopper-Pearson on the advantage)."""
+    for m in dict.fromkeys(p.mechanism for p in points):
+        ps = sorted((p for p in points if p.mechanism == m), key=lambda p: p.epsilon)
+        xs = np.array([p.rmse for p in ps])
+        ys = np.array([p.advantage for p in ps])
+        yerr = np.array([[p.advantage - p.advantage_low for p in ps],
+                         [p.advantage_high - p.advantage for p in ps]])
+        ax.errorbar(xs, ys, xerr=[p.rmse_se for p in ps], yerr=yerr, marker="o", ms=3,
+                    capsize=2, label=LABELS.get(m, m))
+    ax.set_xscale("log")
+    ax.set_xlabel("Per-run RMSE")
+    ax.set_ylabel("Advantage")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+
+
+def save_fig1a(points: Sequence[Point], path: Path, title: str) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    plot_tradeoff(ax, points, title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save_fig1b(points: Sequence[Point], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for m in dict.fromkeys(p.mechanism for p in points):
+        ps = sorted((p for p in points if p.mechanism == m), key=lambda p: p.horizon)
+        ax.errorbar([p.horizon for p in ps], [p.rmse for p in ps],
+                    yerr=[p.rmse_se for p in ps], marker="o", ms=3, capsize=2,
+                    label=LABELS.get(m, m))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("T")
+    ax.set_ylabel("Per-run RMSE")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    eps = points[0].epsilon if points else float("nan")
+    ax.set_title(f"eps = {eps:g}, delta = {points[0].delta:g}, rate 0.01, "
+                 f"N = {points[0].runs}" if points else "", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save_fig3(points: Sequence[Point], path: Path, titles: dict[str, str]) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7.5))
+    for ax, (panel, title) in zip(axes.ravel(), titles.items(), strict=False):
+        plot_tradeoff(ax, [p for p in points if p.panel == panel], title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Normalised histograms of S under H0 (b = 0) and H1 (b = 1) for one point."""
+
+    mechanism: str
+    epsilon: float
+    edges: FloatArray
+    density0: FloatArray
+    density1: FloatArray
+    mean0: float
+    mean1: float
+    theta: float
+    advantage: float
+
+
+def histogram(point: Point, theta: float, bins: int = 60) -> Histogram:
+    if point.stats is None or point.bits is None:
+        raise ValueError("the point was run without keep_stats")
+    st, b = point.stats, point.bits
+    lo, hi = np.percentile(st, [0.1, 99.9])
+    lo, hi = min(lo, theta), max(hi, theta)
+    edges = np.linspace(lo, hi, bins + 1)
+    d0, _ = np.histogram(st[~b], bins=edges, density=True)
+    d1, _ = np.histogram(st[b], bins=edges, density=True)
+    return Histogram(point.mechanism, point.epsilon, edges, d0.astype(np.float64),
+                     d1.astype(np.float64), float(st[~b].mean()), float(st[b].mean()), theta,
+                     point.advantage)
+
+
+def save_fig2(hists: Sequence[Histogram], path: Path) -> None:
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(hists), figsize=(4.2 * len(hists), 3.4))
+    for ax, h in zip(np.atleast_1d(axes), hists, strict=True):
+        w = np.diff(h.edges)
+        ax.bar(h.edges[:-1], h.density0, width=w, align="edge", alpha=0.45, color="tab:blue",
+               hatch="\\\\", label="H0 (b = 0)")
+        ax.bar(h.edges[:-1], h.density1, width=w, align="edge", alpha=0.45, color="tab:red",
+               hatch="//", label="H1 (b = 1)")
+        ax.axvline(h.theta, color="k", ls="--", lw=1.6, label="theta")
+        ax.axvline(h.mean0, color="tab:blue", ls="--", lw=0.8)
+        ax.axvline(h.mean1, color="tab:red", ls="--", lw=0.8)
+        ax.set_xlabel("S")
+        ax.set_ylabel("density")
+        ax.set_title(f"{LABELS.get(h.mechanism, h.mechanism)} at eps = {h.epsilon:.3g}\n"
+                     f"Adv = {h.advantage:+.3f}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_hist_csv(path: Path, hists: Sequence[Histogram]) -> None:
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["mechanism", "epsilon", "hypothesis", "bin_left", "bin_right", "density",
+                    "mean", "theta", "advantage"])
+        for h in hists:
+            for hyp, dens, mean in (("H0", h.density0, h.mean0), ("H1", h.density1, h.mean1)):
+                for i, d in enumerate(dens):
+                    w.writerow([h.mechanism, f"{h.epsilon:.6g}", hyp, f"{h.edges[i]:.6g}",
+                                f"{h.edges[i + 1]:.6g}", f"{d:.6g}", f"{mean:.6g}",
+                                f"{h.theta:.6g}", f"{h.advantage:.6g}"])
+
+
+# --------------------------------------------------------------------------- Table 1
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    """The per-run RMSE attainable at an advantage bound, read off a sweep."""
+
+    mechanism: str
+    bound: float
+    rmse: float | None
+    rmse_se: float | None
+    epsilon: float | None
+
+
+def table1(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)) -> list[TableEntry]:
+    """For each mechanism and bound: the smallest per-run RMSE over the sweep points whose
+    95% Clopper-Pearson upper limit on the advantage is at most the bound (so the bound
+    holds with 95% confidence at that point). None when no point qualifies."""
+    out: list[TableEntry] = []
+    for m in dict.fromkeys(p.mechanism for p in points):
+        for bound in bounds:
+            ok = [p for p in points if p.mechanism == m and p.advantage_high <= bound]
+            best = min(ok, key=lambda p: p.rmse) if ok else None
+            out.append(TableEntry(m, bound, best.rmse if best else None,
+                                  best.rmse_se if best else None,
+                                  best.epsilon if best else None))
+    return out
+
+
+def format_table1(entries: Sequence[TableEntry]) -> str:
+    bounds = list(dict.fromkeys(e.bound for e in entries))
+    head = "| Mechanism | " + " | ".join(f"RMSE @ Adv <= {b:g} (eps)" for b in bounds) + " |"
+    lines = [head, "|" + "---|" * (len(bounds) + 1)]
+    for m in dict.fromkeys(e.mechanism for e in entries):
+        cells = []
+        for b in bounds:
+            e = next(e for e in entries if e.mechanism == m and e.bound == b)
+            cells.append("none in sweep" if e.rmse is None else
+                         f"{e.rmse:.2f} ± {e.rmse_se:.2f} (eps {e.epsilon:.3g})")
+        lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def known_mechanisms(names: Iterable[str]) -> list[str]:
+    out = list(names)
+    bad = [n for n in out if n not in MECHANISMS]
+    if bad:
+        raise ValueError(f"unknown mechanism(s) {bad}; known: {', '.join(MECHANISMS)}")
+    return out
