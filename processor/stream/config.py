@@ -109,6 +109,9 @@ class Settings:
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
         and ledger entry, so a consumer can tell which configuration produced a value."""
+        cached: str | None = self.__dict__.get("_fingerprint")
+        if cached is not None:
+            return cached
         relevant = {
             "mechanism": self.mechanism,
             "epsilon": self.epsilon,
@@ -119,7 +122,11 @@ class Settings:
             "grid_bits": GRID_BITS,
             "contribution_bound": 1,
         }
-        return hashlib.sha256(orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        fp = hashlib.sha256(orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS)).hexdigest()
+        # Memoised (the settings are frozen): with 10^4 counters hashing costs milliseconds,
+        # and the operator asks once per new counter.
+        object.__setattr__(self, "_fingerprint", fp)
+        return fp
 
     def start_ms(self, counter: str) -> int | None:
         """The declared start of `counter` (epoch ms), or None if it is not declared."""

@@ -1,0 +1,1 @@
+"""Tests of the streaming layer; the ones marked ``kafka`` run against a real broker."""

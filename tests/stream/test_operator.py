@@ -1,0 +1,574 @@
+"""The operator state machine: ticks, the FIFO queue, markers, idempotency, heartbeats,
+ledger entries and what a release may carry. Pure: no Kafka.
+
+Most tests run the operator with a tiny deterministic fake counter (`StepCounter`) whose
+output reveals exactly which x_t it received, so queue semantics can be read off the
+releases; one test runs the real ECC from the registry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+from collections import deque
+from collections.abc import Iterable
+from typing import Any, Self
+
+import orjson
+import pytest
+
+from processor.core.api import Counter, check_skip
+from processor.core.grid import UNIT, to_units
+from processor.core.rng import NoiseKey
+from processor.stream.config import Settings, with_overrides
+from processor.stream.operator import (
+    DictStore,
+    LedgerEntry,
+    Operator,
+    Output,
+    Release,
+    counter_id_for,
+)
+from processor.stream.records import encode_event, encode_marker, partition_for
+
+TICK = 1000
+KEY = NoiseKey.from_seed(7)
+
+
+# --------------------------------------------------------------------------- fakes
+
+
+class StepCounter(Counter):
+    """A deterministic, NON-private fake: y jumps to (true sum + jitter) at every
+    `period`-th tick; jitter is a keyed hash of (id, t) in {0..jitter-1} units.
+
+    With period=1 and jitter=1 it is the exact running sum, so x_t = y_t - y_{t-1}.
+    `next_due()` is the next checkpoint (only there can ⊥ ticks change y), and `skip`
+    jumps in O(1), exercising the operator's idle path.
+    """
+
+    mechanism = "step-test"
+    edit_private = False
+
+    def __init__(self, counter_id: str, period: int, jitter: int, key: NoiseKey) -> None:
+        self.counter_id = counter_id
+        self.period = period
+        self.jitter = jitter
+        self.eps, self.delta = 1.0, 1e-6
+        self._salt = key.derive("test/" + counter_id)
+        self._t = 0
+        self._s = 0  # units
+        self._y = 0  # units
+
+    @property
+    def t(self) -> int:
+        return self._t
+
+    @property
+    def y(self) -> float:
+        return self._y / UNIT
+
+    def _jit(self, t: int) -> int:
+        if self.jitter <= 1:
+            return 0
+        return hashlib.sha256(self._salt + t.to_bytes(8, "big")).digest()[0] % self.jitter
+
+    def update(self, x: float | None) -> float:
+        u = to_units(x)
+        self._t += 1
+        self._s += u
+        if self._t % self.period == 0:
+            self._y = self._s + self._jit(self._t)
+        return self.y
+
+    def skip(self, n: int) -> list[tuple[int, float]]:
+        check_skip(n)
+        changes: list[tuple[int, float]] = []
+        first = (self._t // self.period + 1) * self.period
+        for cp in range(first, self._t + n + 1, self.period):
+            new = self._s + self._jit(cp)
+            if new != self._y:
+                self._y = new
+                changes.append((cp, self.y))
+        self._t += n
+        return changes
+
+    def next_due(self) -> int | None:
+        if self.jitter <= 1 and self._y == self._s:
+            return None  # nothing left to reveal: ⊥ ticks can never change y
+        return (self._t // self.period + 1) * self.period
+
+    def to_bytes(self) -> bytes:
+        return orjson.dumps({"id": self.counter_id, "p": self.period, "j": self.jitter,
+                             "t": self._t, "s": self._s, "y": self._y})
+
+    @classmethod
+    def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:
+        d = orjson.loads(data)
+        c = cls(d["id"], d["p"], d["j"], key)
+        c._t, c._s, c._y = d["t"], d["s"], d["y"]
+        return c
+
+    def error_bound(self, beta: float = 0.05) -> float:
+        return 0.5 + self._t / 1024  # a public function of t only
+
+
+class StepFactory:
+    """CounterFactory for StepCounter (the operator's registry in these tests)."""
+
+    def __init__(self, period: int = 1, jitter: int = 1) -> None:
+        self.period, self.jitter = period, jitter
+        self.made = 0
+
+    def make(self, name: str, eps: float, delta: float, key: NoiseKey,
+             counter_id: str) -> Counter:
+        self.made += 1
+        return StepCounter(counter_id, self.period, self.jitter, key)
+
+    def restore(self, data: bytes, key: NoiseKey) -> Counter:
+        return StepCounter.from_bytes(data, key)
+
+
+class CountingStore(DictStore):
+    """A DictStore that counts loads and stores (to check what a marker touches)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gets = 0
+        self.sets = 0
+
+    def get(self, key: str) -> bytes | None:
+        self.gets += 1
+        return super().get(key)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.sets += 1
+        super().set(key, value)
+
+
+def settings(counters: dict[str, int], **kw: Any) -> Settings:
+    base = dict(partitions=1, tick_ms=TICK, heartbeat_ticks=1_000_000, mechanism="ecc",
+                epsilon=1.0, delta=1e-6)
+    base.update(kw)
+    return with_overrides(Settings(), counters=counters, **base)
+
+
+class Run:
+    """Feeds timeline records to one partition at increasing offsets; collects outputs."""
+
+    def __init__(self, s: Settings, factory: Any, store: DictStore | None = None,
+                 partition: int = 0) -> None:
+        self.op = Operator(s, KEY, factory=factory)
+        self.store = store if store is not None else DictStore()
+        self.partition = partition
+        self.offset = 0
+        self.records: list[bytes] = []
+        self.releases: list[Release] = []
+        self.ledger: list[LedgerEntry] = []
+        self.metrics: dict[str, int] = {}
+
+    def feed(self, record: bytes) -> Output:
+        out = self.op.apply(self.store, self.partition, self.offset, record)
+        self.records.append(record)
+        self.offset += 1
+        self.releases += out.releases
+        self.ledger += out.ledger
+        for k, v in out.metrics.items():
+            self.metrics[k] = self.metrics.get(k, 0) + v
+        return out
+
+    def event(self, counter: str, tick: int, value: float = 1.0, ms: int = 0) -> Output:
+        return self.feed(encode_event(counter, tick * TICK + ms, to_units(value)))
+
+    def marker(self, n: int) -> Output:
+        return self.feed(encode_marker(n))
+
+
+def ys(releases: Iterable[Release], counter: str) -> dict[int, float]:
+    return {r.tick: r.value for r in releases if r.counter == counter}
+
+
+# --------------------------------------------------------------------------- reference
+
+
+def reference_x(records: list[tuple[str, Any]], counter: str, start_tick: int,
+                through: int) -> list[int]:
+    """Direct simulation of the spec for one counter: each event lands in its tick, or in
+    the earliest open tick (partition frontier + 1) if that is sealed; per sealed tick the
+    arrivals join a FIFO in record order and at most one value leaves. Returns x_1..x_T in
+    units (0 for ⊥), T = through - start_tick + 1."""
+    frontier = -1
+    arrivals: dict[int, list[int]] = {}
+    for kind, payload in records:
+        if kind == "m":
+            frontier = max(frontier, payload)
+        elif payload[0] == counter:
+            _, tick, units = payload
+            tick = max(tick, frontier + 1, start_tick)
+            arrivals.setdefault(tick, []).append(units)
+    q: deque[int] = deque()
+    xs = []
+    for g in range(start_tick, through + 1):
+        q.extend(arrivals.get(g, []))
+        xs.append(q.popleft() if q else 0)
+    return xs
+
+
+def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
+                      xs: list[int]) -> list[tuple[int, float, str]]:
+    """Run a fresh core counter directly on x_1..x_T; a record where y changes, a
+    heartbeat where t % heartbeat_ticks == 0 otherwise (the offline count)."""
+    c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, counter))
+    out = []
+    last = 0.0
+    for t, u in enumerate(xs, start=1):
+        y = c.update(u / UNIT if u else None)
+        if y != last:
+            out.append((t, y, "change"))
+        elif t % s.heartbeat_ticks == 0:
+            out.append((t, y, "heartbeat"))
+        last = y
+    return out
+
+
+def random_timeline(rng: random.Random, counters: list[str], start: int, n_ticks: int,
+                    rate: float) -> list[tuple[str, Any]]:
+    """Events with jittered (sometimes late, sometimes early) ticks and a marker per tick."""
+    recs: list[tuple[str, Any]] = []
+    for now in range(start, start + n_ticks):
+        for c in counters:
+            k = 0
+            while rng.random() < rate and k < 6:
+                k += 1
+                tick = now + rng.choice([-3, -1, 0, 0, 0, 1, 2])
+                units = rng.choice([UNIT, UNIT, UNIT // 2, 1, 0, rng.randrange(UNIT + 1)])
+                recs.append(("e", (c, max(tick, start), units)))
+        if rng.random() < 0.85:
+            recs.append(("m", now - rng.choice([0, 0, 1])))
+    recs.append(("m", start + n_ticks + 20))
+    return recs
+
+
+def to_bytes(rec: tuple[str, Any]) -> bytes:
+    kind, p = rec
+    if kind == "m":
+        return encode_marker(p)
+    c, tick, units = p
+    return encode_event(c, tick * TICK + 17, units)
+
+
+# --------------------------------------------------------------------------- queue
+
+
+def test_burst_leaves_one_per_tick() -> None:
+    """k events in one tick come out as x = 1 on k consecutive ticks, then ⊥."""
+    run = Run(settings({"a": 10 * TICK}), StepFactory())
+    for _ in range(5):
+        run.event("a", 10)
+    run.marker(20)
+    # t=1..5 each add one event; nothing changes afterwards.
+    assert ys(run.releases, "a") == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0}
+    assert [r.kind for r in run.releases] == ["change"] * 5
+
+
+def test_extra_event_shift_is_absorbed_by_first_empty_tick() -> None:
+    """Adding one event gives an insertion neighbour (Definition 3.11): equal before i,
+    the new value at i, the old values shifted by one tick up to the first ⊥, equal after.
+    Control: the same check rejects a stream where the extra event is simply added."""
+    def xs_of(events: list[tuple[int, float]]) -> list[int]:
+        run = Run(settings({"a": 0}, heartbeat_ticks=1), StepFactory())
+        for tick, v in events:
+            run.event("a", tick, v)
+        run.marker(19)
+        y = [0.0] + [ys(run.releases, "a")[t] for t in range(1, 21)]
+        return [round((y[t] - y[t - 1]) * UNIT) for t in range(1, 21)]
+
+    base = [(0, 0.5), (0, 0.25), (1, 0.125), (2, 0.75), (6, 0.375)]
+    x = xs_of(base)
+    x2 = xs_of([*base[:2], (0, 1.0), *base[2:]])  # one more event in tick 0, after two
+
+    def is_insertion(new: list[int], old: list[int]) -> bool:
+        for i in range(len(old)):
+            if new[:i] != old[:i]:
+                return False
+            j = next((k for k in range(i, len(old)) if old[k] == 0), len(old))
+            if new[i + 1:j + 1] == old[i:j] and new[j + 1:] == old[j + 1:]:
+                return True
+        return False
+
+    assert x[:5] == [to_units(0.5), to_units(0.25), to_units(0.125), to_units(0.75), 0]
+    assert x2[:5] == [to_units(0.5), to_units(0.25), UNIT, to_units(0.125), to_units(0.75)]
+    assert x2[5] == 0 and x2[6:] == x[6:]  # the ⊥ at t=5 absorbed the shift
+    assert is_insertion(x2, x)
+    # Control: "one more event at its own tick, nothing shifted" is not what the queue does.
+    naive = list(x)
+    naive[2] += UNIT
+    assert not is_insertion(naive, x)
+
+
+@pytest.mark.parametrize("seed,period,jitter,h", [(1, 1, 1, 1), (2, 3, 4, 5), (3, 1, 3, 7),
+                                                 (4, 4, 1, 3)])
+def test_matches_reference_queue_and_offline_count(seed: int, period: int, jitter: int,
+                                                   h: int) -> None:
+    """Random timelines (late, early and future events, irregular markers, 3 counters
+    sharing a partition, one starting later): the releases equal those of the core
+    counter run directly on the x sequence a plain FIFO simulation implies."""
+    rng = random.Random(seed)
+    starts = {"a": 100, "b": 100, "c": 108}
+    s = settings({k: v * TICK for k, v in starts.items()}, heartbeat_ticks=h)
+    recs = random_timeline(rng, list(starts), 100, 60, 0.5)
+    recs = [r for r in recs if r[0] == "m" or r[1][1] >= starts[r[1][0]]]
+    run = Run(s, StepFactory(period, jitter))
+    for r in recs:
+        run.feed(to_bytes(r))
+    through = max(p for k, p in recs if k == "m")
+    assert run.metrics["late_events"] > 0
+    for c, st in starts.items():
+        xs = reference_x(recs, c, st, through)
+        got = [(r.tick, r.value, r.kind) for r in run.releases if r.counter == c]
+        assert got == expected_releases(StepFactory(period, jitter), s, c, xs)
+    # Control: a reference that ignored lateness (events kept their own tick) disagrees.
+    xs_wrong = reference_x([r if r[0] == "e" else ("m", -1) for r in recs], "a", 100, through)
+    assert xs_wrong != reference_x(recs, "a", 100, through)
+
+
+def test_late_event_joins_earliest_open_tick_and_is_counted() -> None:
+    run = Run(settings({"a": 0}), StepFactory())
+    run.marker(4)  # ticks 0..4 sealed (t = 1..5)
+    out = run.event("a", 2)  # tick 2 is sealed: goes to tick 5 (t = 6)
+    assert out.metrics["late_events"] == 1
+    run.event("a", 5)  # on time, same tick, after the late one
+    assert out.releases == []
+    run.marker(5)
+    run.marker(6)
+    assert ys(run.releases, "a") == {6: 1.0, 7: 2.0}
+    assert run.metrics["late_events"] == 1
+
+
+def test_future_ticks_wait_for_their_marker() -> None:
+    run = Run(settings({"a": 0}), StepFactory())
+    run.event("a", 8)
+    run.marker(6)
+    assert run.releases == []
+    run.marker(8)
+    assert ys(run.releases, "a") == {9: 1.0}
+
+
+# --------------------------------------------------------------------------- idempotency
+
+
+def _clean(recs: list[bytes], s: Settings) -> tuple[DictStore, list[Release]]:
+    run = Run(s, StepFactory(2, 3))
+    for r in recs:
+        run.feed(r)
+    return run.store, run.releases
+
+
+def test_replaying_any_prefix_or_duplicate_changes_nothing() -> None:
+    """At-least-once redelivery: apply records[:j], then again from i <= j. Final state
+    and the release stream equal one clean pass; the redelivered part emits nothing.
+    Control: without the offset check (a fresh Operator on a fresh store for the second
+    part), the same comparison fails."""
+    rng = random.Random(11)
+    s = settings({"a": 100 * TICK, "b": 100 * TICK}, heartbeat_ticks=4)
+    recs = [to_bytes(r) for r in random_timeline(rng, ["a", "b"], 100, 30, 0.6)]
+    clean_store, clean_rel = _clean(recs, s)
+    for _ in range(12):
+        j = rng.randrange(len(recs) + 1)
+        i = rng.randrange(j + 1)
+        op = Operator(s, KEY, factory=StepFactory(2, 3))
+        store = DictStore()
+        rel: list[Release] = []
+        for off in range(j):
+            rel += op.apply(store, 0, off, recs[off]).releases
+        # A duplicate of one record, then redelivery from i, with a cold operator cache.
+        op = Operator(s, KEY, factory=StepFactory(2, 3))
+        if j:
+            assert op.apply(store, 0, j - 1, recs[j - 1]).releases == []
+        for off in range(i, len(recs)):
+            out = op.apply(store, 0, off, recs[off])
+            if off < j:
+                assert out.releases == [] and out.ledger == []
+                assert out.metrics["events_applied"] == 0
+                assert out.metrics["counters_touched"] == 0
+            rel += out.releases
+        assert store.data == clean_store.data
+        assert rel == clean_rel
+    # Control: re-applying the tail to a store that forgot offsets double-counts.
+    store = DictStore()
+    op = Operator(s, KEY, factory=StepFactory(2, 3))
+    for off, r in enumerate(recs):
+        op.apply(store, 0, off, r)
+    for off, r in enumerate(recs):
+        op.apply(store, 0, off + len(recs), r)  # same records under new offsets
+    assert store.data != clean_store.data
+
+
+# --------------------------------------------------------------------------- markers
+
+
+def test_marker_touches_only_due_counters() -> None:
+    """10,000 declared counters: after the first marker (which creates them all), a
+    marker with nothing due loads O(1) store values and writes one; an event plus a
+    marker touch only that counter. Control: an operator whose due index says "always
+    due" touches all 10,000 on the same marker."""
+    names = {f"k{i:05d}": 0 for i in range(10_000)}
+    s = settings(names, heartbeat_ticks=1000)
+    factory = StepFactory()
+    store = CountingStore()
+    run = Run(s, factory, store)
+    run.marker(0)
+    assert factory.made == 10_000 and len(run.ledger) == 10_000
+    store.gets = store.sets = 0
+    run.marker(1)
+    assert (store.gets, store.sets) == (1, 1)
+    store.gets = store.sets = 0
+    run.event("k00042", 3)
+    run.marker(2)
+    run.marker(3)  # k00042 is due here
+    assert store.gets <= 6 and store.sets <= 6
+    assert ys(run.releases, "k00042") == {4: 1.0}
+
+    class AlwaysDue(Operator):
+        def _due(self, cs: Any) -> int:
+            return int(cs.frontier) + 1
+
+    store2 = CountingStore()
+    run2 = Run(s, StepFactory(), store2)
+    run2.op = AlwaysDue(s, KEY, factory=StepFactory())
+    run2.marker(0)
+    store2.gets = 0
+    run2.marker(1)
+    assert store2.gets > 10_000
+
+
+def test_markers_are_idempotent_and_heartbeats_come_from_markers_alone() -> None:
+    """A silent counter gets a heartbeat at every t % h == 0 from markers only; an old
+    marker changes nothing; heartbeats carry the unchanged value."""
+    run = Run(settings({"a": 0}, heartbeat_ticks=4), StepFactory())
+    run.event("a", 1)
+    run.marker(13)  # t = 1..14
+    before = dict(run.store.data)
+    out = run.marker(5)
+    assert out.releases == [] and run.store.data == before
+    assert [(r.tick, r.value, r.kind) for r in run.releases] == [
+        (2, 1.0, "change"), (4, 1.0, "heartbeat"), (8, 1.0, "heartbeat"),
+        (12, 1.0, "heartbeat")]
+
+
+def test_ledger_entry_once_per_counter_on_creation() -> None:
+    s = settings({"a": 5 * TICK, "b": 0}, epsilon=0.5, delta=1e-7)
+    run = Run(s, StepFactory())
+    out = run.event("a", 6)
+    assert [e.counter for e in out.ledger] == ["a"]
+    e = out.ledger[0]
+    assert (e.mechanism, e.epsilon, e.delta, e.tick_ms, e.start_ms) == ("ecc", 0.5, 1e-7,
+                                                                        TICK, 5 * TICK)
+    assert (e.privacy_unit, e.contribution_bound, e.fingerprint) == (
+        "one event", 1, s.fingerprint())
+    run.event("a", 6)
+    run.marker(10)  # creates b (due at its first tick), a already exists
+    assert [x.counter for x in run.ledger] == ["a", "b"]
+    assert orjson.loads(e.to_json())["privacy_unit"] == "one event"
+
+
+def test_undeclared_counter_needs_the_option() -> None:
+    s = settings({"a": 0})
+    run = Run(s, StepFactory())
+    out = run.event("zz", 3)
+    assert out.metrics["undeclared_skipped"] == 1 and run.store.data == {}
+    s2 = with_overrides(s, allow_undeclared=True)
+    run2 = Run(s2, StepFactory())
+    run2.marker(4)
+    out = run2.event("zz", 3)  # late: starts at the first open tick, 5
+    assert out.ledger[0].start_ms == 5 * TICK
+    run2.marker(6)
+    assert ys(run2.releases, "zz") == {1: 1.0}
+
+
+def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
+    """Fields are an allow-list of public quantities; and on a burst of 37 events of 0.25
+    no numeric field of any release equals that tick's true sum, queue length or any
+    timeline offset (the fake's y is a constant sentinel, so only a leak could match)."""
+    allowed = {"counter", "tick", "tick_start_ms", "tick_ms", "value", "kind", "mechanism",
+               "epsilon", "delta", "error_bound", "beta", "fingerprint"}
+    assert {f.name for f in dataclasses.fields(Release)} == allowed
+    assert {f.name for f in dataclasses.fields(LedgerEntry)} == {
+        "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms", "privacy_unit",
+        "contribution_bound", "fingerprint", "grid_bits"}
+
+    class Sentinel(StepCounter):
+        @property
+        def y(self) -> float:
+            return -999.0
+
+        def error_bound(self, beta: float = 0.05) -> float:
+            return 0.3
+
+    class SentinelFactory(StepFactory):
+        def make(self, name: str, eps: float, delta: float, key: NoiseKey,
+                 counter_id: str) -> Counter:
+            return Sentinel(counter_id, 1, 1, key)
+
+        def restore(self, data: bytes, key: NoiseKey) -> Counter:
+            return Sentinel.from_bytes(data, key)
+
+    s = settings({"a": 0}, heartbeat_ticks=1, epsilon=0.7)
+    run = Run(s, SentinelFactory())
+    run.offset = 700_001
+    for _ in range(37):
+        run.event("a", 0, 0.25)
+    run.marker(39)
+    assert len(run.releases) == 40
+    offsets = set(range(700_001, run.offset))
+    for r in run.releases:
+        d = orjson.loads(r.to_json())
+        assert set(d) == allowed
+        t = r.tick
+        true_sum, qlen = 0.25 * min(t, 37), max(37 - t, 0)
+        nums = {v for v in d.values() if isinstance(v, int | float)} - {d["tick"]}
+        assert true_sum not in nums and (qlen == 0 or qlen not in nums)
+        assert not nums & offsets
+
+
+def test_release_json_is_deterministic() -> None:
+    r = Release("a", 3, 3000, 1000, 2.5, "change", "ecc", 1.0, 1e-6, 4.25, 0.05, "ff")
+    assert r.to_json() == (b'{"counter":"a","tick":3,"tick_start_ms":3000,"tick_ms":1000,'
+                           b'"value":2.5,"kind":"change","mechanism":"ecc","epsilon":1.0,'
+                           b'"delta":1e-6,"error_bound":4.25,"beta":0.05,"fingerprint":"ff"}')
+    assert r.key() == b"a"
+
+
+def test_counters_are_routed_by_partition() -> None:
+    """Two partitions: a marker on partition p creates only the counters of p."""
+    names = {f"c{i}": 0 for i in range(20)}
+    s = settings(names, partitions=2)
+    for p in (0, 1):
+        run = Run(s, StepFactory(), partition=p)
+        run.marker(0)
+        assert sorted(e.counter for e in run.ledger) == sorted(
+            n for n in names if partition_for(n, 2) == p)
+
+
+def test_malformed_timeline_record_is_counted_not_raised() -> None:
+    run = Run(settings({"a": 0}), StepFactory())
+    out = run.feed(b'{"k":"x"}')
+    assert out.metrics["malformed_records"] == 1 and run.store.data == {}
+
+
+def test_real_ecc_offline_equivalence() -> None:
+    """The real ECC through the operator equals ECC run directly on the queue's x_t."""
+    registry = pytest.importorskip("processor.core.registry")
+    rng = random.Random(5)
+    s = settings({"a": 0, "b": 3 * TICK}, heartbeat_ticks=10, epsilon=2.0)
+    recs = random_timeline(rng, ["a", "b"], 3, 40, 0.5)
+    run = Run(s, registry)
+    for r in recs:
+        run.feed(to_bytes(r))
+    through = max(p for k, p in recs if k == "m")
+    for c, st in (("a", 0), ("b", 3)):
+        xs = reference_x(recs, c, st, through)
+        got = [(r.tick, r.value, r.kind) for r in run.releases if r.counter == c]
+        assert got == expected_releases(registry, s, c, xs)
+        assert all(r.error_bound > 0 for r in run.releases)
