@@ -1,0 +1,329 @@
+"""Plain Kafka helpers on confluent-kafka: client configuration from Settings (TLS/SASL
+included), topic creation, producing, and reading a whole topic.
+
+Used by replay, the demo, the tests and the benchmark: everything that talks to Kafka
+outside the Faust worker. Nothing here logs record contents.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+#: Header carrying where a timeline event came from ("<input partition>:<input offset>").
+#: The operator side uses it to drop the duplicates that at-least-once ingest creates.
+SOURCE_HEADER = "dpc-src"
+
+# How long the read helpers wait for metadata and for the end of a partition.
+_DEFAULT_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class KafkaRecord:
+    """One record read back from a topic (key/value as raw bytes)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+    timestamp_ms: int
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of header `name`, or None."""
+        found: bytes | None = None
+        for k, v in self.headers:
+            if k == name:
+                found = v
+        return found
+
+
+def _security_value(settings: Any, name: str) -> Any:
+    """A security field from Settings, wherever the config layer keeps it (nested or flat)."""
+    sec = getattr(settings, "security", None)
+    if sec is not None and hasattr(sec, name):
+        return getattr(sec, name)
+    return getattr(settings, name, None)
+
+
+def topic_name(settings: Any, which: str) -> str:
+    """The configured name of topic `which` (input, timeline, counts, ledger, deadletter)."""
+    topics = getattr(settings, "topics", None)
+    if topics is None:
+        return str(getattr(settings, f"{which}_topic"))
+    if isinstance(topics, Mapping):
+        return str(topics[which])
+    return str(getattr(topics, which))
+
+
+def security_config(settings: Any) -> dict[str, str]:
+    """librdkafka security properties (security.protocol, ssl.*, sasl.*) from Settings."""
+    conf: dict[str, str] = {}
+    protocol = _security_value(settings, "security_protocol")
+    if protocol:
+        conf["security.protocol"] = str(protocol).lower()
+    for field, prop in (
+        ("ssl_cafile", "ssl.ca.location"),
+        ("ssl_certfile", "ssl.certificate.location"),
+        ("ssl_keyfile", "ssl.key.location"),
+        ("sasl_mechanism", "sasl.mechanism"),
+        ("sasl_username", "sasl.username"),
+        ("sasl_password", "sasl.password"),
+    ):
+        value = _security_value(settings, field)
+        if value:
+            conf[prop] = str(value)
+    return conf
+
+
+def base_config(settings: Any) -> dict[str, str]:
+    """Bootstrap servers plus security: the part every client shares."""
+    servers = settings.bootstrap_servers
+    if not isinstance(servers, str):
+        servers = ",".join(servers)
+    conf = {"bootstrap.servers": servers}
+    conf.update(security_config(settings))
+    return conf
+
+
+def plain_config(bootstrap_servers: str) -> dict[str, str]:
+    """Client config for an unsecured broker (tests and the local demo)."""
+    return {"bootstrap.servers": bootstrap_servers}
+
+
+def make_producer(conf: Mapping[str, str], **extra: str) -> Producer:
+    """An idempotent producer (acks=all) on top of `conf`."""
+    full = dict(conf)
+    full.update({"enable.idempotence": "true", "acks": "all", "linger.ms": "5"})
+    full.update(extra)
+    return Producer(full)
+
+
+def make_admin(conf: Mapping[str, str]) -> AdminClient:
+    return AdminClient(dict(conf))
+
+
+def create_topics(
+    conf: Mapping[str, str],
+    names: Iterable[str],
+    partitions: int = 1,
+    *,
+    replication: int = 1,
+    config: Mapping[str, str] | None = None,
+    timeout_s: float = _DEFAULT_TIMEOUT_S,
+) -> None:
+    """Create topics, ignoring ones that already exist; waits until each is created."""
+    admin = make_admin(conf)
+    new = [
+        NewTopic(n, num_partitions=partitions, replication_factor=replication,
+                 config=dict(config or {}))
+        for n in names
+    ]
+    if not new:
+        return
+    futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
+    for name, fut in futures.items():
+        try:
+            fut.result(timeout=timeout_s)
+        except KafkaException as exc:
+            err = exc.args[0]
+            if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            raise RuntimeError(f"cannot create topic {name!r}: {err}") from None
+
+
+def partition_count(conf: Mapping[str, str], topic: str,
+                    timeout_s: float = _DEFAULT_TIMEOUT_S) -> int:
+    """Number of partitions of `topic` (0 if it does not exist)."""
+    admin = make_admin(conf)
+    md = admin.list_topics(topic=topic, timeout=timeout_s)
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        return 0
+    return len(t.partitions)
+
+
+def stable_partition(key: str, partitions: int) -> int:
+    """First 8 bytes of sha256(key) mod `partitions`: stable across processes and runs."""
+    if partitions <= 0:
+        raise ValueError("partitions must be positive")
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+def produce_all(
+    conf: Mapping[str, str],
+    topic: str,
+    records: Iterable[tuple[bytes | None, bytes]],
+    *,
+    partition: int | None = None,
+    timeout_s: float = _DEFAULT_TIMEOUT_S,
+) -> int:
+    """Produce (key, value) records in order and wait until all are acknowledged."""
+    producer = make_producer(conf)
+    errors: list[str] = []
+
+    def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    n = 0
+    for key, value in records:
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+        n += 1
+    remaining = producer.flush(timeout_s)
+    if remaining or errors:
+        raise RuntimeError(f"produce to {topic!r} failed: {remaining} unsent, errors={errors[:3]}")
+    return n
+
+
+def _consumer(conf: Mapping[str, str]) -> Consumer:
+    full = dict(conf)
+    full.update({
+        "group.id": f"dpc-reader-{uuid.uuid4().hex}",
+        "enable.auto.commit": "false",
+        "auto.offset.reset": "earliest",
+        "enable.partition.eof": "false",
+        "isolation.level": "read_committed",
+    })
+    return Consumer(full)
+
+
+def end_offsets(conf: Mapping[str, str], topic: str,
+                timeout_s: float = _DEFAULT_TIMEOUT_S) -> dict[int, tuple[int, int]]:
+    """partition -> (low, high) watermarks of `topic`."""
+    consumer = _consumer(conf)
+    try:
+        md = consumer.list_topics(topic, timeout=timeout_s)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise RuntimeError(f"topic {topic!r} not found")
+        out: dict[int, tuple[int, int]] = {}
+        for p in sorted(t.partitions):
+            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            out[p] = (int(lo), int(hi))
+        return out
+    finally:
+        consumer.close()
+
+
+def read_topic(conf: Mapping[str, str], topic: str, *,
+               timeout_s: float = 60.0) -> dict[int, list[KafkaRecord]]:
+    """Every record of `topic` up to its current end, per partition in offset order.
+
+    Takes the high watermarks first, then reads each partition until it reaches them, so
+    the result is a consistent snapshot of what was in the topic when the call began.
+    """
+    return dict(_read(conf, topic, timeout_s))
+
+
+def iter_topic(conf: Mapping[str, str], topic: str, *,
+               timeout_s: float = 60.0) -> Iterator[KafkaRecord]:
+    """Like read_topic, flattened partition by partition (each in offset order)."""
+    for _p, recs in _read(conf, topic, timeout_s):
+        yield from recs
+
+
+def _record(msg: Any) -> KafkaRecord:
+    """A confluent-kafka Message as a KafkaRecord."""
+    hdrs = tuple((str(k), bytes(v or b"")) for k, v in (msg.headers() or []))
+    return KafkaRecord(str(msg.topic()), int(msg.partition()), int(msg.offset()), msg.key(),
+                       msg.value(), hdrs, int(msg.timestamp()[1]))
+
+
+def _read(conf: Mapping[str, str], topic: str,
+          timeout_s: float) -> list[tuple[int, list[KafkaRecord]]]:
+    marks = end_offsets(conf, topic)
+    out: dict[int, list[KafkaRecord]] = {p: [] for p in marks}
+    todo = {p: hi for p, (lo, hi) in marks.items() if hi > lo}
+    if not todo:
+        return sorted(out.items())
+    consumer = _consumer(conf)
+    try:
+        consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in todo])
+        deadline = time.monotonic() + timeout_s
+        while todo:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic!r}: partitions {sorted(todo)} incomplete")
+            batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.5)
+            for msg in batch:
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"reading {topic!r}: {err}")
+                rec = _record(msg)
+                p, off = rec.partition, rec.offset
+                if p not in todo:
+                    continue
+                out[p].append(rec)
+                if off + 1 >= todo[p]:
+                    del todo[p]
+            # A partition whose tail is transaction markers / compacted never reaches hi
+            # by message offsets; check the consumer position instead.
+            for p in list(todo):
+                pos = consumer.position([TopicPartition(topic, p)])[0].offset
+                if pos >= todo[p]:
+                    del todo[p]
+    finally:
+        consumer.close()
+    return sorted(out.items())
+
+
+def wait_for(
+    conf: Mapping[str, str],
+    topic: str,
+    predicate: Any,
+    *,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.5,
+) -> list[KafkaRecord]:
+    """Tail `topic` from the beginning until predicate(all records so far) is true.
+
+    Returns the records seen. Raises TimeoutError at the deadline: tests use this instead
+    of sleeping, so they wait exactly as long as the system needs.
+    """
+    consumer = _consumer(conf)
+    seen: list[KafkaRecord] = []
+    try:
+        md = consumer.list_topics(topic, timeout=_DEFAULT_TIMEOUT_S)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            raise RuntimeError(f"topic {topic!r} not found")
+        # OFFSET_BEGINNING = -2: assign directly, no group rebalance to wait for.
+        consumer.assign([TopicPartition(topic, p, -2) for p in sorted(t.partitions)])
+        deadline = time.monotonic() + timeout_s
+        if predicate(seen):
+            return seen
+        while time.monotonic() < deadline:
+            got = False
+            batch: list[Any] = consumer.consume(num_messages=1000, timeout=poll_s)
+            for msg in batch:
+                if msg.error() is not None:
+                    continue
+                seen.append(_record(msg))
+                got = True
+            if got and predicate(seen):
+                return seen
+        raise TimeoutError(f"condition on {topic!r} not met after {timeout_s}s "
+                           f"({len(seen)} records seen)")
+    finally:
+        consumer.close()
