@@ -212,77 +212,205 @@ def gaussian_sigma2_units(sigma_units: float) -> tuple[int, int]:
 # --------------------------------------------------------------------------- vectorised block
 
 #: Largest t the vectorised block sampler accepts; beyond it the scalar path is used.
-#: Why: products t * K (K <= _BLOCK_ROUNDS + 2) and U + t * V (V <= _BLOCK_ROUNDS) must stay
-#: below 2^63 in uint64/int64 arithmetic; with t <= 2^48 and at most 256 rounds they do.
+#: Why: the block computes 2t, t * K (K <= 1 + _LD * _MAX_SUB) and U + t * V
+#: (V <= _LV * _MAX_SUB) in uint64; with t <= 2^48 these stay far below 2^63.
 BLOCK_MAX_T = 1 << 48
-_BLOCK_ROUNDS = 64
 
-# States of one trial of CKS Algorithm 2 in the vectorised state machine.
-_S_U = 0  # draw U uniform in [0, t)
-_S_D = 1  # von Neumann for Bernoulli(exp(-U/t)): step K draws Bernoulli(U / (t K))
-_S_V = 2  # geometric V: repeated Bernoulli(exp(-1)); step K draws Bernoulli(1 / K)
-_S_B = 3  # the sign bit
+_LD = 2  # von Neumann steps for exp(-U/t) per vectorised sub-pass (columns)
+_LV = 3  # Bernoulli(exp(-1)) trials of the geometric V per vectorised sub-pass
+_MAX_SUB = 8  # sub-passes of either loop before a trial is parked for the scalar code
+_MAX_PASSES = 3  # batches of attempts in the vectorised region
+
+# Bernoulli(exp(-1)) from one word: von Neumann's K (first k with Bernoulli(1/k) false)
+# has P(K > k) = 1/k!, so with r uniform on [0, 18!), K > k iff r < 18!/k! (k <= 18).
+_F18 = math.factorial(18)
+_F18_LIMIT = np.uint64(_U64_MAX - (1 << 64) % _F18)
+_VN_THRESH = np.array([_F18 // math.factorial(k) for k in range(18, 0, -1)], dtype=np.uint64)
+
+# Stages of an attempt parked for the scalar code.
+_P_D = 1  # inside the von Neumann loop for Bernoulli(exp(-U/t)) at step k
+_P_V = 2  # inside the geometric V with v successes; k > 0: inside exp(-1) at step k
 
 
-def _step_scalar(st: int, u: int, k: int, v: int, w: int, t: int, s: int
-                 ) -> tuple[int, int, int, int, int | None]:
-    """One step of the trial state machine on one word w (the scalar twin of a round).
+def _limit(m: int) -> int:
+    """The largest word accepted when drawing uniform mod m from one word.
 
-    Every step reads exactly one word and draws "uniform below m, compared with thr" by
-    rejection: w is accepted when w < 2^64 - (2^64 mod m), then w mod m is exactly
-    uniform on [0, m); a rejected word leaves the state unchanged (the step is retried).
-    Returns the new (state, U, K, V, output or None).
+    A word w is accepted iff w < 2^64 - (2^64 mod m); then w mod m is exactly uniform on
+    [0, m). A rejected word is simply a redraw, so skipping it never biases anything.
     """
-    if st == _S_U:
-        m, thr = t, t
-    elif st == _S_D:
-        m, thr = t * k, u
-    elif st == _S_V:
-        m, thr = k, 1
+    return _U64_MAX - (1 << 64) % m
+
+
+def _resume_attempt(cur: WordCursor, t: int, s: int, stage: int, u: int, neg: bool, k: int,
+                    v: int) -> int | None:
+    """Finish one parked attempt exactly (scalar code): its sample, or None if rejected."""
+    if stage == _P_D:
+        while bernoulli_frac(cur, u, t * k):
+            k += 1
+        if k % 2 == 0:  # Bernoulli(exp(-U/t)) failed: the attempt is rejected
+            return None
+        v, k = 0, 0
+    if k > 0:
+        while bernoulli_frac(cur, 1, k):
+            k += 1
+        more = k % 2 == 1
     else:
-        m, thr = 2, 1
-    excess = (1 << 64) % m
-    if w > _U64_MAX - excess:
-        return st, u, k, v, None
-    r = w % m
-    ok = r < thr
-    if st == _S_U:
-        return _S_D, r, 1, 0, None
-    if st == _S_D:
-        if ok:
-            return st, u, k + 1, v, None
-        if k % 2 == 1:  # Bernoulli(exp(-U/t)) succeeded: on to the geometric part
-            return _S_V, u, 2, 0, None
-        return _S_U, 0, 0, 0, None
-    if st == _S_V:
-        # K starts at 2: the first von Neumann step, Bernoulli(1/1), always succeeds.
-        if ok:
-            return st, u, k + 1, v, None
-        if k % 2 == 1:  # one more exp(-1) success
-            return st, u, 2, v + 1, None
-        return _S_B, u, k, v, None
+        more = _bernoulli_exp_le1(cur, 1, 1)
+    while more:
+        v += 1
+        more = _bernoulli_exp_le1(cur, 1, 1)
     y = (u + t * v) // s
-    negative = not ok
-    if negative and y == 0:
-        return _S_U, 0, 0, 0, None
-    return st, u, k, v, (-y if negative else y)
+    if neg and y == 0:  # "minus zero" is rejected as in CKS
+        return None
+    return -y if neg else y
+
+
+class _Words:
+    """Consecutive words of one lane, fetched in large slices, handed out by position."""
+
+    __slots__ = ("buf", "buf_start", "lane", "pos", "stream")
+
+    def __init__(self, stream: KeyedStream, lane: int, prefetch: int) -> None:
+        self.stream = stream
+        self.lane = lane
+        self.pos = 0
+        self.buf = stream.words(lane, 0, max(prefetch, 1))
+        self.buf_start = 0
+
+    def take(self, n: int) -> npt.NDArray[np.uint64]:
+        if self.pos + n > self.buf_start + len(self.buf):
+            self.buf = self.stream.words(self.lane, self.pos, max(n, len(self.buf)))
+            self.buf_start = self.pos
+        i = self.pos - self.buf_start
+        self.pos += n
+        out: npt.NDArray[np.uint64] = self.buf[i: i + n]
+        return out
+
+
+def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uint64],
+                  lim_tab: npt.NDArray[np.uint64]
+                  ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64],
+                             list[tuple[int, int, int, bool, int, int]]]:
+    """Run `a` independent attempts of CKS Algorithm 2, vectorised.
+
+    Returns (ok, values, parked): the offsets (0..a-1) of the attempts that produced a
+    sample and those samples, in attempt order, and the attempts left unfinished by the
+    bounded loops as (offset, stage, U, negative, k, v) for _resume. Every other attempt
+    was rejected (exp(-U/t) failed, or "minus zero").
+    """
+    u64 = np.uint64
+    one = u64(1)
+    parked: list[tuple[int, int, int, bool, int, int]] = []
+
+    # U and the sign from one word each; a rejected word is a rejected attempt (a redraw).
+    w0 = src.take(a)
+    r0 = w0 % u64(2 * t)
+    uu = r0 >> one
+    neg = (r0 & one) == one
+
+    # Bernoulli(exp(-U/t)): von Neumann step k is Bernoulli(U / (t k)).
+    d_ids = np.flatnonzero(w0 <= u64(_limit(2 * t)))
+    d_u = uu[d_ids]
+    d_k = np.ones(len(d_ids), dtype=np.int64)
+    passed: list[npt.NDArray[np.int64]] = []
+    cols = np.arange(_LD, dtype=np.int64)
+    for _sub in range(_MAX_SUB):
+        nd = len(d_ids)
+        if nd == 0:
+            break
+        wd = src.take(nd * _LD).reshape(nd, _LD)
+        if _sub == 0:  # every attempt starts at step 1: the moduli are one row
+            m_d, lim_d = m_tab[1: 1 + _LD], lim_tab[1: 1 + _LD]
+        else:
+            kc = d_k[:, None] + cols
+            m_d, lim_d = m_tab[kc], lim_tab[kc]
+        accd = wd <= lim_d
+        succ = accd & (wd % m_d < d_u[:, None])
+        f = np.argmin(succ, axis=1)  # first step that is not a success
+        rows = np.arange(nd)
+        allsucc = succ[rows, f]  # True only if every column succeeded
+        decided = ~allsucc & accd[rows, f]
+        k_stop = d_k + f  # the step at which the loop stopped
+        passed.append(d_ids[decided & ((k_stop & 1) == 1)])
+        cont = ~decided
+        # continue after the last success, or redo a step whose word was rejected
+        d_k = np.where(allsucc, d_k + _LD, k_stop)[cont]
+        d_ids = d_ids[cont]
+        d_u = d_u[cont]
+    for j, k in zip(d_ids.tolist(), d_k.tolist(), strict=True):
+        parked.append((j, _P_D, int(uu[j]), bool(neg[j]), k, 0))
+
+    # V: Bernoulli(exp(-1)) successes before the first failure, one word per trial.
+    v_ids = np.concatenate(passed) if passed else np.empty(0, dtype=np.int64)
+    v_v = np.zeros(len(v_ids), dtype=np.int64)
+    done_ids: list[npt.NDArray[np.int64]] = []
+    done_v: list[npt.NDArray[np.int64]] = []
+    for _sub in range(_MAX_SUB):
+        nv = len(v_ids)
+        if nv == 0:
+            break
+        wv = src.take(nv * _LV).reshape(nv, _LV)
+        accv = wv <= _F18_LIMIT
+        kk = 19 - np.searchsorted(_VN_THRESH, wv % u64(_F18), side="right")
+        dec = accv & (kk <= 18)
+        succ = dec & ((kk & 1) == 1)
+        f = np.argmin(succ, axis=1)
+        rows = np.arange(nv)
+        allsucc = succ[rows, f]
+        dec_f = dec[rows, f]
+        fin = ~allsucc & dec_f
+        done_ids.append(v_ids[fin])
+        done_v.append((v_v + f)[fin])
+        # K > 18 inside one word: that exp(-1) trial continues at von Neumann step 19
+        deep = ~allsucc & accv[rows, f] & ~dec_f
+        for j, v in zip(v_ids[deep].tolist(), (v_v + f)[deep].tolist(), strict=True):
+            parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 19, v))
+        cont = ~fin & ~deep  # all succeeded, or a rejected word (redraw that trial)
+        v_v = np.where(allsucc, v_v + _LV, v_v + f)[cont]
+        v_ids = v_ids[cont]
+    for j, v in zip(v_ids.tolist(), v_v.tolist(), strict=True):
+        parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 0, v))
+
+    if not done_ids:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), parked
+    ids = np.concatenate(done_ids)
+    order = np.argsort(ids, kind="stable")
+    ids = ids[order]
+    vs = np.concatenate(done_v)[order].astype(np.uint64)
+    y = ((uu[ids] + u64(t) * vs) // u64(s)).astype(np.int64)
+    ng = neg[ids]
+    keep = ~(ng & (y == 0))  # "minus zero" rejects the attempt
+    return ids[keep], np.where(ng, -y, y)[keep], parked
 
 
 def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: int
                            ) -> npt.NDArray[np.int64]:
     """n independent samples of discrete_laplace(t, s), exactly, as an int64 array.
 
-    A pure function of (stream, lane, t, s, n): it reads the words of `lane` from word 0.
-    Each trial runs CKS Algorithm 2 as a small state machine in which every step consumes
-    one fresh word (see _step_scalar). Up to _BLOCK_ROUNDS rounds run vectorised over all
-    unfinished trials (round r gives the active trials, in trial order, the next words of
-    the lane); every trial still unfinished after that is completed, in trial order, by
-    the same state machine in scalar code reading further words of the lane. Every step
-    uses a fresh uniform word, so the output law is exactly DLap(t/s) for every trial and
-    trials are independent; outputs are in trial order.
+    A pure function of (stream, lane, t, s, n): it reads the words of `lane` from word 0,
+    in an order fixed by the words themselves. CKS Algorithm 2 is rejection sampling: a
+    sequence of independent attempts, each rejected or producing a sample, and the samples
+    of the accepted attempts, in attempt order, are independent DLap(t/s) draws. The block
+    runs many attempts at once with numpy integer operations:
 
-    Limit: t <= BLOCK_MAX_T (2^48) keeps all uint64 arithmetic exact; larger t falls back
-    to n calls of the scalar discrete_laplace on a cursor over the same lane.
+    - one word per attempt gives U and the sign: r = w mod 2t, U = r >> 1, sign = r & 1
+      (the sign is independent of U, so drawing it first does not change the law);
+    - Bernoulli(exp(-U/t)) by von Neumann's loop, whose step k is Bernoulli(U / (t k)),
+      i.e. (w mod t k) < U, _LD steps per vectorised sub-pass;
+    - V, the number of Bernoulli(exp(-1)) successes before a failure, each Bernoulli from
+      one word (see _VN_THRESH), _LV of them per sub-pass.
+
+    Every uniform comes from its own fresh word by exact rejection (see _limit). The
+    unbounded loops run vectorised for at most _MAX_SUB sub-passes; attempts still
+    unfinished are parked with their exact state. After the vectorised region (at most
+    _MAX_PASSES batches of attempts), the scalar code completes the parked attempts in
+    attempt order, reading the words of the lane that follow, and the output is the first
+    n accepted attempts in attempt order; if there are fewer than n, the rest are fresh
+    scalar draws from the same cursor. So every output has exactly the DLap(t/s) law and
+    the outputs are independent.
+
+    Limit: t <= BLOCK_MAX_T (2^48) keeps the uint64 arithmetic exact; a larger t falls
+    back to n scalar draws on a cursor over the same lane.
     """
     t = _check_int("t", t, 1)
     s = _check_int("s", s, 1)
@@ -296,93 +424,52 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
             out[i] = discrete_laplace(cur, t, s)
         return out
 
-    u64 = np.uint64
-    t64 = u64(t)
-    s64 = u64(s)
-    idx = np.arange(n, dtype=np.int64)
-    st = np.zeros(n, dtype=np.uint8)
-    uu = np.zeros(n, dtype=np.uint64)
-    kk = np.zeros(n, dtype=np.uint64)
-    vv = np.zeros(n, dtype=np.uint64)
-    # The t-dependent rejection threshold for the U step is a constant; others vary.
-    t_limit = u64(_U64_MAX - (1 << 64) % t)
+    ks = range(2 + _LD * (_MAX_SUB + 1))
+    m_tab = np.array([t * max(k, 1) for k in ks], dtype=np.uint64)
+    lim_tab = np.array([_limit(t * max(k, 1)) for k in ks], dtype=np.uint64)
+    # Acceptance probability of one attempt, only to size the batches (not for the law):
+    # P(exp(-U/t) passes) * P(not "minus zero").
+    p_acc = (-math.expm1(-1.0)) / (t * -math.expm1(-1.0 / t))
+    p_acc *= 1.0 - 0.5 * -math.expm1(-s / t)
 
-    # Words are fetched in large slices (prefetch) but assigned strictly by position.
-    pos = 0
-    buf = stream.words(lane, 0, 12 * n)
-    buf_start = 0
-
-    one = u64(1)
-    two = u64(2)
-    for _ in range(_BLOCK_ROUNDS):
-        na = len(idx)
-        if na == 0:
+    src = _Words(stream, lane, 10 * n)
+    got_ids: list[npt.NDArray[np.int64]] = []
+    got_vals: list[npt.NDArray[np.int64]] = []
+    parked: list[tuple[int, int, int, bool, int, int]] = []
+    base = 0  # attempt number of the first attempt of the batch
+    have = 0
+    for _ in range(_MAX_PASSES):
+        need = n - have
+        if need <= 0:
             break
-        if pos + na > buf_start + len(buf):
-            buf = stream.words(lane, pos, max(na, 4 * n))
-            buf_start = pos
-        w = buf[pos - buf_start: pos - buf_start + na]
-        pos += na
+        a = math.ceil(need / p_acc + 3.0 * math.sqrt(need) + 4)
+        ok, vals, pk = _run_attempts(src, a, t, s, m_tab, lim_tab)
+        got_ids.append(ok + base)
+        got_vals.append(vals)
+        parked.extend((j + base, st, u, ng, k, v) for j, st, u, ng, k, v in pk)
+        have += len(ok) + len(pk)  # parked attempts may still succeed
+        base += a
 
-        in_u = st == _S_U
-        in_d = st == _S_D
-        in_v = st == _S_V
-        in_b = st == _S_B
-        # m and thr per trial (see _step_scalar). For the sign step m = 2 and for the U
-        # step m = t; the D step uses m = t K, the V step m = K.
-        m = np.where(in_d, t64 * kk, np.where(in_v, kk, np.where(in_u, t64, two)))
-        thr = np.where(in_d, uu, np.where(in_u, t64, one))
-        # Accept w iff w <= 2^64 - 1 - (2^64 mod m); (~m + 1) % m == 2^64 mod m, no overflow.
-        limit = np.where(in_u, t_limit, ~((~m + one) % m))
-        acc = w <= limit
-        r = w % m
-        ok = r < thr
-        succ = acc & ok
-        fail = acc & ~ok
-        odd = (kk & one) == one
-
-        # U step: accepted word gives U = r, start the von Neumann loop at K = 1.
-        a_u = in_u & acc
-        # D step
-        d_next = in_d & succ
-        d_pass = in_d & fail & odd
-        d_restart = in_d & fail & ~odd
-        # V step
-        v_next = in_v & succ
-        v_more = in_v & fail & odd
-        v_done = in_v & fail & ~odd
-        # Sign step (always accepted: 2^64 mod 2 == 0)
-        negative = in_b & ~ok
-        y = (uu + t64 * vv) // s64
-        b_restart = negative & (y == 0)
-        b_done = in_b & ~b_restart
-
-        uu = np.where(a_u, r, uu)
-        kk = np.where(a_u, one, kk)
-        kk = np.where(d_next | v_next, kk + one, kk)
-        kk = np.where(d_pass | v_more, two, kk)
-        vv = np.where(d_pass, u64(0), vv)
-        vv = np.where(v_more, vv + one, vv)
-        st = np.where(a_u, np.uint8(_S_D), st)
-        st = np.where(d_pass, np.uint8(_S_V), st)
-        st = np.where(d_restart | b_restart, np.uint8(_S_U), st)
-        st = np.where(v_done, np.uint8(_S_B), st)
-
-        if b_done.any():
-            yi = y[b_done].astype(np.int64)
-            out[idx[b_done]] = np.where(negative[b_done], -yi, yi)
-            keep = ~b_done
-            idx, st, uu, kk, vv = idx[keep], st[keep], uu[keep], kk[keep], vv[keep]
-
-    if len(idx):
-        cur = WordCursor(stream, lane, pos)
-        for j in range(len(idx)):
-            state = (int(st[j]), int(uu[j]), int(kk[j]), int(vv[j]))
-            res: int | None = None
-            while res is None:
-                a, b, c, d, res = _step_scalar(*state, cur.next_word(), t, s)
-                state = (a, b, c, d)
-            out[idx[j]] = res
+    ids = np.concatenate(got_ids)
+    vals = np.concatenate(got_vals)
+    cur = WordCursor(stream, lane, src.pos)
+    if parked:
+        extra_ids: list[int] = []
+        extra_vals: list[int] = []
+        for j, stage, u, ng, k, v in parked:  # already in attempt order
+            y = _resume_attempt(cur, t, s, stage, u, ng, k, v)
+            if y is not None:
+                extra_ids.append(j)
+                extra_vals.append(y)
+        if extra_ids:
+            ids = np.concatenate([ids, np.array(extra_ids, dtype=np.int64)])
+            vals = np.concatenate([vals, np.array(extra_vals, dtype=np.int64)])
+            order = np.argsort(ids, kind="stable")
+            vals = vals[order]
+    m = min(n, len(vals))
+    out[:m] = vals[:m]
+    for i in range(m, n):
+        out[i] = discrete_laplace(cur, t, s)
     return out
 
 
