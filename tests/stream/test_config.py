@@ -1,0 +1,142 @@
+"""Configuration: TOML file + DPC_* environment overrides, typed errors naming the field,
+secrets absent from repr, the privacy fingerprint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from processor.stream.config import ConfigError, Settings, load_settings, with_overrides
+
+EXAMPLE = Path(__file__).parents[2] / "deploy" / "config.example.toml"
+
+BASE = """
+app_id = "demo"
+bootstrap_servers = "broker-a:9092"
+tick_ms = 500
+epsilon = 0.5
+[topics]
+input = "events"
+[counters]
+a = 0
+b = "2026-01-01T00:00:00Z"
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_example_config_loads_and_documents_every_field() -> None:
+    s = load_settings(str(EXAMPLE), env={})
+    assert s.mechanism == "ecc" and s.counters["signups"] == 1_767_225_600_000
+    text = EXAMPLE.read_text()
+    names = {f for f in Settings.__dataclass_fields__ if f not in ("security", "topics")}
+    names |= set(s.security.__dataclass_fields__) | set(s.topics.__dataclass_fields__)
+    missing = {n for n in names if f"{n} =" not in text and f"[{n}]" not in text}
+    assert missing == set()
+
+
+def test_file_then_env_overrides(tmp_path: Path) -> None:
+    path = write(tmp_path, BASE)
+    s = load_settings(path, env={})
+    assert (s.app_id, s.bootstrap_servers, s.tick_ms, s.epsilon) == (
+        "demo", "broker-a:9092", 500, 0.5)
+    assert s.topics.input == "events" and s.topics.timeline == "dpc-timeline"
+    assert dict(s.counters) == {"a": 0, "b": 1_767_225_600_000}
+    env = {"DPC_EPSILON": "2.5", "DPC_TICK_MS": "250", "DPC_TOPIC_INPUT": "ev2",
+           "KAFKA_BOOTSTRAP_SERVERS": "k:1", "DPC_ALLOW_UNDECLARED": "true",
+           "DPC_SECURITY_PROTOCOL": "SASL_SSL", "DPC_SASL_MECHANISM": "PLAIN",
+           "DPC_SASL_USERNAME": "u", "DPC_SASL_PASSWORD": "hunter2-secret",
+           "DPC_NOISE_KEY_FILE": "/run/secrets/key", "DPC_COUNTERS": "x=1000, y=0"}
+    s = load_settings(path, env=env)
+    assert (s.epsilon, s.tick_ms, s.topics.input, s.bootstrap_servers) == (2.5, 250, "ev2",
+                                                                          "k:1")
+    assert s.allow_undeclared and s.noise_key_file == "/run/secrets/key"
+    assert dict(s.counters) == {"x": 1000, "y": 0}
+    assert s.security.sasl_password == "hunter2-secret"
+    # DPC_BOOTSTRAP_SERVERS wins over the legacy KAFKA_BOOTSTRAP_SERVERS.
+    s = load_settings(path, env={"KAFKA_BOOTSTRAP_SERVERS": "k:1", "DPC_BOOTSTRAP_SERVERS": "d:2"})
+    assert s.bootstrap_servers == "d:2"
+
+
+def test_secrets_absent_from_repr(tmp_path: Path) -> None:
+    env = {"DPC_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "DPC_SASL_MECHANISM": "SCRAM-SHA-256",
+           "DPC_SASL_USERNAME": "svc", "DPC_SASL_PASSWORD": "p4ssw0rd-XYZ"}
+    s = load_settings(write(tmp_path, BASE), env=env)
+    for text in (repr(s), str(s), repr(s.security), str(s.security)):
+        assert "p4ssw0rd-XYZ" not in text
+    assert "svc" in repr(s.security)  # the username is not secret
+
+
+@pytest.mark.parametrize("text,env,field", [
+    (BASE, {"DPC_EPSILON": "0"}, "epsilon"),
+    (BASE, {"DPC_EPSILON": "nan"}, "epsilon"),
+    (BASE, {"DPC_EPSILON": "lots"}, "epsilon"),
+    (BASE, {"DPC_DELTA": "1"}, "delta"),
+    (BASE, {"DPC_BETA": "0"}, "beta"),
+    (BASE, {"DPC_TICK_MS": "0"}, "tick_ms"),
+    (BASE, {"DPC_TICK_MS": "1.5"}, "tick_ms"),
+    (BASE, {"DPC_PARTITIONS": "0"}, "partitions"),
+    (BASE, {"DPC_LATENESS_MS": "-1"}, "lateness_ms"),
+    (BASE, {"DPC_HEARTBEAT_TICKS": "0"}, "heartbeat_ticks"),
+    (BASE, {"DPC_MECHANISM": "gaussiancc"}, "mechanism"),
+    (BASE, {"DPC_ALLOW_UNDECLARED": "maybe"}, "allow_undeclared"),
+    (BASE, {"DPC_SECURITY_PROTOCOL": "TLS"}, "security.security_protocol"),
+    (BASE, {"DPC_SECURITY_PROTOCOL": "SASL_SSL"}, "security.sasl_mechanism"),
+    (BASE, {"DPC_SECURITY_PROTOCOL": "SASL_SSL", "DPC_SASL_MECHANISM": "PLAIN",
+            "DPC_SASL_USERNAME": "u"}, "security.sasl_password"),
+    (BASE, {"DPC_SSL_CERTFILE": "c.pem"}, "security.ssl_keyfile"),
+    (BASE, {"DPC_TOPIC_INPUT": "bad topic!"}, "topics.input"),
+    (BASE, {"DPC_TOPIC_LEDGER": "dpc-private-counts"}, "topics"),
+    (BASE, {"DPC_COUNTERS": "a=1"}, "counters.a"),  # not a multiple of tick_ms
+    (BASE, {"DPC_COUNTERS": "a"}, "counters"),
+    (BASE, {"DPC_COUNTERS": "a=2026-01-01T00:00:00"}, "counters.a"),  # no zone
+    (BASE, {"DPC_COUNTERS": ""}, "counters"),  # none declared
+    ("epsilonn = 1\n" + BASE, {}, "epsilonn"),
+    ("[topics]\ninputt = 'x'\n[counters]\na = 0\n", {}, "topics.inputt"),
+    ("[security]\npassword = 'x'\n[counters]\na = 0\n", {}, "security.password"),
+    ("topics = 3\n", {}, "topics"),
+    ("epsilon = \n", {}, "config"),
+    ("app_id = ''\n[counters]\na = 0\n", {}, "app_id"),
+])
+def test_typed_errors_name_the_field(tmp_path: Path, text: str, env: dict[str, str],
+                                     field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text), env=env)
+    assert info.value.field == field
+    assert str(info.value).startswith(field + ":")
+    assert isinstance(info.value, ValueError)
+
+
+def test_missing_file_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(str(tmp_path / "nope.toml"), env={})
+    assert info.value.field == "config"
+
+
+def test_fingerprint_covers_privacy_settings_only(tmp_path: Path) -> None:
+    """Changing eps, delta, mechanism, tick, a start or the counter set changes it;
+    brokers, topics, credentials, heartbeat and beta do not."""
+    s = load_settings(write(tmp_path, BASE), env={})
+    fp = s.fingerprint()
+    assert len(fp) == 64 and fp == load_settings(write(tmp_path, BASE), env={}).fingerprint()
+    for change in ({"epsilon": 0.6}, {"delta": 1e-7}, {"mechanism": "simecc"},
+                   {"tick_ms": 250}, {"counters": {"a": 0}},
+                   {"counters": {"a": 500, "b": 1_767_225_600_000}},
+                   {"allow_undeclared": True}):
+        assert with_overrides(s, **change).fingerprint() != fp, change
+    for same in ({"bootstrap_servers": "x:1"}, {"app_id": "other"}, {"heartbeat_ticks": 5},
+                 {"beta": 0.01}, {"lateness_ms": 0}, {"partitions": 8}):
+        assert with_overrides(s, **same).fingerprint() == fp, same
+
+
+def test_defaults_without_file_need_a_counter() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(None, env={})
+    assert info.value.field == "counters"
+    s = load_settings(None, env={"DPC_COUNTERS": "a=0"})
+    assert s == with_overrides(Settings(), counters={"a": 0})
