@@ -27,10 +27,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processor.core import registry  # noqa: E402
-from processor.core.cc import cc_sigma  # noqa: E402
-from processor.core.grid import UNIT  # noqa: E402
-from processor.core.rng import NoiseKey  # noqa: E402
+from processor.core import registry
+from processor.core.cc import cc_sigma
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
 
 
 def throughput(name: str, eps: float, delta: float, ticks: int, density: float) -> float:
