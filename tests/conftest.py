@@ -1,0 +1,225 @@
+"""Shared test fixtures: a real Kafka broker for the tests marked ``kafka``, and topic helpers.
+
+Where the broker comes from (fixture ``kafka_bootstrap``, once per test session):
+
+1. ``KAFKA_BOOTSTRAP_SERVERS`` if set: an existing cluster, used as is (never stopped);
+2. else a testcontainers Kafka, if a Docker engine answers a quick ping (about a second at
+   most; set ``KAFKA_TEST_DOCKER=0`` to skip the probe);
+3. else ``LocalKafka`` from ``deploy/kafka.py``: the real Apache Kafka jars from Maven
+   Central, one combined broker+controller node on 127.0.0.1.
+
+If Java or Maven is missing for (3), the fixture fails with a clear message when ``CI`` is
+set (a CI run must never pass by skipping its broker tests) and skips with the reason
+otherwise. ``kafka_cluster`` is a three-node LocalKafka (replication factor 3, min ISR 2),
+started on demand once per test module, for failure tests that kill nodes.
+
+Helpers (plain functions, also available as fixtures of the same name):
+``unique_topic(prefix)`` gives a topic name no other test uses; ``create_topics(bootstrap,
+names, partitions)`` creates topics and waits until every partition has a leader.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, NoReturn
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCAL_KAFKA_FILE = ROOT / "deploy" / "kafka.py"
+_MODULE_NAME = "dp_deploy_local_kafka"
+
+
+def in_ci() -> bool:
+    """Whether this run is CI (``CI`` set to a true value), where nothing may be skipped."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def load_local_kafka() -> ModuleType:
+    """Import ``deploy/kafka.py`` (a standalone file, not a package) once, by path."""
+    module = sys.modules.get(_MODULE_NAME)
+    if module is not None:
+        return module
+    spec = importlib.util.spec_from_file_location(_MODULE_NAME, LOCAL_KAFKA_FILE)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {LOCAL_KAFKA_FILE}")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running it: dataclasses look their module up in sys.modules.
+    sys.modules[_MODULE_NAME] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def unique_topic(prefix: str) -> str:
+    """A topic name that starts with ``prefix`` and that no other test (or run) uses."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", prefix) or "t"
+    return f"{clean}-{uuid.uuid4().hex[:12]}"
+
+
+def create_topics(
+    bootstrap: str,
+    names: Sequence[str],
+    partitions: int = 1,
+    replication_factor: int | None = None,
+    timeout: float = 60.0,
+    config: dict[str, str] | None = None,
+) -> None:
+    """Create ``names`` with ``partitions`` partitions each and wait until they are usable.
+
+    ``replication_factor`` None means the broker's default. Returns once a metadata request
+    shows every partition of every topic with a leader, so producers and consumers started
+    right after do not race the controller. Raises on any creation error (including
+    "already exists": tests must use fresh names from ``unique_topic``).
+    """
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    new = [
+        NewTopic(
+            name,
+            num_partitions=partitions,
+            replication_factor=replication_factor if replication_factor is not None else -1,
+            config=dict(config or {}),
+        )
+        for name in names
+    ]
+    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
+    for future in futures.values():
+        future.result(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    missing: list[str] = list(names)
+    while missing:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"topics without leaders after {timeout:.0f}s: {missing}")
+        topics = admin.list_topics(timeout=min(5.0, remaining)).topics
+        missing = [
+            name
+            for name in names
+            if name not in topics
+            or topics[name].error is not None
+            or len(topics[name].partitions) != partitions
+            or any(p.leader < 0 for p in topics[name].partitions.values())
+        ]
+
+
+@pytest.fixture(name="unique_topic")
+def _unique_topic_fixture() -> Callable[[str], str]:
+    """``unique_topic`` as a fixture, so tests need no import from conftest."""
+    return unique_topic
+
+
+@pytest.fixture(name="create_topics")
+def _create_topics_fixture() -> Callable[..., None]:
+    """``create_topics`` as a fixture, so tests need no import from conftest."""
+    return create_topics
+
+
+def docker_answers(timeout: float = 1.0) -> bool:
+    """Whether a Docker engine answers a ping within ``timeout`` seconds (False on any doubt).
+
+    With no DOCKER_HOST and no /var/run/docker.sock this returns at once.
+    """
+    if os.environ.get("KAFKA_TEST_DOCKER", "").strip() == "0":
+        return False
+    host = os.environ.get("DOCKER_HOST", "")
+    if not host:
+        sock_path = "/var/run/docker.sock"
+        if not os.path.exists(sock_path):
+            return False
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect(sock_path)
+                sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+                reply = sock.recv(512)
+        except OSError:
+            return False
+        return reply.startswith(b"HTTP/1.") and b" 200 " in reply.split(b"\r\n", 1)[0]
+    try:
+        import docker
+
+        client = docker.DockerClient(base_url=host, timeout=max(1, round(timeout)))
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except Exception:
+        return False
+
+
+def _missing_broker(reason: str) -> NoReturn:
+    # In CI a missing broker is a failure; on a laptop without Java it is a skip.
+    if in_ci():
+        pytest.fail(f"no Kafka broker for the tests marked `kafka`: {reason}", pytrace=False)
+    pytest.skip(f"no Kafka broker: {reason}")
+
+
+def _start_local(nodes: int) -> Any:
+    lk = load_local_kafka()
+    kafka = lk.LocalKafka(nodes)
+    try:
+        kafka.start()
+    except lk.ToolMissingError as exc:
+        _missing_broker(f"{exc} (or set KAFKA_BOOTSTRAP_SERVERS to an existing cluster)")
+    return kafka
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap servers of a real Kafka broker, shared by the whole test session."""
+    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    if env:
+        lk = load_local_kafka()
+        try:
+            lk.wait_for_metadata(env, timeout=30.0)
+        except lk.StartError as exc:
+            pytest.fail(f"KAFKA_BOOTSTRAP_SERVERS={env} does not answer: {exc}", pytrace=False)
+        yield env
+        return
+    if docker_answers():
+        from testcontainers.community.kafka import KafkaContainer
+
+        container = KafkaContainer().with_kraft()
+        container.start()
+        try:
+            yield str(container.get_bootstrap_server())
+        finally:
+            container.stop()
+        return
+    kafka = _start_local(1)
+    try:
+        yield str(kafka.bootstrap_servers)
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster() -> Iterator[Any]:
+    """A three-node LocalKafka (replication factor 3, min.insync.replicas 2) for this module.
+
+    Always local, even with KAFKA_BOOTSTRAP_SERVERS set, because tests kill and restart its
+    nodes (``kill_node(i)``, ``restart_node(i)``).
+    """
+    cluster = _start_local(3)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that uses a broker fixture as ``kafka``, so ``-m "not kafka"`` works."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if {"kafka_bootstrap", "kafka_cluster"} & set(fixtures):
+            item.add_marker(pytest.mark.kafka)

@@ -1,0 +1,338 @@
+"""The local Apache Kafka broker really works (deploy/kafka.py and the conftest fixtures).
+
+Broker tests (marked ``kafka``): 1,000 keyed messages through a 3-partition topic come back
+complete and in order per partition; a three-node cluster loses a partition leader to
+SIGKILL mid-stream and, with acks=all and min.insync.replicas=2, loses no message; the
+command line starts, reports and stops a broker. No test here is statistical: every check
+is exact, so the false-alarm rate is 0 on a correct broker.
+
+The rest needs no broker: missing ``java`` / ``mvn`` gives exit code 3 and a clear
+message, and a cached download is reused without running Maven.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient
+
+from tests.conftest import LOCAL_KAFKA_FILE, load_local_kafka
+
+lk = load_local_kafka()
+
+Delivered = dict[str, tuple[int, int]]  # value -> (partition, offset), from delivery reports
+Consumed = dict[str, tuple[int, int]]  # value -> (partition, offset), as read back
+
+
+def _messages(start: int, count: int, keys: int = 37) -> list[tuple[str, str]]:
+    """``count`` (key, value) pairs; value "k<key>:<n>" numbers the messages of each key."""
+    return [(f"k{n % keys}", f"k{n % keys}:{n}") for n in range(start, start + count)]
+
+
+def _producer(bootstrap: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            # Retries after a leader change must not write a message twice.
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": 120_000,
+        }
+    )
+
+
+def _consumer(bootstrap: str, topic: str) -> Consumer:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"{topic}-reader",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+            "auto.commit.interval.ms": 500,
+        }
+    )
+    consumer.subscribe([topic])
+    return consumer
+
+
+def _where(msg: Message) -> tuple[int, int]:
+    """(partition, offset) of a produced or consumed message."""
+    partition, offset = msg.partition(), msg.offset()
+    assert partition is not None and offset is not None
+    return partition, offset
+
+
+def _produce(
+    producer: Producer, topic: str, messages: Iterable[tuple[str, str]], delivered: Delivered
+) -> list[str]:
+    """Produce and flush; fill ``delivered`` from the reports; return the delivery errors."""
+    errors: list[str] = []
+
+    def report(err: KafkaError | None, msg: Message) -> None:
+        value = msg.value()
+        assert isinstance(value, bytes)
+        if err is not None:
+            errors.append(f"{value.decode()}: {err}")
+        else:
+            delivered[value.decode()] = _where(msg)
+
+    for key, value in messages:
+        producer.produce(topic, key=key.encode(), value=value.encode(), on_delivery=report)
+        producer.poll(0)
+    left = producer.flush(120.0)
+    assert left == 0, f"{left} messages still queued after 120 s"
+    return errors
+
+
+def _consume(
+    consumer: Consumer, consumed: Consumed, order: dict[int, list[str]], want: int, timeout: float
+) -> None:
+    """Read until ``consumed`` holds ``want`` distinct values or ``timeout`` seconds pass.
+
+    A value read again at the same (partition, offset) is a harmless re-read (e.g. after a
+    rebalance); the same value at a different offset is a duplicate in the log and fails.
+    """
+    deadline = time.monotonic() + timeout
+    while len(consumed) < want and time.monotonic() < deadline:
+        msg = consumer.poll(0.5)
+        if msg is None:
+            continue
+        err = msg.error()
+        if err is not None:
+            assert err.code() == KafkaError._PARTITION_EOF or err.retriable(), str(err)
+            continue
+        raw = msg.value()
+        assert isinstance(raw, bytes)
+        value, where = raw.decode(), _where(msg)
+        if value in consumed:
+            assert consumed[value] == where, f"{value} is in the log twice: {consumed[value]}"
+            continue
+        consumed[value] = where
+        order[where[0]].append(value)
+
+
+def _check_order(delivered: Delivered, order: dict[int, list[str]]) -> None:
+    """Each partition was read in offset order, and each key's messages in production order."""
+    for partition, values in order.items():
+        offsets = [delivered[v][1] for v in values]
+        assert offsets == sorted(offsets), f"partition {partition} read out of offset order"
+    per_key: dict[str, list[int]] = defaultdict(list)
+    key_partition: dict[str, set[int]] = defaultdict(set)
+    for values in order.values():
+        for value in values:
+            key, n = value.split(":")
+            per_key[key].append(int(n))
+            key_partition[key].add(delivered[value][0])
+    for key, numbers in per_key.items():
+        assert numbers == sorted(numbers), f"key {key} read out of production order"
+        assert len(key_partition[key]) == 1, f"key {key} spread over {key_partition[key]}"
+
+
+@pytest.mark.kafka
+def test_keyed_messages_round_trip_in_order_per_partition(
+    kafka_bootstrap: str,
+    unique_topic: Callable[[str], str],
+    create_topics: Callable[..., None],
+) -> None:
+    """1,000 keyed messages into 3 partitions all come back, each partition in order."""
+    topic = unique_topic("broker-roundtrip")
+    create_topics(kafka_bootstrap, [topic], partitions=3)
+    messages = _messages(0, 1000)
+    delivered: Delivered = {}
+    errors = _produce(_producer(kafka_bootstrap), topic, messages, delivered)
+    assert errors == []
+    assert len(delivered) == 1000
+    assert {p for p, _ in delivered.values()} == {0, 1, 2}, "keys did not spread over 3 partitions"
+
+    consumer = _consumer(kafka_bootstrap, topic)
+    consumed: Consumed = {}
+    order: dict[int, list[str]] = defaultdict(list)
+    try:
+        _consume(consumer, consumed, order, want=1000, timeout=60.0)
+    finally:
+        consumer.close()
+    assert consumed == delivered  # every message, at the offset its delivery report gave
+    for partition, values in order.items():
+        # Exactly the partition's log, read front to back with no gap.
+        assert [delivered[v][1] for v in values] == list(range(len(values))), partition
+    _check_order(delivered, order)
+
+
+@pytest.mark.kafka
+def test_three_node_cluster_loses_a_leader_and_no_message(
+    kafka_cluster: Any,
+    unique_topic: Callable[[str], str],
+    create_topics: Callable[..., None],
+) -> None:
+    """Kill partition 0's leader (SIGKILL) mid-stream: with acks=all nothing is lost.
+
+    The cluster has replication factor 3 and min.insync.replicas 2, so every acknowledged
+    write is on at least two nodes and one loss leaves enough in-sync replicas to go on.
+    The killed node then restarts and catches up: every partition is back to 3 in-sync
+    replicas.
+    """
+    bootstrap = kafka_cluster.bootstrap_servers
+    assert kafka_cluster.replication_factor == 3
+    assert kafka_cluster.min_insync_replicas == 2
+    topic = unique_topic("broker-failover")
+    create_topics(bootstrap, [topic], partitions=3, replication_factor=3)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    meta = admin.list_topics(topic, timeout=10).topics[topic]
+    assert all(len(p.replicas) == 3 for p in meta.partitions.values())
+    victim = kafka_cluster.index_of(meta.partitions[0].leader)
+
+    producer = _producer(bootstrap)
+    consumer = _consumer(bootstrap, topic)
+    delivered: Delivered = {}
+    consumed: Consumed = {}
+    order: dict[int, list[str]] = defaultdict(list)
+    try:
+        assert _produce(producer, topic, _messages(0, 500), delivered) == []
+        _consume(consumer, consumed, order, want=500, timeout=60.0)
+        assert len(consumed) == 500
+
+        kafka_cluster.kill_node(victim)
+        assert not kafka_cluster.is_alive(victim)
+        # Keep producing and consuming in small steps while the cluster elects new leaders.
+        for start in range(500, 1000, 100):
+            assert _produce(producer, topic, _messages(start, 100), delivered) == []
+            _consume(consumer, consumed, order, want=len(consumed) + 1, timeout=5.0)
+        _consume(consumer, consumed, order, want=1000, timeout=90.0)
+    finally:
+        consumer.close()
+    assert len(delivered) == 1000
+    assert consumed == delivered, f"lost: {sorted(set(delivered) - set(consumed))[:10]}"
+    _check_order(delivered, order)
+    after = admin.list_topics(topic, timeout=10).topics[topic]
+    assert after.partitions[0].leader != kafka_cluster.node_id(victim)
+
+    kafka_cluster.restart_node(victim)
+    deadline = time.monotonic() + 90.0
+    while True:
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
+        if all(len(p.isrs) == 3 for p in parts):
+            break
+        assert time.monotonic() < deadline, "restarted node did not rejoin every ISR in 90 s"
+        time.sleep(0.5)  # polling metadata: the ISR has no change notification for clients
+
+
+@pytest.mark.kafka
+def test_command_line_start_status_stop(tmp_path: Path) -> None:
+    """`start` leaves a broker that `status` sees; `stop` ends it and deletes its data."""
+    state = tmp_path / "state.json"
+    base = [sys.executable, str(LOCAL_KAFKA_FILE)]
+    started = subprocess.run(
+        [*base, "start", "--state-file", str(state)], capture_output=True, text=True, timeout=180
+    )
+    try:
+        assert started.returncode == 0, started.stderr
+        info = json.loads(state.read_text())
+        bootstrap = started.stdout.strip()
+        assert bootstrap == info["bootstrap_servers"]
+        assert lk.broker_ids(bootstrap, timeout=10.0) == {1}
+        status = subprocess.run(
+            [*base, "status", "--state-file", str(state)], capture_output=True, text=True
+        )
+        assert status.returncode == 0, status.stdout
+    finally:
+        stopped = subprocess.run(
+            [*base, "stop", "--state-file", str(state)], capture_output=True, text=True
+        )
+    assert stopped.returncode == 0, stopped.stderr
+    assert not state.exists()
+    assert not Path(info["base_dir"]).exists()
+    pid = info["nodes"][0]["pid"]
+    assert (
+        not Path(f"/proc/{pid}").exists()
+        or b"kafka.Kafka" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
+    after = subprocess.run(
+        [*base, "status", "--state-file", str(state)], capture_output=True, text=True
+    )
+    assert after.returncode == 1
+
+
+# ----------------------------------------------------------------------------- no broker
+
+
+def _env_without_tools(tmp_path: Path) -> dict[str, str]:
+    """The environment with a PATH on which neither java nor mvn can be found."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir(exist_ok=True)
+    return {**os.environ, "PATH": str(empty)}
+
+
+def test_missing_java_or_maven_exits_3_with_a_clear_message(tmp_path: Path) -> None:
+    """Without java, `start` exits 3 naming java; without mvn, `fetch` exits 3 naming mvn."""
+    env = _env_without_tools(tmp_path)
+    base = [sys.executable, str(LOCAL_KAFKA_FILE)]
+    start = subprocess.run(
+        [*base, "start", "--state-file", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert start.returncode == lk.EXIT_MISSING_TOOL == 3
+    assert "`java` was not found on PATH" in start.stderr
+    fetch = subprocess.run(
+        [*base, "fetch", "--libs-dir", str(tmp_path / "libs")],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert fetch.returncode == 3
+    assert "`mvn` was not found on PATH" in fetch.stderr
+    assert not (tmp_path / "libs").exists()
+
+
+def test_cached_download_is_reused_and_a_stale_one_is_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache stamped with this pom.xml's hash is used without Maven; any other stamp is not.
+
+    With no mvn on PATH, reusing the cache succeeds and refetching raises ToolMissingError,
+    so the outcome shows whether Maven would have run.
+    """
+    monkeypatch.setenv("PATH", _env_without_tools(tmp_path)["PATH"])
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "kafka_2.13-3.9.2.jar").write_bytes(b"")
+    (libs / ".fetched").write_text(lk._pom_fingerprint() + "\n")
+    assert lk.is_fetched(libs)
+    assert lk.fetch(libs) == libs.resolve()
+
+    (libs / ".fetched").write_text("0" * 64 + "\n")  # made from another pom.xml
+    assert not lk.is_fetched(libs)
+    with pytest.raises(lk.ToolMissingError):
+        lk.fetch(libs)
+
+
+def test_cluster_ids_are_valid_kraft_uuids() -> None:
+    """Cluster ids are 22 URL-safe base64 characters (16 bytes), never starting with '-'."""
+    import base64
+
+    ids = {lk.new_cluster_id() for _ in range(200)}
+    assert len(ids) == 200
+    for cid in ids:
+        assert len(cid) == 22 and not cid.startswith("-")
+        assert len(base64.urlsafe_b64decode(cid + "==")) == 16
+
+
+def test_replication_settings_follow_the_node_count() -> None:
+    """One node: RF 1, min ISR 1. Three nodes: RF 3, min ISR 2 (survives one loss)."""
+    one, three = lk.LocalKafka(1), lk.LocalKafka(3)
+    assert (one.replication_factor, one.min_insync_replicas) == (1, 1)
+    assert (three.replication_factor, three.min_insync_replicas) == (3, 2)
+    with pytest.raises(lk.LocalKafkaError):
+        _ = one.bootstrap_servers  # not started
