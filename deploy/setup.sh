@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One-shot setup for a fresh machine, safe to run again (it only does what is missing):
+#   1. creates .venv with python3.11 if there is none;
+#   2. installs the project and its dev tools into it (pip install -e '.[dev]'), again only
+#      when pyproject.toml changed since the last install or the install looks broken;
+#   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
+#      deploy/.cache/kafka-libs).
+# Needs: python3.11, java (17) and mvn on PATH. Extra arguments go to the Maven fetch, e.g.
+#   bash deploy/setup.sh -Dmaven.repo.local=/tmp/m2
+# Environment: PYTHON (default python3.11), FORCE_SETUP=1 reinstalls the Python packages.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python3.11}"
+started=$SECONDS
+
+if [ ! -x .venv/bin/python ]; then
+    if ! command -v "$PYTHON" >/dev/null 2>&1; then
+        echo "setup: $PYTHON was not found on PATH; install Python 3.11 (or set PYTHON=...)" >&2
+        exit 3
+    fi
+    echo "setup: creating .venv with $PYTHON"
+    "$PYTHON" -m venv .venv
+fi
+
+# The stamp records which pyproject.toml the venv was installed from, so a rerun skips pip.
+stamp=.venv/.dp-setup-stamp
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+have="$(cat "$stamp" 2>/dev/null || true)"
+if [ "${FORCE_SETUP:-0}" = 1 ] || [ "$have" != "$want" ] \
+    || ! .venv/bin/python -c "import processor, confluent_kafka, faust, pytest, mypy" 2>/dev/null; then
+    echo "setup: installing the project and dev tools into .venv"
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+    echo "$want" > "$stamp"
+else
+    echo "setup: .venv is up to date"
+fi
+
+.venv/bin/python deploy/kafka.py fetch "$@"
+echo "setup: done in $((SECONDS - started))s"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The whole check, as CI runs it (.ci/run calls this): setup, lint, type check, all tests.
+# Every step runs even if an earlier one failed, so one run shows every problem; the exit
+# code is non-zero if any step failed. pytest's exit code 5 ("no tests collected") is a
+# failure too: a run that tested nothing must not pass.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+bash deploy/setup.sh
+
+failed=()
+step() {
+    echo "+ $*"
+    local rc=0
+    "$@" || rc=$?
+    if [ "$rc" -ne 0 ]; then
+        if [ "$1" = ".venv/bin/pytest" ] && [ "$rc" -eq 5 ]; then
+            echo "test.sh: pytest collected no tests (exit 5): counted as a failure" >&2
+        fi
+        failed+=("$* (exit $rc)")
+    fi
+}
+
+step .venv/bin/ruff check processor tests bench deploy
+step .venv/bin/mypy
+# deploy/ and the test fixtures are outside the mypy `packages` setting; check them too.
+step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/stream/test_broker.py
+step .venv/bin/pytest -q
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "test.sh: FAILED steps:" >&2
+    printf '  %s\n' "${failed[@]}" >&2
+    exit 1
+fi
+echo "test.sh: all steps passed"
