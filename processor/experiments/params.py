@@ -26,8 +26,10 @@ from processor.core import svt as _svt
 from processor.core.grid import UNIT
 from processor.core.samplers import laplace_scale_units
 
-#: the square-root factorization, as in the paper's experiments
+#: the bounded counter inside CC: the square-root factorization, as in the paper's
+#: experiments ("tree", the core's default inside ECC/SimECC, is also simulated)
 BASE = "sqrt"
+BASES = ("sqrt", "tree")
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -51,16 +53,23 @@ def sqrt_coeffs(n: int) -> FloatArray:
     return np.asarray(_bd.sqrt_coeffs(n), dtype=np.float64)
 
 
-def cc_sigma(eps: float, delta: float, t: int) -> float:
-    """Std of y_t - s_t of the unbounded CC with (eps, delta), square-root base, sens. 1."""
-    return float(_cc.cc_sigma(eps, delta, t, BASE, UNIT)) / UNIT
+@lru_cache(maxsize=256)
+def tree_node_sigma(eps: float, delta: float, horizon: int) -> float:
+    """Node noise sigma of the (eps, delta) Gaussian tree of this horizon (sensitivity 1)."""
+    num, den = _bd.tree_node_sigma2(eps, delta, horizon, UNIT)
+    return math.sqrt(num / den) / UNIT
+
+
+def cc_sigma(eps: float, delta: float, t: int, base: str = BASE) -> float:
+    """Std of y_t - s_t of the unbounded CC with (eps, delta) and this base, sensitivity 1."""
+    return float(_cc.cc_sigma(eps, delta, t, base, UNIT)) / UNIT
 
 
 @lru_cache(maxsize=64)
-def bcc_shift_table(eps: float, delta: float, n: int) -> FloatArray:
+def bcc_shift_table(eps: float, delta: float, n: int, base: str = BASE) -> FloatArray:
     """The shift BCC with (eps, delta) adds before rounding up at its l-th step,
     cc.bcc_offset(eps, delta, l) in counts, for l = 1..n (index l - 1)."""
-    return np.array([_cc.bcc_offset(eps, delta, i, BASE, UNIT) / UNIT for i in range(1, n + 1)],
+    return np.array([_cc.bcc_offset(eps, delta, i, base, UNIT) / UNIT for i in range(1, n + 1)],
                     dtype=np.float64)
 
 

@@ -56,16 +56,36 @@ def _causal_conv(z: npt.NDArray[np.float32], c: FloatArray) -> npt.NDArray[np.fl
     return np.asarray(sfft.irfft(fz, size, axis=1)[:, :n], dtype=np.float32)
 
 
-def cc_noise(eps: float, delta: float, runs: int, n: int, rng: np.random.Generator) -> FloatArray:
-    """y_t - s_t of the unbounded CC (Lemma 3.12) with (eps, delta) and the square-root base,
-    for t = 1..n, one independent run per row (it does not depend on the input).
+def _tree_noise(node_sigma: float, runs: int, n: int,
+                rng: np.random.Generator) -> npt.NDArray[np.float32]:
+    """Noise of a Gaussian tree (bounded.GaussianTree) at local times 1..n: the sum, over the
+    set bits j of tau, of the node of level j with index (tau >> j) - 1."""
+    out = np.zeros((runs, n), dtype=np.float32)
+    tau = np.arange(1, n + 1)
+    j = 0
+    while (1 << j) <= n:
+        nodes = rng.standard_normal((runs, n >> j), dtype=np.float32)
+        nodes *= np.float32(node_sigma)
+        use = np.flatnonzero((tau >> j) & 1)
+        out[:, use] += nodes[:, (tau[use] >> j) - 1]
+        j += 1
+    return out
+
+
+def cc_noise(eps: float, delta: float, runs: int, n: int, rng: np.random.Generator,
+             base: str = params.BASE) -> FloatArray:
+    """y_t - s_t of the unbounded CC (Lemma 3.12) with (eps, delta), for t = 1..n, one
+    independent run per row (it does not depend on the input).
 
     Interval I_k = [2^{k-1}, 2^k - 1]: the completed intervals contribute one
     N(0, C_{eps/2,delta/2}^2) each; inside the running interval a bounded (eps/2, delta/2)
     counter of horizon 2^{k-1} - 1 (as in cc.py) adds sum_{j<i} c_j z_{i-j},
     z ~ N(0, sigma_z^2) with sigma_z = C * ||c|| from bounded.sqrt_z_sigma2; at t = 2^k - 1
     the release is l_t alone (the interval's own p_k replaces the bounded counter).
+    With base "tree" the bounded counter is the core's Gaussian tree instead.
     """
+    if base not in params.BASES:
+        raise ValueError(f"unknown base {base!r}")
     out = np.empty((runs, n), dtype=np.float64)
     if n == 0:
         return out
@@ -80,7 +100,12 @@ def cc_noise(eps: float, delta: float, runs: int, n: int, rng: np.random.Generat
         # The core's inner counter of I_k has horizon 2^{k-1} - 1: it is read only before
         # the interval's last tick, where p_k takes over (cc.py module docstring).
         inner = min(length, start - 1)
-        if inner > 0:
+        if inner > 0 and base == "tree":
+            seg = out[:, start - 1 : start - 1 + inner]
+            seg[...] = _tree_noise(params.tree_node_sigma(eps / 2, delta / 2, start - 1), runs,
+                                   inner, rng)
+            seg += acc[:, None]
+        elif inner > 0:
             c = params.sqrt_coeffs(inner)
             z = rng.standard_normal((runs, inner), dtype=np.float32)
             z *= np.float32(params.sqrt_z_sigma(eps / 2, delta / 2, start - 1))
@@ -228,6 +253,7 @@ def _checkpoint_releases(
     cc: tuple[float, float],
     horizon: int,
     rng: np.random.Generator,
+    base: str,
 ) -> FloatArray:
     """The releases driven by checkpoints t_1 < t_2 < ... of each run.
 
@@ -244,13 +270,13 @@ def _checkpoint_releases(
     valid = np.arange(width)[None, :] < counts[:, None]
     safe_t = np.where(valid, t_l, 0)
     values = np.take_along_axis(prefix_rm, safe_t, axis=1).astype(np.float64)
-    values += cc_noise(cc[0], cc[1], runs, width, rng)
+    values += cc_noise(cc[0], cc[1], runs, width, rng, base)
     if plan is None:
         release_at = safe_t
     else:
         # BCC (Lemma 3.13) runs CC with (eps, delta / 2) and adds alpha (bcc_alpha).
-        noisy = safe_t + cc_noise(plan.bcc_eps, plan.bcc_delta / 2, runs, width, rng)
-        noisy += params.bcc_shift_table(plan.bcc_eps, plan.bcc_delta, width)[None, :]
+        noisy = safe_t + cc_noise(plan.bcc_eps, plan.bcc_delta / 2, runs, width, rng, base)
+        noisy += params.bcc_shift_table(plan.bcc_eps, plan.bcc_delta, width, base)[None, :]
         release_at = np.ceil(np.maximum(noisy, safe_t)).astype(np.int64)
     return _lay_out(release_at, values, valid, horizon)
 
@@ -270,23 +296,24 @@ def _max_instances(horizon: int) -> int:
     return horizon + 2
 
 
-def sim_basecc(x: npt.NDArray[np.integer], eps: float, delta: float,
+def sim_basecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
                rng: np.random.Generator) -> FloatArray:
     """BaseCC: y = s + the unbounded CC's noise (square-root base)."""
     runs, horizon = x.shape
-    y = cc_noise(eps, delta, runs, horizon, rng)
+    y = cc_noise(eps, delta, runs, horizon, rng, base)
     y += np.cumsum(x, axis=1)
     return y
 
 
-def sim_gaussiancc(x: npt.NDArray[np.integer], eps: float, delta: float,
+def sim_gaussiancc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
                    rng: np.random.Generator) -> FloatArray:
     """GaussianCC (Algorithm 6): y_t = s_t + N(0, gaussiancc_sigma(eps, delta, t)^2)."""
     runs, horizon = x.shape
     sig = _gaussiancc_sigmas(eps, delta, horizon)
-    y = rng.standard_normal((runs, horizon))
-    y *= sig[None, :]
-    y += np.cumsum(x, axis=1)
+    z = rng.standard_normal((runs, horizon), dtype=np.float32)
+    z *= sig[None, :].astype(np.float32)
+    y = np.cumsum(x, axis=1, dtype=np.float64)
+    y += z
     return y
 
 
@@ -302,17 +329,17 @@ def _gaussiancc_sigmas(eps: float, delta: float, horizon: int) -> FloatArray:
     return have[:horizon]
 
 
-def sim_simecc(x: npt.NDArray[np.integer], eps: float, delta: float,
+def sim_simecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
                rng: np.random.Generator) -> FloatArray:
     """SimECC: SimPart checkpoints, CC on block sums, BCC on block lengths, schedList."""
     runs, horizon = x.shape
     times, counts = simpart_times(eps, delta, runs, horizon, rng)
     plan = params.simecc_sched(eps, delta)
     return _checkpoint_releases(times, counts, _prefix_rowmajor(x), plan,
-                                (plan.cc_eps, plan.cc_delta), horizon, rng)
+                                (plan.cc_eps, plan.cc_delta), horizon, rng, base)
 
 
-def sim_ecc(x: npt.NDArray[np.integer], eps: float, delta: float,
+def sim_ecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
             rng: np.random.Generator) -> FloatArray:
     """ECC (Algorithm 2): Part's SVT checkpoints, CC on block sums, BCC on lengths, schedList."""
     _runs, horizon = x.shape
@@ -321,10 +348,10 @@ def sim_ecc(x: npt.NDArray[np.integer], eps: float, delta: float,
     times, counts = svt_partition(np.ascontiguousarray(prefix_rm.T), svt, rng)
     plan = params.ecc_sched(eps, delta)
     return _checkpoint_releases(times, counts, prefix_rm, plan,
-                                (plan.cc_eps, plan.cc_delta), horizon, rng)
+                                (plan.cc_eps, plan.cc_delta), horizon, rng, base)
 
 
-def sim_partitioncc(x: npt.NDArray[np.integer], eps: float, delta: float,
+def sim_partitioncc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
                     rng: np.random.Generator) -> FloatArray:
     """PartitionCC (DNRR15 Thm 3.1, horizon = T): SVT partition, then BaseCC on block sums;
     the output holds the counter's value from the last checkpoint."""
@@ -333,11 +360,11 @@ def sim_partitioncc(x: npt.NDArray[np.integer], eps: float, delta: float,
     svt = params.partitioncc_plan(eps, delta, horizon, _max_instances(horizon))
     times, counts = svt_partition(np.ascontiguousarray(prefix_rm.T), svt, rng)
     cc = params.partitioncc_cc(eps, delta, horizon)
-    return _checkpoint_releases(times, counts, prefix_rm, None, cc, horizon, rng)
+    return _checkpoint_releases(times, counts, prefix_rm, None, cc, horizon, rng, base)
 
 
-_SIMS: dict[str, Callable[[npt.NDArray[np.integer], float, float, np.random.Generator],
-                          FloatArray]] = {
+_SIMS: dict[str, Callable[[npt.NDArray[np.integer], float, float, str,
+                           np.random.Generator], FloatArray]] = {
     "basecc": sim_basecc,
     "partitioncc": sim_partitioncc,
     "gaussiancc": sim_gaussiancc,
@@ -347,8 +374,12 @@ _SIMS: dict[str, Callable[[npt.NDArray[np.integer], float, float, np.random.Gene
 
 
 def simulate(name: str, x: npt.NDArray[np.integer], eps: float, delta: float,
-             rng: np.random.Generator) -> FloatArray:
+             rng: np.random.Generator, base: str = params.BASE) -> FloatArray:
     """Releases y (runs x T) of mechanism `name` on the input streams x (runs x T, in {0,1}).
+
+    `base` is the bounded counter inside every CC and BCC: "sqrt" (the paper's experiments,
+    and the core's counters built with base="sqrt") or "tree" (the core's default, which
+    the core's ECC and SimECC use). GaussianCC has no CC inside and ignores it.
 
     Raises ValueError for an unknown name, a non-2-D x or values outside {0, 1}
     (nothing is computed then).
@@ -363,4 +394,6 @@ def simulate(name: str, x: npt.NDArray[np.integer], eps: float, delta: float,
         raise ValueError("x must hold values in {0, 1}")
     if not (eps > 0 and 0 < delta < 1):
         raise ValueError("need eps > 0 and 0 < delta < 1")
-    return sim(arr.astype(np.int8, copy=False), float(eps), float(delta), rng)
+    if base not in params.BASES:
+        raise ValueError(f"unknown base {base!r}; known: {', '.join(params.BASES)}")
+    return sim(arr.astype(np.int8, copy=False), float(eps), float(delta), base, rng)
