@@ -1,0 +1,243 @@
+"""ECC, SimECC and W: skip against ⊥ updates, restore, validation, next_due, accuracy
+against the explicit bounds, state growth, the wrapper's end-of-stream padding.
+
+Deterministic checks use fixed seeds. The accuracy check is statistical: the bound holds
+for all ticks of a run with probability >= 1 - beta, so the number of failing runs is
+compared with the Binomial(R, beta) 99.9% quantile (false-alarm rate <= 0.1%); its control
+is a deliberately broken ECC (CC replaced by the interval sum alone) that must fail.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from processor.core.ecc import (
+    ECC,
+    SimECC,
+    ecc_parameters,
+    simecc_parameters,
+)
+from processor.core.errors import InvalidInputError, StateFormatError
+from processor.core.grid import UNIT, to_units
+from processor.core.rng import NoiseKey
+from processor.core.wrapper import W, w_padding_shift
+
+EPS_FAST, DELTA_FAST = 200.0, 1e-3  # checkpoints every ~20 events: many events per test
+MECHS = [ECC, SimECC]
+Mech = type[ECC] | type[SimECC]
+
+
+def mixed_stream(n: int, seed: int, density: float = 0.5) -> list[float | None]:
+    rng = np.random.default_rng(seed)
+    out: list[float | None] = []
+    for r, v in zip(rng.random(n), rng.random(n), strict=True):
+        out.append(None if r >= density else (1.0 if v < 0.7 else round(float(v), 3)))
+    return out
+
+
+def runs_of(xs: list[float | None]) -> list[tuple[float | None, int]]:
+    """(value, 1) for an event, (None, k) for a run of k ⊥."""
+    out: list[tuple[float | None, int]] = []
+    for x in xs:
+        if x is None and out and out[-1][0] is None:
+            out[-1] = (None, out[-1][1] + 1)
+        else:
+            out.append((x, 1))
+    return out
+
+
+def test_parameters_are_the_papers() -> None:
+    p = ecc_parameters(2.0, 1e-6)
+    assert p.eps_part == 2.0 / 51
+    assert p.tau == pytest.approx(1 + 408 * math.log(math.pi**2 / 2e-6) / 2.0)
+    assert p.cc_eps == p.bcc_eps == pytest.approx(8.0 / 27)
+    assert p.cc_delta == pytest.approx(math.exp(-38.0 / 27) * 1e-6 / 16)
+    assert p.bcc_delta == pytest.approx(2 * p.cc_delta)
+    q = simecc_parameters(2.0, 1e-6)
+    assert q.mu == 3 + math.ceil(102 * math.log(2 * math.pi**2 / 3e-6) / 2.0)
+    assert (q.eps_part, q.cc_delta) == (p.eps_part, p.cc_delta)
+
+
+@pytest.mark.parametrize("cls", MECHS)
+def test_skip_equals_bottom_updates_draw_for_draw(cls: Mech) -> None:
+    """skip(k) and k update(None) give the same releases, changes and state, exactly."""
+    key = NoiseKey.from_seed(31)
+    a, b = cls(EPS_FAST, DELTA_FAST, key, "c"), cls(EPS_FAST, DELTA_FAST, key, "c")
+    xs = mixed_stream(4000, 1, density=0.3)
+    for x, k in runs_of(xs):
+        if x is not None:
+            assert a.update(x) == b.update(x)
+            continue
+        dense: list[tuple[int, float]] = []
+        for _ in range(k):
+            before = a.y
+            if a.update(None) != before:
+                dense.append((a.t, a.y))
+        assert b.skip(k) == dense
+        assert a.t == b.t and a.y == b.y
+    assert a.to_bytes() == b.to_bytes()
+    assert a.y > 0  # checkpoints did happen
+
+
+@pytest.mark.parametrize("cls", MECHS)
+def test_next_due_is_pure_and_exact(cls: Mech) -> None:
+    """next_due() changes nothing; skipping to just before it changes nothing but t; at
+    it, something internal happens (a checkpoint or a release)."""
+    key = NoiseKey.from_seed(32)
+    m = cls(EPS_FAST, DELTA_FAST, key, "c")
+    for x in mixed_stream(300, 2):
+        m.update(x)
+    hits = dues = 0
+    for _ in range(60):
+        st = m.to_bytes()
+        d = m.next_due()
+        assert m.to_bytes() == st and m.next_due() == d
+        if d is not None and d - m.t < 10**6:
+            y = m.y
+            assert m.skip(d - 1 - m.t) == [] and m.y == y
+            inner_before = _inner(m)
+            m.update(None)
+            dues += 1
+            hits += _inner(m) != inner_before
+        for _ in range(3):
+            m.update(1.0)
+    assert hits == dues >= 8
+
+
+def _inner(m: ECC | SimECC) -> Any:
+    """Private decision state (test only): partition index and scheduled releases."""
+    return (m._part.l, m._sched.to_state(), m._y)
+
+
+@pytest.mark.parametrize("cls", MECHS)
+def test_restore_and_continue_is_identical(cls: Mech) -> None:
+    key = NoiseKey.from_seed(33)
+    xs = mixed_stream(3000, 3, density=0.4)
+    ref = cls(EPS_FAST, DELTA_FAST, key, "c")
+    want = [ref.update(x) for x in xs]
+    rng = np.random.default_rng(4)
+    cuts = sorted(int(c) for c in rng.integers(1, len(xs), 6))
+    m = cls(EPS_FAST, DELTA_FAST, key, "c")
+    got: list[float] = []
+    for i, x in enumerate(xs):
+        if i in cuts:
+            m.next_due()  # a query in between must not matter either
+            m = cls.from_bytes(m.to_bytes(), key)
+        got.append(m.update(x))
+    assert got == want and m.to_bytes() == ref.to_bytes()
+
+
+@pytest.mark.parametrize("cls", [*MECHS, W])
+def test_invalid_input_raises_and_leaves_state(cls: type[ECC] | type[SimECC] | type[W]) -> None:
+    key = NoiseKey.from_seed(34)
+    m = cls(EPS_FAST, DELTA_FAST, key, "c")
+    for x in mixed_stream(50, 5):
+        m.update(x)
+    st = m.to_bytes()
+    for bad in (float("nan"), float("inf"), -0.1, 1.5, "1", True, [1]):
+        with pytest.raises(InvalidInputError):
+            m.update(bad)  # type: ignore[arg-type]
+        assert m.to_bytes() == st
+    for n in (-1, 1.5, True):
+        with pytest.raises(InvalidInputError):
+            m.skip(n)  # type: ignore[arg-type]
+        assert m.to_bytes() == st
+
+
+def test_state_rejects_other_mechanism() -> None:
+    key = NoiseKey.from_seed(35)
+    with pytest.raises(StateFormatError):
+        SimECC.from_bytes(ECC(1.0, 1e-5, key).to_bytes(), key)
+
+
+class _IntervalOnlyCC:
+    """Broken CC for the control: 'counts' only the last interval sum."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def step(self, u: int) -> int:
+        return u
+
+    def alpha(self, beta: float, t: int) -> float:
+        return float(self.inner.alpha(beta, t))
+
+    def to_state(self) -> dict[str, Any]:
+        return dict(self.inner.to_state())
+
+
+def accuracy_failures(cls: Mech, broken: bool, runs: int, n: int, seed: int,
+                      beta: float) -> int:
+    """Number of runs where |y_t - s_t| > error_bound(beta) at some checked tick."""
+    key = NoiseKey.from_seed(seed)
+    fails = 0
+    for r in range(runs):
+        m = cls(EPS_FAST, DELTA_FAST, key, f"acc/{r}")
+        if broken:
+            m._cc = _IntervalOnlyCC(m._cc)  # type: ignore[assignment]
+        s = 0
+        bad = False
+        for i, x in enumerate(mixed_stream(n, 100 + r, density=0.6)):
+            s += to_units(x)
+            m.update(x)
+            if i % 25 == 24 and abs(m.y - s / UNIT) > m.error_bound(beta):
+                bad = True
+        fails += bad
+    return fails
+
+
+@pytest.mark.parametrize("cls", MECHS)
+def test_accuracy_within_the_explicit_bound(cls: Mech) -> None:
+    beta, runs = 0.05, 12
+    limit = int(stats.binom.ppf(0.999, runs, beta))
+    assert accuracy_failures(cls, False, runs, 1500, 36, beta) <= limit
+    assert accuracy_failures(cls, True, runs, 1500, 36, beta) > limit  # control
+
+
+@pytest.mark.parametrize("cls", MECHS)
+def test_state_size_grows_logarithmically(cls: Mech) -> None:
+    """1%-dense stream at eps = 1, delta = 1e-5: the state at t = 10^6 is small and barely
+    larger than at t = 10^4."""
+    key = NoiseKey.from_seed(37)
+    m = cls(1.0, 1e-5, key, "size")
+    rng = np.random.default_rng(7)
+    sizes = {}
+    for target in (10**4, 10**6):
+        while m.t < target:
+            m.update(1.0)
+            m.skip(min(int(rng.geometric(0.01)) - 1, target - m.t))
+        sizes[target] = len(m.to_bytes())
+    assert sizes[10**6] < 2500
+    assert sizes[10**6] - sizes[10**4] < 500
+
+
+# ---------------------------------------------------------------------------------- W
+
+
+def test_w_pads_and_halts() -> None:
+    key = NoiseKey.from_seed(38)
+    eps, delta = 4.0, 1e-3
+    w = W(eps, delta, key, "w")
+    for x in mixed_stream(200, 8):
+        w.update(x)
+    st = w.to_bytes()
+    c = w.padding()
+    assert c == W.from_bytes(st, key).padding()  # deterministic: a keyed draw
+    out = w.end()
+    assert len(out) == c and w.t == 200 + c and w.ended
+    with pytest.raises(InvalidInputError):
+        w.update(None)
+    with pytest.raises(InvalidInputError):
+        w.skip(1)
+    # restore before end and end again: the same padding and releases
+    w2 = W.from_bytes(st, key)
+    assert w2.end() == out
+    # the padding's law: mean near the shift (DLap is symmetric), spread of scale 2/eps
+    pads = [W(eps, delta, key, f"p/{i}").padding() for i in range(400)]
+    shift = w_padding_shift(eps, delta)
+    assert abs(np.mean(pads) - shift) < 0.3 and min(pads) >= 0
