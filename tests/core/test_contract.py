@@ -47,6 +47,18 @@ def test_registry_has_the_baselines_and_rejects_unknown_names() -> None:
     assert {"basecc", "partitioncc", "gaussiancc", "tree"} <= set(NAMES)
     with pytest.raises(InvalidParameterError, match="basecc"):
         registry.make("no-such-mechanism", EPS, DELTA, KEY)
+    with pytest.raises(InvalidParameterError):
+        registry.make("basecc", EPS, DELTA, KEY, "c", no_such_param=1)
+    with pytest.raises(StateFormatError):
+        registry.restore(state_codec.pack("no-such-mechanism", 1, {}), KEY)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("eps, delta", [(0.0, DELTA), (-1.0, DELTA), (math.nan, DELTA),
+                                        (math.inf, DELTA), (EPS, 1.5), (EPS, math.nan)])
+def test_invalid_parameters_are_rejected(name: str, eps: float, delta: float) -> None:
+    with pytest.raises(InvalidParameterError):
+        registry.make(name, eps, delta, KEY, "c")
 
 
 @pytest.mark.parametrize("name", NAMES)
