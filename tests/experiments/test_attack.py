@@ -1,0 +1,135 @@
+"""The Section 8 attack, its statistics and the Table 1 read-off, against exact answers."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from processor.experiments import attack, figures
+from processor.experiments.cli import main_experiment
+
+
+def test_block_rates_alternate_from_low() -> None:
+    p = attack.block_rates(45, 0.1, 0.9, 10)
+    assert p[:10].tolist() == [0.1] * 10
+    assert p[10:20].tolist() == [0.9] * 10
+    assert p[40:].tolist() == [0.1] * 5
+
+
+def test_trials_insert_a_one_and_shift() -> None:
+    rates = attack.block_rates(50)
+    x, b = attack.draw_trials(rates, 400, np.random.default_rng(1))
+    x0, b0 = attack.draw_trials(rates, 400, np.random.default_rng(1))
+    assert np.array_equal(b, b0)
+    assert 100 < b.sum() < 300
+    assert np.all(x[b, 0] == 1)
+    # a run with b = 1 is the b = 0 stream of the same draws shifted by one tick
+    rng = np.random.default_rng(1)
+    raw = (rng.random((400, 50)) < rates[None, :]).astype(np.int8)
+    assert np.array_equal(x[b, 1:], raw[b, :-1])
+    assert np.array_equal(x[~b], raw[~b])
+
+
+def test_statistic_and_threshold_equal_the_paper_sums() -> None:
+    """S and theta against a literal loop over t = 2..T of the paper's formulas."""
+    rng = np.random.default_rng(2)
+    rates = attack.block_rates(37, 0.2, 0.7, 4)
+    y = rng.normal(size=(3, 37)).cumsum(axis=1)
+    for r in range(3):
+        s_loop = 0.0
+        for t in range(1, 37):  # 0-based t = 1..T-1 is the paper's t = 2..T
+            dp = rates[t] - rates[t - 1]
+            dy = y[r, t] - y[r, t - 1]
+            s_loop += (rates[t] - dy) * dp
+        assert attack.statistic(y, rates)[r] == pytest.approx(s_loop, rel=1e-12, abs=1e-9)
+    theta = 0.5 * sum((rates[t] - rates[t - 1]) ** 2 for t in range(1, 37))
+    assert attack.threshold(rates) == pytest.approx(theta)
+
+
+def test_advantage_known_answers() -> None:
+    """Exact release (y = s): the attack wins almost always; a constant release: the guess
+    is constant so the advantage is 2 P(b = guess) - 1 ~ 0. Both with the 95% interval.
+    (False-alarm: the noiseless advantage is > 0.99 with overwhelming probability at
+    T = 10^4; the constant one lies in its own CP interval around 0 at rate 95%, and the
+    fixed seed makes it deterministic.)"""
+    rates = attack.block_rates(10_000)
+    x, b = attack.draw_trials(rates, 2000, np.random.default_rng(3))
+    s = np.cumsum(x, axis=1).astype(np.float64)
+    exact = attack.advantage(int(np.sum(attack.guesses(s, rates) == b)), b.size)
+    assert exact.value > 0.99 and exact.low > 0.98
+    flat = attack.advantage(int(np.sum(attack.guesses(np.zeros_like(s), rates) == b)), b.size)
+    assert flat.low <= 0.0 <= flat.high
+
+
+def test_clopper_pearson_closed_forms() -> None:
+    """k = 0 and k = n have closed forms; the interval contains k/n and is symmetric."""
+    n = 50
+    lo, hi = attack.clopper_pearson(0, n)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.025 ** (1 / n))
+    lo, hi = attack.clopper_pearson(n, n)
+    assert hi == 1.0 and lo == pytest.approx(0.025 ** (1 / n))
+    lo, hi = attack.clopper_pearson(17, n)
+    lo2, hi2 = attack.clopper_pearson(n - 17, n)
+    assert lo < 17 / n < hi
+    assert lo == pytest.approx(1 - hi2) and hi == pytest.approx(1 - lo2)
+    with pytest.raises(ValueError):
+        attack.clopper_pearson(5, 4)
+
+
+def test_rmse_and_standard_error() -> None:
+    y = np.array([[1.0, 1.0], [3.0, 3.0]])
+    s = np.zeros((2, 2))
+    r = attack.per_run_rmse(y, s)
+    assert r.tolist() == [1.0, 3.0]
+    m, se = attack.mean_se(r)
+    assert m == 2.0 and se == pytest.approx(math.sqrt(2.0) / math.sqrt(2))
+
+
+def _pt(m: str, eps: float, rmse: float, hi: float) -> figures.Point:
+    return figures.Point("", m, eps, 1e-5, 100, 10, 0.1, 0.9, 10, rmse, 0.1, hi - 0.01, 0.0, hi)
+
+
+def test_table1_reads_the_smallest_error_whose_upper_limit_meets_the_bound() -> None:
+    pts = [_pt("basecc", 0.1, 100.0, 0.02), _pt("basecc", 0.2, 50.0, 0.07),
+           _pt("basecc", 0.4, 20.0, 0.12), _pt("simecc", 1.0, 9.0, 0.3)]
+    tab = {(e.mechanism, e.bound): e for e in figures.table1(pts)}
+    assert tab[("basecc", 0.1)].rmse == 50.0 and tab[("basecc", 0.1)].epsilon == 0.2
+    assert tab[("basecc", 0.05)].rmse == 100.0
+    assert tab[("simecc", 0.1)].rmse is None
+    text = figures.format_table1(figures.table1(pts))
+    assert "none in sweep" in text and "50.00" in text
+
+
+def test_eps_sweep_is_the_papers() -> None:
+    paper = [0.10, 0.19, 0.38, 0.73, 1.4, 2.8, 5.4, 10, 20, 40, 77, 150]
+    assert len(figures.EPS_SWEEP) == 12
+    # the paper prints two significant digits (and 2.78 in Figure 2's caption)
+    assert [float(f"{e:.2g}") for e in figures.EPS_SWEEP] == paper
+    assert figures.EPS_SWEEP[5] == pytest.approx(2.78, abs=0.005)
+
+
+def test_fig1a_command_writes_the_csv_columns_and_is_seeded(tmp_path: object) -> None:
+    """A tiny fig1a run writes the required columns, one row per (mechanism, eps), and the
+    same seed reproduces the same numbers."""
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    argv = ["fig1a", "--runs", "20", "--horizon", "200", "--eps", "1", "50", "--out",
+            str(out / "a"), "--seed", "3", "--no-progress", "--mechanisms", "basecc", "simecc"]
+    assert main_experiment(argv) == 0
+    argv[argv.index(str(out / "a"))] = str(out / "b")
+    assert main_experiment(argv) == 0
+    rows = list(csv.DictReader((out / "a" / "fig1a.csv").open()))
+    need = {"mechanism", "epsilon", "delta", "horizon", "runs", "rmse", "rmse_se", "advantage",
+            "advantage_low", "advantage_high"}
+    assert need <= set(rows[0])
+    assert [(r["mechanism"], float(r["epsilon"])) for r in rows] == [
+        ("basecc", 1.0), ("basecc", 50.0), ("simecc", 1.0), ("simecc", 50.0)]
+    for r in rows:
+        assert float(r["advantage_low"]) <= float(r["advantage"]) <= float(r["advantage_high"])
+    assert (out / "a" / "fig1a.csv").read_text() == (out / "b" / "fig1a.csv").read_text()
+    assert (out / "a" / "fig1a.png").stat().st_size > 1000
+    assert main_experiment(["fig1a", "--runs", "1", "--out", str(out / "c")]) == 2
