@@ -22,8 +22,8 @@ def test_block_rates_alternate_from_low() -> None:
 def test_trials_insert_a_one_and_shift() -> None:
     rates = attack.block_rates(50)
     x, b = attack.draw_trials(rates, 400, np.random.default_rng(1))
-    x0, b0 = attack.draw_trials(rates, 400, np.random.default_rng(1))
-    assert np.array_equal(b, b0)
+    x2, b2 = attack.draw_trials(rates, 400, np.random.default_rng(1))
+    assert np.array_equal(b, b2) and np.array_equal(x, x2)
     assert 100 < b.sum() < 300
     assert np.all(x[b, 0] == 1)
     # a run with b = 1 is the b = 0 stream of the same draws shifted by one tick
