@@ -433,8 +433,8 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
     p_acc *= 1.0 - 0.5 * -math.expm1(-s / t)
 
     src = _Words(stream, lane, 10 * n)
-    got_ids: list[npt.NDArray[np.int64]] = []
-    got_vals: list[npt.NDArray[np.int64]] = []
+    got_ids: list[npt.NDArray[np.int64]] = [np.empty(0, dtype=np.int64)]
+    got_vals: list[npt.NDArray[np.int64]] = [np.empty(0, dtype=np.int64)]
     parked: list[tuple[int, int, int, bool, int, int]] = []
     base = 0  # attempt number of the first attempt of the batch
     have = 0
