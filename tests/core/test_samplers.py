@@ -9,6 +9,7 @@ biased sampler) must be rejected, which shows the test has the power to catch an
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 
@@ -226,7 +227,7 @@ def test_block_law_production_scale() -> None:
 
     def p_value(scale: int) -> float:
         sf = [dlap_sf(int(e), scale) for e in edges]
-        probs = np.array([1 - sf[0], *(a - b for a, b in zip(sf[:-1], sf[1:], strict=True)),
+        probs = np.array([1 - sf[0], *(a - b for a, b in itertools.pairwise(sf)),
                           sf[-1]])
         return float(chisquare(obs, probs * len(xs) / probs.sum()).pvalue)
 

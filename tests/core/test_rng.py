@@ -1,0 +1,145 @@
+"""The keyed generator: addressing, independence of labels, key handling.
+
+The one statistical test (uniformity of words) uses a fixed key and states its
+false-alarm rate; its control shows a biased word source is rejected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest, chisquare
+
+from processor.core.errors import NoiseKeyError
+from processor.core.rng import MIN_KEY_BYTES, KeyedStream, NoiseKey, WordCursor
+
+ALPHA = 1e-3
+
+
+def _stream(seed: int = 1, label: str = "c1/ecc/part") -> KeyedStream:
+    return KeyedStream(NoiseKey.from_seed(seed), label)
+
+
+def test_random_access_equals_sequential() -> None:
+    st = _stream()
+    whole = st.words(5, 0, 1000)
+    assert whole.dtype == np.uint64 and len(whole) == 1000
+    # any split, including starts in the middle of a 64-byte ChaCha20 block
+    for cut in (1, 7, 8, 9, 333, 999):
+        left = st.words(5, 0, cut)
+        right = st.words(5, cut, 1000 - cut)
+        assert np.array_equal(np.concatenate([left, right]), whole)
+    assert np.array_equal(st.words(5, 517, 13), whole[517:530])
+
+
+def test_cursor_reads_the_lane_in_order_and_resumes() -> None:
+    st = _stream()
+    whole = st.words(2, 0, 700)
+    cur = WordCursor(st, 2)
+    got = [cur.next_word() for _ in range(300)]
+    got += cur.next_words(300).tolist()  # crosses the cursor's internal buffer
+    assert got == whole[:600].tolist()
+    assert cur.position == 600
+    # a cursor restored at a stored position continues with exactly the same words
+    again = WordCursor(st, 2, position=600)
+    assert [again.next_word() for _ in range(100)] == whole[600:700].tolist()
+
+
+def test_next_bits_uses_whole_words() -> None:
+    st = _stream()
+    w = st.words(0, 0, 3).tolist()
+    cur = WordCursor(st, 0)
+    assert cur.next_bits(3) == w[0] >> 61
+    assert cur.position == 1
+    assert cur.next_bits(65) == ((w[1] << 64) | w[2]) >> 63
+    assert cur.position == 3
+
+
+def test_labels_keys_and_lanes_are_independent() -> None:
+    """Different labels, keys or lanes give unrelated words: no equal words, and the XOR
+    of two streams has balanced bits (binomial test, false-alarm rate ALPHA)."""
+    a = _stream(1, "c1/ecc/part").words(0, 0, 2000)
+    others = [
+        _stream(1, "c1/ecc/cc").words(0, 0, 2000),
+        _stream(2, "c1/ecc/part").words(0, 0, 2000),
+        _stream(1, "c1/ecc/part").words(1, 0, 2000),
+    ]
+    for b in others:
+        assert not np.any(a == b)
+        x = a ^ b
+        ones = int(sum(bin(int(v)).count("1") for v in x))
+        assert binomtest(ones, 64 * len(x), 0.5).pvalue > ALPHA
+    # control: a stream XORed with part of itself (its top half) is not balanced
+    related = a ^ (a & np.uint64(0xFFFFFFFF00000000))
+    ones = int(sum(bin(int(v)).count("1") for v in related))
+    assert binomtest(ones, 64 * len(related), 0.5).pvalue < ALPHA
+
+
+def test_words_are_uniform() -> None:
+    """Top 4 bits of 16000 words: chi-square over 16 cells, false-alarm rate ALPHA.
+    Control: a source with one bit stuck at 0 fails the same test."""
+    w = _stream(3).words(0, 0, 16000)
+    top = (w >> np.uint64(60)).astype(np.int64)
+    assert chisquare(np.bincount(top, minlength=16)).pvalue > ALPHA
+    stuck = top & 0b0111
+    assert chisquare(np.bincount(stuck, minlength=16)).pvalue < ALPHA
+
+
+def test_key_never_in_repr_or_errors() -> None:
+    secret = bytes(range(32))
+    key = NoiseKey(secret)
+    for text in (repr(key), str(key), f"{key}", repr(KeyedStream(key, "x"))):
+        assert secret.hex() not in text
+        assert key.derive("x").hex() not in text
+    assert key.fingerprint() != secret.hex()[:16]
+    with pytest.raises(NoiseKeyError) as info:
+        NoiseKey(secret[:31])
+    assert secret[:31].hex() not in str(info.value)
+
+
+def test_from_file_hex_and_raw(tmp_path: Path) -> None:
+    secret = NoiseKey.generate()
+    assert len(secret) == MIN_KEY_BYTES
+    hex_file = tmp_path / "key.hex"
+    hex_file.write_text(secret.hex() + "\n")
+    raw_file = tmp_path / "key.bin"
+    raw_file.write_bytes(secret)
+    words = [KeyedStream(k, "l").words(0, 0, 4).tolist()
+             for k in (NoiseKey.from_file(hex_file), NoiseKey.from_file(raw_file),
+                       NoiseKey.from_hex(secret.hex()), NoiseKey(secret))]
+    assert words[0] == words[1] == words[2] == words[3]
+    assert NoiseKey.from_file(hex_file).fingerprint() == NoiseKey(secret).fingerprint()
+
+
+def test_short_missing_or_bad_keys(tmp_path: Path) -> None:
+    short = tmp_path / "short.hex"
+    short.write_text("ab" * 31)
+    with pytest.raises(NoiseKeyError):
+        NoiseKey.from_file(short)
+    with pytest.raises(NoiseKeyError):
+        NoiseKey.from_file(tmp_path / "missing")
+    with pytest.raises(NoiseKeyError):
+        NoiseKey.from_hex("zz" * 32)
+    with pytest.raises(NoiseKeyError):
+        NoiseKey(b"")
+    with pytest.raises(NoiseKeyError):
+        NoiseKey("a" * 64)  # type: ignore[arg-type]
+
+
+def test_seeded_keys_are_reproducible_and_marked() -> None:
+    a, b = NoiseKey.from_seed(7), NoiseKey.from_seed(7)
+    assert a.reproducible and not NoiseKey(NoiseKey.generate()).reproducible
+    wa, wb = KeyedStream(a, "x").words(0, 0, 8), KeyedStream(b, "x").words(0, 0, 8)
+    assert wa.tolist() == wb.tolist()
+
+
+def test_out_of_range_positions() -> None:
+    st = _stream()
+    assert len(st.words(0, 0, 0)) == 0
+    for lane, start in [(-1, 0), (1 << 96, 0), (0, -1)]:
+        with pytest.raises(ValueError):
+            st.words(lane, start, 4)
+    with pytest.raises(ValueError):
+        st.words(0, 8 * (1 << 32), 1)  # beyond 2^32 ChaCha20 blocks in one lane
