@@ -225,6 +225,21 @@ def end_offsets(conf: Mapping[str, str], topic: str,
         consumer.close()
 
 
+def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
+                      timeout_s: float = _DEFAULT_TIMEOUT_S) -> dict[int, int]:
+    """partition -> the offset consumer group `group_id` committed on `topic` (the next
+    offset it will read; 0 where it committed nothing)."""
+    marks = end_offsets(conf, topic, timeout_s)
+    full = dict(conf)
+    full.update({"group.id": group_id, "enable.auto.commit": "false"})
+    consumer = Consumer(full)
+    try:
+        got = consumer.committed([TopicPartition(topic, p) for p in marks], timeout=timeout_s)
+        return {int(tp.partition): max(0, int(tp.offset)) for tp in got}
+    finally:
+        consumer.close()
+
+
 def read_topic(conf: Mapping[str, str], topic: str, *,
                timeout_s: float = 60.0) -> dict[int, list[KafkaRecord]]:
     """Every record of `topic` up to its current end, per partition in offset order.

@@ -164,26 +164,40 @@ class ReplayReport:
     duplicates_dropped: int
     first_difference: str | None = None
     differences: int = 0
+    #: Recomputed releases of timeline records the worker has not committed yet.
+    pending: int = 0
 
     def summary(self) -> str:
         if self.identical:
             return (f"identical: {self.recomputed} releases recomputed from "
                     f"{self.timeline_records} timeline records match {self.published} "
-                    f"published")
+                    f"published ({self.pending} more not yet due: timeline records the "
+                    f"worker has not committed)")
         return (f"DIFFERENT ({self.differences} differences; recomputed {self.recomputed}, "
                 f"published {self.published}): first: {self.first_difference}")
 
 
 def recompute(settings: Settings, key: NoiseKey,
-              timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]]
+              timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
+              settled_below: Mapping[int, int] | None = None,
               ) -> tuple[list[Release], int, int]:
     """Run the operator over timeline records (per partition, offset order) on a DictStore.
 
-    Returns (releases, records applied, duplicates dropped).
+    Returns (releases, records applied, duplicates dropped). With `settled_below`, the
+    releases of records at or beyond `settled_below[p]` are left out (see `replay`).
     """
+    full, n, dups = _recompute(settings, key, timeline)
+    if settled_below is None:
+        return [r for r, _p, _o in full], n, dups
+    return [r for r, p, o in full if o < settled_below.get(p, 0)], n, dups
+
+
+def _recompute(settings: Settings, key: NoiseKey,
+               timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]]
+               ) -> tuple[list[tuple[Release, int, int]], int, int]:
     applier = TimelineApplier(Operator(settings, key))
     store = DictStore()
-    releases: list[Release] = []
+    releases: list[tuple[Release, int, int]] = []
     n = dups = 0
     for p in sorted(timeline):
         for rec in sorted(timeline[p], key=lambda r: r.offset):
@@ -191,7 +205,7 @@ def recompute(settings: Settings, key: NoiseKey,
                                 rec.header(kafka_io.SOURCE_HEADER))
             n += 1
             dups += int(res.duplicate)
-            releases.extend(res.releases)
+            releases.extend((r, p, rec.offset) for r in res.releases)
     return releases, n, dups
 
 
@@ -199,11 +213,14 @@ def _release_key(d: Mapping[str, Any]) -> ReleaseKey:
     return (str(d.get("counter")), int(d.get("tick", -1)), str(d.get("kind")))
 
 
-def compare(recomputed: Iterable[bytes], published: Iterable[bytes]) -> tuple[int, str | None]:
+def compare(recomputed: Iterable[bytes], published: Iterable[bytes],
+            pending: Iterable[bytes] = ()) -> tuple[int, str | None]:
     """Compare two streams of release JSON records by (counter, tick, kind).
 
     Identical re-sends of a record (after a crash) count once; two different records for
-    the same (counter, tick, kind) are a difference. Returns (number of differences, a
+    the same (counter, tick, kind) are a difference. `pending` are recomputed records the
+    worker may not have published yet (from timeline records it has not committed): they
+    must match if published, and may be missing. Returns (number of differences, a
     description of the first one in key order).
     """
     diffs: dict[ReleaseKey, str] = {}
@@ -214,6 +231,11 @@ def compare(recomputed: Iterable[bytes], published: Iterable[bytes]) -> tuple[in
         if k in mine and mine[k] != raw:
             diffs[k] = f"{k}: replay itself produced two different records"
         mine[k] = raw
+    optional: dict[ReleaseKey, bytes] = {}
+    for raw in pending:
+        k = _release_key(orjson.loads(raw))
+        if k not in mine:
+            optional[k] = raw
     theirs: dict[ReleaseKey, bytes] = {}
     for raw in published:
         try:
@@ -229,6 +251,8 @@ def compare(recomputed: Iterable[bytes], published: Iterable[bytes]) -> tuple[in
         if k in diffs:
             continue
         a, b = mine.get(k), theirs.get(k)
+        if a is None and b is not None and k in optional:
+            a = optional[k]
         if a == b:
             continue
         if a is None:
@@ -247,20 +271,35 @@ def compare(recomputed: Iterable[bytes], published: Iterable[bytes]) -> tuple[in
     return len(diffs), diffs[first]
 
 
-def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0) -> ReplayReport:
-    """Read the timeline and private-count topics and compare record by record."""
+def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
+           through: str = "committed") -> ReplayReport:
+    """Read the timeline and private-count topics and compare record by record.
+
+    through="committed": the worker's consumer group (the app id) has committed offsets on
+    the timeline; every release of a record below them must have been published (the worker
+    flushes its releases before it commits), releases of later records may still be in
+    flight. through="end": every timeline record must have been fully processed.
+    Either way, everything published must equal the recomputation.
+    """
     conf = kafka_io.base_config(settings)
-    timeline = kafka_io.read_topic(conf, kafka_io.topic_name(settings, "timeline"),
-                                   timeout_s=timeout_s)
-    releases, n, dups = recompute(settings, key, timeline)
+    tl_topic = kafka_io.topic_name(settings, "timeline")
+    timeline = kafka_io.read_topic(conf, tl_topic, timeout_s=timeout_s)
+    full, n, dups = _recompute(settings, key, timeline)
+    if through == "end":
+        settled = {p: 1 << 62 for p in timeline}
+    elif through == "committed":
+        settled = kafka_io.committed_offsets(conf, settings.app_id, tl_topic)
+    else:
+        raise ValueError("through must be 'committed' or 'end'")
     published = [r.value for r in kafka_io.iter_topic(
         conf, kafka_io.topic_name(settings, "counts"), timeout_s=timeout_s)
         if r.value is not None]
-    mine = [r.to_json() for r in releases]
-    ndiff, first = compare(mine, published)
+    mine = [r.to_json() for r, p, o in full if o < settled.get(p, 0)]
+    pending = [r.to_json() for r, p, o in full if o >= settled.get(p, 0)]
+    ndiff, first = compare(mine, published, pending)
     return ReplayReport(identical=ndiff == 0, recomputed=len(mine), published=len(published),
                         timeline_records=n, duplicates_dropped=dups,
-                        first_difference=first, differences=ndiff)
+                        first_difference=first, differences=ndiff, pending=len(pending))
 
 
 def main_replay(argv: Sequence[str] | None = None) -> int:
@@ -271,11 +310,14 @@ def main_replay(argv: Sequence[str] | None = None) -> int:
         "with the published private-count topic.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (default: the configured one)")
+    p.add_argument("--through", choices=("committed", "end"), default="committed",
+                   help="require releases for the timeline up to the worker's committed "
+                   "offsets (default) or up to its end (a stopped, fully caught-up worker)")
     args = p.parse_args(list(argv) if argv is not None else None)
     try:
         settings = load_settings(args.config)
         key = NoiseKey.from_file(args.key_file) if args.key_file else load_noise_key(settings)
-        report = replay(settings, key)
+        report = replay(settings, key, through=args.through)
     except Exception as exc:  # the CLI reports any failure as a message, not a traceback
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

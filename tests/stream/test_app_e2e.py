@@ -1,0 +1,340 @@
+"""End-to-end tests of the Faust worker on a real Kafka broker.
+
+The worker runs as a child process (`python -m processor worker --config F`), exactly as
+deployed. Tests wait for records with a deadline (never sleep to synchronise), then stop the
+worker and check what it published against two references:
+
+- the pure Operator run over the same timeline topic (`replay.recompute`), and
+- an independent re-derivation from the written spec: events go to max(event tick, first
+  open tick); each tick the arrivals join a FIFO queue and at most one event leaves as x_t;
+  a fresh core counter steps through x_1, x_2, ... and a record is due when y changes or at
+  every heartbeat tick. That is what `python -m processor count` computes on the implied
+  tick sequence.
+
+Helpers here are imported by test_crash.py and test_replay.py.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from processor.core import registry
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
+from processor.stream import kafka_io
+from processor.stream.config import Settings, TopicSettings, with_overrides
+from processor.stream.demo import WorkerProcess, write_config, write_key
+from processor.stream.operator import counter_id_for
+from processor.stream.records import REASONS, partition_for
+from processor.stream.replay import ReplayReport, decode_source, replay
+
+pytestmark = pytest.mark.kafka
+
+TEST_SECRET = hashlib.sha256(b"h7 e2e test noise key (public, tests only)").digest()
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Live:
+    """One test deployment: settings, config file, key, worker process, client config."""
+
+    settings: Settings
+    config: Path
+    key: NoiseKey
+    worker: WorkerProcess
+    conf: dict[str, str]
+
+    @property
+    def topics(self) -> TopicSettings:
+        return self.settings.topics
+
+    def produce(self, values: Iterable[bytes]) -> int:
+        return kafka_io.produce_all(self.conf, self.topics.input, ((None, v) for v in values))
+
+    def releases(self) -> list[dict[str, Any]]:
+        return [orjson.loads(r.value) for r in kafka_io.iter_topic(self.conf, self.topics.counts)
+                if r.value]
+
+    def wait_releases(self, pred: Callable[[list[dict[str, Any]]], bool],
+                      timeout_s: float = 60.0) -> list[dict[str, Any]]:
+        """Tail the private-count topic until pred(all decoded releases) holds."""
+        def check(recs: list[kafka_io.KafkaRecord]) -> bool:
+            return pred([orjson.loads(r.value) for r in recs if r.value])
+        try:
+            recs = kafka_io.wait_for(self.conf, self.topics.counts, check, timeout_s=timeout_s)
+        except TimeoutError:
+            raise AssertionError("releases did not arrive in time; worker log:\n"
+                                 + self.worker.log_tail()) from None
+        return [orjson.loads(r.value) for r in recs if r.value]
+
+
+def make_live(bootstrap: str, tmp_path: Path, counters: Mapping[str, int], *,
+              name: str = "e2e", **overrides: Any) -> Live:
+    """Fresh topics, app id and state dir; the worker is created but not started."""
+    uid = hashlib.sha256(f"{tmp_path}{time.time_ns()}".encode()).hexdigest()[:10]
+    topics = TopicSettings(input=f"{name}-in-{uid}", timeline=f"{name}-tl-{uid}",
+                           counts=f"{name}-counts-{uid}", ledger=f"{name}-ledger-{uid}",
+                           deadletter=f"{name}-dead-{uid}")
+    fields: dict[str, Any] = dict(
+        app_id=f"{name}-app-{uid}", bootstrap_servers=bootstrap, topics=topics, partitions=2,
+        tick_ms=100, lateness_ms=300, max_future_ms=10_000, heartbeat_ticks=10,
+        counters=dict(counters), epsilon=1.0, delta=1e-6,
+        noise_key_file=str(write_key(tmp_path / "noise.key", TEST_SECRET)),
+        state_dir=str(tmp_path / "state"))
+    fields.update(overrides)
+    settings = with_overrides(Settings(), **fields)
+    cfg = write_config(settings, tmp_path / "worker.toml")
+    from processor.stream.app import ensure_topics
+
+    ensure_topics(settings)
+    worker = WorkerProcess(cfg, tmp_path / "worker.log", loglevel="warning")
+    return Live(settings, cfg, NoiseKey(TEST_SECRET), worker, kafka_io.base_config(settings))
+
+
+@pytest.fixture
+def live_factory(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., Live]]:
+    """make_live bound to the session broker; stops every worker it made at teardown."""
+    made: list[Live] = []
+
+    def factory(counters: Mapping[str, int], **kw: Any) -> Live:
+        lv = make_live(kafka_bootstrap, tmp_path, counters, **kw)
+        made.append(lv)
+        return lv
+
+    yield factory
+    for lv in made:
+        lv.worker.stop()
+
+
+def spec_expectation(settings: Settings, key: NoiseKey,
+                     timeline: Mapping[int, list[kafka_io.KafkaRecord]]
+                     ) -> dict[tuple[str, int, str], float]:
+    """Releases re-derived from the written design, independently of the Operator code.
+
+    Per partition, in offset order: a marker raises the partition's sealed frontier; an
+    event (first copy of each input offset only) joins tick max(ts // tick, frontier + 1).
+    Per counter: tick by tick up to the final frontier, arrivals join a FIFO queue, at most
+    one leaves as x_t, a fresh counter steps; a change record when y moves, a heartbeat at
+    t % heartbeat_ticks == 0 otherwise.
+    """
+    tick = settings.tick_ms
+    starts = {c: s // tick for c, s in settings.counters.items()}
+    arrivals: dict[str, dict[int, list[int]]] = {c: {} for c in starts}
+    final: dict[int, int] = {}
+    for p, recs in timeline.items():
+        frontier = -1
+        seen: dict[int, int] = {}
+        for r in sorted(recs, key=lambda r: r.offset):
+            d = orjson.loads(r.value or b"")
+            if d["k"] == "m":
+                frontier = max(frontier, int(d["n"]))
+                continue
+            src = decode_source(r.header(kafka_io.SOURCE_HEADER) or b"")
+            if src is not None:
+                if src[1] <= seen.get(src[0], -1):
+                    continue
+                seen[src[0]] = src[1]
+            c = d["c"]
+            g = max(int(d["ts"]) // tick, frontier + 1, starts[c])
+            arrivals[c].setdefault(g, []).append(int(d["v"]))
+        final[p] = frontier
+    out: dict[tuple[str, int, str], float] = {}
+    for c, start in starts.items():
+        through = final.get(partition_for(c, settings.partitions), -1)
+        counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
+                                counter_id_for(settings, c))
+        queue: deque[int] = deque()
+        last = 0.0
+        for g in range(start, through + 1):
+            queue.extend(arrivals[c].get(g, []))
+            y = counter.update(queue.popleft() / UNIT if queue else None)
+            t = g - start + 1
+            if y != last:
+                out[(c, t, "change")] = y
+            elif t % settings.heartbeat_ticks == 0:
+                out[(c, t, "heartbeat")] = y
+            last = y
+    return out
+
+
+def published_map(releases: Iterable[dict[str, Any]]) -> dict[tuple[str, int, str], float]:
+    """(counter, tick, kind) -> value; fails on two different values for one key."""
+    out: dict[tuple[str, int, str], float] = {}
+    for r in releases:
+        k = (str(r["counter"]), int(r["tick"]), str(r["kind"]))
+        assert out.get(k, r["value"]) == r["value"], f"{k} published with two values"
+        out[k] = float(r["value"])
+    return out
+
+
+def assert_matches_operator(live: Live) -> ReplayReport:
+    """replay(): the published stream equals the pure Operator on the same timeline (every
+    release of a committed timeline record published, everything published identical)."""
+    report = replay(live.settings, live.key)
+    assert report.identical, report.summary()
+    return report
+
+
+def committed_prefix(live: Live) -> dict[int, list[kafka_io.KafkaRecord]]:
+    """The timeline records the worker has committed (all their releases are published)."""
+    timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
+    done = kafka_io.committed_offsets(live.conf, live.settings.app_id, live.topics.timeline)
+    return {p: [r for r in rs if r.offset < done.get(p, 0)] for p, rs in timeline.items()}
+
+
+def bad_records(counter: str, start_ms: int, now: int) -> dict[str, bytes]:
+    """One input record for every dead-letter reason."""
+    return {
+        "unparsable": b"\xff\xfe this is not json",
+        "schema_violation": orjson.dumps({"counter": counter, "ts": now, "colour": "red"}),
+        "value_out_of_range": orjson.dumps({"counter": counter, "ts": now, "value": 1.5}),
+        "value_not_finite": b'{"counter": "%s", "ts": %d, "value": NaN}' % (
+            counter.encode(), now),
+        "undeclared_counter": orjson.dumps({"counter": "nobody-declared-me", "ts": now}),
+        "timestamp_missing": orjson.dumps({"counter": counter, "value": 1}),
+        "timestamp_too_far_in_future": orjson.dumps({"counter": counter, "ts": now + 600_000}),
+        "before_start": orjson.dumps({"counter": counter, "ts": start_ms - 5_000}),
+    }
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+def test_known_sequence_matches_operator_spec_and_dead_letters(
+        live_factory: Callable[..., Live]) -> None:
+    """A known event sequence (bursts, future-dated ticks, late events) and one bad record of
+    every kind: the worker publishes exactly the Operator's releases on the same timeline,
+    which equal the spec re-derivation; every bad record is in the dead-letter topic with its
+    reason, its raw bytes and its source offset; an idle counter releases its heartbeats on
+    time. Control: the spec re-derivation with a wrong tick assignment (late events at their
+    own, already sealed tick) no longer matches."""
+    tick = 100
+    start = (now_ms() // tick) * tick - 20 * tick
+    # SimECC with a large epsilon: checkpoints every few ticks, so the values move with the
+    # data and a wrong tick assignment shows up in them.
+    live = live_factory({"alpha": start, "beta": start, "idle": start},
+                        mechanism="simecc", epsilon=500.0)
+    live.worker.start()
+    # Markers are flowing once anything is released; from then on old ticks are sealed.
+    live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+    now = now_ms()
+    valid: list[bytes] = []
+    valid += [orjson.dumps({"counter": "alpha", "ts": now + 1500}) for _ in range(30)]  # burst
+    valid += [orjson.dumps({"counter": "beta", "ts": now + 1000 + 100 * k, "value": 0.5})
+              for k in range(20)]
+    valid += [orjson.dumps({"counter": "alpha", "ts": start + 3 * tick}) for _ in range(5)]  # late
+    bad = bad_records("alpha", start, now)
+    live.produce(valid + list(bad.values()))
+    end_tick = (now + 1500 + 45 * tick) // tick - start // tick + 1
+    live.wait_releases(lambda rs: any(r["counter"] == "idle" and r["tick"] >= end_tick
+                                      for r in rs), timeout_s=90)
+    assert live.worker.stop() == 0, live.worker.log_tail()
+
+    report = assert_matches_operator(live)
+    timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
+    prefix = committed_prefix(live)
+    published = published_map(live.releases())
+    expected = spec_expectation(live.settings, live.key, prefix)
+    assert report.recomputed == len(expected)
+    assert {k: v for k, v in published.items() if k in expected} == expected
+    assert any(k[0] == "beta" and k[2] == "change" for k in expected)
+    assert any(k[0] == "alpha" and k[1] >= end_tick - 10 for k in expected)
+
+    # Every valid event is on the timeline exactly once, in its counter's partition.
+    events = [(p, orjson.loads(r.value or b"")) for p, rs in timeline.items() for r in rs]
+    got = Counter((d["c"], d["ts"], d["v"]) for p, d in events if d["k"] == "e"
+                  and p == partition_for(d["c"], live.settings.partitions))
+    want = Counter()
+    for v in valid:
+        d = orjson.loads(v)
+        want[(d["counter"], d["ts"], round(d.get("value", 1) * UNIT))] += 1
+    assert got == want
+
+    # Dead letters: one per reason, with raw bytes and the input coordinates.
+    inputs = {r.value: r for r in kafka_io.iter_topic(live.conf, live.topics.input)}
+    dead = [orjson.loads(r.value or b"") for r in
+            kafka_io.iter_topic(live.conf, live.topics.deadletter)]
+    assert sorted(d["reason"] for d in dead) == sorted(REASONS)
+    for d in dead:
+        raw = base64.b64decode(d["raw"])
+        assert raw == bad[d["reason"]]
+        src = inputs[raw]
+        assert (d["topic"], d["partition"], d["offset"]) == (live.topics.input, src.partition,
+                                                             src.offset)
+
+    # The idle counter: a record at every 10th tick at least (a heartbeat, or a change at
+    # one of SimECC's data-independent checkpoints), each published soon after its tick was
+    # due (end + lateness); only ticks due after the worker was up are timed.
+    idle = [r for r in kafka_io.iter_topic(live.conf, live.topics.counts) if r.key == b"idle"]
+    rel = [(orjson.loads(r.value or b""), r.timestamp_ms) for r in idle]
+    ticks = {d["tick"] for d, _ in rel}
+    assert max(ticks) >= end_tick
+    assert set(range(10, max(ticks) + 1, 10)) <= ticks
+    first_seen = min(ts for _, ts in rel)
+    for d, ts in rel:
+        due = d["tick_start_ms"] + d["tick_ms"] + live.settings.lateness_ms
+        if due > first_seen + 1000:
+            assert ts - due < 3000, f"heartbeat {d['tick']} published {ts - due} ms late"
+
+    # Control: a spec variant that keeps late events at their own (sealed) tick differs.
+    wrong = spec_expectation(live.settings, live.key, _strip_markers(prefix))
+    assert {k: v for k, v in published.items() if k in wrong} != wrong
+
+
+def _strip_markers(timeline: Mapping[int, list[kafka_io.KafkaRecord]]
+                   ) -> dict[int, list[kafka_io.KafkaRecord]]:
+    """The timeline with markers moved to the end: every event keeps its own tick."""
+    out: dict[int, list[kafka_io.KafkaRecord]] = {}
+    for p, recs in timeline.items():
+        evs = [r for r in recs if b'"k":"m"' not in (r.value or b"")]
+        mks = [r for r in recs if b'"k":"m"' in (r.value or b"")]
+        n = len(recs)
+        moved = [kafka_io.KafkaRecord(r.topic, r.partition, n + i, r.key, r.value, r.headers,
+                                      r.timestamp_ms) for i, r in enumerate(mks)]
+        out[p] = evs + moved
+    return out
+
+
+def test_thousand_counters_one_worker(live_factory: Callable[..., Live]) -> None:
+    """1,000 declared counters on one worker: every counter gets its ledger entry and its
+    heartbeats, events reach the right counters, and the published stream equals the
+    Operator's on the same timeline."""
+    tick = 200
+    start = (now_ms() // tick) * tick
+    names = [f"c{i:04d}" for i in range(1000)]
+    live = live_factory(dict.fromkeys(names, start), name="e2e-1k", partitions=4,
+                        tick_ms=tick, lateness_ms=400)
+    live.worker.start()
+    now = now_ms()
+    live.produce(orjson.dumps({"counter": names[(7 * i) % 1000], "ts": now + 1500})
+                 for i in range(3000))
+    target = (now + 5000) // tick - start // tick + 1
+
+    def all_past(rs: list[dict[str, Any]]) -> bool:
+        hb: dict[str, int] = {}
+        for r in rs:
+            hb[r["counter"]] = max(hb.get(r["counter"], 0), r["tick"])
+        return len(hb) == 1000 and min(hb.values()) >= target
+
+    live.wait_releases(all_past, timeout_s=120)
+    assert live.worker.stop() == 0, live.worker.log_tail()
+    ledger = {r.key for r in kafka_io.iter_topic(live.conf, live.topics.ledger)}
+    assert ledger == {n.encode() for n in names}
+    report = assert_matches_operator(live)
+    assert report.recomputed >= 1000 * (target // 10)
+    timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
+    assert sum(1 for rs in timeline.values() for r in rs
+               if r.header(kafka_io.SOURCE_HEADER)) == 3000
