@@ -234,9 +234,13 @@ class _BinaryTree(UnitCounter):
     The dyadic decomposition of [1, t] uses, for every set bit h of t, the complete node of
     size 2^h ending at t with its low h bits cleared: that is the most recently completed
     node of level h. So keeping the noise of the latest completed node per level is enough,
-    and y_t = s_t + sum over set bits h of t of noise[h]. At tick t the nodes of levels
-    0..v2(t) complete and their noise is drawn, lowest level first (the order the dense
-    reference uses too).
+    and y_t = s_t + sum over set bits h of t of noise[h].
+
+    A node of level h ending at j 2^h is used by some prefix only if j is odd (a "left"
+    node); for even j no prefix ever reads it. Its noise is therefore never drawn: at tick
+    t exactly one node is drawn, the one of level v2(t) (the lowest set bit of t). Nodes
+    that are never released cost no privacy, and every released node is drawn once, when
+    it completes (the dense reference draws in the same order).
     """
 
     __slots__ = ("_cur", "_noise", "_s", "_t", "eps", "horizon", "label", "sensitivity")
@@ -268,12 +272,8 @@ class _BinaryTree(UnitCounter):
         self._t += 1
         self._s += u
         t = self._t
-        h = 0
-        while True:
-            self._noise[h] = self._draw()
-            if t >> h & 1:
-                break
-            h += 1
+        # The one node needed from this tick on: level v2(t), ending at t.
+        self._noise[(t & -t).bit_length() - 1] = self._draw()
         noise = 0
         h = 0
         rest = t
@@ -383,10 +383,11 @@ class LaplaceTreeBounded(_BinaryTree):
 def tree_reference(tree: _BinaryTree, key: NoiseKey, inputs: list[int]) -> list[int]:
     """Dense reference for a fresh tree's outputs on `inputs` (tests only).
 
-    Builds every complete node [a, b] of the tree with its exact sum plus its noise, the
-    noise drawn in the order nodes complete (by end tick, then by size), then releases each
-    prefix as the sum of the noisy nodes of its dyadic decomposition. Uses the same key,
-    label and parameters as `tree`, which must be fresh (t == 0).
+    Builds every complete left node [a, b] of the tree (size 2^h, ending at j 2^h with j
+    odd; right nodes are never read by any prefix) with its exact sum plus its noise, drawn
+    in the order nodes complete, then releases each prefix as the sum of the noisy nodes of
+    its dyadic decomposition. Uses the same key, label and parameters as `tree`, which must
+    be fresh (t == 0).
     """
     if tree.t != 0:
         raise ValueError("reference needs a fresh tree")
@@ -395,8 +396,9 @@ def tree_reference(tree: _BinaryTree, key: NoiseKey, inputs: list[int]) -> list[
     for end in range(1, len(inputs) + 1):
         size = 1
         while end % size == 0:
-            start = end - size + 1
-            noisy[(start, end)] = sum(inputs[start - 1 : end]) + twin._draw()
+            if (end // size) % 2 == 1:
+                start = end - size + 1
+                noisy[(start, end)] = sum(inputs[start - 1 : end]) + twin._draw()
             size *= 2
     out = []
     for t in range(1, len(inputs) + 1):
