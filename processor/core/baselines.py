@@ -239,6 +239,7 @@ def gaussiancc_sigma2_units(eps: float, delta: float, t: int) -> tuple[int, int]
 
 def gaussiancc_sigma(eps: float, delta: float, t: int) -> float:
     """Std of y_t - s_t of GaussianCC, in events (from the rounded-up grid sigma^2)."""
+    t = int(t)
     if t <= 0:
         return 0.0
     num, den = gaussiancc_sigma2_units(eps, delta, t)

@@ -103,6 +103,7 @@ def tree_node_sigma2(eps: float, delta: float, horizon: int, sensitivity: int) -
 def tree_sigma(eps: float, delta: float, horizon: int, t: int, sensitivity: int = UNIT) -> float:
     """Exact std (units) of y_t - s_t of GaussianTree(eps, delta, horizon, sensitivity):
     the prefix [1, t] is the sum of popcount(t) independent nodes."""
+    t, horizon = int(t), int(horizon)  # numpy integers from the simulator
     if t <= 0:
         return 0.0
     num, den = tree_node_sigma2(eps, delta, horizon, sensitivity)
@@ -147,6 +148,7 @@ def sqrt_z_sigma2(eps: float, delta: float, horizon: int, sensitivity: int) -> t
 def sqrt_sigma(eps: float, delta: float, horizon: int, t: int, sensitivity: int = UNIT) -> float:
     """Std (units) of the noise of SqrtFactor at t: sigma_z * sqrt(sum_{j<t} c_j^2).
     (Release rounding to the nearest unit adds at most half a unit, not counted here.)"""
+    t, horizon = int(t), int(horizon)
     if t <= 0:
         return 0.0
     num, den = sqrt_z_sigma2(eps, delta, horizon, sensitivity)

@@ -87,6 +87,7 @@ def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
     local time t - 2^K + 1 (horizon 2^K - 1). For base "sqrt" the release rounding (at most
     half a unit) is not included.
     """
+    t = int(t)  # numpy integers from the simulator
     if t <= 0:
         return 0.0
     k_done = (t + 1).bit_length() - 1
