@@ -1,6 +1,5 @@
-"""Throughput and state-size benchmark of ECC and SimECC (CPU time, so a busy machine does
-not distort it; prints tables; a few seconds per
-case).
+"""Throughput and state-size benchmark of ECC and SimECC (prints tables; CPU time, so a
+busy machine does not distort it; a few seconds per case).
 
     .venv/bin/python bench/bench_mechanisms.py [--eps 1.0] [--delta 1e-5] [--seconds 2]
 

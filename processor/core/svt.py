@@ -191,7 +191,7 @@ class SVT:
                 s = bend
             if cand is None:
                 return None, cur.position
-            if rate >= 1.0 or bernoulli_float(cur, self.fire_probability(v, cand) / rate):
+            if rate >= 1.0 or bernoulli_float(cur, min(1.0, self.fire_probability(v, cand) / rate)):
                 return cand, cur.position
             s = cand + 1
         return None, cur.position
