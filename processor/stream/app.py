@@ -168,6 +168,10 @@ def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -
         web_enabled=False,
         table_standby_replicas=int(getattr(settings, "standby_replicas", 0) or 0),
         topic_replication_factor=int(getattr(settings, "replication_factor", 1) or 1),
+        # A worker killed without leaving the group is noticed after this long (Faust's
+        # default is 60 s); its partitions then move to a live worker.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=1.0,
         broker_commit_every=1000,
         broker_commit_interval=1.0,
         producer_linger=0.005,
