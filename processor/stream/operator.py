@@ -34,7 +34,7 @@ mechanism state).
 from __future__ import annotations
 
 import importlib
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol
 
@@ -279,7 +279,7 @@ class Operator:
     """Applies timeline records to the state in a StateStore; see the module docstring."""
 
     def __init__(self, settings: Settings, key: NoiseKey, *,
-                 factory: CounterFactory | None = None) -> None:
+                 factory: CounterFactory | None = None, cache_size: int = 4096) -> None:
         self.settings = settings
         self.key = key
         # The registry is imported lazily so that tests can inject a fake factory.
@@ -291,6 +291,12 @@ class Operator:
         # Decoded partition states by partition, with the exact bytes they came from:
         # reused only while the store still holds those bytes (a cache, never the truth).
         self._pcache: dict[int, tuple[bytes, _PartitionState]] = {}
+        # The same for counter states (LRU, at most cache_size): restoring a mechanism
+        # costs far more than applying an event. Restoring from bytes and continuing equals
+        # never stopping (the Counter contract), so reusing the object we serialised is
+        # exactly equivalent to decoding the stored bytes again.
+        self._ccache: OrderedDict[str, tuple[bytes, _CounterState]] = OrderedDict()
+        self._cache_size = cache_size
 
     # -- public entry point
 
@@ -313,6 +319,7 @@ class Operator:
             # State is written only at the end of a successful apply; drop the cache so
             # that a half-mutated decoded object is never reused.
             self._pcache.pop(partition, None)
+            self._ccache.clear()
             raise
         return out
 
@@ -354,8 +361,28 @@ class Operator:
     def _load_counter(self, store: StateStore, name: str) -> _CounterState | None:
         raw = store.get(f"c/{name}")
         if raw is None:
+            self._ccache.pop(name, None)
             return None
-        return _CounterState.from_bytes(raw, self.factory, self.key)
+        cached = self._ccache.get(name)
+        if cached is not None and (cached[0] is raw or cached[0] == raw):
+            self._ccache.move_to_end(name)
+            return cached[1]
+        cs = _CounterState.from_bytes(raw, self.factory, self.key)
+        self._remember(name, bytes(raw), cs)
+        return cs
+
+    def _counter_write(self, name: str, cs: _CounterState) -> tuple[str, bytes]:
+        raw = cs.to_bytes()
+        self._remember(name, raw, cs)
+        return f"c/{name}", raw
+
+    def _remember(self, name: str, raw: bytes, cs: _CounterState) -> None:
+        if self._cache_size <= 0:
+            return
+        self._ccache[name] = (raw, cs)
+        self._ccache.move_to_end(name)
+        while len(self._ccache) > self._cache_size:
+            self._ccache.popitem(last=False)
 
     def _due(self, cs: _CounterState) -> int:
         """A global tick at or before the next one at which `cs` has anything to do."""
@@ -416,7 +443,7 @@ class Operator:
             # The due index is written BEFORE the counter: if we crash in between, the
             # event is re-applied and the index is merely early, never late.
             writes.append(self._partition_write(partition, ps))
-        writes.append((f"c/{ev.counter}", cs.to_bytes()))
+        writes.append(self._counter_write(ev.counter, cs))
         for k, v in writes:
             store.set(k, v)
 
@@ -452,7 +479,7 @@ class Operator:
                 self._seal(name, cs, n, out)
             cs.offset = offset
             new_due[name] = self._due(cs)
-            writes.append((f"c/{name}", cs.to_bytes()))
+            writes.append(self._counter_write(name, cs))
             out.metrics["counters_touched"] += 1
         for name, d in new_due.items():
             if d < 0:

@@ -158,8 +158,8 @@ class Run:
     """Feeds timeline records to one partition at increasing offsets; collects outputs."""
 
     def __init__(self, s: Settings, factory: Any, store: DictStore | None = None,
-                 partition: int = 0) -> None:
-        self.op = Operator(s, KEY, factory=factory)
+                 partition: int = 0, cache_size: int = 4096) -> None:
+        self.op = Operator(s, KEY, factory=factory, cache_size=cache_size)
         self.store = store if store is not None else DictStore()
         self.partition = partition
         self.offset = 0
@@ -307,19 +307,21 @@ def test_extra_event_shift_is_absorbed_by_first_empty_tick() -> None:
     assert not is_insertion(naive, x)
 
 
-@pytest.mark.parametrize("seed,period,jitter,h", [(1, 1, 1, 1), (2, 3, 4, 5), (3, 1, 3, 7),
-                                                 (4, 4, 1, 3)])
+@pytest.mark.parametrize("seed,period,jitter,h,cache", [
+    (1, 1, 1, 1, 4096), (2, 3, 4, 5, 4096), (3, 1, 3, 7, 4096), (4, 4, 1, 3, 4096),
+    (2, 3, 4, 5, 0), (5, 2, 3, 4, 1)])
 def test_matches_reference_queue_and_offline_count(seed: int, period: int, jitter: int,
-                                                   h: int) -> None:
+                                                   h: int, cache: int) -> None:
     """Random timelines (late, early and future events, irregular markers, 3 counters
     sharing a partition, one starting later): the releases equal those of the core
-    counter run directly on the x sequence a plain FIFO simulation implies."""
+    counter run directly on the x sequence a plain FIFO simulation implies. With and
+    without the operator's decoded-state cache (0: off, 1: constantly evicting)."""
     rng = random.Random(seed)
     starts = {"a": 100, "b": 100, "c": 108}
     s = settings({k: v * TICK for k, v in starts.items()}, heartbeat_ticks=h)
     recs = random_timeline(rng, list(starts), 100, 60, 0.5)
     recs = [r for r in recs if r[0] == "m" or r[1][1] >= starts[r[1][0]]]
-    run = Run(s, StepFactory(period, jitter))
+    run = Run(s, StepFactory(period, jitter), cache_size=cache)
     for r in recs:
         run.feed(to_bytes(r))
     through = max(p for k, p in recs if k == "m")
