@@ -67,6 +67,8 @@ METRICS: Final = (
     "undeclared_skipped",
     "before_start_skipped",
     "counters_touched",
+    "events_queued",
+    "events_dequeued",
 )
 
 
@@ -244,17 +246,20 @@ class _CounterState:
 class _PartitionState:
     """The decoded `p/<partition>` value."""
 
-    __slots__ = ("due", "fresh", "frontier", "offset")
+    __slots__ = ("declared", "due", "fresh", "frontier", "offset")
 
-    def __init__(self, due: dict[str, int]) -> None:
+    def __init__(self, due: dict[str, int], declared: str) -> None:
         self.frontier = -1  # global tick through which the partition is sealed
         self.offset = -1  # offset of the last marker applied
         self.due = due
+        # Fingerprint of the configuration whose declared counters were indexed: when it
+        # changes, newly declared counters are added to the index (see _load_partition).
+        self.declared = declared
         self.fresh = True  # not in the store yet (not persisted)
 
     def to_bytes(self) -> bytes:
         return _PARTITION_MAGIC + bytes([_VERSION]) + orjson.dumps(
-            {"f": self.frontier, "o": self.offset, "d": self.due})
+            {"f": self.frontier, "o": self.offset, "fp": self.declared, "d": self.due})
 
     @classmethod
     def from_bytes(cls, data: bytes) -> _PartitionState:
@@ -263,7 +268,7 @@ class _PartitionState:
             raise StateFormatError("not an operator partition state (magic/version)")
         try:
             body = orjson.loads(data[4:])
-            self = cls(dict(body["d"]))
+            self = cls(dict(body["d"]), str(body["fp"]))
             self.frontier = int(body["f"])
             self.offset = int(body["o"])
             self.fresh = False
@@ -331,15 +336,26 @@ class Operator:
             self._pcache.pop(partition, None)
             # Every declared counter of this partition is due at its first tick, so the
             # first marker past it creates the counter (and its ledger entry) on time.
-            P = self.settings.partitions
-            due = {c: st for c, st in self._start_ticks.items() if partition_for(c, P) == partition}
-            return _PartitionState(due)
+            return _PartitionState(self._declared_due(partition), self.fingerprint)
         cached = self._pcache.get(partition)
         if cached is not None and (cached[0] is raw or cached[0] == raw):
             return cached[1]
         ps = _PartitionState.from_bytes(raw)
-        self._pcache[partition] = (bytes(raw), ps)
+        if ps.declared != self.fingerprint:
+            # The configuration changed under existing state: index counters declared
+            # since (existing entries stay; a counter no longer declared is dropped when
+            # it next comes due). Persisted with the next write of this partition.
+            for c, st in self._declared_due(partition).items():
+                ps.due.setdefault(c, st)
+            ps.declared = self.fingerprint
+            ps.fresh = True
+        else:
+            self._pcache[partition] = (bytes(raw), ps)
         return ps
+
+    def _declared_due(self, partition: int) -> dict[str, int]:
+        P = self.settings.partitions
+        return {c: st for c, st in self._start_ticks.items() if partition_for(c, P) == partition}
 
     def _partition_write(self, partition: int, ps: _PartitionState) -> tuple[str, bytes]:
         raw = ps.to_bytes()
@@ -434,6 +450,7 @@ class Operator:
         cs.pending.setdefault(n_event, []).append(ev.value_units)
         cs.offset = offset
         out.metrics["events_applied"] += 1
+        out.metrics["events_queued"] += 1
         out.metrics["counters_touched"] += 1
         due = self._due(cs)
         writes: list[tuple[str, bytes]] = []
@@ -509,6 +526,7 @@ class Operator:
                     cs.push(u)
             if cs.queue:
                 c.update(cs.pop() / UNIT)  # units / 2^16 is exact; the core re-quantises
+                out.metrics["events_dequeued"] += 1
                 cs.frontier = g
                 self._emit(name, cs, out)
                 continue
@@ -551,9 +569,12 @@ class Operator:
     def _release(self, name: str, cs: _CounterState, t: int, y: float,
                  kind: Literal["change", "heartbeat"], out: Output) -> None:
         s = self.settings
+        c = cs.counter
+        # Mechanism, eps and delta are those of the running instance (restored from state),
+        # which differ from the settings only if the configuration changed under live state.
         out.releases.append(Release(
             counter=name, tick=t, tick_start_ms=(cs.start_tick + t - 1) * s.tick_ms,
-            tick_ms=s.tick_ms, value=y, kind=kind, mechanism=s.mechanism,
-            epsilon=s.epsilon, delta=s.delta,
-            error_bound=float(cs.counter.error_bound(s.beta)), beta=s.beta,
+            tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,
+            epsilon=c.eps, delta=c.delta,
+            error_bound=float(c.error_bound(s.beta)), beta=s.beta,
             fingerprint=self.fingerprint))

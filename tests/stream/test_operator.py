@@ -51,11 +51,12 @@ class StepCounter(Counter):
     mechanism = "step-test"
     edit_private = False
 
-    def __init__(self, counter_id: str, period: int, jitter: int, key: NoiseKey) -> None:
+    def __init__(self, counter_id: str, period: int, jitter: int, key: NoiseKey,
+                 eps: float = 1.0, delta: float = 1e-6) -> None:
         self.counter_id = counter_id
         self.period = period
         self.jitter = jitter
-        self.eps, self.delta = 1.0, 1e-6
+        self.eps, self.delta = eps, delta
         self._salt = key.derive("test/" + counter_id)
         self._t = 0
         self._s = 0  # units
@@ -101,12 +102,13 @@ class StepCounter(Counter):
 
     def to_bytes(self) -> bytes:
         return orjson.dumps({"id": self.counter_id, "p": self.period, "j": self.jitter,
+                             "e": self.eps, "d": self.delta,
                              "t": self._t, "s": self._s, "y": self._y})
 
     @classmethod
     def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:
         d = orjson.loads(data)
-        c = cls(d["id"], d["p"], d["j"], key)
+        c = cls(d["id"], d["p"], d["j"], key, d["e"], d["d"])
         c._t, c._s, c._y = d["t"], d["s"], d["y"]
         return c
 
@@ -124,7 +126,7 @@ class StepFactory:
     def make(self, name: str, eps: float, delta: float, key: NoiseKey,
              counter_id: str) -> Counter:
         self.made += 1
-        return StepCounter(counter_id, self.period, self.jitter, key)
+        return StepCounter(counter_id, self.period, self.jitter, key, eps, delta)
 
     def restore(self, data: bytes, key: NoiseKey) -> Counter:
         return StepCounter.from_bytes(data, key)
@@ -270,6 +272,8 @@ def test_burst_leaves_one_per_tick() -> None:
     # t=1..5 each add one event; nothing changes afterwards.
     assert ys(run.releases, "a") == {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0, 5: 5.0}
     assert [r.kind for r in run.releases] == ["change"] * 5
+    # Queue length is reported only as aggregate deltas (in minus out), never per counter.
+    assert (run.metrics["events_queued"], run.metrics["events_dequeued"]) == (5, 5)
 
 
 def test_extra_event_shift_is_absorbed_by_first_empty_tick() -> None:
@@ -475,6 +479,22 @@ def test_ledger_entry_once_per_counter_on_creation() -> None:
     assert orjson.loads(e.to_json())["privacy_unit"] == "one event"
 
 
+def test_newly_declared_counter_is_indexed_after_a_config_change() -> None:
+    """State written under one configuration, then a counter is declared: the next marker
+    creates it (ledger entry, heartbeats) without any event. Releases name the eps of the
+    running instance."""
+    s1 = settings({"a": 0}, heartbeat_ticks=2)
+    run = Run(s1, StepFactory())
+    run.marker(3)
+    s2 = with_overrides(s1, counters={"a": 0, "b": 2 * TICK}, epsilon=3.0)
+    run2 = Run(s2, StepFactory(), store=run.store)
+    run2.offset = run.offset
+    run2.marker(5)
+    assert [e.counter for e in run2.ledger] == ["b"]
+    assert {(r.counter, r.tick, r.epsilon) for r in run2.releases} == {
+        ("a", 6, 1.0), ("b", 2, 3.0), ("b", 4, 3.0)}
+
+
 def test_undeclared_counter_needs_the_option() -> None:
     s = settings({"a": 0})
     run = Run(s, StepFactory())
@@ -511,7 +531,7 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
     class SentinelFactory(StepFactory):
         def make(self, name: str, eps: float, delta: float, key: NoiseKey,
                  counter_id: str) -> Counter:
-            return Sentinel(counter_id, 1, 1, key)
+            return Sentinel(counter_id, 1, 1, key, eps, delta)
 
         def restore(self, data: bytes, key: NoiseKey) -> Counter:
             return Sentinel.from_bytes(data, key)
