@@ -22,6 +22,7 @@ consumes exactly one word.
 
 from __future__ import annotations
 
+import bisect
 import math
 from fractions import Fraction
 from functools import lru_cache
@@ -67,21 +68,41 @@ def _check_int(name: str, v: object, minimum: int) -> int:
 # --------------------------------------------------------------------------- exact, scalar
 
 
-def uniform_below(cur: WordCursor, m: int) -> int:
-    """An exactly uniform integer in {0, ..., m-1}, m >= 1 (any size, also > 2^64).
-
-    Rejection on whole bits: read k = bitlen(m-1) bits (whole words, see
-    WordCursor.next_bits) and retry while the value is >= m; each try succeeds with
-    probability > 1/2. m == 1 returns 0 and consumes nothing.
-    """
-    m = _check_int("m", m, 1)
-    if m == 1:
-        return 0
+def _uniform_below(cur: WordCursor, m: int) -> int:
+    """uniform_below without argument checks (m >= 2); the fast path reads one word."""
     k = (m - 1).bit_length()
+    if k <= 64:
+        shift = 64 - k
+        while True:
+            x = cur.next_word() >> shift
+            if x < m:
+                return x
     while True:
         x = cur.next_bits(k)
         if x < m:
             return x
+
+
+def uniform_below(cur: WordCursor, m: int) -> int:
+    """An exactly uniform integer in {0, ..., m-1}, m >= 1 (any size, also > 2^64).
+
+    Rejection on whole bits: read k = bitlen(m-1) bits (the top k bits of one word, or
+    whole words when k > 64, see WordCursor.next_bits) and retry while the value is >= m;
+    each try succeeds with probability > 1/2. m == 1 returns 0 and consumes nothing.
+    """
+    m = _check_int("m", m, 1)
+    if m == 1:
+        return 0
+    return _uniform_below(cur, m)
+
+
+def _bern_frac(cur: WordCursor, num: int, den: int) -> bool:
+    """bernoulli_frac without argument checks (0 <= num <= den)."""
+    if num == 0:
+        return False
+    if num >= den:
+        return True
+    return _uniform_below(cur, den) < num
 
 
 def bernoulli_frac(cur: WordCursor, num: int, den: int) -> bool:
@@ -90,11 +111,30 @@ def bernoulli_frac(cur: WordCursor, num: int, den: int) -> bool:
     num = _check_int("num", num, 0)
     if num > den:
         raise InvalidParameterError("bernoulli_frac needs num <= den")
-    if num == 0:
-        return False
-    if num == den:
-        return True
-    return uniform_below(cur, den) < num
+    return _bern_frac(cur, num, den)
+
+
+# Bernoulli(exp(-1)) from one word: von Neumann's K (the first k with Bernoulli(1/k)
+# false) has P(K > k) = 1/k!, so with r uniform on [0, 18!), K > k iff r < 18!/k! for
+# k <= 18. r == 0 means K > 18: the loop then goes on exactly at k = 19.
+_F18 = math.factorial(18)
+_F18_LIMIT_INT = _U64_MAX - (1 << 64) % _F18
+_VN_LIST = [_F18 // math.factorial(k) for k in range(18, 0, -1)]  # ascending
+
+
+def _bernoulli_exp_minus_one(cur: WordCursor) -> bool:
+    """True with probability exactly exp(-1), usually from a single word."""
+    while True:
+        w = cur.next_word()
+        if w <= _F18_LIMIT_INT:  # else: rejected word, draw again (exact, see _limit)
+            break
+    nle = bisect.bisect_right(_VN_LIST, w % _F18)  # thresholds <= r; K = 19 - nle
+    if nle > 0:
+        return nle % 2 == 0
+    k = 19
+    while _bern_frac(cur, 1, k):
+        k += 1
+    return k % 2 == 1
 
 
 def _bernoulli_exp_le1(cur: WordCursor, num: int, den: int) -> bool:
@@ -103,10 +143,21 @@ def _bernoulli_exp_le1(cur: WordCursor, num: int, den: int) -> bool:
     K = 1; while Bernoulli(gamma/K): K += 1; return K odd. P(K > k) = gamma^k / k!, so
     P(K odd) = sum over odd k of (gamma^(k-1)/(k-1)! - gamma^k/k!) = exp(-gamma).
     """
+    if num == den:
+        return _bernoulli_exp_minus_one(cur)
     k = 1
-    while bernoulli_frac(cur, num, den * k):
+    while _bern_frac(cur, num, den * k):
         k += 1
     return k % 2 == 1
+
+
+def _bern_exp(cur: WordCursor, num: int, den: int) -> bool:
+    """bernoulli_exp without argument checks."""
+    whole, rem = divmod(num, den)
+    for _ in range(whole):
+        if not _bernoulli_exp_minus_one(cur):
+            return False
+    return _bernoulli_exp_le1(cur, rem, den)
 
 
 def bernoulli_exp(cur: WordCursor, num: int, den: int) -> bool:
@@ -117,11 +168,23 @@ def bernoulli_exp(cur: WordCursor, num: int, den: int) -> bool:
     """
     den = _check_int("den", den, 1)
     num = _check_int("num", num, 0)
-    whole, rem = divmod(num, den)
-    for _ in range(whole):
-        if not _bernoulli_exp_le1(cur, 1, 1):
-            return False
-    return _bernoulli_exp_le1(cur, rem, den)
+    return _bern_exp(cur, num, den)
+
+
+def _discrete_laplace(cur: WordCursor, t: int, s: int) -> int:
+    """discrete_laplace without argument checks."""
+    while True:
+        u = _uniform_below(cur, t) if t > 1 else 0
+        if not _bernoulli_exp_le1(cur, u, t):
+            continue
+        v = 0
+        while _bernoulli_exp_minus_one(cur):
+            v += 1
+        y = (u + t * v) // s
+        negative = cur.next_word() >> 63 == 1
+        if negative and y == 0:
+            continue
+        return -y if negative else y
 
 
 def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
@@ -134,18 +197,7 @@ def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
     """
     t = _check_int("t", t, 1)
     s = _check_int("s", s, 1)
-    while True:
-        u = uniform_below(cur, t)
-        if not bernoulli_exp(cur, u, t):
-            continue
-        v = 0
-        while _bernoulli_exp_le1(cur, 1, 1):
-            v += 1
-        y = (u + t * v) // s
-        negative = cur.next_word() >> 63 == 1
-        if negative and y == 0:
-            continue
-        return -y if negative else y
+    return _discrete_laplace(cur, t, s)
 
 
 def discrete_gaussian(cur: WordCursor, sigma2_num: int, sigma2_den: int) -> int:
@@ -160,9 +212,9 @@ def discrete_gaussian(cur: WordCursor, sigma2_num: int, sigma2_den: int) -> int:
     t = math.isqrt(n // d) + 1  # floor(sqrt(n/d)) == isqrt(floor(n/d))
     den = 2 * n * d * t * t
     while True:
-        y = discrete_laplace(cur, t, 1)
+        y = _discrete_laplace(cur, t, 1)
         diff = abs(y) * d * t - n
-        if bernoulli_exp(cur, diff * diff, den):
+        if _bern_exp(cur, diff * diff, den):
             return y
 
 
@@ -222,11 +274,9 @@ _LV = 3  # Bernoulli(exp(-1)) trials of the geometric V per vectorised sub-pass
 _MAX_SUB = 8  # sub-passes of either loop before a trial is parked for the scalar code
 _MAX_PASSES = 3  # batches of attempts in the vectorised region
 
-# Bernoulli(exp(-1)) from one word: von Neumann's K (first k with Bernoulli(1/k) false)
-# has P(K > k) = 1/k!, so with r uniform on [0, 18!), K > k iff r < 18!/k! (k <= 18).
-_F18 = math.factorial(18)
-_F18_LIMIT = np.uint64(_U64_MAX - (1 << 64) % _F18)
-_VN_THRESH = np.array([_F18 // math.factorial(k) for k in range(18, 0, -1)], dtype=np.uint64)
+# Bernoulli(exp(-1)) from one word, vectorised (see _bernoulli_exp_minus_one).
+_F18_LIMIT = np.uint64(_F18_LIMIT_INT)
+_VN_THRESH = np.array(_VN_LIST, dtype=np.uint64)
 
 # Stages of an attempt parked for the scalar code.
 _P_D = 1  # inside the von Neumann loop for Bernoulli(exp(-U/t)) at step k
@@ -246,20 +296,20 @@ def _resume_attempt(cur: WordCursor, t: int, s: int, stage: int, u: int, neg: bo
                     v: int) -> int | None:
     """Finish one parked attempt exactly (scalar code): its sample, or None if rejected."""
     if stage == _P_D:
-        while bernoulli_frac(cur, u, t * k):
+        while _bern_frac(cur, u, t * k):
             k += 1
         if k % 2 == 0:  # Bernoulli(exp(-U/t)) failed: the attempt is rejected
             return None
         v, k = 0, 0
     if k > 0:
-        while bernoulli_frac(cur, 1, k):
+        while _bern_frac(cur, 1, k):
             k += 1
         more = k % 2 == 1
     else:
-        more = _bernoulli_exp_le1(cur, 1, 1)
+        more = _bernoulli_exp_minus_one(cur)
     while more:
         v += 1
-        more = _bernoulli_exp_le1(cur, 1, 1)
+        more = _bernoulli_exp_minus_one(cur)
     y = (u + t * v) // s
     if neg and y == 0:  # "minus zero" is rejected as in CKS
         return None

@@ -407,3 +407,48 @@ def test_bernoulli_float() -> None:
     assert cur.position == start + N
     assert binomtest(k, N, 0.3).pvalue > ALPHA
     assert binomtest(k, N, 0.33).pvalue < ALPHA  # control
+
+
+class _ScriptedCursor(WordCursor):
+    """A cursor that returns chosen words, to reach branches of probability ~1e-16."""
+
+    __slots__ = ("script",)
+
+    def __init__(self, words: list[int]) -> None:
+        super().__init__(KeyedStream(NoiseKey.from_seed(0), "scripted"))
+        self.script = list(words)
+
+    def next_word(self) -> int:
+        self.position += 1
+        return self.script.pop(0)
+
+
+def test_exp_minus_one_beyond_one_word() -> None:
+    """Bernoulli(exp(-1)) from one word: r == 0 means von Neumann's K > 18, and the loop
+    must go on exactly at k = 19 (Bernoulli(1/19), Bernoulli(1/20), ...); a word above
+    the acceptance limit is redrawn."""
+    top5 = 1 << 59  # uniform_below(19) reads the top 5 bits of a word
+    # r = 0, then Bernoulli(1/19) fails (x = 1): K = 19, odd -> True
+    assert smp._bernoulli_exp_minus_one(_ScriptedCursor([0, 1 * top5])) is True
+    # r = 0, Bernoulli(1/19) succeeds (x = 0), Bernoulli(1/20) fails: K = 20 -> False
+    assert smp._bernoulli_exp_minus_one(_ScriptedCursor([0, 0, 1 << 60])) is False
+    # a rejected word (above the limit) is skipped; r = 18!/2 gives K = 2 -> False
+    cur = _ScriptedCursor([(1 << 64) - 1, math.factorial(18) // 2])
+    assert smp._bernoulli_exp_minus_one(cur) is False
+    assert cur.position == 2
+    # r = 18!/2 - 1 < 18!/2 and >= 18!/6: K = 3 -> True
+    assert smp._bernoulli_exp_minus_one(_ScriptedCursor([math.factorial(18) // 2 - 1])) is True
+
+
+def test_scalar_draws_are_reproducible_from_a_position() -> None:
+    """Same key, label, lane and position: the same draws; another label: other draws."""
+    st = KeyedStream(NoiseKey.from_seed(24), "c/cc")
+    cur = WordCursor(st, 0)
+    for _ in range(10):
+        discrete_laplace(cur, 50)
+    pos = cur.position
+    first = [discrete_gaussian(cur, 9, 4) for _ in range(20)]
+    again = WordCursor(st, 0, position=pos)
+    assert [discrete_gaussian(again, 9, 4) for _ in range(20)] == first
+    other = WordCursor(KeyedStream(NoiseKey.from_seed(24), "c/bcc"), 0, position=pos)
+    assert [discrete_gaussian(other, 9, 4) for _ in range(20)] != first
