@@ -94,7 +94,7 @@ X0 = insertion_neighbour(X1, 1)
 
 def test_simecc_audit_passes_and_broken_variant_fails() -> None:
     key = NoiseKey.from_seed(42)
-    ok = audit(lambda cid: SimECC(SIM_EPS, SIM_DELTA, key, cid), X0, X1, 250,
+    ok = audit(lambda cid: SimECC(SIM_EPS, SIM_DELTA, key, cid), X0, X1, 150,
                eps=SIM_EPS, delta=SIM_DELTA, feature=final_value, alpha=ALPHA)
     assert ok.passed, ok
     bad = audit(lambda cid: BrokenSimECC(SIM_EPS, SIM_DELTA, key, cid), X0, X1, 1000,

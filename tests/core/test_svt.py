@@ -118,7 +118,7 @@ def test_threshold_formula() -> None:
     assert svt_threshold_units(0.3, 5.0, 17) == math.floor(thr * UNIT)
 
 
-N_RUNS = 3000
+N_RUNS = 2000
 
 
 @pytest.fixture(scope="module")
