@@ -298,8 +298,10 @@ def test_laplace_bank_order_independent() -> None:
     # chunk c is the block of lane c + 1
     assert forward[64 * 3: 64 * 4] == discrete_laplace_block(st, 4, 77, 1, 64).tolist()
     assert len({*forward}) > 50  # not constant
-    with pytest.raises(InvalidParameterError):
-        seq.draw(-1)
+    for bad in (-1, True, 1.0):
+        with pytest.raises(InvalidParameterError):
+            seq.draw(bad)  # type: ignore[arg-type]
+    assert seq.draw(5) == forward[5]  # state untouched by the rejected calls
 
 
 # --------------------------------------------------------------------------- units
