@@ -195,11 +195,11 @@ def ys(releases: Iterable[Release], counter: str) -> dict[int, float]:
 
 
 def reference_x(records: list[tuple[str, Any]], counter: str, start_tick: int,
-                through: int) -> list[int]:
+                through: int) -> list[int | None]:
     """Direct simulation of the spec for one counter: each event lands in its tick, or in
     the earliest open tick (partition frontier + 1) if that is sealed; per sealed tick the
     arrivals join a FIFO in record order and at most one value leaves. Returns x_1..x_T in
-    units (0 for ⊥), T = through - start_tick + 1."""
+    units (None for ⊥; an event of value 0 is 0, not ⊥), T = through - start_tick + 1."""
     frontier = -1
     arrivals: dict[int, list[int]] = {}
     for kind, payload in records:
@@ -210,22 +210,22 @@ def reference_x(records: list[tuple[str, Any]], counter: str, start_tick: int,
             tick = max(tick, frontier + 1, start_tick)
             arrivals.setdefault(tick, []).append(units)
     q: deque[int] = deque()
-    xs = []
+    xs: list[int | None] = []
     for g in range(start_tick, through + 1):
         q.extend(arrivals.get(g, []))
-        xs.append(q.popleft() if q else 0)
+        xs.append(q.popleft() if q else None)
     return xs
 
 
 def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
-                      xs: list[int]) -> list[tuple[int, float, str]]:
+                      xs: list[int | None]) -> list[tuple[int, float, str]]:
     """Run a fresh core counter directly on x_1..x_T; a record where y changes, a
     heartbeat where t % heartbeat_ticks == 0 otherwise (the offline count)."""
     c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, counter))
     out = []
     last = 0.0
     for t, u in enumerate(xs, start=1):
-        y = c.update(u / UNIT if u else None)
+        y = c.update(None if u is None else u / UNIT)
         if y != last:
             out.append((t, y, "change"))
         elif t % s.heartbeat_ticks == 0:
