@@ -2,7 +2,8 @@
 # The whole check, as CI runs it (.ci/run calls this): setup, lint, type check, all tests.
 # Every step runs even if an earlier one failed, so one run shows every problem; the exit
 # code is non-zero if any step failed. pytest's exit code 5 ("no tests collected") is a
-# failure too: a run that tested nothing must not pass.
+# failure too: a run that tested nothing must not pass. Arguments go to pytest, e.g.
+#   bash deploy/test.sh tests/stream -m kafka
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -25,7 +26,7 @@ step .venv/bin/ruff check processor tests bench deploy
 step .venv/bin/mypy
 # deploy/ and the test fixtures are outside the mypy `packages` setting; check them too.
 step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/stream/test_broker.py
-step .venv/bin/pytest -q
+step .venv/bin/pytest -q "$@"
 
 if [ "${#failed[@]}" -ne 0 ]; then
     echo "test.sh: FAILED steps:" >&2
