@@ -12,10 +12,10 @@ changes, both on the safe side:
   uses two properties of ceil(U): neighbouring values have probability ratio within
   e^{eps/2} (true for Z: P(z)/P(z+1) = e^{-s/t} or e^{s/t}, s/t <= eps/2), and the lower
   tail beyond about -2 ln(1/delta)/eps has probability <= delta/2. For Z,
-  P(Z <= -k) = e^{-k s/t} / (1 + e^{-s/t}) < e^{-k s/t} / 2 * 2/(1 + e^{-s/t}); with the
-  extra tick below, k is one larger than the paper's cut-off, and e^{-s/t} <= 1 makes
-  the bound delta * e^{-s/t}/(1 + e^{-s/t}) < delta/2 up to the rounding of the scale
-  (relative error below eps * 2^-17, i.e. delta^(1 + O(2^-16))): flagged for review.
+  P(Z <= -k) = e^{-k s/t} / (1 + e^{-s/t}); with the extra tick below, k exceeds that
+  cut-off by one, so the tail is at most delta^{(2/eps)(s/t)} e^{-s/t}/(1 + e^{-s/t})
+  < delta^{(2/eps)(s/t)} / 2. (2/eps)(s/t) is 1 up to the rounding of the scale (relative
+  2^-16 eps/2), so this is delta/2 up to that rounding: flagged for review.
 - the real shift 1 + 2 ln(1/delta)/eps (C must be a whole number of ticks) is rounded up
   and one extra tick is added, so every tail event of the proof is at least as rare as
   with the paper's continuous U. Only more padding, never less.
