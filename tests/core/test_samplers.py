@@ -85,6 +85,8 @@ def _naive_mod(cur: WordCursor, m: int) -> int:
 
 @pytest.mark.parametrize("m", [3, 5])
 def test_uniform_below_is_uniform(m: int) -> None:
+    """Chi-square on the m values.
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     cur = _cursor(1)
     xs = [uniform_below(cur, m) for _ in range(6000)]
     assert _chi2_p(xs, lambda v: 1 / m if 0 <= v < m else 0.0, 0, m - 1) > ALPHA
@@ -95,7 +97,8 @@ def test_uniform_below_is_uniform(m: int) -> None:
 
 
 def test_uniform_below_beyond_64_bits() -> None:
-    """m = 2^64 + 1 needs 65 bits: two whole words per try, values spread uniformly."""
+    """m = 2^64 + 1 needs 65 bits: two whole words per try, values spread uniformly
+    (chi-square over 16 equal ranges, false-alarm rate ALPHA = 1e-3)."""
     m = (1 << 64) + 1
     cur = _cursor(2)
     xs = []
@@ -125,6 +128,8 @@ def test_uniform_below_edges() -> None:
 
 @pytest.mark.parametrize(("num", "den"), [(1, 3), (2, 7)])
 def test_bernoulli_frac(num: int, den: int) -> None:
+    """Two-sided binomial test of P(True) = num/den.
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     cur = _cursor(4)
     k = sum(bernoulli_frac(cur, num, den) for _ in range(N))
     assert binomtest(k, N, num / den).pvalue > ALPHA
@@ -143,7 +148,8 @@ def test_bernoulli_frac_certain_and_invalid() -> None:
 
 @pytest.mark.parametrize(("num", "den"), [(1, 2), (1, 1), (5, 2)])
 def test_bernoulli_exp(num: int, den: int) -> None:
-    """P(True) = exp(-num/den), including gamma > 1 (repeated exp(-1))."""
+    """P(True) = exp(-num/den), including gamma > 1 (repeated exp(-1)): binomial test.
+    False-alarm rate ALPHA = 1e-3; the control (gamma 10% larger) must be rejected."""
     cur = _cursor(6)
     k = sum(bernoulli_exp(cur, num, den) for _ in range(N))
     p = math.exp(-num / den)
@@ -161,6 +167,8 @@ def test_bernoulli_exp_zero_is_certain() -> None:
 
 @pytest.mark.parametrize(("t", "s", "lo", "hi"), [(3, 1, -8, 8), (5, 2, -6, 6), (1, 1, -4, 4)])
 def test_discrete_laplace_law(t: int, s: int, lo: int, hi: int) -> None:
+    """Scalar DLap(t/s) against its exact pmf (chi-square).
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     cur = _cursor(8)
     xs = [discrete_laplace(cur, t, s) for _ in range(N)]
     assert _chi2_p(xs, _dlap_pmf(t, s), lo, hi) > ALPHA
@@ -169,6 +177,8 @@ def test_discrete_laplace_law(t: int, s: int, lo: int, hi: int) -> None:
 
 @pytest.mark.parametrize(("num", "den", "lo", "hi"), [(2, 1, -5, 5), (5, 1, -7, 7), (9, 4, -5, 5)])
 def test_discrete_gaussian_law(num: int, den: int, lo: int, hi: int) -> None:
+    """Scalar discrete Gaussian against its exact pmf (chi-square).
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     cur = _cursor(9)
     xs = [discrete_gaussian(cur, num, den) for _ in range(N)]
     assert _chi2_p(xs, _dgauss_pmf(num / den), lo, hi) > ALPHA
@@ -194,20 +204,23 @@ def _block_samples(seed: int, t: int, s: int, total: int, chunk: int = 4096) -> 
 
 @pytest.mark.parametrize(("t", "s", "lo", "hi"), [(3, 1, -8, 8), (5, 2, -6, 6), (1, 1, -4, 4)])
 def test_block_law_small_scale(t: int, s: int, lo: int, hi: int) -> None:
+    """Block sampler against the exact DLap pmf (chi-square).
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     xs = _block_samples(10, t, s, 5 * 4096)
     assert _chi2_p(xs, _dlap_pmf(t, s), lo, hi) > ALPHA
     assert _chi2_p(xs, _dlap_pmf(t * 1.15, s), lo, hi) < ALPHA  # control
 
 
 def test_block_equals_scalar_in_law() -> None:
-    """Two-sample chi-square (block vs scalar, t = 3): same law."""
+    """Two-sample chi-square (block vs scalar, t = 3): same law. False-alarm rate
+    ALPHA = 1e-3; the control (scalar at scale 3.5) must be told apart."""
     block = _block_samples(11, 3, 1, 5 * 4096)
     cur = _cursor(11)
     scalar = np.array([discrete_laplace(cur, 3, 1) for _ in range(len(block))])
     bins = np.arange(-7, 9) - 0.5
     table = np.array([np.histogram(np.clip(a, -7, 7), bins)[0] for a in (block, scalar)])
     assert chi2_contingency(table).pvalue > ALPHA
-    # control: the scalar sampler at a 15% larger scale is told apart
+    # control: the scalar sampler at scale 3.5 (17% larger) is told apart
     cur = _cursor(11)
     wrong = np.array([discrete_laplace(cur, 7, 2) for _ in range(len(block))])
     table = np.array([np.histogram(np.clip(a, -7, 7), bins)[0] for a in (block, wrong)])
@@ -217,7 +230,8 @@ def test_block_equals_scalar_in_law() -> None:
 def test_block_law_production_scale() -> None:
     """t = laplace_scale_units(4 * 51 / 1.0) (the SVT's per-tick noise at eps = 1):
     chi-square on 14 bins of width t/2 between -3t and 3t plus tails, probabilities
-    from dlap_sf. Control: the same samples against a 5% larger scale."""
+    from dlap_sf. False-alarm rate ALPHA = 1e-3. Control: the same samples against a 5%
+    larger scale must be rejected."""
     t = laplace_scale_units(4 * 51 / 1.0)
     xs = _block_samples(12, t, 1, 16 * 4096)
 
@@ -240,7 +254,8 @@ def test_block_law_production_scale() -> None:
 def test_block_scalar_completion_is_exact(monkeypatch: pytest.MonkeyPatch,
                                           knobs: dict[str, int]) -> None:
     """Force the parked / scalar completion paths (every attempt parked in the von
-    Neumann loop; parked at every stage; no vectorised attempts at all): same exact law."""
+    Neumann loop; parked at every stage; no vectorised attempts at all): same exact law.
+    Chi-square, false-alarm rate ALPHA = 1e-3; the control (15% larger scale) is rejected."""
     for name, value in knobs.items():
         monkeypatch.setattr(smp, name, value)
     xs = _block_samples(13, 3, 1, 4 * 4096)
@@ -258,6 +273,9 @@ def test_resume_deep_von_neumann_state() -> None:
 
 
 def test_block_is_deterministic_and_keyed() -> None:
+    """Same arguments: identical arrays. Another label, lane or key: unrelated samples
+    (at scale 1000 two independent draws are equal w.p. < 1e-3, so 5% equal positions
+    out of 500 has probability far below 1e-9)."""
     key = NoiseKey.from_seed(15)
     a = discrete_laplace_block(KeyedStream(key, "c/svt"), 1, 1000, 1, 500)
     b = discrete_laplace_block(KeyedStream(key, "c/svt"), 1, 1000, 1, 500)
@@ -374,6 +392,8 @@ def test_uniform01_one_word_open_interval() -> None:
 
 
 def test_geometric_failures_law() -> None:
+    """Float geometric helper against Geometric(0.3) (chi-square).
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     cur = _cursor(21)
     p = 0.3
     xs = []
@@ -401,6 +421,8 @@ def test_geometric_failures_extremes() -> None:
 
 
 def test_bernoulli_float() -> None:
+    """Float Bernoulli helper: binomial test of p = 0.3.
+    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
     cur = _cursor(23)
     assert bernoulli_float(cur, 0.0) is False
     assert bernoulli_float(cur, 1.0) is True
