@@ -11,8 +11,14 @@ stated probability (given uniform words).
 
 Conventions shared by all samplers:
 - A sampler whose outcome is certain (probability 0 or 1, or m == 1) consumes no words.
-- Otherwise every "uniform integer below m" reads whole 64-bit words (rejection sampling),
-  so words are never split between two draws.
+- Otherwise every "uniform integer below m" reads whole 64-bit words, so words are never
+  split between two draws: either the top bitlen(m-1) bits of a word, retried while
+  >= m (uniform_below), or, where one word must decide at once, w mod m with w rejected
+  (redrawn) when w >= 2^64 - (2^64 mod m) (the block sampler and Bernoulli(exp(-1))).
+  Both are exact rejection sampling: a rejected word is simply never used.
+- Bernoulli(exp(-1)), the inner loop of every discrete Laplace draw, is decided from one
+  word in all but ~1e-16 of cases (von Neumann's K from 18!/k! thresholds) and continued
+  exactly otherwise.
 
 The float helpers at the end (`uniform01`, `geometric_failures`, `bernoulli_float`) are
 NOT exact: they are for a mechanism's `skip(n)` fast path where a float64 approximation
