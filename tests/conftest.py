@@ -166,7 +166,8 @@ def _missing_broker(reason: str) -> NoReturn:
 
 def _start_local(nodes: int) -> Any:
     lk = load_local_kafka()
-    kafka = lk.LocalKafka(nodes)
+    # Generous: CI shares 2 cores with the JVMs; a healthy start takes 5-20 s.
+    kafka = lk.LocalKafka(nodes, start_timeout=180.0)
     try:
         kafka.start()
     except lk.ToolMissingError as exc:
