@@ -18,6 +18,8 @@ from processor.core.svt import svt_scales, svt_threshold
 
 
 def _check(eps: float, delta: float) -> None:
+    if isinstance(eps, bool) or isinstance(delta, bool):
+        raise InvalidParameterError("eps and delta must be numbers, not bool")
     if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
         raise InvalidParameterError(f"eps must be a finite positive number, got {eps!r}")
     if not (isinstance(delta, int | float) and 0 < delta < 1):

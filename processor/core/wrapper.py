@@ -27,7 +27,7 @@ import math
 from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
-from processor.core.ecc import ECC
+from processor.core.ecc import ECC, ecc_parameters
 from processor.core.errors import InvalidInputError, StateFormatError
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
@@ -50,6 +50,7 @@ class W(Counter):
 
     def __init__(self, eps: float, delta: float, key: NoiseKey, counter_id: str = "",
                  **params: Any) -> None:
+        ecc_parameters(eps, delta)  # validates (eps, delta) themselves, not only the halves
         self._inner = ECC(eps / 2.0, delta / 2.0, key, f"{counter_id}/w", **params)
         self.eps = float(eps)
         self.delta = float(delta)
