@@ -5,7 +5,11 @@ tick, as the leader's timer writes them):
 
 - dense:   a few counters, several events per counter per tick;
 - sparse:  10,000 declared counters, a few events per tick spread over them;
-- idle:    10,000 declared counters, markers only (after the first marker created them).
+- idle:    10,000 declared counters, markers only (after the first marker created them);
+- heartbeat: the same, but every counter's heartbeat falls on the last marker (all due).
+
+Heartbeats are switched off (heartbeat_ticks = 10^6) except in the last workload, so the
+first three measure events and markers alone.
 
 Prints records/s per workload and mechanism. Usage:
 
@@ -79,13 +83,14 @@ def main() -> None:
     args = ap.parse_args()
     rng = random.Random(0)
     print(f"{'workload':<34} {'mechanism':<8} {'records':>8} {'records/s':>11} "
-          f"{'releases':>9} {'touched/marker':>15}")
+          f"{'ms/record':>10} {'releases':>9} {'touched/marker':>15}")
     for mech in args.mechanism:
         few = {f"k{c:05d}": 0 for c in range(10)}
         many = {f"k{c:05d}": 0 for c in range(args.counters)}
         base = with_overrides(Settings(), counters=few, partitions=1, mechanism=mech,
-                              epsilon=1.0, delta=1e-6, heartbeat_ticks=60)
+                              epsilon=1.0, delta=1e-6, heartbeat_ticks=10**6)
         big = with_overrides(base, counters=many)
+        beat = with_overrides(big, heartbeat_ticks=args.ticks + 1)
         cases = [
             ("dense (10 counters x 5 ev/tick)", base,
              list(dense(args.ticks, 10, 5, rng)), [encode_marker(0)]),
@@ -93,11 +98,13 @@ def main() -> None:
              list(sparse(args.ticks, args.counters, 20, rng)), [encode_marker(0)]),
             (f"idle markers ({args.counters} ctrs)", big,
              list(idle(args.ticks)), [encode_marker(0)]),
+            (f"heartbeat marker ({args.counters} due)", beat,
+             list(idle(args.ticks))[-1:], [encode_marker(0), *list(idle(args.ticks))[:-1]]),
         ]
         for name, s, recs, warm in cases:
             rate, rel, touched = run(s, recs, warm)
-            print(f"{name:<34} {mech:<8} {len(recs):>8} {rate:>11,.0f} {rel:>9} "
-                  f"{touched:>15.1f}")
+            print(f"{name:<34} {mech:<8} {len(recs):>8} {rate:>11,.0f} {1e3 / rate:>10.3f} "
+                  f"{rel:>9} {touched:>15.1f}")
 
 
 if __name__ == "__main__":

@@ -246,7 +246,7 @@ class _CounterState:
 class _PartitionState:
     """The decoded `p/<partition>` value."""
 
-    __slots__ = ("declared", "due", "fresh", "frontier", "offset")
+    __slots__ = ("declared", "due", "fresh", "frontier", "min_due", "offset")
 
     def __init__(self, due: dict[str, int], declared: str) -> None:
         self.frontier = -1  # global tick through which the partition is sealed
@@ -256,6 +256,9 @@ class _PartitionState:
         # changes, newly declared counters are added to the index (see _load_partition).
         self.declared = declared
         self.fresh = True  # not in the store yet (not persisted)
+        # min(due.values()) or None if unknown; in memory only, lets an idle marker skip
+        # the scan of the index.
+        self.min_due: int | None = None
 
     def to_bytes(self) -> bytes:
         return _PARTITION_MAGIC + bytes([_VERSION]) + orjson.dumps(
@@ -349,6 +352,7 @@ class Operator:
                 ps.due.setdefault(c, st)
             ps.declared = self.fingerprint
             ps.fresh = True
+            ps.min_due = None
         else:
             self._pcache[partition] = (bytes(raw), ps)
         return ps
@@ -457,6 +461,8 @@ class Operator:
         old = ps.due.get(ev.counter)
         if old is None or due < old or ps.fresh:
             ps.due[ev.counter] = due if old is None else min(old, due)
+            if ps.min_due is not None:
+                ps.min_due = min(ps.min_due, ps.due[ev.counter])
             # The due index is written BEFORE the counter: if we crash in between, the
             # event is re-applied and the index is merely early, never late.
             writes.append(self._partition_write(partition, ps))
@@ -476,7 +482,9 @@ class Operator:
             # the stored offset, which only guards against redelivery).
             out.metrics["markers_applied"] += 1
             return
-        due_now = sorted(c for c, d in ps.due.items() if d <= n)
+        if ps.min_due is None:
+            ps.min_due = min(ps.due.values(), default=n + 1)
+        due_now = sorted(c for c, d in ps.due.items() if d <= n) if ps.min_due <= n else []
         writes: list[tuple[str, bytes]] = []
         new_due: dict[str, int] = {}
         for name in due_now:
@@ -503,6 +511,8 @@ class Operator:
                 ps.due.pop(name, None)
             else:
                 ps.due[name] = d
+        if due_now:
+            ps.min_due = None  # recomputed (once) by the next marker
         ps.frontier = n
         ps.offset = offset
         # Counters first, the partition last: a crash in between replays the marker
