@@ -20,11 +20,15 @@ from processor.core.ecc import (
     ECC,
     SimECC,
     ecc_parameters,
+    ecc_part_term,
+    simecc_gap_bound,
     simecc_parameters,
 )
 from processor.core.errors import InvalidInputError, StateFormatError
 from processor.core.grid import UNIT, to_units
+from processor.core.partition import Part, SimPart, part_tau
 from processor.core.rng import NoiseKey
+from processor.core.svt import svt_threshold
 from processor.core.wrapper import W, w_padding_shift
 
 EPS_FAST, DELTA_FAST = 200.0, 1e-3  # checkpoints every ~20 events: many events per test
@@ -241,3 +245,56 @@ def test_w_pads_and_halts() -> None:
     pads = [W(eps, delta, key, f"p/{i}").padding() for i in range(400)]
     shift = w_padding_shift(eps, delta)
     assert abs(np.mean(pads) - shift) < 0.3 and min(pads) >= 0
+
+
+# ------------------------------------------------------- the explicit partition constants
+
+
+def test_simecc_gap_bound_holds_and_control_fails() -> None:
+    """Lemma 6.4 with explicit constants: in >= 1 - beta of the runs every SimPart gap with
+    index l <= t + 1 is <= simecc_gap_bound(beta, t). Failing runs are compared with the
+    Binomial(R, beta) 99.9% quantile (false-alarm rate <= 0.1%). Control: the bound without
+    its noise allowance (mu + ceil(4 ln(l)/eps_p)) fails in most runs."""
+    eps, delta, beta, t, runs = 51.0, 1e-3, 0.05, 300, 1000
+    p = simecc_parameters(eps, delta)
+    bound = simecc_gap_bound(eps, delta, beta, t)
+    key = NoiseKey.from_seed(39)
+    fails = fails_ctrl = 0
+    for r in range(runs):
+        sp = SimPart(p.eps_part, p.mu, key, f"g/{r}")
+        prev, bad, bad_ctrl = 0, False, False
+        while sp.l <= t + 1 and prev <= t:
+            nxt = sp.next_due()
+            gap = nxt - prev
+            bad |= gap > bound
+            bad_ctrl |= gap > p.mu + math.ceil(4 * math.log(sp.l) / p.eps_part)
+            sp.advance(nxt - 1 - sp.t)
+            sp.step()
+            prev = nxt
+        fails += bad
+        fails_ctrl += bad_ctrl
+    limit = int(stats.binom.ppf(0.999, runs, beta))
+    assert fails <= limit < fails_ctrl
+
+
+def test_ecc_part_term_holds_and_control_fails() -> None:
+    """Lemma 4.4 1(b) with explicit constants: whenever Part answers ⊥ at tick t, its
+    intsum is <= ecc_part_term(beta, t), in >= 1 - beta of the runs (same binomial check).
+    Control: the term without its noise allowance (threshold only) fails in most runs."""
+    eps, delta, beta, ticks, runs = 200.0, 1e-3, 0.05, 150, 120
+    p = ecc_parameters(eps, delta)
+    key = NoiseKey.from_seed(40)
+    fails = fails_ctrl = 0
+    for r in range(runs):
+        part = Part(p.eps_part, p.tau, key, f"pt/{r}")
+        bad = bad_ctrl = False
+        for t in range(1, ticks + 1):
+            if not part.step(UNIT):
+                s = part.intsum / UNIT
+                bad |= s > ecc_part_term(eps, delta, beta, t)
+                thr = svt_threshold(p.eps_part, part_tau(p.tau, part.l, p.eps_part), t)
+                bad_ctrl |= s > thr
+        fails += bad
+        fails_ctrl += bad_ctrl
+    limit = int(stats.binom.ppf(0.999, runs, beta))
+    assert fails <= limit < fails_ctrl
