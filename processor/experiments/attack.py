@@ -43,12 +43,24 @@ def draw_trials(
     return fed, b
 
 
-def statistic(y: FloatArray, rates: FloatArray) -> FloatArray:
-    """S per run (rows of y are runs)."""
+def weights(rates: FloatArray) -> tuple[float, FloatArray]:
+    """(c, w) with S = c - y . w: S is linear in y.
+
+    sum_{t=2}^T (y_t - y_{t-1}) dp_t = sum_t y_t w_t with w_t = dp_t [t >= 2] - dp_{t+1}
+    [t <= T - 1], and c = sum_{t=2}^T p_t dp_t. One matrix-vector product per batch, no
+    differenced copy of y.
+    """
     dp = np.diff(rates, prepend=0.0)
-    dy = np.diff(y, axis=1, prepend=0.0)
-    # sum_{t>=2} (p_t - dy_t) dp_t = p.dp - dy.dp over t = 2..T
-    return np.asarray(float(np.dot(rates[1:], dp[1:])) - dy[:, 1:] @ dp[1:], dtype=np.float64)
+    w = np.zeros(rates.size, dtype=np.float64)
+    w[1:] += dp[1:]
+    w[:-1] -= dp[1:]
+    return float(np.dot(rates[1:], dp[1:])), w
+
+
+def statistic(y: npt.NDArray[np.floating], rates: FloatArray) -> FloatArray:
+    """S per run (rows of y are runs)."""
+    c, w = weights(rates)
+    return np.asarray(c - y @ w, dtype=np.float64)
 
 
 def threshold(rates: FloatArray) -> float:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,13 @@ import numpy as np
 import numpy.typing as npt
 
 from processor.experiments import attack
-from processor.experiments.simulate import MECHANISMS, simulate
+from processor.experiments.simulate import (
+    MECHANISMS,
+    cc_parts,
+    cc_scales,
+    gaussiancc_sigma_vector,
+    simulate,
+)
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -94,10 +101,27 @@ def _stream_rng(seed: int, chunk: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, 0, chunk]))
 
 
+@lru_cache(maxsize=16)
+def _trials(setup: Setup, chunk: int, size: int) -> tuple[npt.NDArray[np.int8],
+                                                          npt.NDArray[np.bool_]]:
+    """The trials of one chunk: a pure function of (setup's stream fields, seed, chunk),
+    cached because every mechanism and eps of a sweep reuses them (common random
+    numbers); read-only so nothing downstream can alter them."""
+    x, b = attack.draw_trials(setup.rates(), size, _stream_rng(setup.seed, chunk))
+    x.setflags(write=False)
+    b.setflags(write=False)
+    return x, b
+
+
 def _noise_rng(seed: int, mechanism: str, eps: float, chunk: int) -> np.random.Generator:
     tag = [ord(ch) for ch in mechanism]
     return np.random.default_rng(
         np.random.SeedSequence([seed, 1, *tag, round(eps * 1e6), chunk]))
+
+
+def _stream_key(setup: Setup) -> Setup:
+    """The setup with the fields that do not affect the streams normalised (cache key)."""
+    return replace(setup, delta=DELTA, panel="")
 
 
 def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = True,
@@ -110,7 +134,7 @@ def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = Tru
     bits: list[npt.NDArray[np.bool_]] = []
     correct = 0
     for i, size in enumerate(_chunks(setup.runs, setup.horizon)):
-        x, b = attack.draw_trials(rates, size, _stream_rng(setup.seed, i))
+        x, b = _trials(_stream_key(setup), i, size)
         y = simulate(mechanism, x, eps, setup.delta, _noise_rng(setup.seed, mechanism, eps, i))
         rmses.append(attack.per_run_rmse(y, np.cumsum(x, axis=1, dtype=np.int32)))
         if attack_on:
@@ -141,6 +165,85 @@ def _bar(total: int, desc: str, enabled: bool) -> Any:
                 dynamic_ncols=True)
 
 
+#: mechanisms whose noise is input-independent and additive with eps entering only as a
+#: scale: a sweep draws their standardised noise once per chunk and rescales it per eps
+ADDITIVE = ("basecc", "gaussiancc")
+
+
+def additive_sweep(setup: Setup, mechanism: str, eps_values: Sequence[float],
+                   progress: Any = None) -> list[Point]:
+    """Every eps point of BaseCC or GaussianCC from one noise draw per chunk.
+
+    Exact, not an approximation: their release is y = s + e with e a fixed linear map of
+    standard normals whose scales alone depend on eps (BaseCC: a * A[K(t)] + b_k(t) * Q_t,
+    see simulate.CCParts; GaussianCC: sigma_t z_t), and both the attack statistic
+    (S = c - y.w) and the per-run mean square error are sums over ticks that reduce to a few
+    per-run sums of the standardised noise. Each point has exactly the law of
+    `run_point`; the points of one sweep share their noise (common random numbers across
+    eps, as across mechanisms for the streams), which only correlates neighbouring
+    points' estimation errors.
+    """
+    if mechanism not in ADDITIVE:
+        raise ValueError(f"{mechanism} is not an additive-noise mechanism")
+    rates = setup.rates()
+    c, w = attack.weights(rates)
+    theta = attack.threshold(rates)
+    horizon = setup.horizon
+    n_eps = len(eps_values)
+    sq_err: list[list[FloatArray]] = [[] for _ in eps_values]
+    correct = np.zeros(n_eps, dtype=np.int64)
+    if mechanism == "basecc":
+        scales = [cc_scales(e, setup.delta, horizon) for e in eps_values]
+    else:
+        sigmas = [gaussiancc_sigma_vector(e, setup.delta, horizon) for e in eps_values]
+    for i, size in enumerate(_chunks(setup.runs, horizon)):
+        x, b = _trials(_stream_key(setup), i, size)
+        sw = np.cumsum(x, axis=1, dtype=np.float64) @ w
+        rng = _noise_rng(setup.seed, mechanism, 0.0, i)  # 0.0: shared by every eps
+        if mechanism == "basecc":
+            parts = cc_parts(size, horizon, rng)
+            a_mat = parts.A
+            levels = a_mat.shape[1] - 1
+            completed = parts.completed
+            a2 = (a_mat * a_mat) @ np.bincount(completed, minlength=levels + 1)
+            aw = a_mat @ np.bincount(completed, weights=w, minlength=levels + 1)
+            starts = np.array([(1 << k) - 1 for k in range(levels) if (1 << k) <= horizon])
+            q = parts.Q.astype(np.float64)
+            sq = np.add.reduceat(q, starts, axis=1)  # per interval: sum of Q
+            qw = np.add.reduceat(q * w[None, :], starts, axis=1)
+            q *= q
+            qq = np.add.reduceat(q, starts, axis=1)
+            del q, parts
+            k_used = starts.size
+            for j, (a, bv) in enumerate(scales):
+                bk = bv[:k_used]
+                ms = a * a * a2 + 2 * a * ((a_mat[:, :k_used] * sq) @ bk) + qq @ (bk * bk)
+                sq_err[j].append(ms / horizon)
+                st = c - sw - a * aw - qw @ bk
+                correct[j] += int(np.sum((st >= theta) == b))
+                if progress is not None:
+                    progress.update(size)
+        else:
+            z = rng.standard_normal((size, horizon), dtype=np.float32).astype(np.float64)
+            for j, sig in enumerate(sigmas):
+                st = c - sw - z @ (w * sig)
+                correct[j] += int(np.sum((st >= theta) == b))
+                if progress is not None:
+                    progress.update(size)
+            z *= z
+            for j, sig in enumerate(sigmas):
+                sq_err[j].append((z @ (sig * sig)) / horizon)
+            del z
+    out = []
+    for j, eps in enumerate(eps_values):
+        rm, se = attack.mean_se(np.sqrt(np.concatenate(sq_err[j])))
+        adv = attack.advantage(int(correct[j]), setup.runs)
+        out.append(Point(setup.panel, mechanism, float(eps), setup.delta, horizon, setup.runs,
+                         setup.low, setup.high, setup.width, rm, se, adv.value, adv.low,
+                         adv.high))
+    return out
+
+
 def sweep(setup: Setup, mechanisms: Sequence[str], eps_values: Sequence[float],
           progress: bool = True) -> list[Point]:
     """Every (mechanism, eps) point of the setting."""
@@ -148,6 +251,9 @@ def sweep(setup: Setup, mechanisms: Sequence[str], eps_values: Sequence[float],
     with _bar(setup.runs * len(mechanisms) * len(eps_values), setup.panel or "sweep",
               progress) as bar:
         for m in mechanisms:
+            if m in ADDITIVE:
+                out.extend(additive_sweep(setup, m, eps_values, bar))
+                continue
             for eps in eps_values:
                 out.append(run_point(setup, m, eps, progress=bar))
     return out

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +74,71 @@ def _tree_noise(node_sigma: float, runs: int, n: int,
     return out
 
 
+@dataclass(frozen=True)
+class CCParts:
+    """The unbounded CC's noise before scaling: e_t = a * A[:, K(t)] + b[k(t)] * Q[:, t].
+
+    A[:, j] is the sum of the first j interval releases' unit normals (A[:, 0] = 0), K(t)
+    the number of intervals completed at t, Q the inner bounded counter's noise with unit
+    sigma (0 at the last tick of each interval), k(t) the 0-based interval of t. The scales
+    a and b (cc_scales) are the only place eps and delta enter, so one draw of the parts
+    serves every eps exactly.
+    """
+
+    A: FloatArray
+    Q: npt.NDArray[np.float32]
+    completed: IntArray  # K(t), t = 1..n
+    level: IntArray  # k(t) - 1, t = 1..n
+
+
+def cc_parts(runs: int, n: int, rng: np.random.Generator, base: str = params.BASE) -> CCParts:
+    """Draw the standardised parts of the CC noise (see CCParts) for t = 1..n."""
+    if base not in params.BASES:
+        raise ValueError(f"unknown base {base!r}")
+    q = np.zeros((runs, n), dtype=np.float32)
+    levels = max(1, n.bit_length())
+    acc = np.zeros((runs, levels + 1), dtype=np.float64)
+    k = 1
+    while (1 << (k - 1)) <= n:
+        start = 1 << (k - 1)  # first tick of I_k (1-based)
+        end = (1 << k) - 1  # last tick of I_k
+        length = min(end, n) - start + 1
+        # The core's inner counter of I_k has horizon 2^{k-1} - 1: it is read only before
+        # the interval's last tick, where p_k takes over (cc.py module docstring).
+        inner = min(length, start - 1)
+        if inner > 0 and base == "tree":
+            q[:, start - 1 : start - 1 + inner] = _tree_noise(1.0, runs, inner, rng)
+        elif inner > 0:
+            z = rng.standard_normal((runs, inner), dtype=np.float32)
+            q[:, start - 1 : start - 1 + inner] = _causal_conv(z, params.sqrt_coeffs(inner))
+        if end <= n:
+            acc[:, k] = acc[:, k - 1] + rng.standard_normal(runs)
+        k += 1
+    completed, level = _interval_index(n)
+    return CCParts(acc, q, completed, level)
+
+
+@lru_cache(maxsize=16)
+def _interval_index(n: int) -> tuple[IntArray, IntArray]:
+    """(K(t), k(t) - 1) for t = 1..n: intervals completed at t, and t's own interval."""
+    completed = np.array([(v + 1).bit_length() - 1 for v in range(1, n + 1)], dtype=np.int64)
+    level = np.array([v.bit_length() - 1 for v in range(1, n + 1)], dtype=np.int64)
+    return completed, level
+
+
+def cc_scales(eps: float, delta: float, n: int,
+              base: str = params.BASE) -> tuple[float, FloatArray]:
+    """(a, b): a = sigma of one interval release, b[k - 1] = sigma of the inner counter's
+    draws in I_k (horizon 2^{k-1} - 1; 0 when I_k has no inner counter), from the core."""
+    a = params.gaussian_constant(eps / 2, delta / 2)
+    b = np.zeros(max(1, n.bit_length()), dtype=np.float64)
+    for k in range(2, b.size + 1):
+        h = (1 << (k - 1)) - 1
+        b[k - 1] = (params.tree_node_sigma(eps / 2, delta / 2, h) if base == "tree"
+                    else params.sqrt_z_sigma(eps / 2, delta / 2, h))
+    return a, b
+
+
 def cc_noise(eps: float, delta: float, runs: int, n: int, rng: np.random.Generator,
              base: str = params.BASE) -> FloatArray:
     """y_t - s_t of the unbounded CC (Lemma 3.12) with (eps, delta), for t = 1..n, one
@@ -84,38 +151,10 @@ def cc_noise(eps: float, delta: float, runs: int, n: int, rng: np.random.Generat
     the release is l_t alone (the interval's own p_k replaces the bounded counter).
     With base "tree" the bounded counter is the core's Gaussian tree instead.
     """
-    if base not in params.BASES:
-        raise ValueError(f"unknown base {base!r}")
-    out = np.empty((runs, n), dtype=np.float64)
-    if n == 0:
-        return out
-    cp = params.gaussian_constant(eps / 2, delta / 2)
-    acc = np.zeros(runs, dtype=np.float64)
-    k = 1
-    while (1 << (k - 1)) <= n:
-        start = 1 << (k - 1)  # first tick of I_k (1-based)
-        end = (1 << k) - 1  # last tick of I_k
-        last = min(end, n)
-        length = last - start + 1
-        # The core's inner counter of I_k has horizon 2^{k-1} - 1: it is read only before
-        # the interval's last tick, where p_k takes over (cc.py module docstring).
-        inner = min(length, start - 1)
-        if inner > 0 and base == "tree":
-            seg = out[:, start - 1 : start - 1 + inner]
-            seg[...] = _tree_noise(params.tree_node_sigma(eps / 2, delta / 2, start - 1), runs,
-                                   inner, rng)
-            seg += acc[:, None]
-        elif inner > 0:
-            c = params.sqrt_coeffs(inner)
-            z = rng.standard_normal((runs, inner), dtype=np.float32)
-            z *= np.float32(params.sqrt_z_sigma(eps / 2, delta / 2, start - 1))
-            seg = out[:, start - 1 : start - 1 + inner]
-            seg[...] = _causal_conv(z, c)
-            seg += acc[:, None]
-        if end <= n:
-            acc = acc + cp * rng.standard_normal(runs)
-            out[:, end - 1] = acc
-        k += 1
+    parts = cc_parts(runs, n, rng, base)
+    a, b = cc_scales(eps, delta, n, base)
+    out = parts.A[:, parts.completed] * a
+    out += parts.Q * b[parts.level][None, :]
     return out
 
 
@@ -155,35 +194,44 @@ def svt_partition(
     last = np.zeros(runs, dtype=np.int64)  # c: tick of the last checkpoint (0 at start)
     inst = np.zeros(runs, dtype=np.int64)  # l - 1
     thr = tau_l[0] + rng.laplace(0.0, b0, runs)
-    counts = np.zeros(runs, dtype=np.int64)
-    cap = 64
-    times = np.full((runs, cap), horizon + 1, dtype=np.int64)
-    flat = not bool(np.any(growth))  # PartitionCC: the threshold does not grow
+    # fired[t, r]: run r has a checkpoint at tick t (a row write per tick is cheap)
+    fired_at = np.zeros((horizon + 1, runs), dtype=bool)
+    flat = not bool(np.any(growth)) and not bool(np.any(tau_l != tau_l[0]))
     for t0 in range(1, horizon + 1, _SVT_BLOCK):
         t1 = min(horizon + 1, t0 + _SVT_BLOCK)
         noise = rng.laplace(0.0, b, (t1 - t0, runs))
         noise += prefix[t0:t1]
         for t in range(t0, t1):
             row = noise[t - t0]
-            if flat:
-                fired = np.flatnonzero(row > thr)
-            else:
-                fired = np.flatnonzero(row - growth[t - last - 1] > thr)
+            # PartitionCC (flat): one threshold for every instance and step
+            hit = row > thr if flat else row - growth[t - last - 1] > thr
+            fired = np.flatnonzero(hit)
             if fired.size == 0:
                 continue
-            if int(counts[fired].max()) >= cap:
-                grown = np.full((runs, 2 * cap), horizon + 1, dtype=np.int64)
-                grown[:, :cap] = times
-                times, cap = grown, 2 * cap
-            times[fired, counts[fired]] = t
-            counts[fired] += 1
+            fired_at[t] = hit
+            z0 = rng.laplace(0.0, b0, fired.size)
+            if flat:
+                thr[fired] = prefix[t, fired] + tau_l[0] + z0
+                continue
             last[fired] = t
             inst[fired] += 1
-            if int(inst[fired].max()) >= tau_l.size:
-                raise RuntimeError("more SVT instances than planned; raise max_instances")
-            thr[fired] = (
-                prefix[t, fired] + tau_l[inst[fired]] + rng.laplace(0.0, b0, fired.size)
-            )
+            thr[fired] = prefix[t, fired] + tau_l[inst[fired]] + z0
+    if int(inst.max(initial=0)) >= tau_l.size:
+        raise RuntimeError("more SVT instances than planned")
+    return _pack_times(fired_at)
+
+
+def _pack_times(fired_at: npt.NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
+    """(times, counts) from a (T + 1) x runs firing mask: times[r, :counts[r]] increasing,
+    padded with T + 1."""
+    horizon = fired_at.shape[0] - 1
+    runs = fired_at.shape[1]
+    r, t = np.nonzero(fired_at.T)  # sorted by run, then tick
+    counts = np.bincount(r, minlength=runs).astype(np.int64)
+    width = max(1, int(counts.max(initial=0)))
+    times = np.full((runs, width), horizon + 1, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    times[r, np.arange(r.size) - starts[r]] = t
     return times, counts
 
 
@@ -231,11 +279,14 @@ def _lay_out(
     # one release of 0 at tick 0 per run: y_0 = 0 and every run has a first segment
     keys = np.concatenate([np.arange(runs, dtype=np.int64) * width, rows * width + release_at[ok]])
     vals = np.concatenate([np.zeros(runs), values[ok]])
-    order = np.lexsort((vals, keys))
+    # Releases come nearly in order (checkpoint ticks increase), so a stable sort is fast.
+    order = np.argsort(keys, kind="stable")
     keys, vals = keys[order], vals[order]
-    last = np.ones(keys.size, dtype=bool)
-    last[:-1] = keys[1:] != keys[:-1]  # the largest value of each (run, tick) comes last
-    keys, vals = keys[last], vals[last]
+    first = np.ones(keys.size, dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    starts = np.flatnonzero(first)
+    vals = np.maximum.reduceat(vals, starts)  # ties at one tick: the largest (schedList)
+    keys = keys[starts]
     nxt = np.empty_like(keys)
     nxt[:-1] = keys[1:]
     nxt[-1] = runs * width
@@ -309,18 +360,18 @@ def sim_gaussiancc(x: npt.NDArray[np.integer], eps: float, delta: float, base: s
                    rng: np.random.Generator) -> FloatArray:
     """GaussianCC (Algorithm 6): y_t = s_t + N(0, gaussiancc_sigma(eps, delta, t)^2)."""
     runs, horizon = x.shape
-    sig = _gaussiancc_sigmas(eps, delta, horizon)
+    sig = gaussiancc_sigma_vector(eps, delta, horizon)
     z = rng.standard_normal((runs, horizon), dtype=np.float32)
-    z *= sig[None, :].astype(np.float32)
     y = np.cumsum(x, axis=1, dtype=np.float64)
-    y += z
+    y += z * sig[None, :]
     return y
 
 
 _SIG_CACHE: dict[tuple[float, float], FloatArray] = {}
 
 
-def _gaussiancc_sigmas(eps: float, delta: float, horizon: int) -> FloatArray:
+def gaussiancc_sigma_vector(eps: float, delta: float, horizon: int) -> FloatArray:
+    """GaussianCC's per-tick noise std for t = 1..horizon (the core's, cached)."""
     key = (eps, delta)
     have = _SIG_CACHE.get(key)
     if have is None or have.size < horizon:
