@@ -90,6 +90,18 @@ def first_release(tr: Transcript, n: int) -> Hashable:
     return tr[0] if tr else None
 
 
+def bucketed(feature: Feature, width: float) -> Feature:
+    """A numeric feature rounded down to multiples of `width` (histogram buckets)."""
+
+    def f(tr: Transcript, n: int) -> Hashable:
+        v = feature(tr, n)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return math.floor(v / width) * width
+        return v
+
+    return f
+
+
 @dataclass(frozen=True)
 class AuditResult:
     """The outcome: eps_lb (a lower bound on epsilon with confidence 1 - alpha; -inf if

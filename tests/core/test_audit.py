@@ -17,6 +17,7 @@ import pytest
 from processor.core.audit import (
     advantage,
     audit,
+    bucketed,
     clopper_pearson,
     eps_lower_bound,
     final_value,
@@ -45,6 +46,11 @@ def test_insertion_neighbour() -> None:
     assert insertion_neighbour(x, 1) == [1.0, 1.0, 0.5, 1.0, None, 1.0]  # ⊥ at 2 absorbs
     assert insertion_neighbour(x, 3, 0.25) == [1.0, None, 0.25, 0.5, 1.0, 1.0]
     assert insertion_neighbour([1.0, 1.0], 1) == [1.0, 1.0]  # no ⊥: last event falls off
+
+
+def test_bucketed_feature() -> None:
+    f = bucketed(final_value, 5.0)
+    assert f([(3, 12.5), (9, 17.25)], 10) == 15.0 and f([], 10) == 0.0
 
 
 def test_eps_lower_bound_on_known_distributions() -> None:
