@@ -353,8 +353,11 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
 
     Returns (ok, values, parked): the offsets (0..a-1) of the attempts that produced a
     sample and those samples, in attempt order, and the attempts left unfinished by the
-    bounded loops as (offset, stage, U, negative, k, v) for _resume. Every other attempt
-    was rejected (exp(-U/t) failed, or "minus zero").
+    bounded loops as (offset, stage, U, negative, k, v) for _resume_attempt. Every other
+    attempt was rejected (exp(-U/t) failed, or "minus zero").
+
+    Words of a sub-pass are laid out column by column (word c * n + i is column c of
+    attempt i), so each column is a contiguous vector; any fixed layout is equally exact.
     """
     u64 = np.uint64
     one = u64(1)
@@ -365,37 +368,39 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
     r0 = w0 % u64(2 * t)
     uu = r0 >> one
     neg = (r0 & one) == one
+    acc0 = w0 <= u64(_limit(2 * t))
 
     # Bernoulli(exp(-U/t)): von Neumann step k is Bernoulli(U / (t k)).
-    d_ids = np.flatnonzero(w0 <= u64(_limit(2 * t)))
+    d_ids = np.arange(a, dtype=np.int64) if acc0.all() else np.flatnonzero(acc0)
     d_u = uu[d_ids]
     d_k = np.ones(len(d_ids), dtype=np.int64)
     passed: list[npt.NDArray[np.int64]] = []
-    cols = np.arange(_LD, dtype=np.int64)
-    for _sub in range(_MAX_SUB):
+    for sub in range(_MAX_SUB):
         nd = len(d_ids)
         if nd == 0:
             break
-        wd = src.take(nd * _LD).reshape(nd, _LD)
-        if _sub == 0:  # every attempt starts at step 1: the moduli are one row
-            m_d, lim_d = m_tab[1: 1 + _LD], lim_tab[1: 1 + _LD]
-        else:
-            kc = d_k[:, None] + cols
-            m_d, lim_d = m_tab[kc], lim_tab[kc]
-        accd = wd <= lim_d
-        all_acc = bool(accd.all())  # almost always: a word is rejected w.p. < t k / 2^64
-        succ = wd % m_d < d_u[:, None]
-        if not all_acc:
-            succ &= accd
-        f = np.argmin(succ, axis=1)  # first step that is not a success
-        rows = np.arange(nd)
-        allsucc = succ[rows, f]  # True only if every column succeeded
-        decided = ~allsucc if all_acc else ~allsucc & accd[rows, f]
-        k_stop = d_k + f  # the step at which the loop stopped
-        passed.append(d_ids[decided & ((k_stop & 1) == 1)])
+        wd = src.take(nd * _LD).reshape(_LD, nd)
+        run = np.ones(nd, dtype=bool)  # every step so far succeeded
+        stuck = np.zeros(nd, dtype=bool)  # a rejected word: redo that step
+        f = np.zeros(nd, dtype=np.int64)  # successes in this sub-pass
+        for c in range(_LD):
+            w = wd[c]
+            if sub == 0:  # every attempt starts at step 1: one modulus per column
+                m, lim = m_tab[1 + c], lim_tab[1 + c]
+            else:
+                m, lim = m_tab[d_k + c], lim_tab[d_k + c]
+            ok = w % m < d_u
+            acc = w <= lim
+            if not acc.all():  # rare: w rejected with probability < t k / 2^64
+                stuck |= run & ~acc
+                ok &= acc
+            run &= ok
+            f += run
+        k_stop = d_k + f  # the step that failed, was rejected, or comes next
+        decided = ~(run | stuck)
+        passed.append(d_ids[decided & ((k_stop & 1) == 1)])  # K odd: exp(-U/t) passed
         cont = ~decided
-        # continue after the last success, or redo a step whose word was rejected
-        d_k = np.where(allsucc, d_k + _LD, k_stop)[cont]
+        d_k = k_stop[cont]
         d_ids = d_ids[cont]
         d_u = d_u[cont]
     for j, k in zip(d_ids.tolist(), d_k.tolist(), strict=True):
@@ -406,37 +411,38 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
     v_v = np.zeros(len(v_ids), dtype=np.int64)
     done_ids: list[npt.NDArray[np.int64]] = []
     done_v: list[npt.NDArray[np.int64]] = []
+    f18 = u64(_F18)
     for _sub in range(_MAX_SUB):
         nv = len(v_ids)
         if nv == 0:
             break
-        wv = src.take(nv * _LV).reshape(nv, _LV)
-        accv = wv <= _F18_LIMIT
-        # number of thresholds <= r: K = 19 - that (K = 19 means "K > 18", undecided)
-        nle = np.searchsorted(_VN_THRESH, wv % u64(_F18), side="right")
-        succ = (nle & 1) == 0  # K odd: this Bernoulli(exp(-1)) succeeded
-        dec = accv & (nle > 0)
-        all_dec = bool(dec.all())  # almost always (undecided w.p. < 4e-4 per word)
-        if not all_dec:
-            succ &= dec
-        f = np.argmin(succ, axis=1)
-        rows = np.arange(nv)
-        allsucc = succ[rows, f]
+        wv = src.take(nv * _LV).reshape(_LV, nv)
+        run = np.ones(nv, dtype=bool)
+        stuck = np.zeros(nv, dtype=bool)  # rejected word (fresh redraw) or K > 18
+        deep = np.zeros(nv, dtype=bool)  # K > 18: continue von Neumann at k = 19
+        f = np.zeros(nv, dtype=np.int64)
+        for c in range(_LV):
+            w = wv[c]
+            # thresholds <= r; K = 19 - nle; K odd (nle even) is a success; nle == 0: K > 18
+            nle = np.searchsorted(_VN_THRESH, w % f18, side="right")
+            ok = (nle & 1) == 0
+            dec = (w <= _F18_LIMIT) & (nle > 0)
+            if not dec.all():  # rare: < 4e-4 per word
+                und = run & ~dec
+                stuck |= und
+                deep |= und & (w <= _F18_LIMIT)
+                ok &= dec
+            run &= ok
+            f += run
         vf = v_v + f
-        if all_dec:
-            fin = ~allsucc
-            cont = allsucc
-        else:
-            dec_f = dec[rows, f]
-            fin = ~allsucc & dec_f
-            # K > 18 inside one word: that exp(-1) trial continues at von Neumann step 19
-            deep = ~allsucc & accv[rows, f] & ~dec_f
-            for j, v in zip(v_ids[deep].tolist(), vf[deep].tolist(), strict=True):
-                parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 19, v))
-            cont = ~fin & ~deep  # all succeeded, or a rejected word (redraw that trial)
+        fin = ~(run | stuck)
         done_ids.append(v_ids[fin])
         done_v.append(vf[fin])
-        v_v = np.where(allsucc, v_v + _LV, vf)[cont]
+        if deep.any():
+            for j, v in zip(v_ids[deep].tolist(), vf[deep].tolist(), strict=True):
+                parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 19, v))
+        cont = run | (stuck & ~deep)  # all succeeded, or a rejected word (redraw it)
+        v_v = vf[cont]
         v_ids = v_ids[cont]
     for j, v in zip(v_ids.tolist(), v_v.tolist(), strict=True):
         parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 0, v))
