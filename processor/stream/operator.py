@@ -440,7 +440,9 @@ class Operator:
                 out.metrics["before_start_skipped"] += 1
                 return
             cs = self._new_counter(ev.counter, start_tick, out)
-        elif n_event < cs.start_tick:
+        elif n_event < cs.start_tick and ev.counter in self._start_ticks:
+            # (An undeclared counter's start is its first event's tick: an event stamped
+            # earlier but arriving later is a late event, not one before the start.)
             out.metrics["before_start_skipped"] += 1
             return
         # Bring the counter up to the partition's frontier first: a marker skipped it

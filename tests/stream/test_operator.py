@@ -505,8 +505,10 @@ def test_undeclared_counter_needs_the_option() -> None:
     run2.marker(4)
     out = run2.event("zz", 3)  # late: starts at the first open tick, 5
     assert out.ledger[0].start_ms == 5 * TICK
+    out = run2.event("zz", 1)  # stamped before that start: late, not dropped
+    assert out.metrics["late_events"] == 1 and out.metrics["before_start_skipped"] == 0
     run2.marker(6)
-    assert ys(run2.releases, "zz") == {1: 1.0}
+    assert ys(run2.releases, "zz") == {1: 1.0, 2: 2.0}
 
 
 def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
