@@ -118,6 +118,32 @@ def tail(path: Path, lines: int = 40) -> str:
     return "\n".join(data.splitlines()[-lines:])
 
 
+def error_lines(path: Path, limit: int = 10) -> str:
+    """The last ``limit`` ERROR / FATAL entries of a broker log, with their exception lines.
+
+    An entry is the log line plus the exception messages under it (the lines of its stack
+    trace that are not ``at ...`` frames, e.g. "...: Address already in use", "Caused by:
+    ..."). Each line is cut to 500 characters.
+    """
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 4 * 1024 * 1024))  # bounded read of a big log
+            data = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    entries: list[list[str]] = []
+    inside = False
+    for line in data.splitlines():
+        if line.startswith("["):
+            inside = " ERROR " in line or " FATAL " in line
+            if inside:
+                entries.append([line[:500]])
+        elif inside and line.strip() and not line.lstrip().startswith(("at ", "...")):
+            entries[-1].append("    " + line.strip()[:500])
+    return "\n".join("\n".join(entry) for entry in entries[-limit:])
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now (the kernel picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -364,7 +390,16 @@ class _Node:
         return True
 
     def log_tail(self, lines: int = 40) -> str:
+        """What to show when the node failed: its ERROR/FATAL lines, then the last lines.
+
+        The cause (e.g. "Address already in use") is usually logged long before the last
+        lines, which are the shutdown that followed it.
+        """
         parts = []
+        server_log = self.logs_dir / "server.log"
+        errors = error_lines(server_log)
+        if errors:
+            parts.append(f"--- {server_log} (ERROR / FATAL lines) ---\n{errors}")
         for name in ("server.log", "stdout.log"):
             text = tail(self.logs_dir / name, lines)
             if text:

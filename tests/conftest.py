@@ -176,6 +176,23 @@ def _start_local(nodes: int) -> Any:
 
 
 @pytest.fixture(scope="session")
+def local_kafka_module() -> ModuleType:
+    """``deploy/kafka.py`` as a module, for tests that start their own nodes.
+
+    Fails (CI) or skips (elsewhere) unless Java is on PATH and the jars are fetched or
+    Maven can fetch them.
+    """
+    lk = load_local_kafka()
+    try:
+        lk.require_tool("java")
+        if not lk.is_fetched():
+            lk.require_tool("mvn")
+    except lk.ToolMissingError as exc:
+        _missing_broker(str(exc))
+    return lk
+
+
+@pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker, shared by the whole test session."""
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
@@ -222,5 +239,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark every test that uses a broker fixture as ``kafka``, so ``-m "not kafka"`` works."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if {"kafka_bootstrap", "kafka_cluster"} & set(fixtures):
+        if {"kafka_bootstrap", "kafka_cluster", "local_kafka_module"} & set(fixtures):
             item.add_marker(pytest.mark.kafka)

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -228,7 +231,33 @@ def test_three_node_cluster_loses_a_leader_and_no_message(
 
 
 @pytest.mark.kafka
-def test_command_line_start_status_stop(tmp_path: Path) -> None:
+def test_failed_start_names_the_cause_and_leaves_nothing_behind(
+    local_kafka_module: ModuleType,
+) -> None:
+    """A node that cannot bind its port: StartError quoting the log's cause, nothing left.
+
+    The port is given explicitly, so LocalKafka must not retry on other ports.
+    """
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        kafka = local_kafka_module.LocalKafka(1, ports=[port], start_timeout=120.0)
+        with pytest.raises(local_kafka_module.StartError) as info:
+            kafka.start()
+    message = str(info.value)
+    assert "exited during startup" in message
+    assert f"127.0.0.1:{port}: Address already in use" in message  # from server.log
+    found = re.search(r"(/\S*/local-kafka-[^/\s]+)/node-0/logs/server.log", message)
+    assert found is not None, message
+    assert not Path(found.group(1)).exists()  # temp dir removed
+    assert kafka.base_dir is None
+    with pytest.raises(local_kafka_module.LocalKafkaError):
+        _ = kafka.bootstrap_servers  # no half-started handle
+
+
+@pytest.mark.kafka
+def test_command_line_start_status_stop(tmp_path: Path, local_kafka_module: ModuleType) -> None:
     """`start` leaves a broker that `status` sees; `stop` ends it and deletes its data."""
     state = tmp_path / "state.json"
     base = [sys.executable, str(LOCAL_KAFKA_FILE)]
@@ -264,6 +293,55 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- no broker
+
+
+def test_the_order_and_loss_checks_reject_wrong_reads() -> None:
+    """Control for the broker tests: the same checks fail on a lost, swapped or doubled read."""
+    delivered: Delivered = {"k0:0": (0, 0), "k0:2": (0, 1), "k1:1": (1, 0)}
+    good = {0: ["k0:0", "k0:2"], 1: ["k1:1"]}
+    _check_order(delivered, good)  # the correct read passes
+    with pytest.raises(AssertionError, match="out of offset order"):
+        _check_order(delivered, {0: ["k0:2", "k0:0"], 1: ["k1:1"]})
+    spread = {**delivered, "k0:3": (1, 1)}  # one key in two partitions
+    with pytest.raises(AssertionError, match="spread over"):
+        _check_order(spread, {0: ["k0:0", "k0:2"], 1: ["k1:1", "k0:3"]})
+
+    class FakeMessage:
+        """Just enough of confluent_kafka.Message for _consume."""
+
+        def __init__(self, value: str, partition: int, offset: int) -> None:
+            self._v, self._p, self._o = value.encode(), partition, offset
+
+        def error(self) -> None:
+            return None
+
+        def value(self) -> bytes:
+            return self._v
+
+        def partition(self) -> int:
+            return self._p
+
+        def offset(self) -> int:
+            return self._o
+
+    class FakeConsumer:
+        """Replays a fixed list of messages, then returns None."""
+
+        def __init__(self, messages: list[FakeMessage]) -> None:
+            self._messages = messages
+
+        def poll(self, timeout: float) -> FakeMessage | None:
+            return self._messages.pop(0) if self._messages else None
+
+    consumed: Consumed = {}
+    order: dict[int, list[str]] = defaultdict(list)
+    reread = [FakeMessage("k0:0", 0, 0), FakeMessage("k0:0", 0, 0), FakeMessage("k0:2", 0, 1)]
+    _consume(FakeConsumer(reread), consumed, order, want=2, timeout=5.0)  # type: ignore[arg-type]
+    assert consumed == {"k0:0": (0, 0), "k0:2": (0, 1)}  # a re-read is not a new message
+    assert consumed != delivered  # and a lost message ("k1:1") shows as a difference
+    doubled = [FakeMessage("k0:0", 0, 0), FakeMessage("k0:0", 0, 5)]
+    with pytest.raises(AssertionError, match="in the log twice"):
+        _consume(FakeConsumer(doubled), {}, defaultdict(list), want=3, timeout=1.0)  # type: ignore[arg-type]
 
 
 def _env_without_tools(tmp_path: Path) -> dict[str, str]:
