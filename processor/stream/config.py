@@ -128,6 +128,11 @@ class Settings:
         object.__setattr__(self, "_fingerprint", fp)
         return fp
 
+    def __hash__(self) -> int:
+        # The generated hash would fail on the counters mapping; equal settings have equal
+        # reprs (the password is the only field left out, and it does not need to be in).
+        return hash(repr(self))
+
     def start_ms(self, counter: str) -> int | None:
         """The declared start of `counter` (epoch ms), or None if it is not declared."""
         return self.counters.get(counter)

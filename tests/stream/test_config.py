@@ -140,3 +140,4 @@ def test_defaults_without_file_need_a_counter() -> None:
     assert info.value.field == "counters"
     s = load_settings(None, env={"DPC_COUNTERS": "a=0"})
     assert s == with_overrides(Settings(), counters={"a": 0})
+    assert hash(s) == hash(with_overrides(Settings(), counters={"a": 0}))  # usable as a key
