@@ -272,12 +272,16 @@ def gaussian_sigma2_units(sigma_units: float) -> tuple[int, int]:
 # --------------------------------------------------------------------------- vectorised block
 
 #: Largest t the vectorised block sampler accepts; beyond it the scalar path is used.
-#: Why: the block computes 2t, t * K (K <= 1 + _LD * _MAX_SUB) and U + t * V
-#: (V <= _LV * _MAX_SUB) in uint64; with t <= 2^48 these stay far below 2^63.
+#: Why: the block computes 2t, t * K (K < 40 von Neumann steps) and U + t * V (V < 40)
+#: in uint64; with t <= 2^48 these stay far below 2^63.
 BLOCK_MAX_T = 1 << 48
 
-_LD = 2  # von Neumann steps for exp(-U/t) per vectorised sub-pass (columns)
-_LV = 3  # Bernoulli(exp(-1)) trials of the geometric V per vectorised sub-pass
+_LD = 2  # von Neumann steps for exp(-U/t) in the first vectorised sub-pass (columns)
+_LV = 3  # Bernoulli(exp(-1)) trials of the geometric V in the first vectorised sub-pass
+# Later sub-passes see few attempts, so their cost is per call, not per element: give them
+# more columns, so that one of them almost always finishes the loop.
+_LD2 = 4
+_LV2 = 5
 _MAX_SUB = 8  # sub-passes of either loop before a trial is parked for the scalar code
 _MAX_PASSES = 3  # batches of attempts in the vectorised region
 
@@ -379,11 +383,12 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
         nd = len(d_ids)
         if nd == 0:
             break
-        wd = src.take(nd * _LD).reshape(_LD, nd)
+        ncol = _LD if sub == 0 else _LD2
+        wd = src.take(nd * ncol).reshape(ncol, nd)
         run = np.ones(nd, dtype=bool)  # every step so far succeeded
         stuck = np.zeros(nd, dtype=bool)  # a rejected word: redo that step
         f = np.zeros(nd, dtype=np.int64)  # successes in this sub-pass
-        for c in range(_LD):
+        for c in range(ncol):
             w = wd[c]
             if sub == 0:  # every attempt starts at step 1: one modulus per column
                 m, lim = m_tab[1 + c], lim_tab[1 + c]
@@ -412,16 +417,17 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
     done_ids: list[npt.NDArray[np.int64]] = []
     done_v: list[npt.NDArray[np.int64]] = []
     f18 = u64(_F18)
-    for _sub in range(_MAX_SUB):
+    for sub in range(_MAX_SUB):
         nv = len(v_ids)
         if nv == 0:
             break
-        wv = src.take(nv * _LV).reshape(_LV, nv)
+        ncol = _LV if sub == 0 else _LV2
+        wv = src.take(nv * ncol).reshape(ncol, nv)
         run = np.ones(nv, dtype=bool)
         stuck = np.zeros(nv, dtype=bool)  # rejected word (fresh redraw) or K > 18
         deep = np.zeros(nv, dtype=bool)  # K > 18: continue von Neumann at k = 19
         f = np.zeros(nv, dtype=np.int64)
-        for c in range(_LV):
+        for c in range(ncol):
             w = wv[c]
             # thresholds <= r; K = 19 - nle; K odd (nle even) is a success; nle == 0: K > 18
             nle = np.searchsorted(_VN_THRESH, w % f18, side="right")
@@ -486,9 +492,9 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
     - one word per attempt gives U and the sign: r = w mod 2t, U = r >> 1, sign = r & 1
       (the sign is independent of U, so drawing it first does not change the law);
     - Bernoulli(exp(-U/t)) by von Neumann's loop, whose step k is Bernoulli(U / (t k)),
-      i.e. (w mod t k) < U, _LD steps per vectorised sub-pass;
+      i.e. (w mod t k) < U, _LD steps in the first vectorised sub-pass, _LD2 later;
     - V, the number of Bernoulli(exp(-1)) successes before a failure, each Bernoulli from
-      one word (see _VN_THRESH), _LV of them per sub-pass.
+      one word (see _VN_THRESH), _LV of them in the first sub-pass, _LV2 later.
 
     Every uniform comes from its own fresh word by exact rejection (see _limit). The
     unbounded loops run vectorised for at most _MAX_SUB sub-passes; attempts still
@@ -514,7 +520,7 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
             out[i] = discrete_laplace(cur, t, s)
         return out
 
-    m_tab, lim_tab, p_acc = _block_tables(t, s, _LD, _MAX_SUB)
+    m_tab, lim_tab, p_acc = _block_tables(t, s, max(_LD, _LD2), _MAX_SUB)
 
     src = _Words(stream, lane, 10 * n)
     got_ids: list[npt.NDArray[np.int64]] = [np.empty(0, dtype=np.int64)]
