@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, default=F.DELTA)
     p.add_argument("--csv", type=Path, default=None,
                    help="table1: read an existing fig1a CSV instead of running the sweep")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="worker processes for the sweeps (results do not depend on it)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -67,7 +69,7 @@ def _run(args: argparse.Namespace) -> int:
             setup = F.Setup(horizon=_one(args.horizon, 10_000), runs=args.runs or 20_000,
                             delta=args.delta, seed=args.seed, panel=cmd)
             mechs = F.known_mechanisms(args.mechanisms or F.FIG1A_MECHANISMS)
-            points = F.sweep(setup, mechs, eps, progress)
+            points = F.sweep(setup, mechs, eps, progress, args.jobs)
             F.write_csv(out / f"{cmd}.csv", points)
             if cmd == "fig1a":
                 F.save_fig1a(points, out / "fig1a.png",
@@ -124,7 +126,7 @@ def _run(args: argparse.Namespace) -> int:
         mechs = F.known_mechanisms(args.mechanisms or F.FIG1A_MECHANISMS)
         points = []
         for setup, _title in panels.values():
-            points.extend(F.sweep(setup, mechs, eps, progress))
+            points.extend(F.sweep(setup, mechs, eps, progress, args.jobs))
         F.write_csv(out / "fig3.csv", points)
         F.save_fig3(points, out / "fig3.png", {k: v[1] for k, v in panels.items()})
     _say(f"{cmd}: done in {time.perf_counter() - start:.1f} s; files in {out}")

@@ -136,14 +136,15 @@ def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = Tru
     for i, size in enumerate(_chunks(setup.runs, setup.horizon)):
         x, b = _trials(_stream_key(setup), i, size)
         y = simulate(mechanism, x, eps, setup.delta, _noise_rng(setup.seed, mechanism, eps, i))
-        rmses.append(attack.per_run_rmse(y, np.cumsum(x, axis=1, dtype=np.int32)))
         if attack_on:
             st = attack.statistic(y, rates)
             correct += int(np.sum((st >= theta) == b))
             if keep_stats:
                 stats.append(st)
                 bits.append(b)
-        del x, y
+        y -= np.cumsum(x, axis=1, dtype=np.int32)  # in place: y is ours, now the error
+        rmses.append(np.sqrt(np.einsum("ij,ij->i", y, y) / setup.horizon))
+        del y
         if progress is not None:
             progress.update(size)
     rm, se = attack.mean_se(np.concatenate(rmses))
@@ -244,19 +245,46 @@ def additive_sweep(setup: Setup, mechanism: str, eps_values: Sequence[float],
     return out
 
 
+def _task(setup: Setup, mechanism: str, eps_values: tuple[float, ...]) -> list[Point]:
+    """One unit of work of a sweep (runs in a worker process when jobs > 1)."""
+    if mechanism in ADDITIVE:
+        return additive_sweep(setup, mechanism, eps_values)
+    return [run_point(setup, mechanism, eps) for eps in eps_values]
+
+
 def sweep(setup: Setup, mechanisms: Sequence[str], eps_values: Sequence[float],
-          progress: bool = True) -> list[Point]:
-    """Every (mechanism, eps) point of the setting."""
-    out: list[Point] = []
+          progress: bool = True, jobs: int = 1) -> list[Point]:
+    """Every (mechanism, eps) point of the setting, in (mechanism, eps) order.
+
+    jobs > 1 spreads the points over that many worker processes. The numbers do not
+    depend on it: every point's noise comes from its own (seed, mechanism, eps, chunk)
+    generator and the streams from (seed, chunk).
+    """
+    tasks: list[tuple[str, tuple[float, ...]]] = []
+    for m in mechanisms:
+        if m in ADDITIVE:
+            tasks.append((m, tuple(eps_values)))
+        else:
+            tasks.extend((m, (e,)) for e in eps_values)
+    results: dict[int, list[Point]] = {}
     with _bar(setup.runs * len(mechanisms) * len(eps_values), setup.panel or "sweep",
               progress) as bar:
-        for m in mechanisms:
-            if m in ADDITIVE:
-                out.extend(additive_sweep(setup, m, eps_values, bar))
-                continue
-            for eps in eps_values:
-                out.append(run_point(setup, m, eps, progress=bar))
-    return out
+        if jobs <= 1:
+            for i, (m, es) in enumerate(tasks):
+                results[i] = _task(setup, m, es)
+                bar.update(setup.runs * len(es))
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            ctx = multiprocessing.get_context("fork")
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                futs = {pool.submit(_task, setup, m, es): i for i, (m, es) in enumerate(tasks)}
+                for fut in as_completed(futs):
+                    i = futs[fut]
+                    results[i] = fut.result()
+                    bar.update(setup.runs * len(tasks[i][1]))
+    return [p for i in range(len(tasks)) for p in results[i]]
 
 
 # --------------------------------------------------------------------------- files

@@ -201,24 +201,37 @@ def svt_partition(
         t1 = min(horizon + 1, t0 + _SVT_BLOCK)
         noise = rng.laplace(0.0, b, (t1 - t0, runs))
         noise += prefix[t0:t1]
+        if flat:
+            _flat_block(noise, prefix[t0:t1], float(tau_l[0]), b0, thr, fired_at[t0:t1], rng)
+            continue
         for t in range(t0, t1):
-            row = noise[t - t0]
-            # PartitionCC (flat): one threshold for every instance and step
-            hit = row > thr if flat else row - growth[t - last - 1] > thr
+            hit = noise[t - t0] - growth[t - last - 1] > thr
             fired = np.flatnonzero(hit)
             if fired.size == 0:
                 continue
             fired_at[t] = hit
-            z0 = rng.laplace(0.0, b0, fired.size)
-            if flat:
-                thr[fired] = prefix[t, fired] + tau_l[0] + z0
-                continue
             last[fired] = t
             inst[fired] += 1
-            thr[fired] = prefix[t, fired] + tau_l[inst[fired]] + z0
+            thr[fired] = prefix[t, fired] + tau_l[inst[fired]] + rng.laplace(0.0, b0, fired.size)
     if int(inst.max(initial=0)) >= tau_l.size:
         raise RuntimeError("more SVT instances than planned")
     return _pack_times(fired_at)
+
+
+def _flat_block(noise: FloatArray, prefix: npt.NDArray[np.int32], tau: float, b0: float,
+                thr: FloatArray, fired_at: npt.NDArray[np.bool_],
+                rng: np.random.Generator) -> None:
+    """Ticks of one block for an SVT whose threshold never changes (PartitionCC): only
+    whole-row operations, no fancy indexing. A fresh Z0 is drawn for every run that fires
+    (one Laplace draw per firing run, in run order), exactly as the general loop does."""
+    for i in range(noise.shape[0]):
+        hit = noise[i] > thr
+        if not hit.any():
+            continue
+        fired_at[i] = hit
+        k = int(np.count_nonzero(hit))
+        new = prefix[i][hit] + tau + rng.laplace(0.0, b0, k)
+        thr[hit] = new
 
 
 def _pack_times(fired_at: npt.NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
@@ -226,7 +239,7 @@ def _pack_times(fired_at: npt.NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
     padded with T + 1."""
     horizon = fired_at.shape[0] - 1
     runs = fired_at.shape[1]
-    r, t = np.nonzero(fired_at.T)  # sorted by run, then tick
+    r, t = np.nonzero(np.ascontiguousarray(fired_at.T))  # sorted by run, then tick
     counts = np.bincount(r, minlength=runs).astype(np.int64)
     width = max(1, int(counts.max(initial=0)))
     times = np.full((runs, width), horizon + 1, dtype=np.int64)
@@ -268,32 +281,36 @@ def _lay_out(
     """y_t = the largest value released at tick t if any, else y_{t-1} (y_0 = 0).
 
     This is schedList's Check (Algorithm 4) and, with release_at = checkpoint ticks, the
-    plain "hold the last checkpoint's value" of PartitionCC. Built as piecewise-constant
-    segments: sort the releases by (run, tick), keep the largest per tick, then repeat
-    each value up to the next release.
+    plain "hold the last checkpoint's value" of PartitionCC. Releases are put in (run, tick)
+    order (already so for checkpoints), ties keep the largest, and y is the running sum of
+    the changes (exact up to float rounding of the sums, ~1e-12 here).
     """
     runs = release_at.shape[0]
     width = horizon + 1
     ok = valid & (release_at <= horizon)
     rows = np.broadcast_to(np.arange(runs, dtype=np.int64)[:, None], release_at.shape)[ok]
-    # one release of 0 at tick 0 per run: y_0 = 0 and every run has a first segment
-    keys = np.concatenate([np.arange(runs, dtype=np.int64) * width, rows * width + release_at[ok]])
-    vals = np.concatenate([np.zeros(runs), values[ok]])
-    # Releases come nearly in order (checkpoint ticks increase), so a stable sort is fast.
-    order = np.argsort(keys, kind="stable")
-    keys, vals = keys[order], vals[order]
-    first = np.ones(keys.size, dtype=bool)
-    first[1:] = keys[1:] != keys[:-1]
-    starts = np.flatnonzero(first)
-    vals = np.maximum.reduceat(vals, starts)  # ties at one tick: the largest (schedList)
-    keys = keys[starts]
-    nxt = np.empty_like(keys)
-    nxt[:-1] = keys[1:]
-    nxt[-1] = runs * width
-    # a run's last segment ends at the end of its row (the next key is the next run's tick 0)
-    lengths = nxt - keys
-    full = np.repeat(vals, lengths).reshape(runs, width)
-    return np.asarray(full[:, 1:], dtype=np.float64)
+    keys = rows * width + release_at[ok]
+    vals = values[ok]
+    if keys.size > 1 and not bool(np.all(keys[1:] > keys[:-1])):
+        # Scheduled releases can come out of order or tie; checkpoint ticks never do.
+        order = np.argsort(keys, kind="stable")
+        keys, vals = keys[order], vals[order]
+        first = np.ones(keys.size, dtype=bool)
+        first[1:] = keys[1:] != keys[:-1]
+        starts = np.flatnonzero(first)
+        vals = np.maximum.reduceat(vals, starts)  # ties at one tick: the largest (schedList)
+        keys = keys[starts]
+    # y is piecewise constant: put each release's change at its tick and sum along the row.
+    rows = keys // width
+    step = np.diff(vals, prepend=0.0)
+    new_row = np.ones(keys.size, dtype=bool)
+    new_row[1:] = rows[1:] != rows[:-1]
+    step[new_row] = vals[new_row]  # the first release of a run starts from y = 0
+    board = np.zeros(runs * width, dtype=np.float64)
+    board[keys] = step
+    full = board.reshape(runs, width)
+    np.cumsum(full, axis=1, out=full)
+    return full[:, 1:]
 
 
 def _checkpoint_releases(
