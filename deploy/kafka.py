@@ -537,6 +537,9 @@ class LocalKafka:
                 self._teardown()
                 if attempt + 1 >= attempts or "Address already in use" not in str(exc):
                     raise
+            except BaseException:
+                self._teardown()  # e.g. Ctrl-C during startup: leave nothing running
+                raise
         raise AssertionError("unreachable")
 
     def stop(self) -> None:
