@@ -546,7 +546,8 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
     if parked:
         extra_ids: list[int] = []
         extra_vals: list[int] = []
-        for j, stage, u, ng, k, v in parked:  # already in attempt order
+        parked.sort()  # attempt order (attempt numbers are unique)
+        for j, stage, u, ng, k, v in parked:
             y = _resume_attempt(cur, t, s, stage, u, ng, k, v)
             if y is not None:
                 extra_ids.append(j)
