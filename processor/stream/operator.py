@@ -305,6 +305,10 @@ class Operator:
         # exactly equivalent to decoding the stored bytes again.
         self._ccache: OrderedDict[str, tuple[bytes, _CounterState]] = OrderedDict()
         self._cache_size = cache_size
+        # error_bound(beta) is a function of the mechanism's parameters and t only (the
+        # Counter contract: public quantities), and every counter here has the same
+        # parameters, so a heartbeat sweep over many counters at one tick computes it once.
+        self._bounds: dict[tuple[str, float, float, float, int], float] = {}
 
     # -- public entry point
 
@@ -588,5 +592,17 @@ class Operator:
             counter=name, tick=t, tick_start_ms=(cs.start_tick + t - 1) * s.tick_ms,
             tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,
             epsilon=c.eps, delta=c.delta,
-            error_bound=float(c.error_bound(s.beta)), beta=s.beta,
+            error_bound=self._error_bound(c, t), beta=s.beta,
             fingerprint=self.fingerprint))
+
+    def _error_bound(self, c: Counter, t: int) -> float:
+        beta = self.settings.beta
+        if c.t != t:  # a change reported inside a skip: the bound at the current tick
+            return float(c.error_bound(beta))  # (larger t, so conservative)
+        k = (c.mechanism, c.eps, c.delta, beta, t)
+        bound = self._bounds.get(k)
+        if bound is None:
+            if len(self._bounds) >= 4096:
+                self._bounds.clear()
+            bound = self._bounds[k] = float(c.error_bound(beta))
+        return bound

@@ -218,18 +218,19 @@ def reference_x(records: list[tuple[str, Any]], counter: str, start_tick: int,
 
 
 def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
-                      xs: list[int | None]) -> list[tuple[int, float, str]]:
+                      xs: list[int | None]) -> list[tuple[int, float, str, float]]:
     """Run a fresh core counter directly on x_1..x_T; a record where y changes, a
-    heartbeat where t % heartbeat_ticks == 0 otherwise (the offline count)."""
+    heartbeat where t % heartbeat_ticks == 0 otherwise (the offline count), each with
+    the counter's own error bound at that tick."""
     c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, counter))
     out = []
     last = 0.0
     for t, u in enumerate(xs, start=1):
         y = c.update(None if u is None else u / UNIT)
         if y != last:
-            out.append((t, y, "change"))
+            out.append((t, y, "change", c.error_bound(s.beta)))
         elif t % s.heartbeat_ticks == 0:
-            out.append((t, y, "heartbeat"))
+            out.append((t, y, "heartbeat", c.error_bound(s.beta)))
         last = y
     return out
 
@@ -332,7 +333,8 @@ def test_matches_reference_queue_and_offline_count(seed: int, period: int, jitte
     assert run.metrics["late_events"] > 0
     for c, st in starts.items():
         xs = reference_x(recs, c, st, through)
-        got = [(r.tick, r.value, r.kind) for r in run.releases if r.counter == c]
+        got = [(r.tick, r.value, r.kind, r.error_bound) for r in run.releases
+               if r.counter == c]
         assert got == expected_releases(StepFactory(period, jitter), s, c, xs)
     # Control: a reference that ignored lateness (events kept their own tick) disagrees.
     xs_wrong = reference_x([r if r[0] == "e" else ("m", -1) for r in recs], "a", 100, through)
@@ -683,7 +685,8 @@ def test_real_mechanism_offline_equivalence(mechanism: str) -> None:
     through = max(p for k, p in recs if k == "m")
     for c, st in (("a", 0), ("b", 3)):
         xs = reference_x(recs, c, st, through)
-        got = [(r.tick, r.value, r.kind) for r in run.releases if r.counter == c]
+        got = [(r.tick, r.value, r.kind, r.error_bound) for r in run.releases
+               if r.counter == c]
         assert got == expected_releases(registry, s, c, xs)
     assert all(r.error_bound > 0 and r.mechanism == mechanism for r in run.releases)
     # Not only heartbeats: the mechanism did publish checkpoints.
