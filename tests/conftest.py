@@ -131,9 +131,9 @@ def docker_answers(timeout: float = 1.0) -> bool:
     """
     if os.environ.get("KAFKA_TEST_DOCKER", "").strip() == "0":
         return False
-    host = os.environ.get("DOCKER_HOST", "")
-    if not host:
-        sock_path = "/var/run/docker.sock"
+    host = os.environ.get("DOCKER_HOST", "").strip()
+    if not host or host.startswith("unix://"):
+        sock_path = host.removeprefix("unix://") or "/var/run/docker.sock"
         if not os.path.exists(sock_path):
             return False
         try:
@@ -144,7 +144,8 @@ def docker_answers(timeout: float = 1.0) -> bool:
                 reply = sock.recv(512)
         except OSError:
             return False
-        return reply.startswith(b"HTTP/1.") and b" 200 " in reply.split(b"\r\n", 1)[0]
+        status_line = reply.split(b"\r\n", 1)[0]
+        return status_line.startswith(b"HTTP/1.") and b" 200 " in status_line + b" "
     try:
         import docker
 

@@ -18,6 +18,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -29,7 +30,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import LOCAL_KAFKA_FILE, load_local_kafka
+from tests.conftest import LOCAL_KAFKA_FILE, docker_answers, load_local_kafka
 
 lk = load_local_kafka()
 
@@ -414,3 +415,41 @@ def test_replication_settings_follow_the_node_count() -> None:
     assert (three.replication_factor, three.min_insync_replicas) == (3, 2)
     with pytest.raises(lk.LocalKafkaError):
         _ = one.bootstrap_servers  # not started
+
+
+@pytest.mark.parametrize(
+    ("reply", "expected"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK", True),
+        (b"HTTP/1.1 500 Err\r\n\r\n", False),
+    ],
+)
+def test_docker_probe_believes_only_a_200_ping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reply: bytes, expected: bool
+) -> None:
+    """The fixture's Docker probe: a 200 answer to /_ping is an engine, anything else is not.
+
+    Uses a fake engine on a Unix socket; a missing socket is "no engine" without waiting.
+    """
+    path = tmp_path / "docker.sock"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    monkeypatch.delenv("KAFKA_TEST_DOCKER", raising=False)
+    assert docker_answers() is False  # no socket file yet
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(path))
+        server.listen(1)
+
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(512)
+                conn.sendall(reply)
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        try:
+            assert docker_answers(timeout=5.0) is expected
+        finally:
+            thread.join(timeout=10)
+    monkeypatch.setenv("KAFKA_TEST_DOCKER", "0")
+    assert docker_answers() is False  # the probe can be switched off
