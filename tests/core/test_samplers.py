@@ -476,3 +476,24 @@ def test_scalar_draws_are_reproducible_from_a_position() -> None:
     assert [discrete_gaussian(again, 9, 4) for _ in range(20)] == first
     other = WordCursor(KeyedStream(NoiseKey.from_seed(24), "c/bcc"), 0, position=pos)
     assert [discrete_gaussian(other, 9, 4) for _ in range(20)] != first
+
+
+def test_golden_draws_pin_the_word_consumption() -> None:
+    """Pinned outputs for a fixed key. Not a law test: it fails whenever a change alters
+    which words a draw consumes (sampler internals, block batch sizes, bank chunking).
+    Such a change silently alters the noise of every restored state and breaks replay
+    audits of old topics, so it must come with a state/format version bump; update these
+    values only then."""
+    st = KeyedStream(NoiseKey.from_seed(2026), "golden")
+    cur = WordCursor(st, 0)
+    assert [discrete_laplace(cur, 13369344) for _ in range(4)] == [
+        -18176673, -12703234, 6479698, 2152272]
+    s2 = gaussian_sigma2_units(1e6)
+    assert [discrete_gaussian(cur, *s2) for _ in range(3)] == [-268529, -579480, 434992]
+    assert [discrete_laplace(cur, 3, 2) for _ in range(6)] == [6, 0, 0, 0, -1, -2]
+    assert cur.position == 128
+    block = discrete_laplace_block(st, 1, 13369344, 1, 1024)
+    assert block[[0, 1, 511, 1023]].tolist() == [19788790, 5323928, 1517337, 19176311]
+    assert discrete_laplace_block(st, 2, 3, 1, 64)[:8].tolist() == [-1, 1, -2, 4, -11, 0, -1, -2]
+    bank = LaplaceBank(st, 13369344)
+    assert [bank.draw(i) for i in (0, 1, 2047)] == [19788790, 5323928, 1808676]
