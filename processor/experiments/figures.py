@@ -90,7 +90,9 @@ class Point:
 
 
 def _chunks(runs: int, horizon: int) -> list[int]:
-    size = max(1, min(runs, CHUNK_ELEMENTS // max(1, horizon)))
+    """Chunk sizes: about CHUNK_ELEMENTS per array, but at least 128 runs (or all of them)
+    so the per-tick loops of long horizons run over enough runs to amortise Python."""
+    size = max(min(runs, 128), min(runs, CHUNK_ELEMENTS // max(1, horizon)))
     out = [size] * (runs // size)
     if runs % size:
         out.append(runs % size)
