@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", type=float, default=F.DELTA)
     p.add_argument("--csv", type=Path, default=None,
                    help="table1: read an existing fig1a CSV instead of running the sweep")
+    p.add_argument("--base", choices=["sqrt", "tree"], default="sqrt",
+                   help="bounded counter inside CC/BCC: sqrt (the paper's) or tree (the "
+                        "core's default inside ECC/SimECC)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes for the sweeps (results do not depend on it)")
     p.add_argument("--no-progress", action="store_true")
@@ -67,7 +70,7 @@ def _run(args: argparse.Namespace) -> int:
             points = F.read_csv(args.csv)
         else:
             setup = F.Setup(horizon=_one(args.horizon, 10_000), runs=args.runs or 20_000,
-                            delta=args.delta, seed=args.seed, panel=cmd)
+                            delta=args.delta, seed=args.seed, panel=cmd, base=args.base)
             mechs = F.known_mechanisms(args.mechanisms or F.FIG1A_MECHANISMS)
             points = F.sweep(setup, mechs, eps, progress, args.jobs)
             F.write_csv(out / f"{cmd}.csv", points)
@@ -88,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
             for h in horizons:
                 # constant rate 0.01: low = high, so the attack is meaningless and skipped
                 setup = F.Setup(horizon=h, runs=runs, delta=args.delta, low=0.01, high=0.01,
-                                width=h, seed=args.seed, panel="fig1b")
+                                width=h, seed=args.seed, panel="fig1b", base=args.base)
                 for m in mechs:
                     points.append(F.run_point(setup, m, e, attack_on=False, progress=bar))
         F.write_csv(out / "fig1b.csv", points)
@@ -98,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
                  f"± {p.rmse_se:.2f}")
     elif cmd == "fig2":
         setup = F.Setup(horizon=_one(args.horizon, 10_000), runs=args.runs or 20_000,
-                        delta=args.delta, seed=args.seed, panel="fig2")
+                        delta=args.delta, seed=args.seed, panel="fig2", base=args.base)
         # The paper's panels: BaseCC and PartitionCC at the sweep's 6th eps (2.78), SimECC
         # at the largest (150).
         cases = [("basecc", F.EPS_SWEEP[5]), ("partitioncc", F.EPS_SWEEP[5]),
@@ -116,7 +119,8 @@ def _run(args: argparse.Namespace) -> int:
                  f"mean S|H1={hh.mean1:.1f} theta={hh.theta:.1f} adv={hh.advantage:+.3f}")
     else:  # fig3
         base = F.Setup(horizon=_one(args.horizon, 1_000), runs=args.runs or 20_000,
-                       delta=args.delta, seed=args.seed + 1, panel="a")
+                       delta=args.delta, seed=args.seed + 1, panel="a",
+                       base=args.base)
         panels = {
             "a": (base, f"(a) T = {base.horizon}, other seed"),
             "b": (_replace(base, width=50, panel="b"), "(b) rate flips every 50 steps"),

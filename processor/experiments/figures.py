@@ -56,6 +56,9 @@ class Setup:
     width: int = 10
     seed: int = 0
     panel: str = ""
+    #: bounded counter inside every CC/BCC: "sqrt" (the paper's) or "tree" (the core's
+    #: default inside ECC and SimECC)
+    base: str = "sqrt"
 
     def rates(self) -> FloatArray:
         return attack.block_rates(self.horizon, self.low, self.high, self.width)
@@ -123,7 +126,7 @@ def _noise_rng(seed: int, mechanism: str, eps: float, chunk: int) -> np.random.G
 
 def _stream_key(setup: Setup) -> Setup:
     """The setup with the fields that do not affect the streams normalised (cache key)."""
-    return replace(setup, delta=DELTA, panel="")
+    return replace(setup, delta=DELTA, panel="", base="sqrt")
 
 
 def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = True,
@@ -137,7 +140,8 @@ def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = Tru
     correct = 0
     for i, size in enumerate(_chunks(setup.runs, setup.horizon)):
         x, b = _trials(_stream_key(setup), i, size)
-        y = simulate(mechanism, x, eps, setup.delta, _noise_rng(setup.seed, mechanism, eps, i))
+        y = simulate(mechanism, x, eps, setup.delta, _noise_rng(setup.seed, mechanism, eps, i),
+                     setup.base)
         if attack_on:
             st = attack.statistic(y, rates)
             correct += int(np.sum((st >= theta) == b))
@@ -196,7 +200,7 @@ def additive_sweep(setup: Setup, mechanism: str, eps_values: Sequence[float],
     sq_err: list[list[FloatArray]] = [[] for _ in eps_values]
     correct = np.zeros(n_eps, dtype=np.int64)
     if mechanism == "basecc":
-        scales = [cc_scales(e, setup.delta, horizon) for e in eps_values]
+        scales = [cc_scales(e, setup.delta, horizon, setup.base) for e in eps_values]
     else:
         sigmas = [gaussiancc_sigma_vector(e, setup.delta, horizon) for e in eps_values]
     for i, size in enumerate(_chunks(setup.runs, horizon)):
@@ -204,7 +208,7 @@ def additive_sweep(setup: Setup, mechanism: str, eps_values: Sequence[float],
         sw = np.cumsum(x, axis=1, dtype=np.float64) @ w
         rng = _noise_rng(setup.seed, mechanism, 0.0, i)  # 0.0: shared by every eps
         if mechanism == "basecc":
-            parts = cc_parts(size, horizon, rng)
+            parts = cc_parts(size, horizon, rng, setup.base)
             a_mat = parts.A
             levels = a_mat.shape[1] - 1
             completed = parts.completed

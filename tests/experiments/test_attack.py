@@ -155,7 +155,7 @@ def test_additive_sweep_equals_the_direct_path(mechanism: str,
     scales, sig = figures.cc_scales, figures.gaussiancc_sigma_vector
     if mechanism == "basecc":
         monkeypatch.setattr(figures, "cc_scales",
-                            lambda e, d, n: (scales(e, d, n)[0], 0.9 * scales(e, d, n)[1]))
+                            lambda *a: (scales(*a)[0], 0.9 * scales(*a)[1]))
     else:
         monkeypatch.setattr(figures, "gaussiancc_sigma_vector", lambda e, d, n: 0.9 * sig(e, d, n))
     wrong = figures.additive_sweep(setup, mechanism, eps_values)
