@@ -69,7 +69,8 @@ class NoiseKey:
         return os.urandom(MIN_KEY_BYTES)
 
     def derive(self, label: str) -> bytes:
-        return hmac.new(self._secret, b"dp-stream-counts/v1/" + label.encode(), hashlib.sha256).digest()
+        msg = b"dp-stream-counts/v1/" + label.encode()
+        return hmac.new(self._secret, msg, hashlib.sha256).digest()
 
     def fingerprint(self) -> str:
         """A public, non-invertible identifier of the key (for ledgers): not the key."""
@@ -109,7 +110,7 @@ class KeyedStream:
 class WordCursor:
     """Sequential reader of one lane; `position` (words consumed) is what state stores."""
 
-    __slots__ = ("_buf", "_buf_start", "lane", "position", "stream")
+    __slots__ = ("_buf", "_buf_list", "_buf_start", "lane", "position", "stream")
 
     _CHUNK = 256
 
@@ -118,6 +119,7 @@ class WordCursor:
         self.lane = lane
         self.position = position
         self._buf = np.empty(0, dtype=np.uint64)
+        self._buf_list: list[int] = []
         self._buf_start = 0
 
     def _ensure(self, n: int) -> None:
@@ -126,13 +128,17 @@ class WordCursor:
             return
         size = max(n, self._CHUNK)
         self._buf = self.stream.words(self.lane, self.position, size)
+        # scalar samplers read one word at a time: Python ints avoid a numpy scalar per read
+        self._buf_list = self._buf.tolist()
         self._buf_start = self.position
 
     def next_word(self) -> int:
-        self._ensure(1)
-        w = int(self._buf[self.position - self._buf_start])
+        i = self.position - self._buf_start
+        if not 0 <= i < len(self._buf_list):
+            self._ensure(1)
+            i = 0
         self.position += 1
-        return w
+        return self._buf_list[i]
 
     def next_words(self, n: int) -> np.ndarray:
         self._ensure(n)
