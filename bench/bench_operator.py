@@ -14,6 +14,7 @@ first three measure events and markers alone.
 Prints records/s per workload and mechanism. Usage:
 
     .venv/bin/python bench/bench_operator.py [--mechanism ecc simecc] [--ticks 200]
+        [--counters 10000] [--cache-size 4096]
 """
 
 from __future__ import annotations
@@ -53,10 +54,11 @@ def idle(ticks: int) -> Iterator[bytes]:
         yield encode_marker(n)
 
 
-def run(settings: Settings, records: list[bytes], warm: list[bytes]) -> tuple[float, int, float]:
+def run(settings: Settings, records: list[bytes], warm: list[bytes],
+        cache_size: int = 4096) -> tuple[float, int, float]:
     """Apply `warm` (untimed: the first marker creates every counter), then `records`
     (timed). Returns (records/s, releases, counters touched per marker)."""
-    op = Operator(settings, NoiseKey.from_seed(1))
+    op = Operator(settings, NoiseKey.from_seed(1), cache_size=cache_size)
     store = DictStore()
     off = 0
     for r in warm:
@@ -80,6 +82,8 @@ def main() -> None:
     ap.add_argument("--mechanism", nargs="+", default=["ecc", "simecc"])
     ap.add_argument("--ticks", type=int, default=200)
     ap.add_argument("--counters", type=int, default=10_000)
+    ap.add_argument("--cache-size", type=int, default=4096,
+                    help="Operator's decoded-state LRU size (its default: 4096)")
     args = ap.parse_args()
     rng = random.Random(0)
     print(f"{'workload':<34} {'mechanism':<8} {'records':>8} {'records/s':>11} "
@@ -102,7 +106,7 @@ def main() -> None:
              list(idle(args.ticks))[-1:], [encode_marker(0), *list(idle(args.ticks))[:-1]]),
         ]
         for name, s, recs, warm in cases:
-            rate, rel, touched = run(s, recs, warm)
+            rate, rel, touched = run(s, recs, warm, args.cache_size)
             print(f"{name:<34} {mech:<8} {len(recs):>8} {rate:>11,.0f} {1e3 / rate:>10.3f} "
                   f"{rel:>9} {touched:>15.1f}")
 
