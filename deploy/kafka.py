@@ -65,6 +65,7 @@ EXIT_USAGE = 2
 EXIT_MISSING_TOOL = 3
 
 _STAMP_NAME = ".fetched"
+_DIR_PREFIX = "local-kafka-"
 _KAFKA_JAR_PREFIX = "kafka_2.13-"
 _INSTALL_HINTS = {
     "java": "install a Java 17 runtime, e.g. `apt-get install openjdk-17-jre-headless`",
@@ -171,6 +172,38 @@ def new_cluster_id() -> str:
         text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode("ascii")
         if not text.startswith("-"):
             return text
+
+
+def sweep_stale_dirs(tmp: Path | None = None) -> list[Path]:
+    """Delete node directories left behind by owners that died without ``stop()``.
+
+    A directory ``local-kafka-<pid>-*`` is stale when process <pid> is gone and no running
+    process mentions the directory on its command line (a detached node started by the
+    command line outlives its owner, so that check keeps it). Returns what was deleted.
+    """
+    root = tmp or Path(tempfile.gettempdir())
+    candidates = []
+    for path in root.glob(f"{_DIR_PREFIX}*-*"):
+        owner = path.name[len(_DIR_PREFIX) :].split("-", 1)[0]
+        if path.is_dir() and owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            candidates.append(path)
+    if not candidates:
+        return []
+    in_use = b"\0".join(_cmdlines())
+    stale = [p for p in candidates if str(p).encode() not in in_use]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
+def _cmdlines() -> list[bytes]:
+    # Every readable /proc/<pid>/cmdline; processes that vanish meanwhile are skipped.
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                found.append((proc / "cmdline").read_bytes())
+    return found
 
 
 # ----------------------------------------------------------------------------- fetch
@@ -636,7 +669,9 @@ class LocalKafka:
         return self._nodes[i]
 
     def _start_once(self, java: str, libs: Path) -> None:
-        base = Path(tempfile.mkdtemp(prefix="local-kafka-"))
+        sweep_stale_dirs()
+        # The owner's pid in the name lets a later sweep tell abandoned dirs from live ones.
+        base = Path(tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{os.getpid()}-"))
         self._base_dir = base
         self.cluster_id = new_cluster_id()
         ports = self._fixed_ports or [free_port() for _ in range(self.nodes)]

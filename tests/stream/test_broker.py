@@ -453,3 +453,28 @@ def test_docker_probe_believes_only_a_200_ping(
             thread.join(timeout=10)
     monkeypatch.setenv("KAFKA_TEST_DOCKER", "0")
     assert docker_answers() is False  # the probe can be switched off
+
+
+def test_sweep_deletes_only_dirs_whose_owner_and_nodes_are_gone(tmp_path: Path) -> None:
+    """Abandoned node dirs go; a live owner's dir and a dir a live process uses stay."""
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
+    assert dead and not Path(f"/proc/{dead}").exists()
+    abandoned = tmp_path / f"local-kafka-{dead}-aaaa"
+    live_owner = tmp_path / f"local-kafka-{os.getpid()}-bbbb"
+    detached = tmp_path / f"local-kafka-{dead}-cccc"  # its owner exited, its node did not
+    for path in (abandoned, live_owner, detached):
+        (path / "node-0").mkdir(parents=True)
+    node = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()", str(detached / "server.properties")],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        assert lk.sweep_stale_dirs(tmp_path) == [abandoned]
+    finally:
+        assert node.stdin is not None
+        node.stdin.close()
+        node.wait(timeout=30)
+    assert not abandoned.exists() and live_owner.exists() and detached.exists()
+    assert lk.sweep_stale_dirs(tmp_path) == [detached]  # once its process is gone
