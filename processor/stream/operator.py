@@ -17,7 +17,11 @@ Per partition, one store value `p/<partition>` holds: the partition's sealed fro
 offset of the last marker applied, and the due index (counter -> a global tick at or before
 the next tick at which the counter has anything to do). A marker touches only counters whose
 due tick has been reached; the index may be early (a spurious touch is harmless) but never
-late (that would delay a release).
+late (that would delay a release). An event that makes an idle counter due earlier does not
+rewrite that O(counters) value: it records the earlier due tick in a small second value
+`n/<partition>` ("newly due"), which the next marker merges into the index and empties. So
+an event costs O(1) store values of O(1) size, and a marker O(1) values plus the counters
+it touches.
 
 Sealing a tick: its arrivals join the queue in offset order, at most one value leaves as
 x_t (else ⊥), the counter steps. Runs of ⊥ ticks with nothing due are one `Counter.skip`.
@@ -361,6 +365,17 @@ class Operator:
             self._pcache[partition] = (bytes(raw), ps)
         return ps
 
+    def _load_newly(self, store: StateStore, partition: int) -> dict[str, int]:
+        """The small "newly due" value: counter -> earlier due tick, since the last marker."""
+        raw = store.get(f"n/{partition}")
+        if not raw:
+            return {}
+        try:
+            newly = orjson.loads(raw)
+            return {str(c): int(d) for c, d in newly.items()}
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            raise StateFormatError("operator newly-due state is corrupt") from None
+
     def _declared_due(self, partition: int) -> dict[str, int]:
         P = self.settings.partitions
         return {c: st for c, st in self._start_ticks.items() if partition_for(c, P) == partition}
@@ -465,13 +480,18 @@ class Operator:
         due = self._due(cs)
         writes: list[tuple[str, bytes]] = []
         old = ps.due.get(ev.counter)
-        if old is None or due < old or ps.fresh:
+        if ps.fresh:
+            # First write of this partition (or first under a new configuration).
             ps.due[ev.counter] = due if old is None else min(old, due)
-            if ps.min_due is not None:
-                ps.min_due = min(ps.min_due, ps.due[ev.counter])
-            # The due index is written BEFORE the counter: if we crash in between, the
-            # event is re-applied and the index is merely early, never late.
+            ps.min_due = None
             writes.append(self._partition_write(partition, ps))
+        elif old is None or due < old:
+            newly = self._load_newly(store, partition)
+            if ev.counter not in newly or due < newly[ev.counter]:
+                newly[ev.counter] = due
+                # The due index is written BEFORE the counter: if we crash in between,
+                # the event is re-applied and the index is merely early, never late.
+                writes.append((f"n/{partition}", orjson.dumps(newly)))
         writes.append(self._counter_write(ev.counter, cs))
         for k, v in writes:
             store.set(k, v)
@@ -488,6 +508,13 @@ class Operator:
             # the stored offset, which only guards against redelivery).
             out.metrics["markers_applied"] += 1
             return
+        newly = self._load_newly(store, partition)
+        for name, d in newly.items():
+            old = ps.due.get(name)
+            if old is None or d < old:
+                ps.due[name] = d
+                if ps.min_due is not None:
+                    ps.min_due = min(ps.min_due, d)
         if ps.min_due is None:
             ps.min_due = min(ps.due.values(), default=n + 1)
         due_now = sorted(c for c, d in ps.due.items() if d <= n) if ps.min_due <= n else []
@@ -521,9 +548,13 @@ class Operator:
             ps.min_due = None  # recomputed (once) by the next marker
         ps.frontier = n
         ps.offset = offset
-        # Counters first, the partition last: a crash in between replays the marker
-        # (its offset is not yet recorded), and the counters already sealed skip it.
+        # Counters first, the partition next: a crash in between replays the marker (its
+        # offset is not yet recorded), and the counters already sealed skip it. The merged
+        # "newly due" value is emptied last: a crash before that merges it once more,
+        # which only makes some entries early.
         writes.append(self._partition_write(partition, ps))
+        if newly:
+            writes.append((f"n/{partition}", b"{}"))
         for k, v in writes:
             store.set(k, v)
         out.metrics["markers_applied"] += 1
