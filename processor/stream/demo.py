@@ -223,7 +223,7 @@ class TrafficPlan:
         bad = [b"not json", b'{"counter": "signups", "ts": 1, "value": 3}',
                b'{"counter": "nobody-declared-me"}', b'{"counter": 5}',
                b'{"counter": "signups", "value": 0.5}']
-        n_bad = max(1, int(len(out) * self.bad_fraction))
+        n_bad = max(len(bad), int(len(out) * self.bad_fraction))
         for k in range(n_bad):
             out.append(PlannedRecord(u() * seconds, None, bad[k % len(bad)], False))
         out.sort(key=lambda r: r.at_s)
@@ -302,10 +302,13 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
         description="Local broker + processor + bursty demo producer; prints the private "
         "counts as they are released with the demo's own true count beside them.")
     p.add_argument("--seconds", type=float, default=60.0, help="how long to produce (s)")
-    p.add_argument("--tick-ms", type=int, default=1000)
-    p.add_argument("--lateness-ms", type=int, default=1500)
+    # The queue lets at most one event through per tick, so a one-minute demo counts at
+    # most a few hundred events; a short tick and a large epsilon make the private count
+    # visibly move within that minute. Production settings come from the config file.
+    p.add_argument("--tick-ms", type=int, default=250)
+    p.add_argument("--lateness-ms", type=int, default=1000)
     p.add_argument("--mechanism", choices=("ecc", "simecc"), default="ecc")
-    p.add_argument("--epsilon", type=float, default=1.0)
+    p.add_argument("--epsilon", type=float, default=400.0)
     p.add_argument("--delta", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=7, help="seed of the demo traffic (not noise)")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
@@ -343,7 +346,7 @@ def _run_demo(args: argparse.Namespace, bootstrap: str, tmp: Path) -> int:
                              deadletter=f"demo-dead-{run_id}"),
         partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
         mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
-        heartbeat_ticks=10, counters={c: start_ms for c in plan.counters},
+        heartbeat_ticks=20, counters={c: start_ms for c in plan.counters},
         noise_key_file=str(write_key(tmp / "noise.key")), state_dir=str(tmp / "state"))
     cfg = write_config(settings, tmp / "demo.toml")
     conf = kafka_io.base_config(settings)
@@ -384,7 +387,11 @@ def _run_demo(args: argparse.Namespace, bootstrap: str, tmp: Path) -> int:
                 q.advance(sealed)
             for rel in next(tail):
                 tr = truth.get(str(rel["counter"]))
-                true_s = tr.at(int(rel["tick"])) if tr is not None else None
+                true_s = None
+                if tr is not None:
+                    # A release for tick t means t is sealed: bring the truth up to it.
+                    tr.advance(tr.start_tick + int(rel["tick"]) - 1)
+                    true_s = tr.at(int(rel["tick"]))
                 print(f"{rel['counter']:<10} {rel['tick']:>5} {rel['kind']:<9} "
                       f"{rel['value']:>9.2f} {rel['error_bound']:>9.1f} "
                       f"{'' if true_s is None else true_s:>6}", flush=True)
