@@ -169,7 +169,7 @@ def phase_throughput(bootstrap: str, tmp: Path, n: int) -> dict[str, Any]:
             events = [(p, r.offset, r.timestamp_ms) for p, rs in tl.items() for r in rs
                       if r.header(kafka_io.SOURCE_HEADER)]
             if len(events) >= n:
-                last = {}
+                last: dict[int, int] = {}
                 for p, off, _ts in events:
                     last[p] = max(last.get(p, -1), off)
                 done = kafka_io.committed_offsets(conf, s.app_id, s.topics.timeline)

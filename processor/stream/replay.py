@@ -112,7 +112,7 @@ class ApplyResult:
 
     releases: list[Release] = field(default_factory=list)
     ledger: list[LedgerEntry] = field(default_factory=list)
-    metrics: object = None
+    metrics: dict[str, int] = field(default_factory=dict)
     duplicate: bool = False
 
 
@@ -145,7 +145,7 @@ class TimelineApplier:
             seen[str(src[0])] = src[1]
             store.set(dkey, orjson.dumps(seen))
         return ApplyResult(releases=list(out.releases), ledger=list(out.ledger),
-                           metrics=getattr(out, "metrics", None))
+                           metrics=dict(out.metrics))
 
 
 # --- replay ----------------------------------------------------------------------------

@@ -257,7 +257,7 @@ def test_known_sequence_matches_operator_spec_and_dead_letters(
     events = [(p, orjson.loads(r.value or b"")) for p, rs in timeline.items() for r in rs]
     got = Counter((d["c"], d["ts"], d["v"]) for p, d in events if d["k"] == "e"
                   and p == partition_for(d["c"], live.settings.partitions))
-    want = Counter()
+    want: Counter[tuple[str, int, int]] = Counter()
     for v in valid:
         d = orjson.loads(v)
         want[(d["counter"], d["ts"], round(d.get("value", 1) * UNIT))] += 1
