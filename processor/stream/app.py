@@ -152,8 +152,13 @@ class WorkerApp:
     table: Any
 
 
-def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> WorkerApp:
-    """Build the Faust app (agents, timer, table) for `settings`. Does not start it."""
+def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
+              replication: int = 1) -> WorkerApp:
+    """Build the Faust app (agents, timer, table) for `settings`. Does not start it.
+
+    `replication` is the replication factor of the topics Faust creates (the state
+    changelog); `run_worker` derives it from the cluster size.
+    """
     partitions = int(settings.partitions)
     app = faust.App(
         settings.app_id,
@@ -166,8 +171,10 @@ def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -
         processing_guarantee="at_least_once",  # exactly-once is avoided on purpose
         consumer_auto_offset_reset="earliest",
         web_enabled=False,
-        table_standby_replicas=int(getattr(settings, "standby_replicas", 0) or 0),
-        topic_replication_factor=int(getattr(settings, "replication_factor", 1) or 1),
+        # A standby copy of each state partition on another worker (when there is one), so a
+        # failed worker's counters move with little changelog to replay.
+        table_standby_replicas=1,
+        topic_replication_factor=replication,
         # A worker killed without leaving the group is noticed after this long (Faust's
         # default is 60 s); its partitions then move to a live worker.
         broker_session_timeout=10.0,
@@ -289,11 +296,15 @@ def _header(headers: Any, name: str) -> bytes | None:
     return found
 
 
-def ensure_topics(settings: Settings) -> None:
-    """Create the timeline and output topics (and the input, if missing) with P partitions."""
+def ensure_topics(settings: Settings, replication: int | None = None) -> int:
+    """Create the timeline and output topics (and the input, if missing) with P partitions.
+
+    Returns the replication factor used (default: min(3, live brokers)).
+    """
     conf = kafka_io.base_config(settings)
     partitions = int(settings.partitions)
-    replication = int(getattr(settings, "replication_factor", 1) or 1)
+    if replication is None:
+        replication = kafka_io.replication_for(conf)
     names = [kafka_io.topic_name(settings, w)
              for w in ("input", "timeline", "counts", "ledger", "deadletter")]
     kafka_io.create_topics(conf, names, partitions, replication=replication)
@@ -301,6 +312,7 @@ def ensure_topics(settings: Settings) -> None:
     if have != partitions:
         raise RuntimeError(f"timeline topic has {have} partitions, configuration says "
                            f"{partitions}: counters would land in the wrong partitions")
+    return replication
 
 
 def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
@@ -324,8 +336,8 @@ def run_worker(settings: Settings, key: NoiseKey | None = None, *,
     """Run the worker until SIGTERM/SIGINT; returns the exit code."""
     if key is None:
         key = load_noise_key(settings)
-    ensure_topics(settings)
-    wa = build_app(settings, key, loglevel=loglevel)
+    replication = ensure_topics(settings)
+    wa = build_app(settings, key, loglevel=loglevel, replication=replication)
     flag = _prepare_state_dir(settings, wa.app)
     worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True,
                           override_logging=False, redirect_stdouts=False)

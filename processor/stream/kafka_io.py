@@ -152,6 +152,16 @@ def partition_count(conf: Mapping[str, str], topic: str,
     return len(t.partitions)
 
 
+def replication_for(conf: Mapping[str, str], timeout_s: float = _DEFAULT_TIMEOUT_S) -> int:
+    """Replication factor for the topics we create: min(3, number of live brokers).
+
+    One broker (a laptop, the tests) gets 1; a three-node cluster gets 3, so the timeline,
+    the outputs and the state changelog survive the loss of a node.
+    """
+    md = make_admin(conf).list_topics(timeout=timeout_s)
+    return max(1, min(3, len(md.brokers)))
+
+
 def stable_partition(key: str, partitions: int) -> int:
     """First 8 bytes of sha256(key) mod `partitions`: stable across processes and runs."""
     if partitions <= 0:

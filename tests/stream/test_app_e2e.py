@@ -38,8 +38,6 @@ from processor.stream.operator import counter_id_for
 from processor.stream.records import REASONS, partition_for
 from processor.stream.replay import ReplayReport, decode_source, replay
 
-pytestmark = pytest.mark.kafka
-
 TEST_SECRET = hashlib.sha256(b"h7 e2e test noise key (public, tests only)").digest()
 
 
@@ -213,6 +211,7 @@ def bad_records(counter: str, start_ms: int, now: int) -> dict[str, bytes]:
 # --------------------------------------------------------------------------- the tests
 
 
+@pytest.mark.kafka
 def test_known_sequence_matches_operator_spec_and_dead_letters(
         live_factory: Callable[..., Live]) -> None:
     """A known event sequence (bursts, future-dated ticks, late events) and one bad record of
@@ -308,6 +307,7 @@ def _strip_markers(timeline: Mapping[int, list[kafka_io.KafkaRecord]]
     return out
 
 
+@pytest.mark.kafka
 def test_thousand_counters_one_worker(live_factory: Callable[..., Live]) -> None:
     """1,000 declared counters on one worker: every counter gets its ledger entry and its
     heartbeats, events reach the right counters, and the published stream equals the
@@ -338,3 +338,36 @@ def test_thousand_counters_one_worker(live_factory: Callable[..., Live]) -> None
     timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
     assert sum(1 for rs in timeline.values() for r in rs
                if r.header(kafka_io.SOURCE_HEADER)) == 3000
+
+
+def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
+    """SASL_SSL settings become librdkafka properties (replay, demo, tests) and Faust
+    credentials (the worker); the password is in neither repr. Control: PLAINTEXT settings
+    produce no credentials and no security properties beyond the protocol."""
+    import ssl
+
+    import faust
+
+    from processor.stream.app import broker_credentials, broker_urls
+    from processor.stream.config import SecuritySettings
+
+    base = with_overrides(Settings(), counters={"a": 0},
+                          bootstrap_servers="k1.example:9093,k2.example:9093")
+    sec = SecuritySettings(security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-512",
+                           sasl_username="svc", sasl_password="s3cret-pw")
+    s = with_overrides(base, security=sec)
+    conf = kafka_io.base_config(s)
+    assert conf == {"bootstrap.servers": "k1.example:9093,k2.example:9093",
+                    "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
+                    "sasl.username": "svc", "sasl.password": "s3cret-pw"}
+    creds = broker_credentials(s)
+    assert isinstance(creds, faust.SASLCredentials)
+    assert creds.username == "svc" and creds.password == "s3cret-pw"
+    assert str(creds.mechanism.value) == "SCRAM-SHA-512"
+    assert isinstance(creds.ssl_context, ssl.SSLContext)
+    assert "s3cret-pw" not in repr(creds) and "s3cret-pw" not in repr(s)
+    assert broker_urls(s) == ["kafka://k1.example:9093", "kafka://k2.example:9093"]
+    # Control: plaintext.
+    assert broker_credentials(base) is None
+    assert kafka_io.base_config(base) == {"bootstrap.servers": "k1.example:9093,k2.example:9093",
+                                          "security.protocol": "plaintext"}
