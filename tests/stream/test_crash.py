@@ -11,6 +11,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -19,6 +21,7 @@ import pytest
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
+from processor.stream.demo import WorkerProcess, write_config
 from processor.stream.operator import DictStore, Operator
 from processor.stream.records import encode_event, encode_marker
 from processor.stream.replay import TimelineApplier, encode_source
@@ -50,6 +53,19 @@ def _produce_steadily(live: Live, seconds: float, seed: int, stop: threading.Eve
         producer.poll(0)
         stop.wait(0.05)
     assert producer.flush(30) == 0
+
+
+def _events_applied(live: Live, timeline: dict[int, list[kafka_io.KafkaRecord]]) -> int:
+    """How many events the operator applies when run over the whole timeline."""
+    applier = TimelineApplier(Operator(live.settings, live.key))
+    store = DictStore()
+    applied = 0
+    for p, rs in sorted(timeline.items()):
+        for r in rs:
+            res = applier.apply(store, p, r.offset, r.value or b"",
+                                r.header(kafka_io.SOURCE_HEADER))
+            applied += res.metrics.get("events_applied", 0)
+    return applied
 
 
 def _wait_caught_up(live: Live, timeout_s: float) -> None:
@@ -115,15 +131,7 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     assert on_timeline == inputs
 
     # None counted twice: the operator applies each input offset exactly once.
-    applier = TimelineApplier(Operator(live.settings, live.key))
-    store = DictStore()
-    applied = 0
-    for p, rs in sorted(timeline.items()):
-        for r in rs:
-            res = applier.apply(store, p, r.offset, r.value or b"",
-                                r.header(kafka_io.SOURCE_HEADER))
-            applied += res.metrics.get("events_applied", 0)
-    assert applied == sent[0]
+    assert _events_applied(live, timeline) == sent[0]
 
     # One value per (counter, tick); equal to the uninterrupted run and to the spec.
     published = published_map(live.releases())
@@ -137,6 +145,54 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     print(f"crash test: {sent[0]} events, {live.worker.starts} starts, "
           f"{report.duplicates_dropped} re-ingested duplicates dropped, "
           f"{report.recomputed} releases identical")
+
+
+@pytest.mark.kafka
+def test_failed_worker_counters_move_to_the_other(
+        live_factory: Callable[..., Live], tmp_path: Path) -> None:  # noqa: F811
+    """Two workers in one group share the partitions; one is killed for good while events
+    flow. The survivor takes over its partitions with their state (from the changelog or
+    its standby copy), the markers keep coming (the leader role moves if needed), and the
+    published stream has no loss, no double count and equals the uninterrupted replay."""
+    tick = 100
+    start = (now_ms() // tick) * tick
+    live = live_factory(dict.fromkeys(COUNTERS, start), name="failover", epsilon=500.0,
+                        lateness_ms=400, partitions=4)
+    other_cfg = write_config(replace(live.settings, state_dir=str(tmp_path / "state-b")),
+                             tmp_path / "worker-b.toml")
+    other = WorkerProcess(other_cfg, tmp_path / "worker-b.log")
+    live.worker.start()
+    other.start()
+    try:
+        live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+        stop = threading.Event()
+        sent = [0]
+        producer = threading.Thread(target=_produce_steadily,
+                                    args=(live, 12.0, 11, stop, sent), daemon=True)
+        producer.start()
+        stop.wait(4.0)  # let both workers process for a while: the kill point
+        live.worker.kill()
+        producer.join(timeout=120)
+        assert not producer.is_alive()
+        last_tick = (now_ms() + 60 * tick) // tick - start // tick + 1
+        live.wait_releases(lambda rs: {r["counter"] for r in rs if r["tick"] >= last_tick}
+                           == set(COUNTERS), timeout_s=120)
+        live.worker, survivor = other, live.worker
+        _wait_caught_up(live, 60)
+        assert other.stop() == 0, other.log_tail()
+        live.worker = survivor
+    finally:
+        other.stop()
+    inputs = {(r.partition, r.offset) for r in
+              kafka_io.iter_topic(live.conf, live.topics.input)}
+    assert len(inputs) == sent[0]
+    from processor.stream.replay import replay
+
+    report = replay(live.settings, live.key, through="end")
+    assert report.identical, report.summary()
+    timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
+    assert _events_applied(live, timeline) == sent[0]
+    published_map(live.releases())
 
 
 def _settings() -> Settings:
