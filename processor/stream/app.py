@@ -9,6 +9,9 @@ Three pieces, all built from Settings by `build_app`:
 - the operator agent: timeline -> `Operator.apply` on a Faust table (RocksDB via
   rocksdict, changelogged to Kafka) -> private-count and ledger topics.
 
+The dead-letter topic is the only place raw input bytes appear (base64, truncated): it is a
+private topic, like the input. The private-count and ledger topics are public.
+
 Crash safety (at-least-once, never exactly-once; see DESIGN.md):
 - every timeline event carries a header naming its input partition and offset, so the
   duplicates that a crash of the ingest agent creates are dropped by `TimelineApplier`
@@ -44,7 +47,7 @@ from faust.types import EventT
 
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
-from processor.stream.config import Settings, load_settings
+from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.operator import Operator
 from processor.stream.records import Rejection, deadletter_record, parse_input, sealed_through
 from processor.stream.replay import (
@@ -232,7 +235,16 @@ def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
         value = msg.value if isinstance(msg.value, bytes) else b""
         source = _header(msg.headers, kafka_io.SOURCE_HEADER)
         store = BufferedStore(TableStore(table))
-        result = applier.apply(store, msg.partition, msg.offset, value, source)
+        try:
+            result = applier.apply(store, msg.partition, msg.offset, value, source)
+        except Exception as exc:
+            # The operator never raises on a well-formed record, so this is corrupt state or
+            # a bug. Skipping the record would silently fork the published stream from the
+            # log, so the worker stops instead (nothing of this record was written). Only
+            # the error type is logged: its message might name a counter.
+            log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
+            await app.crash(exc)
+            raise
         if result.duplicate:
             metrics.add("timeline_duplicates_dropped")
         metrics.add_output_metrics(result.metrics)
@@ -364,7 +376,11 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=args.loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = load_settings(args.config)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        print(f"error: configuration: {exc}", file=sys.stderr)
+        return 2
     key = NoiseKey.from_file(args.key_file) if args.key_file else load_noise_key(settings)
     return run_worker(settings, key, loglevel=args.loglevel)
 
