@@ -138,7 +138,11 @@ class TableStore:
         self._table = table
 
     def get(self, key: str) -> bytes | None:
-        value = self._table.get(key.encode("utf-8"))
+        # Read the store directly: Table.get would look the key up twice (contains + get).
+        try:
+            value = self._table.data[key.encode("utf-8")]
+        except KeyError:
+            return None
         return None if value is None else bytes(value)
 
     def set(self, key: str, value: bytes) -> None:
