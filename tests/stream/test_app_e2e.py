@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import subprocess
+import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -117,16 +119,14 @@ def live_factory(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[...,
         lv.worker.stop()
 
 
-def spec_expectation(settings: Settings, key: NoiseKey,
-                     timeline: Mapping[int, list[kafka_io.KafkaRecord]]
-                     ) -> dict[tuple[str, int, str], float]:
-    """Releases re-derived from the written design, independently of the Operator code.
+def implied_ticks(settings: Settings, timeline: Mapping[int, list[kafka_io.KafkaRecord]]
+                  ) -> dict[str, list[float | None]]:
+    """Per counter, the input x_1, x_2, ... the design implies for this timeline.
 
     Per partition, in offset order: a marker raises the partition's sealed frontier; an
     event (first copy of each input offset only) joins tick max(ts // tick, frontier + 1).
-    Per counter: tick by tick up to the final frontier, arrivals join a FIFO queue, at most
-    one leaves as x_t, a fresh counter steps; a change record when y moves, a heartbeat at
-    t % heartbeat_ticks == 0 otherwise.
+    Per counter, tick by tick up to the final frontier: arrivals join a FIFO queue and at
+    most one leaves as x_t (else None, i.e. ⊥).
     """
     tick = settings.tick_ms
     starts = {c: s // tick for c, s in settings.counters.items()}
@@ -149,22 +149,57 @@ def spec_expectation(settings: Settings, key: NoiseKey,
             g = max(int(d["ts"]) // tick, frontier + 1, starts[c])
             arrivals[c].setdefault(g, []).append(int(d["v"]))
         final[p] = frontier
-    out: dict[tuple[str, int, str], float] = {}
+    out: dict[str, list[float | None]] = {}
     for c, start in starts.items():
         through = final.get(partition_for(c, settings.partitions), -1)
-        counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
-                                counter_id_for(settings, c))
         queue: deque[int] = deque()
-        last = 0.0
+        xs: list[float | None] = []
         for g in range(start, through + 1):
             queue.extend(arrivals[c].get(g, []))
-            y = counter.update(queue.popleft() / UNIT if queue else None)
-            t = g - start + 1
+            xs.append(queue.popleft() / UNIT if queue else None)
+        out[c] = xs
+    return out
+
+
+def spec_expectation(settings: Settings, key: NoiseKey,
+                     timeline: Mapping[int, list[kafka_io.KafkaRecord]]
+                     ) -> dict[tuple[str, int, str], float]:
+    """Releases re-derived from the written design, independently of the Operator code:
+    a fresh core counter steps through the implied x_t; a change record when y moves, a
+    heartbeat at t % heartbeat_ticks == 0 otherwise."""
+    out: dict[tuple[str, int, str], float] = {}
+    for c, xs in implied_ticks(settings, timeline).items():
+        counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
+                                counter_id_for(settings, c))
+        last = 0.0
+        for t, x in enumerate(xs, start=1):
+            y = counter.update(x)
             if y != last:
                 out[(c, t, "change")] = y
             elif t % settings.heartbeat_ticks == 0:
                 out[(c, t, "heartbeat")] = y
             last = y
+    return out
+
+
+def count_cli_changes(settings: Settings, key_file: str, counter: str,
+                      xs: list[float | None], tmp: Path) -> dict[int, float]:
+    """`python -m processor count --changes` on the implied tick file: t -> y where y moved."""
+    ticks = tmp / f"{counter}.ticks"
+    ticks.write_text("".join("_\n" if x is None else f"{x!r}\n" for x in xs))
+    res = subprocess.run(
+        [sys.executable, "-m", "processor", "count", "--mechanism", settings.mechanism,
+         "--epsilon", repr(settings.epsilon), "--delta", repr(settings.delta),
+         "--key-file", key_file, "--counter-id", counter_id_for(settings, counter),
+         "--changes", "--input", str(ticks)],
+        capture_output=True, check=True, cwd=str(Path(__file__).resolve().parents[2]))
+    rows = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    out: dict[int, float] = {}
+    last = 0.0
+    for r in rows:
+        if r["y"] != last:
+            out[int(r["t"])] = float(r["y"])
+        last = r["y"]
     return out
 
 
@@ -251,6 +286,13 @@ def test_known_sequence_matches_operator_spec_and_dead_letters(
     assert {k: v for k, v in published.items() if k in expected} == expected
     assert any(k[0] == "beta" and k[2] == "change" for k in expected)
     assert any(k[0] == "alpha" and k[1] >= end_tick - 10 for k in expected)
+    # ... which is what `python -m processor count` gives on the implied tick sequence.
+    xs = implied_ticks(live.settings, prefix)
+    assert sum(x or 0 for x in xs["alpha"]) == 35 and sum(x or 0 for x in xs["beta"]) == 10
+    for c in ("alpha", "beta"):
+        cli = count_cli_changes(live.settings, str(live.settings.noise_key_file), c, xs[c],
+                                Path(str(live.config)).parent)
+        assert cli == {k[1]: v for k, v in expected.items() if k[0] == c and k[2] == "change"}
 
     # Every valid event is on the timeline exactly once, in its counter's partition.
     events = [(p, orjson.loads(r.value or b"")) for p, rs in timeline.items() for r in rs]
