@@ -168,3 +168,68 @@ def test_sweep_results_do_not_depend_on_jobs() -> None:
     one = figures.sweep(setup, ["basecc", "simecc"], [1.0, 30.0], progress=False, jobs=1)
     two = figures.sweep(setup, ["basecc", "simecc"], [1.0, 30.0], progress=False, jobs=2)
     assert [p.row() for p in one] == [p.row() for p in two]
+
+
+def test_fig2_histograms_are_normalised_and_placed(tmp_path: object) -> None:
+    """fig2 at a small size: per hypothesis the densities integrate to 1 over the bins
+    (normalised over the shown range; the CSV keeps 6 digits), theta is the paper's
+    threshold, and the panels are the paper's (BaseCC and PartitionCC at eps 2.78,
+    SimECC at 150)."""
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    assert main_experiment(["fig2", "--runs", "400", "--horizon", "400", "--out", str(out),
+                            "--no-progress"]) == 0
+    rows = list(csv.DictReader((out / "fig2.csv").open()))
+    panels = sorted({(r["mechanism"], round(float(r["epsilon"]), 2)) for r in rows})
+    assert panels == [("basecc", 2.78), ("partitioncc", 2.78), ("simecc", 150.0)]
+    theta = attack.threshold(attack.block_rates(400))
+    for m, _ in panels:
+        for hyp in ("H0", "H1"):
+            sel = [r for r in rows if r["mechanism"] == m and r["hypothesis"] == hyp]
+            mass = sum(float(r["density"]) * (float(r["bin_right"]) - float(r["bin_left"]))
+                       for r in sel)
+            assert mass == pytest.approx(1.0, abs=1e-4)  # the CSV keeps 6 digits
+            assert float(sel[0]["theta"]) == pytest.approx(theta, rel=1e-5)
+
+
+def test_fig3_panels_vary_one_parameter_each(tmp_path: object) -> None:
+    """fig3 at a small size: panels a-d change exactly the parameter the paper's panels do."""
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    assert main_experiment(["fig3", "--runs", "20", "--horizon", "100", "--eps", "5",
+                            "--mechanisms", "gaussiancc", "--out", str(out),
+                            "--no-progress"]) == 0
+    rows = {r["panel"]: r for r in csv.DictReader((out / "fig3.csv").open())}
+    assert sorted(rows) == ["a", "b", "c", "d"]
+    key = ("delta", "rate_low", "rate_high", "width")
+    base = tuple(float(rows["a"][k]) for k in key)
+    assert base == (1e-5, 0.1, 0.9, 10.0)
+    assert tuple(float(rows["b"][k]) for k in key) == (1e-5, 0.1, 0.9, 50.0)
+    assert tuple(float(rows["c"][k]) for k in key) == (1e-5, 0.3, 0.7, 10.0)
+    assert tuple(float(rows["d"][k]) for k in key) == (1e-9, 0.1, 0.9, 10.0)
+
+
+def test_fig1b_is_error_against_horizon(tmp_path: object, capsys: pytest.CaptureFixture[str]
+                                        ) -> None:
+    """fig1b at a small size: one row per (horizon, mechanism), constant rate, no attack
+    columns; GaussianCC's error grows with T (its sigma_t grows like sqrt(t) ln t: at
+    these sizes the growth is many standard errors, so the check cannot fail by chance)."""
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    assert main_experiment(["fig1b", "--runs", "30", "--horizon", "100", "1000",
+                            "--out", str(out), "--no-progress"]) == 0
+    rows = list(csv.DictReader((out / "fig1b.csv").open()))
+    assert [(r["mechanism"], int(r["horizon"])) for r in rows] == [
+        ("ecc", 100), ("simecc", 100), ("gaussiancc", 100),
+        ("ecc", 1000), ("simecc", 1000), ("gaussiancc", 1000)]
+    assert all(r["rate_low"] == r["rate_high"] == "0.01" and r["advantage"] == "nan"
+               for r in rows)
+    g = [float(r["rmse"]) for r in rows if r["mechanism"] == "gaussiancc"]
+    assert g[1] > 3 * g[0]
+    # table1 from a CSV: the committed full run's file reads back
+    assert main_experiment(["table1", "--csv", "docs/figures/fig1a.csv", "--out",
+                            str(out / "t")]) == 0
+    assert "SimECC" in capsys.readouterr().out
