@@ -109,5 +109,5 @@ def test_keygen_writes_private_file(tmp_path: pytest.TempPathFactory) -> None:
     assert main(["keygen", path]) == 0
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     key = NoiseKey.from_file(path)
-    assert "NoiseKey(<secret>)" == repr(key)
+    assert repr(key) == "NoiseKey(<secret>)"
     assert main(["keygen", path]) == 2  # never overwrites a key by accident
