@@ -375,8 +375,9 @@ def test_thousand_counters_one_worker(live_factory: Callable[..., Live]) -> None
     assert live.worker.stop() == 0, live.worker.log_tail()
     ledger = {r.key for r in kafka_io.iter_topic(live.conf, live.topics.ledger)}
     assert ledger == {n.encode() for n in names}
-    report = assert_matches_operator(live)
-    assert report.recomputed >= 1000 * (target // 10)
+    assert_matches_operator(live)
+    # Published: every counter past the target tick (committed ones were all checked).
+    assert len(published_map(live.releases())) >= 1000 * (target // 10)
     timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
     assert sum(1 for rs in timeline.values() for r in rs
                if r.header(kafka_io.SOURCE_HEADER)) == 3000

@@ -137,7 +137,7 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     published = published_map(live.releases())
     from processor.stream.replay import replay
 
-    report = replay(live.settings, live.key, through="end")
+    report = replay(live.settings, live.key)
     assert report.identical, report.summary()
     expected = spec_expectation(live.settings, live.key, committed_prefix(live))
     assert {k: v for k, v in published.items() if k in expected} == expected
@@ -188,7 +188,7 @@ def test_failed_worker_counters_move_to_the_other(
     assert len(inputs) == sent[0]
     from processor.stream.replay import replay
 
-    report = replay(live.settings, live.key, through="end")
+    report = replay(live.settings, live.key)
     assert report.identical, report.summary()
     timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
     assert _events_applied(live, timeline) == sent[0]
