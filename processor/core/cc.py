@@ -107,6 +107,42 @@ def cc_alpha(eps: float, delta: float, beta: float, t: int, base: str = "tree",
     return cc_sigma(eps, delta, t, base, sensitivity) * tail_factor(beta, t)
 
 
+def cc_sigma_max(eps: float, delta: float, t: int, base: str = "tree",
+                 sensitivity: int = UNIT) -> float:
+    """max over 1 <= l <= t of cc_sigma(l), in units: a bound on the error std at every
+    step up to t.
+
+    cc_sigma is not monotone in its step (it drops at interval ends l = 2^j - 1, and with
+    the popcount of the local time inside an interval), so a caller that only knows an
+    upper bound t on the step count (ECC: the number of checkpoints l <= t) must use this
+    envelope, not cc_sigma(t). For the l of the interval [2^k - 1, 2^{k+1} - 2] (k intervals
+    complete) the running counter is at local time tau = l - 2^k + 1 in [0, m]; its std
+    grows with tau (sqrt) or with popcount(tau) (trees), so the maximum over [0, m] is at
+    tau = m or at the all-ones number 2^{bitlen(m) - 1} - 1. O(log t) evaluations.
+    """
+    t = int(t)
+    best = 0.0
+    k = 1
+    while (1 << k) - 1 <= t:
+        first = (1 << k) - 1
+        m = min(t, (1 << (k + 1)) - 2) - first
+        cands = {first, first + m}
+        if m >= 1:
+            cands.add(first + (1 << (m.bit_length() - 1)) - 1)
+        for l in cands:  # noqa: E741
+            best = max(best, cc_sigma(eps, delta, l, base, sensitivity))
+        k += 1
+    return best
+
+
+def cc_alpha_max(eps: float, delta: float, beta: float, t: int, base: str = "tree",
+                 sensitivity: int = UNIT) -> float:
+    """max over 1 <= l <= t of cc_alpha(eps, delta, beta, l) (bounded above; units)."""
+    if t <= 0:
+        return 0.0
+    return cc_sigma_max(eps, delta, t, base, sensitivity) * tail_factor(beta, t)
+
+
 def bcc_eta(eps: float, delta: float) -> float:
     """eta = 0.5 delta / (1 + e^eps) of Lemma 3.13 (the probability BCC differs from M)."""
     return 0.5 * delta / (1.0 + math.exp(eps)) if eps < 700 else 0.0
@@ -130,6 +166,18 @@ def bcc_alpha(eps: float, delta: float, t: int, beta: float = 0.05, base: str = 
         return 0.0
     a = cc_alpha(eps, delta / 2, beta, t, base, sensitivity)
     return (a + bcc_offset(eps, delta, t, base, sensitivity)) / sensitivity + 1.0
+
+
+def bcc_alpha_max(eps: float, delta: float, t: int, beta: float = 0.05, base: str = "tree",
+                  sensitivity: int = UNIT) -> float:
+    """An upper bound on bcc_alpha(eps, delta, l, beta) for every 1 <= l <= t (counts)."""
+    if t <= 0:
+        return 0.0
+    eta = bcc_eta(eps, delta)
+    if eta <= 0.0:
+        raise InvalidParameterError("eps too large for BCC's eta")
+    sig = cc_sigma_max(eps, delta / 2, t, base, sensitivity)
+    return sig * (tail_factor(beta, t) + tail_factor(eta, t)) / sensitivity + 1.0
 
 
 class UnboundedCC(UnitCounter):
@@ -208,6 +256,11 @@ class UnboundedCC(UnitCounter):
 
     def sigma(self, t: int) -> float:
         return cc_sigma(self.eps, self.delta, t, self.base, self.sensitivity)
+
+    def alpha_max(self, beta: float, t: int) -> float:
+        """A bound on alpha(beta, l) for every l <= t (units): for a caller that knows
+        only an upper bound t on this counter's step count (see cc_sigma_max)."""
+        return cc_alpha_max(self.eps, self.delta, beta, t, self.base, self.sensitivity)
 
     @staticmethod
     def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
@@ -314,6 +367,10 @@ class BCC(UnitCounter):
         """Lemma 3.13 bound in counts: with probability >= 1 - beta, for all t,
         0 <= y_t - s_t <= alpha(beta, t)."""
         return bcc_alpha(self.eps, self.delta, t, beta, self._cc.base, self.sensitivity)
+
+    def alpha_max(self, beta: float, t: int) -> float:
+        """A bound on alpha(beta, l) for every l <= t (counts; see cc_sigma_max)."""
+        return bcc_alpha_max(self.eps, self.delta, t, beta, self._cc.base, self.sensitivity)
 
     def to_state(self) -> dict[str, Any]:
         return {"k": self.kind, "e": self.eps, "d": self.delta, "lab": self.label, "s": self._s,

@@ -263,15 +263,20 @@ class _EccBase(Counter):
     def error_bound(self, beta: float = 0.05) -> float:
         """A bound on |y_t - s_t| (events) holding with probability >= 1 - beta, from
         (eps, delta, t) only: beta is split in three equal parts between the partition,
-        CC and BCC; s_t and the number of checkpoints are bounded by t (public)."""
+        CC and BCC; s_t and the number of checkpoints are bounded by t (public).
+
+        The CC and BCC terms of Theorem 4.3 are E_CC(l), E_BCC(l) at the (private) number
+        of checkpoints l <= t, and neither is monotone in l (the doubling-trick CC's error
+        drops at l = 2^j - 1), so they are bounded by their maximum over l <= t, not by
+        their value at t. This also makes the bound non-decreasing in t."""
         if not 0 < beta < 1:
             raise InvalidParameterError("beta must be in (0, 1)")
         t = self._t
         if t == 0:
             return 0.0
         b = beta / 3.0
-        e_bcc = self._bcc.alpha(b, t)  # ticks, i.e. events (at most one per tick)
-        e_cc = self._cc.alpha(b, t) / UNIT
+        e_bcc = self._bcc.alpha_max(b, t)  # ticks, i.e. events (at most one per tick)
+        e_cc = self._cc.alpha_max(b, t) / UNIT
         return 2.0 * e_bcc + e_cc + self._part_bound(b)
 
 

@@ -26,7 +26,15 @@ from processor.core.bounded import (
     tree_sigma,
 )
 from processor.core.calibration import analytic_gaussian_sigma
-from processor.core.cc import BCC, UnboundedCC, bcc_alpha, bcc_eta, bcc_offset, cc_sigma
+from processor.core.cc import (
+    BCC,
+    UnboundedCC,
+    bcc_alpha,
+    bcc_eta,
+    bcc_offset,
+    cc_sigma,
+    cc_sigma_max,
+)
 from processor.core.errors import InvalidInputError, StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
@@ -303,3 +311,18 @@ def test_bcc_is_an_integer_that_never_underestimates_and_is_accurate() -> None:
         assert ctrl > limit
     assert bcc_alpha(EPS, DELTA, 10) > bcc_offset(EPS, DELTA, 10) / UNIT
     assert bcc_eta(EPS, DELTA) == pytest.approx(0.5 * DELTA / (1 + math.e))
+
+
+@pytest.mark.parametrize("base", ["tree", "sqrt", "laplace"])
+def test_cc_sigma_max_is_the_running_maximum(base: str) -> None:
+    """cc_sigma_max(t) = max over l <= t of cc_sigma(l), by brute force (cc_sigma is not
+    monotone: it drops at l = 2^j - 1 and with the popcount of the local time)."""
+    eps, delta = 1.0, 1e-5
+    run = 0.0
+    drops = 0
+    for t in range(1, 700):
+        s = cc_sigma(eps, delta, t, base)
+        drops += s < run
+        run = max(run, s)
+        assert cc_sigma_max(eps, delta, t, base) == pytest.approx(run, rel=1e-12)
+    assert drops > 0  # the envelope is needed

@@ -171,6 +171,9 @@ class _IntervalOnlyCC:
     def alpha(self, beta: float, t: int) -> float:
         return float(self.inner.alpha(beta, t))
 
+    def alpha_max(self, beta: float, t: int) -> float:
+        return float(self.inner.alpha_max(beta, t))
+
     def to_state(self) -> dict[str, Any]:
         return dict(self.inner.to_state())
 
@@ -201,6 +204,32 @@ def test_accuracy_within_the_explicit_bound(cls: Mech) -> None:
     limit = int(stats.binom.ppf(0.999, runs, beta))
     assert accuracy_failures(cls, False, runs, 1500, 36, beta) <= limit
     assert accuracy_failures(cls, True, runs, 1500, 36, beta) > limit  # control
+
+
+@pytest.mark.parametrize("cls", MECHS)
+def test_error_bound_covers_every_checkpoint_count(cls: Mech) -> None:
+    """Theorem 4.3 needs E_CC(l) and E_BCC(l) at the private number of checkpoints l <= t,
+    and neither is monotone in l (the doubling-trick CC's error drops at l = 2^j - 1). The
+    public bound at t must dominate the terms for every l <= t, and never decrease in t.
+    (Regression: it used E(t), which at t = 2^12 - 1 is below E(4094).)"""
+    key = NoiseKey.from_seed(39)
+    beta = 0.05
+    b = beta / 3
+    m = cls(1.0, 1e-5, key, "eb")
+    m.skip(4000)
+    prev = m.error_bound(beta)
+    for _ in range(200):  # across t = 4095 = 2^12 - 1 and 4096
+        m.skip(1)
+        cur = m.error_bound(beta)
+        assert cur >= prev
+        prev = cur
+    for t in (4095, 4096):
+        m = cls(1.0, 1e-5, key, "eb")
+        m.skip(t)
+        part = m._part_bound(b)
+        need = max(2.0 * m._bcc.alpha(b, n) + m._cc.alpha(b, n) / UNIT
+                   for n in range(1, t + 1))
+        assert m.error_bound(beta) >= need + part
 
 
 @pytest.mark.parametrize("cls", MECHS)
