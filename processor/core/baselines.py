@@ -31,7 +31,7 @@ from processor.core.bounded import (
 )
 from processor.core.calibration import gdp_mu
 from processor.core.cc import UnboundedCC, _psum_laplace_scale
-from processor.core.errors import InvalidParameterError, StateFormatError
+from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import discrete_gaussian, discrete_laplace, gaussian_sigma2_units
@@ -102,7 +102,8 @@ class _GridCounter(Counter):
         except StateFormatError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-            raise StateFormatError(f"{cls.mechanism} state is invalid: {exc}") from None
+            raise StateFormatError(
+                f"{cls.mechanism} state is invalid: {state_error_detail(exc)}") from None
         if t < 0:
             raise StateFormatError("negative tick in state")
         obj._t, obj._y = t, y

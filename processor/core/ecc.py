@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
 from processor.core.cc import BCC, UnboundedCC
-from processor.core.errors import InvalidParameterError, StateFormatError
+from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, from_units, to_units
 from processor.core.partition import Part, SimPart, part_tau, simpart_scale
 from processor.core.rng import NoiseKey
@@ -257,7 +257,8 @@ class _EccBase(Counter):
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StateFormatError):
                 raise
-            raise StateFormatError(f"{cls.mechanism} state is incomplete: {exc}") from None
+            raise StateFormatError(
+                f"{cls.mechanism} state is invalid: {state_error_detail(exc)}") from None
         return obj
 
     def error_bound(self, beta: float = 0.05) -> float:

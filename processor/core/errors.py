@@ -27,5 +27,17 @@ class StateFormatError(CoreError, ValueError):
     """Serialized state that cannot be restored: wrong magic, version, mechanism or parameters."""
 
 
+def state_error_detail(exc: BaseException) -> str:
+    """Why restoring a state failed, without quoting any value of the state.
+
+    State fields hold private quantities (noise, interval sums, scheduled releases), and
+    the messages of int()/float() conversions quote the offending value, so a restore
+    error names only the missing field (our own key) or the exception type.
+    """
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        return f"missing field {exc.args[0]!r}"
+    return f"a field has the wrong type or value ({type(exc).__name__})"
+
+
 class NoiseKeyError(CoreError):
     """A noise key that is missing, unreadable or too short. Never a silent weak default."""

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
 from processor.core.ecc import ECC, ecc_parameters
-from processor.core.errors import InvalidInputError, StateFormatError
+from processor.core.errors import InvalidInputError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import discrete_laplace, laplace_scale_units
@@ -121,7 +121,7 @@ class W(Counter):
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StateFormatError):
                 raise
-            raise StateFormatError(f"w state is incomplete: {exc}") from None
+            raise StateFormatError(f"w state is invalid: {state_error_detail(exc)}") from None
         if obj._inner.eps != obj.eps / 2.0 or obj._inner.delta != obj.delta / 2.0:
             raise StateFormatError("w state: inner parameters do not match")
         return obj

@@ -219,3 +219,42 @@ def test_state_stays_small(name: str) -> None:
     c.skip((1 << 14) - len(xs))
     assert c.t == 1 << 14
     assert len(c.to_bytes()) < 4096
+
+
+def _with_leaf(body: object, path: tuple[object, ...], value: object) -> object:
+    """A copy of the state body with the leaf at `path` replaced."""
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    if isinstance(body, dict):
+        out = dict(body)
+        out[head] = _with_leaf(body[head], rest, value)
+        return out
+    assert isinstance(body, list) and isinstance(head, int)
+    items = list(body)
+    items[head] = _with_leaf(body[head], rest, value)
+    return items
+
+
+def _int_leaves(body: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    if isinstance(body, dict):
+        return [p for k, v in body.items() for p in _int_leaves(v, (*path, k))]
+    if isinstance(body, list):
+        return [p for i, v in enumerate(body) for p in _int_leaves(v, (*path, i))]
+    return [path] if isinstance(body, int) and not isinstance(body, bool) else []
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_restore_errors_never_quote_state_values(name: str) -> None:
+    """State holds private quantities (noise, sums, scheduled releases): a restore error
+    must not echo a field's content, e.g. the ValueError text of int('31415926x')."""
+    c = make(name, eps=EPS_HIGH)
+    run(c, stream(40, 9))
+    data = c.to_bytes()
+    body = state_codec.unpack(data, mech(name), data[3])
+    for path in _int_leaves(body)[:200]:
+        bad = state_codec.pack(mech(name), data[3], _with_leaf(body, path, "31415926x"))  # type: ignore[arg-type]
+        try:
+            type(c).from_bytes(bad, KEY)
+        except StateFormatError as exc:
+            assert "31415926" not in str(exc), path
