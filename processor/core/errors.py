@@ -16,7 +16,17 @@ class InvalidInputError(CoreError, ValueError):
     def __init__(self, value: object, reason: str) -> None:
         self.value = value
         self.reason = reason
-        super().__init__(f"invalid input {value!r}: {reason}")
+        super().__init__(f"invalid input {_short_repr(value)}: {reason}")
+
+
+def _short_repr(value: object, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters; never raises (repr of an int with more
+    than 4300 digits does)."""
+    try:
+        r = repr(value)
+    except Exception:  # any failing __repr__: name the type only
+        return f"<{type(value).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 class InvalidParameterError(CoreError, ValueError):

@@ -25,6 +25,8 @@ def to_units(x: object) -> int:
         return 0
     if isinstance(x, bool) or not isinstance(x, int | float):
         raise InvalidInputError(x, f"expected a number in [0, 1] or None, got {type(x).__name__}")
+    if isinstance(x, int) and not 0 <= x <= 1:  # before float(): a huge int overflows it
+        raise InvalidInputError(x, "outside [0, 1]")
     xf = float(x)
     if math.isnan(xf):
         raise InvalidInputError(x, "not a number")

@@ -87,7 +87,9 @@ def test_class_attributes(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
-@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -0.1, 1.5, "1", True, [], b"\x01"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, -0.1, 1.5, "1", True, [], b"\x01",
+                                 2, -1, pytest.param(10**400, id="int-1e400"),
+                                 pytest.param(-(10**5000), id="int-neg-1e5000")])
 def test_invalid_input_raises_and_leaves_state_untouched(name: str, bad: object) -> None:
     c = make(name)
     run(c, stream(20, 1))
