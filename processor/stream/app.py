@@ -159,8 +159,7 @@ class WorkerApp:
     table: Any
 
 
-def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
-              replication: int = 1) -> WorkerApp:
+def build_app(settings: Settings, key: NoiseKey, *, replication: int = 1) -> WorkerApp:
     """Build the Faust app (agents, timer, table) for `settings`. Does not start it.
 
     `replication` is the replication factor of the topics Faust creates (the state
@@ -290,7 +289,6 @@ def build_app(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
         log.info("metrics %s", metrics.summary())
 
     app.timer(interval=METRICS_LOG_S, name=f"{settings.app_id}-metrics")(log_metrics)
-    _ = loglevel
     return WorkerApp(app=app, settings=settings, metrics=metrics, table=table)
 
 
@@ -353,7 +351,7 @@ def run_worker(settings: Settings, key: NoiseKey | None = None, *,
     if key is None:
         key = load_noise_key(settings)
     replication = ensure_topics(settings)
-    wa = build_app(settings, key, loglevel=loglevel, replication=replication)
+    wa = build_app(settings, key, replication=replication)
     flag = _prepare_state_dir(settings, wa.app)
     worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True,
                           override_logging=False, redirect_stdouts=False)
@@ -376,7 +374,8 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
                                 description="Run the private-count stream processor.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (overrides noise_key_file)")
-    p.add_argument("--loglevel", default=os.environ.get("DPC_LOGLEVEL", "warning"))
+    p.add_argument("--loglevel", default="warning",
+                   help="debug, info, warning (default) or error")
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=args.loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
