@@ -14,8 +14,12 @@ changes, both on the safe side:
   tail beyond about -2 ln(1/delta)/eps has probability <= delta/2. For Z,
   P(Z <= -k) = e^{-k s/t} / (1 + e^{-s/t}); with the extra tick below, k exceeds that
   cut-off by one, so the tail is at most delta^{(2/eps)(s/t)} e^{-s/t}/(1 + e^{-s/t})
-  < delta^{(2/eps)(s/t)} / 2. (2/eps)(s/t) is 1 up to the rounding of the scale (relative
-  2^-16 eps/2), so this is delta/2 up to that rounding: flagged for review.
+  < delta^{(2/eps)(s/t)} / 2. (2/eps)(s/t) is 1 up to the rounding of the scale, and the
+  rounding is covered exactly: with a = s/t and x = (2/eps) a, 1 - x = (t - 2 UNIT/eps)/t
+  < 1/t, so delta^x e^{-a}/(1 + e^{-a}) <= delta/2 iff delta^{x-1} <= (1 + e^a)/2, which
+  follows from delta^{x-1} < e^{ln(1/delta)/t} <= e^{a/2} <= (1 + e^a)/2 whenever
+  ln(1/delta) <= UNIT/2 (any float delta > 0 has ln(1/delta) < 745). So the tail is at
+  most delta/2 exactly.
 - the real shift 1 + 2 ln(1/delta)/eps (C must be a whole number of ticks) is rounded up
   and one extra tick is added, so every tail event of the proof is at least as rare as
   with the paper's continuous U. Only more padding, never less.
