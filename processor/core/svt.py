@@ -6,7 +6,8 @@ v_t + Z_t > tau + (8/eps) ln(t + ceil(12/eps)) + Z_0.
 Here v_t, Z_0 and Z_t are integers in grid units (discrete Laplace on the 2^-16 lattice,
 scale rounded up to whole units), so the test is an integer against a real threshold:
 k > r iff k > floor(r). The threshold is public, so rounding it is a public choice that
-does not touch privacy (SVT is private for any threshold).
+does not touch privacy (the SVT lemmas hold for any threshold). The scales are inflated
+slightly so that the shift argument of Lemma 4.15 holds on the lattice too.
 
 Two ways to advance:
 
@@ -63,9 +64,18 @@ def svt_threshold_units(eps: float, tau: float, t: int) -> int:
     return math.floor(svt_threshold(eps, tau, t) * UNIT)
 
 
+#: Scale inflation for the grid. The shift-stability argument (Lemma 4.15) moves Z_0 by
+#: 5/3 and Z_t by 8/3, which are not whole grid units; on the lattice the shift rounds up to
+#: ceil(shift * UNIT) units, up to 1/(shift * UNIT) < 2^-16 relatively more privacy loss.
+#: Scales 2^-14 larger cover that with room to spare.
+SVT_GRID_INFLATION = 1.0 + 2.0**-14
+
+
 def svt_scales(eps: float) -> tuple[int, int]:
-    """(scale of Z_0, scale of Z_t) in units: ceil(2/eps * UNIT), ceil(4/eps * UNIT)."""
-    return laplace_scale_units(2.0 / eps), laplace_scale_units(4.0 / eps)
+    """(scale of Z_0, scale of Z_t) in units: ceil(2/eps * UNIT * (1 + 2^-14)) and
+    ceil(4/eps * UNIT * (1 + 2^-14)) (see SVT_GRID_INFLATION)."""
+    return (laplace_scale_units(2.0 / eps * SVT_GRID_INFLATION),
+            laplace_scale_units(4.0 / eps * SVT_GRID_INFLATION))
 
 
 class SVT:
