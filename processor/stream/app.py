@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.types import EventT
 
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
@@ -149,6 +148,44 @@ class TableStore:
         self._table[key.encode("utf-8")] = value
 
 
+class GapGuard:
+    """Records of one topic that Faust never handed to our agent, fetched directly.
+
+    Around a rebalance Faust skips (and acknowledges) messages it fetched under the old
+    consumer generation or while flow control was suspended; when it does not seek back,
+    those offsets would never be processed, and at-least-once would lose them. The guard
+    keeps, per partition, the next offset this process expects (first from the group's
+    committed offset) and returns the records of any forward gap, read with a plain
+    consumer, so the agent processes them first, in order. Re-processing is always safe:
+    ingest duplicates are dropped by the timeline filter, the operator is idempotent.
+    """
+
+    def __init__(self, conf: Mapping[str, str], group_id: str, topic: str,
+                 metrics: WorkerMetrics) -> None:
+        self._conf = dict(conf)
+        self._group = group_id
+        self._topic = topic
+        self._metrics = metrics
+        self._next: dict[int, int] = {}
+
+    async def missing(self, partition: int, offset: int) -> list[kafka_io.KafkaRecord]:
+        loop = asyncio.get_running_loop()
+        expected = self._next.get(partition)
+        if expected is None:
+            expected = await loop.run_in_executor(
+                None, kafka_io.committed_offset, self._conf, self._group, self._topic,
+                partition)
+        gap: list[kafka_io.KafkaRecord] = []
+        if offset > expected:
+            gap = await loop.run_in_executor(
+                None, kafka_io.read_range, self._conf, self._topic, partition, expected,
+                offset)
+            if gap:
+                self._metrics.add(f"gap_records_refetched_{self._topic}", len(gap))
+        self._next[partition] = max(expected, offset + 1)
+        return gap
+
+
 @dataclass
 class WorkerApp:
     """The Faust app plus what tests and the CLI need to reach."""
@@ -205,41 +242,56 @@ def build_app(settings: Settings, key: NoiseKey, *, replication: int = 1) -> Wor
     applier = TimelineApplier(operator)
     input_name = kafka_io.topic_name(settings, "input")
 
+    conf = kafka_io.base_config(settings)
+    input_gaps = GapGuard(conf, settings.app_id, input_name, metrics)
+    timeline_gaps = GapGuard(conf, settings.app_id, kafka_io.topic_name(settings, "timeline"),
+                             metrics)
+
+    async def ingest_one(partition: int, offset: int, value: bytes) -> None:
+        now_ms = int(time.time() * 1000)
+        parsed = parse_input(value, settings, now_ms)
+        if isinstance(parsed, Rejection):
+            await t_dead.send(
+                value=deadletter_record(parsed, value, input_name, partition, offset),
+                force=True)
+            metrics.add(f"deadletter_{parsed.reason}")
+            return
+        counter = parsed.counter
+        await t_timeline.send(
+            key=counter.encode("utf-8"),
+            value=timeline_event_bytes(parsed),
+            partition=partition_of(counter, partitions),
+            headers={kafka_io.SOURCE_HEADER: encode_source(partition, offset)},
+            force=True)
+        metrics.add("ingested")
+
     async def ingest(stream: faust.StreamT[bytes]) -> None:
         """Validate each input record; forward it to its counter's timeline partition."""
         async for event in stream.events():
             msg = event.message
+            for rec in await input_gaps.missing(msg.partition, msg.offset):
+                await ingest_one(rec.partition, rec.offset, rec.value or b"")
             value = msg.value if isinstance(msg.value, bytes) else b""
-            now_ms = int(time.time() * 1000)
-            parsed = parse_input(value, settings, now_ms)
-            if isinstance(parsed, Rejection):
-                await t_dead.send(
-                    value=deadletter_record(parsed, value, input_name, msg.partition,
-                                            msg.offset),
-                    force=True)
-                metrics.add(f"deadletter_{parsed.reason}")
-                continue
-            counter = parsed.counter
-            await t_timeline.send(
-                key=counter.encode("utf-8"),
-                value=timeline_event_bytes(parsed),
-                partition=partition_of(counter, partitions),
-                headers={kafka_io.SOURCE_HEADER: encode_source(msg.partition, msg.offset)},
-                force=True)
-            metrics.add("ingested")
+            await ingest_one(msg.partition, msg.offset, value)
 
     async def operate(stream: faust.StreamT[bytes]) -> None:
         """Apply timeline records in offset order; releases before state (see module doc)."""
         async for event in stream.events():
-            await _operate_one(event)
+            msg = event.message
+            # Records Faust skipped are applied first, in order, within this event (their
+            # state goes to the same changelog partition: it is the same partition).
+            for rec in await timeline_gaps.missing(msg.partition, msg.offset):
+                await _operate_one(rec.partition, rec.offset, rec.value or b"",
+                                   rec.header(kafka_io.SOURCE_HEADER))
+            value = msg.value if isinstance(msg.value, bytes) else b""
+            await _operate_one(msg.partition, msg.offset, value,
+                               _header(msg.headers, kafka_io.SOURCE_HEADER))
 
-    async def _operate_one(event: EventT[bytes]) -> None:
-        msg = event.message
-        value = msg.value if isinstance(msg.value, bytes) else b""
-        source = _header(msg.headers, kafka_io.SOURCE_HEADER)
+    async def _operate_one(partition: int, offset: int, value: bytes,
+                           source: bytes | None) -> None:
         store = BufferedStore(TableStore(table))
         try:
-            result = applier.apply(store, msg.partition, msg.offset, value, source)
+            result = applier.apply(store, partition, offset, value, source)
         except Exception as exc:
             # The operator never raises on a well-formed record, so this is corrupt state or
             # a bug. Skipping the record would silently fork the published stream from the

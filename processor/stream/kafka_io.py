@@ -250,6 +250,49 @@ def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
         consumer.close()
 
 
+def committed_offset(conf: Mapping[str, str], group_id: str, topic: str, partition: int,
+                     timeout_s: float = _DEFAULT_TIMEOUT_S) -> int:
+    """The offset group `group_id` committed on (topic, partition), or the partition's low
+    watermark if it committed nothing (where a new group starts with offset reset earliest)."""
+    full = dict(conf)
+    full.update({"group.id": group_id, "enable.auto.commit": "false"})
+    consumer = Consumer(full)
+    try:
+        tp = consumer.committed([TopicPartition(topic, partition)], timeout=timeout_s)[0]
+        if tp.offset is not None and tp.offset >= 0:
+            return int(tp.offset)
+        lo, _hi = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                 timeout=timeout_s)
+        return int(lo)
+    finally:
+        consumer.close()
+
+
+def read_range(conf: Mapping[str, str], topic: str, partition: int, start: int, end: int,
+               timeout_s: float = _DEFAULT_TIMEOUT_S) -> list[KafkaRecord]:
+    """The records of (topic, partition) with start <= offset < end, in offset order."""
+    if end <= start:
+        return []
+    consumer = _consumer(conf)
+    out: list[KafkaRecord] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, start)])
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pos = consumer.position([TopicPartition(topic, partition)])[0].offset
+            if (out and out[-1].offset >= end - 1) or (pos is not None and pos >= end):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic}[{partition}] {start}..{end}: timed out")
+            batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.5)
+            for msg in batch:
+                if msg.error() is None and start <= int(msg.offset()) < end:
+                    out.append(_record(msg))
+    finally:
+        consumer.close()
+    return out
+
+
 def read_topic(conf: Mapping[str, str], topic: str, *,
                timeout_s: float = 60.0) -> dict[int, list[KafkaRecord]]:
     """Every record of `topic` up to its current end, per partition in offset order.
