@@ -182,6 +182,8 @@ class GapGuard:
                 offset)
             if gap:
                 self._metrics.add(f"gap_records_refetched_{self._topic}", len(gap))
+                log.warning("re-read %d record(s) of %s partition %d that the consumer "
+                            "skipped", len(gap), self._topic, partition)
         self._next[partition] = max(expected, offset + 1)
         return gap
 
