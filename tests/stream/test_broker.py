@@ -470,6 +470,12 @@ def test_sweep_deletes_only_dirs_whose_owner_and_nodes_are_gone(tmp_path: Path) 
         [sys.executable, "-c", "import sys; sys.stdin.read()", str(detached / "server.properties")],
         stdin=subprocess.PIPE,
     )
+    # Until the child has exec'd, /proc shows the parent's command line: wait for its own.
+    deadline = time.monotonic() + 30
+    cmdline = Path(f"/proc/{node.pid}/cmdline")
+    while str(detached).encode() not in cmdline.read_bytes():
+        assert time.monotonic() < deadline, "the stand-in node process did not start"
+        time.sleep(0.01)  # polling interval of a deadline loop
     try:
         assert lk.sweep_stale_dirs(tmp_path) == [abandoned]
     finally:

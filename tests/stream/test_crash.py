@@ -121,8 +121,12 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     # Queues drain at one event per tick per counter: wait until every counter is past
     # the last event's tick plus its backlog, then until the worker has committed it all.
     last_tick = (now_ms() + 60 * tick) // tick - start // tick + 1
+    # ... and until every counter has published a change: releases are scheduled (BCC) some
+    # ticks after their checkpoint, so this also waits for the values to move.
     live.wait_releases(lambda rs: {r["counter"] for r in rs if r["tick"] >= last_tick}
-                       == set(COUNTERS), timeout_s=120)
+                       == set(COUNTERS)
+                       and {r["counter"] for r in rs if r["kind"] == "change"} == set(COUNTERS),
+                       timeout_s=180)
     _wait_caught_up(live, 30)
     assert live.worker.stop() == 0, live.worker.log_tail()
 
@@ -146,7 +150,9 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     assert report.identical, report.summary()
     expected = spec_expectation(live.settings, live.key, committed_prefix(live))
     assert {k: v for k, v in published.items() if k in expected} == expected
-    assert sum(1 for k in expected if k[2] == "change") >= 2  # the values do move
+    # The values do move (the test is not vacuous): counted over everything published, each
+    # record of which replay has just checked against the uninterrupted recomputation.
+    assert sum(1 for k in published if k[2] == "change") >= 2
     print(f"crash test: {sent[0]} events, {live.worker.starts} starts, "
           f"{report.duplicates_dropped} re-ingested duplicates dropped, "
           f"{report.recomputed} releases identical")
