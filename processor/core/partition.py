@@ -76,6 +76,10 @@ class Part:
         else:
             self.intsum += u
             fired = self._svt.feed(self.intsum)
+        return self._after(fired)
+
+    def _after(self, fired: bool) -> bool:
+        """On ⊤: a checkpoint; start the next SVT instance on a fresh interval sum."""
         if fired:
             self.l += 1
             self.intsum = 0
@@ -86,12 +90,7 @@ class Part:
         """One tick through the dense SVT path even for ⊥ (reference for tests)."""
         self.t += 1
         self.intsum += u
-        fired = self._svt.feed(self.intsum)
-        if fired:
-            self.l += 1
-            self.intsum = 0
-            self._svt = self._new_svt(None)
-        return fired
+        return self._after(self._svt.feed(self.intsum))
 
     def skip_to_fire(self, n: int) -> int | None:
         """Up to n ⊥ ticks through SVT.first_fire (not the plan); the tick of the
@@ -101,9 +100,7 @@ class Part:
             self.t += n
             return None
         self.t += k
-        self.l += 1
-        self.intsum = 0
-        self._svt = self._new_svt(None)
+        self._after(True)
         return self.t
 
     def next_due(self) -> int | None:
