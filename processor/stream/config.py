@@ -98,6 +98,9 @@ class Settings:
     beta: float = 0.05
     #: A heartbeat release every this many ticks, even when y did not change.
     heartbeat_ticks: int = 60
+    #: Spread heartbeats over the interval by a public per-counter phase (from the name), so
+    #: counters that start together do not all come due at the same tick.
+    heartbeat_spread: bool = True
     #: Declared counters: name -> start time (epoch ms, a multiple of tick_ms).
     counters: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     #: Accept events for undeclared counters (the counter starts at its first event's tick,
@@ -142,7 +145,8 @@ class Settings:
 
 _TOP_KEYS = {
     "app_id", "bootstrap_servers", "partitions", "tick_ms", "lateness_ms", "max_future_ms",
-    "mechanism", "epsilon", "delta", "beta", "heartbeat_ticks", "allow_undeclared",
+    "mechanism", "epsilon", "delta", "beta", "heartbeat_ticks", "heartbeat_spread",
+    "allow_undeclared",
     "noise_key_file", "state_dir",
 }
 _SECTIONS = {"security", "topics", "counters"}
@@ -291,6 +295,8 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
     s["beta"] = _as_float("beta", top.get("beta", d.beta))
     s["heartbeat_ticks"] = _as_int(
         "heartbeat_ticks", top.get("heartbeat_ticks", d.heartbeat_ticks), 1)
+    s["heartbeat_spread"] = _as_bool(
+        "heartbeat_spread", top.get("heartbeat_spread", d.heartbeat_spread))
     s["allow_undeclared"] = _as_bool(
         "allow_undeclared", top.get("allow_undeclared", d.allow_undeclared))
     s["noise_key_file"] = _as_str(

@@ -25,9 +25,10 @@ it touches.
 
 Sealing a tick: its arrivals join the queue in offset order, at most one value leaves as
 x_t (else ⊥), the counter steps. Runs of ⊥ ticks with nothing due are one `Counter.skip`.
-Releases: a "change" record when y changes, a "heartbeat" record at every tick with
-t % heartbeat_ticks == 0 otherwise. Releases carry public quantities only: no true sums,
-no queue lengths, no offsets.
+Releases: a "change" record when y changes, a "heartbeat" record otherwise at every tick
+with (t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`; the phase is a public hash of
+the counter's name, or 0 with heartbeat_spread off). Releases carry public quantities
+only: no true sums, no queue lengths, no offsets.
 
 Idempotency: every record at or below the last applied offset (the counter's for events,
 the partition's for markers) is skipped, so at-least-once redelivery neither loses nor
@@ -37,6 +38,7 @@ mechanism state).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -177,13 +179,32 @@ def counter_id_for(settings: Settings, counter: str) -> str:
 # ------------------------------------------------------------------------ state records
 
 
+def heartbeat_phase(settings: Settings, counter: str) -> int:
+    """The public offset of a counter's heartbeats, from its (declared, public) name only."""
+    h = settings.heartbeat_ticks
+    if not settings.heartbeat_spread or h <= 1:
+        return 0
+    digest = hashlib.sha256(b"dpc/heartbeat/" + counter.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % h
+
+
+def next_heartbeat(t: int, phase: int, h: int) -> int:
+    """The first local tick after t with (tick + phase) % h == 0."""
+    return t + h - (t + phase) % h
+
+
+def is_heartbeat_tick(settings: Settings, counter: str, t: int) -> bool:
+    """True when local tick t of `counter` carries a heartbeat (unless y changed there)."""
+    return (t + heartbeat_phase(settings, counter)) % settings.heartbeat_ticks == 0
+
+
 class _CounterState:
     """The decoded `c/<counter>` value (mutable while one record is applied)."""
 
     __slots__ = ("counter", "frontier", "hb", "last_y", "offset", "pending", "queue",
                  "start_tick")
 
-    def __init__(self, counter: Counter, start_tick: int, heartbeat_ticks: int) -> None:
+    def __init__(self, counter: Counter, start_tick: int, first_heartbeat: int) -> None:
         self.counter = counter
         self.start_tick = start_tick
         self.frontier = start_tick - 1  # global tick through which this counter is sealed
@@ -191,7 +212,7 @@ class _CounterState:
         self.queue: deque[list[int]] = deque()  # [value_units, run_length], FIFO
         self.pending: dict[int, list[int]] = {}  # global tick -> arrivals in offset order
         self.last_y = 0.0
-        self.hb = heartbeat_ticks  # next local tick with a heartbeat
+        self.hb = first_heartbeat  # next local tick with a heartbeat
 
     def to_bytes(self) -> bytes:
         mech = self.counter.to_bytes()
@@ -395,7 +416,8 @@ class Operator:
         out.ledger.append(LedgerEntry(
             counter=name, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
             tick_ms=s.tick_ms, start_ms=start_tick * s.tick_ms, fingerprint=self.fingerprint))
-        return _CounterState(c, start_tick, s.heartbeat_ticks)
+        return _CounterState(c, start_tick,
+                             next_heartbeat(0, heartbeat_phase(s, name), s.heartbeat_ticks))
 
     def _load_counter(self, store: StateStore, name: str) -> _CounterState | None:
         raw = store.get(f"c/{name}")
@@ -608,7 +630,7 @@ class Operator:
             kind = "heartbeat"
         if t >= cs.hb:
             h = self.settings.heartbeat_ticks
-            cs.hb = (t // h + 1) * h
+            cs.hb = next_heartbeat(t, heartbeat_phase(self.settings, name), h)
         cs.last_y = y
         if kind is not None:
             self._release(name, cs, t, y, kind, out)

@@ -36,7 +36,7 @@ from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
 from processor.stream.demo import WorkerProcess, write_config, write_key
-from processor.stream.operator import counter_id_for
+from processor.stream.operator import counter_id_for, is_heartbeat_tick
 from processor.stream.records import REASONS, partition_for
 from processor.stream.replay import ReplayReport, decode_source, replay
 
@@ -91,7 +91,7 @@ def make_live(bootstrap: str, tmp_path: Path, counters: Mapping[str, int], *,
     fields: dict[str, Any] = dict(
         app_id=f"{name}-app-{uid}", bootstrap_servers=bootstrap, topics=topics, partitions=2,
         tick_ms=100, lateness_ms=300, max_future_ms=10_000, heartbeat_ticks=10,
-        counters=dict(counters), epsilon=1.0, delta=1e-6,
+        heartbeat_spread=False, counters=dict(counters), epsilon=1.0, delta=1e-6,
         noise_key_file=str(write_key(tmp_path / "noise.key", TEST_SECRET)),
         state_dir=str(tmp_path / "state"))
     fields.update(overrides)
@@ -176,7 +176,7 @@ def spec_expectation(settings: Settings, key: NoiseKey,
             y = counter.update(x)
             if y != last:
                 out[(c, t, "change")] = y
-            elif t % settings.heartbeat_ticks == 0:
+            elif is_heartbeat_tick(settings, c, t):
                 out[(c, t, "heartbeat")] = y
             last = y
     return out

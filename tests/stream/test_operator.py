@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import random
+from collections import Counter as Counter_
 from collections import deque
 from collections.abc import Iterable
 from typing import Any, Self
@@ -29,6 +30,7 @@ from processor.stream.operator import (
     Output,
     Release,
     counter_id_for,
+    is_heartbeat_tick,
 )
 from processor.stream.records import encode_event, encode_marker, partition_for
 
@@ -152,8 +154,10 @@ class CountingStore(DictStore):
 
 
 def settings(counters: dict[str, int], **kw: Any) -> Settings:
+    # Heartbeats aligned (phase 0) so tests can name heartbeat ticks literally; spreading
+    # has its own test.
     base = dict(partitions=1, tick_ms=TICK, heartbeat_ticks=1_000_000, mechanism="ecc",
-                epsilon=1.0, delta=1e-6)
+                epsilon=1.0, delta=1e-6, heartbeat_spread=False)
     base.update(kw)
     return with_overrides(Settings(), counters=counters, **base)
 
@@ -231,7 +235,7 @@ def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
         y = c.update(None if u is None else u / UNIT)
         if y != last:
             out.append((t, y, "change", c.error_bound(s.beta)))
-        elif t % s.heartbeat_ticks == 0:
+        elif is_heartbeat_tick(s, counter, t):
             out.append((t, y, "heartbeat", c.error_bound(s.beta)))
         last = y
     return out
@@ -695,3 +699,29 @@ def test_real_mechanism_offline_equivalence(mechanism: str) -> None:
     assert all(r.error_bound > 0 and r.mechanism == mechanism for r in run.releases)
     # Not only heartbeats: the mechanism did publish checkpoints.
     assert any(r.kind == "change" for r in run.releases)
+
+
+def test_heartbeats_are_spread_by_a_public_phase() -> None:
+    """With heartbeat_spread, counters that start together heartbeat every h ticks each, on
+    the ticks is_heartbeat_tick names, but not all on the same tick (the phase is a hash of
+    the name; deterministic, so no false alarms). Control: without spreading, every
+    counter's heartbeat falls on the same tick, and the same check fails."""
+    names = {f"c{i}": 0 for i in range(200)}
+    h = 20
+
+    def per_tick(spread: bool) -> tuple[Counter_[int], Settings, list[Release]]:
+        s = settings(names, heartbeat_ticks=h, heartbeat_spread=spread)
+        run = Run(s, StepFactory())
+        for n in range(1, 60):
+            run.marker(n)
+        beats = [r for r in run.releases if r.kind == "heartbeat"]
+        return Counter_(r.tick for r in beats), s, beats
+
+    spread, s, beats = per_tick(True)
+    assert max(spread.values()) <= 3 * len(names) // h  # mean is len(names) / h
+    for name in names:
+        ticks = sorted(r.tick for r in beats if r.counter == name)
+        assert ticks == [t for t in range(1, 61) if is_heartbeat_tick(s, name, t)]
+        assert len(ticks) == 3 and ticks[1] - ticks[0] == h == ticks[2] - ticks[1]
+    aligned, _, _ = per_tick(False)
+    assert max(aligned.values()) == len(names)  # the control: one burst per interval
