@@ -166,7 +166,7 @@ def spec_expectation(settings: Settings, key: NoiseKey,
                      ) -> dict[tuple[str, int, str], float]:
     """Releases re-derived from the written design, independently of the Operator code:
     a fresh core counter steps through the implied x_t; a change record when y moves, a
-    heartbeat at t % heartbeat_ticks == 0 otherwise."""
+    heartbeat at is_heartbeat_tick ticks otherwise."""
     out: dict[tuple[str, int, str], float] = {}
     for c, xs in implied_ticks(settings, timeline).items():
         counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,

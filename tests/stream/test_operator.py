@@ -226,7 +226,7 @@ def reference_x(records: list[tuple[str, Any]], counter: str, start_tick: int,
 def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
                       xs: list[int | None]) -> list[tuple[int, float, str, float]]:
     """Run a fresh core counter directly on x_1..x_T; a record where y changes, a
-    heartbeat where t % heartbeat_ticks == 0 otherwise (the offline count), each with
+    heartbeat at is_heartbeat_tick ticks otherwise (the offline count), each with
     the counter's own error bound at that tick."""
     c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, counter))
     out = []
