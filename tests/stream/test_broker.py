@@ -192,7 +192,15 @@ def test_three_node_cluster_loses_a_leader_and_no_message(
     topic = unique_topic("broker-failover")
     create_topics(bootstrap, [topic], partitions=3, replication_factor=3)
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    meta = admin.list_topics(topic, timeout=10).topics[topic]
+    # A new client may first ask a node whose metadata does not list the topic's partitions
+    # yet (an empty partition map): wait until one answer shows all three with leaders.
+    deadline = time.monotonic() + 30.0
+    while True:
+        meta = admin.list_topics(topic, timeout=10).topics[topic]
+        if len(meta.partitions) == 3 and all(p.leader >= 0 for p in meta.partitions.values()):
+            break
+        assert time.monotonic() < deadline, "topic metadata incomplete after 30 s"
+        time.sleep(0.1)  # polling interval of a deadline loop
     assert all(len(p.replicas) == 3 for p in meta.partitions.values())
     victim = kafka_cluster.index_of(meta.partitions[0].leader)
 
@@ -218,14 +226,17 @@ def test_three_node_cluster_loses_a_leader_and_no_message(
     assert len(delivered) == 1000
     assert consumed == delivered, f"lost: {sorted(set(delivered) - set(consumed))[:10]}"
     _check_order(delivered, order)
-    after = admin.list_topics(topic, timeout=10).topics[topic]
+    deadline = time.monotonic() + 30.0
+    while 0 not in (after := admin.list_topics(topic, timeout=10).topics[topic]).partitions:
+        assert time.monotonic() < deadline, "topic metadata incomplete after 30 s"
+        time.sleep(0.1)  # polling interval of a deadline loop
     assert after.partitions[0].leader != kafka_cluster.node_id(victim)
 
     kafka_cluster.restart_node(victim)
     deadline = time.monotonic() + 90.0
     while True:
         parts = admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
-        if all(len(p.isrs) == 3 for p in parts):
+        if len(parts) == 3 and all(len(p.isrs) == 3 for p in parts):
             break
         assert time.monotonic() < deadline, "restarted node did not rejoin every ISR in 90 s"
         time.sleep(0.5)  # polling metadata: the ISR has no change notification for clients
