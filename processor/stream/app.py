@@ -168,6 +168,29 @@ class GapGuard:
         self._metrics = metrics
         self._next: dict[int, int] = {}
 
+    @property
+    def topic(self) -> str:
+        return self._topic
+
+    async def reseed(self, partitions: set[int]) -> None:
+        """At a (re)assignment, before anything is fetched under it: expect each newly
+        assigned partition from the group's committed offset as it is now, each kept one
+        from where this worker got to, and forget the others.
+
+        Faust may later acknowledge (and commit past) messages it cleared from its buffers
+        during the rebalance; with the expectation fixed here, the first message it does
+        deliver reveals that gap, which `missing` then re-reads.
+        """
+        loop = asyncio.get_running_loop()
+        committed: dict[int, int] = {}
+        for p in sorted(partitions):
+            committed[p] = await loop.run_in_executor(
+                None, kafka_io.committed_offset, self._conf, self._group, self._topic, p)
+        # Merged in one step, after every await: the agent may have moved on meanwhile. A
+        # partition this worker keeps across the rebalance starts from where it got to
+        # itself (the commit may lag that by up to the commit interval).
+        self._next = {p: max(c, self._next.get(p, c)) for p, c in committed.items()}
+
     async def missing(self, partition: int, offset: int) -> list[kafka_io.KafkaRecord]:
         loop = asyncio.get_running_loop()
         expected = self._next.get(partition)
@@ -316,6 +339,13 @@ def build_app(settings: Settings, key: NoiseKey, *, replication: int = 1) -> Wor
             await asyncio.gather(*pending)
             metrics.add("releases_sent", len(result.releases))
         store.flush()
+
+    async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        assigned = args[0]  # the set of TPs assigned to this worker
+        for guard in (input_gaps, timeline_gaps):
+            await guard.reseed({tp.partition for tp in assigned if tp.topic == guard.topic})
+
+    app.on_partitions_assigned.connect(on_assigned)
 
     app.agent(t_input, name=f"{settings.app_id}-ingest")(ingest)
     app.agent(t_timeline, name=f"{settings.app_id}-operator")(operate)
