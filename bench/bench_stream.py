@@ -281,15 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(args_in)
     kafka = None
     if not args.bootstrap:
-        import importlib.util
+        from processor.stream.demo import load_local_kafka
 
-        spec = importlib.util.spec_from_file_location("dp_deploy_local_kafka",
-                                                      ROOT / "deploy" / "kafka.py")
-        assert spec is not None and spec.loader is not None
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["dp_deploy_local_kafka"] = mod
-        spec.loader.exec_module(mod)
-        kafka = mod.LocalKafka(1).start()
+        kafka = load_local_kafka().LocalKafka(1).start()
         args.bootstrap = kafka.bootstrap_servers
     try:
         with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp:

@@ -20,11 +20,9 @@ names, partitions)`` creates topics and waits until every partition has a leader
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -34,29 +32,14 @@ from typing import Any, NoReturn
 
 import pytest
 
+from processor.stream.demo import load_local_kafka
+
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL_KAFKA_FILE = ROOT / "deploy" / "kafka.py"
-_MODULE_NAME = "dp_deploy_local_kafka"
 
 
 def in_ci() -> bool:
     """Whether this run is CI (``CI`` set to a true value), where nothing may be skipped."""
     return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def load_local_kafka() -> ModuleType:
-    """Import ``deploy/kafka.py`` (a standalone file, not a package) once, by path."""
-    module = sys.modules.get(_MODULE_NAME)
-    if module is not None:
-        return module
-    spec = importlib.util.spec_from_file_location(_MODULE_NAME, LOCAL_KAFKA_FILE)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {LOCAL_KAFKA_FILE}")
-    module = importlib.util.module_from_spec(spec)
-    # Registered before running it: dataclasses look their module up in sys.modules.
-    sys.modules[_MODULE_NAME] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def unique_topic(prefix: str) -> str:

@@ -264,16 +264,22 @@ class QueueTruth:
         return self.s.get(local_tick)
 
 
-def _load_local_kafka() -> ModuleType:
-    path = ROOT / "deploy" / "kafka.py"
-    name = "dp_deploy_local_kafka"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
+#: The local-broker launcher: a standalone file (it must run before the venv exists).
+LOCAL_KAFKA_FILE = ROOT / "deploy" / "kafka.py"
+_LOCAL_KAFKA_MODULE = "dp_deploy_local_kafka"
+
+
+def load_local_kafka() -> ModuleType:
+    """Import ``deploy/kafka.py`` once, by path (the demo, the tests and the benchmarks)."""
+    mod = sys.modules.get(_LOCAL_KAFKA_MODULE)
+    if mod is not None:
+        return mod
+    spec = importlib.util.spec_from_file_location(_LOCAL_KAFKA_MODULE, LOCAL_KAFKA_FILE)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
+        raise ImportError(f"cannot load {LOCAL_KAFKA_FILE}")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
+    # Registered before running it: dataclasses look their module up in sys.modules.
+    sys.modules[_LOCAL_KAFKA_MODULE] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -321,7 +327,7 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
         if not bootstrap:
             print("starting a local Kafka broker (first run downloads it with Maven)...",
                   flush=True)
-            kafka = _load_local_kafka().LocalKafka(1).start()
+            kafka = load_local_kafka().LocalKafka(1).start()
             bootstrap = kafka.bootstrap_servers
         try:
             return _run_demo(args, bootstrap, Path(tmp))

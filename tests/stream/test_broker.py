@@ -30,7 +30,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from tests.conftest import LOCAL_KAFKA_FILE, docker_answers, load_local_kafka
+from processor.stream.demo import LOCAL_KAFKA_FILE, load_local_kafka
+from tests.conftest import docker_answers
 
 lk = load_local_kafka()
 
