@@ -1,12 +1,20 @@
-"""Wire formats of the stream layer: input validation, timeline records, dead letters.
+"""Wire formats of the stream layer: input events, timeline records, releases, ledger
+entries and dead letters (one home for every record the processor reads or writes).
 
-- `parse_input` turns one raw input record into a `ValidEvent` or a `Rejection` with a
-  machine-readable reason. It never raises on bad bytes: every record either counts or
-  goes to the dead-letter topic.
-- Timeline records (the internal, partitioned log the operator consumes) are small orjson
-  objects: {"k":"e","c":counter,"ts":ms,"v":units} for an event and {"k":"m","n":tick}
-  for a "sealed through global tick n" marker.
-- `partition_for(counter, P)` is the stable counter -> timeline partition map.
+- `parse_input` turns one raw input record into an `Event` or a `Rejection` with a
+  machine-readable reason. It never raises: every record either counts or goes to the
+  dead-letter topic.
+- Timeline records (the internal, partitioned log the operator consumes), version 2, are
+  small orjson objects:
+    event batch: {"v":2,"k":"b","e":[[counter, ts_ms, units, src_partition, src_offset], ...]}
+    marker:      {"v":2,"k":"m","n":tick}   ("sealed through global tick n")
+  One batch carries many events of one timeline partition, each with the input partition
+  and offset it came from (the operator's duplicate filter needs them). The timeline is
+  internal: a record of any other version is a TimelineFormatError.
+- `Release` (the private-count topic) and `LedgerEntry` (the privacy ledger topic): the
+  public records, public quantities only.
+- `partition_for(counter, P)` is the stable counter -> timeline partition map;
+  `sealed_through(now_ms, settings)` the marker the leader's timer appends.
 
 Rejection details name the rule that failed, never the rejected value: details may reach
 logs, while the raw bytes go only to the (private) dead-letter topic.
@@ -18,13 +26,14 @@ import base64
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
-from processor.core.grid import UNIT, to_units
+from processor.core.grid import GRID_BITS, UNIT, to_units
 from processor.stream.config import MAX_COUNTER_NAME, Settings
 
 #: Every reason code a Rejection may carry (the dead-letter "reason" field).
@@ -40,25 +49,27 @@ REASONS: Final = (
 )
 #: The dead-letter record keeps at most this many bytes of the original record.
 DEADLETTER_RAW_LIMIT = 4096
+#: The version of the timeline records this module writes (and the only one it reads).
+TIMELINE_VERSION: Final = 2
 _INPUT_FIELDS = frozenset({"counter", "ts", "value"})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class TimelineFormatError(ValueError):
-    """A timeline record that is not one this module writes (corrupt or foreign)."""
+    """A timeline record that is not one this module writes (corrupt, foreign or v1)."""
 
 
 @dataclass(frozen=True, slots=True)
-class ValidEvent:
-    """An input event that passed validation: counter, event time (epoch ms) and value
-    in grid units (0..UNIT)."""
+class Event:
+    """A validated input event: counter, event time (epoch ms), value in grid units
+    (0..UNIT), and the input partition and offset it was read from (-1 when unknown:
+    such an event bypasses the duplicate filter)."""
 
     counter: str
     ts_ms: int
-    value_units: int
-
-    def to_timeline(self) -> bytes:
-        return encode_event(self.counter, self.ts_ms, self.value_units)
+    units: int
+    src_partition: int = -1
+    src_offset: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,12 +82,10 @@ class Rejection:
 
 
 @dataclass(frozen=True, slots=True)
-class TimelineEvent:
-    """A validated event on the timeline (value in grid units)."""
+class TimelineBatch:
+    """A timeline record carrying events of one partition, in the order ingest read them."""
 
-    counter: str
-    ts_ms: int
-    value_units: int
+    events: tuple[Event, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +93,58 @@ class TimelineMarker:
     """'Every tick with global index <= sealed_through is sealed.'"""
 
     sealed_through: int
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """One published value of one counter at one tick (the private-count topic).
+
+    `value` is y_t; `error_bound` bounds |y_t - s_t| with probability >= 1 - beta and is
+    computed from public quantities only. Keyed and idempotent by (counter, tick).
+    """
+
+    counter: str
+    tick: int
+    tick_start_ms: int
+    tick_ms: int
+    value: float
+    kind: Literal["change", "heartbeat"]
+    mechanism: str
+    epsilon: float
+    delta: float
+    error_bound: float
+    beta: float
+    fingerprint: str
+
+    def key(self) -> bytes:
+        return self.counter.encode("utf-8")
+
+    def to_json(self) -> bytes:
+        # orjson serialises dataclasses in field order: deterministic bytes.
+        return orjson.dumps(self)
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """The privacy ledger record of one counter, written by the marker that creates its
+    state (never at an event: the ledger is public, see issue 8 item 1)."""
+
+    counter: str
+    mechanism: str
+    epsilon: float
+    delta: float
+    tick_ms: int
+    start_ms: int
+    privacy_unit: str = "one event"
+    contribution_bound: int = 1
+    fingerprint: str = ""
+    grid_bits: int = GRID_BITS
+
+    def key(self) -> bytes:
+        return self.counter.encode("utf-8")
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self)
 
 
 # ------------------------------------------------------------------------ partitioning
@@ -96,11 +157,6 @@ def partition_for(counter: str, partitions: int) -> int:
         raise ValueError("partitions must be >= 1")
     digest = hashlib.sha256(counter.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % partitions
-
-
-def global_tick(ts_ms: int, tick_ms: int) -> int:
-    """The global tick an event time falls in: [n*tick_ms, (n+1)*tick_ms)."""
-    return ts_ms // tick_ms
 
 
 def sealed_through(now_ms: int, settings: Settings) -> int:
@@ -146,13 +202,24 @@ def _parse_ts(v: object) -> int | Rejection:
     return Rejection("schema_violation", "ts must be epoch milliseconds or ISO-8601")
 
 
-def parse_input(raw: bytes, settings: Settings, now_ms: int) -> ValidEvent | Rejection:
-    """Validate one input record (schemas/input-event.schema.json) at wall clock `now_ms`.
+def parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int = -1,
+                offset: int = -1) -> Event | Rejection:
+    """Validate one input record (schemas/input-event.schema.json) at wall clock `now_ms`;
+    `partition` and `offset` (where it was read) travel with the event.
 
-    Checks, in order: JSON, object shape and field types, timestamp present, value finite
-    and in [0, 1] (default 1), counter declared, timestamp not beyond now + max_future_ms,
-    timestamp not before the counter's start. Never raises.
+    Checks, in order: JSON, object shape and field types, counter name encodable as UTF-8
+    and not too long, timestamp present, value finite and in [0, 1] (default 1), counter
+    declared, timestamp not beyond now + max_future_ms, timestamp not before the counter's
+    start. Never raises: an unexpected exception is a schema_violation.
     """
+    try:
+        return _parse_input(raw, settings, now_ms, partition, offset)
+    except Exception as exc:  # a bad record must never stop the ingest loop
+        return Rejection("schema_violation", f"not a valid event ({type(exc).__name__})")
+
+
+def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
+                 offset: int) -> Event | Rejection:
     try:
         obj = _loads(bytes(raw))
     except (ValueError, UnicodeDecodeError, RecursionError, TypeError):
@@ -165,7 +232,13 @@ def parse_input(raw: bytes, settings: Settings, now_ms: int) -> ValidEvent | Rej
     counter = obj.get("counter")
     if not isinstance(counter, str) or not counter:
         return Rejection("schema_violation", "counter must be a non-empty string")
-    if len(counter.encode("utf-8", "surrogatepass")) > MAX_COUNTER_NAME:
+    try:
+        # Strict: a lone surrogate ("\ud800", valid JSON) cannot be a Kafka key, a state
+        # key or an orjson string later on, so it is rejected here, not crashed on there.
+        name_bytes = len(counter.encode("utf-8"))
+    except UnicodeEncodeError:
+        return Rejection("schema_violation", "counter is not valid Unicode text")
+    if name_bytes > MAX_COUNTER_NAME:
         return Rejection("schema_violation", f"counter longer than {MAX_COUNTER_NAME} bytes")
     if "ts" not in obj or obj["ts"] is None:
         return Rejection("timestamp_missing", "ts is required")
@@ -188,8 +261,9 @@ def parse_input(raw: bytes, settings: Settings, now_ms: int) -> ValidEvent | Rej
     if start is not None and ts < start:
         return Rejection("before_start", "ts is before the counter's declared start")
     units = to_units(value)
-    assert 0 <= units <= UNIT
-    return ValidEvent(counter, ts, units)
+    if not 0 <= units <= UNIT:
+        return Rejection("value_out_of_range", "value must be in [0, 1]")
+    return Event(counter, ts, units, partition, offset)
 
 
 def deadletter_record(rejection: Rejection, raw: bytes, topic: str, partition: int,
@@ -210,41 +284,51 @@ def deadletter_record(rejection: Rejection, raw: bytes, topic: str, partition: i
 # ------------------------------------------------------------------------ timeline
 
 
-def encode_event(counter: str, ts_ms: int, value_units: int) -> bytes:
-    """Timeline bytes of one validated event."""
-    return orjson.dumps({"k": "e", "c": counter, "ts": ts_ms, "v": value_units})
+def encode_batch(events: Sequence[Event]) -> bytes:
+    """Timeline bytes of one batch of validated events (one timeline partition's)."""
+    return orjson.dumps({
+        "v": TIMELINE_VERSION, "k": "b",
+        "e": [[e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in events],
+    })
 
 
 def encode_marker(sealed_through_tick: int) -> bytes:
     """Timeline bytes of a 'sealed through global tick n' marker."""
-    return orjson.dumps({"k": "m", "n": sealed_through_tick})
+    return orjson.dumps({"v": TIMELINE_VERSION, "k": "m", "n": sealed_through_tick})
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def decode_timeline(raw: bytes) -> TimelineEvent | TimelineMarker:
-    """Parse one timeline record; TimelineFormatError if it is not well formed."""
+def decode_timeline(raw: bytes) -> TimelineBatch | TimelineMarker:
+    """Parse one timeline record; TimelineFormatError if it is not a well-formed v2 record."""
     try:
-        obj = orjson.loads(bytes(raw))
-    except orjson.JSONDecodeError:
+        obj = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
         raise TimelineFormatError("timeline record is not JSON") from None
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise TimelineFormatError("timeline record is not an object")
+    if obj.get("v") != TIMELINE_VERSION or type(obj.get("v")) is not int:
+        raise TimelineFormatError("timeline record is not version 2")
     kind = obj.get("k")
-    if kind == "e":
-        c, ts, v = obj.get("c"), obj.get("ts"), obj.get("v")
-        if not isinstance(c, str) or not c or not _is_int(ts) or not _is_int(v):
-            raise TimelineFormatError("timeline event lacks c/ts/v")
-        assert isinstance(ts, int) and isinstance(v, int)
-        if ts < 0 or not 0 <= v <= UNIT:
-            raise TimelineFormatError("timeline event out of range")
-        return TimelineEvent(c, ts, v)
-    if kind == "m":
+    if kind == "b" and len(obj) == 3:
+        rows = obj.get("e")
+        if type(rows) is not list:
+            raise TimelineFormatError("timeline batch lacks e")
+        return TimelineBatch(tuple(_event(row) for row in rows))
+    if kind == "m" and len(obj) == 3:
         n = obj.get("n")
-        if not _is_int(n):
+        if type(n) is not int:
             raise TimelineFormatError("timeline marker lacks n")
-        assert isinstance(n, int)
         return TimelineMarker(n)
     raise TimelineFormatError("unknown timeline record kind")
+
+
+def _event(row: object) -> Event:
+    # Exact type checks (bool is an int subclass; orjson yields exact types only).
+    if type(row) is not list or len(row) != 5:
+        raise TimelineFormatError("timeline event is not [c, ts, units, partition, offset]")
+    c, ts, units, sp, so = row
+    if (type(c) is not str or not c or type(ts) is not int or type(units) is not int
+            or type(sp) is not int or type(so) is not int):
+        raise TimelineFormatError("timeline event has a field of the wrong type")
+    if ts < 0 or not 0 <= units <= UNIT or sp < -1 or so < -1:
+        raise TimelineFormatError("timeline event out of range")
+    return Event(c, ts, units, sp, so)
