@@ -1,29 +1,36 @@
 """Plain Kafka helpers on confluent-kafka: client configuration from Settings (TLS/SASL
 included), topic creation, producing, and reading a whole topic.
 
-Used by replay, the demo, the tests and the benchmark: everything that talks to Kafka
-outside the Faust worker. Nothing here logs record contents.
+Used by the ingest stage, replay, the demo, the tests and the benchmark: everything that
+talks to Kafka outside Faust's own clients. `faust_credentials` is the same security
+configuration for Faust (built here, next to `security_config`, so both client libraries
+get their credentials from one reading of the settings). Nothing here logs record contents
+or secrets.
 """
 
 from __future__ import annotations
 
-import hashlib
+import ssl
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-#: Header carrying where a timeline event came from ("<input partition>:<input offset>").
-#: The operator side uses it to drop the duplicates that at-least-once ingest creates.
-SOURCE_HEADER = "dpc-src"
+from processor.stream.config import Settings
+
+if TYPE_CHECKING:
+    from faust.types.auth import CredentialsT
 
 # How long the read helpers wait for metadata and for the end of a partition.
 _DEFAULT_TIMEOUT_S = 30.0
+
+#: The five topics of a deployment, by role.
+TopicRole = Literal["input", "timeline", "counts", "ledger", "deadletter"]
 
 
 @dataclass(frozen=True)
@@ -47,50 +54,67 @@ class KafkaRecord:
         return found
 
 
-def _security_value(settings: Any, name: str) -> Any:
-    """A security field from Settings, wherever the config layer keeps it (nested or flat)."""
-    sec = getattr(settings, "security", None)
-    if sec is not None and hasattr(sec, name):
-        return getattr(sec, name)
-    return getattr(settings, name, None)
-
-
-def topic_name(settings: Any, which: str) -> str:
+def topic_name(settings: Settings, which: TopicRole) -> str:
     """The configured name of topic `which` (input, timeline, counts, ledger, deadletter)."""
-    topics = getattr(settings, "topics", None)
-    if topics is None:
-        return str(getattr(settings, f"{which}_topic"))
-    if isinstance(topics, Mapping):
-        return str(topics[which])
-    return str(getattr(topics, which))
+    t = settings.topics
+    names: dict[str, str] = {"input": t.input, "timeline": t.timeline, "counts": t.counts,
+                             "ledger": t.ledger, "deadletter": t.deadletter}
+    return names[which]
 
 
-def security_config(settings: Any) -> dict[str, str]:
+def security_config(settings: Settings) -> dict[str, str]:
     """librdkafka security properties (security.protocol, ssl.*, sasl.*) from Settings."""
-    conf: dict[str, str] = {}
-    protocol = _security_value(settings, "security_protocol")
-    if protocol:
-        conf["security.protocol"] = str(protocol).lower()
-    for field, prop in (
-        ("ssl_cafile", "ssl.ca.location"),
-        ("ssl_certfile", "ssl.certificate.location"),
-        ("ssl_keyfile", "ssl.key.location"),
-        ("sasl_mechanism", "sasl.mechanism"),
-        ("sasl_username", "sasl.username"),
-        ("sasl_password", "sasl.password"),
+    sec = settings.security
+    conf: dict[str, str] = {"security.protocol": sec.security_protocol.lower()}
+    for value, prop in (
+        (sec.ssl_cafile, "ssl.ca.location"),
+        (sec.ssl_certfile, "ssl.certificate.location"),
+        (sec.ssl_keyfile, "ssl.key.location"),
+        (sec.sasl_mechanism, "sasl.mechanism"),
+        (sec.sasl_username, "sasl.username"),
+        (sec.sasl_password, "sasl.password"),
     ):
-        value = _security_value(settings, field)
         if value:
-            conf[prop] = str(value)
+            conf[prop] = value
     return conf
 
 
-def base_config(settings: Any) -> dict[str, str]:
-    """Bootstrap servers plus security: the part every client shares."""
-    servers = settings.bootstrap_servers
-    if not isinstance(servers, str):
-        servers = ",".join(servers)
-    conf = {"bootstrap.servers": servers}
+def ssl_context(settings: Settings) -> ssl.SSLContext | None:
+    """The TLS context of the configured protocol (None without TLS): the CA to trust and,
+    for mutual TLS, the client certificate; the same files librdkafka is given."""
+    sec = settings.security
+    if "SSL" not in sec.security_protocol:
+        return None
+    ctx = ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH, cafile=sec.ssl_cafile)
+    if sec.ssl_certfile:
+        ctx.load_cert_chain(sec.ssl_certfile, sec.ssl_keyfile)
+    return ctx
+
+
+def faust_credentials(settings: Settings) -> CredentialsT | None:
+    """Faust's credentials for the configured protocol (None for PLAINTEXT)."""
+    # Imported here: replay, the demo and the tests use this module without Faust.
+    import faust
+
+    sec = settings.security
+    ctx = ssl_context(settings)
+    if sec.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(username=sec.sasl_username, password=sec.sasl_password,
+                                     mechanism=sec.sasl_mechanism, ssl_context=ctx)
+    if ctx is not None:
+        return faust.SSLCredentials(ctx)
+    return None
+
+
+def broker_urls(settings: Settings) -> list[str]:
+    """The bootstrap servers as Faust broker URLs."""
+    return [f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")
+            if s.strip()]
+
+
+def base_config(settings: Settings) -> dict[str, str]:
+    """Bootstrap servers plus security: the part every librdkafka client shares."""
+    conf = {"bootstrap.servers": settings.bootstrap_servers}
     conf.update(security_config(settings))
     return conf
 
@@ -160,14 +184,6 @@ def replication_for(conf: Mapping[str, str], timeout_s: float = _DEFAULT_TIMEOUT
     """
     md = make_admin(conf).list_topics(timeout=timeout_s)
     return max(1, min(3, len(md.brokers)))
-
-
-def stable_partition(key: str, partitions: int) -> int:
-    """First 8 bytes of sha256(key) mod `partitions`: stable across processes and runs."""
-    if partitions <= 0:
-        raise ValueError("partitions must be positive")
-    digest = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") % partitions
 
 
 def produce_all(
@@ -359,7 +375,7 @@ def _read(conf: Mapping[str, str], topic: str,
 def wait_for(
     conf: Mapping[str, str],
     topic: str,
-    predicate: Any,
+    predicate: Callable[[list[KafkaRecord]], bool],
     *,
     timeout_s: float = 60.0,
     poll_s: float = 0.5,

@@ -1,0 +1,381 @@
+"""The ingest stage: input topic -> timeline topic (valid events) or dead-letter topic.
+
+Stateless and at-least-once, on confluent-kafka directly (no Faust: its per-message path
+was the largest cost of the old ingest agent). One loop, in a thread of the worker process:
+
+1. consume a batch of input records (consumer group `<app_id>-ingest`, no auto-commit);
+2. `route` it: `records.parse_input` per record; valid events grouped by their counter's
+   timeline partition, in the order they were read (so within one timeline partition the
+   offsets of one input partition only increase: the operator's duplicate filter relies on
+   it), one v2 batch record per partition (split above MAX_BATCH_EVENTS / MAX_BATCH_BYTES);
+   every rejected record, and any record whose handling raises, becomes a dead letter with
+   a reason (the only place its raw bytes go);
+3. produce them (idempotent producer, acks=all) and wait until the broker acknowledged
+   every one;
+4. only then commit the input offsets of the batch.
+
+A crash anywhere before 4 re-reads the batch: its events reach the timeline again, with
+the same input (partition, offset), and the operator drops them as duplicates. Nothing is
+ever committed past a record that is not on the timeline or in the dead-letter topic.
+
+Logs carry error types, codes and aggregate counts only: never a record, never a counter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from processor.stream import kafka_io
+from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.records import (
+    Event,
+    Rejection,
+    deadletter_record,
+    encode_batch,
+    parse_input,
+    partition_for,
+)
+
+log = logging.getLogger("processor.stream.ingest")
+
+#: At most this many input records are consumed (and committed) as one batch.
+MAX_CONSUME: Final = 5000
+#: A timeline batch record carries at most this many events ...
+MAX_BATCH_EVENTS: Final = 5000
+#: ... and at most this many bytes (under the 1 MB default record size limits of the
+#: broker, librdkafka's producer and Faust's consumer fetch).
+MAX_BATCH_BYTES: Final = 900_000
+#: Commit errors that mean "the group moved on": the batch was delivered, the new owner
+#: of the partition re-reads it and the operator drops the copies.
+_REBALANCE_CODES: Final = frozenset({
+    KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION,
+    KafkaError.UNKNOWN_MEMBER_ID, KafkaError._ASSIGNMENT_LOST,
+})
+
+#: Test hook only: `DPC_TEST_CRASH_AT=<point>:<k>` makes the process SIGKILL itself at the
+#: k-th call of crash point <point> (see `crash_point_from_env`). Never set in production.
+CRASH_ENV: Final = "DPC_TEST_CRASH_AT"
+
+
+def crash_point_from_env(env: Mapping[str, str] = os.environ) -> Callable[[str], None] | None:
+    """The test crash hook named by DPC_TEST_CRASH_AT=<point>:<k>, or None when unset.
+
+    The returned callable counts the calls per point name and, at the k-th call of <point>,
+    kills this process with SIGKILL: no cleanup runs, exactly like a machine crash. The
+    kill -9 tests use it to crash between two named steps of a batch.
+    """
+    spec = env.get(CRASH_ENV, "").strip()
+    if not spec:
+        return None
+    point, sep, k = spec.rpartition(":")
+    if not sep or not point or not k.isdigit() or int(k) < 1:
+        raise ConfigError(CRASH_ENV, "must look like <point>:<k> with k >= 1")
+    target = int(k)
+    calls: Tally[str] = Tally()
+    lock = threading.Lock()
+
+    def crash_point(name: str) -> None:
+        with lock:
+            calls[name] += 1
+            hit = name == point and calls[name] == target
+        if hit:
+            log.warning("test crash point %s reached (call %d): SIGKILL", name, target)
+            logging.shutdown()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash_point
+
+
+# ------------------------------------------------------------------ routing (pure)
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    """One consumed input record: where it was read and its raw bytes."""
+
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass
+class Routed:
+    """What one consumed batch becomes: timeline batch records (timeline partition,
+    bytes), dead-letter values, and aggregate metrics (never per counter)."""
+
+    timeline: list[tuple[int, bytes]] = field(default_factory=list)
+    deadletters: list[bytes] = field(default_factory=list)
+    metrics: Tally[str] = field(default_factory=Tally)
+
+
+def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
+          max_events: int = MAX_BATCH_EVENTS, max_bytes: int = MAX_BATCH_BYTES,
+          parse: Callable[..., Event | Rejection] = parse_input) -> Routed:
+    """Validate `records` and group the valid events into timeline batch records.
+
+    Per timeline partition, events keep the order of `records`; a partition's events are
+    split into records of at most `max_events` events and `max_bytes` bytes. A record
+    whose handling raises (here or while encoding) is dead-lettered as a
+    schema_violation naming the exception type, never dropped. (`parse` is replaceable
+    for tests only.)
+    """
+    out = Routed()
+    input_topic = settings.topics.input
+    partitions = settings.partitions
+    by_partition: dict[int, list[Event]] = {}
+    raw_of: dict[tuple[int, int], bytes] = {}
+
+    def dead(rejection: Rejection, rec: InputRecord) -> None:
+        out.deadletters.append(deadletter_record(rejection, rec.value, input_topic,
+                                                 rec.partition, rec.offset))
+        out.metrics[f"deadletter_{rejection.reason}"] += 1
+
+    for rec in records:
+        try:
+            parsed = parse(rec.value, settings, now_ms, rec.partition, rec.offset)
+            if isinstance(parsed, Rejection):
+                dead(parsed, rec)
+                continue
+            by_partition.setdefault(partition_for(parsed.counter, partitions),
+                                    []).append(parsed)
+            raw_of[(rec.partition, rec.offset)] = rec.value
+        except Exception as exc:
+            dead(_failure(exc), rec)
+
+    def encode(tp: int, events: Sequence[Event]) -> None:
+        try:
+            data = encode_batch(events)
+        except Exception as exc:
+            if len(events) == 1:
+                ev = events[0]
+                dead(_failure(exc), InputRecord(ev.src_partition, ev.src_offset,
+                                                raw_of[(ev.src_partition, ev.src_offset)]))
+                return
+            data = b""
+        if data and (len(data) <= max_bytes or len(events) == 1):
+            out.timeline.append((tp, data))
+            out.metrics["ingested"] += len(events)
+            return
+        # Too large (or one event in it cannot be encoded): halve, keeping the order.
+        half = len(events) // 2
+        encode(tp, events[:half])
+        encode(tp, events[half:])
+
+    for tp in sorted(by_partition):
+        events = by_partition[tp]
+        for i in range(0, len(events), max_events):
+            encode(tp, events[i:i + max_events])
+    out.metrics["timeline_batches"] += len(out.timeline)
+    return out
+
+
+def _failure(exc: BaseException) -> Rejection:
+    # The type only: an exception's message may quote the record.
+    return Rejection("schema_violation", f"cannot be forwarded ({type(exc).__name__})")
+
+
+def committable(records: Sequence[InputRecord]) -> dict[int, int]:
+    """Input partition -> the offset to commit after `records` (last offset + 1)."""
+    out: dict[int, int] = {}
+    for rec in records:
+        if rec.offset + 1 > out.get(rec.partition, -1):
+            out[rec.partition] = rec.offset + 1
+    return out
+
+
+# ------------------------------------------------------------------ the loop
+
+
+class IngestError(RuntimeError):
+    """The ingest stage cannot go on (a delivery failed, a fatal client error)."""
+
+
+class Ingest:
+    """The ingest loop (see the module docstring) in a thread of its own.
+
+    `start()` starts it, `stop()` asks it to finish the batch in hand and waits. If the loop
+    fails, it stops itself without committing the batch in hand, records the error in
+    `failure` and calls `on_failure` (the worker then stops: exit code 1).
+    """
+
+    def __init__(self, settings: Settings, *,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 crash_point: Callable[[str], None] | None = None,
+                 max_consume: int = MAX_CONSUME, poll_s: float = 0.2,
+                 delivery_timeout_s: float = 60.0) -> None:
+        self.settings = settings
+        self.group_id = f"{settings.app_id}-ingest"
+        self.failure: BaseException | None = None
+        self._on_failure = on_failure
+        self._crash_point = crash_point
+        self._max_consume = max_consume
+        self._poll_s = poll_s
+        self._delivery_timeout_s = delivery_timeout_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._metrics: Tally[str] = Tally()
+        self._timeline = kafka_io.topic_name(settings, "timeline")
+        self._deadletter = kafka_io.topic_name(settings, "deadletter")
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("ingest already started")
+        # A daemon thread: a worker that exits without calling stop() is not held up.
+        self._thread = threading.Thread(target=self.run, name="dpc-ingest", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def metrics(self) -> dict[str, int]:
+        """A snapshot of the aggregate counts (thread-safe)."""
+        with self._lock:
+            return dict(self._metrics)
+
+    def _add(self, counts: Mapping[str, int]) -> None:
+        with self._lock:
+            self._metrics.update(counts)
+
+    # -- the loop
+
+    def run(self) -> None:
+        """The loop itself (the thread's target; tests and the CLI may call it directly)."""
+        conf = kafka_io.base_config(self.settings)
+        consumer = Consumer({
+            **conf,
+            "group.id": self.group_id,
+            "enable.auto.commit": "false",
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": "false",
+            # As Faust's: a killed worker's input partitions move after 10 s.
+            "session.timeout.ms": "10000",
+            "heartbeat.interval.ms": "1000",
+        })
+        producer = kafka_io.make_producer(conf, **{"linger.ms": "2"})
+        try:
+            consumer.subscribe([self.settings.topics.input])
+            while not self._stop.is_set():
+                msgs: list[Any] = consumer.consume(num_messages=self._max_consume,
+                                                   timeout=self._poll_s)
+                if msgs:
+                    self._handle(consumer, producer, msgs)
+        except BaseException as exc:
+            self.failure = exc
+            # Type only: client errors can quote topic data.
+            log.critical("ingest stage failed (%s); stopping the worker", type(exc).__name__)
+            if self._on_failure is not None:
+                self._on_failure(exc)
+        finally:
+            # Leave the group at once (its partitions move without waiting for the session
+            # timeout); nothing uncommitted is lost: it is re-read by the next owner.
+            try:
+                consumer.close()
+            finally:
+                producer.flush(10.0)
+
+    def _handle(self, consumer: Consumer, producer: Any, msgs: Sequence[Any]) -> None:
+        records: list[InputRecord] = []
+        for msg in msgs:
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise IngestError(f"consumer error {err.name()}")
+                log.warning("ingest: consumer reported %s", err.name())
+                continue
+            records.append(InputRecord(int(msg.partition()), int(msg.offset()),
+                                       bytes(msg.value() or b"")))
+        if not records:
+            return
+        routed = route(records, self.settings, int(time.time() * 1000))
+        failed: list[str] = []
+
+        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                failed.append(err.name())
+
+        for tp, data in routed.timeline:
+            self._produce(producer, self._timeline, data, tp, on_delivery)
+        for data in routed.deadletters:
+            self._produce(producer, self._deadletter, data, None, on_delivery)
+        remaining = producer.flush(self._delivery_timeout_s)
+        if remaining or failed:
+            raise IngestError(f"{remaining} record(s) unacknowledged, delivery errors "
+                              f"{sorted(set(failed))}")
+        if self._crash_point is not None:
+            self._crash_point("ingest_delivered")
+        offsets = [TopicPartition(self.settings.topics.input, p, o)
+                   for p, o in sorted(committable(records).items())]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            kerr = exc.args[0] if exc.args else None
+            if not isinstance(kerr, KafkaError) or kerr.code() not in _REBALANCE_CODES:
+                raise
+            # Delivered but not committed: the partition's next owner re-reads the batch
+            # and the operator drops the copies (duplicate filter).
+            log.warning("ingest: commit skipped after a rebalance (%s)", kerr.name())
+            routed.metrics["ingest_commits_lost_to_rebalance"] += 1
+        routed.metrics["input_records"] += len(records)
+        self._add(routed.metrics)
+
+    @staticmethod
+    def _produce(producer: Any, topic: str, value: bytes, partition: int | None,
+                 on_delivery: Callable[[KafkaError | None, Any], None]) -> None:
+        kwargs: dict[str, Any] = {"value": value, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m processor.stream.ingest --config F`: the ingest stage alone, until
+    SIGTERM/SIGINT (the worker runs it in a thread; this entry point serves tests that
+    kill the stage on its own and measurements of it)."""
+    p = argparse.ArgumentParser(prog="python -m processor.stream.ingest",
+                                description="Run the ingest stage alone.")
+    p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
+    p.add_argument("--loglevel", default="warning")
+    args = p.parse_args(list(argv) if argv is not None else None)
+    logging.basicConfig(level=args.loglevel.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    try:
+        settings = load_settings(args.config)
+        crash_point = crash_point_from_env()
+    except ConfigError as exc:
+        print(f"error: configuration: {exc}", file=sys.stderr)
+        return 2
+    ingest = Ingest(settings, crash_point=crash_point)
+
+    def on_signal(_signum: int, _frame: object) -> None:
+        ingest.stop(timeout_s=0)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    ingest.run()
+    return 1 if ingest.failure is not None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
