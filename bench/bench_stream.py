@@ -281,9 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(args_in)
     kafka = None
     if not args.bootstrap:
-        from processor.stream.demo import load_local_kafka
+        from processor.devtools.local_kafka import LocalKafka
 
-        kafka = load_local_kafka().LocalKafka(1).start()
+        kafka = LocalKafka(1).start()
         args.bootstrap = kafka.bootstrap_servers
     try:
         with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp:

@@ -25,7 +25,7 @@ step() {
 step .venv/bin/ruff check processor tests bench deploy
 step .venv/bin/mypy
 # deploy/ and the test fixtures are outside the mypy `packages` setting; check them too.
-step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/stream/test_broker.py
+step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/devtools
 step .venv/bin/pytest -q "$@"
 
 if [ "${#failed[@]}" -ne 0 ]; then

@@ -5,8 +5,8 @@ Where the broker comes from (fixture ``kafka_bootstrap``, once per test session)
 1. ``KAFKA_BOOTSTRAP_SERVERS`` if set: an existing cluster, used as is (never stopped);
 2. else a testcontainers Kafka, if a Docker engine answers a quick ping (about a second at
    most; set ``KAFKA_TEST_DOCKER=0`` to skip the probe);
-3. else ``LocalKafka`` from ``deploy/kafka.py``: the real Apache Kafka jars from Maven
-   Central, one combined broker+controller node on 127.0.0.1.
+3. else ``LocalKafka`` (``processor.devtools.local_kafka``): the real Apache Kafka jars from
+   Maven Central, one combined broker+controller node on 127.0.0.1.
 
 If Java or Maven is missing for (3), the fixture fails with a clear message when ``CI`` is
 set (a CI run must never pass by skipping its broker tests) and skips with the reason
@@ -27,12 +27,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import ModuleType
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import pytest
 
-from processor.stream.demo import load_local_kafka
+from processor.devtools.local_kafka import (
+    LocalKafka,
+    StartError,
+    ToolMissingError,
+    is_fetched,
+    require_tool,
+    wait_for_metadata,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,32 +154,29 @@ def _missing_broker(reason: str) -> NoReturn:
     pytest.skip(f"no Kafka broker: {reason}")
 
 
-def _start_local(nodes: int) -> Any:
-    lk = load_local_kafka()
+def _start_local(nodes: int) -> LocalKafka:
     # Generous: CI shares 2 cores with the JVMs; a healthy start takes 5-20 s.
-    kafka = lk.LocalKafka(nodes, start_timeout=180.0)
+    kafka = LocalKafka(nodes, start_timeout=180.0)
     try:
         kafka.start()
-    except lk.ToolMissingError as exc:
+    except ToolMissingError as exc:
         _missing_broker(f"{exc} (or set KAFKA_BOOTSTRAP_SERVERS to an existing cluster)")
     return kafka
 
 
 @pytest.fixture(scope="session")
-def local_kafka_module() -> ModuleType:
-    """``deploy/kafka.py`` as a module, for tests that start their own nodes.
+def local_kafka_available() -> None:
+    """For tests that start their own ``LocalKafka`` nodes: Java (and jars or Maven) present.
 
     Fails (CI) or skips (elsewhere) unless Java is on PATH and the jars are fetched or
     Maven can fetch them.
     """
-    lk = load_local_kafka()
     try:
-        lk.require_tool("java")
-        if not lk.is_fetched():
-            lk.require_tool("mvn")
-    except lk.ToolMissingError as exc:
+        require_tool("java")
+        if not is_fetched():
+            require_tool("mvn")
+    except ToolMissingError as exc:
         _missing_broker(str(exc))
-    return lk
 
 
 @pytest.fixture(scope="session")
@@ -181,10 +184,9 @@ def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker, shared by the whole test session."""
     env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
     if env:
-        lk = load_local_kafka()
         try:
-            lk.wait_for_metadata(env, timeout=30.0)
-        except lk.StartError as exc:
+            wait_for_metadata(env, timeout=30.0)
+        except StartError as exc:
             pytest.fail(f"KAFKA_BOOTSTRAP_SERVERS={env} does not answer: {exc}", pytrace=False)
         yield env
         return
@@ -206,7 +208,7 @@ def kafka_bootstrap() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def kafka_cluster() -> Iterator[Any]:
+def kafka_cluster() -> Iterator[LocalKafka]:
     """A three-node LocalKafka (replication factor 3, min.insync.replicas 2) for this module.
 
     Always local, even with KAFKA_BOOTSTRAP_SERVERS set, because tests kill and restart its
@@ -223,5 +225,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Mark every test that uses a broker fixture as ``kafka``, so ``-m "not kafka"`` works."""
     for item in items:
         fixtures = getattr(item, "fixturenames", ())
-        if {"kafka_bootstrap", "kafka_cluster", "local_kafka_module"} & set(fixtures):
+        if {"kafka_bootstrap", "kafka_cluster", "local_kafka_available"} & set(fixtures):
             item.add_marker(pytest.mark.kafka)

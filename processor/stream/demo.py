@@ -12,7 +12,6 @@ process that can be stopped cleanly or killed with SIGKILL).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import os
 import signal
@@ -24,12 +23,12 @@ from collections import deque
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from types import ModuleType
 from typing import IO, Any
 
 import orjson
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
+from processor.devtools.local_kafka import LocalKafka
 from processor.stream import kafka_io
 from processor.stream.config import SecuritySettings, Settings, TopicSettings, with_overrides
 
@@ -264,26 +263,6 @@ class QueueTruth:
         return self.s.get(local_tick)
 
 
-#: The local-broker launcher: a standalone file (it must run before the venv exists).
-LOCAL_KAFKA_FILE = ROOT / "deploy" / "kafka.py"
-_LOCAL_KAFKA_MODULE = "dp_deploy_local_kafka"
-
-
-def load_local_kafka() -> ModuleType:
-    """Import ``deploy/kafka.py`` once, by path (the demo, the tests and the benchmarks)."""
-    mod = sys.modules.get(_LOCAL_KAFKA_MODULE)
-    if mod is not None:
-        return mod
-    spec = importlib.util.spec_from_file_location(_LOCAL_KAFKA_MODULE, LOCAL_KAFKA_FILE)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {LOCAL_KAFKA_FILE}")
-    mod = importlib.util.module_from_spec(spec)
-    # Registered before running it: dataclasses look their module up in sys.modules.
-    sys.modules[_LOCAL_KAFKA_MODULE] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _tail_counts(conf: dict[str, str], topic: str
                  ) -> Generator[list[dict[str, Any]], None, None]:
     """Yield batches of decoded release records as they arrive (from the beginning)."""
@@ -321,13 +300,13 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
                    help="use this broker instead of starting a local one")
     args = p.parse_args(list(argv) if argv is not None else None)
 
-    kafka: Any = None
+    kafka: LocalKafka | None = None
     with tempfile.TemporaryDirectory(prefix="dpc-demo-") as tmp:
         bootstrap = args.bootstrap
         if not bootstrap:
             print("starting a local Kafka broker (first run downloads it with Maven)...",
                   flush=True)
-            kafka = load_local_kafka().LocalKafka(1).start()
+            kafka = LocalKafka(1).start()
             bootstrap = kafka.bootstrap_servers
         try:
             return _run_demo(args, bootstrap, Path(tmp))

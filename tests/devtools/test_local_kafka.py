@@ -1,4 +1,5 @@
-"""The local Apache Kafka broker really works (deploy/kafka.py and the conftest fixtures).
+"""The local Apache Kafka broker really works (processor.devtools.local_kafka, its command
+line deploy/kafka.py, and the conftest fixtures).
 
 Broker tests (marked ``kafka``): 1,000 keyed messages through a 3-partition topic come back
 complete and in order per partition; a three-node cluster loses a partition leader to
@@ -23,17 +24,17 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType
-from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.stream.demo import LOCAL_KAFKA_FILE, load_local_kafka
-from tests.conftest import docker_answers
+from processor.devtools import local_kafka as lk
+from processor.devtools.local_kafka import LocalKafka, LocalKafkaError, StartError
+from tests.conftest import ROOT, docker_answers
 
-lk = load_local_kafka()
+#: The command line as deploy/setup.sh and the docs run it (the thin wrapper script).
+KAFKA_SCRIPT = ROOT / "deploy" / "kafka.py"
 
 Delivered = dict[str, tuple[int, int]]  # value -> (partition, offset), from delivery reports
 Consumed = dict[str, tuple[int, int]]  # value -> (partition, offset), as read back
@@ -176,7 +177,7 @@ def test_keyed_messages_round_trip_in_order_per_partition(
 
 @pytest.mark.kafka
 def test_three_node_cluster_loses_a_leader_and_no_message(
-    kafka_cluster: Any,
+    kafka_cluster: LocalKafka,
     unique_topic: Callable[[str], str],
     create_topics: Callable[..., None],
 ) -> None:
@@ -244,9 +245,8 @@ def test_three_node_cluster_loses_a_leader_and_no_message(
 
 
 @pytest.mark.kafka
-def test_failed_start_names_the_cause_and_leaves_nothing_behind(
-    local_kafka_module: ModuleType,
-) -> None:
+@pytest.mark.usefixtures("local_kafka_available")
+def test_failed_start_names_the_cause_and_leaves_nothing_behind() -> None:
     """A node that cannot bind its port: StartError quoting the log's cause, nothing left.
 
     The port is given explicitly, so LocalKafka must not retry on other ports.
@@ -255,8 +255,8 @@ def test_failed_start_names_the_cause_and_leaves_nothing_behind(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        kafka = local_kafka_module.LocalKafka(1, ports=[port], start_timeout=120.0)
-        with pytest.raises(local_kafka_module.StartError) as info:
+        kafka = LocalKafka(1, ports=[port], start_timeout=120.0)
+        with pytest.raises(StartError) as info:
             kafka.start()
     message = str(info.value)
     assert "exited during startup" in message
@@ -265,15 +265,16 @@ def test_failed_start_names_the_cause_and_leaves_nothing_behind(
     assert found is not None, message
     assert not Path(found.group(1)).exists()  # temp dir removed
     assert kafka.base_dir is None
-    with pytest.raises(local_kafka_module.LocalKafkaError):
+    with pytest.raises(LocalKafkaError):
         _ = kafka.bootstrap_servers  # no half-started handle
 
 
 @pytest.mark.kafka
-def test_command_line_start_status_stop(tmp_path: Path, local_kafka_module: ModuleType) -> None:
+@pytest.mark.usefixtures("local_kafka_available")
+def test_command_line_start_status_stop(tmp_path: Path) -> None:
     """`start` leaves a broker that `status` sees; `stop` ends it and deletes its data."""
     state = tmp_path / "state.json"
-    base = [sys.executable, str(LOCAL_KAFKA_FILE)]
+    base = [sys.executable, str(KAFKA_SCRIPT)]
     started = subprocess.run(
         [*base, "start", "--state-file", str(state)], capture_output=True, text=True, timeout=180
     )
@@ -367,7 +368,7 @@ def _env_without_tools(tmp_path: Path) -> dict[str, str]:
 def test_missing_java_or_maven_exits_3_with_a_clear_message(tmp_path: Path) -> None:
     """Without java, `start` exits 3 naming java; without mvn, `fetch` exits 3 naming mvn."""
     env = _env_without_tools(tmp_path)
-    base = [sys.executable, str(LOCAL_KAFKA_FILE)]
+    base = [sys.executable, str(KAFKA_SCRIPT)]
     start = subprocess.run(
         [*base, "start", "--state-file", str(tmp_path / "s.json")],
         capture_output=True,
@@ -422,10 +423,10 @@ def test_cluster_ids_are_valid_kraft_uuids() -> None:
 
 def test_replication_settings_follow_the_node_count() -> None:
     """One node: RF 1, min ISR 1. Three nodes: RF 3, min ISR 2 (survives one loss)."""
-    one, three = lk.LocalKafka(1), lk.LocalKafka(3)
+    one, three = LocalKafka(1), LocalKafka(3)
     assert (one.replication_factor, one.min_insync_replicas) == (1, 1)
     assert (three.replication_factor, three.min_insync_replicas) == (3, 2)
-    with pytest.raises(lk.LocalKafkaError):
+    with pytest.raises(LocalKafkaError):
         _ = one.bootstrap_servers  # not started
 
 
