@@ -357,6 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 description="Run the ingest stage alone.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--loglevel", default="warning")
+    p.add_argument("--max-consume", type=int, default=MAX_CONSUME,
+                   help="input records per batch (default %(default)s)")
     args = p.parse_args(list(argv) if argv is not None else None)
     logging.basicConfig(level=args.loglevel.upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -366,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: configuration: {exc}", file=sys.stderr)
         return 2
-    ingest = Ingest(settings, crash_point=crash_point)
+    ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume)
 
     def on_signal(_signum: int, _frame: object) -> None:
         ingest.stop(timeout_s=0)
