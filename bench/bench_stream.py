@@ -39,10 +39,11 @@ sys.path.insert(0, str(ROOT))
 import orjson  # noqa: E402
 import psutil  # noqa: E402
 
+from processor.cli import write_key  # noqa: E402
+from processor.devtools.deployment import WorkerProcess, write_config  # noqa: E402
 from processor.stream import kafka_io  # noqa: E402
 from processor.stream.app import STATE_TABLE, ensure_topics  # noqa: E402
 from processor.stream.config import Settings, TopicSettings, with_overrides  # noqa: E402
-from processor.stream.demo import WorkerProcess, write_config, write_key  # noqa: E402
 
 
 def _baseline_agent(bootstrap: str, topic: str, n: int, out: str) -> None:

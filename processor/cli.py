@@ -14,8 +14,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from importlib import import_module
+from pathlib import Path
 from typing import TextIO
 
 import orjson
@@ -29,7 +31,7 @@ COUNT_MECHANISMS = ("ecc", "simecc", "basecc", "partitioncc", "gaussiancc", "tre
 _DELEGATED: dict[str, tuple[str, str]] = {
     "worker": ("processor.stream.app", "main_worker"),
     "replay": ("processor.stream.replay", "main_replay"),
-    "demo": ("processor.stream.demo", "main_demo"),
+    "demo": ("processor.devtools.demo", "main_demo"),
     "experiment": ("processor.experiments.cli", "main_experiment"),
     "audit": ("processor.audit_cli", "main_audit"),
 }
@@ -99,20 +101,56 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
     return 0
 
 
+def write_key(path: str | os.PathLike[str], secret: bytes | None = None, *,
+              overwrite: bool = True) -> Path:
+    """Write a noise key file as `NoiseKey.from_file` reads it: hex text, mode 0600.
+
+    The one key writer (`keygen`, the demo, the tests and the benchmarks). A fresh random
+    key unless `secret` is given. The file is mode 0600 whatever existed before: an existing
+    file is never truncated in place (it would keep its old, maybe world-readable, mode);
+    the key goes to a new 0600 file in the same directory that then replaces it in one
+    rename, so a reader sees the old key or the new one, never half of one.
+    With `overwrite=False` an existing file raises FileExistsError and is left untouched.
+    """
+    target = Path(path)
+    text = ((NoiseKey.generate() if secret is None else secret).hex() + "\n").encode("ascii")
+    if not overwrite:
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        _write_private(fd, text)
+        return target
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        _write_private(fd, text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _write_private(fd: int, data: bytes) -> None:
+    # fchmod: os.open's mode is filtered by the umask; the key file is exactly 0600.
+    with os.fdopen(fd, "wb") as fh:
+        os.fchmod(fh.fileno(), 0o600)
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
 def cmd_keygen(argv: Sequence[str], stdout: TextIO, stderr: TextIO) -> int:
     p = argparse.ArgumentParser(prog="python -m processor keygen",
                                 description="Write a fresh 256-bit noise key as hex (mode 0600).")
     p.add_argument("path")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     args = p.parse_args(argv)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if args.force else os.O_EXCL)
     try:
-        fd = os.open(args.path, flags, 0o600)
+        write_key(args.path, overwrite=args.force)
     except FileExistsError:
         print(f"error: {args.path!r} exists (use --force to overwrite)", file=stderr)
         return 2
-    with os.fdopen(fd, "w") as fh:
-        fh.write(NoiseKey.generate().hex() + "\n")
+    except OSError as exc:
+        print(f"error: cannot write {args.path!r}: {exc.strerror}", file=stderr)
+        return 2
     print(f"wrote a new noise key to {args.path}", file=stdout)
     return 0
 

@@ -156,6 +156,9 @@ _SECTIONS = {"security", "topics", "counters"}
 _ENV: dict[str, tuple[str, str]] = {f"DPC_{k.upper()}": ("", k) for k in _TOP_KEYS}
 _ENV.update({f"DPC_{f.name.upper()}": ("security", f.name) for f in fields(SecuritySettings)})
 _ENV.update({f"DPC_TOPIC_{f.name.upper()}": ("topics", f.name) for f in fields(TopicSettings)})
+#: Every environment variable `load_settings` reads (the development tooling strips them
+#: from a worker's environment so that its config file alone decides its settings).
+SETTINGS_ENV_VARS = frozenset({*_ENV, "DPC_COUNTERS", "KAFKA_BOOTSTRAP_SERVERS"})
 
 
 def _as_int(name: str, v: object, minimum: int) -> int:

@@ -30,12 +30,13 @@ from typing import Any
 import orjson
 import pytest
 
+from processor.cli import write_key
 from processor.core import registry
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
+from processor.devtools.deployment import WorkerProcess, write_config
 from processor.stream import kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
-from processor.stream.demo import WorkerProcess, write_config, write_key
 from processor.stream.operator import counter_id_for, is_heartbeat_tick
 from processor.stream.records import REASONS, partition_for
 from processor.stream.replay import ReplayReport, decode_source, replay

@@ -19,9 +19,9 @@ import orjson
 import pytest
 
 from processor.core.rng import NoiseKey
+from processor.devtools.deployment import WorkerProcess, write_config
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
-from processor.stream.demo import WorkerProcess, write_config
 from processor.stream.operator import DictStore, Operator
 from processor.stream.records import encode_event, encode_marker
 from processor.stream.replay import TimelineApplier, encode_source

@@ -1,12 +1,11 @@
-"""The demo: a local broker, the worker, a bursty producer and the private counts printed as
-they are released, next to the true count.
+"""The demo (`python -m processor demo`, `bash deploy/demo.sh`): a local broker, the worker,
+a bursty producer and the private counts printed as they are released, next to the true
+count.
 
 The true count is computed HERE, by the demo, from the events the demo itself produced
-(demo mode only): the processor never computes or publishes a true count.
-
-Also home of the pieces tests and the benchmark share to run the real worker:
-`render_toml` (Settings -> a config file) and `WorkerProcess` (the worker as a child
-process that can be stopped cleanly or killed with SIGKILL).
+(demo mode only): the processor never computes or publishes a true count. The deployment
+(topics, app id, key, state dir, config, worker process) comes from
+`processor.devtools.deployment`, as for the tests and the benchmarks.
 """
 
 from __future__ import annotations
@@ -14,150 +13,20 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections import deque
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import IO, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
+from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.devtools.local_kafka import LocalKafka
 from processor.stream import kafka_io
-from processor.stream.config import SecuritySettings, Settings, TopicSettings, with_overrides
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-# --- configuration files ---------------------------------------------------------------
-
-def _toml_value(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int | float):
-        return repr(v)
-    # A JSON string of printable text is a valid TOML basic string.
-    return orjson.dumps(str(v)).decode()
-
-
-def render_toml(settings: Settings) -> str:
-    """A TOML configuration that `load_settings` reads back as `settings`."""
-    lines: list[str] = []
-    for f in fields(Settings):
-        if f.name in ("security", "topics", "counters"):
-            continue
-        v = getattr(settings, f.name)
-        if v is not None:
-            lines.append(f"{f.name} = {_toml_value(v)}")
-    lines.append("[security]")
-    for f in fields(SecuritySettings):
-        v = getattr(settings.security, f.name)
-        if v is not None:
-            lines.append(f"{f.name} = {_toml_value(v)}")
-    lines.append("[topics]")
-    for f in fields(TopicSettings):
-        lines.append(f"{f.name} = {_toml_value(getattr(settings.topics, f.name))}")
-    lines.append("[counters]")
-    for name, start in settings.counters.items():
-        lines.append(f"{_toml_value(name)} = {int(start)}")
-    return "\n".join(lines) + "\n"
-
-
-def write_config(settings: Settings, path: str | os.PathLike[str]) -> Path:
-    p = Path(path)
-    p.write_text(render_toml(settings), encoding="utf-8")
-    return p
-
-
-def write_key(path: str | os.PathLike[str], secret: bytes | None = None) -> Path:
-    """Write a noise key file (hex, mode 0600); a fresh random key unless `secret` is given."""
-    p = Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write((secret if secret is not None else NoiseKey.generate()).hex() + "\n")
-    return p
-
-
-# --- the worker as a child process -----------------------------------------------------
-
-class WorkerProcess:
-    """`python -m processor worker --config F` as a child process.
-
-    stop() sends SIGTERM (a graceful Faust shutdown); kill() sends SIGKILL (a crash).
-    Output goes to `log_path`, never to the caller's terminal.
-    """
-
-    def __init__(self, config_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
-                 *, loglevel: str = "warning", env: dict[str, str] | None = None) -> None:
-        self.config_path = str(config_path)
-        self.log_path = Path(log_path)
-        self.loglevel = loglevel
-        self.env = dict(os.environ if env is None else env)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> WorkerProcess:
-        if self.alive():
-            raise RuntimeError("worker already running")
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processor", "worker", "--config", self.config_path,
-             "--loglevel", self.loglevel],
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=str(ROOT), env=self.env)
-        self.starts += 1
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown code runs, exactly like a crashed machine process."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-        self._reap(30.0)
-
-    def stop(self, timeout_s: float = 60.0) -> int:
-        """SIGTERM and wait; SIGKILL if it does not exit in time. Returns the exit code."""
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        return self._reap(30.0)
-
-    def _reap(self, timeout_s: float) -> int:
-        code = 0
-        if self.proc is not None:
-            code = self.proc.wait(timeout_s)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return int(code)
-
-    def log_tail(self, n: int = 40) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return "\n".join(lines[-n:])
-
-    def __enter__(self) -> WorkerProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
+from processor.stream.config import STREAM_MECHANISMS
 
 # --- demo traffic -----------------------------------------------------------------------
 
@@ -292,7 +161,7 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
     # visibly move within that minute. Production settings come from the config file.
     p.add_argument("--tick-ms", type=int, default=250)
     p.add_argument("--lateness-ms", type=int, default=1000)
-    p.add_argument("--mechanism", choices=("ecc", "simecc"), default="ecc")
+    p.add_argument("--mechanism", choices=STREAM_MECHANISMS, default="ecc")
     p.add_argument("--epsilon", type=float, default=400.0)
     p.add_argument("--delta", type=float, default=1e-6)
     p.add_argument("--seed", type=int, default=7, help="seed of the demo traffic (not noise)")
@@ -301,46 +170,42 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(list(argv) if argv is not None else None)
 
     kafka: LocalKafka | None = None
-    with tempfile.TemporaryDirectory(prefix="dpc-demo-") as tmp:
-        bootstrap = args.bootstrap
-        if not bootstrap:
-            print("starting a local Kafka broker (first run downloads it with Maven)...",
-                  flush=True)
-            kafka = LocalKafka(1).start()
-            bootstrap = kafka.bootstrap_servers
-        try:
-            return _run_demo(args, bootstrap, Path(tmp))
-        except KeyboardInterrupt:
-            print("interrupted", flush=True)
-            return 130
-        finally:
-            if kafka is not None:
-                kafka.stop()
+    bootstrap = args.bootstrap
+    if not bootstrap:
+        print("starting a local Kafka broker (first run downloads it with Maven)...",
+              flush=True)
+        kafka = LocalKafka(1).start()
+        bootstrap = kafka.bootstrap_servers
+    try:
+        return _run_demo(args, bootstrap)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        return 130
+    finally:
+        if kafka is not None:
+            kafka.stop()
 
 
-def _run_demo(args: argparse.Namespace, bootstrap: str, tmp: Path) -> int:
+def _run_demo(args: argparse.Namespace, bootstrap: str) -> int:
     tick = int(args.tick_ms)
     now = int(time.time() * 1000)
     start_ms = (now // tick) * tick
     plan = TrafficPlan()
-    run_id = f"{int(time.time())}-{os.getpid()}"
-    settings = with_overrides(
-        Settings(), app_id=f"dpc-demo-{run_id}", bootstrap_servers=bootstrap,
-        topics=TopicSettings(input=f"demo-input-{run_id}", timeline=f"demo-timeline-{run_id}",
-                             counts=f"demo-counts-{run_id}", ledger=f"demo-ledger-{run_id}",
-                             deadletter=f"demo-dead-{run_id}"),
-        partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
-        mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
-        heartbeat_ticks=20, counters={c: start_ms for c in plan.counters},
-        noise_key_file=str(write_key(tmp / "noise.key")), state_dir=str(tmp / "state"))
-    cfg = write_config(settings, tmp / "demo.toml")
-    conf = kafka_io.base_config(settings)
-    from processor.stream.app import ensure_topics
+    with isolated_deployment(
+            bootstrap, dict.fromkeys(plan.counters, start_ms), name="dpc-demo", partitions=2,
+            tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
+            mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
+            heartbeat_ticks=20) as deployment:
+        return _produce_and_show(args, plan, deployment, start_ms)
 
-    ensure_topics(settings)
-    records = plan.plan(args.seconds, args.seed, late_ms=3 * tick + int(args.lateness_ms))
+
+def _produce_and_show(args: argparse.Namespace, plan: TrafficPlan, deployment: Deployment,
+                      start_ms: int) -> int:
+    settings, conf = deployment.settings, deployment.conf
+    tick = settings.tick_ms
+    records = plan.plan(args.seconds, args.seed, late_ms=3 * tick + settings.lateness_ms)
     truth = {c: QueueTruth(tick, start_ms // tick) for c in plan.counters}
-    worker = WorkerProcess(cfg, tmp / "worker.log", loglevel="warning").start()
+    worker = deployment.worker.start()
     producer = kafka_io.make_producer(conf)
     print(f"worker started; producing {sum(r.valid for r in records)} events and "
           f"{sum(not r.valid for r in records)} bad records over {args.seconds:.0f}s "
