@@ -25,8 +25,6 @@ import orjson
 from processor.core.errors import CoreError, NoiseKeyError
 from processor.core.rng import NoiseKey
 
-COUNT_MECHANISMS = ("ecc", "simecc", "basecc", "partitioncc", "gaussiancc", "tree")
-
 # Subcommands that live in other modules; imported only when used, so `count` stays light.
 _DELEGATED: dict[str, tuple[str, str]] = {
     "worker": ("processor.stream.app", "main_worker"),
@@ -38,12 +36,14 @@ _DELEGATED: dict[str, tuple[str, str]] = {
 
 
 def _count_parser() -> argparse.ArgumentParser:
+    from processor.core import registry
+
     p = argparse.ArgumentParser(
         prog="python -m processor count",
         description="Run a private counter over ticks read one per line: a number in [0, 1], "
         "_ for a tick with no event, _*N for N such ticks. Writes {\"t\": t, \"y\": y} per tick.",
     )
-    p.add_argument("--mechanism", required=True, choices=COUNT_MECHANISMS)
+    p.add_argument("--mechanism", required=True, choices=registry.names())
     p.add_argument("--epsilon", type=float, required=True)
     p.add_argument("--delta", type=float, required=True)
     src = p.add_mutually_exclusive_group(required=True)

@@ -111,3 +111,22 @@ def test_keygen_writes_private_file(tmp_path: pytest.TempPathFactory) -> None:
     key = NoiseKey.from_file(path)
     assert repr(key) == "NoiseKey(<secret>)"
     assert main(["keygen", path]) == 2  # never overwrites a key by accident
+
+
+def test_cli_count_offers_exactly_the_registered_mechanisms(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The choices come from the registry: every registered mechanism runs, nothing else."""
+    from processor.cli import _count_parser
+    from processor.core import registry
+
+    action = next(a for a in _count_parser()._actions if a.dest == "mechanism")
+    assert list(action.choices or ()) == registry.names()
+    for name in registry.names():
+        params = ["--horizon", "8"] if name == "partitioncc" else []
+        rc = main(["count", "--mechanism", name, "--epsilon", "1", "--delta", "1e-6",
+                   "--seed", "1", "--input", "/dev/null", *params])
+        assert rc == 0, (name, capsys.readouterr().err)
+    with pytest.raises(SystemExit):
+        main(["count", "--mechanism", "not-a-mechanism", "--epsilon", "1", "--delta", "1e-6",
+              "--seed", "1"])
+    assert "invalid choice" in capsys.readouterr().err

@@ -1,13 +1,10 @@
 """Mechanism registry: name -> Counter class, make(), restore().
 
-Built lazily on first use so that it picks up the edit-private mechanisms of
-processor.core.ecc ("ecc", "simecc") when that module provides them, without a hard
-import cycle or a failure while it is still being written.
+Built on first use, so importing the registry does not import every mechanism module.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -16,30 +13,15 @@ from processor.core.api import Counter
 from processor.core.errors import InvalidParameterError, StateFormatError
 from processor.core.rng import NoiseKey
 
-#: Optional modules and the class names in them that register a mechanism.
-_OPTIONAL: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("processor.core.ecc", ("ECC", "SimECC")),
-    ("processor.core.wrapper", ("W", "Wrapper", "WrappedECC")),
-)
-
 
 def _build() -> dict[str, type[Counter]]:
     from processor.core.baselines import BaseCC, GaussianCC, LaplaceTree, PartitionCC
+    from processor.core.ecc import ECC, SimECC
+    from processor.core.wrapper import W
 
-    out: dict[str, type[Counter]] = {}
-    for cls in (BaseCC, PartitionCC, GaussianCC, LaplaceTree):
-        out[cls.mechanism] = cls
-    for modname, names in _OPTIONAL:
-        try:
-            mod = importlib.import_module(modname)
-        except ImportError:
-            continue
-        for name in names:
-            found: Any = getattr(mod, name, None)
-            if (isinstance(found, type) and issubclass(found, Counter)
-                    and isinstance(getattr(found, "mechanism", None), str)):
-                out[found.mechanism] = found
-    return out
+    classes: tuple[type[Counter], ...] = (
+        BaseCC, PartitionCC, GaussianCC, LaplaceTree, ECC, SimECC, W)
+    return {cls.mechanism: cls for cls in classes}
 
 
 class _LazyRegistry(Mapping[str, type[Counter]]):
@@ -61,10 +43,6 @@ class _LazyRegistry(Mapping[str, type[Counter]]):
 
     def __len__(self) -> int:
         return len(self._get())
-
-    def reload(self) -> None:
-        """Forget the table (tests, or after a module landed in a long-lived process)."""
-        self._data = None
 
 
 #: Every registered mechanism by name.

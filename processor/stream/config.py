@@ -25,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from processor.core.bounded import check_eps_delta
+from processor.core.errors import InvalidParameterError
 from processor.core.grid import GRID_BITS
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
@@ -135,10 +137,6 @@ class Settings:
         # The generated hash would fail on the counters mapping; equal settings have equal
         # reprs (the password is the only field left out, and it does not need to be in).
         return hash(repr(self))
-
-    def start_ms(self, counter: str) -> int | None:
-        """The declared start of `counter` (epoch ms), or None if it is not declared."""
-        return self.counters.get(counter)
 
 
 # ----------------------------------------------------------------------------- parsing
@@ -331,10 +329,13 @@ def validate_settings(s: Settings) -> Settings:
     if s.mechanism not in STREAM_MECHANISMS:
         raise ConfigError("mechanism", f"must be one of {', '.join(STREAM_MECHANISMS)} "
                           "(the mechanisms private under the queue shift)")
-    if not (math.isfinite(s.epsilon) and s.epsilon > 0):
-        raise ConfigError("epsilon", "must be a finite number > 0")
-    if not 0 < s.delta < 1:
-        raise ConfigError("delta", "must be in (0, 1)")
+    try:
+        # The core's own check, the one every mechanism runs on its parameters.
+        check_eps_delta(s.epsilon, s.delta)
+    except InvalidParameterError as exc:
+        # Name the field to fix: if eps passes with a valid delta, delta is the bad one.
+        eps_ok = _core_accepts(s.epsilon, 0.5)
+        raise ConfigError("delta" if eps_ok else "epsilon", str(exc)) from None
     if not 0 < s.beta < 1:
         raise ConfigError("beta", "must be in (0, 1)")
     for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
@@ -375,6 +376,14 @@ def validate_settings(s: Settings) -> Settings:
     if not s.counters and not s.allow_undeclared:
         raise ConfigError("counters", "declare at least one counter (or set allow_undeclared)")
     return s
+
+
+def _core_accepts(eps: float, delta: float) -> bool:
+    try:
+        check_eps_delta(eps, delta)
+    except InvalidParameterError:
+        return False
+    return True
 
 
 def with_overrides(s: Settings, **changes: Any) -> Settings:

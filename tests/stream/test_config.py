@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from processor.core.bounded import check_eps_delta
+from processor.core.errors import InvalidParameterError
 from processor.stream.config import ConfigError, Settings, load_settings, with_overrides
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "config.example.toml"
@@ -141,3 +143,26 @@ def test_defaults_without_file_need_a_counter() -> None:
     s = load_settings(None, env={"DPC_COUNTERS": "a=0"})
     assert s == with_overrides(Settings(), counters={"a": 0})
     assert hash(s) == hash(with_overrides(Settings(), counters={"a": 0}))  # usable as a key
+
+
+@pytest.mark.parametrize("eps,delta", [
+    (1.0, 1e-6), (1e-300, 0.5), (5e5, 1e-300), (0.0, 1e-6), (-1.0, 1e-6), (float("inf"), 1e-6),
+    (float("nan"), 1e-6), (1.0, 0.0), (1.0, 1.0), (1.0, -1e-9), (1.0, float("nan")),
+    (0.0, 2.0),
+])
+def test_eps_delta_rule_is_the_cores(eps: float, delta: float) -> None:
+    """Settings accept exactly the (eps, delta) the core's parameter check accepts, and a
+    rejection names the field to fix (epsilon first when both are bad)."""
+    base = with_overrides(Settings(), counters={"a": 0})
+    try:
+        check_eps_delta(eps, delta)
+        core_ok = True
+    except InvalidParameterError:
+        core_ok = False
+    if core_ok:
+        assert with_overrides(base, epsilon=eps, delta=delta).epsilon == eps
+        return
+    with pytest.raises(ConfigError) as info:
+        with_overrides(base, epsilon=eps, delta=delta)
+    eps_ok = eps > 0 and eps != float("inf")
+    assert info.value.field == ("delta" if eps_ok else "epsilon")
