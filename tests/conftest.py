@@ -16,6 +16,11 @@ started on demand once per test module, for failure tests that kill nodes.
 Helpers (plain functions, also available as fixtures of the same name):
 ``unique_topic(prefix)`` gives a topic name no other test uses; ``create_topics(bootstrap,
 names, partitions)`` creates topics and waits until every partition has a leader.
+
+``deployment_factory(counters, **kw)`` builds an isolated deployment of the processor on
+the session broker (``processor.devtools.deployment.isolated_deployment``: unique app id
+and topics, key, state dir and config under the test's ``tmp_path``, a worker not yet
+started) and closes every deployment it made (workers stopped) when the test ends.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -39,6 +44,9 @@ from processor.devtools.local_kafka import (
     require_tool,
     wait_for_metadata,
 )
+
+if TYPE_CHECKING:
+    from processor.devtools.deployment import Deployment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -219,6 +227,32 @@ def kafka_cluster() -> Iterator[LocalKafka]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def deployment_factory(
+    kafka_bootstrap: str, tmp_path: Path
+) -> Iterator[Callable[..., Deployment]]:
+    """``factory(counters, **kw)`` -> an isolated Deployment on the session broker.
+
+    ``kw`` goes to ``isolated_deployment`` (``name``, ``secret``, any setting); the files
+    go under ``tmp_path`` (kept for a look after a failure). Every worker of every
+    deployment made is stopped at teardown.
+    """
+    # Imported here: the deployment helper pulls in the Kafka clients, which tests
+    # without a broker need not load.
+    from processor.devtools.deployment import isolated_deployment
+
+    made: list[Deployment] = []
+
+    def factory(counters: dict[str, int], **kw: Any) -> Deployment:
+        deployment = isolated_deployment(kafka_bootstrap, counters, parent=tmp_path, **kw)
+        made.append(deployment)
+        return deployment
+
+    yield factory
+    for deployment in made:
+        deployment.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,6 +11,7 @@ five topics exist with the configured partition count.
 from __future__ import annotations
 
 import stat
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -182,11 +183,10 @@ def test_failed_build_leaves_no_directory(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.kafka
-def test_topics_exist_with_the_configured_partitions(kafka_bootstrap: str,
-                                                     tmp_path: Path) -> None:
-    with isolated_deployment(kafka_bootstrap, {"a": 0}, parent=tmp_path, name="dep-test",
-                             partitions=3) as dep:
-        for f in fields(TopicSettings):
-            topic = getattr(dep.topics, f.name)
-            assert kafka_io.partition_count(dep.conf, topic) == 3, topic
+def test_topics_exist_with_the_configured_partitions(
+        deployment_factory: Callable[..., Deployment]) -> None:
+    """Marked ``kafka`` through the fixture (it needs the session broker)."""
+    dep = deployment_factory({"a": 0}, name="dep-test", partitions=3)
+    for f in fields(TopicSettings):
+        topic = getattr(dep.topics, f.name)
+        assert kafka_io.partition_count(dep.conf, topic) == 3, topic
