@@ -388,6 +388,24 @@ def test_missing_java_or_maven_exits_3_with_a_clear_message(tmp_path: Path) -> N
     assert not (tmp_path / "libs").exists()
 
 
+def test_command_line_runs_on_a_bare_interpreter(tmp_path: Path) -> None:
+    """deploy/setup.sh fetches before the project is installed: the wrapper must run on the
+    base interpreter in isolated mode (no venv, no site-packages, no PYTHONPATH)."""
+    base = getattr(sys, "_base_executable", sys.executable)
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    (libs / "kafka_2.13-3.9.2.jar").write_bytes(b"")
+    (libs / ".fetched").write_text(lk._pom_fingerprint() + "\n")
+    run = subprocess.run(
+        [base, "-I", str(KAFKA_SCRIPT), "fetch", "--libs-dir", str(libs)],
+        capture_output=True,
+        text=True,
+        env=_env_without_tools(tmp_path),
+    )
+    assert run.returncode == 0, run.stderr
+    assert "already in" in run.stderr  # the cached jars, found without Maven
+
+
 def test_cached_download_is_reused_and_a_stale_one_is_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
