@@ -1,168 +1,99 @@
 """The operator: the pure state machine between the timeline topic and the releases.
 
-It consumes timeline records (events and "sealed through tick n" markers) in offset order,
-one partition at a time, and keeps all state in a key-value `StateStore` (a Faust table
+It applies timeline records (batches of events, "sealed through tick n" markers) in
+offset order, one partition at a time, to a key-value store (`state.py`: a Faust table
 online, a `DictStore` in replay and tests). It imports nothing from Kafka or Faust.
+`commit.BatchCommit` applies a batch of records to a `BufferedStore`, publishes, then
+writes; `Operator.apply` on any other store is a one-record commit without publishing.
 
 Time. Global tick n covers event time [n*tick_ms, (n+1)*tick_ms). A counter declared with
 start S (a multiple of tick_ms) has start_tick = S // tick_ms, and its local tick is
 t = n - start_tick + 1, so t = 1 is the tick that begins at S.
 
-Per counter, one store value `c/<counter>` holds: the mechanism state (Counter.to_bytes),
-the FIFO queue (run-length encoded values in grid units), pending arrivals for ticks not
-yet sealed, the counter's sealed frontier (a global tick), the last timeline offset it
-applied, the last published value and the next heartbeat tick.
+Events. An event joins its counter's pending arrivals at its tick, or at the earliest
+open tick if that one is sealed (a late event). It never seals a tick and never emits a
+public record: an event for a counter without state creates that state silently. So the
+existence, order and timing of every release and ledger entry depend on markers and the
+public configuration only (issue 8 item 1).
 
-Per partition, one store value `p/<partition>` holds: the partition's sealed frontier, the
-offset of the last marker applied, and the due index (counter -> a global tick at or before
-the next tick at which the counter has anything to do). A marker touches only counters whose
-due tick has been reached; the index may be early (a spurious touch is harmless) but never
-late (that would delay a release). An event that makes an idle counter due earlier does not
-rewrite that O(counters) value: it records the earlier due tick in a small second value
-`n/<partition>` ("newly due"), which the next marker merges into the index and empties. So
-an event costs O(1) store values of O(1) size, and a marker O(1) values plus the counters
-it touches.
+Markers. A marker through n touches only the counters filed in the due wheel at ticks
+<= n (`state.py`): per counter, the first touch emits its ledger entry, then each tick
+through n is sealed: its arrivals join the FIFO queue in timeline order, at most one value
+leaves as x_t (else ⊥), the mechanism steps; runs of ⊥ ticks with nothing due are one
+`Counter.skip`. A counter is then filed at its next due tick, the earliest of: the next
+tick if its queue is non-empty, its earliest pending tick, the mechanism's next_due, its
+next heartbeat. Counters are processed in name order, never in arrival order.
+Releases: a "change" record when y changes, a "heartbeat" otherwise at every tick with
+(t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only.
 
-Sealing a tick: its arrivals join the queue in offset order, at most one value leaves as
-x_t (else ⊥), the counter steps. Runs of ⊥ ticks with nothing due are one `Counter.skip`.
-Releases: a "change" record when y changes, a "heartbeat" record otherwise at every tick
-with (t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`; the phase is a public hash of
-the counter's name, or 0 with heartbeat_spread off). Releases carry public quantities
-only: no true sums, no queue lengths, no offsets.
-
-Idempotency: every record at or below the last applied offset (the counter's for events,
-the partition's for markers) is skipped, so at-least-once redelivery neither loses nor
-double-counts anything, and re-execution reproduces the same noise (positions are in the
-mechanism state).
+Idempotency. Each counter records the last timeline offset applied to it, the partition
+the offset of its last marker: a record is applied to a counter at most once, so
+at-least-once redelivery neither loses nor double-counts, and re-execution reproduces the
+same noise (positions are in the mechanism state). Ingest re-sends events after a crash:
+the partition's duplicate filter (input partition -> highest input offset applied) drops
+an event whose input offset is at or below it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Final, Literal, Protocol
-
-import orjson
+from typing import Final, Literal
 
 from processor.core.api import Counter
-from processor.core.errors import StateFormatError
-from processor.core.grid import GRID_BITS, UNIT
+from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream.config import Settings
 from processor.stream.records import (
-    TimelineEvent,
+    Event,
+    LedgerEntry,
+    Release,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline,
     partition_for,
 )
+from processor.stream.state import (
+    BufferedStore,
+    CounterFactory,
+    CounterState,
+    DueBucket,
+    DueDirectory,
+    PartitionState,
+    StateStore,
+    bucket_key,
+    counter_key,
+    directory_key,
+    partition_key,
+    write_all,
+)
 
-_COUNTER_MAGIC: Final = b"DPQ"
-_PARTITION_MAGIC: Final = b"DPP"
-_VERSION: Final = 1
+#: Default size of the decoded counter-state cache: above 10^4 counters per worker.
+DEFAULT_CACHE_SIZE: Final = 16_384
 
-#: The metric names an Output reports (deltas for one applied record).
+#: The metric names an Output reports (aggregates only, never per counter).
 METRICS: Final = (
     "events_applied",
     "markers_applied",
     "late_events",
     "skipped_duplicates",
+    "duplicates_dropped",
     "malformed_records",
     "undeclared_skipped",
     "before_start_skipped",
+    "misrouted_skipped",
     "counters_touched",
     "events_queued",
     "events_dequeued",
 )
 
 
-class StateStore(Protocol):
-    """The key-value store the operator keeps all its state in."""
-
-    def get(self, key: str) -> bytes | None: ...
-
-    def set(self, key: str, value: bytes) -> None: ...
-
-
-class DictStore(StateStore):
-    """An in-memory StateStore (replay, tests, benchmarks)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        return self.data.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.data[key] = value
-
-
-class CounterFactory(Protocol):
-    """Builds and restores core counters: `processor.core.registry` fulfils it."""
-
-    def make(self, name: str, eps: float, delta: float, key: NoiseKey,
-             counter_id: str) -> Counter: ...
-
-    def restore(self, data: bytes, key: NoiseKey) -> Counter: ...
-
-
-@dataclass(frozen=True)
-class Release:
-    """One published value of one counter at one tick (the private-counts topic).
-
-    `value` is y_t; `error_bound` bounds |y_t - s_t| with probability >= 1 - beta and is
-    computed from public quantities only. Keyed and idempotent by (counter, tick).
-    """
-
-    counter: str
-    tick: int
-    tick_start_ms: int
-    tick_ms: int
-    value: float
-    kind: Literal["change", "heartbeat"]
-    mechanism: str
-    epsilon: float
-    delta: float
-    error_bound: float
-    beta: float
-    fingerprint: str
-
-    def key(self) -> bytes:
-        return self.counter.encode("utf-8")
-
-    def to_json(self) -> bytes:
-        # orjson serialises dataclasses in field order: deterministic bytes.
-        return orjson.dumps(self)
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    """The privacy ledger record of one counter, written when its state is created."""
-
-    counter: str
-    mechanism: str
-    epsilon: float
-    delta: float
-    tick_ms: int
-    start_ms: int
-    privacy_unit: str = "one event"
-    contribution_bound: int = 1
-    fingerprint: str = ""
-    grid_bits: int = GRID_BITS
-
-    def key(self) -> bytes:
-        return self.counter.encode("utf-8")
-
-    def to_json(self) -> bytes:
-        return orjson.dumps(self)
-
-
 @dataclass
 class Output:
-    """What applying one timeline record produced: releases, ledger entries (new
-    counters) and metric deltas (names in METRICS; aggregates only, never per counter)."""
+    """What applying timeline records produced: ledger entries (counters announced),
+    releases, and metric deltas (names in METRICS; aggregates only, never per counter)."""
 
     releases: list[Release] = field(default_factory=list)
     ledger: list[LedgerEntry] = field(default_factory=list)
@@ -174,9 +105,6 @@ def counter_id_for(settings: Settings, counter: str) -> str:
     fingerprint, so a changed (eps, delta, ...) never reuses the noise of another
     configuration on the same data (two releases sharing noise could cancel it)."""
     return f"{settings.fingerprint()[:16]}/{counter}"
-
-
-# ------------------------------------------------------------------------ state records
 
 
 def heartbeat_phase(settings: Settings, counter: str) -> int:
@@ -198,121 +126,12 @@ def is_heartbeat_tick(settings: Settings, counter: str, t: int) -> bool:
     return (t + heartbeat_phase(settings, counter)) % settings.heartbeat_ticks == 0
 
 
-class _CounterState:
-    """The decoded `c/<counter>` value (mutable while one record is applied)."""
-
-    __slots__ = ("counter", "frontier", "hb", "last_y", "offset", "pending", "queue",
-                 "start_tick")
-
-    def __init__(self, counter: Counter, start_tick: int, first_heartbeat: int) -> None:
-        self.counter = counter
-        self.start_tick = start_tick
-        self.frontier = start_tick - 1  # global tick through which this counter is sealed
-        self.offset = -1  # last applied timeline offset
-        self.queue: deque[list[int]] = deque()  # [value_units, run_length], FIFO
-        self.pending: dict[int, list[int]] = {}  # global tick -> arrivals in offset order
-        self.last_y = 0.0
-        self.hb = first_heartbeat  # next local tick with a heartbeat
-
-    def to_bytes(self) -> bytes:
-        mech = self.counter.to_bytes()
-        meta = {
-            "st": self.start_tick,
-            "f": self.frontier,
-            "o": self.offset,
-            "q": list(self.queue),
-            "p": sorted(self.pending.items()),
-            "ly": self.last_y,
-            "hb": self.hb,
-        }
-        return (_COUNTER_MAGIC + bytes([_VERSION]) + len(mech).to_bytes(4, "big") + mech
-                + orjson.dumps(meta))
-
-    @classmethod
-    def from_bytes(cls, data: bytes, factory: CounterFactory, key: NoiseKey) -> _CounterState:
-        data = bytes(data)
-        if data[:3] != _COUNTER_MAGIC or len(data) < 8 or data[3] != _VERSION:
-            raise StateFormatError("not an operator counter state (magic/version)")
-        n = int.from_bytes(data[4:8], "big")
-        mech, rest = data[8:8 + n], data[8 + n:]
-        try:
-            meta = orjson.loads(rest)
-            self = cls.__new__(cls)
-            self.counter = factory.restore(mech, key)
-            self.start_tick = int(meta["st"])
-            self.frontier = int(meta["f"])
-            self.offset = int(meta["o"])
-            self.queue = deque([int(u), int(c)] for u, c in meta["q"])
-            self.pending = {int(g): [int(u) for u in us] for g, us in meta["p"]}
-            self.last_y = float(meta["ly"])
-            self.hb = int(meta["hb"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, StateFormatError):
-                raise
-            raise StateFormatError("operator counter state is corrupt") from None
-        if self.counter.t != self.frontier - self.start_tick + 1:
-            raise StateFormatError("operator counter state: mechanism tick != frontier")
-        return self
-
-    def push(self, units: int) -> None:
-        if self.queue and self.queue[-1][0] == units:
-            self.queue[-1][1] += 1
-        else:
-            self.queue.append([units, 1])
-
-    def pop(self) -> int:
-        head = self.queue[0]
-        head[1] -= 1
-        if head[1] == 0:
-            self.queue.popleft()
-        return head[0]
-
-
-class _PartitionState:
-    """The decoded `p/<partition>` value."""
-
-    __slots__ = ("declared", "due", "fresh", "frontier", "min_due", "offset")
-
-    def __init__(self, due: dict[str, int], declared: str) -> None:
-        self.frontier = -1  # global tick through which the partition is sealed
-        self.offset = -1  # offset of the last marker applied
-        self.due = due
-        # Fingerprint of the configuration whose declared counters were indexed: when it
-        # changes, newly declared counters are added to the index (see _load_partition).
-        self.declared = declared
-        self.fresh = True  # not in the store yet (not persisted)
-        # min(due.values()) or None if unknown; in memory only, lets an idle marker skip
-        # the scan of the index.
-        self.min_due: int | None = None
-
-    def to_bytes(self) -> bytes:
-        return _PARTITION_MAGIC + bytes([_VERSION]) + orjson.dumps(
-            {"f": self.frontier, "o": self.offset, "fp": self.declared, "d": self.due})
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> _PartitionState:
-        data = bytes(data)
-        if data[:3] != _PARTITION_MAGIC or len(data) < 5 or data[3] != _VERSION:
-            raise StateFormatError("not an operator partition state (magic/version)")
-        try:
-            body = orjson.loads(data[4:])
-            self = cls(dict(body["d"]), str(body["fp"]))
-            self.frontier = int(body["f"])
-            self.offset = int(body["o"])
-            self.fresh = False
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise StateFormatError("operator partition state is corrupt") from None
-        return self
-
-
-# ------------------------------------------------------------------------ the operator
-
-
 class Operator:
-    """Applies timeline records to the state in a StateStore; see the module docstring."""
+    """Applies timeline records to the state in a store; see the module docstring."""
 
     def __init__(self, settings: Settings, key: NoiseKey, *,
-                 factory: CounterFactory | None = None, cache_size: int = 4096) -> None:
+                 factory: CounterFactory | None = None,
+                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
         self.settings = settings
         self.key = key
         # The registry is imported lazily so that tests can inject a fake factory.
@@ -320,28 +139,34 @@ class Operator:
             factory if factory is not None
             else importlib.import_module("processor.core.registry"))
         self.fingerprint = settings.fingerprint()
+        self._tick_ms = settings.tick_ms
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
-        # Decoded partition states by partition, with the exact bytes they came from:
-        # reused only while the store still holds those bytes (a cache, never the truth).
-        self._pcache: dict[int, tuple[bytes, _PartitionState]] = {}
-        # The same for counter states (LRU, at most cache_size): restoring a mechanism
-        # costs far more than applying an event. Restoring from bytes and continuing equals
-        # never stopping (the Counter contract), so reusing the object we serialised is
-        # exactly equivalent to decoding the stored bytes again.
-        self._ccache: OrderedDict[str, tuple[bytes, _CounterState]] = OrderedDict()
+        P = settings.partitions
+        self._home = {c: partition_for(c, P) for c in settings.counters}
+        self._phases: dict[str, int] = {}
+        # Decoded states, reused only while the store holds exactly the bytes they were
+        # decoded from or encoded to (`saved`; None while changed): a cache, never the
+        # truth. Restoring from bytes and continuing equals never stopping (the Counter
+        # contract), so reusing the object equals decoding the stored bytes again.
+        self._cache: OrderedDict[str, CounterState] = OrderedDict()
         self._cache_size = cache_size
+        self._partitions: dict[int, PartitionState] = {}
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
-        # Counter contract: public quantities), and every counter here has the same
-        # parameters, so a heartbeat sweep over many counters at one tick computes it once.
+        # Counter contract: public quantities), so a sweep over many counters at one tick
+        # computes it once.
         self._bounds: dict[tuple[str, float, float, float, int], float] = {}
 
-    # -- public entry point
+    # -- public entry points
 
-    def apply(self, store: StateStore, partition: int, offset: int, record: bytes) -> Output:
-        """Apply the timeline record at (`partition`, `offset`). Never raises on a
-        well-formed record; a malformed one is counted (metric malformed_records) and
-        changes nothing. Records at or below the last applied offset are skipped."""
-        out = Output()
+    def apply(self, store: StateStore, partition: int, offset: int, record: bytes,
+              out: Output | None = None) -> Output:
+        """Apply the timeline record at (`partition`, `offset`) and add what it produced
+        to `out` (a new Output if None). On a `BufferedStore` the changes stay in it for
+        the commit; on any other store they are written before this returns. Never raises
+        on a well-formed record; a malformed one is counted and changes nothing."""
+        if out is None:
+            out = Output()
+        buf = store if isinstance(store, BufferedStore) else BufferedStore(store)
         try:
             rec = decode_timeline(record)
         except TimelineFormatError:
@@ -349,259 +174,334 @@ class Operator:
             return out
         try:
             if isinstance(rec, TimelineMarker):
-                self._apply_marker(store, partition, offset, rec, out)
+                self._apply_marker(buf, partition, offset, rec.sealed_through, out)
             else:
-                self._apply_event(store, partition, offset, rec, out)
+                self._apply_events(buf, partition, offset, rec.events, out)
         except BaseException:
-            # State is written only at the end of a successful apply; drop the cache so
-            # that a half-mutated decoded object is never reused.
-            self._pcache.pop(partition, None)
-            self._ccache.clear()
+            # Changed objects carry saved=None, so the caches cannot serve them; dropping
+            # the caches as well keeps this path obviously safe.
+            self.forget()
             raise
+        if buf is not store:
+            write_all(store, buf.writes())
         return out
 
-    # -- partition state
+    def forget(self) -> None:
+        """Drop every decoded state (after a failed batch, or to measure cold starts)."""
+        self._cache.clear()
+        self._partitions.clear()
 
-    def _load_partition(self, store: StateStore, partition: int) -> _PartitionState:
-        raw = store.get(f"p/{partition}")
-        if raw is None:
-            self._pcache.pop(partition, None)
-            # Every declared counter of this partition is due at its first tick, so the
-            # first marker past it creates the counter (and its ledger entry) on time.
-            return _PartitionState(self._declared_due(partition), self.fingerprint)
-        cached = self._pcache.get(partition)
-        if cached is not None and (cached[0] is raw or cached[0] == raw):
-            return cached[1]
-        ps = _PartitionState.from_bytes(raw)
-        if ps.declared != self.fingerprint:
-            # The configuration changed under existing state: index counters declared
-            # since (existing entries stay; a counter no longer declared is dropped when
-            # it next comes due). Persisted with the next write of this partition.
-            for c, st in self._declared_due(partition).items():
-                ps.due.setdefault(c, st)
-            ps.declared = self.fingerprint
-            ps.fresh = True
-            ps.min_due = None
-        else:
-            self._pcache[partition] = (bytes(raw), ps)
+    # -- loading and staging
+
+    def _partition(self, buf: BufferedStore, partition: int) -> PartitionState:
+        key = partition_key(partition)
+        staged = buf.staged.get(key)
+        if staged is not None:
+            assert isinstance(staged, PartitionState)
+            return staged
+        raw = buf.get(key)
+        ps: PartitionState | None = None
+        if raw is not None:
+            cached = self._partitions.get(partition)
+            if cached is not None and cached.saved is not None and (
+                    cached.saved is raw or cached.saved == raw):
+                ps = cached
+            else:
+                ps = PartitionState.from_bytes(raw)
+        if ps is None:
+            ps = PartitionState()
+        self._partitions[partition] = ps
+        if ps.config_fingerprint != self.fingerprint:
+            # First record of this partition, or a new configuration: file every declared
+            # counter of the partition that has no state yet at its start tick, so the
+            # first marker through it creates the counter and emits its ledger entry.
+            directory = self._directory(buf, partition)
+            for name, start in sorted(self._start_ticks.items()):
+                if self._home[name] == partition and buf.get(counter_key(name)) is None:
+                    self._file(buf, partition, directory, name, start)
+            ps.config_fingerprint = self.fingerprint
+            self._stage_partition(buf, partition, ps)
         return ps
 
-    def _load_newly(self, store: StateStore, partition: int) -> dict[str, int]:
-        """The small "newly due" value: counter -> earlier due tick, since the last marker."""
-        raw = store.get(f"n/{partition}")
-        if not raw:
-            return {}
-        try:
-            newly = orjson.loads(raw)
-            return {str(c): int(d) for c, d in newly.items()}
-        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
-            raise StateFormatError("operator newly-due state is corrupt") from None
+    def _stage_partition(self, buf: BufferedStore, partition: int,
+                         ps: PartitionState) -> None:
+        ps.saved = None
+        buf.stage(partition_key(partition), ps)
 
-    def _declared_due(self, partition: int) -> dict[str, int]:
-        P = self.settings.partitions
-        return {c: st for c, st in self._start_ticks.items() if partition_for(c, P) == partition}
-
-    def _partition_write(self, partition: int, ps: _PartitionState) -> tuple[str, bytes]:
-        raw = ps.to_bytes()
-        ps.fresh = False
-        self._pcache[partition] = (raw, ps)
-        return f"p/{partition}", raw
-
-    # -- counter state
-
-    def _new_counter(self, name: str, start_tick: int, out: Output) -> _CounterState:
-        s = self.settings
-        c = self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
-                              counter_id_for(s, name))
-        out.ledger.append(LedgerEntry(
-            counter=name, mechanism=s.mechanism, epsilon=s.epsilon, delta=s.delta,
-            tick_ms=s.tick_ms, start_ms=start_tick * s.tick_ms, fingerprint=self.fingerprint))
-        return _CounterState(c, start_tick,
-                             next_heartbeat(0, heartbeat_phase(s, name), s.heartbeat_ticks))
-
-    def _load_counter(self, store: StateStore, name: str) -> _CounterState | None:
-        raw = store.get(f"c/{name}")
+    def _counter(self, buf: BufferedStore, name: str) -> CounterState | None:
+        key = counter_key(name)
+        staged = buf.staged.get(key)
+        if staged is not None:
+            assert isinstance(staged, CounterState)
+            return staged
+        raw = buf.get(key)
+        cache = self._cache
         if raw is None:
-            self._ccache.pop(name, None)
+            cache.pop(name, None)
             return None
-        cached = self._ccache.get(name)
-        if cached is not None and (cached[0] is raw or cached[0] == raw):
-            self._ccache.move_to_end(name)
-            return cached[1]
-        cs = _CounterState.from_bytes(raw, self.factory, self.key)
-        self._remember(name, bytes(raw), cs)
+        cs = cache.get(name)
+        if cs is not None and cs.saved is not None and (cs.saved is raw or cs.saved == raw):
+            cache.move_to_end(name)
+            return cs
+        cs = CounterState.from_bytes(raw, self.factory, self.key)
+        self._remember(name, cs)
         return cs
 
-    def _counter_write(self, name: str, cs: _CounterState) -> tuple[str, bytes]:
-        raw = cs.to_bytes()
-        self._remember(name, raw, cs)
-        return f"c/{name}", raw
-
-    def _remember(self, name: str, raw: bytes, cs: _CounterState) -> None:
+    def _remember(self, name: str, cs: CounterState) -> None:
         if self._cache_size <= 0:
             return
-        self._ccache[name] = (raw, cs)
-        self._ccache.move_to_end(name)
-        while len(self._ccache) > self._cache_size:
-            self._ccache.popitem(last=False)
+        cache = self._cache
+        cache[name] = cs
+        cache.move_to_end(name)
+        if len(cache) > self._cache_size:
+            cache.popitem(last=False)
 
-    def _due(self, cs: _CounterState) -> int:
+    def _stage_counter(self, buf: BufferedStore, name: str, cs: CounterState) -> None:
+        cs.saved = None
+        buf.stage(counter_key(name), cs)
+
+    def _new_counter(self, name: str, start_tick: int) -> CounterState:
+        """A fresh counter state (not announced: its ledger entry waits for a marker)."""
+        s = self.settings
+        mech = self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
+                                 counter_id_for(s, name))
+        cs = CounterState(mech, start_tick,
+                          next_heartbeat(0, self._phase(name), s.heartbeat_ticks))
+        self._remember(name, cs)
+        return cs
+
+    def _phase(self, name: str) -> int:
+        phase = self._phases.get(name)
+        if phase is None:
+            if len(self._phases) > 4 * max(self._cache_size, 1024):
+                self._phases.clear()
+            phase = self._phases[name] = heartbeat_phase(self.settings, name)
+        return phase
+
+    # -- the due wheel
+
+    def _directory(self, buf: BufferedStore, partition: int) -> DueDirectory:
+        key = directory_key(partition)
+        staged = buf.staged.get(key)
+        if staged is not None:
+            assert isinstance(staged, DueDirectory)
+            return staged
+        raw = buf.get(key)
+        directory = DueDirectory() if raw is None else DueDirectory.from_bytes(raw)
+        buf.stage(key, directory)  # staged at once: small, and usually changed
+        return directory
+
+    def _bucket(self, buf: BufferedStore, partition: int, tick: int) -> DueBucket | None:
+        key = bucket_key(partition, tick)
+        staged = buf.staged.get(key)
+        if staged is not None:
+            assert isinstance(staged, DueBucket)
+            return staged
+        raw = buf.get(key)
+        return None if raw is None else DueBucket.from_bytes(raw)
+
+    def _file(self, buf: BufferedStore, partition: int, directory: DueDirectory,
+              name: str, tick: int) -> None:
+        """Put `name` in the bucket of `tick` (and the tick in the directory)."""
+        bucket = self._bucket(buf, partition, tick)
+        if bucket is None:
+            bucket = DueBucket()
+        if name not in bucket.names:
+            bucket.names[name] = None
+            buf.stage(bucket_key(partition, tick), bucket)
+        directory.add(tick)
+
+    def _due(self, cs: CounterState) -> int:
         """A global tick at or before the next one at which `cs` has anything to do."""
-        due = cs.start_tick + cs.hb - 1
-        if cs.queue:
-            due = min(due, cs.frontier + 1)
-        if cs.pending:
+        start = cs.start_tick
+        due = start + cs.next_heartbeat - 1
+        if not cs.announced or cs.queue:
+            due = cs.frontier + 1
+        elif cs.pending:
             due = min(due, min(cs.pending))
-        nd = cs.counter.next_due()
-        if nd is not None:
-            due = min(due, cs.start_tick + nd - 1)
+        if due > cs.frontier + 1:
+            nd = cs.mechanism.next_due()
+            if nd is not None:
+                due = min(due, start + nd - 1)
         return due
 
     # -- records
 
-    def _apply_event(self, store: StateStore, partition: int, offset: int,
-                     ev: TimelineEvent, out: Output) -> None:
-        ps = self._load_partition(store, partition)
-        cs = self._load_counter(store, ev.counter)
-        if cs is not None and offset <= cs.offset:
-            out.metrics["skipped_duplicates"] += 1
-            return
-        tick_ms = self.settings.tick_ms
-        n_event = ev.ts_ms // tick_ms
-        if cs is None:
-            start_tick = self._start_ticks.get(ev.counter)
-            if start_tick is None:
-                if not self.settings.allow_undeclared:
-                    out.metrics["undeclared_skipped"] += 1
-                    return
-                # An undeclared counter starts at its first event's tick (or the first
-                # open tick if that one is already sealed).
-                start_tick = max(n_event, ps.frontier + 1)
-            elif n_event < start_tick:
-                out.metrics["before_start_skipped"] += 1
-                return
-            cs = self._new_counter(ev.counter, start_tick, out)
-        elif n_event < cs.start_tick and ev.counter in self._start_ticks:
-            # (An undeclared counter's start is its first event's tick: an event stamped
-            # earlier but arriving later is a late event, not one before the start.)
-            out.metrics["before_start_skipped"] += 1
-            return
-        # Bring the counter up to the partition's frontier first: a marker skipped it
-        # because nothing was due, so this is a pure skip (no releases in practice).
-        if cs.frontier < ps.frontier:
-            self._seal(ev.counter, cs, ps.frontier, out)
-        open_tick = cs.frontier + 1
-        if n_event < open_tick:
-            out.metrics["late_events"] += 1
-            n_event = open_tick
-        cs.pending.setdefault(n_event, []).append(ev.value_units)
-        cs.offset = offset
-        out.metrics["events_applied"] += 1
-        out.metrics["events_queued"] += 1
-        out.metrics["counters_touched"] += 1
-        due = self._due(cs)
-        writes: list[tuple[str, bytes]] = []
-        old = ps.due.get(ev.counter)
-        if ps.fresh:
-            # First write of this partition (or first under a new configuration).
-            ps.due[ev.counter] = due if old is None else min(old, due)
-            ps.min_due = None
-            writes.append(self._partition_write(partition, ps))
-        elif old is None or due < old:
-            newly = self._load_newly(store, partition)
-            if ev.counter not in newly or due < newly[ev.counter]:
-                newly[ev.counter] = due
-                # The due index is written BEFORE the counter: if we crash in between,
-                # the event is re-applied and the index is merely early, never late.
-                writes.append((f"n/{partition}", orjson.dumps(newly)))
-        writes.append(self._counter_write(ev.counter, cs))
-        for k, v in writes:
-            store.set(k, v)
+    def _apply_events(self, buf: BufferedStore, partition: int, offset: int,
+                      events: tuple[Event, ...], out: Output) -> None:
+        ps = self._partition(buf, partition)
+        m = out.metrics
+        seen = ps.input_offsets
+        seen_changed = False
+        tick_ms = self._tick_ms
+        start_ticks = self._start_ticks
+        home = self._home
+        # Counters this record is applied to, and those it was applied to before a crash.
+        applying: dict[str, CounterState] = {}
+        done: set[str] = set()
+        applied = queued = late = 0
+        for ev in events:
+            src = ev.src_partition
+            if src >= 0:
+                if ev.src_offset <= seen.get(src, -1):
+                    m["duplicates_dropped"] += 1
+                    continue
+                seen[src] = ev.src_offset
+                seen_changed = True
+            name = ev.counter
+            n_event = ev.ts_ms // tick_ms
+            cs = applying.get(name)
+            if cs is None:
+                if name in done:
+                    m["skipped_duplicates"] += 1
+                    continue
+                if home.get(name, partition) != partition or (
+                        name not in home and partition_for(name, self.settings.partitions)
+                        != partition):
+                    m["misrouted_skipped"] += 1
+                    continue
+                cs = self._counter(buf, name)
+                if cs is None:
+                    start = start_ticks.get(name)
+                    if start is None:
+                        if not self.settings.allow_undeclared:
+                            m["undeclared_skipped"] += 1
+                            continue
+                        # An undeclared counter starts at its first event's tick (or the
+                        # first open tick): the documented cost of allow_undeclared.
+                        start = max(n_event, ps.frontier + 1)
+                    elif n_event < start:
+                        m["before_start_skipped"] += 1
+                        continue
+                    cs = self._new_counter(name, start)
+                elif cs.last_offset >= offset:
+                    done.add(name)
+                    m["skipped_duplicates"] += 1
+                    continue
+                cs.last_offset = offset
+                applying[name] = cs
+                self._stage_counter(buf, name, cs)
+            if n_event < cs.start_tick and name in start_ticks:
+                m["before_start_skipped"] += 1
+                continue
+            open_tick = (cs.frontier if cs.frontier > ps.frontier else ps.frontier) + 1
+            if n_event < open_tick:
+                late += 1
+                n_event = open_tick
+            arrivals = cs.pending.get(n_event)
+            if arrivals is None:
+                cs.pending[n_event] = [ev.units]
+            else:
+                arrivals.append(ev.units)
+            applied += 1
+        queued = applied
+        m["events_applied"] += applied
+        m["events_queued"] += queued
+        m["late_events"] += late
+        m["counters_touched"] += len(applying)
+        if applying:
+            directory = self._directory(buf, partition)
+            for name, cs in applying.items():
+                due = self._due(cs)
+                if cs.filed_due is None or due < cs.filed_due:
+                    self._file(buf, partition, directory, name, due)
+                    cs.filed_due = due
+        if seen_changed:
+            self._stage_partition(buf, partition, ps)
 
-    def _apply_marker(self, store: StateStore, partition: int, offset: int,
-                      mk: TimelineMarker, out: Output) -> None:
-        ps = self._load_partition(store, partition)
-        if offset <= ps.offset:
-            out.metrics["skipped_duplicates"] += 1
+    def _apply_marker(self, buf: BufferedStore, partition: int, offset: int, n: int,
+                      out: Output) -> None:
+        ps = self._partition(buf, partition)
+        m = out.metrics
+        if offset <= ps.marker_offset:
+            m["skipped_duplicates"] += 1
             return
-        n = mk.sealed_through
         if n <= ps.frontier:
             # Markers are idempotent: an already sealed tick changes nothing (not even
             # the stored offset, which only guards against redelivery).
-            out.metrics["markers_applied"] += 1
+            m["markers_applied"] += 1
             return
-        newly = self._load_newly(store, partition)
-        for name, d in newly.items():
-            old = ps.due.get(name)
-            if old is None or d < old:
-                ps.due[name] = d
-                if ps.min_due is not None:
-                    ps.min_due = min(ps.min_due, d)
-        if ps.min_due is None:
-            ps.min_due = min(ps.due.values(), default=n + 1)
-        due_now = sorted(c for c, d in ps.due.items() if d <= n) if ps.min_due <= n else []
-        writes: list[tuple[str, bytes]] = []
-        new_due: dict[str, int] = {}
-        for name in due_now:
-            cs = self._load_counter(store, name)
-            if cs is None:
-                start_tick = self._start_ticks.get(name)
-                if start_tick is None:
-                    # Not declared any more (configuration changed): forget it.
-                    new_due[name] = -1
-                    continue
-                cs = self._new_counter(name, start_tick, out)
-            if cs.offset >= offset:
-                # Already sealed by this marker before a crash: only re-index it.
-                new_due[name] = self._due(cs)
+        directory = self._directory(buf, partition)
+        names: set[str] = set()
+        gone: list[int] = []
+        for tick in directory.through(n):
+            bucket = self._bucket(buf, partition, tick)
+            if bucket is None:
+                gone.append(tick)  # consumed by an earlier marker
                 continue
+            names.update(bucket.names)
+            # Deleted with the partition value, after the counters it names are written:
+            # until then a crash re-executes this marker and finds them here again.
+            buf.delete(bucket_key(partition, tick))
+        if gone:
+            dropped = set(gone)
+            directory.ticks = [t for t in directory.ticks if t not in dropped]
+        touched = 0
+        for name in sorted(names):  # name order: never the order events arrived in
+            cs = self._counter(buf, name)
+            if cs is None:
+                start = self._start_ticks.get(name)
+                if start is None or self._home[name] != partition:
+                    continue  # not declared (any more): nothing to do
+                if start > n:
+                    self._file(buf, partition, directory, name, start)
+                    continue
+                cs = self._new_counter(name, start)
+            elif cs.last_offset >= offset:
+                continue  # sealed by this marker before a crash (and filed then)
+            due = self._due(cs)
+            if due > n:
+                # A stale entry: nothing to do yet. Re-file it only if the bucket it is
+                # filed under is one this marker consumed.
+                if cs.filed_due is None or cs.filed_due <= n:
+                    self._file(buf, partition, directory, name, due)
+                    cs.filed_due = due
+                    self._stage_counter(buf, name, cs)
+                continue
+            if not cs.announced:
+                s = self.settings
+                out.ledger.append(LedgerEntry(
+                    counter=name, mechanism=cs.mechanism.mechanism, epsilon=cs.mechanism.eps,
+                    delta=cs.mechanism.delta, tick_ms=s.tick_ms,
+                    start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint))
+                cs.announced = True
             if cs.frontier < n:
                 self._seal(name, cs, n, out)
-            cs.offset = offset
-            new_due[name] = self._due(cs)
-            writes.append(self._counter_write(name, cs))
-            out.metrics["counters_touched"] += 1
-        for name, d in new_due.items():
-            if d < 0:
-                ps.due.pop(name, None)
-            else:
-                ps.due[name] = d
-        if due_now:
-            ps.min_due = None  # recomputed (once) by the next marker
+            cs.last_offset = offset
+            due = self._due(cs)
+            self._file(buf, partition, directory, name, due)
+            cs.filed_due = due
+            self._stage_counter(buf, name, cs)
+            touched += 1
         ps.frontier = n
-        ps.offset = offset
-        # Counters first, the partition next: a crash in between replays the marker (its
-        # offset is not yet recorded), and the counters already sealed skip it. The merged
-        # "newly due" value is emptied last: a crash before that merges it once more,
-        # which only makes some entries early.
-        writes.append(self._partition_write(partition, ps))
-        if newly:
-            writes.append((f"n/{partition}", b"{}"))
-        for k, v in writes:
-            store.set(k, v)
-        out.metrics["markers_applied"] += 1
+        ps.marker_offset = offset
+        self._stage_partition(buf, partition, ps)
+        m["counters_touched"] += touched
+        m["markers_applied"] += 1
 
     # -- the queue and the ticks
 
-    def _seal(self, name: str, cs: _CounterState, n: int, out: Output) -> None:
+    def _seal(self, name: str, cs: CounterState, n: int, out: Output) -> None:
         """Advance `cs` through global tick n: per tick, arrivals join the queue, at most
         one value leaves as x_t; idle runs (empty queue, nothing due) are one skip."""
-        c = cs.counter
+        c = cs.mechanism
+        pending = cs.pending
         while cs.frontier < n:
             g = cs.frontier + 1
-            arrivals = cs.pending.pop(g, None)
-            if arrivals:
-                for u in arrivals:
-                    cs.push(u)
+            if pending:
+                arrivals = pending.pop(g, None)
+                if arrivals:
+                    for u in arrivals:
+                        cs.push(u)
             if cs.queue:
                 c.update(cs.pop() / UNIT)  # units / 2^16 is exact; the core re-quantises
                 out.metrics["events_dequeued"] += 1
                 cs.frontier = g
                 self._emit(name, cs, out)
                 continue
-            stop = min(n + 1, cs.start_tick + cs.hb - 1)
-            if cs.pending:
-                stop = min(stop, min(cs.pending))
+            stop = min(n + 1, cs.start_tick + cs.next_heartbeat - 1)
+            if pending:
+                stop = min(stop, min(pending))
             nd = c.next_due()
             if nd is not None:
                 stop = min(stop, cs.start_tick + nd - 1)
@@ -613,32 +513,33 @@ class Operator:
                 # mechanism reports changes anyway, publish them rather than hide them.
                 for t, y in changes:
                     self._release(name, cs, t, y, "change", out)
-                cs.last_y = c.y
+                cs.last_published = c.y
                 continue
             c.update(None)
             cs.frontier = g
             self._emit(name, cs, out)
 
-    def _emit(self, name: str, cs: _CounterState, out: Output) -> None:
+    def _emit(self, name: str, cs: CounterState, out: Output) -> None:
         """After one tick: a change record if y moved, else a heartbeat if one is due."""
-        c = cs.counter
+        c = cs.mechanism
         t, y = c.t, c.y
         kind: Literal["change", "heartbeat"] | None = None
-        if y != cs.last_y:
+        beat = t >= cs.next_heartbeat
+        if y != cs.last_published:
             kind = "change"
-        elif t >= cs.hb:
+        elif beat:
             kind = "heartbeat"
-        if t >= cs.hb:
-            h = self.settings.heartbeat_ticks
-            cs.hb = next_heartbeat(t, heartbeat_phase(self.settings, name), h)
-        cs.last_y = y
+        if beat:
+            cs.next_heartbeat = next_heartbeat(t, self._phase(name),
+                                               self.settings.heartbeat_ticks)
+        cs.last_published = y
         if kind is not None:
             self._release(name, cs, t, y, kind, out)
 
-    def _release(self, name: str, cs: _CounterState, t: int, y: float,
+    def _release(self, name: str, cs: CounterState, t: int, y: float,
                  kind: Literal["change", "heartbeat"], out: Output) -> None:
         s = self.settings
-        c = cs.counter
+        c = cs.mechanism
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
         out.releases.append(Release(

@@ -1,5 +1,6 @@
-"""The operator state machine: ticks, the FIFO queue, markers, idempotency, heartbeats,
-ledger entries and what a release may carry. Pure: no Kafka.
+"""The operator state machine: ticks, the FIFO queue, markers, the due wheel,
+idempotency, the duplicate filter, heartbeats, ledger entries (only at markers) and what a
+release may carry. Pure: no Kafka.
 
 Most tests run the operator with a tiny deterministic fake counter (`StepCounter`) whose
 output reveals exactly which x_t it received, so queue semantics can be read off the
@@ -19,20 +20,27 @@ from typing import Any, Self
 import orjson
 import pytest
 
+from processor.core import registry
 from processor.core.api import Counter, check_skip
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import NoiseKey
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import (
-    DictStore,
-    LedgerEntry,
+    DEFAULT_CACHE_SIZE,
     Operator,
     Output,
-    Release,
     counter_id_for,
     is_heartbeat_tick,
 )
-from processor.stream.records import encode_event, encode_marker, partition_for
+from processor.stream.records import (
+    Event,
+    LedgerEntry,
+    Release,
+    encode_batch,
+    encode_marker,
+    partition_for,
+)
+from processor.stream.state import CounterState, DictStore
 
 TICK = 1000
 KEY = NoiseKey.from_seed(7)
@@ -186,8 +194,10 @@ class Run:
             self.metrics[k] = self.metrics.get(k, 0) + v
         return out
 
-    def event(self, counter: str, tick: int, value: float = 1.0, ms: int = 0) -> Output:
-        return self.feed(encode_event(counter, tick * TICK + ms, to_units(value)))
+    def event(self, counter: str, tick: int, value: float = 1.0, ms: int = 0,
+              src: tuple[int, int] = (-1, -1)) -> Output:
+        return self.feed(encode_batch([Event(counter, tick * TICK + ms, to_units(value),
+                                             *src)]))
 
     def marker(self, n: int) -> Output:
         return self.feed(encode_marker(n))
@@ -264,7 +274,28 @@ def to_bytes(rec: tuple[str, Any]) -> bytes:
     if kind == "m":
         return encode_marker(p)
     c, tick, units = p
-    return encode_event(c, tick * TICK + 17, units)
+    return encode_batch([Event(c, tick * TICK + 17, units)])
+
+
+def to_records(recs: list[tuple[str, Any]], batch: int) -> list[bytes]:
+    """Timeline records: markers as they are, runs of consecutive events in batch records
+    of at most `batch` events (in order), with increasing input offsets."""
+    out: list[bytes] = []
+    run: list[Event] = []
+    src = 0
+    for kind, p in recs:
+        if kind == "e":
+            c, tick, units = p
+            run.append(Event(c, tick * TICK + 17, units, 0, src))
+            src += 1
+        if run and (kind == "m" or len(run) == batch):
+            out.append(encode_batch(run))
+            run = []
+        if kind == "m":
+            out.append(encode_marker(p))
+    if run:
+        out.append(encode_batch(run))
+    return out
 
 
 # --------------------------------------------------------------------------- queue
@@ -318,23 +349,26 @@ def test_extra_event_shift_is_absorbed_by_first_empty_tick() -> None:
     assert not is_insertion(naive, x)
 
 
-@pytest.mark.parametrize("seed,period,jitter,h,cache", [
-    (1, 1, 1, 1, 4096), (2, 3, 4, 5, 4096), (3, 1, 3, 7, 4096), (4, 4, 1, 3, 4096),
-    (2, 3, 4, 5, 0), (5, 2, 3, 4, 1)])
+@pytest.mark.parametrize("seed,period,jitter,h,cache,batch", [
+    (1, 1, 1, 1, 4096, 1), (2, 3, 4, 5, 4096, 1), (3, 1, 3, 7, 4096, 1),
+    (4, 4, 1, 3, 4096, 1), (2, 3, 4, 5, 0, 1), (5, 2, 3, 4, 1, 1),
+    (1, 1, 1, 1, 4096, 1000), (2, 3, 4, 5, 4096, 7), (5, 2, 3, 4, 1, 1000),
+    (6, 1, 2, 3, 0, 3)])
 def test_matches_reference_queue_and_offline_count(seed: int, period: int, jitter: int,
-                                                   h: int, cache: int) -> None:
+                                                   h: int, cache: int, batch: int) -> None:
     """Random timelines (late, early and future events, irregular markers, 3 counters
     sharing a partition, one starting later): the releases equal those of the core
     counter run directly on the x sequence a plain FIFO simulation implies. With and
-    without the operator's decoded-state cache (0: off, 1: constantly evicting)."""
+    without the operator's decoded-state cache (0: off, 1: constantly evicting), one
+    event per timeline record or batches of several."""
     rng = random.Random(seed)
     starts = {"a": 100, "b": 100, "c": 108}
     s = settings({k: v * TICK for k, v in starts.items()}, heartbeat_ticks=h)
     recs = random_timeline(rng, list(starts), 100, 60, 0.5)
     recs = [r for r in recs if r[0] == "m" or r[1][1] >= starts[r[1][0]]]
     run = Run(s, StepFactory(period, jitter), cache_size=cache)
-    for r in recs:
-        run.feed(to_bytes(r))
+    for r in to_records(recs, batch):
+        run.feed(r)
     through = max(p for k, p in recs if k == "m")
     assert run.metrics["late_events"] > 0
     for c, st in starts.items():
@@ -419,102 +453,15 @@ def test_replaying_any_prefix_or_duplicate_changes_nothing() -> None:
     assert store.data != clean_store.data
 
 
-class Buffer(DictStore):
-    """Collects one record's writes in order over a base store (as the worker does: it
-    sends the releases, then flushes the writes)."""
-
-    def __init__(self, base: DictStore) -> None:
-        super().__init__()
-        self.base = base
-        self.writes: list[tuple[str, bytes]] = []
-
-    def get(self, key: str) -> bytes | None:
-        for k, v in reversed(self.writes):
-            if k == key:
-                return v
-        return self.base.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.writes.append((key, value))
-
-
-def test_crash_in_the_middle_of_a_flush_loses_and_duplicates_nothing() -> None:
-    """A worker sends a record's releases, then writes its state values one by one and
-    dies after m of them; a fresh worker redelivers from that record. The releases (as
-    a set keyed by counter and tick, since the topic is idempotent by that key, each
-    with the timeline offset at which it was FIRST sent) and the final state equal one
-    clean pass, for every crash point tried: nothing lost, nothing late. Control: for an
-    event, writing the counter BEFORE the due index (the wrong order) delays releases:
-    the index never learns that the counter is due earlier."""
-    rng = random.Random(23)
-    s = settings({"a": 100 * TICK, "b": 100 * TICK, "c": 100 * TICK}, heartbeat_ticks=7)
-    recs = [to_bytes(r) for r in random_timeline(rng, ["a", "b", "c"], 100, 40, 0.3)]
-    clean: dict[Any, tuple[Release, int]] = {}
-    run = Run(s, StepFactory())
-    for r in recs:
-        off = run.offset
-        for x in run.feed(r).releases:
-            clean.setdefault((x.counter, x.tick), (x, off))
-    clean_store = run.store
-
-    def crash_run(at: int, m: int,
-                  reverse: bool) -> tuple[DictStore, dict[Any, tuple[Release, int]]]:
-        store = DictStore()
-        sent: dict[Any, tuple[Release, int]] = {}
-        op = Operator(s, KEY, factory=StepFactory())
-        for off, r in enumerate(recs):
-            buf = Buffer(store)
-            out = op.apply(buf, 0, off, r)
-            for x in out.releases:
-                sent.setdefault((x.counter, x.tick), (x, off))
-            writes = buf.writes[::-1] if reverse and off == at else buf.writes
-            for k, v in writes[:m] if off == at else writes:
-                store.set(k, v)
-            if off == at:
-                break
-        op = Operator(s, KEY, factory=StepFactory())  # the new worker
-        for off in range(at, len(recs)):
-            buf = Buffer(store)
-            out = op.apply(buf, 0, off, recs[off])
-            for x in out.releases:
-                sent.setdefault((x.counter, x.tick), (x, off))
-            for k, v in buf.writes:
-                store.set(k, v)
-        return store, sent
-
-    markers = [i for i, r in enumerate(recs) if r.startswith(b'{"k":"m"')]
-    tried = 0
-    for at in rng.sample(range(len(recs)), 25) + markers[-3:]:
-        for m in range(4):
-            store, sent = crash_run(at, m, reverse=False)
-            assert sent == clean and store.data == clean_store.data
-            tried += 1
-    assert tried >= 100
-    # Control: reversed writes on events that lower the due index, crash after the first.
-    probe = Operator(s, KEY, factory=StepFactory())
-    st = DictStore()
-    lowering = []
-    for off, r in enumerate(recs):
-        buf = Buffer(st)
-        probe.apply(buf, 0, off, r)
-        if r.startswith(b'{"k":"e"') and len(buf.writes) == 2:
-            lowering.append(off)
-        for k, v in buf.writes:
-            st.set(k, v)
-    assert len(lowering) >= 5
-    bad = sum(crash_run(at, 1, reverse=True)[1] != clean for at in lowering)
-    assert bad > 0
-
-
 # --------------------------------------------------------------------------- markers
 
 
 def test_marker_touches_only_due_counters() -> None:
     """10,000 declared counters: after the first marker (which creates them all), a
-    marker with nothing due loads O(1) store values and writes one; an event for an idle
-    counter loads and writes O(1) values of O(1) size (not the 10,000-entry index); the
-    marker at its tick touches only that counter. Control: an operator whose due index
-    says "always due" touches all 10,000 on the same marker."""
+    marker with nothing due loads O(1) store values and writes O(1) small ones (never an
+    O(counters) value); an event for an idle counter loads and writes O(1) values of O(1)
+    size; the marker at its tick touches only that counter. Control: an operator whose
+    due index says "always due" touches all 10,000 on the same marker."""
     names = {f"k{i:05d}": 0 for i in range(10_000)}
     s = settings(names, heartbeat_ticks=1000)
     factory = StepFactory()
@@ -522,20 +469,24 @@ def test_marker_touches_only_due_counters() -> None:
     run = Run(s, factory, store)
     run.marker(0)
     assert factory.made == 10_000 and len(run.ledger) == 10_000
-    store.gets = store.sets = 0
-    run.marker(1)
-    assert (store.gets, store.sets) == (2, 1)  # the index and the "newly due" value
+    for n in (1, 2):
+        store.gets = store.sets = store.bytes_set = 0
+        run.marker(n)
+        assert store.gets <= 4 and store.sets <= 3 and store.bytes_set < 300
     store.gets = store.sets = store.bytes_set = 0
-    run.event("k00042", 3)
-    assert store.gets <= 3 and store.sets <= 2 and store.bytes_set < 2000
-    run.marker(2)
-    run.marker(3)  # k00042 is due here
-    assert store.gets <= 8 and store.sets <= 6
-    assert ys(run.releases, "k00042") == {4: 1.0}
+    run.event("k00042", 4)
+    assert store.gets <= 4 and store.sets <= 3 and store.bytes_set < 2000
+    store.gets = store.sets = store.bytes_set = 0
+    run.marker(3)
+    assert store.gets <= 4 and store.sets <= 3 and store.bytes_set < 300
+    run.marker(4)  # k00042 is due here
+    assert store.gets <= 8 and store.sets <= 6 and store.bytes_set < 2000
+    assert ys(run.releases, "k00042") == {5: 1.0}
+    assert run.metrics["counters_touched"] == 10_000 + 1 + 1  # marker 0, event, marker 4
 
     class AlwaysDue(Operator):
-        def _due(self, cs: Any) -> int:
-            return int(cs.frontier) + 1
+        def _due(self, cs: CounterState) -> int:
+            return cs.frontier + 1
 
     store2 = CountingStore()
     run2 = Run(s, StepFactory(), store2)
@@ -560,19 +511,24 @@ def test_markers_are_idempotent_and_heartbeats_come_from_markers_alone() -> None
         (12, 1.0, "heartbeat")]
 
 
-def test_ledger_entry_once_per_counter_on_creation() -> None:
+def test_ledger_entry_once_per_counter_at_the_first_marker() -> None:
+    """Ledger entries come from markers only: an event creates a counter's state
+    silently; the marker through its start announces it, once."""
     s = settings({"a": 5 * TICK, "b": 0}, epsilon=0.5, delta=1e-7)
     run = Run(s, StepFactory())
     out = run.event("a", 6)
+    assert out.ledger == [] and out.releases == []
+    assert run.marker(4).ledger == [e for e in run.ledger if e.counter == "b"]
+    out = run.marker(10)
     assert [e.counter for e in out.ledger] == ["a"]
     e = out.ledger[0]
-    assert (e.mechanism, e.epsilon, e.delta, e.tick_ms, e.start_ms) == ("ecc", 0.5, 1e-7,
-                                                                        TICK, 5 * TICK)
+    assert (e.mechanism, e.epsilon, e.delta, e.tick_ms, e.start_ms) == (
+        "step-test", 0.5, 1e-7, TICK, 5 * TICK)
     assert (e.privacy_unit, e.contribution_bound, e.fingerprint) == (
         "one event", 1, s.fingerprint())
-    run.event("a", 6)
-    run.marker(10)  # creates b (due at its first tick), a already exists
-    assert [x.counter for x in run.ledger] == ["a", "b"]
+    run.event("a", 11)
+    run.marker(20)
+    assert [x.counter for x in run.ledger] == ["b", "a"]
     assert orjson.loads(e.to_json())["privacy_unit"] == "one event"
 
 
@@ -596,15 +552,16 @@ def test_undeclared_counter_needs_the_option() -> None:
     s = settings({"a": 0})
     run = Run(s, StepFactory())
     out = run.event("zz", 3)
-    assert out.metrics["undeclared_skipped"] == 1 and run.store.data == {}
+    assert out.metrics["undeclared_skipped"] == 1 and "c/zz" not in run.store.data
     s2 = with_overrides(s, allow_undeclared=True)
     run2 = Run(s2, StepFactory())
     run2.marker(4)
     out = run2.event("zz", 3)  # late: starts at the first open tick, 5
-    assert out.ledger[0].start_ms == 5 * TICK
+    assert out.ledger == [] and out.metrics["late_events"] == 1
     out = run2.event("zz", 1)  # stamped before that start: late, not dropped
     assert out.metrics["late_events"] == 1 and out.metrics["before_start_skipped"] == 0
-    run2.marker(6)
+    out = run2.marker(6)
+    assert [(e.counter, e.start_ms) for e in out.ledger] == [("zz", 5 * TICK)]
     assert ys(run2.releases, "zz") == {1: 1.0, 2: 2.0}
 
 
@@ -674,15 +631,15 @@ def test_counters_are_routed_by_partition() -> None:
 
 def test_malformed_timeline_record_is_counted_not_raised() -> None:
     run = Run(settings({"a": 0}), StepFactory())
-    out = run.feed(b'{"k":"x"}')
-    assert out.metrics["malformed_records"] == 1 and run.store.data == {}
+    for bad in (b'{"k":"x"}', b'{"k":"m","n":3}', b"\xff"):  # (a v1 marker is foreign)
+        out = run.feed(bad)
+        assert out.metrics["malformed_records"] == 1 and run.store.data == {}
 
 
 @pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
 def test_real_mechanism_offline_equivalence(mechanism: str) -> None:
     """The real ECC / SimECC through the operator (restored from the store at every
     record, cache off) equals the mechanism run directly on the queue's x_t."""
-    registry = pytest.importorskip("processor.core.registry")
     rng = random.Random(5)
     s = settings({"a": 0, "b": 3 * TICK}, heartbeat_ticks=10, epsilon=200.0,
                  mechanism=mechanism)
@@ -725,3 +682,185 @@ def test_heartbeats_are_spread_by_a_public_phase() -> None:
         assert len(ticks) == 3 and ticks[1] - ticks[0] == h == ticks[2] - ticks[1]
     aligned, _, _ = per_tick(False)
     assert max(aligned.values()) == len(names)  # the control: one burst per interval
+
+
+# --------------------------------------------------------------------------- issue 8 item 1
+
+
+def public_trace(s: Settings, records: list[bytes],
+                 op_class: type[Operator] = Operator) -> list[tuple[int, list[bytes]]]:
+    """Per timeline record that is a MARKER, the public records it produced (ledger
+    entries then releases, as bytes); and, for any other record, its public records with
+    index -1 (there must be none)."""
+    run = Run(s, StepFactory(2, 3))
+    run.op = op_class(s, KEY, factory=StepFactory(2, 3))
+    trace: list[tuple[int, list[bytes]]] = []
+    markers = 0
+    for r in records:
+        out = run.feed(r)
+        public = [e.to_json() for e in out.ledger] + [x.to_json() for x in out.releases]
+        if r.startswith(b'{"v":2,"k":"m"'):
+            trace.append((markers, public))
+            markers += 1
+        elif public:
+            trace.append((-1, public))
+    return trace
+
+
+class EagerAnnounce(Operator):
+    """The old behaviour, as a control: a counter's ledger entry goes out when an event
+    creates its state."""
+
+    def apply(self, store: Any, partition: int, offset: int, record: bytes,
+              out: Output | None = None) -> Output:
+        out = super().apply(store, partition, offset, record, out)
+        if not record.startswith(b'{"v":2,"k":"m"'):
+            for name in sorted({k[2:] for k in store.data if k.startswith("c/")}):
+                raw = store.get(f"c/{name}")
+                cs = CounterState.from_bytes(raw, self.factory, self.key)
+                if not cs.announced:
+                    cs.announced = True
+                    store.set(f"c/{name}", cs.to_bytes())
+                    out.ledger.append(LedgerEntry(name, "step-test", 1.0, 1e-6, TICK, 0))
+        return out
+
+
+def test_no_public_record_depends_on_an_event_before_its_marker() -> None:
+    """Counters a and b: the ledger entries and releases (existence, order, content, and
+    the marker that emits them) are the same whether or not an event for a arrives
+    before the first marker (stamped after the ticks compared), and the event itself
+    emits nothing. The same for a counter declared by a configuration change with a
+    start in the past: no ledger entry and no catch-up heartbeat at its event.
+    Control: announcing a counter when an event creates it (the old behaviour) fails."""
+    s = settings({"a": 2 * TICK, "b": 2 * TICK}, heartbeat_ticks=2)
+    markers = [encode_marker(n) for n in range(0, 9)]
+    ev = encode_batch([Event("a", 20 * TICK, UNIT, 0, 0)])
+    quiet = public_trace(s, markers)
+    eager = public_trace(s, [ev, *markers])
+    assert quiet == eager
+    assert [i for i, _ in quiet] == list(range(9))
+    assert b'"counter":"a"' in quiet[2][1][0] and b'"counter":"b"' in quiet[2][1][1]
+    assert public_trace(s, [*markers[:4], ev, *markers[4:]]) == quiet
+    # A counter declared later, with a start in the past.
+    s2 = with_overrides(s, counters={"a": 2 * TICK, "b": 2 * TICK, "c": 0})
+    store = DictStore()
+    first = Run(s, StepFactory(2, 3), store)
+    for m in markers[:5]:
+        first.feed(m)
+
+    def later(records: list[bytes]) -> list[list[bytes]]:
+        run = Run(s2, StepFactory(2, 3), store=DictStore())
+        run.store.data = dict(store.data)
+        run.offset = first.offset
+        return [[e.to_json() for e in o.ledger] + [x.to_json() for x in o.releases]
+                for o in map(run.feed, records)]
+
+    ev_c = encode_batch([Event("c", 30 * TICK, UNIT, 0, 1)])
+    plain = later(markers[5:])
+    with_event = later([ev_c, *markers[5:]])
+    assert with_event[0] == [] and with_event[1:] == plain
+    assert any(b'"counter":"c"' in x and b'"kind":"heartbeat"' in x for x in plain[0])
+    # Control: the old, eager announcement changes the trace.
+    assert public_trace(s, [ev, *markers], EagerAnnounce) != quiet
+
+
+# --------------------------------------------------------------------------- filter, cache
+
+
+def test_duplicate_filter_drops_re_sent_events_and_survives_restart() -> None:
+    """Ingest re-sends events after a crash (a later timeline record, the same input
+    offsets): they are dropped and counted, also by a fresh operator on the same store
+    (the filter lives in the partition value). Control: without a source the re-sent
+    events count twice."""
+    s = settings({"a": 0, "b": 0})
+    evs = [Event("a", 1 * TICK, UNIT, 3, 10), Event("b", 1 * TICK, UNIT, 3, 11),
+           Event("a", 1 * TICK, UNIT, 5, 2)]
+    run = Run(s, StepFactory())
+    run.feed(encode_batch(evs))
+    run.op = Operator(s, KEY, factory=StepFactory())
+    out = run.feed(encode_batch([*evs[1:], Event("a", 1 * TICK, UNIT, 3, 12)]))
+    assert out.metrics["duplicates_dropped"] == 2 and out.metrics["events_applied"] == 1
+    run.marker(5)
+    assert ys(run.releases, "a") == {2: 1.0, 3: 2.0, 4: 3.0}
+    assert ys(run.releases, "b") == {2: 1.0}
+    blind = Run(s, StepFactory())
+    plain = [dataclasses.replace(e, src_partition=-1, src_offset=-1) for e in evs]
+    blind.feed(encode_batch(plain))
+    blind.feed(encode_batch(plain[1:]))
+    blind.marker(5)
+    assert ys(blind.releases, "b") == {2: 1.0, 3: 2.0}
+
+
+def test_a_batch_record_is_applied_to_a_counter_at_most_once() -> None:
+    """A batch with several events of one counter, redelivered at the same offset: the
+    counter skips the whole record (even after a fresh operator)."""
+    s = settings({"a": 0})
+    run = Run(s, StepFactory())
+    rec = encode_batch([Event("a", TICK, UNIT), Event("a", TICK, UNIT // 2)])
+    run.op.apply(run.store, 0, 7, rec)
+    fresh = Operator(s, KEY, factory=StepFactory())
+    out = fresh.apply(run.store, 0, 7, rec)
+    assert out.metrics["events_applied"] == 0 and out.metrics["skipped_duplicates"] == 2
+    out = fresh.apply(run.store, 0, 8, encode_marker(3))
+    assert [r.value for r in out.releases] == [1.0, 1.5]
+
+
+class CountingFactory(StepFactory):
+    def __init__(self) -> None:
+        super().__init__()
+        self.restored = 0
+
+    def restore(self, data: bytes, key: NoiseKey) -> Counter:
+        self.restored += 1
+        return super().restore(data, key)
+
+
+def test_decoded_state_cache_holds_ten_thousand_counters() -> None:
+    """With the default cache size, markers that touch each of 10^4 counters decode no
+    state from bytes; a cold operator (or a small cache) does. A store value changed
+    behind the operator's back is decoded again (the cache is never the truth)."""
+    assert DEFAULT_CACHE_SIZE >= 10_000
+    names = {f"k{i:05d}": 0 for i in range(10_000)}
+    s = settings(names, heartbeat_ticks=1)
+    factory = CountingFactory()
+    run = Run(s, factory, cache_size=DEFAULT_CACHE_SIZE)
+    run.op = Operator(s, KEY, factory=factory)
+    run.marker(0)
+    run.marker(1)
+    assert factory.restored == 0 and len(run.releases) == 20_000
+    small = CountingFactory()
+    run.op = Operator(s, KEY, factory=small, cache_size=100)
+    run.marker(2)
+    assert small.restored == 10_000
+    # Behind its back: k00007's state replaced by an older copy.
+    old = run.store.data["c/k00007"]
+    run.op = Operator(s, KEY, factory=factory)
+    run.marker(3)
+    run.store.data["c/k00007"] = old
+    before = factory.restored
+    run.marker(4)
+    assert factory.restored == before + 1
+
+
+def test_due_wheel_stays_small_with_spread_heartbeats() -> None:
+    """1,000 counters, heartbeats spread over h = 50 ticks, 300 markers with a few events:
+    the directory never lists more than h + a few ticks, no bucket holds more than a
+    small multiple of 1000 / h names, and no marker touches a counter with nothing due
+    (touched counters per marker <= heartbeats due + counters with events)."""
+    names = {f"k{i:04d}": 0 for i in range(1000)}
+    h = 50
+    s = settings(names, heartbeat_ticks=h, heartbeat_spread=True)
+    run = Run(s, StepFactory())
+    rng = random.Random(3)
+    run.marker(0)
+    longest = largest = 0
+    for n in range(1, 300):
+        for _ in range(3):
+            run.event(f"k{rng.randrange(1000):04d}", n + 1)
+        out = run.marker(n)
+        assert out.metrics["counters_touched"] <= 3 * len(names) // h + 6
+        longest = max(longest, len(orjson.loads(run.store.data["w/0"][4:])))
+        largest = max(largest, max(len(v) for k, v in run.store.data.items()
+                                   if k.startswith("u/")))
+    assert longest <= h + 5
+    assert largest < 4 + 3 * (len(names) // h) * 8
