@@ -1,28 +1,25 @@
-"""The Faust worker: the only module of the project that imports Faust.
+"""The worker process: a thin Faust shell around the commit protocol (the only module of
+the project that runs Faust).
 
-Three pieces, all built from Settings by `build_app`:
+One `Worker` holds:
 
-- the ingest agent: input topic -> `records.parse_input` -> the timeline topic, at the
-  counter's partition `partition_for(counter, P)`, or the dead-letter topic with a reason;
-- the leader timer: appends "sealed through n" markers to every timeline partition once
+- the ingest stage (`ingest.Ingest`, confluent-kafka, in a thread of this process):
+  input topic -> timeline topic (event batches per partition) or dead-letter topic;
+- the operator agent: each timeline message -> `commit.BatchCommit.commit(partition,
+  [(offset, value)])` on a Faust table (RocksDB via rocksdict, changelogged to Kafka), with
+  a Faust `Publisher` for the private-count and ledger topics;
+- the leader's timer: appends "sealed through n" markers to every timeline partition once
   tick n's end plus the allowed lateness has passed on the wall clock;
-- the operator agent: timeline -> `Operator.apply` on a Faust table (RocksDB via
-  rocksdict, changelogged to Kafka) -> private-count and ledger topics.
+- a timer that logs aggregate metrics.
+
+The commit protocol (releases acknowledged before any state write; the order of the state
+writes; what a crash at each step leaves) is documented in `commit.py`, its one home.
+Faust-specific defences stay here: `GapGuard` re-reads timeline records Faust skipped
+around a rebalance, and after an unclean stop the local RocksDB files are discarded and
+rebuilt from the changelog, since they may hold writes the changelog never received.
 
 The dead-letter topic is the only place raw input bytes appear (base64, truncated): it is a
 private topic, like the input. The private-count and ledger topics are public.
-
-Crash safety (at-least-once, never exactly-once; see DESIGN.md):
-- every timeline event carries a header naming its input partition and offset, so the
-  duplicates that a crash of the ingest agent creates are dropped by `TimelineApplier`
-  (the same code replay runs);
-- the operator's state writes are buffered during `apply`; the releases are sent and
-  acknowledged by the broker first, then the state is written (per-counter values first,
-  per-partition values last). A crash before the state write re-executes the record and
-  re-sends identical releases (noise is keyed, never redrawn); a crash after it finds the
-  releases already delivered. So a release is never lost and never has two values.
-- after an unclean stop the local RocksDB files are discarded and rebuilt from the
-  changelog, since they may hold writes the changelog never received.
 """
 
 from __future__ import annotations
@@ -33,111 +30,74 @@ import contextlib
 import logging
 import os
 import shutil
-import ssl
+import signal
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Final, NoReturn
 
 import faust
+from confluent_kafka import KafkaError, KafkaException
 
+from processor.core.errors import NoiseKeyError
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
+from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.ingest import Ingest, crash_point_from_env
 from processor.stream.operator import Operator
-from processor.stream.records import Rejection, deadletter_record, parse_input, sealed_through
-from processor.stream.replay import (
-    BufferedStore,
-    TimelineApplier,
-    encode_marker_record,
-    encode_source,
-    load_noise_key,
-    partition_of,
-    timeline_event_bytes,
-)
+from processor.stream.records import LedgerEntry, Release, encode_marker, sealed_through
 
 log = logging.getLogger("processor.stream.app")
 
-STATE_TABLE = "dpc-state"
+STATE_TABLE: Final = "dpc-state"
 #: A file in state_dir that exists while a worker runs; found at start => unclean stop.
-RUNNING_FLAG = "WORKER_RUNNING"
+RUNNING_FLAG: Final = "WORKER_RUNNING"
 #: How often the metrics summary (aggregate counts only) is logged.
-METRICS_LOG_S = 30.0
+METRICS_LOG_S: Final = 30.0
+#: How long the start waits for the brokers before it gives up with an error.
+BROKER_WAIT_S: Final = 15.0
 
 
-@dataclass
+class StartError(RuntimeError):
+    """Why the worker cannot start: printed as one `error:` line, exit code 2."""
+
+
 class WorkerMetrics:
-    """Aggregate counters of one worker process. Never per-counter, never values."""
+    """Aggregate counters of one worker process. Never per counter, never values."""
 
-    counts: Tally[str] = field(default_factory=Tally)
+    def __init__(self) -> None:
+        self.counts: Tally[str] = Tally()
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
 
-    def add_output_metrics(self, deltas: object) -> None:
-        """Fold the operator's metric deltas (a mapping or a dataclass of ints)."""
-        items: Mapping[str, Any]
-        if isinstance(deltas, Mapping):
-            items = deltas
-        elif hasattr(deltas, "__dataclass_fields__"):
-            items = {k: getattr(deltas, k) for k in deltas.__dataclass_fields__}
-        else:
-            return
-        for k, v in items.items():
-            if isinstance(v, int) and not isinstance(v, bool) and v:
+    def add_operator(self, deltas: Mapping[str, int]) -> None:
+        """Fold one batch's operator metric deltas (aggregates, see commit.Output)."""
+        for k, v in deltas.items():
+            if v:
                 self.counts[f"operator_{k}"] += v
 
-    def summary(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
-
-
-def _ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    sec = kafka_io.security_config(settings)
-    protocol = sec.get("security.protocol", "plaintext")
-    if "ssl" not in protocol:
-        return None
-    ctx = ssl.create_default_context(purpose=ssl.Purpose.SERVER_AUTH,
-                                     cafile=sec.get("ssl.ca.location"))
-    cert = sec.get("ssl.certificate.location")
-    if cert:
-        ctx.load_cert_chain(cert, sec.get("ssl.key.location"))
-    return ctx
-
-
-def broker_credentials(settings: Settings) -> faust.types.auth.CredentialsT | None:
-    """Faust credentials for the configured security protocol (None for plaintext)."""
-    sec = kafka_io.security_config(settings)
-    protocol = sec.get("security.protocol", "plaintext")
-    ctx = _ssl_context(settings)
-    if protocol.startswith("sasl"):
-        return faust.SASLCredentials(
-            username=sec.get("sasl.username"),
-            password=sec.get("sasl.password"),
-            mechanism=sec.get("sasl.mechanism", "PLAIN"),
-            ssl_context=ctx,
-        )
-    if ctx is not None:
-        return faust.SSLCredentials(ctx)
-    return None
-
-
-def broker_urls(settings: Settings) -> list[str]:
-    servers = settings.bootstrap_servers
-    parts = servers.split(",") if isinstance(servers, str) else list(servers)
-    return [f"kafka://{s.strip()}" for s in parts if s.strip()]
+    def summary(self, extra: Mapping[str, int] | None = None) -> str:
+        merged = Tally(self.counts)
+        merged.update(extra or {})
+        return " ".join(f"{k}={v}" for k, v in sorted(merged.items()))
 
 
 class TableStore:
-    """The StateStore protocol on a Faust table (raw bytes keys and values)."""
+    """The StateStore protocol on a Faust table (str keys, raw bytes values).
+
+    Faust's RocksDB store picks the partition database from the event being processed, so
+    every call must happen inside the operator agent's iteration of that event.
+    """
 
     def __init__(self, table: Any) -> None:
         self._table = table
 
     def get(self, key: str) -> bytes | None:
-        # Read the store directly: Table.get would look the key up twice (contains + get).
+        # The store directly: Table.get would look the key up twice (contains + get).
         try:
             value = self._table.data[key.encode("utf-8")]
         except KeyError:
@@ -146,6 +106,34 @@ class TableStore:
 
     def set(self, key: str, value: bytes) -> None:
         self._table[key.encode("utf-8")] = value
+
+    def delete(self, key: str) -> None:
+        # A tombstone on the changelog; deleting an absent key is a no-op.
+        with contextlib.suppress(KeyError):
+            del self._table[key.encode("utf-8")]
+
+
+class FaustPublisher:
+    """commit.Publisher on Faust's producer: ledger entries, then releases; returns once
+    the broker acknowledged every record."""
+
+    def __init__(self, app: faust.App, settings: Settings, metrics: WorkerMetrics) -> None:
+        self._app = app
+        self._ledger = kafka_io.topic_name(settings, "ledger")
+        self._counts = kafka_io.topic_name(settings, "counts")
+        self._metrics = metrics
+
+    async def publish(self, ledger: Sequence[LedgerEntry],
+                      releases: Sequence[Release]) -> None:
+        producer = self._app.producer
+        acks = [await producer.send(self._ledger, e.key(), e.to_json(), None, None, None)
+                for e in ledger]
+        acks += [await producer.send(self._counts, r.key(), r.to_json(), None, None, None)
+                 for r in releases]
+        if acks:
+            await asyncio.gather(*acks)
+            self._metrics.add("releases_sent", len(releases))
+            self._metrics.add("ledger_entries_sent", len(ledger))
 
 
 class GapGuard:
@@ -157,7 +145,7 @@ class GapGuard:
     keeps, per partition, the next offset this process expects (first from the group's
     committed offset) and returns the records of any forward gap, read with a plain
     consumer, so the agent processes them first, in order. Re-processing is always safe:
-    ingest duplicates are dropped by the timeline filter, the operator is idempotent.
+    the operator is idempotent per timeline offset.
     """
 
     def __init__(self, conf: Mapping[str, str], group_id: str, topic: str,
@@ -211,205 +199,195 @@ class GapGuard:
         return gap
 
 
-@dataclass
-class WorkerApp:
-    """The Faust app plus what tests and the CLI need to reach."""
-
-    app: faust.App
-    settings: Settings
-    metrics: WorkerMetrics
-    table: Any
-
-
-def build_app(settings: Settings, key: NoiseKey, *, replication: int = 1) -> WorkerApp:
-    """Build the Faust app (agents, timer, table) for `settings`. Does not start it.
-
-    `replication` is the replication factor of the topics Faust creates (the state
-    changelog); `run_worker` derives it from the cluster size.
-    """
-    partitions = int(settings.partitions)
-    app = faust.App(
-        settings.app_id,
-        broker=broker_urls(settings),
-        broker_credentials=broker_credentials(settings),
-        store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict when installed
-        # One directory per app id: two apps never share RocksDB files.
-        datadir=str(Path(settings.state_dir).resolve() / settings.app_id),
-        topic_partitions=partitions,
-        processing_guarantee="at_least_once",  # exactly-once is avoided on purpose
-        consumer_auto_offset_reset="earliest",
-        web_enabled=False,
-        # A standby copy of each state partition on another worker (when there is one), so a
-        # failed worker's counters move with little changelog to replay.
-        table_standby_replicas=1,
-        topic_replication_factor=replication,
-        # A worker killed without leaving the group is noticed after this long (Faust's
-        # default is 60 s); its partitions then move to a live worker.
-        broker_session_timeout=10.0,
-        broker_heartbeat_interval=1.0,
-        broker_commit_every=1000,
-        broker_commit_interval=1.0,
-        producer_linger=0.005,
-    )
-    t_input = _raw_topic(app, kafka_io.topic_name(settings, "input"))
-    t_timeline = _raw_topic(app, kafka_io.topic_name(settings, "timeline"), partitions)
-    t_counts = _raw_topic(app, kafka_io.topic_name(settings, "counts"))
-    t_ledger = _raw_topic(app, kafka_io.topic_name(settings, "ledger"))
-    t_dead = _raw_topic(app, kafka_io.topic_name(settings, "deadletter"))
-    # Raw bytes in and out: the operator owns its (versioned) encoding. Without
-    # use_partitioner, a write goes to the changelog partition of the timeline record being
-    # processed, which is the partition the counter lives in.
-    # (key_type/value_type bytes select the "raw" serializer for the store and changelog.)
-    table = app.Table(STATE_TABLE, default=None, partitions=partitions,
-                      key_type=bytes, value_type=bytes)
-    metrics = WorkerMetrics()
-    operator = Operator(settings, key)
-    applier = TimelineApplier(operator)
-    input_name = kafka_io.topic_name(settings, "input")
-
-    conf = kafka_io.base_config(settings)
-    input_gaps = GapGuard(conf, settings.app_id, input_name, metrics)
-    timeline_gaps = GapGuard(conf, settings.app_id, kafka_io.topic_name(settings, "timeline"),
-                             metrics)
-
-    async def ingest_one(partition: int, offset: int, value: bytes) -> None:
-        now_ms = int(time.time() * 1000)
-        parsed = parse_input(value, settings, now_ms)
-        if isinstance(parsed, Rejection):
-            await t_dead.send(
-                value=deadletter_record(parsed, value, input_name, partition, offset),
-                force=True)
-            metrics.add(f"deadletter_{parsed.reason}")
-            return
-        counter = parsed.counter
-        await t_timeline.send(
-            key=counter.encode("utf-8"),
-            value=timeline_event_bytes(parsed),
-            partition=partition_of(counter, partitions),
-            headers={kafka_io.SOURCE_HEADER: encode_source(partition, offset)},
-            force=True)
-        metrics.add("ingested")
-
-    async def ingest(stream: faust.StreamT[bytes]) -> None:
-        """Validate each input record; forward it to its counter's timeline partition."""
-        async for event in stream.events():
-            msg = event.message
-            for rec in await input_gaps.missing(msg.partition, msg.offset):
-                await ingest_one(rec.partition, rec.offset, rec.value or b"")
-            value = msg.value if isinstance(msg.value, bytes) else b""
-            await ingest_one(msg.partition, msg.offset, value)
-
-    async def operate(stream: faust.StreamT[bytes]) -> None:
-        """Apply timeline records in offset order; releases before state (see module doc)."""
-        async for event in stream.events():
-            msg = event.message
-            # Records Faust skipped are applied first, in order, within this event (their
-            # state goes to the same changelog partition: it is the same partition).
-            for rec in await timeline_gaps.missing(msg.partition, msg.offset):
-                await _operate_one(rec.partition, rec.offset, rec.value or b"",
-                                   rec.header(kafka_io.SOURCE_HEADER))
-            value = msg.value if isinstance(msg.value, bytes) else b""
-            await _operate_one(msg.partition, msg.offset, value,
-                               _header(msg.headers, kafka_io.SOURCE_HEADER))
-
-    async def _operate_one(partition: int, offset: int, value: bytes,
-                           source: bytes | None) -> None:
-        store = BufferedStore(TableStore(table))
-        try:
-            result = applier.apply(store, partition, offset, value, source)
-        except Exception as exc:
-            # The operator never raises on a well-formed record, so this is corrupt state or
-            # a bug. Skipping the record would silently fork the published stream from the
-            # log, so the worker stops instead (nothing of this record was written). Only
-            # the error type is logged: its message might name a counter.
-            log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
-            await app.crash(exc)
-            raise
-        if result.duplicate:
-            metrics.add("timeline_duplicates_dropped")
-        metrics.add_output_metrics(result.metrics)
-        pending = []
-        for entry in result.ledger:
-            pending.append(await t_ledger.send(key=entry.key(), value=entry.to_json(),
-                                               force=True))
-        for rel in result.releases:
-            pending.append(await t_counts.send(key=rel.key(), value=rel.to_json(), force=True))
-        if pending:
-            # Wait until the broker has every release before the state says "done".
-            await asyncio.gather(*pending)
-            metrics.add("releases_sent", len(result.releases))
-        store.flush()
-
-    async def on_assigned(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        assigned = args[0]  # the set of TPs assigned to this worker
-        for guard in (input_gaps, timeline_gaps):
-            await guard.reseed({tp.partition for tp in assigned if tp.topic == guard.topic})
-
-    app.on_partitions_assigned.connect(on_assigned)
-
-    app.agent(t_input, name=f"{settings.app_id}-ingest")(ingest)
-    app.agent(t_timeline, name=f"{settings.app_id}-operator")(operate)
-
-    tick_ms = int(settings.tick_ms)
-    last_marker = {"n": -(1 << 62)}
-
-    async def append_markers() -> None:
-        """Leader only: 'sealed through n' on every timeline partition (idempotent)."""
-        n = sealed_through(int(time.time() * 1000), settings)
-        if n <= last_marker["n"]:
-            return
-        record = encode_marker_record(n)
-        futs = [await t_timeline.send(key=None, value=record, partition=p, force=True)
-                for p in range(partitions)]
-        await asyncio.gather(*futs)
-        last_marker["n"] = n
-        metrics.add("markers_appended", partitions)
-
-    interval = max(0.1, min(0.5, tick_ms / 4000.0))
-    app.timer(interval=interval, on_leader=True, name=f"{settings.app_id}-markers")(
-        append_markers)
-
-    async def log_metrics() -> None:
-        log.info("metrics %s", metrics.summary())
-
-    app.timer(interval=METRICS_LOG_S, name=f"{settings.app_id}-metrics")(log_metrics)
-    return WorkerApp(app=app, settings=settings, metrics=metrics, table=table)
-
-
 def _raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
     """A topic of raw bytes keys and values (our records carry their own encoding)."""
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions)
 
 
-def _header(headers: Any, name: str) -> bytes | None:
-    if not headers:
-        return None
-    items = headers.items() if isinstance(headers, Mapping) else headers
-    found: bytes | None = None
-    for k, v in items:
-        kk = k.decode() if isinstance(k, bytes) else str(k)
-        if kk == name:
-            found = bytes(v) if v is not None else None
-    return found
+class Worker:
+    """The Faust app of one worker process and what runs in it (see the module doc).
+
+    Built from Settings; `run()` runs it until SIGTERM/SIGINT. `crash_point` is the test
+    hook of the kill -9 tests (`ingest.crash_point_from_env`), None in production.
+    """
+
+    def __init__(self, settings: Settings, key: NoiseKey, *, replication: int = 1,
+                 crash_point: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.metrics = WorkerMetrics()
+        self.partitions = settings.partitions
+        #: Why the worker stopped itself (an error type name), None while healthy.
+        self.failure: str | None = None
+        self.app = faust.App(
+            settings.app_id,
+            broker=kafka_io.broker_urls(settings),
+            broker_credentials=kafka_io.faust_credentials(settings),
+            store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict
+            # One directory per app id: two apps never share RocksDB files.
+            datadir=str(Path(settings.state_dir).resolve() / settings.app_id),
+            topic_partitions=self.partitions,
+            processing_guarantee="at_least_once",  # exactly-once is avoided on purpose
+            consumer_auto_offset_reset="earliest",
+            web_enabled=False,
+            # A standby copy of each state partition on another worker (when there is one),
+            # so a failed worker's counters move with little changelog to replay.
+            table_standby_replicas=1,
+            topic_replication_factor=replication,
+            # A worker killed without leaving the group is noticed after this long (Faust's
+            # default is 60 s); its partitions then move to a live worker.
+            broker_session_timeout=10.0,
+            broker_heartbeat_interval=1.0,
+            broker_commit_every=1000,
+            broker_commit_interval=1.0,
+            producer_linger=0.005,
+        )
+        self.timeline_name = kafka_io.topic_name(settings, "timeline")
+        timeline = _raw_topic(self.app, self.timeline_name, self.partitions)
+        # Raw bytes: the state codecs own their (versioned) encoding. Without
+        # use_partitioner, a write goes to the changelog partition of the timeline record
+        # being processed, which is the partition the counter lives in.
+        self.table = self.app.Table(STATE_TABLE, default=None, partitions=self.partitions,
+                                    key_type=bytes, value_type=bytes)
+        self.batch_commit = BatchCommit(Operator(settings, key), TableStore(self.table),
+                                        FaustPublisher(self.app, settings, self.metrics),
+                                        crash_point=crash_point)
+        self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
+                             self.timeline_name, self.metrics)
+        self.ingest = Ingest(settings, on_failure=self._ingest_failed, crash_point=crash_point)
+        self._last_marker = -(1 << 62)
+
+        self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
+        self.app.on_partitions_assigned.connect(self.on_assigned)
+        interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
+        self.app.timer(interval=interval, on_leader=True,
+                       name=f"{settings.app_id}-markers")(self.append_markers)
+        self.app.timer(interval=METRICS_LOG_S,
+                       name=f"{settings.app_id}-metrics")(self.log_metrics)
+        self.app.task(self.start_ingest)
+
+    # -- the operator agent
+
+    async def operate(self, stream: faust.StreamT[bytes]) -> None:
+        """Each timeline message: one batch commit (state reads and writes happen here,
+        inside the iteration of that message, where the table finds its partition)."""
+        async for event in stream.events():
+            msg = event.message
+            # Records Faust skipped are committed first, in order, in the same batch: their
+            # state belongs to the same partition.
+            records = [(r.offset, r.value or b"")
+                       for r in await self.gaps.missing(msg.partition, msg.offset)]
+            records.append((msg.offset, msg.value if isinstance(msg.value, bytes) else b""))
+            try:
+                out = await self.batch_commit.commit(msg.partition, records)
+            except Exception as exc:
+                self._operator_failed(exc)
+            self.metrics.add_operator(out.metrics)
+
+    def _operator_failed(self, exc: BaseException) -> NoReturn:
+        # The operator never raises on a well-formed record, so this is corrupt state or a
+        # bug. Skipping the record would fork the published stream from the log, and a
+        # clean Faust stop would commit past it (Faust acks an event whose processing
+        # raised), so the process exits at once, like a crash: the record is retried at
+        # the next start. Only the error type is logged: a message might name a counter.
+        log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
+        logging.shutdown()
+        os._exit(1)
+
+    async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
+                          **kwargs: Any) -> None:
+        assigned = args[0]  # the set of TPs assigned to this worker
+        await self.gaps.reseed({tp.partition for tp in assigned
+                                if tp.topic == self.timeline_name})
+
+    # -- timers
+
+    async def append_markers(self) -> None:
+        """Leader only: 'sealed through n' on every timeline partition (idempotent)."""
+        n = sealed_through(int(time.time() * 1000), self.settings)
+        if n <= self._last_marker:
+            return
+        record = encode_marker(n)
+        producer = self.app.producer
+        acks = [await producer.send(self.timeline_name, None, record, p, None, None)
+                for p in range(self.partitions)]
+        await asyncio.gather(*acks)
+        self._last_marker = n
+        self.metrics.add("markers_appended", self.partitions)
+
+    async def log_metrics(self) -> None:
+        log.info("metrics %s", self.metrics.summary(self.ingest.metrics()))
+
+    # -- the ingest thread
+
+    async def start_ingest(self) -> None:
+        self.ingest.start()
+
+    def _ingest_failed(self, exc: BaseException) -> None:
+        """Called in the ingest thread when it stopped on an error: stop the whole worker
+        the way SIGTERM does (a clean Faust stop; the ingest batch in hand was not
+        committed, so it is re-read at the next start)."""
+        self.failure = f"ingest: {type(exc).__name__}"
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop_ingest(self) -> None:
+        self.ingest.stop()
+
+    # -- running
+
+    def run(self, loglevel: str = "warning") -> int:
+        """Run until SIGTERM/SIGINT (or a failure); returns the exit code."""
+        flag = _prepare_state_dir(self.settings, self.app)
+        worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
+                              override_logging=False, redirect_stdouts=False)
+        code = 1
+        try:
+            worker.execute_from_commandline()
+        except SystemExit as exc:
+            code = int(exc.code or 0) if not isinstance(exc.code, str) else 1
+        finally:
+            self.stop_ingest()
+            if self.failure is not None:
+                log.error("worker stopped after a failure (%s)", self.failure)
+                code = code or 1
+            log.info("worker stopped: metrics %s", self.metrics.summary(self.ingest.metrics()))
+            if code == 0:
+                with contextlib.suppress(OSError):
+                    flag.unlink()
+        return code
 
 
 def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     """Create the timeline and output topics (and the input, if missing) with P partitions.
 
-    Returns the replication factor used (default: min(3, live brokers)).
+    Returns the replication factor used (default: min(3, live brokers)). StartError when
+    the brokers do not answer or the timeline topic has another number of partitions.
     """
     conf = kafka_io.base_config(settings)
-    partitions = int(settings.partitions)
-    if replication is None:
-        replication = kafka_io.replication_for(conf)
-    names = [kafka_io.topic_name(settings, w)
-             for w in ("input", "timeline", "counts", "ledger", "deadletter")]
-    kafka_io.create_topics(conf, names, partitions, replication=replication)
-    have = kafka_io.partition_count(conf, kafka_io.topic_name(settings, "timeline"))
+    partitions = settings.partitions
+    try:
+        if replication is None:
+            replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
+        names = [kafka_io.topic_name(settings, "input"), kafka_io.topic_name(settings, "timeline"),
+                 kafka_io.topic_name(settings, "counts"), kafka_io.topic_name(settings, "ledger"),
+                 kafka_io.topic_name(settings, "deadletter")]
+        kafka_io.create_topics(conf, names, partitions, replication=replication,
+                               timeout_s=BROKER_WAIT_S)
+        have = kafka_io.partition_count(conf, kafka_io.topic_name(settings, "timeline"),
+                                        timeout_s=BROKER_WAIT_S)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
+        raise StartError(f"the Kafka brokers at {settings.bootstrap_servers} do not answer "
+                         f"({what}); check bootstrap_servers and the security settings"
+                         ) from None
+    except RuntimeError as exc:  # a topic that cannot be created (message names it)
+        raise StartError(str(exc)) from None
     if have != partitions:
-        raise RuntimeError(f"timeline topic has {have} partitions, configuration says "
-                           f"{partitions}: counters would land in the wrong partitions")
+        raise StartError(f"the timeline topic {kafka_io.topic_name(settings, 'timeline')!r} "
+                         f"has {have} partitions, the configuration says {partitions}: "
+                         "counters would land in the wrong partitions (fix `partitions` or "
+                         "use a new timeline topic)")
     return replication
 
 
@@ -429,27 +407,11 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
     return flag
 
 
-def run_worker(settings: Settings, key: NoiseKey | None = None, *,
-               loglevel: str = "warning") -> int:
-    """Run the worker until SIGTERM/SIGINT; returns the exit code."""
-    if key is None:
-        key = load_noise_key(settings)
+def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
+    """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
     replication = ensure_topics(settings)
-    wa = build_app(settings, key, replication=replication)
-    flag = _prepare_state_dir(settings, wa.app)
-    worker = faust.Worker(wa.app, loglevel=loglevel, quiet=True,
-                          override_logging=False, redirect_stdouts=False)
-    code = 1
-    try:
-        worker.execute_from_commandline()
-    except SystemExit as exc:
-        code = int(exc.code or 0) if not isinstance(exc.code, str) else 1
-    finally:
-        log.info("worker stopped: metrics %s", wa.metrics.summary())
-        if code == 0:
-            with contextlib.suppress(OSError):
-                flag.unlink()
-    return code
+    return Worker(settings, key, replication=replication,
+                  crash_point=crash_point_from_env()).run(loglevel)
 
 
 def main_worker(argv: Sequence[str] | None = None) -> int:
@@ -465,11 +427,19 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     try:
         settings = load_settings(args.config)
+        key_file = args.key_file or settings.noise_key_file
+        if not key_file:
+            raise NoiseKeyError("no noise key configured (noise_key_file / "
+                                "DPC_NOISE_KEY_FILE / --key-file)")
+        key = NoiseKey.from_file(key_file)
+        return run_worker(settings, key, loglevel=args.loglevel)
     except ConfigError as exc:
         print(f"error: configuration: {exc}", file=sys.stderr)
-        return 2
-    key = NoiseKey.from_file(args.key_file) if args.key_file else load_noise_key(settings)
-    return run_worker(settings, key, loglevel=args.loglevel)
+    except NoiseKeyError as exc:
+        print(f"error: noise key: {exc}", file=sys.stderr)
+    except StartError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":
