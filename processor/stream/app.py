@@ -363,7 +363,9 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     Returns the replication factor used (default: min(3, live brokers)). StartError when
     the brokers do not answer or the timeline topic has another number of partitions.
     """
-    conf = kafka_io.base_config(settings)
+    # librdkafka's own log lines (one per failed connection attempt) stay off stderr: a
+    # broker that does not answer is reported once, below.
+    conf = {**kafka_io.base_config(settings), "log_level": "0"}
     partitions = settings.partitions
     try:
         if replication is None:
