@@ -290,3 +290,63 @@ def test_ingest_at_least_once_across_a_kill(kafka_bootstrap: str, tmp_path: Path
     assert max(letters.values()) <= 2  # twice only if they were in the killed batch
     text = log.read_text(errors="replace")
     assert "ud800" not in text and "Traceback" not in text
+
+
+@pytest.mark.kafka
+def test_ingest_failure_commits_nothing_and_reports(kafka_bootstrap: str) -> None:
+    """A batch that cannot be delivered (the configuration says 3 timeline partitions, the
+    topic has 1, so events of partitions 1 and 2 have nowhere to go): the loop stops on its
+    own, reports the failure type to `on_failure` (the worker then stops), and commits no
+    input offset, so the next start re-reads everything. Control: the same input with a
+    matching topic is delivered and committed."""
+    import threading
+
+    uid = hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:10]
+
+    def settings(tag: str, partitions: int) -> Settings:
+        t = TopicSettings(input=f"fail-in-{tag}-{uid}", timeline=f"fail-tl-{tag}-{uid}",
+                          counts=f"fail-counts-{tag}-{uid}",
+                          ledger=f"fail-ledger-{tag}-{uid}",
+                          deadletter=f"fail-dead-{tag}-{uid}")
+        s = with_overrides(Settings(), app_id=f"fail-{tag}-{uid}",
+                           bootstrap_servers=kafka_bootstrap, topics=t, partitions=3,
+                           counters={f"k{i}": 0 for i in range(12)}, max_future_ms=600_000)
+        conf = kafka_io.base_config(s)
+        kafka_io.create_topics(conf, [t.input, t.deadletter], 1)
+        kafka_io.create_topics(conf, [t.timeline], partitions)
+        now = int(time.time() * 1000)
+        kafka_io.produce_all(conf, t.input, [(None, orjson.dumps({"counter": f"k{i}",
+                                                                  "ts": now}))
+                                             for i in range(12)])
+        return s
+
+    for tag, partitions in (("bad", 1), ("good", 3)):
+        s = settings(tag, partitions)
+        failed = threading.Event()
+        reported: list[BaseException] = []
+
+        def on_failure(exc: BaseException, reported: list[BaseException] = reported,
+                       failed: threading.Event = failed) -> None:
+            reported.append(exc)
+            failed.set()
+
+        stage = ingest.Ingest(s, on_failure=on_failure, delivery_timeout_s=20.0)
+        stage.start()
+        conf = kafka_io.base_config(s)
+        try:
+            if tag == "bad":
+                assert failed.wait(60), "the ingest loop did not report its failure"
+                stage.stop()
+                assert stage.failure is reported[0]
+                assert kafka_io.committed_offsets(conf, f"{s.app_id}-ingest",
+                                                  s.topics.input) == {0: 0}
+            else:
+                deadline = time.monotonic() + 60
+                while kafka_io.committed_offsets(conf, f"{s.app_id}-ingest",
+                                                 s.topics.input) != {0: 12}:
+                    assert time.monotonic() < deadline and not failed.is_set(), reported
+                    time.sleep(0.2)  # polling interval of a deadline loop
+                stage.stop()
+                assert stage.failure is None and stage.metrics()["ingested"] == 12
+        finally:
+            stage.stop()
