@@ -251,6 +251,30 @@ def end_offsets(conf: Mapping[str, str], topic: str,
         consumer.close()
 
 
+#: Group-coordinator errors that pass (a broker just started, a coordinator moving).
+_COORDINATOR_BUSY = frozenset({KafkaError.NOT_COORDINATOR,
+                               KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                               KafkaError.COORDINATOR_NOT_AVAILABLE})
+
+
+def _committed(consumer: Consumer, tps: list[TopicPartition],
+               timeout_s: float) -> list[TopicPartition]:
+    """consumer.committed(tps), retried while the group coordinator is busy (it answers
+    NOT_COORDINATOR while it loads the offsets topic, e.g. right after a broker start)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got: list[TopicPartition] = consumer.committed(
+                tps, timeout=max(1.0, deadline - time.monotonic()))
+            return got
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if (not isinstance(err, KafkaError) or err.code() not in _COORDINATOR_BUSY
+                    or time.monotonic() > deadline):
+                raise
+            time.sleep(0.2)
+
+
 def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
                       timeout_s: float = _DEFAULT_TIMEOUT_S) -> dict[int, int]:
     """partition -> the offset consumer group `group_id` committed on `topic` (the next
@@ -260,7 +284,7 @@ def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
     full.update({"group.id": group_id, "enable.auto.commit": "false"})
     consumer = Consumer(full)
     try:
-        got = consumer.committed([TopicPartition(topic, p) for p in marks], timeout=timeout_s)
+        got = _committed(consumer, [TopicPartition(topic, p) for p in marks], timeout_s)
         return {int(tp.partition): max(0, int(tp.offset)) for tp in got}
     finally:
         consumer.close()
@@ -274,7 +298,7 @@ def committed_offset(conf: Mapping[str, str], group_id: str, topic: str, partiti
     full.update({"group.id": group_id, "enable.auto.commit": "false"})
     consumer = Consumer(full)
     try:
-        tp = consumer.committed([TopicPartition(topic, partition)], timeout=timeout_s)[0]
+        tp = _committed(consumer, [TopicPartition(topic, partition)], timeout_s)[0]
         if tp.offset is not None and tp.offset >= 0:
             return int(tp.offset)
         lo, _hi = consumer.get_watermark_offsets(TopicPartition(topic, partition),
