@@ -424,15 +424,19 @@ class Operator:
         directory = self._directory(buf, partition)
         names: set[str] = set()
         gone: list[int] = []
+        unsaved = buf.unsaved
         for tick in directory.through(n):
+            key = bucket_key(partition, tick)
+            if key in unsaved and unsaved[key] is None:
+                continue  # consumed earlier in this batch: listed until the delete is saved
             bucket = self._bucket(buf, partition, tick)
             if bucket is None:
-                gone.append(tick)  # consumed by an earlier marker
+                gone.append(tick)  # consumed by a marker of an earlier batch
                 continue
             names.update(bucket.names)
             # Deleted with the partition value, after the counters it names are written:
             # until then a crash re-executes this marker and finds them here again.
-            buf.delete(bucket_key(partition, tick))
+            buf.delete(key)
         if gone:
             dropped = set(gone)
             directory.ticks = [t for t in directory.ticks if t not in dropped]
