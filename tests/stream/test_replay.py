@@ -1,15 +1,21 @@
 """Replay against a live run: late events, idle gaps and a crash, then `python -m processor
-replay` reports "identical"; a tampered or forged published record is detected (controls)."""
+replay` reports "identical"; a tampered or forged published record is detected (controls).
+Also, without a broker: the recomputation (BatchCommit over the timeline) and `compare`."""
 
 from __future__ import annotations
 
+import asyncio
+import random
 from collections.abc import Callable
 
 import orjson
 import pytest
 
 from processor.stream import kafka_io
-from processor.stream.replay import main_replay
+from processor.stream.commit import BatchCommit, CollectingPublisher
+from processor.stream.operator import Operator
+from processor.stream.replay import compare, main_replay, recompute_timeline
+from processor.stream.state import DictStore
 from tests.stream.test_app_e2e import (
     Live,
     live_factory,  # noqa: F401  (the fixture, re-exported for this module)
@@ -76,3 +82,35 @@ def test_replay_identical_after_live_run_then_detects_tampering(
     assert main_replay(argv) == 1
     out = capsys.readouterr().out
     assert "DIFFERENT (2 differences" in out, out
+
+
+def test_recompute_splits_at_the_settled_offsets_and_compare_finds_differences() -> None:
+    """recompute_timeline equals one BatchCommit pass over each partition; releases of
+    records at or past the settled offset are reported apart; compare accepts identical
+    re-sends and missing unsettled records, and names a changed value."""
+    from tests.stream.test_operator import KEY, TICK, StepFactory, random_timeline, settings
+    from tests.stream.test_operator import to_records as records_of
+
+    rng = random.Random(8)
+    s = settings({"a": 100 * TICK, "b": 100 * TICK}, heartbeat_ticks=3)
+    records = records_of(random_timeline(rng, ["a", "b"], 100, 30, 0.5), 3)
+    timeline = {0: [kafka_io.KafkaRecord("tl", 0, off, None, r, (), 0)
+                    for off, r in enumerate(records)]}
+    pub = CollectingPublisher()
+    bc = BatchCommit(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(), pub)
+    for off, r in enumerate(records):
+        asyncio.run(bc.commit(0, [(off, r)]))
+    mark = len(records) // 2
+    got = recompute_timeline(s, KEY, timeline, {0: mark},
+                             operator=Operator(s, KEY, factory=StepFactory(2, 3)))
+    assert got.settled + got.unsettled == pub.releases and got.records == len(records)
+    assert got.settled and got.unsettled
+    mine = [r.to_json() for r in got.settled]
+    later = [r.to_json() for r in got.unsettled]
+    assert compare(mine, mine + mine[:3], later) == (0, None)
+    assert compare(mine, mine + later[:2], later) == (0, None)
+    changed = orjson.loads(mine[0])
+    changed["value"] += 1.0
+    n, first = compare(mine, [orjson.dumps(changed), *mine[1:]], later)
+    assert n == 1 and first is not None and "value" in first
+    assert compare(mine, mine[1:], later)[0] == 1  # a settled release never published
