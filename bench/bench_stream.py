@@ -1,36 +1,101 @@
-"""Stream benchmark: the processor against a plain Faust agent on the same broker, run.
+"""Stream benchmark: the processor next to plain consumers on the same broker, in one run.
 
-    python bench/bench_stream.py [--bootstrap HOST:PORT] [--events 10000] [--counters 10000]
+    python bench/bench_stream.py [--phase throughput|many|scaleout|all] [--quick]
+        [--events 20000] [--repeat 3] [--counters 10000] [--rate 1000] [--seconds 60]
+        [--bootstrap HOST:PORT] [--json FILE]
 
-Phases (bounded: about 2-3 minutes in all):
-1. Throughput: N events are produced to a fresh input topic up front; then
-   (a) a plain Faust agent that only counts the records of that topic, and
-   (b) the processor worker (validate -> timeline -> operator -> releases)
-   consume it from the beginning. Rates are measured from the first record each one handled
-   to the moment it had handled all N (for the processor: its consumer group has committed
-   the timeline past the last event, so every release of those events is published).
-2. Sealing latency: for each release, the time from the append of the marker that sealed
-   its tick to the append of the release (Kafka record timestamps, same clock).
-3. Many counters: a worker with 10,000 declared counters runs for a while; resident memory
-   of the worker process (psutil), its RocksDB directory size, and the state table's size
-   (keys and bytes of the latest values, read from its changelog topic).
+Starts a local single-node broker (processor.devtools.local_kafka) unless --bootstrap or
+KAFKA_BOOTSTRAP_SERVERS names one. Every deployment (app id, topics, key, config, state
+dirs, logs) lives in one temporary directory outside the repository; workers, child
+processes and the broker are stopped on exit, error, Ctrl-C or SIGTERM.
 
-Prints one table. Starts a local broker (deploy/kafka.py) unless --bootstrap or
-KAFKA_BOOTSTRAP_SERVERS is given.
+Clock. Every time below is a Kafka record timestamp: all topics the bench creates use
+message.timestamp.type=LogAppendTime, so a record's timestamp is the moment the broker
+appended it (one clock, the broker's; the report says if any record read was not
+LogAppendTime). No figure depends on when the bench polled, or on a consumer's commit.
+
+1. Throughput (--events N, --repeat R). Per repeat, three stages run one after the other,
+   in an order rotated between repeats, each on its own fresh input topic (4 partitions)
+   carrying the same N events (100 declared counters, value 1):
+   (a) a plain Faust agent (a child process: one agent that counts the topic's records,
+       in-memory store, Faust defaults), which appends a "done" record to an output topic
+       when it has counted N;
+   (b) the processor: the worker in the tree (`python -m processor worker`: ingest,
+       timeline, markers, operator, RocksDB table and changelog, ledger, dead letters,
+       heartbeats), tick 100 ms, lateness 100 ms, heartbeat every 60 ticks, ECC eps=1;
+   (c) for context, a plain confluent-kafka loop (a child process: batched consume,
+       asynchronous produce of each record to an output topic, one flush at the end).
+   Each stage is started, fed ONE warm-up record, and the bench waits until the stage's
+   output for it appears (for the processor also: the ledger holds every counter, so the
+   operator runs). Only then are the N events produced, as fast as one confluent-kafka
+   producer goes (its duration is reported: it is included in every stage alike).
+     start = append time of the first of the N input records (the same definition for
+             all three: the first record the stage consumed);
+     end   = (a) the append time of the agent's "done" record;
+             (c) the append time of the last forwarded record;
+             (b) the append time of the last release that accounts for the last event:
+             per timeline partition, the marker that seals the tick of the last timeline
+             batch carrying any of the events (the first later marker whose "sealed
+             through" n is >= the batch's highest event tick and > the partition's
+             frontier at the batch: a late event joins the first open tick), and the
+             latest release that marker produced (counters of that partition, ticks in
+             (previous frontier, n]); the maximum over partitions. If that marker
+             produced no release, the partition's next release is used instead (later,
+             so against the processor; the report counts such partitions).
+   The N events are stamped lateness + 2 ticks before production, so at the worker each
+   is late and joins the first open tick: the sealing waits at most one tick (100 ms)
+   after the operator applied the last batch (the "sealing tail" column), not for the
+   wall clock to pass the events' own tick. rate = N / (end - start); the headline is the
+   ratio processor / plain Faust agent, per repeat and its range (target >= 1.5).
+   Included in both (a) and (b): fetch, decode, the stage's work, producing its output,
+   the broker's append. Excluded from both: process start-up, group join, the warm-up,
+   offset commits after the last output, shutdown.
+
+2. Many counters (--counters C, --rate R, --seconds S). One worker with C counters, the
+   README configuration otherwise (tick 1 s, lateness 2 s, heartbeat every 60 ticks,
+   4 partitions, ECC). After the ledger holds every counter, a paced producer sends R
+   events/s, each stamped with the wall clock, cycling over the counters, for a warm-up
+   then a measured window of S seconds. Reported: whether the worker kept up (the
+   delay from the last input record to its last timeline batch, and to the release that
+   accounts for it, against the tick + lateness any event must wait), seal-to-release
+   latency p50/p95/max (for each release whose sealing marker was appended inside the
+   window: release append time - append time of the first marker that sealed its tick)
+   and p95 in the window's first and last third (growth means falling behind), the
+   RocksDB directory size at the end (SST / WAL / other) against the state table's live
+   size (latest non-tombstone value per key in the changelog topic, key + value bytes)
+   and their ratio (target <= 3), the worker's resident memory.
+
+3. Scale-out: the run of phase 2 with 1 worker, then again with 2 worker processes of the
+   same app id (one consumer group, a state dir each): the first worker starts alone and
+   creates the counters; the second then joins, and the load starts once the group's
+   assignment is stable. CPU-seconds per event (psutil user + system of the worker
+   processes, over the measured window, divided by the events produced in it) side by
+   side (target: 2 workers within 20% of 1); the timeline partitions each worker held
+   (the broker's group description; the second worker's member is the one that joined
+   later), before and after the join, with the per-partition RocksDB directories each
+   worker's state dir holds (a partition's state moves with it, restored from the
+   changelog; Faust also keeps standby copies). The 2-core machine cannot show a
+   wall-clock speed-up with the broker and the load on it: CPU per event is the figure.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import bisect
+import contextlib
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,293 +103,1030 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 import psutil  # noqa: E402
+from confluent_kafka import (  # noqa: E402
+    OFFSET_BEGINNING,
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    Producer,
+    TopicPartition,
+)
 
-from processor.cli import write_key  # noqa: E402
-from processor.devtools.deployment import WorkerProcess, write_config  # noqa: E402
+# Public names of confluent_kafka.admin that its __init__ re-exports without __all__.
+from confluent_kafka.admin import (  # type: ignore[attr-defined]  # noqa: E402
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ResourceType,
+)
+
+from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
 from processor.stream import kafka_io  # noqa: E402
-from processor.stream.app import STATE_TABLE, ensure_topics  # noqa: E402
-from processor.stream.config import Settings, TopicSettings, with_overrides  # noqa: E402
+from processor.stream.records import (  # noqa: E402
+    TimelineBatch,
+    TimelineFormatError,
+    TimelineMarker,
+    decode_timeline,
+    partition_for,
+)
+from processor.stream.state import PartitionState  # noqa: E402
+
+#: Topic config of every topic the bench creates: record timestamps are broker append times.
+LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
+#: Counters of the throughput phase.
+TPUT_COUNTERS = 100
+#: Throughput-phase timing of the processor (see the module docstring).
+TPUT_TICK_MS = 100
+TPUT_LATENESS_MS = 100
 
 
-def _baseline_agent(bootstrap: str, topic: str, n: int, out: str) -> None:
-    """Child process: a Faust app whose one agent only counts the records of `topic`."""
+# ------------------------------------------------------------------------ reading topics
+
+@dataclass(frozen=True, slots=True)
+class Rec:
+    """One record read back: its place, broker timestamp, key and value."""
+
+    partition: int
+    offset: int
+    ts: int
+    log_append: bool
+    key: bytes | None
+    value: bytes | None
+
+
+class Tail:
+    """Reads one topic from its beginning, incrementally, without a consumer group."""
+
+    def __init__(self, conf: Mapping[str, str], topic: str) -> None:
+        self.topic = topic
+        self._c = Consumer({**conf, "group.id": f"dpc-bench-{uuid.uuid4().hex}",
+                            "enable.auto.commit": "false", "auto.offset.reset": "earliest",
+                            "enable.partition.eof": "false"})
+        md = self._c.list_topics(topic, timeout=30)
+        t = md.topics.get(topic)
+        if t is None or t.error is not None:
+            self._c.close()
+            raise RuntimeError(f"topic {topic!r} not found")
+        self.partitions = sorted(t.partitions)
+        self._c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in self.partitions])
+        self._next = dict.fromkeys(self.partitions, 0)
+        self.count = 0
+        self.not_log_append = 0
+
+    def catch_up(self, timeout_s: float = 120.0) -> list[Rec]:
+        """Everything appended before this call that was not returned yet."""
+        his = {p: int(self._c.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                    timeout=30)[1])
+               for p in self.partitions}
+        out: list[Rec] = []
+        deadline = time.monotonic() + timeout_s
+        while any(self._next[p] < his[p] for p in self.partitions):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {self.topic!r} timed out")
+            for msg in self._c.consume(num_messages=5000, timeout=0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"reading {self.topic!r}: {err}")
+                ts_type, ts = msg.timestamp()
+                rec = Rec(int(msg.partition() or 0), int(msg.offset() or 0), int(ts),
+                          ts_type == TIMESTAMP_LOG_APPEND_TIME, msg.key(), msg.value())
+                self.not_log_append += not rec.log_append
+                self._next[rec.partition] = rec.offset + 1
+                out.append(rec)
+            # Compacted or transactional tails never reach the watermark by record offsets.
+            for p in self.partitions:
+                if self._next[p] < his[p]:
+                    pos = self._c.position([TopicPartition(self.topic, p)])[0].offset
+                    if pos is not None and pos > self._next[p]:
+                        self._next[p] = int(pos)
+        self.count += len(out)
+        return out
+
+    def close(self) -> None:
+        self._c.close()
+
+
+def create_topics(conf: Mapping[str, str], names: Sequence[str], partitions: int) -> None:
+    kafka_io.create_topics(conf, names, partitions, replication=kafka_io.replication_for(conf),
+                           config=LOG_APPEND)
+
+
+def deployment_topics(dep: Deployment) -> list[str]:
+    t = dep.topics
+    return [t.input, t.timeline, t.counts, t.ledger, t.deadletter]
+
+
+def group_assignment(conf: Mapping[str, str], group: str,
+                     topic: str) -> dict[str, list[int]]:
+    """member id -> partitions of `topic` it holds, from the broker's group description."""
+    admin = kafka_io.make_admin(conf)
+    desc = admin.describe_consumer_groups([group], request_timeout=30)[group].result(timeout=30)
+    return {str(m.member_id): sorted(int(tp.partition) for tp in m.assignment.topic_partitions
+                                     if tp.topic == topic)
+            for m in desc.members}
+
+
+def groups_with_prefix(conf: Mapping[str, str], prefix: str) -> list[str]:
+    admin = kafka_io.make_admin(conf)
+    res = admin.list_consumer_groups(request_timeout=30).result(timeout=30)
+    return sorted(str(g.group_id) for g in res.valid if str(g.group_id).startswith(prefix))
+
+
+def changelog_topics(conf: Mapping[str, str], app_id: str) -> list[str]:
+    md = kafka_io.make_admin(conf).list_topics(timeout=30)
+    return sorted(t for t in md.topics if t.startswith(app_id + "-") and t.endswith("-changelog"))
+
+
+# ------------------------------------------------------------------------ the timeline
+
+@dataclass
+class Marker:
+    offset: int
+    n: int
+    prev: int  # the partition's frontier before it (effective markers only)
+    ts: int
+
+
+@dataclass
+class PartitionLog:
+    """The timeline of one partition: effective markers (those raising the frontier) and
+    event batches, in offset order."""
+
+    markers: list[Marker] = field(default_factory=list)
+    marker_offsets: list[int] = field(default_factory=list)
+    marker_ns: list[int] = field(default_factory=list)
+    # (offset, append time, highest event tick in the batch)
+    batches: list[tuple[int, int, int]] = field(default_factory=list)
+
+
+class TimelineView:
+    """The timeline, the private counts and the state changelog of one deployment,
+    decoded as they are read."""
+
+    def __init__(self, conf: Mapping[str, str], dep: Deployment) -> None:
+        s = dep.settings
+        self.conf = conf
+        self.app_id = s.app_id
+        self.tick = int(s.tick_ms)
+        self.parts = int(s.partitions)
+        self.timeline = Tail(conf, s.topics.timeline)
+        self.counts = Tail(conf, s.topics.counts)
+        self.changelog: Tail | None = None
+        self.logs = {p: PartitionLog() for p in range(self.parts)}
+        self.sources: set[tuple[int, int]] = set()
+        self.event_rows = 0
+        self.foreign = 0
+        # per timeline partition: (global tick, append time) of each release
+        self.releases: dict[int, list[tuple[int, int]]] = {p: [] for p in range(self.parts)}
+        # per timeline partition: the highest input offset per input partition on it
+        self.needed: dict[int, dict[int, int]] = {p: {} for p in range(self.parts)}
+        # per timeline partition: (append time, marker offset, duplicate filter) of each
+        # partition value `p/<partition>` the worker wrote (the last write of a commit)
+        self.commits: dict[int, list[tuple[int, bool, int, dict[int, int]]]] = {
+            p: [] for p in range(self.parts)}
+        # the state table's latest value size per (changelog partition, key)
+        self.live: dict[tuple[int, bytes | None], int] = {}
+
+    def attach_changelog(self) -> None:
+        """Once the worker made its table's changelog topic: broker append times on it
+        from now on, and read it."""
+        topics = changelog_topics(self.conf, self.app_id)
+        if len(topics) != 1:
+            raise RuntimeError(f"expected one state changelog topic, found {topics}")
+        admin = kafka_io.make_admin(self.conf)
+        entry = ConfigEntry("message.timestamp.type", "LogAppendTime",
+                            incremental_operation=AlterConfigOpType.SET)
+        for fut in admin.incremental_alter_configs([ConfigResource(
+                ResourceType.TOPIC, topics[0], incremental_configs=[entry])]).values():
+            fut.result(timeout=30)
+        self.changelog = Tail(self.conf, topics[0])
+
+    @property
+    def not_log_append(self) -> int:
+        return self.timeline.not_log_append + self.counts.not_log_append
+
+    def update(self) -> None:
+        for r in self.timeline.catch_up():
+            try:
+                rec = decode_timeline(r.value or b"")
+            except TimelineFormatError:
+                self.foreign += 1
+                continue
+            log = self.logs[r.partition]
+            if isinstance(rec, TimelineMarker):
+                front = log.marker_ns[-1] if log.markers else -(1 << 62)
+                if rec.sealed_through > front:
+                    log.markers.append(Marker(r.offset, rec.sealed_through, front, r.ts))
+                    log.marker_offsets.append(r.offset)
+                    log.marker_ns.append(rec.sealed_through)
+            elif isinstance(rec, TimelineBatch) and rec.events:
+                self.event_rows += len(rec.events)
+                need = self.needed[r.partition]
+                for e in rec.events:
+                    self.sources.add((e.src_partition, e.src_offset))
+                    need[e.src_partition] = max(need.get(e.src_partition, -1), e.src_offset)
+                log.batches.append((r.offset, r.ts, max(e.ts_ms for e in rec.events)
+                                    // self.tick))
+        for r in self.counts.catch_up():
+            d = orjson.loads(r.value or b"{}")
+            p = partition_for(str(d["counter"]), self.parts)
+            self.releases[p].append((int(d["tick_start_ms"]) // self.tick, r.ts))
+        if self.changelog is None:
+            return
+        for r in self.changelog.catch_up():
+            if r.value is None:
+                self.live.pop((r.partition, r.key), None)
+                continue
+            self.live[(r.partition, r.key)] = len(r.key or b"") + len(r.value)
+            if r.key is not None and r.key.startswith(b"p/"):
+                ps = PartitionState.from_bytes(r.value)
+                self.commits[int(r.key[2:])].append((r.ts, r.log_append, ps.marker_offset,
+                                                     dict(ps.input_offsets)))
+
+    def close(self) -> None:
+        self.timeline.close()
+        self.counts.close()
+        if self.changelog is not None:
+            self.changelog.close()
+
+    def sealing_marker(self, p: int, offset: int, max_tick: int) -> Marker | None:
+        """The marker that seals every event of the batch at `offset` (see the docstring)."""
+        log = self.logs[p]
+        i = bisect.bisect_right(log.marker_offsets, offset)
+        front = log.markers[i - 1].n if i else None
+        need = max_tick if front is None else max(max_tick, front + 1)
+        j = bisect.bisect_left(log.marker_ns, need, lo=i)
+        return log.markers[j] if j < len(log.markers) else None
+
+    def account(self) -> Accounting:
+        """Where the processor is with every event on the timeline so far."""
+        acc = Accounting(events=len(self.sources), rows=self.event_rows)
+        for p, log in self.logs.items():
+            if not log.batches:
+                continue
+            acc.first_batch = min(acc.first_batch or log.batches[0][1], log.batches[0][1])
+            acc.last_batch = max(acc.last_batch or 0, max(ts for _o, ts, _g in log.batches))
+            seal: Marker | None = None
+            for off, _ts, g in log.batches:
+                m = self.sealing_marker(p, off, g)
+                if m is None:
+                    seal = None
+                    break
+                if seal is None or m.offset > seal.offset:
+                    seal = m
+            if seal is None:
+                acc.pending.append(p)
+                continue
+            need = self.needed[p]
+            # The commit that applied the sealing marker (and so every event before it,
+            # which its duplicate filter confirms) ended with this partition value.
+            done = next(((ts, la) for ts, la, marker, applied in self.commits[p]
+                         if marker >= seal.offset
+                         and all(applied.get(sp, -1) >= so for sp, so in need.items())), None)
+            if done is None:
+                acc.pending.append(p)
+                continue
+            acc.not_log_append += not done[1]
+            own = [ts for g, ts in self.releases[p] if seal.prev < g <= seal.n]
+            acc.released += len(own)
+            acc.end = max(acc.end or 0, done[0], *own)
+        return acc
+
+    def latencies(self, lo_ms: int, hi_ms: int) -> list[tuple[int, int]]:
+        """(marker append time, seal-to-release ms) of each release whose sealing marker
+        (the first one with n >= its tick) was appended in [lo_ms, hi_ms]."""
+        out: list[tuple[int, int]] = []
+        for p, rels in self.releases.items():
+            log = self.logs[p]
+            for g, ts in rels:
+                j = bisect.bisect_left(log.marker_ns, g)
+                if j < len(log.markers) and lo_ms <= log.markers[j].ts <= hi_ms:
+                    out.append((log.markers[j].ts, ts - log.markers[j].ts))
+        return out
+
+
+@dataclass
+class Accounting:
+    events: int  # distinct input (partition, offset) on the timeline
+    rows: int  # event rows on the timeline (duplicates included)
+    first_batch: int | None = None
+    last_batch: int | None = None
+    end: int | None = None
+    released: int = 0  # releases of the sealing markers' ticks
+    not_log_append: int = 0  # commit records used that carry no broker append time
+    pending: list[int] = field(default_factory=list)
+
+    def done(self, expected: int) -> bool:
+        return self.events >= expected and not self.pending and self.end is not None
+
+
+def wait_accounted(view: TimelineView, expected: int, timeout_s: float,
+                   worker_log: Callable[[], str]) -> Accounting | None:
+    """Poll the topics until the processor accounted for `expected` events (None at the
+    deadline). The polling only decides when to stop looking: every time is a timestamp."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view.update()
+        acc = view.account()
+        if acc.done(expected):
+            return acc
+        if time.monotonic() > deadline:
+            tail = worker_log().strip().splitlines()[-5:]
+            print(f"  processor did not account for all events: {acc}; worker log tail: "
+                  + " | ".join(tail), flush=True)
+            return None
+        time.sleep(0.5)  # polling interval of the bench's reader (not part of any figure)
+
+
+# ------------------------------------------------------------------------ child processes
+
+def _child_faust_agent(bootstrap: str, src: str, out: str, n: int, datadir: str) -> None:
+    """A Faust app whose one agent counts the records of `src`; it appends b"warm" after
+    the first (the warm-up record) and b"done" after n more."""
+    import asyncio
+
     import faust
 
-    app = faust.App(f"bench-baseline-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}",
+    app = faust.App(f"bench-faust-{uuid.uuid4().hex[:8]}", broker=f"kafka://{bootstrap}",
                     web_enabled=False, consumer_auto_offset_reset="earliest",
-                    store="memory://")
-    src = app.topic(topic, key_type=bytes, value_type=bytes, key_serializer="raw",
-                    value_serializer="raw")
-    state: dict[str, Any] = {"n": 0, "first": None}
+                    store="memory://", datadir=datadir)
+    src_topic = app.topic(src, key_type=bytes, value_type=bytes, key_serializer="raw",
+                          value_serializer="raw")
+    out_topic = app.topic(out, key_type=bytes, value_type=bytes, key_serializer="raw",
+                          value_serializer="raw")
 
     async def count(stream: Any) -> None:
+        seen = 0
         async for _value in stream:
-            if state["first"] is None:
-                state["first"] = time.time()
-            state["n"] += 1
-            if state["n"] == n:
-                Path(out).write_text(orjson.dumps(
-                    {"first": state["first"], "last": time.time()}).decode())
+            seen += 1
+            if seen == 1:
+                await out_topic.send(value=b"warm")
+            elif seen == n + 1:
+                await out_topic.send(value=b"done")
 
-    app.agent(src, name="bench-count")(count)
+    app.agent(src_topic, name="bench-count")(count)
     asyncio.set_event_loop(asyncio.new_event_loop())
     faust.Worker(app, loglevel="warning", quiet=True).execute_from_commandline()
 
 
-def _wait_file(path: Path, timeout_s: float) -> dict[str, float]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and path.stat().st_size:
-            return dict(orjson.loads(path.read_bytes()))
-        time.sleep(0.2)
-    raise TimeoutError(f"no result in {path}")
+def _child_kafka_loop(bootstrap: str, src: str, out: str, n: int) -> None:
+    """Consume `src` in batches, produce every record to `out` (same partition), flush once
+    after the warm-up record and once at the end (n + 1 records)."""
+    conf = kafka_io.plain_config(bootstrap)
+    consumer = Consumer({**conf, "group.id": f"bench-loop-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": "false", "auto.offset.reset": "earliest"})
+    producer = kafka_io.make_producer(conf)
+    consumer.subscribe([src])
+    seen = 0
+    try:
+        while seen < n + 1:
+            for msg in consumer.consume(num_messages=1000, timeout=0.1):
+                if msg.error() is not None:
+                    continue
+                while True:
+                    try:
+                        producer.produce(out, value=msg.value(),
+                                         partition=int(msg.partition() or 0))
+                        break
+                    except BufferError:
+                        producer.poll(0.01)
+                seen += 1
+                if seen == 1:
+                    producer.flush(30)
+            producer.poll(0)
+        producer.flush(60)
+        # Stay until the bench stops this process: exiting would leave the group and
+        # nothing after the last produce belongs to the measurement anyway.
+        while True:
+            time.sleep(3600)
+    finally:
+        consumer.close()
 
 
-def _settings(bootstrap: str, tmp: Path, name: str, counters: dict[str, int],
-              **kw: Any) -> Settings:
+class Children:
+    """Child processes of the bench (baselines and workers), stopped on every exit path."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.deployments: list[Deployment] = []
+
+    def spawn(self, args: Sequence[str], cwd: Path, log: Path) -> subprocess.Popen[bytes]:
+        with open(log, "ab") as fh:
+            proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *args],
+                                    stdout=fh, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=str(cwd))
+        self.procs.append(proc)
+        return proc
+
+    def stop(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(30)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def close_deployment(self, dep: Deployment) -> None:
+        dep.close()
+        if dep in self.deployments:
+            self.deployments.remove(dep)
+
+    def close(self) -> None:
+        for proc in list(self.procs):
+            self.stop(proc)
+        for dep in list(self.deployments):
+            self.close_deployment(dep)
+
+
+# ------------------------------------------------------------------------ load
+
+def _event(counter: str, ts: int) -> bytes:
+    return orjson.dumps({"counter": counter, "ts": ts, "value": 1})
+
+
+@dataclass
+class Produced:
+    count: int = 0
+    first_ts: int | None = None
+    last_ts: int = 0
+    errors: int = 0
+    not_log_append: int = 0
+
+    def on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.errors += 1
+            return
+        ts_type, ts = msg.timestamp()
+        self.not_log_append += ts_type != TIMESTAMP_LOG_APPEND_TIME
+        self.count += 1
+        self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
+        self.last_ts = max(self.last_ts, ts)
+
+
+def _produce(producer: Producer, topic: str, value: bytes, stats: Produced) -> None:
+    while True:
+        try:
+            producer.produce(topic, value=value, on_delivery=stats.on_delivery)
+            return
+        except BufferError:
+            producer.poll(0.01)
+
+
+def produce_burst(conf: Mapping[str, str], topic: str, values: Sequence[bytes]) -> Produced:
+    """Produce `values` as fast as one producer goes; wait for every acknowledgement."""
+    stats = Produced()
+    producer = kafka_io.make_producer(conf)
+    for v in values:
+        _produce(producer, topic, v, stats)
+        producer.poll(0)
+    left = producer.flush(60)
+    if left or stats.errors or stats.count != len(values):
+        raise RuntimeError(f"producing to {topic}: {left} unsent, {stats.errors} errors")
+    return stats
+
+
+def wait_until(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Poll `pred` until true; seconds waited. TimeoutError names `what`."""
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
+        time.sleep(0.25)  # polling interval of the bench (not part of any figure)
+    return time.monotonic() - t0
+
+
+# ------------------------------------------------------------------------ phase 1
+
+def tput_events(n: int, ts: int) -> list[bytes]:
+    return [_event(f"k{i % TPUT_COUNTERS:03d}", ts) for i in range(n)]
+
+
+def stage_baseline(kind: str, conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
+                   children: Children) -> dict[str, Any]:
+    """(a) the plain Faust agent or (c) the plain confluent-kafka loop."""
     uid = uuid.uuid4().hex[:8]
-    fields: dict[str, Any] = dict(
-        app_id=f"bench-{name}-{uid}", bootstrap_servers=bootstrap,
-        topics=TopicSettings(input=f"bench-{name}-in-{uid}", timeline=f"bench-{name}-tl-{uid}",
-                             counts=f"bench-{name}-counts-{uid}",
-                             ledger=f"bench-{name}-ledger-{uid}",
-                             deadletter=f"bench-{name}-dead-{uid}"),
-        partitions=4, tick_ms=200, lateness_ms=400, max_future_ms=60_000, heartbeat_ticks=50,
-        counters=counters, mechanism="ecc", epsilon=1.0, delta=1e-6,
-        noise_key_file=str(write_key(tmp / "noise.key")), state_dir=str(tmp / f"state-{name}"))
-    fields.update(kw)
-    return with_overrides(Settings(), **fields)
+    src, out = f"bench-{kind}-in-{uid}", f"bench-{kind}-out-{uid}"
+    create_topics(conf, [src, out], 4)
+    work = tmp / f"{kind}-{uid}"
+    work.mkdir()
+    args = (["--child", "faust-agent", bootstrap, src, out, str(n), str(work)]
+            if kind == "faust" else ["--child", "kafka-loop", bootstrap, src, out, str(n)])
+    proc = children.spawn(args, work, work / "child.log")
+    tail = Tail(conf, out)
+    got: list[Rec] = []
+    try:
+        produce_burst(conf, src, tput_events(1, int(time.time() * 1000)))
+
+        def warm() -> bool:
+            got.extend(tail.catch_up())
+            return bool(got) or proc.poll() is not None
+        wait_until(warm, 180, f"{kind}: warm-up output")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} child exited: {(work / 'child.log').read_text()[-2000:]}")
+        got.clear()
+        load = produce_burst(conf, src, tput_events(n, int(time.time() * 1000)))
+
+        def finished() -> bool:
+            got.extend(tail.catch_up())
+            return (any(r.value == b"done" for r in got) if kind == "faust"
+                    else len(got) >= n) or proc.poll() is not None
+        wait_until(finished, 600, f"{kind}: all {n} events")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{kind} child exited: {(work / 'child.log').read_text()[-2000:]}")
+    finally:
+        children.stop(proc)
+        tail.close()
+    end = (max(r.ts for r in got if r.value == b"done") if kind == "faust"
+           else max(r.ts for r in got))
+    assert load.first_ts is not None
+    return {"rate": n / max(1e-3, (end - load.first_ts) / 1000), "seconds":
+            (end - load.first_ts) / 1000, "produce_s": (load.last_ts - load.first_ts) / 1000,
+            "not_log_append": load.not_log_append + tail.not_log_append}
 
 
-def _latencies(settings: Settings, after_ms: int = 0) -> list[float]:
-    """Per release: release append time minus the append time of the marker that sealed it
-    (only markers appended at or after `after_ms`)."""
-    conf = kafka_io.base_config(settings)
-    tick = settings.tick_ms
-    markers: dict[int, list[tuple[int, int]]] = {}
-    for p, recs in kafka_io.read_topic(conf, settings.topics.timeline).items():
-        best: list[tuple[int, int]] = []
-        for r in recs:
-            d = orjson.loads(r.value or b"")
-            if d.get("k") == "m" and (not best or d["n"] > best[-1][0]):
-                best.append((int(d["n"]), r.timestamp_ms))
-        markers[p] = best
-    from processor.stream.records import partition_for
+def stage_processor(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
+                    children: Children) -> dict[str, Any]:
+    """(b) the processor worker in the tree."""
+    tick = TPUT_TICK_MS
+    start = (int(time.time() * 1000) // tick) * tick - 100 * tick
+    names = [f"k{i:03d}" for i in range(TPUT_COUNTERS)]
+    dep = isolated_deployment(bootstrap, dict.fromkeys(names, start), parent=tmp,
+                              name="bench-tput", create_topics=False, tick_ms=tick,
+                              lateness_ms=TPUT_LATENESS_MS, heartbeat_ticks=60, partitions=4,
+                              mechanism="ecc", epsilon=1.0, delta=1e-6)
+    children.deployments.append(dep)
+    create_topics(conf, deployment_topics(dep), dep.settings.partitions)
+    view = TimelineView(conf, dep)
+    ledger = Tail(conf, dep.topics.ledger)
+    try:
+        dep.worker.start()
+        produce_burst(conf, dep.topics.input, tput_events(1, int(time.time() * 1000)))
 
-    out: list[float] = []
-    for r in kafka_io.iter_topic(conf, settings.topics.counts):
-        d = orjson.loads(r.value or b"")
-        g = int(d["tick_start_ms"]) // tick
-        ms = markers[partition_for(str(d["counter"]), settings.partitions)]
-        lo, hi = 0, len(ms)
-        while lo < hi:  # first marker with n >= g
-            mid = (lo + hi) // 2
-            if ms[mid][0] >= g:
-                hi = mid
-            else:
-                lo = mid + 1
-        if lo < len(ms) and ms[lo][1] >= after_ms:
-            out.append(r.timestamp_ms - ms[lo][1])
+        def ready() -> bool:
+            if not dep.worker.alive():
+                raise RuntimeError("worker exited: " + dep.worker.log_tail())
+            ledger.catch_up()
+            return ledger.count >= TPUT_COUNTERS
+        wait_until(ready, 300, "processor: ledger entries of every counter")
+        view.attach_changelog()
+        if wait_accounted(view, 1, 120, dep.worker.log_tail) is None:
+            raise RuntimeError("processor: the warm-up event was not accounted for")
+        # Late at the worker: lateness + 2 ticks before now (see the module docstring).
+        stamp = int(time.time() * 1000) - TPUT_LATENESS_MS - 2 * tick
+        load = produce_burst(conf, dep.topics.input, tput_events(n, stamp))
+        acc = wait_accounted(view, n + 1, 600, dep.worker.log_tail)
+        if acc is None or acc.end is None:
+            raise RuntimeError("processor did not account for every event")
+        rss = psutil.Process(dep.worker.proc.pid).memory_info().rss if dep.worker.proc else 0
+    finally:
+        view.close()
+        ledger.close()
+        children.close_deployment(dep)
+    assert load.first_ts is not None and acc.last_batch is not None
+    secs = (acc.end - load.first_ts) / 1000
+    return {"rate": n / max(1e-3, secs), "seconds": secs,
+            "produce_s": (load.last_ts - load.first_ts) / 1000,
+            "ingest_s": (acc.last_batch - load.first_ts) / 1000,
+            "tail_ms": acc.end - acc.last_batch, "released": acc.released,
+            "duplicates": acc.rows - acc.events, "rss": rss,
+            "not_log_append": load.not_log_append + view.not_log_append + acc.not_log_append}
+
+
+def phase_throughput(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int, repeat: int,
+                     children: Children) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = []
+    stages = ["faust", "processor", "kafka"]
+    for r in range(repeat):
+        order = stages[r % 3:] + stages[:r % 3]
+        res: dict[str, Any] = {"order": order}
+        for kind in order:
+            print(f"  repeat {r + 1}/{repeat}: {kind} ...", flush=True)
+            res[kind] = (stage_processor(conf, bootstrap, tmp, n, children)
+                         if kind == "processor"
+                         else stage_baseline(kind, conf, bootstrap, tmp, n, children))
+            print(f"    {res[kind]['rate']:,.0f} events/s", flush=True)
+        res["ratio"] = res["processor"]["rate"] / res["faust"]["rate"]
+        runs.append(res)
+    return runs
+
+
+# ------------------------------------------------------------------------ phases 2 and 3
+
+def _proc_tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p, *p.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def cpu_seconds(pid: int) -> float:
+    total = 0.0
+    for p in _proc_tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+def rss_bytes(pid: int) -> int:
+    total = 0
+    for p in _proc_tree(pid):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += p.memory_info().rss
+    return total
+
+
+def dir_sizes(path: Path) -> dict[str, int]:
+    """Bytes under `path`: SST files, write-ahead logs, everything else."""
+    out = {"sst": 0, "wal": 0, "other": 0}
+    for f in path.rglob("*"):
+        if f.is_file():
+            kind = "sst" if f.suffix == ".sst" else "wal" if f.suffix == ".log" else "other"
+            with contextlib.suppress(OSError):
+                out[kind] += f.stat().st_size
     return out
 
 
-def _pct(xs: list[float], q: float) -> float:
+_DB_RE = re.compile(r"-(\d+)\.db$")
+
+
+def partition_dbs(path: Path) -> dict[int, int]:
+    """timeline partition -> bytes of its RocksDB directory under a worker's state dir."""
+    out: dict[int, int] = {}
+    for d in path.rglob("*.db"):
+        m = _DB_RE.search(d.name)
+        if d.is_dir() and m:
+            out[int(m.group(1))] = sum(f.stat().st_size for f in d.rglob("*") if f.is_file())
+    return out
+
+
+def _pcts(xs: Sequence[float]) -> tuple[float, float, float]:
     if not xs:
-        return float("nan")
+        return (float("nan"),) * 3
     s = sorted(xs)
-    return s[min(len(s) - 1, int(q * len(s)))]
+    return (s[len(s) // 2], s[min(len(s) - 1, int(0.95 * len(s)))], s[-1])
 
 
-def _dir_size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
-def phase_throughput(bootstrap: str, tmp: Path, n: int) -> dict[str, Any]:
-    conf = kafka_io.plain_config(bootstrap)
-    names = [f"k{i:03d}" for i in range(100)]
-    start = (int(time.time() * 1000) // 200) * 200 - 60_000
-    s = _settings(bootstrap, tmp, "tput", dict.fromkeys(names, start))
-    ensure_topics(s)
-    now = int(time.time() * 1000)
-    kafka_io.produce_all(conf, s.topics.input, ((None, orjson.dumps(
-        {"counter": names[i % 100], "ts": now + (i % 50) * 200, "value": 1}))
-        for i in range(n)))
-    # (a) the plain Faust agent.
-    out = tmp / "baseline.json"
-    base = subprocess.Popen([sys.executable, __file__, "--baseline-agent", bootstrap,
-                             s.topics.input, str(n), str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(ROOT))
-    try:
-        b = _wait_file(out, 120)
-    finally:
-        base.terminate()
-        base.wait(30)
-    base_rate = n / max(1e-9, b["last"] - b["first"])
-    # (b) the processor.
-    worker = WorkerProcess(write_config(s, tmp / "tput.toml"), tmp / "tput.log").start()
-    try:
-        deadline = time.monotonic() + 180
-        done_at = None
-        while time.monotonic() < deadline:
-            tl = kafka_io.read_topic(conf, s.topics.timeline)
-            events = [(p, r.offset, r.timestamp_ms) for p, rs in tl.items() for r in rs
-                      if r.header(kafka_io.SOURCE_HEADER)]
-            if len(events) >= n:
-                last: dict[int, int] = {}
-                for p, off, _ts in events:
-                    last[p] = max(last.get(p, -1), off)
-                done = kafka_io.committed_offsets(conf, s.app_id, s.topics.timeline)
-                if all(done.get(p, 0) > off for p, off in last.items()):
-                    done_at = time.time() * 1000
-                    break
-            time.sleep(0.3)
-        if done_at is None:
-            raise TimeoutError("processor did not finish: " + worker.log_tail())
-        first_ms = min(ts for _p, _o, ts in events)
-        last_ingest = max(ts for _p, _o, ts in events)
-        rss = psutil.Process(worker.proc.pid).memory_info().rss if worker.proc else 0
-    finally:
-        worker.stop()
-    proc_rate = n / max(1e-9, (done_at - first_ms) / 1000)
-    ingest_rate = n / max(1e-9, (last_ingest - first_ms) / 1000)
-    lat = _latencies(s)
-    return {"n": n, "baseline": base_rate, "processor": proc_rate, "ingest": ingest_rate,
-            "lat": lat, "rss": rss}
-
-
-def phase_steady(bootstrap: str, tmp: Path, seconds: float) -> dict[str, Any]:
-    """100 counters, ~40 events/s stamped with the wall clock: steady-state latency."""
-    conf = kafka_io.plain_config(bootstrap)
-    names = [f"s{i:03d}" for i in range(100)]
-    tick = 200
+def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
+               counters: int, rate: float, seconds: float,
+               children: Children) -> dict[str, Any]:
+    """Phase 2 with `workers` worker processes (see the module docstring)."""
+    tick = 1000  # the README configuration's tick
     start = (int(time.time() * 1000) // tick) * tick
-    s = _settings(bootstrap, tmp, "steady", dict.fromkeys(names, start), tick_ms=tick,
-                  lateness_ms=400, heartbeat_ticks=10)
-    ensure_topics(s)
-    worker = WorkerProcess(write_config(s, tmp / "steady.toml"), tmp / "steady.log").start()
-    try:
-        first = kafka_io.wait_for(conf, s.topics.counts, lambda rs: len(rs) > 0,
-                                  timeout_s=120)
-        warm_ms = first[0].timestamp_ms + 2000
-        producer = kafka_io.make_producer(conf)
-        t_end = time.monotonic() + seconds
-        i = 0
-        while time.monotonic() < t_end:
-            for _ in range(4):
-                producer.produce(s.topics.input, value=orjson.dumps(
-                    {"counter": names[(i * 13) % 100], "ts": int(time.time() * 1000)}))
-                i += 1
-            producer.poll(0)
-            time.sleep(0.1)  # pacing of the load generator (~40 events/s)
-        producer.flush(30)
-    finally:
-        worker.stop()
-    lat = _latencies(s, after_ms=warm_ms)
-    return {"events": i, "lat": lat}
-
-
-def phase_many(bootstrap: str, tmp: Path, counters: int, seconds: float) -> dict[str, Any]:
-    """A worker with `counters` declared counters: memory and state size once all exist."""
-    conf = kafka_io.plain_config(bootstrap)
     names = [f"m{i:05d}" for i in range(counters)]
-    tick = 1000
-    start = (int(time.time() * 1000) // tick) * tick
-    # Starts staggered over ten ticks, so heartbeats (every 10 ticks) spread evenly: about
-    # counters / 10 of them are due at each tick instead of all at once.
-    s = _settings(bootstrap, tmp, "many",
-                  {n: start + (i % 10) * tick for i, n in enumerate(names)}, tick_ms=tick,
-                  lateness_ms=1000, heartbeat_ticks=10)
-    ensure_topics(s)
-    worker = WorkerProcess(write_config(s, tmp / "many.toml"), tmp / "many.log").start()
-    created_s = float("nan")
+    dep = isolated_deployment(bootstrap, dict.fromkeys(names, start), parent=tmp,
+                              name=f"bench-w{workers}", create_topics=False)
+    children.deployments.append(dep)
+    s = dep.settings
+    create_topics(conf, deployment_topics(dep), s.partitions)
+    view = TimelineView(conf, dep)
+    ledger = Tail(conf, dep.topics.ledger)
+    res: dict[str, Any] = {"workers": workers, "counters": counters, "rate": rate,
+                           "tick_ms": s.tick_ms, "lateness_ms": s.lateness_ms}
+    procs = [dep.worker]
+    complete = False
     try:
         t0 = time.monotonic()
-        kafka_io.produce_all(conf, s.topics.input, ((None, orjson.dumps(
-            {"counter": names[(i * 37) % counters], "ts": start + 11 * tick}))
-            for i in range(counters)))
-        ledger_n = 0
-        while time.monotonic() - t0 < seconds:
-            time.sleep(1.0)  # polling interval of a bounded progress loop
-            ledger_n = sum(len(v) for v in kafka_io.read_topic(conf, s.topics.ledger).values())
-            if ledger_n >= counters:
-                created_s = time.monotonic() - t0
+        dep.worker.start()
+
+        def created() -> bool:
+            for w in procs:
+                if not w.alive():
+                    raise RuntimeError("worker exited: " + w.log_tail())
+            ledger.catch_up()
+            return ledger.count >= counters
+        wait_until(created, 600, f"ledger entries for {counters} counters")
+        res["created_s"] = time.monotonic() - t0
+        view.attach_changelog()
+        group = s.app_id
+        first = group_assignment(conf, group, s.topics.timeline)
+        res["assign_before"] = {"worker1": sorted(p for ps in first.values() for p in ps)}
+        members = {m: "worker1" for m in first}
+        if workers == 2:
+            procs.append(dep.add_worker("worker2"))
+            procs[1].start()
+            last: list[dict[str, list[int]]] = []
+
+            def stable() -> bool:
+                for w in procs:
+                    if not w.alive():
+                        raise RuntimeError("worker exited: " + w.log_tail())
+                a = group_assignment(conf, group, s.topics.timeline)
+                last.append(a)
+                two = len(a) == 2 and all(a.values())
+                return two and len(last) >= 8 and all(x == a for x in last[-8:])
+            res["join_s"] = wait_until(stable, 300, "a stable two-worker assignment")
+            for m in last[-1]:
+                members.setdefault(m, "worker2")
+        pids = [w.proc.pid for w in procs if w.proc is not None]
+        res["assign_start"] = _named(group_assignment(conf, group, s.topics.timeline), members)
+        # Idle: what the workers burn with no input (markers, heartbeats, polling).
+        idle_s = min(10.0, seconds / 3)
+        c0 = [cpu_seconds(pid) for pid in pids]
+        time.sleep(idle_s)  # the idle measurement window itself
+        res["idle_cpu_per_s"] = [(b - a) / idle_s for a, b in
+                                 zip(c0, [cpu_seconds(pid) for pid in pids], strict=True)]
+
+        # The load: warm-up, then the measured window.
+        warmup = max(5.0, 2 * (s.tick_ms + s.lateness_ms) / 1000)
+        stats = Produced()
+        producer = kafka_io.make_producer(conf)
+        cpu0: list[float] = []
+        n0 = 0
+        w0_ms = 0
+        sent = 0
+        t_load = time.monotonic()
+        t_win = t_load + warmup
+        t_end = t_win + seconds
+        while True:
+            now = time.monotonic()
+            if not cpu0 and now >= t_win:
+                cpu0 = [cpu_seconds(pid) for pid in pids]
+                n0, w0_ms = sent, int(time.time() * 1000)
+            if now >= t_end:
                 break
-        # One full heartbeat period with every counter in place.
-        if ledger_n >= counters:
-            time.sleep(10 * tick / 1000)
-        settled_ms = int(time.time() * 1000) - 10 * tick
-        proc = psutil.Process(worker.proc.pid) if worker.proc else None
-        rss = proc.memory_info().rss if proc else 0
-        db_bytes = _dir_size(Path(s.state_dir))
+            due = int((now - t_load) * rate)
+            ts = int(time.time() * 1000)
+            while sent < due:
+                _produce(producer, dep.topics.input, _event(names[(sent * 7919) % counters], ts),
+                         stats)
+                sent += 1
+            producer.poll(0)
+            time.sleep(0.005)  # pacing of the load generator
+        cpu1 = [cpu_seconds(pid) for pid in pids]
+        w1_ms = int(time.time() * 1000)
+        n_window = sent - n0
+        res["rss"] = [rss_bytes(pid) for pid in pids]
+        res["assign_end"] = _named(group_assignment(conf, group, s.topics.timeline), members)
+        ingest = [g for g in groups_with_prefix(conf, s.app_id) if g != group]
+        res["ingest_groups"] = {g: sorted(map(len, group_assignment(conf, g, s.topics.input)
+                                              .values())) for g in ingest}
+        if producer.flush(60) or stats.errors:
+            raise RuntimeError("load generator: undelivered events")
+        res["events"] = sent
+        res["window_events"] = n_window
+        res["window_s"] = (w1_ms - w0_ms) / 1000
+        res["cpu"] = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+        res["cpu_per_event"] = sum(res["cpu"]) / max(1, n_window)
+
+        # Catch-up: every event on the timeline and accounted for by a release.
+        acc = wait_accounted(view, sent, 300, procs[0].log_tail)
+        res["caught_up"] = acc is not None
+        if acc is not None and acc.end is not None and acc.last_batch is not None:
+            res["ingest_delay_ms"] = acc.last_batch - stats.last_ts
+            res["accounted_delay_ms"] = acc.end - stats.last_ts
+            res["released"] = acc.released
+        else:
+            view.update()
+            late = view.account()
+            res["missing"] = sent - late.events
+            res["pending"] = late.pending
+        res["state"] = {f"worker{i + 1}": dir_sizes(Path(w.config_path).parent
+                                                      / _state_name(i))
+                        for i, w in enumerate(procs)}
+        res["dbs"] = {f"worker{i + 1}": partition_dbs(Path(w.config_path).parent
+                                                      / _state_name(i))
+                      for i, w in enumerate(procs)}
+        lat = view.latencies(w0_ms, w1_ms)
+        res["latency"] = _pcts([x for _t, x in lat])
+        res["latency_n"] = len(lat)
+        third = (w1_ms - w0_ms) / 3
+        res["p95_first_third"] = _pcts([x for t, x in lat if t < w0_ms + third])[1]
+        res["p95_last_third"] = _pcts([x for t, x in lat if t >= w1_ms - third])[1]
+        res["not_log_append"] = (stats.not_log_append + view.not_log_append
+                                 + (acc.not_log_append if acc is not None else 0))
+        complete = True
     finally:
-        worker.stop()
-    changelog = f"{s.app_id}-{STATE_TABLE}-changelog"
-    latest: dict[bytes | None, int] = {}
-    for r in kafka_io.iter_topic(conf, changelog):
-        latest[r.key] = len(r.value or b"")
-    lat = _latencies(s, after_ms=settled_ms) if ledger_n >= counters else []
-    return {"counters": counters, "rss": rss, "db_bytes": db_bytes, "keys": len(latest),
-            "value_bytes": sum(latest.values()), "ledger": ledger_n, "lat": lat,
-            "created_s": created_s}
+        ledger.close()
+        children.close_deployment(dep)
+        try:
+            if complete:
+                view.update()  # everything the workers wrote until they stopped
+                res["live_keys"], res["live_bytes"] = len(view.live), sum(view.live.values())
+        finally:
+            view.close()
+    return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    args_in = sys.argv[1:] if argv is None else argv
-    if args_in[:1] == ["--baseline-agent"]:
-        _baseline_agent(args_in[1], args_in[2], int(args_in[3]), args_in[4])
-        return 0
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
-    p.add_argument("--events", type=int, default=10_000)
-    p.add_argument("--counters", type=int, default=10_000)
-    p.add_argument("--seconds", type=float, default=100.0,
-                   help="deadline for creating all counters in the many-counters run")
-    args = p.parse_args(args_in)
-    kafka = None
-    if not args.bootstrap:
-        from processor.devtools.local_kafka import LocalKafka
+def _state_name(i: int) -> str:
+    # isolated_deployment's first worker uses "state"; add_worker(label) "<label>-state".
+    return "state" if i == 0 else f"worker{i + 1}-state"
 
-        kafka = LocalKafka(1).start()
-        args.bootstrap = kafka.bootstrap_servers
+
+def _named(assign: Mapping[str, list[int]], members: Mapping[str, str]) -> dict[str, list[int]]:
+    return {members.get(m, f"member-{m[-6:]}"): ps for m, ps in sorted(assign.items())}
+
+
+# ------------------------------------------------------------------------ report
+
+def _mib(b: float) -> str:
+    return f"{b / 2**20:.1f} MiB"
+
+
+def report_throughput(runs: Sequence[dict[str, Any]], n: int) -> list[str]:
+    lines = [f"Phase 1: throughput, {n:,} events, {len(runs)} repeat(s), same broker "
+             "(events/s from the first input record's append to the stage's last output)"]
+    lines.append(f"  {'repeat':<7}{'plain Faust':>12}{'processor':>12}{'confluent':>12}"
+                 f"{'ratio':>8}   processor: ingest s / total s / after last batch ms / "
+                 "produce s")
+    for i, r in enumerate(runs):
+        p = r["processor"]
+        lines.append(f"  {i + 1:<7}{r['faust']['rate']:>12,.0f}{p['rate']:>12,.0f}"
+                     f"{r['kafka']['rate']:>12,.0f}{r['ratio']:>8.3f}   {p['ingest_s']:.2f} / "
+                     f"{p['seconds']:.2f} / {p['tail_ms']} / {p['produce_s']:.2f}"
+                     f"  (order {'-'.join(r['order'])})")
+    ratios = [r["ratio"] for r in runs]
+    lines.append(f"  ratio processor / plain Faust agent: {min(ratios):.3f} - {max(ratios):.3f}"
+                 f" (median {statistics.median(ratios):.3f}; target >= 1.5)")
+    for key, label in (("faust", "plain Faust agent"), ("processor", "processor"),
+                       ("kafka", "confluent-kafka loop")):
+        rates = [r[key]["rate"] for r in runs]
+        lines.append(f"  {label}: {min(rates):,.0f} - {max(rates):,.0f} events/s")
+    dup = sum(r["processor"]["duplicates"] for r in runs)
+    lines.append(f"  processor worker RSS at the end: "
+                 f"{', '.join(_mib(r['processor']['rss']) for r in runs)}; duplicate event "
+                 f"rows on the timeline: {dup}; releases by the sealing markers: "
+                 f"{', '.join(str(r['processor']['released']) for r in runs)}")
+    return lines
+
+
+def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
+    lines = [f"{title}: {r['workers']} worker(s), {r['counters']:,} counters, "
+             f"{r['rate']:,.0f} events/s, tick {r['tick_ms']} ms, lateness "
+             f"{r['lateness_ms']} ms"]
+    lines.append(f"  counters created (ledger complete) {r['created_s']:.1f} s after the "
+                 f"first worker started" + (f"; second worker joined and the assignment was "
+                                           f"stable after {r['join_s']:.1f} s"
+                                           if "join_s" in r else ""))
+    if r["caught_up"]:
+        lines.append(f"  kept up: yes; last input record -> its timeline batch "
+                     f"{r['ingest_delay_ms']} ms, -> the commit of the marker sealing it "
+                     f"{r['accounted_delay_ms']} ms (an event stamped now waits lateness + the "
+                     f"rest of its tick, {r['lateness_ms']} - "
+                     f"{r['tick_ms'] + r['lateness_ms']} ms, for its tick to be sealed)")
+    else:
+        lines.append(f"  kept up: NO: {r['missing']:,} of {r['events']:,} events not on the "
+                     f"timeline, partitions {r['pending']} not sealed and committed, at the "
+                     "deadline (5 min after the load)")
+    p50, p95, mx = r["latency"]
+    lines.append(f"  seal->release latency over the window: p50 {p50:.0f} ms, p95 {p95:.0f} "
+                 f"ms, max {mx:.0f} ms (n={r['latency_n']:,}); p95 first third "
+                 f"{r['p95_first_third']:.0f} ms, last third {r['p95_last_third']:.0f} ms")
+    for w, d in r["state"].items():
+        total = sum(d.values())
+        lines.append(f"  {w}: RocksDB dir {_mib(total)} (SST {_mib(d['sst'])}, WAL "
+                     f"{_mib(d['wal'])}, other {_mib(d['other'])}); per-partition DBs "
+                     f"{ {p: _mib(b) for p, b in sorted(r['dbs'][w].items())} }")
+    w1 = r["state"]["worker1"]
+    live = max(1, r["live_bytes"])
+    lines.append(f"  state table live size: {r['live_keys']:,} keys, {_mib(r['live_bytes'])};"
+                 f" ratio RocksDB dir / live = {sum(w1.values()) / live:.2f} (worker1; target"
+                 f" <= 3); without the WAL {(w1['sst'] + w1['other']) / live:.2f}")
+    lines.append(f"  worker RSS: {', '.join(_mib(b) for b in r['rss'])}")
+    lines.append(f"  CPU over the window ({r['window_s']:.1f} s, {r['window_events']:,} "
+                 f"events): {', '.join(f'{c:.1f}' for c in r['cpu'])} CPU-s -> "
+                 f"{r['cpu_per_event'] * 1e3:.3f} CPU-ms per event; idle before the load: "
+                 f"{', '.join(f'{c:.2f}' for c in r['idle_cpu_per_s'])} CPU-s/s")
+    lines.append(f"  timeline partitions held: before the join {r['assign_before']}, at the "
+                 f"window start {r['assign_start']}, at its end {r['assign_end']}; ingest "
+                 f"group members' input partition counts {r['ingest_groups']}")
+    return lines
+
+
+def report_scaleout(one: Mapping[str, Any], two: Mapping[str, Any]) -> list[str]:
+    a, b = one["cpu_per_event"], two["cpu_per_event"]
+    na, nb = _net_cpu_per_event(one), _net_cpu_per_event(two)
+    return ["Phase 3: scale-out, CPU per event (user + system of the worker processes)",
+            f"  1 worker: {a * 1e3:.3f} CPU-ms/event; 2 workers: {b * 1e3:.3f} CPU-ms/event "
+            f"({', '.join(f'{c:.1f}' for c in two['cpu'])} CPU-s); ratio 2/1 = "
+            f"{b / a:.2f} (target 0.8 - 1.2)",
+            f"  less the idle burn measured before the load: {na * 1e3:.3f} vs "
+            f"{nb * 1e3:.3f} CPU-ms/event, ratio {nb / na:.2f}",
+            f"  partitions: 1 worker {one['assign_end']}; 2 workers {two['assign_end']} "
+            f"(worker1 alone before the join: {two['assign_before']['worker1']})"]
+
+
+def _net_cpu_per_event(r: Mapping[str, Any]) -> float:
+    idle = sum(r["idle_cpu_per_s"]) * r["window_s"]
+    return float(sum(r["cpu"]) - idle) / max(1, int(r["window_events"]))
+
+
+# ------------------------------------------------------------------------ main
+
+def _repo_litter() -> set[str]:
+    """Untracked and ignored paths in the checkout (to report what a run left behind)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--ignored"], cwd=ROOT,
+                         capture_output=True, text=True, check=False).stdout
+    return {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
+
+
+def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    from processor.devtools.local_kafka import LocalKafka
+
+    print("starting a local Kafka broker ...", flush=True)
+    kafka = LocalKafka(1)
     try:
-        with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp:
-            t = phase_throughput(args.bootstrap, Path(tmp), args.events)
-            st = phase_steady(args.bootstrap, Path(tmp), 15.0)
-            m = phase_many(args.bootstrap, Path(tmp), args.counters, args.seconds)
+        kafka.start()
+        yield kafka.bootstrap_servers
     finally:
-        if kafka is not None:
-            kafka.stop()
-    rows = [
-        ("events (throughput phase)", f"{t['n']}"),
-        ("plain Faust agent, events/s", f"{t['baseline']:.0f}"),
-        ("processor ingest, events/s", f"{t['ingest']:.0f}"),
-        ("processor end-to-end, events/s", f"{t['processor']:.0f}"),
-        ("ratio processor / plain agent", f"{t['processor'] / t['baseline']:.3f}"),
-        ("seal->release latency p50/p95/max ms, backlog (throughput phase)",
-         f"{_pct(t['lat'], .5):.0f} / {_pct(t['lat'], .95):.0f} / "
-         f"{max(t['lat'], default=float('nan')):.0f} (n={len(t['lat'])})"),
-        ("seal->release latency p50/p95/max ms, steady 40 ev/s, 100 counters",
-         f"{_pct(st['lat'], .5):.0f} / {_pct(st['lat'], .95):.0f} / "
-         f"{max(st['lat'], default=float('nan')):.0f} (n={len(st['lat'])})"),
-        ("worker RSS, 100 counters", f"{t['rss'] / 2**20:.0f} MiB"),
-        (f"worker RSS, {m['counters']} counters", f"{m['rss'] / 2**20:.0f} MiB"),
-        ("RocksDB dir size", f"{m['db_bytes'] / 2**20:.1f} MiB"),
-        ("state table keys / latest value bytes",
-         f"{m['keys']} / {m['value_bytes'] / 2**20:.1f} MiB"),
-        ("ledger entries (counters created)",
-         f"{m['ledger']} in {m['created_s']:.0f} s"),
-        (f"seal->release latency p50/p95/max ms ({m['counters']} counters)",
-         f"{_pct(m['lat'], .5):.0f} / {_pct(m['lat'], .95):.0f} / "
-         f"{max(m['lat'], default=float('nan')):.0f} (n={len(m['lat'])})" if m["lat"]
-         else "n/a: no release of a tick sealed after creation was published before the "
-              "stop (worker still catching up)"),
-    ]
-    w = max(len(a) for a, _ in rows)
-    for a, b in rows:
-        print(f"{a:<{w}}  {b}")
-    if st["lat"]:
-        print(f"(mean steady latency: {statistics.fmean(st['lat']):.0f} ms)")
+        kafka.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in[:2] == ["--child", "faust-agent"]:
+        _child_faust_agent(args_in[2], args_in[3], args_in[4], int(args_in[5]), args_in[6])
+        return 0
+    if args_in[:2] == ["--child", "kafka-loop"]:
+        _child_kafka_loop(args_in[2], args_in[3], args_in[4], int(args_in[5]))
+        return 0
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--phase", choices=("throughput", "many", "scaleout", "all"), default="all")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke run: 3,000 events once, 500 counters at 200 events/s for 10 s")
+    p.add_argument("--events", type=int, help="throughput phase events (default 20,000)")
+    p.add_argument("--repeat", type=int, help="throughput repeats (default 3)")
+    p.add_argument("--counters", type=int, help="counters of phases 2-3 (default 10,000)")
+    p.add_argument("--rate", type=float, help="steady load, events/s (default 1,000)")
+    p.add_argument("--seconds", type=float, help="measured window of phases 2-3 (default 60)")
+    p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
+    p.add_argument("--json", help="also write the results to this file")
+    a = p.parse_args(args_in)
+    q = a.quick
+    events = a.events or (3000 if q else 20_000)
+    repeat = a.repeat or (1 if q else 3)
+    counters = a.counters or (500 if q else 10_000)
+    rate = a.rate or (200.0 if q else 1000.0)
+    seconds = a.seconds or (10.0 if q else 60.0)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    litter0 = _repo_litter()
+    children = Children()
+    results: dict[str, Any] = {"events": events, "repeat": repeat}
+    lines: list[str] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp_s, \
+                broker(a.bootstrap) as bootstrap:
+            tmp = Path(tmp_s)
+            conf = kafka_io.plain_config(bootstrap)
+            if a.phase in ("throughput", "all"):
+                print("phase 1: throughput", flush=True)
+                runs = phase_throughput(conf, bootstrap, tmp, events, repeat, children)
+                results["throughput"] = runs
+                lines += report_throughput(runs, events)
+            one: dict[str, Any] | None = None
+            if a.phase in ("many", "scaleout", "all"):
+                print("phase 2: many counters, 1 worker", flush=True)
+                one = steady_run(conf, bootstrap, tmp, 1, counters, rate, seconds, children)
+                results["many"] = one
+                lines += report_steady(one, "Phase 2: many counters")
+            if a.phase in ("scaleout", "all") and one is not None:
+                print("phase 3: scale-out, 2 workers", flush=True)
+                two = steady_run(conf, bootstrap, tmp, 2, counters, rate, seconds, children)
+                results["scaleout"] = two
+                lines += report_steady(two, "Phase 3: the same load on 2 workers")
+                lines += report_scaleout(one, two)
+            children.close()
+    except KeyboardInterrupt:
+        print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        children.close()
+    bad = sum(int(v.get("not_log_append", 0)) for v in _walk(results))
+    lines.append(f"timestamps: {'all' if not bad else f'NOT all ({bad} records not)'} "
+                 "LogAppendTime (broker append times)")
+    left = sorted(_repo_litter() - litter0)
+    lines.append("left in the repository: " + (", ".join(left) if left else "nothing")
+                 + " (the checkout is shared: other sessions' files would show too)")
+    print("\n".join(lines), flush=True)
+    if a.json:
+        Path(a.json).write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2
+                                              | orjson.OPT_NON_STR_KEYS))
     return 0
+
+
+def _walk(obj: Any) -> Iterator[Mapping[str, Any]]:
+    if isinstance(obj, Mapping):
+        yield obj
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v)
 
 
 if __name__ == "__main__":
