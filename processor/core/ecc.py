@@ -76,7 +76,6 @@ def simecc_parameters(eps: float, delta: float) -> SimEccParams:
 # The counters
 # ---------------------------------------------------------------------------------------
 
-_VERSION = 1
 
 
 def _dlap_bound(scale_units: int, beta: float) -> float:
@@ -129,6 +128,9 @@ class _EccBase(Counter):
     """
 
     edit_private: ClassVar[bool] = True
+    #: State format version; bumped whenever the layout or the draws a state implies change
+    #: (a restored state must continue with exactly the noise it would have drawn).
+    state_version: ClassVar[int] = 1
 
     def __init__(self, eps: float, delta: float, key: NoiseKey, counter_id: str = "",
                  **params: Any) -> None:
@@ -208,7 +210,11 @@ class _EccBase(Counter):
 
     def next_due(self) -> int | None:
         """min(next checkpoint if only ⊥ follows, next scheduled release); None: never."""
-        a = self._part.next_due()
+        return self._next_due(None)
+
+    def _next_due(self, limit: int | None) -> int | None:
+        """next_due(), or None if it is after tick `limit` (when limit is not None)."""
+        a = self._part.next_due(limit)
         b = self._sched.next_after(self._t)
         if a is None:
             return b
@@ -221,7 +227,7 @@ class _EccBase(Counter):
         end = self._t + n
         changes: list[Change] = []
         while self._t < end:
-            d = self.next_due()
+            d = self._next_due(end)
             if d is None or d > end:
                 self._advance(end - self._t)
                 break
@@ -238,7 +244,7 @@ class _EccBase(Counter):
             self._t += k
 
     def to_bytes(self) -> bytes:
-        return pack(self.mechanism, _VERSION, {
+        return pack(self.mechanism, self.state_version, {
             "eps": self.eps, "delta": self.delta, "id": self.counter_id,
             "t": self._t, "y": self._y, "tp": self._tprev, "s": self._intsum,
             "sched": self._sched.to_state(), "part": self._part.to_state(),
@@ -247,7 +253,7 @@ class _EccBase(Counter):
 
     @classmethod
     def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:
-        st = unpack(data, cls.mechanism, _VERSION)
+        st = unpack(data, cls.mechanism, cls.state_version)
         try:
             eps, delta, cid = float(st["eps"]), float(st["delta"]), st["id"]
             if not isinstance(cid, str):
@@ -285,6 +291,9 @@ class ECC(_EccBase):
     """ECC (Algorithm 2): sparsity-adaptive, (eps, delta)-DP for edit neighbours."""
 
     mechanism: ClassVar[str] = "ecc"
+    #: 2: the SVT starts every ⊥ run with svt.PREFIX dense steps (field "r"); version-1
+    #: states would continue with other draws, so they are refused.
+    state_version: ClassVar[int] = 2
 
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
         p = ecc_parameters(eps, delta)

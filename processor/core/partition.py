@@ -103,9 +103,10 @@ class Part:
         self._after(True)
         return self.t
 
-    def next_due(self) -> int | None:
-        """The tick of the next checkpoint if only ⊥ follows (None: never)."""
-        k = self._svt.due(self.intsum)
+    def next_due(self, limit: int | None = None) -> int | None:
+        """The tick of the next checkpoint if only ⊥ follows (None: never). With `limit`
+        (a tick), None also when it is after `limit` (saves computing a far plan)."""
+        k = self._svt.due(self.intsum, None if limit is None else max(0, limit - self.t))
         return None if k is None else self.t + k
 
     def advance(self, k: int) -> None:
@@ -155,8 +156,8 @@ class SimPart:
         self.next = self.t + simpart_gap(self.mu, self.l, self.eps_p, self._draw())
         return True
 
-    def next_due(self) -> int:
-        """The tick of the next checkpoint."""
+    def next_due(self, limit: int | None = None) -> int:
+        """The tick of the next checkpoint (`limit` is accepted for Part's signature)."""
         return self.next
 
     def advance(self, k: int) -> None:

@@ -28,13 +28,19 @@ _MAX_BLOCK = 1 << 32
 class NoiseKey:
     """A secret noise key. Its bytes never appear in repr, str, logs or errors."""
 
-    __slots__ = ("_secret", "reproducible")
+    __slots__ = ("_derived", "_secret", "reproducible")
+
+    #: Derived keys kept per NoiseKey: restoring a counter derives one key per component,
+    #: the same labels again and again. Bounded (emptied when full); the derived keys are
+    #: as secret as the ChaCha20 keys every live counter already holds in memory.
+    _DERIVED_MAX = 1 << 16
 
     def __init__(self, secret: bytes, *, reproducible: bool = False) -> None:
         if not isinstance(secret, bytes | bytearray) or len(secret) < MIN_KEY_BYTES:
             raise NoiseKeyError(f"a noise key needs at least {MIN_KEY_BYTES} bytes of secret")
         self._secret = bytes(secret)
         self.reproducible = reproducible
+        self._derived: dict[str, bytes] = {}
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> NoiseKey:
@@ -69,8 +75,14 @@ class NoiseKey:
         return os.urandom(MIN_KEY_BYTES)
 
     def derive(self, label: str) -> bytes:
-        msg = b"dp-stream-counts/v1/" + label.encode()
-        return hmac.new(self._secret, msg, hashlib.sha256).digest()
+        out = self._derived.get(label)
+        if out is None:
+            msg = b"dp-stream-counts/v1/" + label.encode()
+            out = hmac.new(self._secret, msg, hashlib.sha256).digest()
+            if len(self._derived) >= self._DERIVED_MAX:
+                self._derived.clear()
+            self._derived[label] = out
+        return out
 
     def fingerprint(self) -> str:
         """A public, non-invertible identifier of the key (for ledgers): not the key."""

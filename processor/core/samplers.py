@@ -237,6 +237,12 @@ def laplace_scale_units(b: float) -> int:
     """
     if isinstance(b, bool) or not isinstance(b, int | float) or not math.isfinite(b) or b <= 0:
         raise InvalidParameterError(f"Laplace scale must be a finite number > 0, got {b!r}")
+    return _scale_units(b)
+
+
+@lru_cache(maxsize=1024)
+def _scale_units(b: float) -> int:
+    # cached: every restored SVT and counter asks for the same few scales
     return max(1, math.ceil(Fraction(b) * UNIT))
 
 
@@ -570,39 +576,51 @@ class LaplaceBank:
     Sample i lives in chunk c = i // chunk, computed as
     discrete_laplace_block(stream, lane=c + 1, t, s, chunk) (lane 0 is left to scalar
     cursors). A mechanism stores only the index in its state. draw(i) does not depend on
-    the order of calls (a chunk is a pure function of its lane). Only the current chunk
-    is kept (chunk * 8 bytes, so thousands of live banks stay cheap), so sequential use
-    costs one vectorised block per `chunk` draws plus well under a microsecond per draw;
-    jumping back and forth between chunks recomputes them (same values, more time).
+    the order of calls (a chunk is a pure function of its lane). The two most recently
+    used chunks are kept (chunk * 8 bytes each), so a caller that looks a few draws ahead
+    across a chunk boundary (the SVT's ⊥-run prefix) does not recompute the chunk it
+    still consumes; sequential use costs one vectorised block per `chunk` draws plus well
+    under a microsecond per draw.
     """
 
-    __slots__ = ("_base", "_cur", "_cur_c", "_vals", "chunk", "s", "stream", "t")
+    __slots__ = ("_base", "_old", "_old_c", "_vals", "chunk", "s", "stream", "t")
 
     def __init__(self, stream: KeyedStream, t: int, s: int = 1, chunk: int = 1024) -> None:
         self.stream = stream
         self.t = _check_int("t", t, 1)
         self.s = _check_int("s", s, 1)
         self.chunk = _check_int("chunk", chunk, 1)
-        self._cur: npt.NDArray[np.int64] = np.empty(0, dtype=np.int64)
-        # The same samples as a compact array.array: indexing it yields Python ints
-        # several times faster than numpy scalars, at the same 8 bytes per sample.
+        # Samples as a compact array.array: indexing it yields Python ints several times
+        # faster than numpy scalars, at 8 bytes per sample.
         self._vals: array.array[int] = array.array("q")
-        self._cur_c = -1
         # Index of the first sample of the current chunk; the initial value is so far
         # below 0 that no index passes the fast-path range check before a chunk exists.
         self._base = -(1 << 80)
+        self._old: array.array[int] = array.array("q")  # the previously current chunk
+        self._old_c = -1
 
-    def block(self, c: int) -> npt.NDArray[np.int64]:
-        """The samples of chunk c (a read-only array; cached while it is the current one)."""
-        c = _check_int("chunk index", c, 0)
-        if c != self._cur_c:
+    def _load(self, c: int) -> None:
+        """Make chunk c current (computing it unless it is the previous one)."""
+        cur_c = self._base // self.chunk if self._base >= 0 else -1
+        if c == cur_c:
+            return
+        if c == self._old_c:
+            vals = self._old
+        else:
             if c + 1 >= 1 << 96:
                 raise InvalidParameterError("LaplaceBank index out of range")
             arr = discrete_laplace_block(self.stream, c + 1, self.t, self.s, self.chunk)
-            arr.setflags(write=False)
-            self._vals = array.array("q", arr.tobytes())
-            self._cur, self._cur_c, self._base = arr, c, c * self.chunk
-        return self._cur
+            vals = array.array("q", arr.tobytes())
+        if cur_c >= 0:
+            self._old, self._old_c = self._vals, cur_c
+        self._vals, self._base = vals, c * self.chunk
+
+    def block(self, c: int) -> npt.NDArray[np.int64]:
+        """The samples of chunk c as a read-only array."""
+        c = _check_int("chunk index", c, 0)
+        self._load(c)
+        out: npt.NDArray[np.int64] = np.frombuffer(self._vals, dtype=np.int64)
+        return out
 
     def draw(self, index: int) -> int:
         """The index-th sample (index >= 0)."""
@@ -611,7 +629,7 @@ class LaplaceBank:
             return self._vals[j]
         index = _check_int("index", index, 0)
         c, j = divmod(index, self.chunk)
-        self.block(c)
+        self._load(c)
         return self._vals[j]
 
     def __repr__(self) -> str:

@@ -31,7 +31,7 @@ event of the noise of steps before s, and step s onwards uses fresh draws.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
@@ -39,7 +39,6 @@ from processor.core.samplers import (
     LaplaceBank,
     bernoulli_float,
     discrete_laplace,
-    dlap_sf,
     laplace_scale_units,
     uniform01,
 )
@@ -52,6 +51,9 @@ HORIZON = 1 << 62
 #: A bank chunk costs a few ms to fill, so an instance that halts after a few steps (most
 #: instances in Part) never pays for one; a long-lived one gets vectorised draws.
 SCALAR_DRAWS = 64
+
+#: Dense steps at the start of every run of constant input (see SVT).
+PREFIX = 8
 
 
 def svt_threshold(eps: float, tau: float, t: int) -> float:
@@ -83,19 +85,37 @@ class SVT:
 
     `label` names the instance's randomness: Z_0 and the per-step Z_t come from
     KeyedStream(key, label + "/z0" | "/z"), the skip path from label + "/skip".
+
+    Steps on a constant input (⊥ ticks, `const_step`) come in runs. The first PREFIX
+    steps of a run are dense steps (a fresh Z_t each, the next draws of the "/z"
+    sequence); from the (PREFIX+1)-th step on the run follows a presampled plan (the skip
+    lane). Short runs, the common case on a busy stream, so never pay for a plan, and the
+    rule is a pure function of the state (`run` counts the dense steps of the current run),
+    so `skip`, `advance` and one `const_step` at a time consume exactly the same draws.
     """
 
+    #: dense steps at the start of each ⊥ run (a class attribute so tests can vary it)
+    prefix: ClassVar[int] = PREFIX
+
     __slots__ = (
+        "_ahead",
+        "_b8",
         "_bank",
+        "_c",
         "_cached",
         "_cursor",
         "_has_plan",
+        "_lam",
+        "_log1pq",
+        "_scan",
         "_t1",
-        "_zcur",
+        "_zahead",
+        "_zpos",
         "draws",
         "eps",
         "halted",
         "plan",
+        "run",
         "steps",
         "tau",
         "z0",
@@ -108,17 +128,29 @@ class SVT:
         self.eps = eps
         self.tau = tau
         t0, self._t1 = svt_scales(eps)
+        # the threshold and q_s with the exact float operations of svt_threshold_units and
+        # dlap_sf, constants hoisted (same values, bit for bit)
+        self._b8 = 8.0 / eps
+        self._c = math.ceil(12.0 / eps)
+        self._lam = 1 / self._t1
+        self._log1pq = math.log1p(math.exp(-self._lam))
         zstream = KeyedStream(key, label + "/z")
         self._bank = LaplaceBank(zstream, self._t1)
-        self._zcur = WordCursor(zstream, 0, 0)
+        #: scalar draws looked at ahead of consumption (by `due`): (value, cursor after)
+        self._ahead: list[tuple[int, int]] = []
+        self._zahead = WordCursor(zstream, 0, 0)
         self._cursor = WordCursor(KeyedStream(key, label + "/skip"), 0, 0)
-        #: (steps, cursor position, v) -> (firing step or None, cursor position after)
+        #: a reader of the skip lane that keeps its ChaCha20 chunk between plans
+        self._scan = WordCursor(self._cursor.stream, 0, 0)
+        #: (start step, skip position, v) -> (firing step or None, skip position after)
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
         if state is None:
             self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label + "/z0")), t0)
             self.steps = 0
             self.draws = 0
+            self._zpos = 0
             self.halted = False
+            self.run = 0
             #: committed plan: the local step at which the constant input fires (None: never)
             self.plan: int | None = None
             self._has_plan = False
@@ -127,16 +159,23 @@ class SVT:
             self.steps = int(state["n"])
             self.draws = int(state["d"])
             self._cursor.position = int(state["p"])
-            self._zcur.position = int(state["zp"])
+            self._zpos = int(state["zp"])
+            self._zahead.position = self._zpos
             self.halted = bool(state["h"])
+            self.run = int(state["r"])
             self._has_plan = "f" in state
             self.plan = None if state.get("f") is None else int(state["f"])
+            if (min(self.steps, self.draws, self._cursor.position, self._zpos) < 0
+                    or not 0 <= self.run <= self.prefix
+                    or (self._has_plan and self.run != self.prefix)):
+                raise ValueError("SVT state out of range")
 
     def to_state(self) -> dict[str, Any]:
-        """The instance as a small dict (Z_0, step and draw counters, cursor position, plan)."""
+        """The instance as a small dict (Z_0, step and draw counters, cursor positions,
+        dense steps of the current ⊥ run, plan)."""
         d: dict[str, Any] = {"z0": self.z0, "n": self.steps, "d": self.draws,
-                             "p": self._cursor.position, "zp": self._zcur.position,
-                             "h": self.halted}
+                             "p": self._cursor.position, "zp": self._zpos,
+                             "h": self.halted, "r": self.run}
         if self._has_plan:
             d["f"] = self.plan
         return d
@@ -144,28 +183,57 @@ class SVT:
     # -- the comparison -------------------------------------------------------------------
 
     def _k(self, v: int, s: int) -> int:
-        """Step s fires iff Z_s > k_s (all integers, units)."""
-        return svt_threshold_units(self.eps, self.tau, s) + self.z0 - v
+        """Step s fires iff Z_s > k_s (all integers, units); k_s = svt_threshold_units +
+        Z_0 - v, computed with the same float operations."""
+        return math.floor((self.tau + self._b8 * math.log(s + self._c)) * UNIT) + self.z0 - v
 
     def fire_probability(self, v: int, s: int) -> float:
-        """q_s: the probability that local step s fires on input v, given Z_0 (float)."""
-        return float(dlap_sf(self._k(v, s), self._t1))
+        """q_s: the probability that local step s fires on input v, given Z_0 (float;
+        the same operations as dlap_sf)."""
+        k = self._k(v, s)
+        if k >= 0:
+            return math.exp(-(k + 1) * self._lam - self._log1pq)
+        return -math.expm1(k * self._lam - self._log1pq)
+
+    # -- the per-step draws Z_t -------------------------------------------------------------
+
+    def _peek(self, i: int) -> int:
+        """Draw number i >= draws without consuming it (scalar draws are remembered)."""
+        if i >= SCALAR_DRAWS:
+            return self._bank.draw(i - SCALAR_DRAWS)
+        j = i - self.draws
+        ahead = self._ahead
+        while len(ahead) <= j:
+            z = discrete_laplace(self._zahead, self._t1)
+            ahead.append((z, self._zahead.position))
+        return ahead[j][0]
+
+    def _take(self) -> int:
+        """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
+        bank."""
+        i = self.draws
+        self.draws = i + 1
+        if i >= SCALAR_DRAWS:
+            return self._bank.draw(i - SCALAR_DRAWS)
+        if self._ahead:
+            z, self._zpos = self._ahead.pop(0)
+            return z
+        z = discrete_laplace(self._zahead, self._t1)
+        self._zpos = self._zahead.position
+        return z
 
     # -- dense path -----------------------------------------------------------------------
 
     def feed(self, v: int) -> bool:
-        """One step with input v (units); True (⊤) halts the instance. Drops any plan."""
+        """One step with input v (units); True (⊤) halts the instance. Drops any plan and
+        ends the current ⊥ run."""
         if self.halted:
             raise RuntimeError("SVT has halted")
         self._has_plan = False
         self.plan = None
+        self.run = 0
         self.steps += 1
-        if self.draws < SCALAR_DRAWS:
-            z = discrete_laplace(self._zcur, self._t1)
-        else:
-            z = self._bank.draw(self.draws - SCALAR_DRAWS)
-        self.draws += 1
-        fired = z > self._k(v, self.steps)
+        fired = self._take() > self._k(v, self.steps)
         self.halted = fired
         return fired
 
@@ -174,7 +242,8 @@ class SVT:
     def _sample(self, v: int, start: int, end: int, pos: int) -> tuple[int | None, int]:
         """First firing step in [start, end) on constant input v, reading the skip lane
         from word `pos`; returns (step or None, position after). Pure in the state."""
-        cur = WordCursor(self._cursor.stream, 0, pos)
+        cur = self._scan
+        cur.position = pos
         s = start
         while s < end:
             exp1 = -math.log1p(-uniform01(cur))
@@ -226,11 +295,13 @@ class SVT:
     def first_fire(self, v: int, n: int) -> int | None:
         """Advance up to n steps on the constant input v; return the offset k in 1..n of
         the step at which SVT fires (and halts), or None if it does not fire (n steps
-        advanced). Exact law of n dense feeds; cost does not grow with n."""
+        advanced). Exact law of n dense feeds; cost does not grow with n. Reads the skip
+        lane only (no dense prefix); afterwards a ⊥ run starts afresh."""
         if self.halted:
             raise RuntimeError("SVT has halted")
         self._has_plan = False
         self.plan = None
+        self.run = 0
         step, pos = self._sample(v, self.steps + 1, self.steps + 1 + n, self._cursor.position)
         self._cursor.position = pos
         if step is None:
@@ -242,22 +313,34 @@ class SVT:
         return k
 
     def _planned(self, v: int) -> int | None:
-        """The plan for constant input v from the current step (computed once, cached)."""
+        """The plan for constant input v after the dense prefix of the current run
+        (computed once, cached; a pure function of the state)."""
         if self._has_plan:
             return self.plan
-        key = (self.steps, self._cursor.position, v)
+        key = (self.steps + 1 + self.prefix - self.run, self._cursor.position, v)
         if self._cached is None or self._cached[0] != key:
-            self._cached = (key, self._sample(v, self.steps + 1, HORIZON,
-                                              self._cursor.position))
+            self._cached = (key, self._sample(v, key[0], HORIZON, key[1]))
         return self._cached[1][0]
 
-    def due(self, v: int) -> int | None:
-        """Steps until the instance fires if the input stays v (None: never). Does not
-        change the state: the plan is a pure function of it."""
+    def due(self, v: int, within: int | None = None) -> int | None:
+        """Steps until the instance fires if the input stays v (None: never). With
+        `within`, None also means "not within that many steps", and a far plan is not
+        computed when the dense prefix covers them. Does not change the state: the
+        answer is a pure function of it."""
         if self.halted:
             raise RuntimeError("SVT has halted")
+        m = self.prefix - self.run
+        for i in range(m):
+            if within is not None and i >= within:
+                return None
+            if self._peek(self.draws + i) > self._k(v, self.steps + i + 1):
+                return i + 1
+        if within is not None and m >= within:
+            return None
         f = self._planned(v)
-        return None if f is None else f - self.steps
+        if f is None or (within is not None and f - self.steps > within):
+            return None
+        return f - self.steps
 
     def _commit(self, v: int) -> None:
         if not self._has_plan:
@@ -268,20 +351,33 @@ class SVT:
             self._has_plan = True
 
     def const_step(self, v: int) -> bool:
-        """One step whose input equals the previous one (or the first step): follows the
-        presampled plan, drawing no per-step noise."""
+        """One step whose input equals the previous one (or the first step): a dense step
+        within the run's prefix, else follows the presampled plan (no per-step noise)."""
         if self.halted:
             raise RuntimeError("SVT has halted")
-        self._commit(v)
-        self.steps += 1
-        fired = self.plan == self.steps
+        if self.run < self.prefix:
+            self.run += 1
+            self.steps += 1
+            fired = self._take() > self._k(v, self.steps)
+        else:
+            self._commit(v)
+            self.steps += 1
+            fired = self.plan == self.steps
         self.halted = fired
         return fired
 
     def advance(self, v: int, k: int) -> None:
-        """k steps on constant input v that the plan says do not fire (k < due(v))."""
-        f = self._planned(v)
-        if f is not None and self.steps + k >= f:
+        """k steps on constant input v that do not fire (due(v) > k), consuming what k
+        const_step calls would."""
+        if k <= 0:
+            return
+        if self.due(v, k) is not None:
             raise ValueError("advance would cross the planned firing step")
-        self._commit(v)
-        self.steps += k
+        j = min(k, self.prefix - self.run)
+        for _ in range(j):
+            self._take()
+        self.run += j
+        self.steps += j
+        if k > j:
+            self._commit(v)
+            self.steps += k - j

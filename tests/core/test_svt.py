@@ -17,7 +17,7 @@ from scipy import stats
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.core.svt import SVT, svt_scales, svt_threshold, svt_threshold_units
+from processor.core.svt import PREFIX, SVT, svt_scales, svt_threshold, svt_threshold_units
 
 ALPHA = 1e-3
 EPS = 8.0
@@ -169,12 +169,27 @@ def test_first_fire_matches_exact_law_and_dense(dense_const: npt.NDArray[np.int6
     assert stats.chi2_contingency(np.vstack([dense_const, wrong])).pvalue < ALPHA
 
 
-def test_plan_matches_exact_law() -> None:
-    """The presampled plan (const_step) has the law of dense feeds; control as above."""
+def svt_class(prefix: int) -> type[SVT]:
+    """SVT with another number of dense steps at the start of a ⊥ run."""
+    if prefix == SVT.prefix:
+        return SVT
+
+    class Variant(SVT):
+        __slots__ = ()
+
+    Variant.prefix = prefix
+    return Variant
+
+
+@pytest.mark.parametrize("prefix", [PREFIX, 3, 0])
+def test_plan_matches_exact_law(prefix: int) -> None:
+    """const_step (dense prefix, then the presampled plan) has the law of dense feeds;
+    control as above. prefix 0 puts every step on the plan, 3 splits the range."""
     key = NoiseKey.from_seed(14)
+    cls = svt_class(prefix)
     times: list[int | None] = []
     for i in range(N_RUNS):
-        svt = SVT(EPS, TAU, key, f"svt/{i}")
+        svt = cls(EPS, TAU, key, f"svt/{i}")
         d = svt.due(V)
         f = None
         for s in range(1, K + 1):
@@ -212,3 +227,34 @@ def test_due_is_pure_and_restore_continues_identically() -> None:
     ra = [a.const_step(UNIT) for _ in range(5)] + [a.feed(3 * UNIT)]
     rb = [b.const_step(UNIT) for _ in range(5)] + [b.feed(3 * UNIT)]
     assert ra == rb and a.to_state() == b.to_state()
+
+
+def test_prefix_steps_skip_and_restore_agree() -> None:
+    """Inside and across the dense prefix of a ⊥ run, due() is pure, advance(k) equals k
+    const_steps draw for draw, and a restore at any step continues identically."""
+    key = NoiseKey.from_seed(17)
+    v = int(TAU * UNIT) - 2 * UNIT  # below the threshold: fires rarely
+    for k in range(PREFIX + 3):
+        a = SVT(EPS, TAU, key, "p")
+        b = SVT(EPS, TAU, key, "p")
+        a.feed(v)
+        b.feed(v)
+        d = a.due(v)
+        assert a.due(v, k) == (d if d is not None and d <= k else None)
+        if d is not None and d <= k:
+            continue
+        for _ in range(k):
+            assert not a.const_step(v)
+        b.advance(v, k)
+        assert a.to_state() == b.to_state()
+        c = SVT(EPS, TAU, key, "p", dict(b.to_state()))
+        assert [a.const_step(v) for _ in range(5)] == [c.const_step(v) for _ in range(5)]
+        assert a.to_state() == c.to_state()
+
+
+@pytest.mark.parametrize("bad", [{"r": -1}, {"r": PREFIX + 1}, {"r": 0, "f": None}])
+def test_svt_state_out_of_range_is_refused(bad: dict[str, object]) -> None:
+    st = SVT(EPS, TAU, NoiseKey.from_seed(18), "s").to_state()
+    st.update(bad)
+    with pytest.raises(ValueError):
+        SVT(EPS, TAU, NoiseKey.from_seed(18), "s", st)
