@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from processor.experiments import attack
+from processor.experiments import attack, exact
 from processor.experiments.simulate import (
     MECHANISMS,
     cc_parts,
@@ -483,7 +483,9 @@ def table1(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)) -> li
     return out
 
 
-def format_table1(entries: Sequence[TableEntry]) -> str:
+def format_table1(entries: Sequence[TableEntry],
+                  marked: Collection[tuple[str, float]] = ()) -> str:
+    """The table; entries whose (mechanism, bound) is in `marked` get a trailing *."""
     bounds = list(dict.fromkeys(e.bound for e in entries))
     head = "| Mechanism | " + " | ".join(f"RMSE @ Adv <= {b:g} (eps)" for b in bounds) + " |"
     lines = [head, "|" + "---|" * (len(bounds) + 1)]
@@ -491,10 +493,139 @@ def format_table1(entries: Sequence[TableEntry]) -> str:
         cells = []
         for b in bounds:
             e = next(e for e in entries if e.mechanism == m and e.bound == b)
-            cells.append("none in sweep" if e.rmse is None else
-                         f"{e.rmse:.2f} ± {e.rmse_se:.2f} (eps {e.epsilon:.3g})")
+            cell = ("none in sweep" if e.rmse is None else
+                    f"{e.rmse:.2f} ± {e.rmse_se:.2f} (eps {e.epsilon:.3g})")
+            cells.append(cell + (" *" if (m, b) in marked else ""))
         lines.append(f"| {LABELS.get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- Table 1: boundaries
+
+#: mechanisms whose attack advantage is computed exactly (exact.gaussian_advantage)
+EXACT_MECHANISMS = ("gaussiancc",)
+#: a pass probability inside this range means a repeat of the experiment could read the
+#: table differently at that point
+BOUNDARY_RANGE = (0.05, 0.95)
+
+
+def exact_advantage(point: Point) -> float | None:
+    """The exact attack advantage at this point, where it is computable, else None."""
+    if point.mechanism not in EXACT_MECHANISMS:
+        return None
+    rates = attack.block_rates(point.horizon, point.rate_low, point.rate_high, point.width)
+    sig = gaussiancc_sigma_vector(point.epsilon, point.delta, point.horizon)
+    return exact.gaussian_advantage(rates, sig)
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """How firmly one Table 1 entry is read off.
+
+    `chosen` is the point the entry comes from, `runner_up` the point with the next lower
+    RMSE (which failed the bound; with no entry, the point of largest RMSE). Each pass
+    range is the probability that a repeat of the same experiment (same runs) puts that
+    point's Clopper-Pearson upper limit at or below the bound: at the exact advantage
+    where it is known (a single value), else from the two ends of the point's 95% interval
+    (a plug-in range, not a probability statement about the mechanism).
+    """
+
+    mechanism: str
+    bound: float
+    chosen: Point | None
+    chosen_pass: tuple[float, float] | None
+    runner_up: Point | None
+    runner_up_pass: tuple[float, float] | None
+    exact: bool
+
+    @property
+    def at_boundary(self) -> bool:
+        lo, hi = BOUNDARY_RANGE
+        ranges = [r for r in (self.chosen_pass, self.runner_up_pass) if r is not None]
+        return any(r[0] < hi and r[1] > lo for r in ranges)
+
+
+def _pass_range(point: Point, bound: float, exact_adv: float | None) -> tuple[float, float]:
+    if exact_adv is not None:
+        v = exact.pass_probability(exact_adv, point.runs, bound)
+        return v, v
+    lo = exact.pass_probability(min(max(point.advantage_high, -1.0), 1.0), point.runs, bound)
+    hi = exact.pass_probability(min(max(point.advantage_low, -1.0), 1.0), point.runs, bound)
+    return lo, hi
+
+
+def boundaries(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)
+               ) -> list[Boundary]:
+    """A Boundary for every Table 1 entry (same read-off rule as table1)."""
+    exact_cache: dict[int, float | None] = {}
+
+    def ex(p: Point) -> float | None:
+        if id(p) not in exact_cache:
+            exact_cache[id(p)] = exact_advantage(p)
+        return exact_cache[id(p)]
+
+    out: list[Boundary] = []
+    for m in dict.fromkeys(p.mechanism for p in points):
+        mine = [p for p in points if p.mechanism == m]
+        for bound in bounds:
+            ok = [p for p in mine if p.advantage_high <= bound]
+            chosen = min(ok, key=lambda p: p.rmse) if ok else None
+            lower = [p for p in mine if chosen is None or p.rmse < chosen.rmse]
+            runner = (max(lower, key=lambda p: p.rmse) if lower else None)
+            is_exact = m in EXACT_MECHANISMS
+            out.append(Boundary(
+                m, bound, chosen,
+                _pass_range(chosen, bound, ex(chosen)) if chosen else None,
+                runner, _pass_range(runner, bound, ex(runner)) if runner else None,
+                is_exact))
+    return out
+
+
+def _fmt_range(r: tuple[float, float] | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r[0]:.2f}" if r[0] == r[1] else f"{r[0]:.2f}-{r[1]:.2f}"
+
+
+def format_boundaries(items: Sequence[Boundary]) -> str:
+    lines = ["| Mechanism | Bound | Entry from eps | P[repeat passes] | Next point eps "
+             "| P[repeat passes] | At a boundary |", "|---|---|---|---|---|---|---|"]
+    for b in items:
+        how = "exact" if b.exact else "over the 95% CI"
+        lines.append(
+            f"| {LABELS.get(b.mechanism, b.mechanism)} | {b.bound:g} "
+            f"| {f'{b.chosen.epsilon:.3g}' if b.chosen else 'none'} | {_fmt_range(b.chosen_pass)} "
+            f"| {f'{b.runner_up.epsilon:.3g}' if b.runner_up else '-'} "
+            f"| {_fmt_range(b.runner_up_pass)} "
+            f"| {'yes' if b.at_boundary else 'no'} ({how}) |")
+    return "\n".join(lines)
+
+
+def format_exact(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)) -> str:
+    """The Clopper-Pearson reading beside the exact advantage, for every point where the
+    exact advantage is computable, with the chance a repeat passes each bound."""
+    head = ("| Mechanism | eps | RMSE | Advantage, 95% CP (runs) | Exact advantage | "
+            + " | ".join(f"P[CP upper <= {b:g}]" for b in bounds) + " |")
+    lines = [head, "|" + "---|" * (5 + len(bounds))]
+    for p in points:
+        ex = exact_advantage(p)
+        if ex is None:
+            continue
+        probs = " | ".join(f"{exact.pass_probability(ex, p.runs, b):.3f}" for b in bounds)
+        lines.append(f"| {LABELS.get(p.mechanism, p.mechanism)} | {p.epsilon:.3g} "
+                     f"| {p.rmse:.2f} | {p.advantage:.4f} [{p.advantage_low:.4f}, "
+                     f"{p.advantage_high:.4f}] ({p.runs}) | {ex:.4f} | {probs} |")
+    return "\n".join(lines)
+
+
+def table1_report(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)) -> str:
+    """Table 1 (entries at a boundary marked), the exact advantages and the boundary table:
+    what `table1` prints and writes to table1.md."""
+    items = boundaries(points, bounds)
+    marked = {(b.mechanism, b.bound) for b in items if b.at_boundary}
+    return (format_table1(table1(points, bounds), marked)
+            + "\n\n(*: at a boundary, see below.)\n\n"
+            + format_exact(points, bounds) + "\n\n" + format_boundaries(items))
 
 
 def known_mechanisms(names: Iterable[str]) -> list[str]:
