@@ -1,80 +1,132 @@
-"""Throughput of Operator.apply with an in-memory DictStore (no Kafka).
+"""Throughput of the pure operator (no Kafka): `BatchCommit.commit` on a DictStore with a
+publisher that only collects, i.e. the worker's per-batch work without the broker.
 
-Three workloads, each a timeline of events and "sealed through" markers (one marker per
-tick, as the leader's timer writes them):
+Workloads, each a timeline of event-batch records and "sealed through" markers (one
+marker per tick, as the leader's timer writes them), committed one tick per batch (the
+tick's event record, then its marker):
 
-- dense:   a few counters, several events per counter per tick;
-- sparse:  10,000 declared counters, a few events per tick spread over them;
-- idle:    10,000 declared counters, markers only (after the first marker created them);
+- dense:     10 counters, 5 events per counter per tick (50 events per record);
+- sparse:    10,000 declared counters, 20 events per tick spread over them;
+- idle:      10,000 declared counters, markers only (after the first marker created them);
 - heartbeat: the same, but every counter's heartbeat falls on the last marker (all due).
 
 Heartbeats are switched off (heartbeat_ticks = 10^6) except in the last workload, so the
-first three measure events and markers alone.
-
-Prints records/s per workload and mechanism. Usage:
+others measure events and markers alone. Prints events/s (input events applied, the
+figure of issue 7 item 2), records/s (timeline records) and per-marker work.
 
     .venv/bin/python bench/bench_operator.py [--mechanism ecc simecc] [--ticks 200]
-        [--counters 10000] [--cache-size 4096]
+        [--counters 10000] [--repeats 3] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import cProfile
+import pstats
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
+from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import DictStore, Operator
-from processor.stream.records import encode_event, encode_marker
+from processor.stream.operator import DEFAULT_CACHE_SIZE, Operator
+from processor.stream.records import Event, encode_batch, encode_marker
+from processor.stream.state import DictStore
 
 TICK = 1000
+Batch = list[tuple[int, bytes]]
 
 
-def dense(ticks: int, counters: int, per_tick: int, rng: random.Random) -> Iterator[bytes]:
+@dataclass
+class Workload:
+    name: str
+    settings: Settings
+    warm: list[Batch]  # untimed (the first marker creates every counter)
+    timed: list[Batch]
+    events: int  # input events in `timed`
+
+
+def _batches(ticks: range, per_tick: Sequence[Sequence[Event]] | None,
+             offset: int) -> tuple[list[Batch], int]:
+    out: list[Batch] = []
+    for i, n in enumerate(ticks):
+        batch: Batch = []
+        if per_tick is not None and per_tick[i]:
+            batch.append((offset, encode_batch(per_tick[i])))
+            offset += 1
+        batch.append((offset, encode_marker(n)))
+        offset += 1
+        out.append(batch)
+    return out, offset
+
+
+def dense(s: Settings, ticks: int, counters: int, per_counter: int,
+          rng: random.Random) -> Workload:
+    src = 0
+    per_tick: list[list[Event]] = []
     for n in range(1, ticks + 1):
+        evs = []
         for c in range(counters):
-            for _ in range(per_tick):
-                yield encode_event(f"k{c:05d}", n * TICK + rng.randrange(TICK), UNIT)
-        yield encode_marker(n)
+            for _ in range(per_counter):
+                evs.append(Event(f"k{c:05d}", n * TICK + rng.randrange(TICK), UNIT, 0, src))
+                src += 1
+        per_tick.append(evs)
+    warm, off = _batches(range(0, 1), None, 0)
+    timed, _ = _batches(range(1, ticks + 1), per_tick, off)
+    return Workload(f"dense ({counters} ctrs x {per_counter} ev/tick)", s, warm, timed, src)
 
 
-def sparse(ticks: int, counters: int, per_tick: int, rng: random.Random) -> Iterator[bytes]:
+def sparse(s: Settings, ticks: int, counters: int, per_tick_n: int,
+           rng: random.Random) -> Workload:
+    src = 0
+    per_tick: list[list[Event]] = []
     for n in range(1, ticks + 1):
-        for _ in range(per_tick):
+        evs = []
+        for _ in range(per_tick_n):
             c = rng.randrange(counters)
-            yield encode_event(f"k{c:05d}", n * TICK + rng.randrange(TICK), UNIT)
-        yield encode_marker(n)
+            evs.append(Event(f"k{c:05d}", n * TICK + rng.randrange(TICK), UNIT, 0, src))
+            src += 1
+        per_tick.append(evs)
+    warm, off = _batches(range(0, 1), None, 0)
+    timed, _ = _batches(range(1, ticks + 1), per_tick, off)
+    return Workload(f"sparse ({counters} ctrs, {per_tick_n} ev/tick)", s, warm, timed, src)
 
 
-def idle(ticks: int) -> Iterator[bytes]:
-    for n in range(1, ticks + 1):
-        yield encode_marker(n)
+def idle(s: Settings, ticks: int, counters: int) -> Workload:
+    warm, off = _batches(range(0, 1), None, 0)
+    timed, _ = _batches(range(1, ticks + 1), None, off)
+    return Workload(f"idle markers ({counters} ctrs)", s, warm, timed, 0)
 
 
-def run(settings: Settings, records: list[bytes], warm: list[bytes],
-        cache_size: int = 4096) -> tuple[float, int, float]:
-    """Apply `warm` (untimed: the first marker creates every counter), then `records`
-    (timed). Returns (records/s, releases, counters touched per marker)."""
-    op = Operator(settings, NoiseKey.from_seed(1), cache_size=cache_size)
-    store = DictStore()
-    off = 0
-    for r in warm:
-        op.apply(store, 0, off, r)
-        off += 1
+def heartbeat(s: Settings, ticks: int, counters: int) -> Workload:
+    warm, off = _batches(range(0, ticks), None, 0)
+    timed, _ = _batches(range(ticks, ticks + 1), None, off)
+    return Workload(f"heartbeat marker ({counters} due)", s, warm, timed, 0)
+
+
+async def _run(w: Workload, cache_size: int, profile: cProfile.Profile | None
+               ) -> tuple[float, int, int, int]:
+    bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
+                     DictStore(), CollectingPublisher())
+    for b in w.warm:
+        await bc.commit(0, b)
     releases = touched = markers = 0
+    if profile is not None:
+        profile.enable()
     t0 = time.perf_counter()
-    for r in records:
-        out = op.apply(store, 0, off, r)
-        off += 1
+    for b in w.timed:
+        out = await bc.commit(0, b)
         releases += len(out.releases)
-        if out.metrics["markers_applied"]:
-            markers += 1
-            touched += out.metrics["counters_touched"]
+        touched += out.metrics["counters_touched"]
+        markers += out.metrics["markers_applied"]
     dt = time.perf_counter() - t0
-    return len(records) / dt, releases, touched / max(markers, 1)
+    if profile is not None:
+        profile.disable()
+    return dt, releases, touched, markers
 
 
 def main() -> None:
@@ -82,33 +134,41 @@ def main() -> None:
     ap.add_argument("--mechanism", nargs="+", default=["ecc", "simecc"])
     ap.add_argument("--ticks", type=int, default=200)
     ap.add_argument("--counters", type=int, default=10_000)
-    ap.add_argument("--cache-size", type=int, default=4096,
-                    help="Operator's decoded-state LRU size (its default: 4096)")
+    ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    ap.add_argument("--cache-size", type=int, default=DEFAULT_CACHE_SIZE,
+                    help=f"decoded-state LRU size (default {DEFAULT_CACHE_SIZE})")
+    ap.add_argument("--only", help="run only workloads whose name contains this")
+    ap.add_argument("--profile", action="store_true",
+                    help="print a cProfile of the timed part (one run per workload)")
     args = ap.parse_args()
-    rng = random.Random(0)
-    print(f"{'workload':<34} {'mechanism':<8} {'records':>8} {'records/s':>11} "
-          f"{'ms/record':>10} {'releases':>9} {'touched/marker':>15}")
+    print(f"{'workload':<34} {'mech':<7} {'events':>7} {'events/s':>10} {'records/s':>10} "
+          f"{'releases':>9} {'touched/marker':>15}")
     for mech in args.mechanism:
+        rng = random.Random(0)
         few = {f"k{c:05d}": 0 for c in range(10)}
         many = {f"k{c:05d}": 0 for c in range(args.counters)}
         base = with_overrides(Settings(), counters=few, partitions=1, mechanism=mech,
                               epsilon=1.0, delta=1e-6, heartbeat_ticks=10**6)
         big = with_overrides(base, counters=many)
-        beat = with_overrides(big, heartbeat_ticks=args.ticks + 1)
-        cases = [
-            ("dense (10 counters x 5 ev/tick)", base,
-             list(dense(args.ticks, 10, 5, rng)), [encode_marker(0)]),
-            (f"sparse ({args.counters} ctrs, 20 ev/tick)", big,
-             list(sparse(args.ticks, args.counters, 20, rng)), [encode_marker(0)]),
-            (f"idle markers ({args.counters} ctrs)", big,
-             list(idle(args.ticks)), [encode_marker(0)]),
-            (f"heartbeat marker ({args.counters} due)", beat,
-             list(idle(args.ticks))[-1:], [encode_marker(0), *list(idle(args.ticks))[:-1]]),
-        ]
-        for name, s, recs, warm in cases:
-            rate, rel, touched = run(s, recs, warm, args.cache_size)
-            print(f"{name:<34} {mech:<8} {len(recs):>8} {rate:>11,.0f} {1e3 / rate:>10.3f} "
-                  f"{rel:>9} {touched:>15.1f}")
+        beat = with_overrides(big, heartbeat_ticks=args.ticks + 1, heartbeat_spread=False)
+        workloads = [dense(base, args.ticks, 10, 5, rng),
+                     sparse(big, args.ticks, args.counters, 20, rng),
+                     idle(big, args.ticks, args.counters),
+                     heartbeat(beat, args.ticks, args.counters)]
+        for w in workloads:
+            if args.only and args.only not in w.name:
+                continue
+            prof = cProfile.Profile() if args.profile else None
+            runs = [asyncio.run(_run(w, args.cache_size, prof))
+                    for _ in range(1 if args.profile else args.repeats)]
+            dt, releases, touched, markers = min(runs)
+            records = sum(len(b) for b in w.timed)
+            ev_rate = f"{w.events / dt:,.0f}" if w.events else "-"
+            print(f"{w.name:<34} {mech:<7} {w.events:>7} {ev_rate:>10} "
+                  f"{records / dt:>10,.0f} {releases:>9} {touched / max(markers, 1):>15.1f}",
+                  flush=True)
+            if prof is not None:
+                pstats.Stats(prof).sort_stats("tottime").print_stats(18)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -151,6 +152,7 @@ class Operator:
         self._cache: OrderedDict[str, CounterState] = OrderedDict()
         self._cache_size = cache_size
         self._partitions: dict[int, PartitionState] = {}
+        self._directories: dict[int, DueDirectory] = {}
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
         # Counter contract: public quantities), so a sweep over many counters at one tick
         # computes it once.
@@ -190,6 +192,7 @@ class Operator:
         """Drop every decoded state (after a failed batch, or to measure cold starts)."""
         self._cache.clear()
         self._partitions.clear()
+        self._directories.clear()
 
     # -- loading and staging
 
@@ -287,7 +290,14 @@ class Operator:
             assert isinstance(staged, DueDirectory)
             return staged
         raw = buf.get(key)
-        directory = DueDirectory() if raw is None else DueDirectory.from_bytes(raw)
+        directory = self._directories.get(partition)
+        if raw is None:
+            directory = DueDirectory()
+        elif directory is None or directory.saved is None or not (
+                directory.saved is raw or directory.saved == raw):
+            directory = DueDirectory.from_bytes(raw)
+        self._directories[partition] = directory
+        directory.saved = None
         buf.stage(key, directory)  # staged at once: small, and usually changed
         return directory
 
@@ -320,10 +330,19 @@ class Operator:
         elif cs.pending:
             due = min(due, min(cs.pending))
         if due > cs.frontier + 1:
-            nd = cs.mechanism.next_due()
+            nd = self._next_due(cs)
             if nd is not None:
                 due = min(due, start + nd - 1)
         return due
+
+    @staticmethod
+    def _next_due(cs: CounterState) -> int | None:
+        """cs.mechanism.next_due(), remembered until the mechanism takes an input (a skip
+        short of next_due changes nothing but t: the Counter contract)."""
+        if not cs.next_due_known:
+            cs.next_due = cs.mechanism.next_due()
+            cs.next_due_known = True
+        return cs.next_due
 
     # -- records
 
@@ -438,8 +457,11 @@ class Operator:
             # until then a crash re-executes this marker and finds them here again.
             buf.delete(key)
         if gone:
+            # Only ticks <= n can be gone: rebuild that (short) prefix, not the directory.
             dropped = set(gone)
-            directory.ticks = [t for t in directory.ticks if t not in dropped]
+            ticks = directory.ticks
+            end = bisect_right(ticks, n)
+            ticks[:end] = [t for t in ticks[:end] if t not in dropped]
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
             cs = self._counter(buf, name)
@@ -498,6 +520,7 @@ class Operator:
                     for u in arrivals:
                         cs.push(u)
             if cs.queue:
+                cs.next_due_known = False
                 c.update(cs.pop() / UNIT)  # units / 2^16 is exact; the core re-quantises
                 out.metrics["events_dequeued"] += 1
                 cs.frontier = g
@@ -506,19 +529,22 @@ class Operator:
             stop = min(n + 1, cs.start_tick + cs.next_heartbeat - 1)
             if pending:
                 stop = min(stop, min(pending))
-            nd = c.next_due()
+            nd = self._next_due(cs)
             if nd is not None:
                 stop = min(stop, cs.start_tick + nd - 1)
             if stop > g:
                 k = stop - g
                 changes = c.skip(k)
                 cs.frontier += k
+                if changes:
+                    cs.next_due_known = False
                 # By the next_due() contract a skip short of it changes nothing; if a
                 # mechanism reports changes anyway, publish them rather than hide them.
                 for t, y in changes:
                     self._release(name, cs, t, y, "change", out)
                 cs.last_published = c.y
                 continue
+            cs.next_due_known = False
             c.update(None)
             cs.frontier = g
             self._emit(name, cs, out)

@@ -23,6 +23,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Final, Protocol
 
 import orjson
@@ -189,11 +190,14 @@ class CounterState:
     as [units, run]; `next_heartbeat` is a local tick; `announced` says whether its ledger
     entry went out (at a marker, never at an event); `filed_due` is the earliest tick of
     the due wheel it is filed under (None: not filed); `saved` (not encoded) is the bytes
-    this object equals in the store, None once changed and not yet encoded.
+    this object equals in the store, None once changed and not yet encoded;
+    `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for the
+    operator until the mechanism takes an input.
     """
 
     __slots__ = ("announced", "filed_due", "frontier", "last_offset", "last_published",
-                 "mechanism", "next_heartbeat", "pending", "queue", "saved", "start_tick")
+                 "mechanism", "next_due", "next_due_known", "next_heartbeat", "pending",
+                 "queue", "saved", "start_tick")
 
     def __init__(self, mechanism: Counter, start_tick: int, next_heartbeat: int) -> None:
         self.mechanism = mechanism
@@ -207,6 +211,8 @@ class CounterState:
         self.announced = False
         self.filed_due: int | None = None
         self.saved: bytes | None = None
+        self.next_due: int | None = None
+        self.next_due_known = False
 
     def to_bytes(self) -> bytes:
         mech = self.mechanism.to_bytes()
@@ -328,12 +334,14 @@ class DueBucket:
 
 
 class DueDirectory:
-    """The value `w/<partition>`: sorted ticks that may have a non-empty bucket."""
+    """The value `w/<partition>`: sorted ticks that may have a non-empty bucket; `saved`
+    as in CounterState (the operator caches the decoded directory)."""
 
-    __slots__ = ("ticks",)
+    __slots__ = ("saved", "ticks")
 
     def __init__(self, ticks: list[int] | None = None) -> None:
         self.ticks: list[int] = ticks if ticks is not None else []
+        self.saved: bytes | None = None
 
     def add(self, tick: int) -> bool:
         """File `tick`; False if it was there already."""
@@ -355,7 +363,9 @@ class DueDirectory:
             yield t
 
     def to_bytes(self) -> bytes:
-        return _DIRECTORY_MAGIC + orjson.dumps(self.ticks)
+        raw = _DIRECTORY_MAGIC + orjson.dumps(self.ticks)
+        self.saved = raw
+        return raw
 
     @classmethod
     def from_bytes(cls, data: bytes) -> DueDirectory:
@@ -363,10 +373,14 @@ class DueDirectory:
         if data[:4] != _DIRECTORY_MAGIC:
             raise StateFormatError("not an operator due directory (magic/version)")
         try:
-            ticks = [int(t) for t in orjson.loads(data[4:])]
-        except _ORJSON_ERRORS:
+            ticks = orjson.loads(data[4:])
+        except orjson.JSONDecodeError:
             raise StateFormatError("operator due directory is corrupt") from None
-        if ticks != sorted(set(ticks)):
+        if type(ticks) is not list or not all(type(t) is int for t in ticks):
+            raise StateFormatError("operator due directory is corrupt")
+        if any(a >= b for a, b in pairwise(ticks)):
             raise StateFormatError("operator due directory is not sorted")
-        return cls(ticks)
+        self = cls(ticks)
+        self.saved = data
+        return self
 
