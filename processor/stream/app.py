@@ -357,16 +357,27 @@ class Worker:
         return code
 
 
-def ensure_topics(settings: Settings, replication: int | None = None) -> int:
-    """Create the timeline and output topics (and the input, if missing) with P partitions.
+def changelog_topic(settings: Settings) -> str:
+    """The name Faust gives the state table's changelog topic."""
+    return f"{settings.app_id}-{STATE_TABLE}-changelog"
 
-    Returns the replication factor used (default: min(3, live brokers)). StartError when
-    the brokers do not answer or the timeline topic has another number of partitions.
+
+def ensure_topics(settings: Settings, replication: int | None = None) -> int:
+    """Create the five topics and the state changelog (P partitions each; the input keeps
+    its own count if it exists) and wait until every partition of the timeline and the
+    changelog has a leader.
+
+    The changelog is created here, compacted, as Faust would: two workers starting at once
+    otherwise race to create it and one may see it before every partition is listed, which
+    Faust reports as a partition-count mismatch at the first state write. Returns the
+    replication factor used (default: min(3, live brokers)). StartError when the brokers do
+    not answer, or the timeline or changelog topic has another number of partitions.
     """
     # librdkafka's own log lines (one per failed connection attempt) stay off stderr: a
     # broker that does not answer is reported once, below.
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     partitions = settings.partitions
+    keyed = [kafka_io.topic_name(settings, "timeline"), changelog_topic(settings)]
     try:
         if replication is None:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
@@ -375,8 +386,10 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                  kafka_io.topic_name(settings, "deadletter")]
         kafka_io.create_topics(conf, names, partitions, replication=replication,
                                timeout_s=BROKER_WAIT_S)
-        have = kafka_io.partition_count(conf, kafka_io.topic_name(settings, "timeline"),
-                                        timeout_s=BROKER_WAIT_S)
+        kafka_io.create_topics(conf, keyed[1:], partitions, replication=replication,
+                               config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
+        have = {t: kafka_io.partitions_with_leaders(conf, t, partitions, BROKER_WAIT_S)
+                for t in keyed}
     except KafkaException as exc:
         err = exc.args[0] if exc.args else None
         what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
@@ -385,11 +398,11 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                          ) from None
     except RuntimeError as exc:  # a topic that cannot be created (message names it)
         raise StartError(str(exc)) from None
-    if have != partitions:
-        raise StartError(f"the timeline topic {kafka_io.topic_name(settings, 'timeline')!r} "
-                         f"has {have} partitions, the configuration says {partitions}: "
-                         "counters would land in the wrong partitions (fix `partitions` or "
-                         "use a new timeline topic)")
+    for topic, n in have.items():
+        if n != partitions:
+            raise StartError(f"the topic {topic!r} has {n} partitions, the configuration says "
+                             f"{partitions}: counters would land in the wrong partitions (fix "
+                             "`partitions` or use new timeline and changelog topics)")
     return replication
 
 

@@ -176,6 +176,23 @@ def partition_count(conf: Mapping[str, str], topic: str,
     return len(t.partitions)
 
 
+def partitions_with_leaders(conf: Mapping[str, str], topic: str, expected: int,
+                            timeout_s: float = _DEFAULT_TIMEOUT_S) -> int:
+    """The partition count of `topic` once metadata lists `expected` partitions, each with
+    a leader (a just-created topic shows up partition by partition); after `timeout_s`,
+    whatever count metadata shows then (0 if the topic does not exist)."""
+    admin = make_admin(conf)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = admin.list_topics(topic=topic, timeout=max(1.0, deadline - time.monotonic()))
+        t = md.topics.get(topic)
+        n = 0 if t is None or t.error is not None else len(t.partitions)
+        ready = t is not None and all(p.leader >= 0 for p in t.partitions.values())
+        if (n == expected and ready) or n > expected or time.monotonic() > deadline:
+            return n
+        time.sleep(0.1)
+
+
 def replication_for(conf: Mapping[str, str], timeout_s: float = _DEFAULT_TIMEOUT_S) -> int:
     """Replication factor for the topics we create: min(3, number of live brokers).
 
