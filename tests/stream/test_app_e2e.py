@@ -4,7 +4,7 @@ The worker runs as a child process (`python -m processor worker --config F`), ex
 deployed. Tests wait for records with a deadline (never sleep to synchronise), then stop the
 worker and check what it published against two references:
 
-- the pure Operator run over the same timeline topic (`replay.recompute`), and
+- the pure Operator run over the same timeline topic (`replay.replay`), and
 - an independent re-derivation from the written spec: events go to max(event tick, first
   open tick); each tick the arrivals join a FIFO queue and at most one event leaves as x_t;
   a fresh core counter steps through x_1, x_2, ... and a record is due when y changes or at
@@ -23,7 +23,7 @@ import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +38,15 @@ from processor.devtools.deployment import WorkerProcess, write_config
 from processor.stream import kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
 from processor.stream.operator import counter_id_for, is_heartbeat_tick
-from processor.stream.records import REASONS, partition_for
-from processor.stream.replay import ReplayReport, decode_source, replay
+from processor.stream.records import (
+    REASONS,
+    Event,
+    TimelineBatch,
+    TimelineMarker,
+    decode_timeline,
+    partition_for,
+)
+from processor.stream.replay import ReplayReport, replay
 
 TEST_SECRET = hashlib.sha256(b"h7 e2e test noise key (public, tests only)").digest()
 
@@ -137,18 +144,16 @@ def implied_ticks(settings: Settings, timeline: Mapping[int, list[kafka_io.Kafka
         frontier = -1
         seen: dict[int, int] = {}
         for r in sorted(recs, key=lambda r: r.offset):
-            d = orjson.loads(r.value or b"")
-            if d["k"] == "m":
-                frontier = max(frontier, int(d["n"]))
+            rec = decode_timeline(r.value or b"")
+            if isinstance(rec, TimelineMarker):
+                frontier = max(frontier, rec.sealed_through)
                 continue
-            src = decode_source(r.header(kafka_io.SOURCE_HEADER) or b"")
-            if src is not None:
-                if src[1] <= seen.get(src[0], -1):
-                    continue
-                seen[src[0]] = src[1]
-            c = d["c"]
-            g = max(int(d["ts"]) // tick, frontier + 1, starts[c])
-            arrivals[c].setdefault(g, []).append(int(d["v"]))
+            for ev in rec.events:
+                if ev.src_offset <= seen.get(ev.src_partition, -1):
+                    continue  # a copy re-sent by ingest after a crash
+                seen[ev.src_partition] = ev.src_offset
+                g = max(ev.ts_ms // tick, frontier + 1, starts[ev.counter])
+                arrivals[ev.counter].setdefault(g, []).append(ev.units)
         final[p] = frontier
     out: dict[str, list[float | None]] = {}
     for c, start in starts.items():
@@ -159,6 +164,19 @@ def implied_ticks(settings: Settings, timeline: Mapping[int, list[kafka_io.Kafka
             queue.extend(arrivals[c].get(g, []))
             xs.append(queue.popleft() / UNIT if queue else None)
         out[c] = xs
+    return out
+
+
+def timeline_events(timeline: Mapping[int, list[kafka_io.KafkaRecord]]
+                    ) -> list[tuple[int, int, Event]]:
+    """Every event in the timeline's batch records: (timeline partition, record offset,
+    event), copies re-sent by ingest included, in partition then offset order."""
+    out: list[tuple[int, int, Event]] = []
+    for p in sorted(timeline):
+        for r in sorted(timeline[p], key=lambda r: r.offset):
+            rec = decode_timeline(r.value or b"")
+            if isinstance(rec, TimelineBatch):
+                out.extend((p, r.offset, ev) for ev in rec.events)
     return out
 
 
@@ -296,9 +314,9 @@ def test_known_sequence_matches_operator_spec_and_dead_letters(
         assert cli == {k[1]: v for k, v in expected.items() if k[0] == c and k[2] == "change"}
 
     # Every valid event is on the timeline exactly once, in its counter's partition.
-    events = [(p, orjson.loads(r.value or b"")) for p, rs in timeline.items() for r in rs]
-    got = Counter((d["c"], d["ts"], d["v"]) for p, d in events if d["k"] == "e"
-                  and p == partition_for(d["c"], live.settings.partitions))
+    events = timeline_events(timeline)
+    got = Counter((ev.counter, ev.ts_ms, ev.units) for p, _o, ev in events
+                  if p == partition_for(ev.counter, live.settings.partitions))
     want: Counter[tuple[str, int, int]] = Counter()
     for v in valid:
         d = orjson.loads(v)
@@ -380,8 +398,54 @@ def test_thousand_counters_one_worker(live_factory: Callable[..., Live]) -> None
     # Published: every counter past the target tick (committed ones were all checked).
     assert len(published_map(live.releases())) >= 1000 * (target // 10)
     timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
-    assert sum(1 for rs in timeline.values() for r in rs
-               if r.header(kafka_io.SOURCE_HEADER)) == 3000
+    assert len(timeline_events(timeline)) == 3000
+
+
+def _worker_start_error(settings: Settings, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    cfg = write_config(settings, tmp_path / "start-error.toml")
+    return subprocess.run(
+        [sys.executable, "-m", "processor", "worker", "--config", str(cfg)],
+        capture_output=True, text=True, timeout=120,
+        cwd=str(Path(__file__).resolve().parents[2]))
+
+
+def test_unreachable_broker_is_one_error_line_exit_2(tmp_path: Path) -> None:
+    """Nothing listens at the bootstrap address: one `error:` line naming it, exit code 2,
+    no traceback and no client log noise. (issue 11 item 6)"""
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on once this socket is closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    s = with_overrides(Settings(), counters={"a": 0}, bootstrap_servers=f"127.0.0.1:{port}",
+                       noise_key_file=str(write_key(tmp_path / "noise.key", TEST_SECRET)),
+                       state_dir=str(tmp_path / "state"))
+    res = _worker_start_error(s, tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert f"127.0.0.1:{port}" in lines[0] and "Traceback" not in res.stderr
+
+
+@pytest.mark.kafka
+def test_partition_count_mismatch_is_one_error_line_exit_2(kafka_bootstrap: str,
+                                                           tmp_path: Path) -> None:
+    """The timeline topic exists with 3 partitions, the configuration says 2: one `error:`
+    line naming the topic and both counts, exit code 2, no traceback. Control: with
+    `partitions = 3` (and a fresh state changelog) the same check passes."""
+    from processor.stream.app import ensure_topics
+
+    live = make_live(kafka_bootstrap, tmp_path, {"a": 0}, name="mismatch")
+    timeline = f"{live.topics.timeline}-p3"
+    kafka_io.create_topics(live.conf, [timeline], 3)
+    s = with_overrides(live.settings, topics=replace(live.topics, timeline=timeline))
+    res = _worker_start_error(s, tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), lines
+    assert timeline in lines[0] and "3 partitions" in lines[0] and "says 2" in lines[0]
+    assert "Traceback" not in res.stderr
+    assert ensure_topics(with_overrides(s, partitions=3, app_id=f"{s.app_id}-p3")) == 1
 
 
 def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
@@ -392,8 +456,8 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
 
     import faust
 
-    from processor.stream.app import broker_credentials, broker_urls
     from processor.stream.config import SecuritySettings
+    from processor.stream.kafka_io import broker_urls, faust_credentials
 
     base = with_overrides(Settings(), counters={"a": 0},
                           bootstrap_servers="k1.example:9093,k2.example:9093")
@@ -404,7 +468,7 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
     assert conf == {"bootstrap.servers": "k1.example:9093,k2.example:9093",
                     "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
                     "sasl.username": "svc", "sasl.password": "s3cret-pw"}
-    creds = broker_credentials(s)
+    creds = faust_credentials(s)
     assert isinstance(creds, faust.SASLCredentials)
     assert creds.username == "svc" and creds.password == "s3cret-pw"
     assert str(creds.mechanism.value) == "SCRAM-SHA-512"
@@ -412,6 +476,6 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
     assert "s3cret-pw" not in repr(creds) and "s3cret-pw" not in repr(s)
     assert broker_urls(s) == ["kafka://k1.example:9093", "kafka://k2.example:9093"]
     # Control: plaintext.
-    assert broker_credentials(base) is None
+    assert faust_credentials(base) is None
     assert kafka_io.base_config(base) == {"bootstrap.servers": "k1.example:9093,k2.example:9093",
                                           "security.protocol": "plaintext"}

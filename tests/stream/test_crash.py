@@ -1,4 +1,6 @@
-"""Crash tests: the worker is killed with SIGKILL at random points while events flow.
+"""Crash tests: the worker is killed with SIGKILL while events flow, at random moments and
+inside a batch commit (via the test hook DPC_TEST_CRASH_AT=<point>:<k>, see
+`ingest.crash_point_from_env` and the points named by `commit.BatchCommit`).
 
 After every kill the worker is restarted at once. At the end the published stream must show
 no lost event, no event counted twice, no (counter, tick) with two values, and values equal
@@ -7,13 +9,13 @@ to an uninterrupted run (the pure Operator replayed over the timeline).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
@@ -21,10 +23,12 @@ import pytest
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import WorkerProcess, write_config
 from processor.stream import kafka_io
+from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import DictStore, Operator
-from processor.stream.records import encode_event, encode_marker
-from processor.stream.replay import TimelineApplier, encode_source
+from processor.stream.operator import Operator
+from processor.stream.records import Event, Release, encode_batch, encode_marker
+from processor.stream.replay import ReplayReport, replay
+from processor.stream.state import DictStore
 from tests.stream.test_app_e2e import (
     Live,
     committed_prefix,
@@ -32,6 +36,7 @@ from tests.stream.test_app_e2e import (
     now_ms,
     published_map,
     spec_expectation,
+    timeline_events,
 )
 
 COUNTERS = ("a", "b", "c", "d")
@@ -55,17 +60,26 @@ def _produce_steadily(live: Live, seconds: float, seed: int, stop: threading.Eve
     assert producer.flush(30) == 0
 
 
+def _commit_all(settings: Settings, key: NoiseKey,
+                timeline: dict[int, list[tuple[int, bytes]]]) -> tuple[list[Release], int]:
+    """BatchCommit over a timeline (partition -> [(offset, value)]), one record per batch
+    as the worker does; returns (releases, events applied)."""
+    async def run() -> tuple[list[Release], int]:
+        publisher = CollectingPublisher()
+        commit = BatchCommit(Operator(settings, key), DictStore(), publisher)
+        applied = 0
+        for p, rs in sorted(timeline.items()):
+            for offset, value in rs:
+                out = await commit.commit(p, [(offset, value)])
+                applied += out.metrics.get("events_applied", 0)
+        return publisher.releases, applied
+    return asyncio.run(run())
+
+
 def _events_applied(live: Live, timeline: dict[int, list[kafka_io.KafkaRecord]]) -> int:
     """How many events the operator applies when run over the whole timeline."""
-    applier = TimelineApplier(Operator(live.settings, live.key))
-    store = DictStore()
-    applied = 0
-    for p, rs in sorted(timeline.items()):
-        for r in rs:
-            res = applier.apply(store, p, r.offset, r.value or b"",
-                                r.header(kafka_io.SOURCE_HEADER))
-            applied += res.metrics.get("events_applied", 0)
-    return applied
+    records = {p: [(r.offset, r.value or b"") for r in rs] for p, rs in timeline.items()}
+    return _commit_all(live.settings, live.key, records)[1]
 
 
 def _wait_caught_up(live: Live, timeout_s: float) -> bool:
@@ -118,6 +132,16 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
         producer.join(timeout=seconds + 60)
         stop.set()
     assert not producer.is_alive()
+    report = _drain_and_check(live, start, tick, sent[0])
+    print(f"crash test: {sent[0]} events, {live.worker.starts} starts, "
+          f"{report.duplicates_dropped} re-ingested duplicates dropped, "
+          f"{report.recomputed} releases identical")
+
+
+def _drain_and_check(live: Live, start: int, tick: int, sent: int) -> ReplayReport:
+    """After the last input record: let the worker drain, stop it cleanly, then check that
+    nothing was lost, nothing counted twice, one value per (counter, tick), equal to the
+    uninterrupted run (replay) and to the spec re-derivation."""
     # Queues drain at one event per tick per counter: wait until every counter is past
     # the last event's tick plus its backlog, then until the worker has committed it all.
     last_tick = (now_ms() + 60 * tick) // tick - start // tick + 1
@@ -133,19 +157,16 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     # No event lost at ingest: every input offset is on the timeline.
     inputs = {(r.partition, r.offset) for r in
               kafka_io.iter_topic(live.conf, live.topics.input)}
-    assert len(inputs) == sent[0]
+    assert len(inputs) == sent
     timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
-    sources = [r.header(kafka_io.SOURCE_HEADER) for rs in timeline.values() for r in rs]
-    on_timeline = {tuple(int(x) for x in s.decode().split(":")) for s in sources if s}
+    on_timeline = {(ev.src_partition, ev.src_offset) for _p, _o, ev in timeline_events(timeline)}
     assert on_timeline == inputs
 
     # None counted twice: the operator applies each input offset exactly once.
-    assert _events_applied(live, timeline) == sent[0]
+    assert _events_applied(live, timeline) == sent
 
     # One value per (counter, tick); equal to the uninterrupted run and to the spec.
     published = published_map(live.releases())
-    from processor.stream.replay import replay
-
     report = replay(live.settings, live.key)
     assert report.identical, report.summary()
     expected = spec_expectation(live.settings, live.key, committed_prefix(live))
@@ -153,9 +174,51 @@ def test_kill_nine_while_events_flow(live_factory: Callable[..., Live]) -> None:
     # The values do move (the test is not vacuous): counted over everything published, each
     # record of which replay has just checked against the uninterrupted recomputation.
     assert sum(1 for k in published if k[2] == "change") >= 2
-    print(f"crash test: {sent[0]} events, {live.worker.starts} starts, "
-          f"{report.duplicates_dropped} re-ingested duplicates dropped, "
-          f"{report.recomputed} releases identical")
+    return report
+
+
+@pytest.mark.kafka
+@pytest.mark.parametrize(("point", "k"), [("after_acks", 120), ("between_state_writes", 60)])
+def test_kill_nine_mid_batch(live_factory: Callable[..., Live],  # noqa: F811
+                             point: str, k: int) -> None:
+    """The worker SIGKILLs itself inside a batch commit while ~40 events/s flow: after the
+    broker acknowledged a batch's releases but before any state write ("after_acks"), or
+    between two state writes of one batch ("between_state_writes"); it is restarted at
+    once. The same checks as after random kills: nothing lost, nothing counted twice, one
+    value per (counter, tick), equal to replay and the spec. Control: the log shows the
+    crash point was reached and the process died of SIGKILL."""
+    tick = 100
+    start = (now_ms() // tick) * tick
+    live = live_factory(dict.fromkeys(COUNTERS, start), name=f"mid-{point[:7]}",
+                        epsilon=500.0, lateness_ms=400)
+    # About 20 timeline messages per second (markers on 2 partitions, event batches), a
+    # third of them with two state writes or more: the k-th call of either point falls a
+    # few seconds into the event flow.
+    live.worker.env["DPC_TEST_CRASH_AT"] = f"{point}:{k}"
+    seconds = 16.0
+    stop = threading.Event()
+    sent = [0]
+    producer = threading.Thread(target=_produce_steadily,
+                                args=(live, seconds, 13, stop, sent), daemon=True)
+    live.worker.start()
+    try:
+        live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+        producer.start()
+        assert live.worker.proc is not None
+        code = live.worker.proc.wait(timeout=120)
+        assert code == -9, live.worker.log_tail()
+        assert f"test crash point {point} reached" in live.worker.log_tail(200)
+        assert sent[0] > 0 and producer.is_alive()  # killed while events flowed
+        live.worker.kill()  # reaps the dead process and closes its log
+        del live.worker.env["DPC_TEST_CRASH_AT"]
+        live.worker.start()
+    finally:
+        producer.join(timeout=seconds + 60)
+        stop.set()
+    assert not producer.is_alive()
+    report = _drain_and_check(live, start, tick, sent[0])
+    print(f"mid-batch crash ({point}): {sent[0]} events, {report.recomputed} releases "
+          "identical")
 
 
 @pytest.mark.kafka
@@ -195,8 +258,6 @@ def test_failed_worker_counters_move_to_the_other(
     inputs = {(r.partition, r.offset) for r in
               kafka_io.iter_topic(live.conf, live.topics.input)}
     assert len(inputs) == sent[0]
-    from processor.stream.replay import replay
-
     report = replay(live.settings, live.key)
     assert report.identical, report.summary()
     timeline = kafka_io.read_topic(live.conf, live.topics.timeline)
@@ -209,40 +270,38 @@ def _settings() -> Settings:
                           mechanism="simecc", epsilon=500.0, heartbeat_ticks=10)
 
 
-def _timeline_with_duplicate(with_header: bool) -> list[tuple[bytes, bytes | None]]:
-    """Events at input offsets 0..39 then a re-ingested copy of offsets 30..39 (what a crash
-    between forwarding and committing produces), markers in between."""
-    recs: list[tuple[bytes, bytes | None]] = []
-    for i in range(40):
-        recs.append((encode_event("x", 100 * (i // 2), 65536),
-                     encode_source(0, i) if with_header else None))
-        if i % 2:
-            recs.append((encode_marker(i // 2 - 1), None))
-    for i in range(30, 40):
-        recs.append((encode_event("x", 100 * (i // 2), 65536),
-                     encode_source(0, i) if with_header else None))
-    recs.extend((encode_marker(n), None) for n in range(20, 120))
+def _timeline_with_duplicate(with_source: bool) -> list[bytes]:
+    """Batches of two events at input offsets 0..39, each followed by a marker, then one
+    re-sent batch of offsets 30..39 (what a crash of ingest between delivering and
+    committing produces), then markers. Without the source, events carry -1 (unknown),
+    which the duplicate filter cannot recognise."""
+    def ev(i: int) -> Event:
+        return Event("x", 100 * (i // 2), 65536, 0 if with_source else -1,
+                     i if with_source else -1)
+
+    recs: list[bytes] = []
+    for i in range(0, 40, 2):
+        recs.append(encode_batch([ev(i), ev(i + 1)]))
+        recs.append(encode_marker(i // 2 - 1))
+    recs.append(encode_batch([ev(i) for i in range(30, 40)]))
+    recs.extend(encode_marker(n) for n in range(20, 120))
     return recs
 
 
-def _run(recs: list[tuple[bytes, bytes | None]]) -> list[Any]:
-    applier = TimelineApplier(Operator(_settings(), NoiseKey.from_seed(3)))
-    store = DictStore()
-    out: list[Any] = []
-    for off, (value, src) in enumerate(recs):
-        out.extend(r.to_json() for r in applier.apply(store, 0, off, value, src).releases)
-    return out
+def _run(recs: list[bytes]) -> list[bytes]:
+    releases, _ = _commit_all(_settings(), NoiseKey.from_seed(3),
+                              {0: list(enumerate(recs))})
+    return [r.to_json() for r in releases]
 
 
 def test_reingested_duplicates_are_dropped_control() -> None:
-    """The duplicate filter is what prevents double counting: with source headers the
-    re-ingested copies change nothing (same releases as the timeline without them); the
-    control, the same timeline without headers, counts them twice and the releases differ."""
+    """The duplicate filter is what prevents double counting: with sources the re-sent
+    copies change nothing (same releases as the timeline without them); the control, the
+    same timeline without sources, counts them twice and the releases differ."""
     clean = _timeline_with_duplicate(True)
-    no_dups = [r for i, r in enumerate(clean) if not 60 <= i < 70]
+    no_dups = [r for i, r in enumerate(clean) if i != 40]
     assert _run(clean) == _run(no_dups)
     assert _run(_timeline_with_duplicate(False)) != _run(no_dups)
-
 
 
 @pytest.mark.kafka
@@ -252,8 +311,6 @@ def test_gap_guard_returns_exactly_the_skipped_records(kafka_bootstrap: str) -> 
     nothing for the next offset, then exactly the records of a later forward gap; a
     redelivery (an offset below the expected one) returns nothing. Control: the records it
     returns are the topic's own, byte for byte."""
-    import asyncio
-
     from processor.stream.app import GapGuard, WorkerMetrics
 
     conf = kafka_io.plain_config(kafka_bootstrap)
