@@ -220,7 +220,9 @@ class Operator:
             # first marker through it creates the counter and emits its ledger entry.
             directory = self._directory(buf, partition)
             for name, start in sorted(self._start_ticks.items()):
-                if self._home[name] == partition and buf.get(counter_key(name)) is None:
+                ckey = counter_key(name)
+                if (self._home[name] == partition and ckey not in buf.staged
+                        and buf.get(ckey) is None):
                     self._file(buf, partition, directory, name, start)
             ps.config_fingerprint = self.fingerprint
             self._stage_partition(buf, partition, ps)
@@ -297,9 +299,12 @@ class Operator:
                 directory.saved is raw or directory.saved == raw):
             directory = DueDirectory.from_bytes(raw)
         self._directories[partition] = directory
-        directory.saved = None
-        buf.stage(key, directory)  # staged at once: small, and usually changed
         return directory
+
+    def _stage_directory(self, buf: BufferedStore, partition: int,
+                         directory: DueDirectory) -> None:
+        directory.saved = None
+        buf.stage(directory_key(partition), directory)
 
     def _bucket(self, buf: BufferedStore, partition: int, tick: int) -> DueBucket | None:
         key = bucket_key(partition, tick)
@@ -319,7 +324,8 @@ class Operator:
         if name not in bucket.names:
             bucket.names[name] = None
             buf.stage(bucket_key(partition, tick), bucket)
-        directory.add(tick)
+        if directory.add(tick):
+            self._stage_directory(buf, partition, directory)
 
     def _due(self, cs: CounterState) -> int:
         """A global tick at or before the next one at which `cs` has anything to do."""
@@ -358,7 +364,7 @@ class Operator:
         # Counters this record is applied to, and those it was applied to before a crash.
         applying: dict[str, CounterState] = {}
         done: set[str] = set()
-        applied = queued = late = 0
+        applied = late = 0
         for ev in events:
             src = ev.src_partition
             if src >= 0:
@@ -413,9 +419,8 @@ class Operator:
             else:
                 arrivals.append(ev.units)
             applied += 1
-        queued = applied
         m["events_applied"] += applied
-        m["events_queued"] += queued
+        m["events_queued"] += applied
         m["late_events"] += late
         m["counters_touched"] += len(applying)
         if applying:
@@ -462,6 +467,7 @@ class Operator:
             ticks = directory.ticks
             end = bisect_right(ticks, n)
             ticks[:end] = [t for t in ticks[:end] if t not in dropped]
+            self._stage_directory(buf, partition, directory)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
             cs = self._counter(buf, name)

@@ -337,3 +337,36 @@ def test_commit_publishes_ledger_then_releases_before_any_state_write() -> None:
     assert events[0] == "publish 1 3" and events[1] == "after_acks"
     assert events[-1] == "after_state"
     assert set(events[2:-1]) == {"write", "between_state_writes"}
+
+
+def test_work_per_batch_is_one_write_per_touched_counter() -> None:
+    """Issue 7's budget: an event batch for counters already filed at their due writes
+    each touched counter once and the partition value (duplicate filter) once, nothing
+    else; a marker with nothing due writes O(1) small values; a marker through the
+    counters' due tick writes each of them once plus O(1) index values."""
+    names = {f"k{i:03d}": 0 for i in range(100)}
+    s = settings(names, heartbeat_ticks=1_000_000)
+    store = FailingStore({}, 0)
+    bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store, CollectingPublisher())
+    off = 0
+
+    def commit(records: list[bytes]) -> list[str]:
+        nonlocal off
+        before = dict(store.data)
+        asyncio.run(bc.commit(0, [(off + i, r) for i, r in enumerate(records)]))
+        off += len(records)
+        return sorted(k for k in store.data.keys() | before.keys()
+                      if store.data.get(k) != before.get(k))
+
+    commit([encode_marker(0)])
+    evs = [Event(f"k{i:03d}", 5 * TICK, 65536, 0, i) for i in range(10)]
+    first = commit([encode_batch(evs)])
+    assert first == sorted([*(f"c/k{i:03d}" for i in range(10)), "p/0", "u/0/5", "w/0"])
+    again = commit([encode_batch([Event(e.counter, 5 * TICK, 1, 0, e.src_offset + 10)
+                                  for e in evs])])
+    assert again == sorted([*(f"c/k{i:03d}" for i in range(10)), "p/0"])
+    # (The first marker after marker 0 also drops tick 0 from the directory, lazily.)
+    assert set(commit([encode_marker(1)])) <= {"p/0", "w/0"}
+    assert commit([encode_marker(2)]) == ["p/0"]
+    due = commit([encode_marker(5)])
+    assert set(due) - {f"c/k{i:03d}" for i in range(10)} <= {"p/0", "u/0/5", "u/0/6", "w/0"}
