@@ -108,6 +108,7 @@ from confluent_kafka import (  # noqa: E402
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
     KafkaError,
+    KafkaException,
     Producer,
     TopicPartition,
 )
@@ -175,20 +176,18 @@ class Tail:
 
     def catch_up(self, timeout_s: float = 120.0) -> list[Rec]:
         """Everything appended before this call that was not returned yet."""
-        his = {p: int(self._c.get_watermark_offsets(TopicPartition(self.topic, p),
-                                                    timeout=30)[1])
-               for p in self.partitions}
-        out: list[Rec] = []
         deadline = time.monotonic() + timeout_s
+        his = {p: self._high(p, deadline) for p in self.partitions}
+        out: list[Rec] = []
         while any(self._next[p] < his[p] for p in self.partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {self.topic!r} timed out")
             for msg in self._c.consume(num_messages=5000, timeout=0.2):
                 err = msg.error()
                 if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"reading {self.topic!r}: {err}")
+                    if err.fatal():
+                        raise RuntimeError(f"reading {self.topic!r}: {err}")
+                    continue  # end of partition, or transient: the deadline bounds it
                 ts_type, ts = msg.timestamp()
                 rec = Rec(int(msg.partition() or 0), int(msg.offset() or 0), int(ts),
                           ts_type == TIMESTAMP_LOG_APPEND_TIME, msg.key(), msg.value())
@@ -203,6 +202,22 @@ class Tail:
                         self._next[p] = int(pos)
         self.count += len(out)
         return out
+
+    def _high(self, p: int, deadline: float) -> int:
+        """The high watermark of partition p; retries while a new topic's leader settles."""
+        while True:
+            try:
+                return int(self._c.get_watermark_offsets(TopicPartition(self.topic, p),
+                                                         timeout=30)[1])
+            except KafkaException as exc:
+                err = exc.args[0]
+                if time.monotonic() > deadline or not (
+                        isinstance(err, KafkaError) and (err.retriable() or err.code() in (
+                            KafkaError.NOT_LEADER_FOR_PARTITION,
+                            KafkaError.LEADER_NOT_AVAILABLE,
+                            KafkaError.UNKNOWN_TOPIC_OR_PART))):
+                    raise
+                time.sleep(0.2)  # back-off while the broker elects the partition's leader
 
     def close(self) -> None:
         self._c.close()
