@@ -48,12 +48,12 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream.config import Settings
 from processor.stream.records import (
-    Event,
+    EventRow,
     LedgerEntry,
     Release,
     TimelineFormatError,
     TimelineMarker,
-    decode_timeline,
+    decode_timeline_rows,
     partition_for,
 )
 from processor.stream.state import (
@@ -170,7 +170,7 @@ class Operator:
             out = Output()
         buf = store if isinstance(store, BufferedStore) else BufferedStore(store)
         try:
-            rec = decode_timeline(record)
+            rec = decode_timeline_rows(record)
         except TimelineFormatError:
             out.metrics["malformed_records"] += 1
             return out
@@ -178,7 +178,7 @@ class Operator:
             if isinstance(rec, TimelineMarker):
                 self._apply_marker(buf, partition, offset, rec.sealed_through, out)
             else:
-                self._apply_events(buf, partition, offset, rec.events, out)
+                self._apply_events(buf, partition, offset, rec, out)
         except BaseException:
             # Changed objects carry saved=None, so the caches cannot serve them; dropping
             # the caches as well keeps this path obviously safe.
@@ -353,7 +353,7 @@ class Operator:
     # -- records
 
     def _apply_events(self, buf: BufferedStore, partition: int, offset: int,
-                      events: tuple[Event, ...], out: Output) -> None:
+                      rows: list[EventRow], out: Output) -> None:
         ps = self._partition(buf, partition)
         m = out.metrics
         seen = ps.input_offsets
@@ -365,16 +365,15 @@ class Operator:
         applying: dict[str, CounterState] = {}
         done: set[str] = set()
         applied = late = 0
-        for ev in events:
-            src = ev.src_partition
+        # Rows, not Event objects: [counter, ts_ms, units, src_partition, src_offset].
+        for name, ts_ms, units, src, src_offset in rows:
             if src >= 0:
-                if ev.src_offset <= seen.get(src, -1):
+                if src_offset <= seen.get(src, -1):
                     m["duplicates_dropped"] += 1
                     continue
-                seen[src] = ev.src_offset
+                seen[src] = src_offset
                 seen_changed = True
-            name = ev.counter
-            n_event = ev.ts_ms // tick_ms
+            n_event = ts_ms // tick_ms
             cs = applying.get(name)
             if cs is None:
                 if name in done:
@@ -415,9 +414,9 @@ class Operator:
                 n_event = open_tick
             arrivals = cs.pending.get(n_event)
             if arrivals is None:
-                cs.pending[n_event] = [ev.units]
+                cs.pending[n_event] = [units]
             else:
-                arrivals.append(ev.units)
+                arrivals.append(units)
             applied += 1
         m["events_applied"] += applied
         m["events_queued"] += applied

@@ -28,6 +28,7 @@ from processor.stream.records import (
     TimelineMarker,
     deadletter_record,
     decode_timeline,
+    decode_timeline_rows,
     encode_batch,
     encode_marker,
     parse_input,
@@ -137,6 +138,9 @@ def test_parse_input_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_timeline_roundtrip_and_errors() -> None:
     evs = (Event("a", 123, 7, 0, 5), Event("b\u00e9", 0, UNIT), Event("a", 9, 0, 2, 0))
     assert decode_timeline(encode_batch(evs)) == TimelineBatch(evs)
+    assert decode_timeline_rows(encode_batch(evs)) == [
+        [e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in evs]
+    assert decode_timeline_rows(encode_marker(4)) == TimelineMarker(4)
     assert decode_timeline(encode_batch([])) == TimelineBatch(())
     assert decode_timeline(encode_marker(99)) == TimelineMarker(99)
     assert encode_batch([Event("a", 123, 7, 0, 5)]) == (
@@ -157,6 +161,8 @@ def test_timeline_roundtrip_and_errors() -> None:
                 b'{"v":2,"k":"b","e":[["a",1.5,1,0,0]]}'):
         with pytest.raises(TimelineFormatError):
             decode_timeline(bad)
+        with pytest.raises(TimelineFormatError):
+            decode_timeline_rows(bad)
 
 
 def test_deadletter_record() -> None:
