@@ -11,7 +11,10 @@ Key layout (all values bytes, each codec with its own magic and version):
 - `w/<partition>`     DueDirectory: sorted ticks that may have a non-empty bucket.
 
 The buckets and the directory are the due wheel: a marker through n reads the buckets
-of the directory's ticks <= n, and nothing rewrites an O(counters) value.
+of the directory's ticks <= n, and nothing rewrites an O(counters) value. The directory
+is its own value, not part of `p/`, because it must be saved before the counters it
+indexes while `p/` is saved last; it may still list a tick whose bucket a marker
+consumed (the next marker drops it), never a bucket that is not saved yet.
 
 Write order of one batch (`BufferedStore.writes`; see commit.BatchCommit): the due-wheel
 values first (an index entry may be early, never late), then the counter states, then
