@@ -1,24 +1,40 @@
-"""Empirical privacy audit: a distinguishing test on neighbouring streams (Section 8 spirit).
+"""Empirical privacy audit: distinguishing tests on neighbouring streams (Section 8 spirit).
 
-Pure: no I/O. Given a factory of counters and two neighbouring streams, run many
-independently keyed runs on each, reduce each run's public transcript to a feature (for
-example y at the last tick, or the first release), and turn the frequencies of an event
-E under both streams into a lower bound on epsilon: if the mechanism is (eps, delta)-DP
-then P0(E) <= e^eps P1(E) + delta, so
+Pure: no I/O. The audit runs a mechanism many times (independently keyed runs) on two edit
+neighbours x (`x0`) and x' (`x1`, the insertion neighbour of x), reduces each run's whole
+release stream y_1..y_T to one real score, and turns the two samples of scores into lower
+bounds on epsilon. If the mechanism is (eps, delta)-DP then for every event E
 
-    eps_lb = ln((P0_low(E) - delta) / P1_high(E))
+    P_x(E) <= e^eps P_x'(E) + delta   and   P_x'(E) <= e^eps P_x(E) + delta,
 
-with one-sided Clopper-Pearson bounds P0_low <= P0(E), P1_high >= P1(E), is below eps
-except with probability alpha. The event (and the direction, x vs x' or x' vs x) is chosen
-on the first half of the runs and evaluated on the second half, so the choice costs
-nothing: each of the two bounds is taken at level alpha/2 and the false-alarm rate of
-"eps_lb > eps" is at most alpha for a correct mechanism.
+so any event gives eps >= ln((P_a(E) - delta) / P_b(E)) for (a, b) either order.
+
+Two bounds, each a valid lower bound with confidence 1 - alpha/2 (so the verdict
+"some bound > eps" has false-alarm rate at most alpha for a correct mechanism):
+
+- `empirical_bound` (any mechanism, no assumption): the runs of each stream are split in
+  halves. On the first (selection) half, every threshold c among the observed scores, both
+  events {s >= c} and {s <= c} and both orders are scored; the best is then evaluated on
+  the second (estimation) half only, with one-sided Clopper-Pearson bounds at level
+  alpha/4 each: P_a(E) from below, P_b(E) from above. The choice is independent of the
+  estimate, so the search costs nothing. This bound can never exceed
+  `attainable_bound(n)` ~ ln(n / ln(4/alpha)) for n estimation runs per stream.
+- `known_null_bound` (mechanisms whose noise law is known): the score is standardised so
+  that on x it is exactly N(0, 1) under the law the mechanism claims (for example the
+  likelihood-ratio statistic of GaussianCC). P_x(E) is then computed, not estimated, so
+  thresholds far in the tail are usable and the bound is not capped by the number of runs;
+  only P_x'(E) is estimated (Clopper-Pearson at alpha/4, threshold chosen on a held-out
+  half). Its validity rests on the claimed law, so `null_law_check` tests the scores on x
+  against N(0, 1) (Kolmogorov-Smirnov); a mismatch is itself a failure.
+
+`AuditError` is raised when the audit cannot say anything: a score that is constant over
+all runs (typically: the mechanism released nothing in the window) gives no test at all.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,12 +42,24 @@ import numpy.typing as npt
 from scipy import stats
 
 from processor.core.api import Counter
+from processor.core.baselines import gaussiancc_sigma, partitioncc_parameters
+from processor.core.bounded import gaussian_sigma2, tree_node_sigma2
+from processor.core.grid import UNIT
 
 Stream = Sequence[float | None]
-#: (t, y) at every tick where y changed, then ("end", T)
+FloatArray = npt.NDArray[np.float64]
+#: (t, y) at every tick where y changed
 Transcript = list[tuple[int, float]]
-Feature = Callable[[Transcript, int], Hashable]
 Factory = Callable[[str], Counter]
+#: releases (runs x T) -> one score per run
+Score = Callable[[FloatArray], FloatArray]
+
+
+class AuditError(Exception):
+    """The audit cannot run or cannot conclude (constant score, bad streams, bad sizes)."""
+
+
+# ------------------------------------------------------------------------ statistics
 
 
 def clopper_pearson(k: int, n: int, alpha: float) -> tuple[float, float]:
@@ -42,6 +70,181 @@ def clopper_pearson(k: int, n: int, alpha: float) -> tuple[float, float]:
     lo = 0.0 if k == 0 else float(stats.beta.ppf(alpha / 2, k, n - k + 1))
     hi = 1.0 if k == n else float(stats.beta.ppf(1 - alpha / 2, k + 1, n - k))
     return lo, hi
+
+
+def _cp_low(k: npt.NDArray[np.int64], n: int, level: float) -> FloatArray:
+    """One-sided lower Clopper-Pearson bounds (each holds with probability 1 - level)."""
+    with np.errstate(all="ignore"):
+        lo = stats.beta.ppf(level, k, n - k + 1)
+    return np.where(k == 0, 0.0, np.nan_to_num(lo, nan=0.0)).astype(np.float64)
+
+
+def _cp_high(k: npt.NDArray[np.int64], n: int, level: float) -> FloatArray:
+    """One-sided upper Clopper-Pearson bounds (each holds with probability 1 - level)."""
+    with np.errstate(all="ignore"):
+        hi = stats.beta.ppf(1 - level, k + 1, n - k)
+    return np.where(k == n, 1.0, np.nan_to_num(hi, nan=1.0)).astype(np.float64)
+
+
+def _log_ratio(num: FloatArray, den: FloatArray, delta: float) -> FloatArray:
+    """ln((num - delta) / den), -inf where num <= delta."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.log(np.maximum(num - delta, 0.0)) - np.log(den)
+    return np.where(num > delta, out, -np.inf)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One lower bound on epsilon and how it was obtained.
+
+    `event` is "s >= c" or "s <= c" on the score; `order` says which stream's probability
+    is in the numerator ("x/x'": P_x(E) <= e^eps P_x'(E) + delta was tested). `p_low` and
+    `p_high` are the bounds on the numerator and denominator probabilities (for the known
+    null bound one of them is exact). eps_lb = -inf: no event separated the streams.
+    """
+
+    method: str
+    eps_lb: float
+    event: str
+    threshold: float
+    order: str
+    p_low: float
+    p_high: float
+    n_select: int
+    n_estimate: int
+    alpha: float
+
+
+def _none(method: str, n_sel: int, n_est: int, alpha: float) -> Bound:
+    return Bound(method, -math.inf, "none", math.nan, "", 0.0, 1.0, n_sel, n_est, alpha)
+
+
+def _counts_ge(sorted_s: FloatArray, c: FloatArray) -> npt.NDArray[np.int64]:
+    return (sorted_s.size - np.searchsorted(sorted_s, c, side="left")).astype(np.int64)
+
+
+def _counts_le(sorted_s: FloatArray, c: FloatArray) -> npt.NDArray[np.int64]:
+    return np.searchsorted(sorted_s, c, side="right").astype(np.int64)
+
+
+#: at most this many candidate thresholds are scored on the selection half (quantiles)
+MAX_THRESHOLDS = 400
+#: an event is a candidate only if at least this many selection runs fall in it on the
+#: numerator's side: thresholds at the last few order statistics look best on the selection
+#: half by chance and then come out empty on the estimation half
+MIN_COUNT = 10
+
+
+def _candidates(a: FloatArray, b: FloatArray) -> FloatArray:
+    c = np.unique(np.concatenate([a, b]))
+    if c.size > MAX_THRESHOLDS:
+        c = np.unique(np.quantile(c, np.linspace(0.0, 1.0, MAX_THRESHOLDS)))
+    return c
+
+
+def empirical_bound(s0: FloatArray, s1: FloatArray, delta: float, alpha: float) -> Bound:
+    """The assumption-free bound (module docstring): holds with probability >= 1 - alpha/2.
+
+    The first half of each sample selects (threshold, event, order), the second half
+    estimates: P_a(E) >= p_low and P_b(E) <= p_high with one-sided level alpha/4 each."""
+    s0 = np.asarray(s0, dtype=np.float64)
+    s1 = np.asarray(s1, dtype=np.float64)
+    h0, h1 = s0.size // 2, s1.size // 2
+    if min(h0, h1) < 1:
+        raise AuditError("need at least 2 runs per stream")
+    sel = (np.sort(s0[:h0]), np.sort(s1[:h1]))
+    est = (np.sort(s0[h0:]), np.sort(s1[h1:]))
+    cands = _candidates(*sel)
+    lvl = alpha / 4
+    best: tuple[float, int, int, float] | None = None  # (score, event, order, c)
+    for ev, count in enumerate((_counts_ge, _counts_le)):
+        k = (count(sel[0], cands), count(sel[1], cands))
+        n = (h0, h1)
+        for order in (0, 1):  # 0: numerator x, 1: numerator x'
+            a, b = (0, 1) if order == 0 else (1, 0)
+            sc = _log_ratio(_cp_low(k[a], n[a], lvl), _cp_high(k[b], n[b], lvl), delta)
+            sc = np.where(k[a] >= min(MIN_COUNT, n[a]), sc, -np.inf)
+            i = int(np.argmax(sc))
+            if best is None or sc[i] > best[0]:
+                best = (float(sc[i]), ev, order, float(cands[i]))
+    n_est = min(s0.size - h0, s1.size - h1)
+    if best is None or best[0] == -math.inf:
+        return _none("empirical", min(h0, h1), n_est, alpha)
+    _, ev, order, c = best
+    count = _counts_ge if ev == 0 else _counts_le
+    a, b = (0, 1) if order == 0 else (1, 0)
+    ca = np.array([c])
+    ka, kb = count(est[a], ca), count(est[b], ca)
+    p_low = float(_cp_low(ka, est[a].size, lvl)[0])
+    p_high = float(_cp_high(kb, est[b].size, lvl)[0])
+    lb = float(_log_ratio(np.array([p_low]), np.array([p_high]), delta)[0])
+    return Bound("empirical", lb, "s >= c" if ev == 0 else "s <= c", c,
+                 "x/x'" if order == 0 else "x'/x", p_low, p_high, min(h0, h1), n_est, alpha)
+
+
+def attainable_bound(n_estimate: int, delta: float, alpha: float) -> float:
+    """The largest value `empirical_bound` can return with n_estimate runs per stream in
+    the estimation half (perfect separation): a configured eps at or above it cannot fail."""
+    n = max(1, n_estimate)
+    k = np.array([n])
+    lo = _cp_low(k, n, alpha / 4)
+    hi = _cp_high(np.array([0]), n, alpha / 4)
+    return float(_log_ratio(lo, hi, delta)[0])
+
+
+def known_null_bound(z1: FloatArray, delta: float, alpha: float) -> Bound:
+    """The known-law bound: z1 are scores on x' standardised so that on x they are N(0, 1).
+
+    For E = {z >= c}: eps >= ln((P_x'(E) - delta) / Phi(-c)); for E = {z <= c}:
+    eps >= ln((Phi(c) - delta) / P_x'(E)). The threshold and event are chosen on the first
+    half of z1 and P_x'(E) is bounded (one-sided Clopper-Pearson at alpha/4) on the second
+    half. To choose, the first half is summarised as N(m, s^2) (its mean and deviation)
+    and the threshold that maximises the bound expected on the second half is taken: tail
+    counts of a few runs are too noisy to choose by. Holds with probability >= 1 - alpha/2
+    when the claimed law is right (see null_law_check).
+    """
+    z1 = np.asarray(z1, dtype=np.float64)
+    h = z1.size // 2
+    if h < 2:
+        raise AuditError("need at least 4 runs on x'")
+    sel, est = z1[:h], np.sort(z1[h:])
+    n = est.size
+    m, sd = float(np.mean(sel)), max(float(np.std(sel, ddof=1)), 1e-12)
+    lvl = alpha / 4
+    cands = np.unique(np.concatenate([np.linspace(-40.0, 40.0, 8001), sel]))
+    # a pessimistic count (two standard deviations below the expected one), so the chosen
+    # threshold keeps enough runs in the event on the estimation half
+    k_up = _pessimistic(n * stats.norm.sf(cands, m, sd))
+    up = _log_ratio(_cp_low(k_up, n, lvl), stats.norm.sf(cands), delta)
+    k_dn = n - _pessimistic(n * stats.norm.sf(cands, m, sd))
+    down = _log_ratio(stats.norm.cdf(cands), _cp_high(k_dn, n, lvl), delta)
+    iu, idn = int(np.argmax(up)), int(np.argmax(down))
+    if max(up[iu], down[idn]) == -math.inf:
+        return _none("known-null", h, n, alpha)
+    ca = np.array([cands[iu] if up[iu] >= down[idn] else cands[idn]])
+    if up[iu] >= down[idn]:
+        p_low = float(_cp_low(_counts_ge(est, ca), n, lvl)[0])
+        p_high = float(stats.norm.sf(ca[0]))
+        ev, order = "s >= c", "x'/x"
+    else:
+        p_low = float(stats.norm.cdf(ca[0]))
+        p_high = float(_cp_high(_counts_le(est, ca), n, lvl)[0])
+        ev, order = "s <= c", "x/x'"
+    lb = float(_log_ratio(np.array([p_low]), np.array([p_high]), delta)[0])
+    return Bound("known-null", lb, ev, float(ca[0]), order, p_low, p_high, h, n, alpha)
+
+
+def _pessimistic(expected: FloatArray) -> npt.NDArray[np.int64]:
+    return np.floor(np.maximum(expected - 2.0 * np.sqrt(expected), 0.0)).astype(np.int64)
+
+
+def null_law_check(z0: FloatArray) -> float:
+    """p-value of the Kolmogorov-Smirnov test of the standardised scores on x against
+    N(0, 1): small when the mechanism does not add the noise its law claims."""
+    return float(stats.kstest(np.asarray(z0, dtype=np.float64), "norm").pvalue)
+
+
+# ------------------------------------------------------------------------ streams
 
 
 def insertion_neighbour(xs: Stream, i: int, value: float = 1.0) -> list[float | None]:
@@ -57,6 +260,22 @@ def insertion_neighbour(xs: Stream, i: int, value: float = 1.0) -> list[float | 
         k += 1
     out.extend(xs[k + 1:])
     return out[: len(xs)]
+
+
+def prefix_sums(xs: Stream) -> FloatArray:
+    """s_1..s_T (⊥ counts as 0)."""
+    return np.cumsum([0.0 if v is None else float(v) for v in xs], dtype=np.float64)
+
+
+def shift_profile(x0: Stream, x1: Stream) -> FloatArray:
+    """d_t = s'_t - s_t: how the neighbour moves every prefix sum (the signal every score
+    looks for). For an insertion at tick 1, d_t = 1 - x_t until the shift is absorbed."""
+    if len(x0) != len(x1):
+        raise AuditError("the two streams must have the same length")
+    return prefix_sums(x1) - prefix_sums(x0)
+
+
+# ------------------------------------------------------------------------ releases
 
 
 def run_transcript(m: Counter, xs: Stream) -> Transcript:
@@ -80,123 +299,367 @@ def run_transcript(m: Counter, xs: Stream) -> Transcript:
     return out
 
 
-def final_value(tr: Transcript, n: int) -> Hashable:
-    """y at the last tick (0.0 if nothing was released)."""
-    return tr[-1][1] if tr else 0.0
+def release_row(tr: Transcript, n: int) -> FloatArray:
+    """y_1..y_n from the changes of a transcript (y holds between changes, y_0 = 0)."""
+    row = np.zeros(n, dtype=np.float64)
+    prev_t, prev_y = 1, 0.0
+    for t, y in tr:
+        if t > n:
+            break
+        row[prev_t - 1 : t - 1] = prev_y
+        prev_t, prev_y = t, y
+    row[prev_t - 1:] = prev_y
+    return row
 
 
-def first_release(tr: Transcript, n: int) -> Hashable:
-    """(tick, value) of the first change of y, or None."""
-    return tr[0] if tr else None
+def core_releases(factory: Factory, xs: Stream, runs: int, label: str) -> FloatArray:
+    """Releases (runs x T) of independently keyed counters factory(f"{label}/{i}") on xs."""
+    return np.stack([release_row(run_transcript(factory(f"{label}/{i}"), xs), len(xs))
+                     for i in range(runs)]) if runs else np.zeros((0, len(xs)))
 
 
-def bucketed(feature: Feature, width: float) -> Feature:
-    """A numeric feature rounded down to multiples of `width` (histogram buckets)."""
+# ------------------------------------------------------------------------ scores
 
-    def f(tr: Transcript, n: int) -> Hashable:
-        v = feature(tr, n)
-        if isinstance(v, int | float) and not isinstance(v, bool):
-            return math.floor(v / width) * width
-        return v
+
+def linear_score(w: FloatArray, offset: float = 0.0, scale: float = 1.0) -> Score:
+    """s = (y . w - offset) / scale per run."""
+    w = np.asarray(w, dtype=np.float64)
+
+    def f(y: FloatArray) -> FloatArray:
+        return np.asarray((y @ w - offset) / scale, dtype=np.float64)
 
     return f
 
 
+def increment_weights(x0: Stream, x1: Stream) -> FloatArray:
+    """The Section 8 linear attack, generalised: S = sum_t dy_t (x'_t - x_t), the increments
+    of y matched to the per-tick input difference, written as y . w. It sees the queue
+    shift as the differences of consecutive inputs, which is what swap-private counters
+    protect only once per changed tick."""
+    e = shift_profile(x0, x1)
+    dx = np.diff(e, prepend=0.0)  # x'_t - x_t
+    w = dx.copy()
+    w[:-1] -= dx[1:]  # sum_t (y_t - y_{t-1}) dx_t = sum_t y_t (dx_t - dx_{t+1})
+    return w
+
+
+def matched_weights(x0: Stream, x1: Stream) -> FloatArray:
+    """sum_t y_t d_t: a statistic over the whole release stream, matched to the shift of
+    the prefix sums (what a counter that holds and re-releases its estimate exposes)."""
+    return shift_profile(x0, x1)
+
+
+def gaussian_lr_score(d: FloatArray, s0: FloatArray, sigma: FloatArray) -> Score:
+    """The likelihood-ratio statistic for independent Gaussian noise (GaussianCC):
+    z = sum_t d_t (y_t - s_t) / sigma_t^2 / m, m = sqrt(sum_t d_t^2 / sigma_t^2).
+    Exactly N(0, 1) on x and N(m, 1) on x' under the claimed law; m is the mu of the
+    Gaussian DP guarantee that this pair of streams exercises."""
+    w = d / sigma**2
+    m = math.sqrt(float(np.sum(d * d / sigma**2)))
+    if m == 0.0:
+        raise AuditError("the two streams have the same prefix sums: nothing to test")
+    return linear_score(w, float(s0 @ w), m)
+
+
+def cc_noise_cov(eps: float, delta: float, n: int) -> FloatArray:
+    """Covariance (events^2) of y_t - s_t, t = 1..n, of UnboundedCC(eps, delta) with the
+    tree base (BaseCC, and PartitionCC's counter of block sums), from its construction
+    (cc.py): every completed interval I_k adds one release of variance a^2, so ticks s <= t
+    share K(s) of them; inside the running interval I_k (not at its last tick) the
+    GaussianTree of horizon 2^{k-1} - 1 adds, at local time tau, one node of variance b_k^2
+    per set bit h of tau (the node tau >> h of level h), shared by two ticks of the same
+    interval exactly when both have bit h set and the same tau >> h."""
+    num, den = gaussian_sigma2(eps / 2, delta / 2, float(UNIT))
+    a2 = num / den / UNIT**2
+    t = np.arange(1, n + 1, dtype=np.int64)
+    completed = np.array([(int(v) + 1).bit_length() - 1 for v in t], dtype=np.int64)
+    level = np.array([int(v).bit_length() for v in t], dtype=np.int64)  # t in I_level
+    cov = a2 * np.minimum.outer(completed, completed).astype(np.float64)
+    start = np.left_shift(1, level - 1)
+    tau = t - start + 1
+    inner = t != (2 * start - 1)  # the last tick of I_k is p_k alone
+    same = np.equal.outer(level, level) & np.logical_and.outer(inner, inner)
+    for k in np.unique(level[inner]):
+        h_n = int((1 << (int(k) - 1)) - 1)
+        num, den = tree_node_sigma2(eps / 2, delta / 2, h_n, UNIT)
+        b2 = num / den / UNIT**2
+        rows = np.flatnonzero((level == k) & inner)
+        tk = tau[rows]
+        shared = np.zeros((rows.size, rows.size), dtype=np.float64)
+        for h in range(h_n.bit_length()):
+            on = ((tk >> h) & 1).astype(bool)
+            node = np.where(on, tk >> h, -1)
+            shared += np.equal.outer(node, node) & np.logical_and.outer(on, on)
+        cov[np.ix_(rows, rows)] += b2 * shared * same[np.ix_(rows, rows)]
+    return cov
+
+
+class GaussianLaw:
+    """A claimed noise law y = m + e, e ~ N(0, cov), for the likelihood-ratio score
+    z = d' C^-1 (v - m0) / sqrt(d' C^-1 d) of a mean shift d: N(0, 1) on x, N(|d|_C, 1) on x'.
+    Works on any leading block of the covariance (releases 1..L), via one Cholesky factor."""
+
+    def __init__(self, cov: FloatArray) -> None:
+        self.chol = np.linalg.cholesky(np.asarray(cov, dtype=np.float64))
+
+    def z(self, resid: FloatArray, d: FloatArray) -> tuple[float, float]:
+        """(z, m) for one run: resid = v - m0 and d over the first L releases."""
+        n = resid.size
+        if n == 0:
+            return math.nan, 0.0
+        lo = self.chol[:n, :n]
+        wd = _solve_lower(lo, d)
+        m2 = float(wd @ wd)
+        if m2 == 0.0:
+            return math.nan, 0.0
+        wr = _solve_lower(lo, resid)
+        return float(wd @ wr) / math.sqrt(m2), math.sqrt(m2)
+
+
+def _solve_lower(lo: FloatArray, b: FloatArray) -> FloatArray:
+    from scipy.linalg import solve_triangular
+
+    return np.asarray(solve_triangular(lo, b, lower=True), dtype=np.float64)
+
+
+# ------------------------------------------------------------------------ the audit
+
+
 @dataclass(frozen=True)
 class AuditResult:
-    """The outcome: eps_lb (a lower bound on epsilon with confidence 1 - alpha; -inf if
-    no event separates the streams) next to the configured eps."""
+    """The verdict: passed iff every bound is <= eps and the null law (if any) holds.
+
+    The false-alarm rate of "not passed" for a correct (eps, delta)-DP mechanism is at
+    most alpha (alpha/2 per bound; the null-law check runs at `law_alpha`, added to it).
+    """
 
     eps: float
     delta: float
-    eps_lb: float
-    event: str
-    direction: str
-    runs: int
-    p0_low: float
-    p1_high: float
     alpha: float
+    runs: int
+    bounds: tuple[Bound, ...]
+    attainable: float
+    null_law_p: float | None
+    law_alpha: float
+
+    @property
+    def eps_lb(self) -> float:
+        return max((b.eps_lb for b in self.bounds), default=-math.inf)
+
+    @property
+    def null_law_ok(self) -> bool:
+        return self.null_law_p is None or self.null_law_p >= self.law_alpha
 
     @property
     def passed(self) -> bool:
-        return self.eps_lb <= self.eps
+        return self.eps_lb <= self.eps and self.null_law_ok
+
+
+def check_spread(s0: FloatArray, s1: FloatArray, what: str = "score") -> None:
+    """Fail loudly when the score is the same in every run: no test is possible (for ECC
+    or SimECC this means nothing was released in the window; lengthen the stream)."""
+    both = np.concatenate([s0, s1])
+    if both.size == 0 or not np.all(np.isfinite(both)):
+        raise AuditError(f"the {what} is missing or not finite")
+    if float(np.max(both)) == float(np.min(both)):
+        raise AuditError(
+            f"the {what} is constant ({float(both[0])!r}) over all {both.size} runs: the "
+            "mechanism released nothing that depends on the noise in this window; use more "
+            "events or more ticks")
+
+
+def judge(s0: FloatArray, s1: FloatArray, *, eps: float, delta: float, alpha: float = 0.05,
+          known_null: bool = False, law_alpha: float = 1e-3) -> AuditResult:
+    """Both bounds (the known-null one only if `known_null`: s0, s1 are standardised under
+    the claimed law) and the verdict."""
+    check_spread(s0, s1)
+    bounds = [empirical_bound(s0, s1, delta, alpha)]
+    p_law: float | None = None
+    if known_null:
+        bounds.append(known_null_bound(s1, delta, alpha))
+        p_law = null_law_check(s0)
+    n_est = bounds[0].n_estimate
+    return AuditResult(eps, delta, alpha, int(s0.size + s1.size), tuple(bounds),
+                       attainable_bound(n_est, delta, alpha), p_law, law_alpha)
+
+
+def audit(factory: Factory, x0: Stream, x1: Stream, runs: int, *, eps: float, delta: float,
+          score: Score, alpha: float = 0.05, known_null: bool = False,
+          label: str = "audit") -> AuditResult:
+    """Run `runs` independently keyed runs of the core counters on each stream (ids
+    f"{label}/0/{i}" and f"{label}/1/{i}"), score every run, and judge."""
+    if len(x0) != len(x1):
+        raise AuditError("the two streams must have the same length")
+    y0 = core_releases(factory, x0, runs, f"{label}/0")
+    y1 = core_releases(factory, x1, runs, f"{label}/1")
+    return judge(score(y0), score(y1), eps=eps, delta=delta, alpha=alpha,
+                 known_null=known_null)
+
+
+# ------------------------------------------------------------------------ plans
+
+
+#: the event patterns a plan can put before the gap: "alternating" 1, 0, 1, 0, ... (the
+#: shift moves the prefix sum at every other tick), "ones" (all 1), "empty" (no event:
+#: the neighbour is one event at tick 1, the prefix sums differ by 1 at every tick)
+PATTERNS = ("alternating", "ones", "empty")
+
+
+def make_streams(pattern: str, events: int, gap: int) -> tuple[list[float | None],
+                                                                list[float | None]]:
+    """(x, x'): `events` events of the pattern then `gap` ⊥ ticks, and its insertion
+    neighbour at tick 1 (a 1 is queued first; the first ⊥ absorbs the shift)."""
+    if pattern not in PATTERNS:
+        raise AuditError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
+    if events < 0 or gap < 1:
+        raise AuditError("need events >= 0 and gap >= 1")
+    if pattern == "alternating":
+        vals: list[float | None] = [1.0 - (i % 2) for i in range(events)]
+    elif pattern == "ones":
+        vals = [1.0] * events
+    else:
+        vals = [None] * events
+    x0 = [*vals, *([None] * gap)]
+    return x0, insertion_neighbour(x0, 1)
 
 
 @dataclass(frozen=True)
-class _Event:
-    """One candidate event on a feature value: equality, or a threshold for numbers."""
+class Plan:
+    """What the audit feeds a mechanism and what it looks at.
 
-    op: str
-    c: Hashable
+    score maps releases (runs x T) to one real per run; known_null says the score is
+    standardised under the mechanism's claimed law (N(0, 1) on x exactly)."""
 
-    def __call__(self, f: Hashable) -> bool:
-        if self.op == "==":
-            return bool(f == self.c)
-        if not isinstance(f, int | float) or not isinstance(self.c, int | float):
-            return False
-        return f <= self.c if self.op == "<=" else f >= self.c
-
-    def __str__(self) -> str:
-        return f"f {self.op} {self.c!r}"
+    x0: list[float | None]
+    x1: list[float | None]
+    score: Score
+    known_null: bool
+    feature: str
 
 
-def _events(a: list[Hashable], b: list[Hashable]) -> list[_Event]:
-    """Candidate events: each observed value, and for numbers every threshold {f <= c}
-    and {f >= c}."""
-    vals = set(a) | set(b)
-    out = [_Event("==", v) for v in vals]
-    nums = sorted(v for v in vals if isinstance(v, int | float) and not isinstance(v, bool))
-    for c in nums:
-        out += [_Event("<=", c), _Event(">=", c)]
-    return out
+#: default (pattern, events, gap, feature) per mechanism: streams long enough for every
+#: mechanism to release (ECC needs its partition to fire; SimECC's blocks and the BCC delay
+#: must fit before the end)
+DEFAULTS: dict[str, tuple[str, int, int, str]] = {
+    "gaussiancc": ("empty", 63, 1, "lr"),
+    "basecc": ("alternating", 200, 1, "lr"),
+    "partitioncc": ("alternating", 4000, 1, "lr"),
+    "tree": ("alternating", 200, 1, "increments"),
+    "ecc": ("alternating", 140, 60, "first"),
+    "simecc": ("empty", 200, 200, "values"),
+}
+
+FEATURES = ("lr", "values", "increments", "matched", "final", "first")
 
 
-def _score(ka: int, kb: int, na: int, nb: int, delta: float, alpha: float) -> float:
-    """The bound the event would give on these counts (used on the selection half)."""
-    lo = clopper_pearson(ka, na, alpha)[0]
-    hi = clopper_pearson(kb, nb, alpha)[1]
-    return math.log((lo - delta) / hi) if lo > delta else -math.inf
+def first_release_tick(y: FloatArray) -> FloatArray:
+    """The tick of the first change of y per run (T + 1 if y never changes): the timing
+    channel of counters whose releases are scheduled (ECC's BCC delays)."""
+    moved = np.diff(y, axis=1, prepend=0.0) != 0.0
+    any_ = moved.any(axis=1)
+    first = np.where(any_, np.argmax(moved, axis=1) + 1, y.shape[1] + 1)
+    return np.asarray(first, dtype=np.float64)
 
 
-def eps_lower_bound(f0: list[Hashable], f1: list[Hashable], delta: float, alpha: float,
-                    eps: float = math.inf) -> AuditResult:
-    """The audit's statistics from the features of the runs on each stream (see module
-    docstring; the first half of each list selects, the second half estimates)."""
-    h0, h1 = len(f0) // 2, len(f1) // 2
-    sel0, sel1, est0, est1 = f0[:h0], f1[:h1], f0[h0:], f1[h1:]
-    best: tuple[float, _Event, bool] | None = None
-    for ev in _events(sel0, sel1):
-        k0 = sum(map(ev, sel0))
-        k1 = sum(map(ev, sel1))
-        for flip in (False, True):
-            a, b = (k1, k0) if flip else (k0, k1)
-            sc = _score(a, b, *((h1, h0) if flip else (h0, h1)), delta, alpha)
-            if best is None or sc > best[0]:
-                best = (sc, ev, flip)
-    if best is None or not est0 or not est1:
-        return AuditResult(eps, delta, -math.inf, "none", "", len(f0) + len(f1), 0.0, 1.0,
-                           alpha)
-    _, ev, flip = best
-    a_runs, b_runs = (est1, est0) if flip else (est0, est1)
-    ka, kb = sum(map(ev, a_runs)), sum(map(ev, b_runs))
-    # each one-sided bound at level alpha/2: two-sided intervals at level alpha
-    p_low = clopper_pearson(ka, len(a_runs), alpha)[0]
-    p_high = clopper_pearson(kb, len(b_runs), alpha)[1]
-    lb = math.log((p_low - delta) / p_high) if p_low > delta else -math.inf
-    return AuditResult(eps, delta, lb, str(ev), "x' vs x" if flip else "x vs x'",
-                       len(f0) + len(f1), p_low, p_high, alpha)
+def plan_for(mechanism: str, eps: float, delta: float, x0: list[float | None],
+             x1: list[float | None], feature: str, **params: int) -> Plan:
+    """The score `feature` for this mechanism on (x, x'):
+
+    - "lr": the likelihood-ratio statistic under the mechanism's claimed Gaussian law
+      (gaussiancc: independent sigma_t; basecc: the CC covariance; partitioncc: the CC
+      covariance over its releases, which happen at public ticks), standardised: enables
+      the known-null bound;
+    - "values": for ecc and simecc, the same statistic over the sequence of released values
+      (their CC's law; the release ticks are BCC-delayed, so the shift is read at the
+      release tick, exact when d is constant as with the "empty" pattern): a feature for the
+      assumption-free bound only;
+    - "increments": the Section 8 linear attack sum_t dy_t (x'_t - x_t);
+    - "matched": sum_t y_t d_t, the whole release stream against the prefix shift;
+    - "final": y_T;
+    - "first": the tick of the first release.
+    """
+    d = shift_profile(x0, x1)
+    s0 = prefix_sums(x0)
+    n = len(x0)
+    if not np.any(d):
+        raise AuditError("the two streams have the same prefix sums: nothing to test")
+    if feature == "increments":
+        return Plan(x0, x1, linear_score(increment_weights(x0, x1)), False, feature)
+    if feature == "matched":
+        return Plan(x0, x1, linear_score(d), False, feature)
+    if feature == "first":
+        return Plan(x0, x1, first_release_tick, False, feature)
+    if feature == "final":
+        w = np.zeros(n)
+        w[-1] = 1.0
+        return Plan(x0, x1, linear_score(w), False, feature)
+    if feature == "values":
+        if mechanism not in ("ecc", "simecc"):
+            raise AuditError("the values feature is for ecc and simecc")
+        from processor.core.ecc import ecc_parameters, simecc_parameters
+
+        ep = ecc_parameters(eps, delta) if mechanism == "ecc" else simecc_parameters(eps, delta)
+        law = GaussianLaw(cc_noise_cov(ep.cc_eps, ep.cc_delta, _max_blocks(n)))
+        return Plan(x0, x1, _release_lr(law, d, s0), False, feature)
+    if feature != "lr":
+        raise AuditError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")
+    if mechanism == "gaussiancc":
+        sig = np.array([gaussiancc_sigma(eps, delta, t) for t in range(1, n + 1)])
+        return Plan(x0, x1, gaussian_lr_score(d, s0, sig), True, feature)
+    if mechanism == "basecc":
+        law = GaussianLaw(cc_noise_cov(eps, delta, n))
+        wd = _solve_lower(law.chol, d)
+        m = math.sqrt(float(wd @ wd))
+        w = _solve_upper(law.chol.T, wd)  # C^-1 d
+        return Plan(x0, x1, linear_score(w, float(s0 @ w), m), True, feature)
+    if mechanism == "partitioncc":
+        p = partitioncc_parameters(eps, delta, int(params.get("horizon", 10_000)))
+        law = GaussianLaw(cc_noise_cov(p.cc_eps, p.cc_delta, _max_blocks(n)))
+        return Plan(x0, x1, _release_lr(law, d, s0), True, feature)
+    raise AuditError(f"no likelihood-ratio score for {mechanism!r}; use increments, "
+                     "matched or final")
 
 
-def audit(factory: Factory, x0: Stream, x1: Stream, runs: int, *, eps: float,
-          delta: float, feature: Feature = final_value, alpha: float = 0.05,
-          label: str = "audit") -> AuditResult:
-    """Run `runs` independently keyed runs on each stream (counter ids f"{label}/0/{i}"
-    and f"{label}/1/{i}" under the factory's key) and bound epsilon from below."""
-    if len(x0) != len(x1):
-        raise ValueError("the two streams must have the same length")
-    f0 = [feature(run_transcript(factory(f"{label}/0/{i}"), x0), len(x0)) for i in range(runs)]
-    f1 = [feature(run_transcript(factory(f"{label}/1/{i}"), x1), len(x1)) for i in range(runs)]
-    return eps_lower_bound(f0, f1, delta, alpha, eps)
+def _max_blocks(n: int) -> int:
+    # PartitionCC closes at most one block per tick; its blocks hold many events, so a
+    # covariance over min(n, 2048) releases is plenty (more releases raise AuditError).
+    return min(n, 2048)
+
+
+def _solve_upper(up: FloatArray, b: FloatArray) -> FloatArray:
+    from scipy.linalg import solve_triangular
+
+    return np.asarray(solve_triangular(up, b, lower=False), dtype=np.float64)
+
+
+def _release_lr(law: GaussianLaw, d: FloatArray, s0: FloatArray) -> Score:
+    """The likelihood-ratio score of a counter that releases CC estimates of the prefix sum
+    at public ticks (the ticks where y changes) and holds in between: per run, over its
+    releases v_1..v_L at ticks t_1..t_L, z = d' C^-1 (v - s_t) / |d|_C with C the CC
+    covariance of releases 1..L. Given the ticks, z is N(0, 1) on x whatever the ticks are,
+    so it is N(0, 1) on x exactly. A run whose releases carry no shift (d = 0 at every
+    release) scores its last release alone (still N(0, 1) on x); a run without any release
+    scores 0.0, which the null-law check then reports."""
+    def f(y: FloatArray) -> FloatArray:
+        out = np.zeros(y.shape[0], dtype=np.float64)
+        cap = law.chol.shape[0]
+        for r in range(y.shape[0]):
+            row = y[r]
+            ticks = np.flatnonzero(np.diff(row, prepend=0.0) != 0.0)
+            if ticks.size == 0:
+                continue
+            if ticks.size > cap:
+                raise AuditError(f"more than {cap} releases in one run")
+            resid = row[ticks] - s0[ticks]
+            z, _ = law.z(resid, d[ticks])
+            if math.isnan(z):
+                e = np.zeros(ticks.size)
+                e[-1] = 1.0
+                z, _ = law.z(resid, e)
+            out[r] = z
+        return out
+
+    return f
 
 
 # ------------------------------------------------------------------ Section 8 attack
