@@ -291,9 +291,10 @@ class ECC(_EccBase):
     """ECC (Algorithm 2): sparsity-adaptive, (eps, delta)-DP for edit neighbours."""
 
     mechanism: ClassVar[str] = "ecc"
-    #: 2: the SVT starts every ⊥ run with svt.PREFIX dense steps (field "r"); version-1
-    #: states would continue with other draws, so they are refused.
-    state_version: ClassVar[int] = 2
+    #: 2: the SVT starts every ⊥ run with svt.PREFIX dense steps (field "r").
+    #: 3: the ⊥-run plan is sampled exactly (other words of the skip lane than the float64
+    #: sampler of versions 1-2). Older states would continue with other draws: refused.
+    state_version: ClassVar[int] = 3
 
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
         p = ecc_parameters(eps, delta)

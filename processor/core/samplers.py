@@ -20,10 +20,9 @@ Conventions shared by all samplers:
   word in all but ~1e-16 of cases (von Neumann's K from 18!/k! thresholds) and continued
   exactly otherwise.
 
-The float helpers at the end (`uniform01`, `geometric_failures`, `bernoulli_float`) are
-NOT exact: they are for a mechanism's `skip(n)` fast path where a float64 approximation
-(relative error about 2^-52 in the probability) is acceptable and documented. Each of them
-consumes exactly one word.
+There are no float samplers: every draw is exact. (The SVT's skip path compares lazily
+refined uniforms with float bounds first, but decides only when the decision is certain;
+see svt.py.)
 """
 
 from __future__ import annotations
@@ -45,7 +44,6 @@ __all__ = [
     "BLOCK_MAX_T",
     "LaplaceBank",
     "bernoulli_exp",
-    "bernoulli_float",
     "bernoulli_frac",
     "discrete_gaussian",
     "discrete_laplace",
@@ -53,9 +51,7 @@ __all__ = [
     "dlap_log_sf",
     "dlap_sf",
     "gaussian_sigma2_units",
-    "geometric_failures",
     "laplace_scale_units",
-    "uniform01",
     "uniform_below",
 ]
 
@@ -634,56 +630,6 @@ class LaplaceBank:
 
     def __repr__(self) -> str:
         return f"LaplaceBank(label={self.stream.label!r}, t={self.t}, s={self.s})"
-
-
-# --------------------------------------------------------------------------- float helpers
-
-
-def uniform01(cur: WordCursor) -> float:
-    """A float uniform on the odd multiples of 2^-53 in (0, 1); reads one word.
-
-    APPROXIMATE (float64): values are (2k + 1) / 2^53 for k uniform in [0, 2^52), so never
-    0 or 1, and P(u < p) differs from p by at most 2^-53 for any p in [0, 1].
-    """
-    k = cur.next_word() >> 12
-    return (2 * k + 1) / float(1 << 53)
-
-
-def _check_prob(p: float, *, allow_zero: bool) -> float:
-    if isinstance(p, bool) or not isinstance(p, int | float):
-        raise InvalidParameterError(f"probability must be a number, got {type(p).__name__}")
-    pf = float(p)
-    lo_ok = pf >= 0.0 if allow_zero else pf > 0.0
-    if not (lo_ok and pf <= 1.0):  # also rejects NaN
-        raise InvalidParameterError(f"probability out of range: {p!r}")
-    return pf
-
-
-def geometric_failures(cur: WordCursor, p: float) -> int:
-    """Failures before the first success of Bernoulli(p) trials, p in (0, 1]; one word.
-
-    APPROXIMATE (float64 inversion): floor(ln u / ln(1 - p)) with u = uniform01(cur). The
-    law matches Geometric(p) up to the float rounding of the logarithms (relative error
-    ~1e-15 in the CDF) and the 2^-53 grid of u (so the result is < 37 / -ln(1-p)). For tiny
-    p the result can be a huge Python int; it never overflows (a Fraction is used when the
-    float quotient is not finite).
-    """
-    pf = _check_prob(p, allow_zero=False)
-    u = uniform01(cur)
-    if pf == 1.0:
-        return 0
-    lu = -math.log(u)  # > 0
-    ln1p = -math.log1p(-pf)  # > 0 (p > 0), possibly subnormal
-    q = lu / ln1p
-    if math.isfinite(q):
-        return math.floor(q)
-    return math.floor(Fraction(lu) / Fraction(ln1p))
-
-
-def bernoulli_float(cur: WordCursor, p: float) -> bool:
-    """True with probability p up to 2^-53 (APPROXIMATE, float64); reads one word."""
-    pf = _check_prob(p, allow_zero=True)
-    return uniform01(cur) < pf
 
 
 # --------------------------------------------------------------------------- closed forms

@@ -15,13 +15,21 @@ Two ways to advance:
   (first SCALAR_DRAWS from a scalar cursor, then from a vectorised LaplaceBank);
 - skip, `first_fire(v, n)` and the presampled plan: given Z_0 (which the instance holds),
   the steps are independent and step s fires with probability q_s = P(Z > k_s),
-  k_s = floor(threshold_s * UNIT) + Z_0 - v. q_s is non-increasing in s, so the first
-  firing time is sampled by thinning: on each dyadic block [2^j, 2^{j+1}) of the local
-  step counter, candidates come at the constant rate q at the block start (one Exp(1)
-  draw carried across blocks by memorylessness), and a candidate at s is accepted with
-  probability q_s / q_block. q_s decays like 1/s^2, so the expected number of candidates
-  is O(1) and the work is one pass over at most 62 blocks, whatever n is. The skip path
-  reads its own WordCursor, whose position is in state.
+  k_s = floor(threshold_s * UNIT) + Z_0 - v, non-decreasing in s, so q_s is
+  non-increasing. The first firing time is sampled EXACTLY (the law of dense feeds, no
+  float approximation) by thinning: a step with k_s < 0 is one exact DLap draw; from a
+  step with k_s >= 0 on, on each dyadic block [b, 2^j) of the local step counter,
+  candidates come with the constant per-step probability q_b (>= q_s there), and a
+  candidate c is accepted with probability q_c / q_b = exp(-(k_c - k_b)/t1) (memoryless
+  tail of the discrete Laplace), an exact `bernoulli_exp`. The first candidate is the
+  inverse of the candidate process's survival at one uniform U, refined lazily: float
+  bounds decide unless U falls within about 2^-40 (relative) of a boundary, and then
+  decimal arithmetic with rigorous error bounds and more words of U decide. Every
+  decision holds for all U in the interval its bits define, so the law is exact. q_s
+  decays like 1/s^2, so a bound on the hazard left (`_tail_bound`) usually answers
+  "never" from the first word; the work is O(1) expected words and at most one pass
+  over 62 blocks, whatever n is. The skip path reads its own WordCursor, whose position
+  is in state.
 
 Because the steps are independent given Z_0, a plan sampled for a constant input can be
 dropped at any step s when the input changes: the plan only said "no fire before s", an
@@ -31,16 +39,16 @@ event of the noise of steps before s, and step s onwards uses fresh draws.
 from __future__ import annotations
 
 import math
+from decimal import Context, Decimal, localcontext
 from typing import Any, ClassVar
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import (
     LaplaceBank,
-    bernoulli_float,
+    bernoulli_exp,
     discrete_laplace,
     laplace_scale_units,
-    uniform01,
 )
 
 #: Local steps beyond this are "never": no stream reaches 2^62 ticks.
@@ -54,6 +62,47 @@ SCALAR_DRAWS = 64
 
 #: Dense steps at the start of every run of constant input (see SVT).
 PREFIX = 8
+
+
+#: Relative error bound used for a float-evaluated quantity in the skip sampler. libm's
+#: exp, log and log1p are within a few ulps (2^-52 each); 2^-40 leaves a factor of
+#: thousands, and a decision is taken in floats only when it holds across the bound.
+_REL = 2.0**-40
+
+#: "Float bounds cannot decide": the decimal path takes over.
+_UNSURE = object()
+
+
+class _Uniform:
+    """U uniform on (0, 1), its bits read from a cursor on demand: after `bits` bits,
+    U lies in [m / 2^bits, (m + 1) / 2^bits). U is continuous, so the boundary values
+    have probability 0 and a decision that holds on the whole interval is exact."""
+
+    __slots__ = ("bits", "cur", "m")
+
+    def __init__(self, cur: WordCursor) -> None:
+        self.cur = cur
+        self.m = cur.next_word()
+        self.bits = 64
+
+    def extend(self) -> None:
+        """Read 64 more bits."""
+        self.m = (self.m << 64) | self.cur.next_word()
+        self.bits += 64
+
+    def e_bounds_float(self) -> tuple[float, float]:
+        """Float bounds (lo, hi) on E = -ln U (hi may be inf)."""
+        full = 1 << self.bits
+        lo = _neg_log(self.m + 1, full) * (1.0 - _REL)
+        hi = math.inf if self.m == 0 else _neg_log(self.m, full) * (1.0 + _REL)
+        return lo, hi
+
+
+def _neg_log(num: int, full: int) -> float:
+    """-ln(num / full) for 1 <= num <= full (int / int is correctly rounded in Python)."""
+    if 2 * num > full:
+        return -math.log1p(-((full - num) / full))
+    return -math.log(num / full)
 
 
 def svt_threshold(eps: float, tau: float, t: int) -> float:
@@ -96,6 +145,8 @@ class SVT:
 
     #: dense steps at the start of each ⊥ run (a class attribute so tests can vary it)
     prefix: ClassVar[int] = PREFIX
+    #: skip the float fast path of the plan sampler (agreement tests only)
+    _exact_only: ClassVar[bool] = False
 
     __slots__ = (
         "_ahead",
@@ -104,6 +155,7 @@ class SVT:
         "_c",
         "_cached",
         "_cursor",
+        "_g",
         "_has_plan",
         "_lam",
         "_log1pq",
@@ -134,6 +186,7 @@ class SVT:
         self._c = math.ceil(12.0 / eps)
         self._lam = 1 / self._t1
         self._log1pq = math.log1p(math.exp(-self._lam))
+        self._g = 8.0 * UNIT / (eps * self._t1)  # q_s decays like (s + c)^-g
         zstream = KeyedStream(key, label + "/z")
         self._bank = LaplaceBank(zstream, self._t1)
         #: scalar draws looked at ahead of consumption (by `due`): (value, cursor after)
@@ -241,56 +294,166 @@ class SVT:
 
     def _sample(self, v: int, start: int, end: int, pos: int) -> tuple[int | None, int]:
         """First firing step in [start, end) on constant input v, reading the skip lane
-        from word `pos`; returns (step or None, position after). Pure in the state."""
+        from word `pos`; returns (step or None, position after). Pure in the state.
+
+        Exact (see the module docstring): a step with k_s < 0 (q_s > 1/2) is one exact
+        DLap draw compared with k_s; from a step s with k_s >= 0 on, candidates come with
+        the constant per-step probability q_b on each dyadic block [b, ...) (b = s, then
+        powers of two), located by one lazily refined uniform (_candidate); a candidate c
+        in the block of b is accepted with probability q_c / q_b = exp(-(k_c - k_b)/t1),
+        an exact bernoulli_exp; after a rejection the search restarts at c + 1.
+        """
         cur = self._scan
         cur.position = pos
+        t1 = self._t1
         s = start
         while s < end:
-            exp1 = -math.log1p(-uniform01(cur))
-            cand: int | None = None
-            rate = 0.0
-            while s < end:
-                bend = min(1 << s.bit_length(), end)  # end of the dyadic block holding s
-                rate = self.fire_probability(v, s)
-                if s & (s - 1) == 0 and rate <= 0.5 and exp1 > self._tail_hazard(s, rate):
-                    s = end  # the candidates of all remaining blocks need more hazard
-                    break
-                if rate >= 1.0:
-                    cand = s
-                    break
-                if rate <= 0.0:
-                    s = end  # q is non-increasing: nothing can fire from here on
-                    break
-                hazard = -math.log1p(-rate)
-                length = bend - s
-                if exp1 < hazard * length:
-                    cand = s + int(exp1 / hazard)
-                    break
-                exp1 -= hazard * length
-                s = bend
-            if cand is None:
+            k = self._k(v, s)
+            if k < 0:
+                if discrete_laplace(cur, t1) > k:
+                    return s, cur.position
+                s += 1
+                continue
+            u = _Uniform(cur)
+            found = _UNSURE if self._exact_only else self._candidate_float(v, s, end, u)
+            if found is _UNSURE:
+                found = self._candidate_decimal(v, s, end, u)
+            if found is None:
                 return None, cur.position
-            if rate >= 1.0 or bernoulli_float(cur, min(1.0, self.fire_probability(v, cand) / rate)):
-                return cand, cur.position
-            s = cand + 1
+            assert isinstance(found, tuple)
+            c, kb = found
+            if bernoulli_exp(cur, self._k(v, c) - kb, t1):
+                return c, cur.position
+            s = c + 1
         return None, cur.position
 
-    def _tail_hazard(self, s: int, q: float) -> float:
-        """An upper bound on the total candidate hazard of the blocks from s = 2^J on,
-        given q = q_s <= 1/2 (so k_s >= 0 and P(Z > k) = e^{-(k+1)/t1}/(1+e^{-1/t1})).
+    def _candidate_float(self, v: int, s: int, end: int, u: _Uniform
+                         ) -> tuple[int, int] | object | None:
+        """The first candidate in [s, end) (with k at its block's start), None if there
+        is none, or _UNSURE when float bounds cannot decide.
 
-        k_{s'} - k_s >= (8 UNIT/eps) ln((s'+c)/(s+c)) - 1, so q_{s'} <= e^{1/t1} q_s
-        ((s'+c)/(s+c))^{-g}, g = 8 UNIT / (eps t1) > 1, and sum_{s'>=s} q_{s'} <= S :=
-        e^{1/t1} q_s (1 + (s+c)/(g-1)). Block J contributes s h(q_s); a later block j has
-        2^j h(q_{2^j}) <= 4 * (sum of q over block j-1), so all later blocks add <= 4 S.
-        If the Exp(1) budget exceeds this, no candidate ever comes: the answer is "never".
+        E = -ln U ~ Exp(1); with cumulative candidate hazard C_j at the start of block j
+        (per-step hazard h_b = -ln(1 - q_b)), the first candidate lies in block j iff
+        C_j <= E < C_{j+1}, at b_j + floor((E - C_j) / h_j). Every float quantity is used
+        with an error bound (_REL, far above libm's few ulps); a decision is taken only
+        when it holds for every value inside the bounds, so it is the exact one.
         """
-        g = 8.0 * UNIT / (self.eps * self._t1)
-        if g <= 1.0:
+        e_lo, e_hi = u.e_bounds_float()
+        lam, log1pq = self._lam, self._log1pq
+        b = s
+        c_mid = 0.0
+        c_err = 1e-300  # also covers hazards that underflow to 0.0
+        while b < end:
+            kb = self._k(v, b)
+            lp = -(kb + 1) * lam - log1pq  # ln q_b, k_b >= 0
+            p = math.exp(lp)
+            h = -math.log1p(-p)
+            if e_lo - c_mid - c_err >= self._tail_bound(b, p, h):
+                return None  # E exceeds all the hazard left: no candidate, ever
+            rel = (abs(lp) + 4.0) * _REL
+            e = min(1 << b.bit_length(), end)
+            term = (e - b) * h
+            n_mid = c_mid + term
+            n_err = c_err + term * (rel + _REL) + n_mid * _REL
+            if e_hi < n_mid - n_err:  # E < C_{j+1} (and E >= C_j was decided before)
+                y_lo = (e_lo - c_mid - c_err) / (h * (1.0 + rel)) * (1.0 - _REL)
+                y_hi = (e_hi - c_mid + c_err) / (h * (1.0 - rel)) * (1.0 + _REL)
+                g = max(0, math.floor(y_lo))
+                if g != math.floor(y_hi) or g >= e - b:
+                    return _UNSURE
+                return b + g, kb
+            if e_lo < n_mid + n_err:
+                return _UNSURE
+            c_mid, c_err = n_mid, n_err
+            b = e
+        return None
+
+    def _candidate_decimal(self, v: int, s: int, end: int, u: _Uniform
+                           ) -> tuple[int, int] | None:
+        """_candidate_float's decision in decimal arithmetic with rigorous error bounds,
+        refining U (one more word) and the precision until it is decided: the slow path,
+        taken with probability about 2^-30 or less per candidate search (and by the
+        agreement tests, through _exact_only)."""
+        level = 0
+        while True:
+            found = self._candidate_at(v, s, end, u, 40 + 25 * level + u.bits // 3)
+            if found is not _UNSURE:
+                assert found is None or isinstance(found, tuple)
+                return found
+            u.extend()
+            level += 1
+
+    def _candidate_at(self, v: int, s: int, end: int, u: _Uniform, prec: int
+                      ) -> tuple[int, int] | object | None:
+        """One attempt of _candidate_decimal at `prec` digits. Every operation of the
+        context is correctly rounded (error <= 1/2 ulp, taken as r = 10^(1-prec) relative);
+        each bound below adds up those errors, then doubles them."""
+        ctx = Context(prec=prec)
+        with localcontext(ctx):
+            r = Decimal(10) ** (1 - prec)
+            big = u.bits * ctx.ln(Decimal(2))  # B ln 2 >= ln m
+            e_lo = big - ctx.ln(Decimal(u.m + 1))
+            e_err = 8 * (u.bits + 1) * r
+            lo = e_lo - e_err
+            hi = Decimal("Infinity") if u.m == 0 else big - ctx.ln(Decimal(u.m)) + e_err
+            lq = ctx.ln(1 + ctx.exp(-Decimal(1) / self._t1))  # ln(1 + e^{-1/t1}), < 1
+            c = Decimal(0)
+            c_err = Decimal(0)
+            b = s
+            while b < end:
+                kb = self._k(v, b)
+                x = Decimal(kb + 1) / self._t1
+                lp = -(x + lq)
+                lp_err = 2 * (2 * abs(lp) + 8) * r
+                p = ctx.exp(lp)
+                p_rel = 2 * (2 * lp_err + r)
+                if p < Decimal("1e-6"):
+                    h = p  # -ln(1 - p) = sum p^n / n; stop once p^n < p r
+                    t = p
+                    n = 1
+                    while t > p * r:
+                        n += 1
+                        t *= p
+                        h += t / n
+                    h_rel = 2 * (2 * p_rel + (n + 4) * r)
+                else:
+                    h = -ctx.ln(1 - p)
+                    h_rel = 2 * (2 * p_rel + (2 / p + 2) * r)
+                e = min(1 << b.bit_length(), end)
+                term = (e - b) * h
+                n_c = c + term
+                n_err = 2 * (c_err + term * (h_rel + 2 * r) + abs(n_c) * r)
+                if hi < n_c - n_err:
+                    y_lo = (lo - c - c_err) / h
+                    y_hi = (hi - c + c_err) / h
+                    y_lo -= 2 * (abs(y_lo) * (h_rel + 4 * r) + r)
+                    y_hi += 2 * (abs(y_hi) * (h_rel + 4 * r) + r)
+                    g = max(0, math.floor(y_lo))
+                    if g != math.floor(y_hi) or g >= e - b:
+                        return _UNSURE
+                    return b + g, kb
+                if lo < n_c + n_err:
+                    return _UNSURE
+                c, c_err = n_c, n_err
+                b = e
+            return None
+
+    def _tail_bound(self, s: int, p: float, h: float) -> float:
+        """An upper bound on the candidate hazard of all blocks from s on, given
+        p = q_s <= 1/2 (k_s >= 0) and h = -ln(1 - p) (floats).
+
+        k_{s'} - k_s >= (8 UNIT/eps) ln((s'+c)/(s+c)) - 2 (two floors of float
+        thresholds), so q_{s'} <= e^{2/t1} q_s ((s'+c)/(s+c))^{-g}, g = 8 UNIT/(eps t1)
+        > 1, and T := sum_{s'>=s} q_{s'} <= e^{2/t1} q_s (1 + (s+c)/(g-1)). The block
+        holding s adds at most s h (it is at most s long); the next one, 2^{J+1} steps at
+        rate <= q_s with h(q) <= 2q, at most 4 s q_s; each later block j, 2^j h(q_{2^j})
+        <= 4 * (sum of q over block j-1) <= 4 T in all. Slack covers float rounding.
+        """
+        g1 = self._g - 1.0
+        if g1 <= 0.0:
             return math.inf
-        c = math.ceil(12.0 / self.eps)
-        tail = math.exp(1.0 / self._t1) * q * (1.0 + (s + c) / (g - 1.0))
-        return s * -math.log1p(-q) + 4.0 * tail + 1e-9
+        tail = math.exp(2.0 / self._t1) * p * (1.0 + (s + self._c) / g1)
+        return (s * h + 4.0 * s * p + 4.0 * tail) * (1.0 + 2.0**-30) + 1e-300
 
     def first_fire(self, v: int, n: int) -> int | None:
         """Advance up to n steps on the constant input v; return the offset k in 1..n of

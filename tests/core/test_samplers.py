@@ -24,7 +24,6 @@ from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import (
     LaplaceBank,
     bernoulli_exp,
-    bernoulli_float,
     bernoulli_frac,
     discrete_gaussian,
     discrete_laplace,
@@ -32,9 +31,7 @@ from processor.core.samplers import (
     dlap_log_sf,
     dlap_sf,
     gaussian_sigma2_units,
-    geometric_failures,
     laplace_scale_units,
-    uniform01,
     uniform_below,
 )
 
@@ -380,57 +377,6 @@ def test_dlap_sf_far_tails() -> None:
 
 
 # --------------------------------------------------------------------------- float helpers
-
-
-def test_uniform01_one_word_open_interval() -> None:
-    cur = _cursor(20)
-    for _ in range(1000):
-        before = cur.position
-        u = uniform01(cur)
-        assert 0.0 < u < 1.0
-        assert cur.position == before + 1
-
-
-def test_geometric_failures_law() -> None:
-    """Float geometric helper against Geometric(0.3) (chi-square).
-    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
-    cur = _cursor(21)
-    p = 0.3
-    xs = []
-    for _ in range(N):
-        before = cur.position
-        xs.append(geometric_failures(cur, p))
-        assert cur.position == before + 1  # a fixed number of words
-    pmf = lambda v: p * (1 - p) ** v if v >= 0 else 0.0  # noqa: E731
-    assert _chi2_p(xs, pmf, 0, 15) > ALPHA
-    wrong = lambda v: 0.33 * 0.67**v if v >= 0 else 0.0  # noqa: E731
-    assert _chi2_p(xs, wrong, 0, 15) < ALPHA  # control
-
-
-def test_geometric_failures_extremes() -> None:
-    cur = _cursor(22)
-    assert geometric_failures(cur, 1.0) == 0
-    assert cur.position == 1
-    huge = geometric_failures(cur, 1e-300)
-    assert isinstance(huge, int) and huge >= 0
-    tiny = geometric_failures(cur, 5e-324)  # the float quotient overflows: exact fallback
-    assert isinstance(tiny, int) and tiny > 10**300
-    for bad in (0.0, -0.1, 1.5, math.nan):
-        with pytest.raises(InvalidParameterError):
-            geometric_failures(cur, bad)
-
-
-def test_bernoulli_float() -> None:
-    """Float Bernoulli helper: binomial test of p = 0.3.
-    False-alarm rate ALPHA = 1e-3 per check; the control must be rejected."""
-    cur = _cursor(23)
-    assert bernoulli_float(cur, 0.0) is False
-    assert bernoulli_float(cur, 1.0) is True
-    start = cur.position
-    k = sum(bernoulli_float(cur, 0.3) for _ in range(N))
-    assert cur.position == start + N
-    assert binomtest(k, N, 0.3).pvalue > ALPHA
-    assert binomtest(k, N, 0.33).pvalue < ALPHA  # control
 
 
 class _ScriptedCursor(WordCursor):

@@ -16,8 +16,8 @@ import pytest
 from scipy import stats
 
 from processor.core.grid import UNIT
-from processor.core.rng import NoiseKey
-from processor.core.svt import PREFIX, SVT, svt_scales, svt_threshold, svt_threshold_units
+from processor.core.rng import KeyedStream, NoiseKey
+from processor.core.svt import HORIZON, PREFIX, SVT, svt_scales, svt_threshold, svt_threshold_units
 
 ALPHA = 1e-3
 EPS = 8.0
@@ -258,3 +258,90 @@ def test_svt_state_out_of_range_is_refused(bad: dict[str, object]) -> None:
     st.update(bad)
     with pytest.raises(ValueError):
         SVT(EPS, TAU, NoiseKey.from_seed(18), "s", st)
+
+
+class _ExactOnlySVT(SVT):
+    """The plan sampler with its float fast path switched off (decimal bounds only)."""
+
+    __slots__ = ()
+    _exact_only = True
+
+
+@pytest.mark.parametrize("offset_events", [-3.0, -0.5, 0.0, 0.5, 2.0, 40.0])
+def test_plan_float_and_decimal_paths_agree(offset_events: float) -> None:
+    """The float fast path decides only what the rigorous decimal path decides: same
+    firing step and same words consumed, for inputs from far below to above the
+    threshold, over the unbounded horizon and a short range."""
+    key = NoiseKey.from_seed(19)
+    fired = 0
+    for i in range(150):
+        a = SVT(EPS, TAU, key, f"a/{i}")
+        b = _ExactOnlySVT(EPS, TAU, key, f"a/{i}")
+        v = int((TAU + offset_events) * UNIT) + svt_threshold_units(EPS, 0.0, 1)
+        for start, end in ((1, HORIZON), (5, 50), (1000, HORIZON)):
+            got = a._sample(v, start, end, 0)
+            assert got == b._sample(v, start, end, 0)
+            fired += got[0] is not None
+    assert fired > 0
+
+
+class _TopWordStream(KeyedStream):
+    """The skip lane with word 0 replaced: conditions U on a tiny interval near 1."""
+
+    __slots__ = ("first",)
+
+    def __init__(self, inner: KeyedStream, first: int) -> None:
+        self._key = inner._key
+        self.label = inner.label
+        self.first = first
+
+    def words(self, lane: int, start: int, n: int) -> npt.NDArray[np.uint64]:
+        out = super().words(lane, start, n).copy()
+        if start == 0 and n > 0:
+            out[0] = self.first
+        return out
+
+
+def _fires_at_first_step(cls: type[SVT], q_log2: float, n: int, seed: int) -> tuple[int, float]:
+    """n instances with q_1 = P(step 1 fires) about 2^q_log2, each with the first word of
+    its skip lane uniform among the top 2^12 words (U in [1 - 2^-52, 1)); returns how many
+    first_fire(v, 1) fire and the exact conditional probability q_1 2^52."""
+    key = NoiseKey.from_seed(seed)
+    rng = np.random.default_rng(seed)
+    t1 = svt_scales(EPS)[1]
+    hits = 0
+    want = 0.0
+    for i in range(n):
+        svt = cls(EPS, TAU, key, f"tiny/{i}")
+        k = round((-q_log2 - 1) * math.log(2) * t1)  # e^{-(k+1)/t1}/(1+e^{-1/t1}) ~ 2^q_log2
+        v = svt_threshold_units(EPS, TAU, 1) + svt.z0 - k
+        q = math.exp(-(k + 1) / t1) / (1 + math.exp(-1 / t1))
+        want = q * 2.0**52
+        top = (1 << 64) - (1 << 12) + int(rng.integers(0, 1 << 12))
+        stream = _TopWordStream(svt._cursor.stream, top)
+        svt._cursor.stream = stream
+        if hasattr(svt, "_scan"):
+            svt._scan.stream = stream
+        hits += svt.first_fire(v, 1) is not None
+    return hits, want
+
+
+def test_firing_law_at_tiny_probability() -> None:
+    """P(fire at a step with q ~ 2^-57), measured where it is visible: conditioned on U in
+    [1 - 2^-52, 1) (the first word of the skip lane among its top 2^12 values), step 1
+    fires with probability exactly q 2^52 ~ 1/32. Binomial test, p < 1e-3 rejects
+    (false-alarm rate 0.1%, fixed seeds). A float sampler cannot see probabilities below
+    its uniform's resolution (the float64 plan of state version 1 gave 0 hits here).
+    Control: a sampler whose q is halved (threshold one t1 ln 2 higher) is rejected."""
+    hits, want = _fires_at_first_step(SVT, -57.0, 6000, 20)
+    assert 0.02 < want < 0.05
+    assert stats.binomtest(hits, 6000, want).pvalue > ALPHA
+
+    class HalfQ(SVT):
+        __slots__ = ()
+
+        def _k(self, v: int, s: int) -> int:
+            return super()._k(v, s) + round(math.log(2) * self._t1)
+
+    bad, _ = _fires_at_first_step(HalfQ, -57.0, 6000, 20)
+    assert stats.binomtest(bad, 6000, want).pvalue < ALPHA
