@@ -78,7 +78,7 @@ def _run(args: argparse.Namespace) -> int:
                 F.save_fig1a(points, out / "fig1a.png",
                              f"T = {setup.horizon}, delta = {setup.delta:g}, rates 0.1/0.9 "
                              f"in blocks of 10, N = {setup.runs}")
-        table = F.table1_report(points)
+        table = F.table1_report(points, base=args.base)
         (out / "table1.md").write_text(table + "\n")
         _say(table)
     elif cmd == "fig1b":

@@ -1,15 +1,16 @@
 """Exact advantage of the Section 8 linear attack against an additive Gaussian counter,
 and the probability that a finite experiment's Clopper-Pearson reading meets a bound.
 
-For a counter y = s + n whose noise n is Gaussian, independent of the input, with per-tick
-standard deviations sigma_t and independent ticks (GaussianCC, Algorithm 6), the statistic
-S = c - y . w (attack.weights) is, given the stream fed, N(c - s . w, V) with
-V = sum_t sigma_t^2 w_t^2. The stream is random, but s . w = sum_i x_i W_i with
-W_i = sum_{t >= i} w_t (= dp_i for i >= 2, and 0 for i = 1), a weighted count of
-independent Bernoulli inputs: under b = 0 x_i ~ Bernoulli(p_i), under b = 1 x_1 = 1 and
-x_i ~ Bernoulli(p_{i-1}). When every W_i is an integer multiple k_i of one unit u (true of
-every Section 8 setting: W_i in {0, +-(high - low)}), s . w = u K with K an integer whose
-law is a finite convolution of binomials, so
+For a counter y = s + n whose noise n is Gaussian and independent of the input, the
+statistic S = c - y . w (attack.weights) is, given the stream fed, N(c - s . w, V) with
+V = Var(n . w): sum_t sigma_t^2 w_t^2 for GaussianCC (Algorithm 6, independent ticks),
+and the sum of squared coefficients of n . w over the independent unit normals of the
+unbounded CC for BaseCC (basecc_noise_sd). The stream is random, but
+s . w = sum_i x_i W_i with W_i = sum_{t >= i} w_t (= dp_i for i >= 2, and 0 for i = 1), a
+weighted count of independent Bernoulli inputs: under b = 0 x_i ~ Bernoulli(p_i), under
+b = 1 x_1 = 1 and x_i ~ Bernoulli(p_{i-1}). When every W_i is an integer multiple k_i of
+one unit u (true of every Section 8 setting: W_i in {0, +-(high - low)}), s . w = u K with
+K an integer whose law is a finite convolution of binomials, so
 
     advantage = Pr[guess 1 | b = 1] - Pr[guess 1 | b = 0]
               = sum_k (P[K = k | b = 1] - P[K = k | b = 0]) Phi((c - u k - theta) / sqrt(V)),
@@ -35,7 +36,8 @@ import numpy.typing as npt
 from scipy.special import ndtr
 from scipy.stats import binom
 
-from processor.experiments import attack
+from processor.experiments import attack, params
+from processor.experiments.simulate import cc_scales
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -102,9 +104,60 @@ def gaussian_advantage(rates: FloatArray, sigmas: FloatArray) -> float:
     """Exact advantage of the linear attack on y = s + N(0, diag(sigmas^2)) (see module)."""
     if sigmas.shape != rates.shape:
         raise ValueError("need one sigma per tick")
-    c, w = attack.weights(rates)
+    _, w = attack.weights(rates)
+    return advantage_given_sd(rates, math.sqrt(float(np.sum(sigmas**2 * w**2))))
+
+
+def basecc_noise_sd(eps: float, delta: float, rates: FloatArray, base: str = "sqrt") -> float:
+    """The standard deviation of n . w for BaseCC's noise n (the simulator's CC, Lemma 3.12,
+    with the core's scales; see simulate.cc_noise), exactly.
+
+    n_t = a A_{K(t)} + b_{k(t)} Q_t with every part Gaussian and independent of the input:
+    A_K the sum of the first K interval releases' unit normals (K(t) intervals completed at
+    t), and Q, inside interval I_k = [2^(k-1), 2^k - 1], the inner counter of horizon
+    2^(k-1) - 1 (unit sigma; 0 at the interval's last tick): the causal convolution of unit
+    normals with the square-root coefficients c, or the Gaussian tree's node sums. So n . w
+    is a fixed linear combination of independent unit normals, and its variance is the sum
+    of the squared coefficients.
+    """
+    _, w = attack.weights(rates)
+    n = rates.size
+    a, b = cc_scales(eps, delta, n, base)
+    t = np.arange(1, n + 1)
+    completed = np.array([(v + 1).bit_length() - 1 for v in t.tolist()], dtype=np.int64)
+    # Interval release k (1-based) enters every tick with K(t) >= k.
+    per_k = np.bincount(completed, weights=w, minlength=int(completed.max()) + 2)
+    reach = np.cumsum(per_k[::-1])[::-1]  # reach[k] = sum of w_t over K(t) >= k
+    var = a * a * float(np.sum(reach[1:] ** 2))
+    k = 1
+    while (1 << (k - 1)) <= n:
+        start = 1 << (k - 1)
+        length = min((1 << k) - 1, n) - start + 1
+        inner = min(length, start - 1)
+        if inner > 0:
+            wk = w[start - 1: start - 1 + inner]
+            if base == "tree":
+                tau = np.arange(1, inner + 1)
+                j = 0
+                while (1 << j) <= inner:
+                    use = ((tau >> j) & 1).astype(bool)
+                    node = np.bincount((tau[use] >> j) - 1, weights=wk[use])
+                    var += b[k - 1] ** 2 * float(np.sum(node**2))
+                    j += 1
+            else:
+                c = params.sqrt_coeffs(inner)
+                # the coefficient of z_j is sum_{i >= j} w_i c_{i-j}
+                coef = np.correlate(wk, c[:inner], mode="full")[inner - 1:]
+                var += b[k - 1] ** 2 * float(np.sum(coef**2))
+        k += 1
+    return math.sqrt(var)
+
+
+def advantage_given_sd(rates: FloatArray, sd: float) -> float:
+    """Exact advantage of the linear attack on y = s + n with n . w ~ N(0, sd^2)
+    independent of the input (see module)."""
+    c, _ = attack.weights(rates)
     theta = attack.threshold(rates)
-    sd = math.sqrt(float(np.sum(sigmas**2 * w**2)))
     law0, law1 = statistic_law(rates, 0), statistic_law(rates, 1)
     lo = min(law0.offset, law1.offset)
     hi = max(law0.offset + law0.pmf.size, law1.offset + law1.pmf.size)

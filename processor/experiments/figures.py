@@ -502,18 +502,23 @@ def format_table1(entries: Sequence[TableEntry],
 
 # --------------------------------------------------------------------------- Table 1: boundaries
 
-#: mechanisms whose attack advantage is computed exactly (exact.gaussian_advantage)
-EXACT_MECHANISMS = ("gaussiancc",)
+#: mechanisms whose attack advantage is computed exactly (their noise is Gaussian and
+#: independent of the input: exact.advantage_given_sd)
+EXACT_MECHANISMS = ("basecc", "gaussiancc")
 #: a pass probability inside this range means a repeat of the experiment could read the
 #: table differently at that point
 BOUNDARY_RANGE = (0.05, 0.95)
 
 
-def exact_advantage(point: Point) -> float | None:
-    """The exact attack advantage at this point, where it is computable, else None."""
+def exact_advantage(point: Point, base: str = "sqrt") -> float | None:
+    """The exact attack advantage at this point, where it is computable, else None.
+    `base` is BaseCC's inner counter (the CSV does not record it; the sweep's --base)."""
     if point.mechanism not in EXACT_MECHANISMS:
         return None
     rates = attack.block_rates(point.horizon, point.rate_low, point.rate_high, point.width)
+    if point.mechanism == "basecc":
+        sd = exact.basecc_noise_sd(point.epsilon, point.delta, rates, base)
+        return exact.advantage_given_sd(rates, sd)
     sig = gaussiancc_sigma_vector(point.epsilon, point.delta, point.horizon)
     return exact.gaussian_advantage(rates, sig)
 
@@ -554,14 +559,14 @@ def _pass_range(point: Point, bound: float, exact_adv: float | None) -> tuple[fl
     return lo, hi
 
 
-def boundaries(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)
-               ) -> list[Boundary]:
+def boundaries(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05),
+               base: str = "sqrt") -> list[Boundary]:
     """A Boundary for every Table 1 entry (same read-off rule as table1)."""
     exact_cache: dict[int, float | None] = {}
 
     def ex(p: Point) -> float | None:
         if id(p) not in exact_cache:
-            exact_cache[id(p)] = exact_advantage(p)
+            exact_cache[id(p)] = exact_advantage(p, base)
         return exact_cache[id(p)]
 
     out: list[Boundary] = []
@@ -601,14 +606,15 @@ def format_boundaries(items: Sequence[Boundary]) -> str:
     return "\n".join(lines)
 
 
-def format_exact(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)) -> str:
+def format_exact(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05),
+                 base: str = "sqrt") -> str:
     """The Clopper-Pearson reading beside the exact advantage, for every point where the
     exact advantage is computable, with the chance a repeat passes each bound."""
     head = ("| Mechanism | eps | RMSE | Advantage, 95% CP (runs) | Exact advantage | "
             + " | ".join(f"P[CP upper <= {b:g}]" for b in bounds) + " |")
     lines = [head, "|" + "---|" * (5 + len(bounds))]
     for p in points:
-        ex = exact_advantage(p)
+        ex = exact_advantage(p, base)
         if ex is None:
             continue
         probs = " | ".join(f"{exact.pass_probability(ex, p.runs, b):.3f}" for b in bounds)
@@ -618,14 +624,15 @@ def format_exact(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05))
     return "\n".join(lines)
 
 
-def table1_report(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05)) -> str:
+def table1_report(points: Sequence[Point], bounds: Sequence[float] = (0.1, 0.05),
+                  base: str = "sqrt") -> str:
     """Table 1 (entries at a boundary marked), the exact advantages and the boundary table:
     what `table1` prints and writes to table1.md."""
-    items = boundaries(points, bounds)
+    items = boundaries(points, bounds, base)
     marked = {(b.mechanism, b.bound) for b in items if b.at_boundary}
     return (format_table1(table1(points, bounds), marked)
             + "\n\n(*: at a boundary, see below.)\n\n"
-            + format_exact(points, bounds) + "\n\n" + format_boundaries(items))
+            + format_exact(points, bounds, base) + "\n\n" + format_boundaries(items))
 
 
 def known_mechanisms(names: Iterable[str]) -> list[str]:

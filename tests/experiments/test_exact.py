@@ -18,7 +18,7 @@ from scipy.special import ndtr
 from scipy.stats import binom
 
 from processor.experiments import attack, exact, figures
-from processor.experiments.simulate import gaussiancc_sigma_vector
+from processor.experiments.simulate import cc_noise, gaussiancc_sigma_vector
 
 Z_CRIT = 4.42  # two-sided normal tail 1e-5
 
@@ -101,6 +101,42 @@ def test_exact_advantage_agrees_with_the_simulated_attack() -> None:
     assert abs(z(exact.gaussian_advantage(rates, 0.8 * sig))) > Z_CRIT
 
 
+@pytest.mark.parametrize("base", ["sqrt", "tree"])
+def test_basecc_noise_sd_agrees_with_the_simulated_noise(base: str) -> None:
+    """Var(n . w) of the simulator's CC noise (T = 200, eps = 1, 20,000 runs, seed 5)
+    against basecc_noise_sd^2: the sample variance of N normals has relative sd
+    sqrt(2 / (N - 1)); |ratio - 1| <= 4.42 of those fails with probability ~1e-5.
+    Control: the same test rejects sd x 0.95 (about 10 sd away)."""
+    rates = attack.block_rates(200)
+    _, w = attack.weights(rates)
+    runs = 20_000
+    noise = cc_noise(1.0, 1e-5, runs, 200, np.random.default_rng(5), base)
+    var = float(np.var(noise @ w, ddof=1))
+    sd = exact.basecc_noise_sd(1.0, 1e-5, rates, base)
+    tol = Z_CRIT * math.sqrt(2 / (runs - 1))
+    assert abs(var / sd**2 - 1) <= tol
+    assert abs(var / (0.95 * sd) ** 2 - 1) > tol
+
+
+@pytest.mark.parametrize(("base", "eps"), [("sqrt", 4.0), ("tree", 8.0)])
+def test_basecc_exact_advantage_agrees_with_the_simulated_attack(base: str, eps: float) -> None:
+    """As for GaussianCC: BaseCC at T = 200 (advantage 0.37 and 0.29), 20,000 runs, seed 12,
+    z-test at 4.42 sd (false alarm ~1e-5); control: the noise sd x 0.8 (advantage 0.45 and
+    0.36, 11 and 10 sd away; power above 1 - 1e-7) is rejected."""
+    setup = figures.Setup(horizon=200, runs=20_000, seed=12, base=base)
+    point = figures.run_point(setup, "basecc", eps)
+    correct = round((point.advantage + 1) / 2 * setup.runs)
+    rates = setup.rates()
+    sd = exact.basecc_noise_sd(eps, setup.delta, rates, base)
+
+    def z(adv: float) -> float:
+        q = (1 + adv) / 2
+        return (correct - setup.runs * q) / math.sqrt(setup.runs * q * (1 - q))
+
+    assert abs(z(exact.advantage_given_sd(rates, sd))) <= Z_CRIT
+    assert abs(z(exact.advantage_given_sd(rates, 0.8 * sd))) > Z_CRIT
+
+
 @pytest.mark.parametrize(("adv", "runs", "bound"),
                          [(0.05, 300, 0.1), (0.0, 150, 0.05), (0.12, 400, 0.2), (0.3, 50, 0.1)])
 def test_pass_probability_equals_the_direct_sum(adv: float, runs: int, bound: float) -> None:
@@ -121,11 +157,13 @@ def test_issue_figures_at_eps_150() -> None:
 
 def test_boundaries_of_the_committed_table() -> None:
     """On the committed Figure 1a sweep, both GaussianCC entries sit at a boundary (the
-    next point passes a repeat with probability 0.57 and 0.53); SimECC's do not. Control:
+    next point passes a repeat with probability 0.57 and 0.53), and BaseCC's at 0.1 (its
+    point passes a repeat with probability 0.91); SimECC's do not. Control:
     the same points with every advantage far from the bounds flag nothing."""
     points = figures.read_csv(FIG1A_CSV)
     flagged = {(b.mechanism, b.bound) for b in figures.boundaries(points) if b.at_boundary}
     assert ("gaussiancc", 0.1) in flagged and ("gaussiancc", 0.05) in flagged
+    assert ("basecc", 0.1) in flagged and ("basecc", 0.05) not in flagged
     assert ("simecc", 0.1) not in flagged and ("simecc", 0.05) not in flagged
     far = [figures.Point(**{**p.row(), "mechanism": "simecc", "advantage": 0.0,
                             "advantage_low": -0.01, "advantage_high": 0.01})
