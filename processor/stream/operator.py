@@ -425,7 +425,14 @@ class Operator:
         if applying:
             directory = self._directory(buf, partition)
             for name, cs in applying.items():
-                due = self._due(cs)
+                if cs.filed_due is None:
+                    due = self._due(cs)
+                else:
+                    # Events only add pending arrivals, so the new due tick is
+                    # min(old due, earliest pending), and the counter is already filed
+                    # at or before its old due: it needs filing only if its earliest
+                    # pending tick is earlier still (no mechanism.next_due() call).
+                    due = min(cs.pending) if cs.pending else cs.filed_due
                 if cs.filed_due is None or due < cs.filed_due:
                     self._file(buf, partition, directory, name, due)
                     cs.filed_due = due
