@@ -302,10 +302,12 @@ class _TopWordStream(KeyedStream):
         return out
 
 
-def _fires_at_first_step(cls: type[SVT], q_log2: float, n: int, seed: int) -> tuple[int, float]:
+def _fires_at_first_step(cls: type[SVT], q_log2: float, n: int, seed: int,
+                         top_bits: int = 12) -> tuple[int, float]:
     """n instances with q_1 = P(step 1 fires) about 2^q_log2, each with the first word of
-    its skip lane uniform among the top 2^12 words (U in [1 - 2^-52, 1)); returns how many
-    first_fire(v, 1) fire and the exact conditional probability q_1 2^52."""
+    its skip lane uniform among the top 2^top_bits words (U in [1 - 2^(top_bits-64), 1));
+    returns how many first_fire(v, 1) fire and the exact conditional probability
+    q_1 2^(64 - top_bits)."""
     key = NoiseKey.from_seed(seed)
     rng = np.random.default_rng(seed)
     t1 = svt_scales(EPS)[1]
@@ -316,8 +318,8 @@ def _fires_at_first_step(cls: type[SVT], q_log2: float, n: int, seed: int) -> tu
         k = round((-q_log2 - 1) * math.log(2) * t1)  # e^{-(k+1)/t1}/(1+e^{-1/t1}) ~ 2^q_log2
         v = svt_threshold_units(EPS, TAU, 1) + svt.z0 - k
         q = math.exp(-(k + 1) / t1) / (1 + math.exp(-1 / t1))
-        want = q * 2.0**52
-        top = (1 << 64) - (1 << 12) + int(rng.integers(0, 1 << 12))
+        want = q * 2.0 ** (64 - top_bits)
+        top = (1 << 64) - (1 << top_bits) + int(rng.integers(0, 1 << top_bits))
         stream = _TopWordStream(svt._cursor.stream, top)
         svt._cursor.stream = stream
         if hasattr(svt, "_scan"):
@@ -345,3 +347,22 @@ def test_firing_law_at_tiny_probability() -> None:
 
     bad, _ = _fires_at_first_step(HalfQ, -57.0, 6000, 20)
     assert stats.binomtest(bad, 6000, want).pvalue < ALPHA
+
+
+def test_firing_law_below_one_word_of_resolution() -> None:
+    """q ~ 2^-65 is below what one 64-bit word can resolve: with the first word at its
+    maximum (U in [1 - 2^-64, 1)), step 1 fires with probability q 2^64 ~ 1/2, decided
+    only by further words (the decimal path extends U). Binomial test as above; control:
+    q halved is rejected."""
+    hits, want = _fires_at_first_step(SVT, -65.0, 1500, 21, top_bits=0)
+    assert 0.3 < want < 0.7
+    assert stats.binomtest(hits, 1500, want).pvalue > ALPHA
+
+    class HalfQ(SVT):
+        __slots__ = ()
+
+        def _k(self, v: int, s: int) -> int:
+            return super()._k(v, s) + round(math.log(2) * self._t1)
+
+    bad, _ = _fires_at_first_step(HalfQ, -65.0, 1500, 21, top_bits=0)
+    assert stats.binomtest(bad, 1500, want).pvalue < ALPHA
