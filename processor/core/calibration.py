@@ -121,13 +121,16 @@ def _lattice_excess_rel(sigma: float, eps: float, sens: float, delta: float) -> 
 
 
 def lattice_excess(sigma: float, eps: float, sensitivity: float = 1.0) -> float:
-    """A bound on |delta_discrete - delta_continuous| for sigma and shift in lattice units.
+    """A bound on how far delta_discrete exceeds delta_continuous, sigma and shift in
+    lattice units: delta_discrete <= delta_continuous + excess, and delta_discrete >=
+    (delta_continuous - excess) / (1 + 2 sum_k exp(-2 pi^2 sigma^2 k^2)).
 
     delta_discrete is the delta(eps) of the discrete Gaussian N_Z(0, sigma^2) on the
     integers against its shift by an integer D = sensitivity; delta_continuous is
     gaussian_delta(sigma, eps, D). With h(x) = [phi(x) - e^eps phi(x + D)]_+ (phi the
     N(0, sigma^2) density), delta_continuous is the integral of h and delta_discrete is
-    sum_n h(n) divided by Z / (sqrt(2 pi) sigma) >= 1 (Z = sum_n exp(-n^2 / (2 sigma^2))).
+    sum_n h(n) divided by Z / (sqrt(2 pi) sigma) = 1 + 2 sum_k exp(-2 pi^2 sigma^2 k^2) >= 1
+    (Z = sum_n exp(-n^2 / (2 sigma^2)), Jacobi's identity).
     h is continuous, zero up to c1 = eps sigma^2 / D - D / 2, with h' of bounded variation,
     so by Euler-Maclaurin |sum_n h(n) - integral h| <= TV(h') * max|B2~| / 2 = TV(h') / 12.
     TV(h') is the jump of h' at c1, D F / sigma^2 (F = phi(c1) = e^eps phi(c1 + D)), plus
