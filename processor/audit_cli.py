@@ -36,15 +36,13 @@ from processor.core.audit import (
     Plan,
     Stream,
     core_releases,
+    default_streams,
     judge,
     make_streams,
     plan_for,
 )
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
-
-#: the fallback for mechanisms without an entry in DEFAULTS
-_FALLBACK = ("alternating", 400, 400, "matched")
 
 Releases = Callable[[Stream, int, str], FloatArray]
 
@@ -114,8 +112,11 @@ def report(res: AuditResult, args: argparse.Namespace, plan: Plan) -> dict[str, 
 
 
 def _parser() -> argparse.ArgumentParser:
-    doc = (__doc__ or "") + "; ".join(
-        f"{m}: {p}, {e}, {g}, {f}" for m, (p, e, g, f) in sorted(DEFAULTS.items())) + "."
+    fixed = "; ".join(f"{m}: {p}, {e}, {g}, {f}"
+                      for m, (p, e, g, f) in sorted(DEFAULTS.items()) if e)
+    doc = (f"{__doc__ or ''}{fixed}; ecc: alternating, first, with enough events for its "
+           "partition to fire and a gap for the BCC delay; simecc: empty, values, eight "
+           "blocks and the delay (both sized from --epsilon, --delta).")
     p = argparse.ArgumentParser(prog="python -m processor audit", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mechanism", required=True, choices=registry.names(),
@@ -141,7 +142,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="partitioncc's horizon parameter T (core backend; default 10000)")
     p.add_argument("--backend", choices=("core", "sim"), default="core",
                    help="core: the real counters (default); sim: the vectorised simulator "
-                   "of processor.experiments (same laws, faster)")
+                   "of processor.experiments (same laws, tree base, much faster; values in "
+                   "{0, 1}; partitioncc at horizon = the stream length)")
     p.add_argument("--alpha", type=float, default=0.05,
                    help="false-alarm rate of the verdict for a correct mechanism (default "
                    "0.05; the noise-law check adds 0.001)")
@@ -153,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
 def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
-    pattern, events, gap, feature = DEFAULTS.get(args.mechanism, _FALLBACK)
+    pattern, events, gap, feature = default_streams(args.mechanism, args.epsilon, args.delta)
     args.pattern = args.pattern or pattern
     args.events = events if args.events is None else args.events
     args.gap = gap if args.gap is None else args.gap

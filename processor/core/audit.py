@@ -53,6 +53,8 @@ Transcript = list[tuple[int, float]]
 Factory = Callable[[str], Counter]
 #: releases (runs x T) -> one score per run
 Score = Callable[[FloatArray], FloatArray]
+#: the score of a run that released nothing, for scores over the releases (_release_lr)
+NO_RELEASE = -1e9
 
 
 class AuditError(Exception):
@@ -240,8 +242,13 @@ def _pessimistic(expected: FloatArray) -> npt.NDArray[np.int64]:
 
 def null_law_check(z0: FloatArray) -> float:
     """p-value of the Kolmogorov-Smirnov test of the standardised scores on x against
-    N(0, 1): small when the mechanism does not add the noise its law claims."""
-    return float(stats.kstest(np.asarray(z0, dtype=np.float64), "norm").pvalue)
+    N(0, 1) (runs that released nothing left out): small when the mechanism does not add
+    the noise its law claims."""
+    z = np.asarray(z0, dtype=np.float64)
+    z = z[z > NO_RELEASE]
+    if z.size == 0:
+        raise AuditError("no run on x released anything")
+    return float(stats.kstest(z, "norm").pvalue)
 
 
 # ------------------------------------------------------------------------ streams
@@ -537,17 +544,52 @@ class Plan:
     feature: str
 
 
-#: default (pattern, events, gap, feature) per mechanism: streams long enough for every
-#: mechanism to release (ECC needs its partition to fire; SimECC's blocks and the BCC delay
-#: must fit before the end)
+#: default (pattern, events, gap, feature) per mechanism; for ecc and simecc the events and
+#: the gap are sized from (eps, delta) by default_streams
 DEFAULTS: dict[str, tuple[str, int, int, str]] = {
     "gaussiancc": ("empty", 63, 1, "lr"),
     "basecc": ("alternating", 200, 1, "lr"),
     "partitioncc": ("alternating", 4000, 1, "lr"),
     "tree": ("alternating", 200, 1, "increments"),
-    "ecc": ("alternating", 140, 60, "first"),
-    "simecc": ("empty", 200, 200, "values"),
+    "ecc": ("alternating", 0, 0, "first"),
+    "simecc": ("empty", 0, 0, "values"),
 }
+_FALLBACK = ("alternating", 400, 400, "matched")
+#: SimECC's default stream holds this many blocks: every release carries the shift
+SIMECC_BLOCKS = 8
+
+
+def default_streams(mechanism: str, eps: float, delta: float) -> tuple[str, int, int, str]:
+    """(pattern, events, gap, feature) for this mechanism. ECC: enough alternating events
+    that Part's first checkpoint comes with probability >= 0.99 (ecc_part_term), then a gap
+    that holds BCC's delay of the first release with probability >= 0.999. SimECC:
+    SIMECC_BLOCKS blocks (simecc_gap_bound at 0.99), then the delay of the last release."""
+    pattern, events, gap, feature = DEFAULTS.get(mechanism, _FALLBACK)
+    if mechanism not in ("ecc", "simecc"):
+        return pattern, events, gap, feature
+    from processor.core.cc import bcc_alpha
+    from processor.core.ecc import (
+        ecc_parameters,
+        ecc_part_term,
+        simecc_gap_bound,
+        simecc_parameters,
+    )
+
+    if mechanism == "ecc":
+        need = 1
+        for _ in range(3):  # the threshold grows with the tick: settle the fixed point
+            need = math.ceil(ecc_part_term(eps, delta, 0.01, 2 * need + 1))
+        events, blocks = 2 * need, 1
+        ep = ecc_parameters(eps, delta)
+        bcc_eps, bcc_delta = ep.bcc_eps, ep.bcc_delta
+    else:
+        blocks = SIMECC_BLOCKS
+        events = blocks * simecc_gap_bound(eps, delta, 0.01, blocks)
+        q = simecc_parameters(eps, delta)
+        bcc_eps, bcc_delta = q.bcc_eps, q.bcc_delta
+    delay = bcc_alpha(bcc_eps, bcc_delta, blocks, 1e-3)
+    return pattern, events, math.ceil(delay) + 10, feature
+
 
 FEATURES = ("lr", "values", "increments", "matched", "final", "first")
 
@@ -599,7 +641,8 @@ def plan_for(mechanism: str, eps: float, delta: float, x0: list[float | None],
         from processor.core.ecc import ecc_parameters, simecc_parameters
 
         ep = ecc_parameters(eps, delta) if mechanism == "ecc" else simecc_parameters(eps, delta)
-        law = GaussianLaw(cc_noise_cov(ep.cc_eps, ep.cc_delta, _max_blocks(n)))
+        # ECC and SimECC release once per block (blocks of tens of ticks or more)
+        law = GaussianLaw(cc_noise_cov(ep.cc_eps, ep.cc_delta, min(n, 512)))
         return Plan(x0, x1, _release_lr(law, d, s0), False, feature)
     if feature != "lr":
         raise AuditError(f"unknown feature {feature!r}; known: {', '.join(FEATURES)}")
@@ -638,8 +681,10 @@ def _release_lr(law: GaussianLaw, d: FloatArray, s0: FloatArray) -> Score:
     releases v_1..v_L at ticks t_1..t_L, z = d' C^-1 (v - s_t) / |d|_C with C the CC
     covariance of releases 1..L. Given the ticks, z is N(0, 1) on x whatever the ticks are,
     so it is N(0, 1) on x exactly. A run whose releases carry no shift (d = 0 at every
-    release) scores its last release alone (still N(0, 1) on x); a run without any release
-    scores 0.0, which the null-law check then reports."""
+    release) scores its last release alone (still N(0, 1) on x). A run without any release
+    scores NO_RELEASE, below every threshold: on x that only moves probability from
+    {z >= c} to {z <= c}, so Phi(-c) and Phi(c) stay conservative in the known-null bound,
+    and the null-law check leaves those runs out."""
     def f(y: FloatArray) -> FloatArray:
         out = np.zeros(y.shape[0], dtype=np.float64)
         cap = law.chol.shape[0]
@@ -647,6 +692,7 @@ def _release_lr(law: GaussianLaw, d: FloatArray, s0: FloatArray) -> Score:
             row = y[r]
             ticks = np.flatnonzero(np.diff(row, prepend=0.0) != 0.0)
             if ticks.size == 0:
+                out[r] = NO_RELEASE
                 continue
             if ticks.size > cap:
                 raise AuditError(f"more than {cap} releases in one run")
