@@ -366,3 +366,33 @@ def test_firing_law_below_one_word_of_resolution() -> None:
 
     bad, _ = _fires_at_first_step(HalfQ, -65.0, 1500, 21, top_bits=0)
     assert stats.binomtest(bad, 1500, want).pvalue < ALPHA
+
+
+def test_plan_law_over_long_ranges() -> None:
+    """The plan alone (prefix 0) against the exact law over 2 * 10^4 steps, conditional on
+    each instance's Z_0: the number of instances fired by step n vs the sum of their exact
+    probabilities 1 - prod_{s<=n} (1 - q_s) (normal approximation of the Poisson binomial,
+    |z| > 3.29 rejects: false-alarm rate 0.1% per n, fixed seed). Control: the law with
+    7 instead of 8 in the threshold is rejected."""
+    key = NoiseKey.from_seed(40)
+    cls = svt_class(0)
+    v = int(TAU * UNIT) + UNIT
+    ns = np.array([10, 1000, 20_000])
+    steps = np.arange(1, ns[-1] + 1)
+    t1 = svt_scales(EPS)[1]
+    thr = [np.floor((TAU + (c / EPS) * np.log(steps + math.ceil(12 / EPS))) * UNIT)
+           .astype(np.int64) - v for c in (8.0, 7.0)]
+    hits = np.zeros(len(ns))
+    exact = np.zeros((2, len(ns)))
+    var = np.zeros((2, len(ns)))
+    for i in range(1500):
+        svt = cls(EPS, TAU, key, f"law/{i}")
+        f = svt.due(v)
+        for c in range(2):
+            p = 1.0 - np.cumprod(1.0 - dlap_sf_vec(thr[c] + svt.z0, t1))[ns - 1]
+            exact[c] += p
+            var[c] += p * (1 - p)
+        hits += [f is not None and f <= n for n in ns]
+    z = (hits - exact) / np.sqrt(var)
+    assert np.all(np.abs(z[0]) < 3.29), z
+    assert np.any(np.abs(z[1]) > 3.29), z
