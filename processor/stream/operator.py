@@ -538,7 +538,10 @@ class Operator:
                 cs.frontier = g
                 self._emit(name, cs, out)
                 continue
-            stop = min(n + 1, cs.start_tick + cs.next_heartbeat - 1)
+            # Skip g..stop-1: up to n, up to and INCLUDING the next heartbeat tick (a ⊥
+            # tick short of next_due leaves y as it is, so its record is a heartbeat and
+            # next_due stays valid), short of the next arrivals and of next_due.
+            stop = min(n + 1, cs.start_tick + cs.next_heartbeat)
             if pending:
                 stop = min(stop, min(pending))
             nd = self._next_due(cs)
@@ -555,6 +558,12 @@ class Operator:
                 for t, y in changes:
                     self._release(name, cs, t, y, "change", out)
                 cs.last_published = c.y
+                t = c.t
+                if t >= cs.next_heartbeat:  # the skip ended on the heartbeat tick
+                    if not (changes and changes[-1][0] == t):
+                        self._release(name, cs, t, c.y, "heartbeat", out)
+                    cs.next_heartbeat = next_heartbeat(t, self._phase(name),
+                                                       self.settings.heartbeat_ticks)
                 continue
             cs.next_due_known = False
             c.update(None)
