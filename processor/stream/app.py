@@ -57,6 +57,12 @@ STATE_TABLE: Final = "dpc-state"
 RUNNING_FLAG: Final = "WORKER_RUNNING"
 #: How often the metrics summary (aggregate counts only) is logged.
 METRICS_LOG_S: Final = 30.0
+#: RocksDB options of the state table (one database per partition). Faust's default
+#: memtable is 64 MiB, and the write-ahead log is kept until the memtable is flushed: with
+#: counter states rewritten at every batch, the WAL alone grew to 10x the table's live
+#: size. A small memtable is flushed (and its WAL dropped) often; flushing keeps only the
+#: latest value of each key, so the files stay near the live size.
+ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2}
 #: How long the start waits for the brokers before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
 
@@ -248,7 +254,8 @@ class Worker:
         # use_partitioner, a write goes to the changelog partition of the timeline record
         # being processed, which is the partition the counter lives in.
         self.table = self.app.Table(STATE_TABLE, default=None, partitions=self.partitions,
-                                    key_type=bytes, value_type=bytes)
+                                    key_type=bytes, value_type=bytes,
+                                    options=dict(ROCKSDB_OPTIONS))
         self.batch_commit = BatchCommit(Operator(settings, key), TableStore(self.table),
                                         FaustPublisher(self.app, settings, self.metrics),
                                         crash_point=crash_point)
