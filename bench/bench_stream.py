@@ -534,6 +534,21 @@ def _child_kafka_loop(bootstrap: str, src: str, out: str, n: int) -> None:
         consumer.close()
 
 
+_NOTABLE = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
+
+
+def log_findings(dep: Deployment) -> dict[str, Any]:
+    """Warning/error lines of a deployment's worker logs: their count and a few distinct
+    ones (digits folded). The worker never logs values or secrets, so they can be shown."""
+    found: list[str] = []
+    for w in dep.workers:
+        with contextlib.suppress(OSError):
+            found += [line.strip() for line in w.log_path.read_text(errors="replace")
+                      .splitlines() if _NOTABLE.search(line)]
+    distinct = list(dict.fromkeys(re.sub(r"\d+", "N", line)[:200] for line in found))
+    return {"count": len(found), "examples": distinct[:3]}
+
+
 class Children:
     """Child processes of the bench (baselines and workers), stopped on every exit path."""
 
@@ -560,10 +575,12 @@ class Children:
         if proc in self.procs:
             self.procs.remove(proc)
 
-    def close_deployment(self, dep: Deployment) -> None:
+    def close_deployment(self, dep: Deployment) -> dict[str, Any]:
+        """Stop its workers; what their logs say at warning level and above."""
         dep.close()
         if dep in self.deployments:
             self.deployments.remove(dep)
+        return log_findings(dep)
 
     def close(self) -> None:
         for proc in list(self.procs):
@@ -715,14 +732,14 @@ def stage_processor(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
     finally:
         view.close()
         ledger.close()
-        children.close_deployment(dep)
+        logs = children.close_deployment(dep)
     assert load.first_ts is not None and acc.last_batch is not None
     secs = (acc.end - load.first_ts) / 1000
     return {"rate": n / max(1e-3, secs), "seconds": secs,
             "produce_s": (load.last_ts - load.first_ts) / 1000,
             "ingest_s": (acc.last_batch - load.first_ts) / 1000,
             "tail_ms": acc.end - acc.last_batch, "released": acc.released,
-            "duplicates": acc.rows - acc.events, "rss": rss,
+            "duplicates": acc.rows - acc.events, "rss": rss, "logs": logs,
             "not_log_append": load.not_log_append + view.not_log_append + acc.not_log_append}
 
 
@@ -942,7 +959,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         complete = True
     finally:
         ledger.close()
-        children.close_deployment(dep)
+        res["logs"] = children.close_deployment(dep)
         try:
             if complete:
                 view.update()  # everything the workers wrote until they stopped
@@ -991,7 +1008,15 @@ def report_throughput(runs: Sequence[dict[str, Any]], n: int) -> list[str]:
                  f"{', '.join(_mib(r['processor']['rss']) for r in runs)}; duplicate event "
                  f"rows on the timeline: {dup}; releases by the sealing markers: "
                  f"{', '.join(str(r['processor']['released']) for r in runs)}")
+    lines += _log_lines([r["processor"]["logs"] for r in runs])
     return lines
+
+
+def _log_lines(found: Sequence[Mapping[str, Any]]) -> list[str]:
+    count = sum(int(f["count"]) for f in found)
+    examples = list(dict.fromkeys(e for f in found for e in f["examples"]))[:3]
+    return [f"  worker logs: {count} warning/error line(s)"
+            + "".join(f"\n    {e}" for e in examples)]
 
 
 def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
@@ -1036,6 +1061,7 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
                  f"events): {', '.join(f'{c:.1f}' for c in r['cpu'])} CPU-s -> "
                  f"{r['cpu_per_event'] * 1e3:.3f} CPU-ms per event; idle before the load: "
                  f"{', '.join(f'{c:.2f}' for c in r['idle_cpu_per_s'])} CPU-s/s")
+    lines += _log_lines([r["logs"]])
     lines.append(f"  timeline partitions held: before the join {r['assign_before']}, at the "
                  f"window start {r['assign_start']}, at its end {r['assign_end']}; ingest "
                  f"group members' input partition counts {r['ingest_groups']}")
