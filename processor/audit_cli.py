@@ -114,17 +114,20 @@ def report(res: AuditResult, args: argparse.Namespace, plan: Plan) -> dict[str, 
 def _parser() -> argparse.ArgumentParser:
     fixed = "; ".join(f"{m}: {p}, {e}, {g}, {f}"
                       for m, (p, e, g, f) in sorted(DEFAULTS.items()) if e)
-    doc = (f"{__doc__ or ''}{fixed}; ecc: alternating, first, with enough events for its "
-           "partition to fire and a gap for the BCC delay; simecc: empty, values, eight "
-           "blocks and the delay (both sized from --epsilon, --delta).")
+    doc = (f"{__doc__ or ''}{fixed}; basecc, partitioncc: alternating, lr, with enough "
+           "events for the queue shift to show at this eps (capped: 20,000 and 50,000); ecc: "
+           "alternating, first, with enough events for its partition to fire and a gap for "
+           "the BCC delay; simecc: empty, values, eight blocks and the delay (all sized from "
+           "--epsilon, --delta). Runs: 400 per stream for the lr feature, else 2000.")
     p = argparse.ArgumentParser(prog="python -m processor audit", description=doc,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mechanism", required=True, choices=registry.names(),
                    help="the registered mechanism to audit")
     p.add_argument("--epsilon", type=float, required=True, help="the configured epsilon")
     p.add_argument("--delta", type=float, required=True, help="the configured delta")
-    p.add_argument("--runs", type=int, default=2000,
-                   help="runs per stream (default 2000); half select, half estimate; the "
+    p.add_argument("--runs", type=int, default=None,
+                   help="runs per stream (default 400 with --feature lr, else 2000); half "
+                   "select, half estimate; the "
                    "assumption-free bound can never exceed about ln(runs/2 / ln(4/alpha))")
     p.add_argument("--pattern", choices=PATTERNS, default=None,
                    help="events before the gap: alternating 1,0,1,0 | ones | empty (no event: "
@@ -160,6 +163,8 @@ def main_audit(argv: Sequence[str]) -> int:
     args.events = events if args.events is None else args.events
     args.gap = gap if args.gap is None else args.gap
     args.feature = args.feature or feature
+    if args.runs is None:
+        args.runs = 400 if args.feature == "lr" else 2000
     if args.runs < 4 or args.events < 0 or args.gap < 1 or not 0 < args.alpha < 1:
         p.error("need --runs >= 4, --events >= 0, --gap >= 1 and 0 < --alpha < 1")
     params: dict[str, Any] = {}
@@ -188,7 +193,7 @@ def main_audit(argv: Sequence[str]) -> int:
               f"({'ok' if res.null_law_ok else 'REJECTED'} at {res.law_alpha})", file=sys.stderr)
     if res.attainable <= args.epsilon:
         tail = ("only the known-null bound or the noise-law check can fail this audit"
-                if plan.known_null else "this audit cannot fail (use more runs or --feature lr)")
+                if plan.known_null else "this audit cannot fail (more runs raise the cap)")
         print(f"note: with {args.runs} runs the assumption-free bound cannot exceed "
               f"{res.attainable:.2f} <= eps: {tail}", file=sys.stderr)
     verdict = "PASSED" if res.passed else "FAILED"

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 from scipy import stats
+from scipy.linalg import solve_triangular
 
 from processor.core.api import Counter
 from processor.core.baselines import gaussiancc_sigma, partitioncc_parameters
@@ -424,8 +425,6 @@ class GaussianLaw:
 
 
 def _solve_lower(lo: FloatArray, b: FloatArray) -> FloatArray:
-    from scipy.linalg import solve_triangular
-
     return np.asarray(solve_triangular(lo, b, lower=True), dtype=np.float64)
 
 
@@ -544,12 +543,12 @@ class Plan:
     feature: str
 
 
-#: default (pattern, events, gap, feature) per mechanism; for ecc and simecc the events and
-#: the gap are sized from (eps, delta) by default_streams
+#: default (pattern, events, gap, feature) per mechanism; events 0: sized from (eps, delta)
+#: by default_streams
 DEFAULTS: dict[str, tuple[str, int, int, str]] = {
     "gaussiancc": ("empty", 63, 1, "lr"),
-    "basecc": ("alternating", 200, 1, "lr"),
-    "partitioncc": ("alternating", 4000, 1, "lr"),
+    "basecc": ("alternating", 0, 1, "lr"),
+    "partitioncc": ("alternating", 0, 1, "lr"),
     "tree": ("alternating", 200, 1, "increments"),
     "ecc": ("alternating", 0, 0, "first"),
     "simecc": ("empty", 0, 0, "values"),
@@ -560,11 +559,22 @@ SIMECC_BLOCKS = 8
 
 
 def default_streams(mechanism: str, eps: float, delta: float) -> tuple[str, int, int, str]:
-    """(pattern, events, gap, feature) for this mechanism. ECC: enough alternating events
+    """(pattern, events, gap, feature) for this mechanism. BaseCC, PartitionCC: enough
+    alternating events for the shift to show (below, capped at 20,000 and 50,000). ECC: enough
+    alternating events
     that Part's first checkpoint comes with probability >= 0.99 (ecc_part_term), then a gap
     that holds BCC's delay of the first release with probability >= 0.999. SimECC:
     SIMECC_BLOCKS blocks (simecc_gap_bound at 0.99), then the delay of the last release."""
     pattern, events, gap, feature = DEFAULTS.get(mechanism, _FALLBACK)
+    if mechanism in ("basecc", "partitioncc"):
+        # The likelihood ratio's mean on x' is about k eps sqrt(n) on n alternating events,
+        # k = 0.04 (BaseCC) and 0.003 (PartitionCC, measured for eps 5 to 80). The
+        # known-null bound exceeds eps once that mean is about sqrt(2.4 eps) and at least
+        # 1.5: n = max(2.4 eps, 1.5^2) / (k eps)^2, doubled for margin, within a cost cap.
+        k, lo, hi = (0.04, 200, 20_000) if mechanism == "basecc" else (0.003, 1000, 50_000)
+        want = 2.0 * max(2.4 * eps, 2.25) / (k * eps) ** 2
+        events = 2 * math.ceil(min(max(want, lo), hi) / 2)
+        return pattern, events, gap, feature
     if mechanism not in ("ecc", "simecc"):
         return pattern, events, gap, feature
     from processor.core.cc import bcc_alpha
@@ -628,7 +638,7 @@ def plan_for(mechanism: str, eps: float, delta: float, x0: list[float | None],
     if feature == "increments":
         return Plan(x0, x1, linear_score(increment_weights(x0, x1)), False, feature)
     if feature == "matched":
-        return Plan(x0, x1, linear_score(d), False, feature)
+        return Plan(x0, x1, linear_score(matched_weights(x0, x1)), False, feature)
     if feature == "first":
         return Plan(x0, x1, first_release_tick, False, feature)
     if feature == "final":
@@ -670,8 +680,6 @@ def _max_blocks(n: int) -> int:
 
 
 def _solve_upper(up: FloatArray, b: FloatArray) -> FloatArray:
-    from scipy.linalg import solve_triangular
-
     return np.asarray(solve_triangular(up, b, lower=False), dtype=np.float64)
 
 

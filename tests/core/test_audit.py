@@ -33,6 +33,7 @@ from processor.core.audit import (
     check_spread,
     clopper_pearson,
     core_releases,
+    default_streams,
     empirical_bound,
     increment_weights,
     insertion_neighbour,
@@ -369,6 +370,21 @@ def test_ecc_passes_with_a_nontrivial_bound_on_the_simulator() -> None:
     res = run_audit(sim_backend("ecc", eps, DELTA, 0, {}), plan, 40000, eps=eps,
                     delta=DELTA, alpha=ALPHA)
     assert res.passed and res.eps_lb > 0.15, res
+
+
+def test_default_streams_let_ecc_and_simecc_release() -> None:
+    """The command's default streams are sized from (eps, delta): with them ECC's partition
+    fires and the first release lands before the end in every run (Part at 0.99, BCC delay
+    at 0.999 per run: 20 runs all release with probability > 0.8); SimECC releases too."""
+    eps = 150.0
+    for name in ("ecc", "simecc"):
+        pattern, events, gap, _ = default_streams(name, eps, DELTA)
+        x0, _x1 = make_streams(pattern, events, gap)
+        y = core_releases(_core_ecc(eps) if name == "ecc" else _core(SimECC, eps, DELTA, 21),
+                          x0, 20, name)
+        assert np.all(np.any(y != 0.0, axis=1)), name
+    n = [default_streams("basecc", e, DELTA)[1] for e in (0.5, 1.0, 10.0)]
+    assert n[0] > n[1] > n[2] >= 200
 
 
 def test_ecc_with_too_few_events_is_refused() -> None:
