@@ -7,8 +7,10 @@ shift), reduces each run's whole release stream to one score (--feature), and bo
 from below (processor.core.audit): an assumption-free Clopper-Pearson bound with thresholds
 chosen on a held-out half, and, for the Gaussian mechanisms with the "lr" feature, a
 known-null likelihood-ratio bound that is not capped by the number of runs, with a
-Kolmogorov-Smirnov check of the claimed noise law. The audit FAILS (exit 1) when a bound
-exceeds --epsilon or the noise law is rejected; false-alarm rate at most --alpha (+ 0.001 for
+Kolmogorov-Smirnov check of the claimed noise law; for ECC (core backend) also a check of
+its partition's law (the first checkpoint of fresh Parts against Algorithm 1's law), which
+no bound on its releases can replace. The audit FAILS (exit 1) when a bound exceeds
+--epsilon or a law check rejects; false-alarm rate at most --alpha (+ 0.001 for
 the law check) for a correct mechanism. Exit 2: the audit could not run (for example the score
 is constant: nothing was released in the window; lengthen the stream).
 Defaults per mechanism (pattern, events, gap, feature): """
@@ -37,6 +39,7 @@ from processor.core.audit import (
     Stream,
     core_releases,
     default_streams,
+    ecc_partition_check,
     judge,
     make_streams,
     plan_for,
@@ -180,11 +183,16 @@ def main_audit(argv: Sequence[str]) -> int:
         releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
         res = run_audit(releases, plan, args.runs, eps=args.epsilon, delta=args.delta,
                         alpha=args.alpha)
+        part_p = partition_check(args)
     except (AuditError, CoreError, ValueError) as exc:
         print(f"audit error: {exc}", file=sys.stderr)
         return 2
+    part_ok = part_p is None or part_p >= res.law_alpha
+    passed = res.passed and part_ok
     if args.json:
-        print(orjson.dumps(report(res, args, plan), option=orjson.OPT_INDENT_2).decode())
+        rep = report(res, args, plan)
+        rep.update(passed=passed, partition_law_p=part_p)
+        print(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode())
     for b in res.bounds:
         print(f"{b.method:>10} bound: eps >= {b.eps_lb:.3f} ({b.event}, c = {b.threshold:.4g}, "
               f"{b.order}, p_low {b.p_low:.4g}, p_high {b.p_high:.4g})", file=sys.stderr)
@@ -196,7 +204,25 @@ def main_audit(argv: Sequence[str]) -> int:
                 if plan.known_null else "this audit cannot fail (more runs raise the cap)")
         print(f"note: with {args.runs} runs the assumption-free bound cannot exceed "
               f"{res.attainable:.2f} <= eps: {tail}", file=sys.stderr)
-    verdict = "PASSED" if res.passed else "FAILED"
+    if part_p is not None:
+        print(f"partition law (KS of the first checkpoint against Algorithm 1's law): "
+              f"p = {part_p:.3g} ({'ok' if part_ok else 'REJECTED'} at {res.law_alpha})",
+              file=sys.stderr)
+    verdict = "PASSED" if passed else "FAILED"
     print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs configured eps "
           f"{args.epsilon} (false-alarm rate <= {args.alpha:g})", file=sys.stderr)
-    return 0 if res.passed else 1
+    return 0 if passed else 1
+
+
+def partition_check(args: argparse.Namespace) -> float | None:
+    """ECC on the core backend: the law check of its partition (Part), on min(runs, 400)
+    fresh counters; None for other mechanisms or the simulator."""
+    if args.mechanism != "ecc" or args.backend != "core":
+        return None
+    key = NoiseKey.from_seed(args.seed)
+
+    def part(counter_id: str) -> Any:
+        # white box: the partition of a fresh counter, fed directly
+        return registry.make("ecc", args.epsilon, args.delta, key, counter_id)._part  # type: ignore[attr-defined]
+
+    return ecc_partition_check(part, args.epsilon, args.delta, min(args.runs, 400), args.seed)

@@ -43,7 +43,7 @@ def test_basecc_fails_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's case, `--mechanism basecc --epsilon 10`: the known-null bound exceeds
     10 (it used to pass, capped at 3.67)."""
     rc = main_audit(["--mechanism", "basecc", "--epsilon", "10", "--delta", "1e-6",
-                     "--runs", "200", "--json"])
+                     "--runs", "200", "--events", "200", "--json"])
     rep = orjson.loads(capsys.readouterr().out)
     assert rc == 1 and rep["passed"] is False and rep["eps_lower_bound"] > 10
 
@@ -61,6 +61,16 @@ def test_a_non_private_counter_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     rc = main_audit(["--mechanism", "basecc", "--epsilon", "1", "--delta", "1e-6",
                      "--runs", "200", "--events", "40", "--feature", "increments"])
     assert rc == 1
+
+
+def test_ecc_passes_with_its_partition_law_checked(capsys: pytest.CaptureFixture[str]) -> None:
+    """ECC at eps = 150 with the default stream (sized from eps): it releases, the bound is
+    below eps, and the partition law check runs and accepts (KS at 0.001)."""
+    rc = main_audit(["--mechanism", "ecc", "--epsilon", "150", "--delta", "1e-6",
+                     "--runs", "200", "--json"])
+    rep = orjson.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["passed"] is True and rep["partition_law_p"] >= 0.001
+    assert rep["feature"] == "first" and rep["events"] > 140
 
 
 def test_constant_score_is_an_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,12 +5,12 @@ False-alarm rates. Every verdict below is a test at alpha = 0.05: for a correct
 the noise-law (Kolmogorov-Smirnov) check where it runs. Seeds are fixed, so each outcome
 is deterministic; the rates say how likely a different seed would be to flip a PASS.
 
-Controls (each must FAIL), built here by subclassing, never in processor/core:
-BaseCC and PartitionCC (private for swaps only), GaussianCC with its noise divided by 20,
-and a SimECC that releases its true block sums. The correct ECC, SimECC and GaussianCC must
-PASS with a lower bound above 0. The ECC with its SVT noise halved cannot fail an
-end-to-end audit at any feasible number of runs (docs/audit.md); its Part is audited alone
-against the Part's own budget instead (test_part_component_audit...).
+Controls (each must FAIL), built here by subclassing or by injecting simulator parameters,
+never in processor/core: BaseCC and PartitionCC (private for swaps only), GaussianCC with
+its noise divided by 20, a SimECC that releases its true block sums, and an ECC whose SVT
+noise is halved (caught by the partition law check: no bound on ECC's releases can catch
+it, see docs/audit.md). The correct ECC, SimECC and GaussianCC must PASS with a lower
+bound above 0.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from processor.core.audit import (
     clopper_pearson,
     core_releases,
     default_streams,
+    ecc_partition_check,
     empirical_bound,
     increment_weights,
     insertion_neighbour,
@@ -47,10 +48,12 @@ from processor.core.audit import (
 from processor.core.baselines import GaussianCC, gaussiancc_sigma2_units
 from processor.core.calibration import gdp_mu
 from processor.core.cc import cc_sigma
-from processor.core.ecc import SimECC
+from processor.core.ecc import ECC, SimECC
 from processor.core.grid import UNIT
+from processor.core.partition import Part, part_tau
 from processor.core.rng import NoiseKey
 from processor.core.samplers import discrete_gaussian
+from processor.core.svt import SVT
 
 ALPHA = 0.05
 DELTA = 1e-6
@@ -220,6 +223,33 @@ class TrueSumSimECC(SimECC):
         self._cc = _ExactCC(self._cc)  # type: ignore[assignment]
 
 
+class HalfNoiseSVT(SVT):
+    """SVT with the Laplace scales of 2 eps (half the noise) and the thresholds of eps."""
+
+    __slots__ = ()
+
+    def __init__(self, eps: float, tau: float, key: NoiseKey, label: str,
+                 state: dict[str, Any] | None = None) -> None:
+        super().__init__(2 * eps, tau, key, label, state)
+        self.eps = eps
+        self._b8 = 8.0 / eps
+        self._c = math.ceil(12.0 / eps)
+        self._g = 8.0 * UNIT / (eps * self._t1)
+
+
+class HalfNoisePart(Part):
+    def _new_svt(self, st: dict[str, Any] | None) -> SVT:
+        return HalfNoiseSVT(self.eps_p, part_tau(self.tau, self.l, self.eps_p), self._key,
+                            f"{self._label}/svt{self.l}", st)
+
+
+class HalfNoiseECC(ECC):
+    """Control: ECC whose partition draws its SVT noise at half the scale."""
+
+    def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> Part:
+        return HalfNoisePart(self._params.eps_part, self._params.tau, key, label, st)
+
+
 def _core(cls: type[Counter], eps: float, delta: float, seed: int) -> Any:
     key = NoiseKey.from_seed(seed)
     return lambda cid: cls(eps, delta, key, cid)  # type: ignore[call-arg]
@@ -355,8 +385,6 @@ def test_ecc_releases_and_passes_on_the_core() -> None:
 
 
 def _core_ecc(eps: float) -> Any:
-    from processor.core.ecc import ECC
-
     return _core(ECC, eps, DELTA, 19)
 
 
@@ -397,31 +425,23 @@ def test_ecc_with_too_few_events_is_refused() -> None:
         audit(_core_ecc(eps), x0, x1, 20, eps=eps, delta=DELTA, score=plan.score)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="known blind spot (docs/audit.md): halving the SVT noise only "
-                   "doubles the partition's share of the loss; ECC still leaks far less than "
-                   "eps on any pair of streams an audit can run")
-def test_ecc_with_halved_svt_noise_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Control required by issue 8: ECC whose Part draws SVT noise at half the scale.
-    Built by parameter injection into the simulator (its Part plan), so nothing changes in
-    processor/core. The end-to-end audit does see a difference (the first release moves
-    more sharply with the data) but its bound stays far below eps, so this control PASSES
-    the audit: the test records the limitation and turns into an error (strict xfail) the
-    day the audit catches it."""
-    import dataclasses
-
-    from processor.experiments import params
-
-    real = params.part_plan
-
-    def halved(*args: Any) -> params.SvtPlan:
-        p = real(*args)
-        return dataclasses.replace(p, scale0=p.scale0 / 2, scale=p.scale / 2)
-
-    monkeypatch.setattr(params, "part_plan", halved)
-    eps = 150.0
+@pytest.mark.parametrize("eps", [150.0, 20.0])
+def test_ecc_with_halved_svt_noise_fails(eps: float) -> None:
+    """ECC whose Part has half its SVT noise. Its releases do not give it away: the bound on
+    the first release (the timing channel) stays far below eps, as for the correct ECC;
+    halving the noise only doubles the partition's share of the loss, which is far below
+    eps on any pair of streams an audit can run. The partition's law check does: the first
+    checkpoint of 300 fresh Parts against Algorithm 1's law (KS at 0.001) rejects the
+    broken one (p ~ 1e-14 at eps = 150) and accepts the correct one."""
     x0, x1 = make_streams("alternating", 140, 60)
-    plan = plan_for("ecc", eps, DELTA, x0, x1, "first")
-    res = run_audit(sim_backend("ecc", eps, DELTA, 0, {}), plan, 40000, eps=eps,
-                    delta=DELTA, alpha=ALPHA)
-    assert not res.passed, res
+    if eps == 150.0:
+        plan = plan_for("ecc", eps, DELTA, x0, x1, "first")
+        res = audit(_core(HalfNoiseECC, eps, DELTA, 22), x0, x1, 300, eps=eps, delta=DELTA,
+                    score=plan.score, alpha=ALPHA)
+        assert res.eps_lb <= eps  # the releases alone cannot fail it
+    key = NoiseKey.from_seed(23)
+    broken = ecc_partition_check(lambda c: HalfNoiseECC(eps, DELTA, key, c)._part, eps,
+                                 DELTA, 300, seed=1)
+    good = ecc_partition_check(lambda c: ECC(eps, DELTA, key, c)._part, eps, DELTA, 300,
+                               seed=1)
+    assert broken < 1e-3 <= good, (broken, good)
