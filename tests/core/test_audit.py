@@ -312,7 +312,8 @@ def test_partitioncc_core_follows_the_law_the_score_assumes() -> None:
 
 def test_quiet_gaussiancc_fails() -> None:
     """GaussianCC with 1/20 of its noise at eps = 1: the scores separate (empirical bound
-    ~3.8) and the noise-law check rejects the standardised scores outright."""
+    2.7, known-null 2.6) and the noise-law check rejects the standardised scores outright
+    (p ~ 1e-57)."""
     eps = 1.0
     x0, x1 = make_streams("empty", 63, 1)
     plan = plan_for("gaussiancc", eps, DELTA, x0, x1, "lr")
@@ -324,7 +325,7 @@ def test_quiet_gaussiancc_fails() -> None:
 
 def test_true_sum_simecc_fails() -> None:
     """SimECC releasing its true block sums at eps = 3: every release is 0 on x and 1 on x',
-    so the scores separate completely and the bound reaches the run-count limit (~4.2 with
+    so the scores separate completely and the bound reaches the run-count limit (3.81 with
     400 runs per stream), above 3."""
     eps, delta = 3.0, 1e-3
     x0, x1 = make_streams("empty", 1200, 600)
