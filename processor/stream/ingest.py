@@ -64,25 +64,35 @@ _REBALANCE_CODES: Final = frozenset({
     KafkaError.UNKNOWN_MEMBER_ID, KafkaError._ASSIGNMENT_LOST,
 })
 
-#: Test hook only: `DPC_TEST_CRASH_AT=<point>:<k>` makes the process SIGKILL itself at the
-#: k-th call of crash point <point> (see `crash_point_from_env`). Never set in production.
+#: Test hook only: `DPC_TEST_CRASH_AT=<point>:<k>[:raise]` makes the process SIGKILL
+#: itself (or, with `:raise`, raise InjectedFault) at the k-th call of crash point <point>
+#: (see `crash_point_from_env`). Never set in production.
 CRASH_ENV: Final = "DPC_TEST_CRASH_AT"
 
 
+class InjectedFault(RuntimeError):
+    """The failure DPC_TEST_CRASH_AT=<point>:<k>:raise injects (tests only)."""
+
+
 def crash_point_from_env(env: Mapping[str, str] = os.environ) -> Callable[[str], None] | None:
-    """The test crash hook named by DPC_TEST_CRASH_AT=<point>:<k>, or None when unset.
+    """The test crash hook named by DPC_TEST_CRASH_AT=<point>:<k>[:raise], or None.
 
     The returned callable counts the calls per point name and, at the k-th call of <point>,
-    kills this process with SIGKILL: no cleanup runs, exactly like a machine crash. The
-    kill -9 tests use it to crash between two named steps of a batch.
+    kills this process with SIGKILL: no cleanup runs, exactly like a machine crash (the
+    kill -9 tests crash between two named steps of a batch this way). With `:raise` it
+    raises InjectedFault there instead: the failure path a bug or a broker error takes.
     """
     spec = env.get(CRASH_ENV, "").strip()
     if not spec:
         return None
-    point, sep, k = spec.rpartition(":")
-    if not sep or not point or not k.isdigit() or int(k) < 1:
-        raise ConfigError(CRASH_ENV, "must look like <point>:<k> with k >= 1")
-    target = int(k)
+    parts = spec.split(":")
+    raise_it = len(parts) == 3 and parts[2] == "raise"
+    if raise_it:
+        parts = parts[:2]
+    if (len(parts) != 2 or not parts[0] or not parts[1].isdigit()
+            or int(parts[1]) < 1):
+        raise ConfigError(CRASH_ENV, "must look like <point>:<k>[:raise] with k >= 1")
+    point, target = parts[0], int(parts[1])
     calls: Tally[str] = Tally()
     lock = threading.Lock()
 
@@ -90,10 +100,13 @@ def crash_point_from_env(env: Mapping[str, str] = os.environ) -> Callable[[str],
         with lock:
             calls[name] += 1
             hit = name == point and calls[name] == target
-        if hit:
-            log.warning("test crash point %s reached (call %d): SIGKILL", name, target)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+        if not hit:
+            return
+        if raise_it:
+            raise InjectedFault(f"test fault at {name} (call {target})")
+        log.warning("test crash point %s reached (call %d): SIGKILL", name, target)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
 
     return crash_point
 

@@ -265,6 +265,49 @@ def test_failed_worker_counters_move_to_the_other(
     published_map(live.releases())
 
 
+@pytest.mark.kafka
+def test_ingest_failure_stops_the_worker_cleanly(
+        live_factory: Callable[..., Live]) -> None:  # noqa: F811
+    """The ingest thread fails (an injected fault after its 3rd batch was delivered, before
+    its input offsets were committed): the worker stops itself the way SIGTERM does, exit
+    code 1, the error type named, no traceback, and the batch is not committed. Restarted,
+    it re-reads that batch: nothing lost, nothing counted twice, equal to replay."""
+    tick = 100
+    start = (now_ms() // tick) * tick
+    live = live_factory(dict.fromkeys(COUNTERS, start), name="ingfail", epsilon=500.0,
+                        lateness_ms=400)
+    live.worker.env["DPC_TEST_CRASH_AT"] = "ingest_delivered:3:raise"
+    seconds = 10.0
+    stop = threading.Event()
+    sent = [0]
+    producer = threading.Thread(target=_produce_steadily,
+                                args=(live, seconds, 17, stop, sent), daemon=True)
+    live.worker.start()
+    try:
+        live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+        producer.start()
+        assert live.worker.proc is not None
+        code = live.worker.proc.wait(timeout=120)
+        log = live.worker.log_tail(400)
+        assert code == 1, log
+        assert "ingest stage failed (InjectedFault)" in log, log
+        assert "worker stopped after a failure (ingest: InjectedFault)" in log, log
+        assert "Traceback" not in log, log
+        # The failing batch is on the timeline (delivered) but not committed.
+        done = kafka_io.committed_offsets(live.conf, f"{live.settings.app_id}-ingest",
+                                          live.topics.input)
+        delivered = timeline_events(kafka_io.read_topic(live.conf, live.topics.timeline))
+        assert any(ev.src_offset >= done.get(ev.src_partition, 0) for _p, _o, ev in delivered)
+        live.worker.kill()  # reaps the exited process and closes its log
+        del live.worker.env["DPC_TEST_CRASH_AT"]
+        live.worker.start()
+    finally:
+        producer.join(timeout=seconds + 60)
+        stop.set()
+    assert not producer.is_alive()
+    _drain_and_check(live, start, tick, sent[0])
+
+
 def _settings() -> Settings:
     return with_overrides(Settings(), counters={"x": 0}, tick_ms=100, partitions=1,
                           mechanism="simecc", epsilon=500.0, heartbeat_ticks=10)

@@ -189,7 +189,12 @@ def test_committable_offsets_and_crash_hook_parsing() -> None:
     hook("after_acks")  # the 1st and 2nd calls, and other points, do not kill
     hook("after_state")
     hook("after_acks")
-    for bad in ("after_acks", "after_acks:0", ":2", "after_acks:x"):
+    raising = crash_point_from_env({"DPC_TEST_CRASH_AT": "after_acks:2:raise"})
+    assert raising is not None
+    raising("after_acks")
+    with pytest.raises(ingest.InjectedFault):
+        raising("after_acks")
+    for bad in ("after_acks", "after_acks:0", ":2", "after_acks:x", "after_acks:1:boom"):
         with pytest.raises(ValueError):
             crash_point_from_env({"DPC_TEST_CRASH_AT": bad})
 
