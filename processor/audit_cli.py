@@ -223,8 +223,10 @@ def main_audit(argv: Sequence[str]) -> int:
               f"p = {part_p:.3g} ({'ok' if part_ok else 'REJECTED'} at {res.law_alpha})",
               file=sys.stderr)
     verdict = "PASSED" if passed else "FAILED"
+    laws = (res.null_law_p is not None) + (part_p is not None)
+    rate = f"{args.alpha:g}" + (f" + {laws} x {res.law_alpha:g}" if laws else "")
     print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs configured eps "
-          f"{args.epsilon} (false-alarm rate <= {args.alpha:g})", file=sys.stderr)
+          f"{args.epsilon} (false-alarm rate <= {rate})", file=sys.stderr)
     return 0 if passed else 1
 
 
