@@ -27,6 +27,12 @@ Two bounds, each a valid lower bound with confidence 1 - alpha/2 (so the verdict
   half). Its validity rests on the claimed law, so `null_law_check` tests the scores on x
   against N(0, 1) (Kolmogorov-Smirnov); a mismatch is itself a failure.
 
+ECC hides its partition behind BCC's noise and leaks far less than eps on any testable
+pair, so no bound on its releases can catch a partition with too little noise;
+`ecc_partition_check` (white box) compares the first checkpoint of fresh Parts with an
+independent sampler of Algorithm 1's law instead. `plan_for` and `default_streams` say
+which streams and which score each mechanism gets (docs/audit.md).
+
 `AuditError` is raised when the audit cannot say anything: a score that is constant over
 all runs (typically: the mechanism released nothing in the window) gives no test at all.
 """
