@@ -308,6 +308,44 @@ def test_ingest_failure_stops_the_worker_cleanly(
     _drain_and_check(live, start, tick, sent[0])
 
 
+@pytest.mark.kafka
+def test_operator_failure_exits_without_committing_past(
+        live_factory: Callable[..., Live]) -> None:  # noqa: F811
+    """The batch commit raises after the releases were acknowledged (an injected fault at
+    the 80th "after_acks", standing for corrupt state or a bug): the worker exits at once
+    with code 1, naming only the error type, without committing the failing timeline
+    record (a clean Faust stop would ack it); restarted, it applies that record again:
+    nothing lost, nothing counted twice, one value per (counter, tick), equal to replay."""
+    tick = 100
+    start = (now_ms() // tick) * tick
+    live = live_factory(dict.fromkeys(COUNTERS, start), name="opfail", epsilon=500.0,
+                        lateness_ms=400)
+    live.worker.env["DPC_TEST_CRASH_AT"] = "after_acks:80:raise"
+    seconds = 12.0
+    stop = threading.Event()
+    sent = [0]
+    producer = threading.Thread(target=_produce_steadily,
+                                args=(live, seconds, 19, stop, sent), daemon=True)
+    live.worker.start()
+    try:
+        live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+        producer.start()
+        assert live.worker.proc is not None
+        code = live.worker.proc.wait(timeout=120)
+        log = live.worker.log_tail(400)
+        assert code == 1, log
+        assert "operator failed (InjectedFault); stopping the worker" in log, log
+        assert "Traceback" not in log, log
+        live.worker.kill()  # reaps the exited process and closes its log
+        del live.worker.env["DPC_TEST_CRASH_AT"]
+        live.worker.start()
+    finally:
+        producer.join(timeout=seconds + 60)
+        stop.set()
+    assert not producer.is_alive()
+    _drain_and_check(live, start, tick, sent[0])
+
+
 def _settings() -> Settings:
     return with_overrides(Settings(), counters={"x": 0}, tick_ms=100, partitions=1,
                           mechanism="simecc", epsilon=500.0, heartbeat_ticks=10)
