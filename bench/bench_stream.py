@@ -89,6 +89,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import itertools
 import os
 import re
 import signal
@@ -420,6 +421,20 @@ class TimelineView:
             acc.end = max(acc.end or 0, done[0], *own)
             acc.seal_lag = max(acc.seal_lag, done[0] - seal.ts)
         return acc
+
+    def marker_lags(self, lo_ms: int, hi_ms: int) -> list[tuple[int, int]]:
+        """(marker append time, ms until the commit that applied it) of each effective
+        marker appended in [lo_ms, hi_ms] (markers not committed yet are left out)."""
+        out: list[tuple[int, int]] = []
+        for p, log in self.logs.items():
+            commits = self.commits[p]
+            applied = list(itertools.accumulate((c[2] for c in commits), max))
+            for m in log.markers:
+                if lo_ms <= m.ts <= hi_ms:
+                    j = bisect.bisect_left(applied, m.offset)
+                    if j < len(commits):
+                        out.append((m.ts, commits[j][0] - m.ts))
+        return out
 
     def latencies(self, lo_ms: int, hi_ms: int) -> list[tuple[int, int]]:
         """(marker append time, seal-to-release ms) of each release whose sealing marker
@@ -755,6 +770,7 @@ def phase_throughput(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
             res[kind] = (stage_processor(conf, bootstrap, tmp, n, children)
                          if kind == "processor"
                          else stage_baseline(kind, conf, bootstrap, tmp, n, children))
+            res[kind]["loadavg"] = os.getloadavg()[0]
             print(f"    {res[kind]['rate']:,.0f} events/s", flush=True)
         res["ratio"] = res["processor"]["rate"] / res["faust"]["rate"]
         runs.append(res)
@@ -786,6 +802,13 @@ def rss_bytes(pid: int) -> int:
         with contextlib.suppress(psutil.NoSuchProcess):
             total += p.memory_info().rss
     return total
+
+
+def machine_busy(t0: Any, t1: Any) -> float:
+    """Fraction of the machine's CPU time that was not idle between two psutil.cpu_times()."""
+    total = sum(t1) - sum(t0)
+    idle = (t1.idle - t0.idle) + (getattr(t1, "iowait", 0.0) - getattr(t0, "iowait", 0.0))
+    return float(1.0 - idle / total) if total > 0 else float("nan")
 
 
 def dir_sizes(path: Path) -> dict[str, int]:
@@ -889,6 +912,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         stats = Produced()
         producer = kafka_io.make_producer(conf)
         cpu0: list[float] = []
+        machine0 = psutil.cpu_times()
         n0 = 0
         w0_ms = 0
         sent = 0
@@ -899,6 +923,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
             now = time.monotonic()
             if not cpu0 and now >= t_win:
                 cpu0 = [cpu_seconds(pid) for pid in pids]
+                machine0 = psutil.cpu_times()
                 n0, w0_ms = sent, int(time.time() * 1000)
             if now >= t_end:
                 break
@@ -911,6 +936,8 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
             producer.poll(0)
             time.sleep(0.005)  # pacing of the load generator
         cpu1 = [cpu_seconds(pid) for pid in pids]
+        res["machine_busy"] = machine_busy(machine0, psutil.cpu_times())
+        res["loadavg"] = os.getloadavg()[0]
         w1_ms = int(time.time() * 1000)
         n_window = sent - n0
         res["rss"] = [rss_bytes(pid) for pid in pids]
@@ -948,6 +975,12 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         res["dbs"] = {f"worker{i + 1}": partition_dbs(Path(w.config_path).parent
                                                       / _state_name(i))
                       for i, w in enumerate(procs)}
+        lags = [x for _t, x in view.marker_lags(w0_ms, w1_ms)]
+        res["marker_lag"] = _pcts(lags)
+        res["marker_lag_n"] = len(lags)
+        if "kept_up" in res:
+            # ... and so was every marker of the window, but a few (p95).
+            res["kept_up"] = res["kept_up"] and res["marker_lag"][1] <= s.tick_ms
         lat = view.latencies(w0_ms, w1_ms)
         res["latency"] = _pcts([x for _t, x in lat])
         res["latency_n"] = len(lat)
@@ -1003,6 +1036,9 @@ def report_throughput(runs: Sequence[dict[str, Any]], n: int) -> list[str]:
                        ("kafka", "confluent-kafka loop")):
         rates = [r[key]["rate"] for r in runs]
         lines.append(f"  {label}: {min(rates):,.0f} - {max(rates):,.0f} events/s")
+    loads = [r[k]["loadavg"] for r in runs for k in ("faust", "processor", "kafka")]
+    lines.append(f"  machine load average (1 min) after each stage: {min(loads):.1f} - "
+                 f"{max(loads):.1f} on {psutil.cpu_count()} CPUs")
     dup = sum(r["processor"]["duplicates"] for r in runs)
     lines.append(f"  processor worker RSS at the end: "
                  f"{', '.join(_mib(r['processor']['rss']) for r in runs)}; duplicate event "
@@ -1029,9 +1065,12 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
                                            if "join_s" in r else ""))
     if r["caught_up"]:
         verdict = "yes" if r["kept_up"] else "NO (markers queued behind the operator)"
-        lines.append(f"  kept up: {verdict}: the marker sealing the last events was committed "
-                     f"{r['seal_lag_ms']} ms after its append (kept up: <= one tick, "
-                     f"{r['tick_ms']} ms); last input record -> its timeline batch "
+        ml50, ml95, mlmax = r["marker_lag"]
+        lines.append(f"  kept up: {verdict}: markers of the window committed p50 {ml50:.0f} / "
+                     f"p95 {ml95:.0f} / max {mlmax:.0f} ms after their append (n="
+                     f"{r['marker_lag_n']}), the one sealing the last events {r['seal_lag_ms']}"
+                     f" ms (kept up: p95 and that one <= one tick, {r['tick_ms']} ms)")
+        lines.append(f"  last input record -> its timeline batch "
                      f"{r['ingest_delay_ms']} ms, -> that commit {r['accounted_delay_ms']} ms"
                      f" (of which lateness + the rest of its tick, {r['lateness_ms']} - "
                      f"{r['tick_ms'] + r['lateness_ms']} ms, is the wait for the seal)")
@@ -1057,6 +1096,9 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
                  f"{(w1['sst'] + w1['wal'] + w1['other']) / live:.2f} (worker1; target"
                  f" <= 3); without the WAL {(w1['sst'] + w1['other']) / live:.2f}")
     lines.append(f"  worker RSS: {', '.join(_mib(b) for b in r['rss'])}")
+    lines.append(f"  machine over the window: {r['machine_busy']:.0%} of its "
+                 f"{psutil.cpu_count()} CPUs busy (all processes), load average "
+                 f"{r['loadavg']:.1f} at its end")
     lines.append(f"  CPU over the window ({r['window_s']:.1f} s, {r['window_events']:,} "
                  f"events): {', '.join(f'{c:.1f}' for c in r['cpu'])} CPU-s -> "
                  f"{r['cpu_per_event'] * 1e3:.3f} CPU-ms per event; idle before the load: "
