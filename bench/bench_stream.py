@@ -61,15 +61,20 @@ LogAppendTime). No figure depends on when the bench polled, or on a consumer's c
    4 partitions, ECC). After the ledger holds every counter, a paced producer sends R
    events/s, each stamped with the wall clock, cycling over the counters, for a warm-up
    then a measured window of S seconds (before the load: an idle window, the workers'
-   CPU with no input). Reported: whether the worker kept up (the delay from the last
-   input record to its timeline batch, and to the commit that sealed it, as in phase 1,
-   against the lateness + rest of its tick any event must wait), seal-to-release
-   latency p50/p95/max (for each release whose sealing marker was appended inside the
-   window: release append time - append time of the first marker that sealed its tick)
-   and p95 in the window's first and last third (growth means falling behind), the
-   RocksDB directory size at the end (SST / WAL / other) against the state table's live
-   size (latest non-tombstone value per key in the changelog topic, key + value bytes)
-   and their ratio (target <= 3), the worker's resident memory.
+   CPU with no input). Reported: whether the worker kept up: per marker appended in the
+   window, the time to the commit that applied it (the first changelog record `p/<p>`
+   whose marker offset reaches it); kept up = its p95, and the same lag for the marker
+   sealing the last events, within one tick (otherwise markers queue behind the
+   operator). Beside it, the delay from the last input record to its timeline batch and
+   to that commit (as in phase 1; an event stamped now waits lateness + the rest of its
+   tick for the seal). Seal-to-release latency p50/p95/max (for each release whose
+   sealing marker was appended inside the window: release append time - append time of
+   the first marker that sealed its tick), also per first and last third of the window
+   (growth means falling behind); the RocksDB directory size at the end (SST / WAL /
+   other, and the blocks allocated) against the state table's live size (latest
+   non-tombstone value per key in the changelog topic, key + value bytes) and their
+   ratio (target <= 3); the worker's resident memory; the machine's CPU busy fraction
+   and load average (the machine is shared); warning/error lines of the worker logs.
 
 3. Scale-out: the run of phase 2 with 1 worker, then again with 2 worker processes of the
    same app id (one consumer group, a state dir each): the first worker starts alone and
