@@ -289,8 +289,8 @@ class PartitionLog:
     markers: list[Marker] = field(default_factory=list)
     marker_offsets: list[int] = field(default_factory=list)
     marker_ns: list[int] = field(default_factory=list)
-    # (offset, append time, highest event tick in the batch)
-    batches: list[tuple[int, int, int]] = field(default_factory=list)
+    # (offset, append time, highest event tick in the batch, events in it)
+    batches: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 class TimelineView:
@@ -320,6 +320,8 @@ class TimelineView:
             p: [] for p in range(self.parts)}
         # the state table's latest value size per (changelog partition, key)
         self.live: dict[tuple[int, bytes | None], int] = {}
+        # append time of every changelog record read
+        self.changelog_ts: list[int] = []
 
     def attach_changelog(self) -> None:
         """Once the worker made its table's changelog topic: broker append times on it
@@ -360,7 +362,7 @@ class TimelineView:
                     self.sources.add((e.src_partition, e.src_offset))
                     need[e.src_partition] = max(need.get(e.src_partition, -1), e.src_offset)
                 log.batches.append((r.offset, r.ts, max(e.ts_ms for e in rec.events)
-                                    // self.tick))
+                                    // self.tick, len(rec.events)))
         for r in self.counts.catch_up():
             d = orjson.loads(r.value or b"{}")
             p = partition_for(str(d["counter"]), self.parts)
@@ -368,6 +370,7 @@ class TimelineView:
         if self.changelog is None:
             return
         for r in self.changelog.catch_up():
+            self.changelog_ts.append(r.ts)
             if r.value is None:
                 self.live.pop((r.partition, r.key), None)
                 continue
@@ -399,9 +402,9 @@ class TimelineView:
             if not log.batches:
                 continue
             acc.first_batch = min(acc.first_batch or log.batches[0][1], log.batches[0][1])
-            acc.last_batch = max(acc.last_batch or 0, max(ts for _o, ts, _g in log.batches))
+            acc.last_batch = max(acc.last_batch or 0, max(b[1] for b in log.batches))
             seal: Marker | None = None
-            for off, _ts, g in log.batches:
+            for off, _ts, g, _n in log.batches:
                 m = self.sealing_marker(p, off, g)
                 if m is None:
                     seal = None
@@ -749,6 +752,10 @@ def stage_processor(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
         if acc is None or acc.end is None:
             raise RuntimeError("processor did not account for every event")
         rss = psutil.Process(dep.worker.proc.pid).memory_info().rss if dep.worker.proc else 0
+        assert load.first_ts is not None
+        t0, t1 = load.first_ts, acc.end
+        batches = sum(t0 <= b[1] <= t1 for log in view.logs.values() for b in log.batches)
+        changelog = sum(t0 <= t <= t1 for t in view.changelog_ts)
     finally:
         view.close()
         ledger.close()
@@ -760,6 +767,7 @@ def stage_processor(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
             "ingest_s": (acc.last_batch - load.first_ts) / 1000,
             "tail_ms": acc.end - acc.last_batch, "released": acc.released,
             "duplicates": acc.rows - acc.events, "rss": rss, "logs": logs,
+            "batches": batches, "changelog_per_event": changelog / n,
             "not_log_append": load.not_log_append + view.not_log_append + acc.not_log_append}
 
 
@@ -980,6 +988,11 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         res["dbs"] = {f"worker{i + 1}": partition_dbs(Path(w.config_path).parent
                                                       / _state_name(i))
                       for i, w in enumerate(procs)}
+        batches = [len_ for log in view.logs.values() for _o, ts, _g, len_ in log.batches
+                   if w0_ms <= ts <= w1_ms]
+        res["window_batches"] = len(batches)
+        res["window_batch_events"] = sum(batches)
+        res["window_changelog"] = sum(w0_ms <= t <= w1_ms for t in view.changelog_ts)
         lags = [x for _t, x in view.marker_lags(w0_ms, w1_ms)]
         res["marker_lag"] = _pcts(lags)
         res["marker_lag_n"] = len(lags)
@@ -1041,6 +1054,10 @@ def report_throughput(runs: Sequence[dict[str, Any]], n: int) -> list[str]:
                        ("kafka", "confluent-kafka loop")):
         rates = [r[key]["rate"] for r in runs]
         lines.append(f"  {label}: {min(rates):,.0f} - {max(rates):,.0f} events/s")
+    lines.append("  processor work for the N events: timeline batch records "
+                 + ", ".join(str(r["processor"]["batches"]) for r in runs)
+                 + "; changelog records per event "
+                 + ", ".join(f"{r['processor']['changelog_per_event']:.3f}" for r in runs))
     loads = [r[k]["loadavg"] for r in runs for k in ("faust", "processor", "kafka")]
     lines.append(f"  machine load average (1 min) after each stage: {min(loads):.1f} - "
                  f"{max(loads):.1f} on {psutil.cpu_count()} CPUs")
@@ -1104,6 +1121,10 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
     lines.append(f"  machine over the window: {r['machine_busy']:.0%} of its "
                  f"{psutil.cpu_count()} CPUs busy (all processes), load average "
                  f"{r['loadavg']:.1f} at its end")
+    ev = max(1, r["window_events"])
+    lines.append(f"  work in the window: {r['window_batches']:,} timeline batch records "
+                 f"({r['window_batch_events'] / max(1, r['window_batches']):.1f} events each), "
+                 f"{r['window_changelog'] / ev:.2f} changelog records per event")
     lines.append(f"  CPU over the window ({r['window_s']:.1f} s, {r['window_events']:,} "
                  f"events): {', '.join(f'{c:.1f}' for c in r['cpu'])} CPU-s -> "
                  f"{r['cpu_per_event'] * 1e3:.3f} CPU-ms per event; idle before the load: "
