@@ -63,6 +63,8 @@ METRICS_LOG_S: Final = 30.0
 #: size. A small memtable is flushed (and its WAL dropped) often; flushing keeps only the
 #: latest value of each key, so the files stay near the live size.
 ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2}
+#: Pending changelog writes before Faust pauses the operator agent (its default is 100).
+PRODUCER_BUFFER_MESSAGES: Final = 50_000
 #: How long the start waits for the brokers before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
 
@@ -272,6 +274,10 @@ class Worker:
         self.app.timer(interval=METRICS_LOG_S,
                        name=f"{settings.app_id}-metrics")(self.log_metrics)
         self.app.task(self.start_ingest)
+        # Table writes go through Faust's producer buffer, which pauses the agent (with a
+        # warning) whenever more than 100 are pending: a marker that touches thousands of
+        # counters writes that many values at once. A batch's writes are bounded anyway.
+        self.app.producer.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
 
     # -- the operator agent
 
