@@ -1166,7 +1166,11 @@ def _repo_litter() -> set[str]:
     return {line[3:] for line in out.splitlines() if line[:2] in ("??", "!!")}
 
 
-def _on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    # The first SIGINT/SIGTERM stops the run; later ones are ignored, so that the cleanup
+    # it starts (workers, child processes, broker, temporary directory) runs to its end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -1213,14 +1217,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     rate = a.rate or (200.0 if q else 1000.0)
     seconds = a.seconds or (6.0 if q else 60.0)
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
     litter0 = _repo_litter()
     children = Children()
     results: dict[str, Any] = {"events": events, "repeat": repeat}
     lines: list[str] = []
     try:
+        # Exits in reverse order: children (workers, baselines) stop while the broker still
+        # runs and before their directory goes; then the broker; then the directory.
         with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp_s, \
-                broker(a.bootstrap) as bootstrap:
+                broker(a.bootstrap) as bootstrap, contextlib.closing(children):
             tmp = Path(tmp_s)
             conf = client_config(bootstrap)
             if a.phase in ("throughput", "all"):
@@ -1240,12 +1248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 results["scaleout"] = two
                 lines += report_steady(two, "Phase 3: the same load on 2 workers")
                 lines += report_scaleout(one, two)
-            children.close()
     except KeyboardInterrupt:
         print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)
         return 130
-    finally:
-        children.close()
     bad = sum(int(v.get("not_log_append", 0)) for v in _walk(results))
     lines.append(f"timestamps: {'all' if not bad else f'NOT all ({bad} records not)'} "
                  "LogAppendTime (broker append times)")
