@@ -22,10 +22,10 @@ import subprocess
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import orjson
 import pytest
@@ -34,9 +34,9 @@ from processor.cli import write_key
 from processor.core import registry
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.devtools.deployment import WorkerProcess, write_config
+from processor.devtools.deployment import Deployment, write_config
 from processor.stream import kafka_io
-from processor.stream.config import Settings, TopicSettings, with_overrides
+from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import counter_id_for, is_heartbeat_tick
 from processor.stream.records import (
     REASONS,
@@ -55,76 +55,26 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass
-class Live:
-    """One test deployment: settings, config file, key, worker process, client config."""
+#: One test deployment (settings, config file, key, worker process, client config): the
+#: project's isolated deployment, the same the demo and the benchmark build.
+Live = Deployment
 
-    settings: Settings
-    config: Path
-    key: NoiseKey
-    worker: WorkerProcess
-    conf: dict[str, str]
-
-    @property
-    def topics(self) -> TopicSettings:
-        return self.settings.topics
-
-    def produce(self, values: Iterable[bytes]) -> int:
-        return kafka_io.produce_all(self.conf, self.topics.input, ((None, v) for v in values))
-
-    def releases(self) -> list[dict[str, Any]]:
-        return [orjson.loads(r.value) for r in kafka_io.iter_topic(self.conf, self.topics.counts)
-                if r.value]
-
-    def wait_releases(self, pred: Callable[[list[dict[str, Any]]], bool],
-                      timeout_s: float = 60.0) -> list[dict[str, Any]]:
-        """Tail the private-count topic until pred(all decoded releases) holds."""
-        def check(recs: list[kafka_io.KafkaRecord]) -> bool:
-            return pred([orjson.loads(r.value) for r in recs if r.value])
-        try:
-            recs = kafka_io.wait_for(self.conf, self.topics.counts, check, timeout_s=timeout_s)
-        except TimeoutError:
-            raise AssertionError("releases did not arrive in time; worker log:\n"
-                                 + self.worker.log_tail()) from None
-        return [orjson.loads(r.value) for r in recs if r.value]
-
-
-def make_live(bootstrap: str, tmp_path: Path, counters: Mapping[str, int], *,
-              name: str = "e2e", **overrides: Any) -> Live:
-    """Fresh topics, app id and state dir; the worker is created but not started."""
-    uid = hashlib.sha256(f"{tmp_path}{time.time_ns()}".encode()).hexdigest()[:10]
-    topics = TopicSettings(input=f"{name}-in-{uid}", timeline=f"{name}-tl-{uid}",
-                           counts=f"{name}-counts-{uid}", ledger=f"{name}-ledger-{uid}",
-                           deadletter=f"{name}-dead-{uid}")
-    fields: dict[str, Any] = dict(
-        app_id=f"{name}-app-{uid}", bootstrap_servers=bootstrap, topics=topics, partitions=2,
-        tick_ms=100, lateness_ms=300, max_future_ms=10_000, heartbeat_ticks=10,
-        heartbeat_spread=False, counters=dict(counters), epsilon=1.0, delta=1e-6,
-        noise_key_file=str(write_key(tmp_path / "noise.key", TEST_SECRET)),
-        state_dir=str(tmp_path / "state"))
-    fields.update(overrides)
-    settings = with_overrides(Settings(), **fields)
-    cfg = write_config(settings, tmp_path / "worker.toml")
-    from processor.stream.app import ensure_topics
-
-    ensure_topics(settings)
-    worker = WorkerProcess(cfg, tmp_path / "worker.log", loglevel="warning")
-    return Live(settings, cfg, NoiseKey(TEST_SECRET), worker, kafka_io.base_config(settings))
+#: The e2e settings: short ticks so that tests see many of them, heartbeats at fixed ticks.
+E2E_SETTINGS: Final = dict(partitions=2, tick_ms=100, lateness_ms=300, max_future_ms=10_000,
+                           heartbeat_ticks=10, heartbeat_spread=False, epsilon=1.0,
+                           delta=1e-6)
 
 
 @pytest.fixture
-def live_factory(kafka_bootstrap: str, tmp_path: Path) -> Iterator[Callable[..., Live]]:
-    """make_live bound to the session broker; stops every worker it made at teardown."""
-    made: list[Live] = []
+def live_factory(deployment_factory: Callable[..., Deployment]) -> Callable[..., Live]:
+    """`factory(counters, name=..., **settings)`: an isolated deployment on the session
+    broker with the e2e settings and the test key (topics created, worker not started;
+    every worker stopped at teardown)."""
+    def factory(counters: Mapping[str, int], *, name: str = "e2e", **overrides: Any) -> Live:
+        return deployment_factory(dict(counters), name=name, secret=TEST_SECRET,
+                                  **{**E2E_SETTINGS, **overrides})
 
-    def factory(counters: Mapping[str, int], **kw: Any) -> Live:
-        lv = make_live(kafka_bootstrap, tmp_path, counters, **kw)
-        made.append(lv)
-        return lv
-
-    yield factory
-    for lv in made:
-        lv.worker.stop()
+    return factory
 
 
 def implied_ticks(settings: Settings, timeline: Mapping[int, list[kafka_io.KafkaRecord]]
@@ -428,14 +378,14 @@ def test_unreachable_broker_is_one_error_line_exit_2(tmp_path: Path) -> None:
 
 
 @pytest.mark.kafka
-def test_partition_count_mismatch_is_one_error_line_exit_2(kafka_bootstrap: str,
-                                                           tmp_path: Path) -> None:
+def test_partition_count_mismatch_is_one_error_line_exit_2(
+        live_factory: Callable[..., Live], tmp_path: Path) -> None:
     """The timeline topic exists with 3 partitions, the configuration says 2: one `error:`
     line naming the topic and both counts, exit code 2, no traceback. Control: with
     `partitions = 3` (and a fresh state changelog) the same check passes."""
     from processor.stream.app import ensure_topics
 
-    live = make_live(kafka_bootstrap, tmp_path, {"a": 0}, name="mismatch")
+    live = live_factory({"a": 0}, name="mismatch")
     timeline = f"{live.topics.timeline}-p3"
     kafka_io.create_topics(live.conf, [timeline], 3)
     s = with_overrides(live.settings, topics=replace(live.topics, timeline=timeline))

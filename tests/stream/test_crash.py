@@ -14,14 +14,11 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import replace
-from pathlib import Path
 
 import orjson
 import pytest
 
 from processor.core.rng import NoiseKey
-from processor.devtools.deployment import WorkerProcess, write_config
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
@@ -223,7 +220,7 @@ def test_kill_nine_mid_batch(live_factory: Callable[..., Live],  # noqa: F811
 
 @pytest.mark.kafka
 def test_failed_worker_counters_move_to_the_other(
-        live_factory: Callable[..., Live], tmp_path: Path) -> None:  # noqa: F811
+        live_factory: Callable[..., Live]) -> None:  # noqa: F811
     """Two workers in one group share the partitions; one is killed for good while events
     flow. The survivor takes over its partitions with their state (from the changelog or
     its standby copy), the markers keep coming (the leader role moves if needed), and the
@@ -232,9 +229,7 @@ def test_failed_worker_counters_move_to_the_other(
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name="failover", epsilon=500.0,
                         lateness_ms=400, partitions=4)
-    other_cfg = write_config(replace(live.settings, state_dir=str(tmp_path / "state-b")),
-                             tmp_path / "worker-b.toml")
-    other = WorkerProcess(other_cfg, tmp_path / "worker-b.log")
+    other = live.add_worker("worker-b")  # same app, its own state dir
     live.worker.start()
     other.start()
     try:
