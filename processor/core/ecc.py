@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
+from processor.core.bounded import check_eps_delta
 from processor.core.cc import BCC, UnboundedCC
 from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, from_units, to_units
@@ -15,15 +16,6 @@ from processor.core.rng import NoiseKey
 from processor.core.schedule import SchedList
 from processor.core.state import pack, unpack
 from processor.core.svt import svt_scales, svt_threshold
-
-
-def _check(eps: float, delta: float) -> None:
-    if isinstance(eps, bool) or isinstance(delta, bool):
-        raise InvalidParameterError("eps and delta must be numbers, not bool")
-    if not (isinstance(eps, int | float) and math.isfinite(eps) and eps > 0):
-        raise InvalidParameterError(f"eps must be a finite positive number, got {eps!r}")
-    if not (isinstance(delta, int | float) and 0 < delta < 1):
-        raise InvalidParameterError(f"delta must be in (0, 1), got {delta!r}")
 
 
 @dataclass(frozen=True)
@@ -58,7 +50,7 @@ def _cc_constants(eps: float, delta: float) -> tuple[float, float, float, float]
 def ecc_parameters(eps: float, delta: float) -> EccParams:
     """Part with (eps/51, 1 + 408 ln(pi^2/(2 delta))/eps); CC with (4eps/27,
     e^{-19eps/27} delta/16); BCC with (4eps/27, e^{-19eps/27} delta/8)."""
-    _check(eps, delta)
+    check_eps_delta(eps, delta)
     cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
     tau = 1.0 + 408.0 * math.log(math.pi**2 / (2.0 * delta)) / eps
     return EccParams(eps / 51.0, tau, cc_eps, cc_delta, bcc_eps, bcc_delta)
@@ -66,7 +58,7 @@ def ecc_parameters(eps: float, delta: float) -> EccParams:
 
 def simecc_parameters(eps: float, delta: float) -> SimEccParams:
     """SimPart with (eps/51, mu = 3 + ceil(102 ln(2 pi^2/(3 delta))/eps)); CC, BCC as ECC."""
-    _check(eps, delta)
+    check_eps_delta(eps, delta)
     cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
     mu = 3 + math.ceil(102.0 * math.log(2.0 * math.pi**2 / (3.0 * delta)) / eps)
     return SimEccParams(eps / 51.0, mu, cc_eps, cc_delta, bcc_eps, bcc_delta)
