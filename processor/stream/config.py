@@ -110,6 +110,15 @@ class Settings:
     allow_undeclared: bool = False
     noise_key_file: str | None = None
     state_dir: str = ".dpc-state"
+    #: The operator metrics and health endpoints (processor/stream/metrics.py): /metrics,
+    #: /metrics/public, /healthz, /readyz on metrics_host:metrics_port (0: not served).
+    #: Operator-only: /metrics reveals exact aggregate counts (docs/operator-channels.md).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9464
+    #: Serve the public metrics set (quantities derived from public data only) on a
+    #: listener of its own, metrics_host:public_metrics_port, for a wider audience.
+    public_metrics: bool = False
+    public_metrics_port: int = 9465
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -146,6 +155,7 @@ _TOP_KEYS = {
     "mechanism", "epsilon", "delta", "beta", "heartbeat_ticks", "heartbeat_spread",
     "allow_undeclared",
     "noise_key_file", "state_dir",
+    "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
 }
 _SECTIONS = {"security", "topics", "counters"}
 
@@ -303,6 +313,12 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
     s["noise_key_file"] = _as_str(
         "noise_key_file", top.get("noise_key_file", d.noise_key_file), optional=True)
     s["state_dir"] = _as_str("state_dir", top.get("state_dir", d.state_dir))
+    s["metrics_host"] = _as_str("metrics_host", top.get("metrics_host", d.metrics_host))
+    s["metrics_port"] = _as_int("metrics_port", top.get("metrics_port", d.metrics_port), 0)
+    s["public_metrics"] = _as_bool(
+        "public_metrics", top.get("public_metrics", d.public_metrics))
+    s["public_metrics_port"] = _as_int(
+        "public_metrics_port", top.get("public_metrics_port", d.public_metrics_port), 1)
 
     sd: dict[str, Any] = {}
     for f in fields(SecuritySettings):
@@ -375,6 +391,15 @@ def validate_settings(s: Settings) -> Settings:
                               f"start must be a multiple of tick_ms ({s.tick_ms})")
     if not s.counters and not s.allow_undeclared:
         raise ConfigError("counters", "declare at least one counter (or set allow_undeclared)")
+    for name, port, lo in (("metrics_port", s.metrics_port, 0),
+                           ("public_metrics_port", s.public_metrics_port, 1)):
+        if isinstance(port, bool) or not isinstance(port, int) or not lo <= port <= 65535:
+            raise ConfigError(name, f"must be an integer in {lo}..65535")
+    if not isinstance(s.metrics_host, str) or not s.metrics_host:
+        raise ConfigError("metrics_host", "must be a host name or address")
+    if s.public_metrics and s.public_metrics_port == s.metrics_port:
+        # One port would put the operator endpoint wherever the public one is reachable.
+        raise ConfigError("public_metrics_port", "must differ from metrics_port")
     return s
 
 
