@@ -40,8 +40,11 @@ import hashlib
 import importlib
 from bisect import bisect_right
 from collections import OrderedDict
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
+
+import orjson
 
 from processor.core.api import Counter
 from processor.core.grid import UNIT
@@ -101,11 +104,61 @@ class Output:
     metrics: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
 
 
-def counter_id_for(settings: Settings, counter: str) -> str:
-    """The identity a counter's noise is keyed by: its name under the configuration
-    fingerprint, so a changed (eps, delta, ...) never reuses the noise of another
-    configuration on the same data (two releases sharing noise could cancel it)."""
-    return f"{settings.fingerprint()[:16]}/{counter}"
+def key_fingerprint(key: NoiseKey) -> str:
+    """The public identifier of the noise key (HMAC-SHA256(key, "fingerprint"), 16 hex
+    digits: `NoiseKey.fingerprint`): it names the key in the ledger and in the noise
+    identity without revealing anything about its bytes."""
+    return key.fingerprint()
+
+
+def noise_identity(settings: Settings, key: NoiseKey) -> str:
+    """THE noise identity of a deployment: everything that defines the computation whose
+    noise it keys. The deployment (app id and the five topic names: another deployment is
+    another computation, even with the same key), the privacy configuration (the
+    fingerprint: mechanism, eps, delta, tick, declared counters...) and the key's public
+    fingerprint. Any change draws unrelated noise, so noise is never shared by two
+    computations on different data (whose difference would cancel it). Public: a hash of
+    public values (32 hex digits), never key bytes. Bootstrap servers are left out on
+    purpose: workers (and replay) of one deployment may reach the cluster by other names,
+    and they must all draw the same noise."""
+    t = settings.topics
+    parts = {
+        "v": 1,
+        "app_id": settings.app_id,
+        "topics": [t.input, t.timeline, t.counts, t.ledger, t.deadletter],
+        "config": settings.fingerprint(),
+        "key_id": key_fingerprint(key),
+    }
+    return hashlib.sha256(b"dpc/noise-identity/" + orjson.dumps(
+        parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
+
+
+def counter_id(identity: str, counter: str) -> str:
+    """The label a counter's mechanism is keyed by: its name under the noise identity."""
+    return f"{identity}/{counter}"
+
+
+def counter_id_for(settings: Settings, key: NoiseKey, counter: str) -> str:
+    """counter_id(noise_identity(settings, key), counter): what a new counter of this
+    deployment is keyed by (a counter restored from state keeps the id it was made with)."""
+    return counter_id(noise_identity(settings, key), counter)
+
+
+class AnnouncedCounterError(RuntimeError):
+    """A counter whose ledger entry was already published but whose state is gone: making
+    it again would publish a second, differently noised value for ticks already released.
+
+    Raised by the operator before anything of the record is published. The counter's name
+    is public (it is on the ledger), so the message names it, with the remedy."""
+
+    def __init__(self, counter: str) -> None:
+        self.counter = counter
+        super().__init__(
+            f"counter {counter!r} was already announced on the ledger topic, but its state "
+            "is gone (or belongs to another configuration or key): re-creating it would "
+            "republish its ticks with new values. Restore the state from the changelog "
+            "(with the configuration and key it was announced under), or start a new "
+            "deployment with a new app_id and new private-count and ledger topics.")
 
 
 def heartbeat_phase(settings: Settings, counter: str) -> int:
@@ -132,9 +185,19 @@ class Operator:
 
     def __init__(self, settings: Settings, key: NoiseKey, *,
                  factory: CounterFactory | None = None,
-                 cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 announced: Mapping[str, Collection[str]] | None = None) -> None:
+        """`announced`: what the ledger topic says was announced (counter -> creation tags
+        of its entries, `records.announced_counters`). Given (the worker), a counter with a
+        ledger entry is made again only as the re-execution of the very creation the entry
+        records; anything else raises AnnouncedCounterError. None (replay, tests): no
+        ledger to check against."""
         self.settings = settings
         self.key = key
+        self.noise_id = noise_identity(settings, key)
+        self.key_id = key_fingerprint(key)
+        self._announced: dict[str, set[str]] | None = (
+            None if announced is None else {c: set(t) for c, t in announced.items()})
         # The registry is imported lazily so that tests can inject a fake factory.
         self.factory: CounterFactory = (
             factory if factory is not None
@@ -269,7 +332,7 @@ class Operator:
         """A fresh counter state (not announced: its ledger entry waits for a marker)."""
         s = self.settings
         mech = self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
-                                 counter_id_for(s, name))
+                                 counter_id(self.noise_id, name))
         cs = CounterState(mech, start_tick,
                           next_heartbeat(0, self._phase(name), s.heartbeat_ticks))
         self._remember(name, cs)
@@ -497,12 +560,7 @@ class Operator:
                     self._stage_counter(buf, name, cs)
                 continue
             if not cs.announced:
-                s = self.settings
-                out.ledger.append(LedgerEntry(
-                    counter=name, mechanism=cs.mechanism.mechanism, epsilon=cs.mechanism.eps,
-                    delta=cs.mechanism.delta, tick_ms=s.tick_ms,
-                    start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint))
-                cs.announced = True
+                self._announce(name, cs, n, ps.frontier, out)
             if cs.frontier < n:
                 self._seal(name, cs, n, out)
             cs.last_offset = offset
@@ -516,6 +574,45 @@ class Operator:
         self._stage_partition(buf, partition, ps)
         m["counters_touched"] += touched
         m["markers_applied"] += 1
+
+    # -- announcing
+
+    def _announce(self, name: str, cs: CounterState, n: int, frontier: int,
+                  out: Output) -> None:
+        """Emit the ledger entry of a counter the marker through `n` brings into being (on
+        a partition sealed through `frontier` before it), unless the ledger already
+        announced it under another creation (AnnouncedCounterError: raised before anything
+        of this record is published, so nothing is republished)."""
+        tag = self._creation_tag(name, n, frontier)
+        if self._announced is not None:
+            seen = self._announced.get(name)
+            if seen is not None and tag not in seen:
+                raise AnnouncedCounterError(name)
+            self._announced.setdefault(name, set()).add(tag)
+        s = self.settings
+        out.ledger.append(LedgerEntry(
+            counter=name, mechanism=cs.mechanism.mechanism, epsilon=cs.mechanism.eps,
+            delta=cs.mechanism.delta, tick_ms=s.tick_ms,
+            start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint,
+            key_id=self.key_id, creation=tag))
+        cs.announced = True
+
+    def _creation_tag(self, name: str, n: int, frontier: int) -> str:
+        """The public tag of ONE creation of a counter (sha256, 32 hex digits): the noise
+        identity, the counter, the marker that creates it (sealed through n) and the
+        partition's frontier before that marker. Markers and public configuration only,
+        like every public record (issue 8 item 1): no event changes it.
+
+        Re-executing that marker after a crash (ledger entry acknowledged, state not yet
+        written) applies it to the same stored partition state: the same tag, and the same
+        records. After a loss of state the partition starts from no frontier and the
+        worker resumes past the creating marker, so a creation happens under another
+        (frontier, n), or another identity: another tag, refused. The one case it cannot
+        tell apart (docs/privacy-notes.md): a counter created by a partition's very first
+        marker, all state lost, and a restarted leader appending a marker through the same
+        tick again before the next one is sealed."""
+        msg = orjson.dumps([self.noise_id, name, n, frontier])
+        return hashlib.sha256(b"dpc/creation/" + msg).hexdigest()[:32]
 
     # -- the queue and the ticks
 

@@ -26,7 +26,7 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -139,12 +139,37 @@ class LedgerEntry:
     contribution_bound: int = 1
     fingerprint: str = ""
     grid_bits: int = GRID_BITS
+    #: The public fingerprint of the noise key (`operator.key_fingerprint`), never the key.
+    key_id: str = ""
+    #: The public tag of this creation of the counter (`Operator._creation_tag`): a
+    #: restarted worker re-creates an announced counter only under the same tag.
+    creation: str = ""
 
     def key(self) -> bytes:
         return self.counter.encode("utf-8")
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
+
+
+def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, frozenset[str]]:
+    """What a ledger topic announced: counter -> the creation tags of its entries (the
+    Operator's `announced`). A counter's entry without a tag (written before tags existed)
+    counts with the tag "", which no creation matches: announced, so never re-created.
+    Values that are not ledger entries (tombstones, foreign records) are skipped."""
+    out: dict[str, set[str]] = {}
+    for raw in ledger_values:
+        if not raw:
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if type(obj) is not dict or type(obj.get("counter")) is not str:
+            continue
+        tag = obj.get("creation")
+        out.setdefault(obj["counter"], set()).add(tag if type(tag) is str else "")
+    return {c: frozenset(tags) for c, tags in out.items()}
 
 
 # ------------------------------------------------------------------------ partitioning

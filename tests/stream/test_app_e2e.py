@@ -139,7 +139,7 @@ def spec_expectation(settings: Settings, key: NoiseKey,
     out: dict[tuple[str, int, str], float] = {}
     for c, xs in implied_ticks(settings, timeline).items():
         counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
-                                counter_id_for(settings, c))
+                                counter_id_for(settings, key, c))
         last = 0.0
         for t, x in enumerate(xs, start=1):
             y = counter.update(x)
@@ -159,7 +159,8 @@ def count_cli_changes(settings: Settings, key_file: str, counter: str,
     res = subprocess.run(
         [sys.executable, "-m", "processor", "count", "--mechanism", settings.mechanism,
          "--epsilon", repr(settings.epsilon), "--delta", repr(settings.delta),
-         "--key-file", key_file, "--counter-id", counter_id_for(settings, counter),
+         "--key-file", key_file,
+         "--counter-id", counter_id_for(settings, NoiseKey.from_file(key_file), counter),
          "--changes", "--input", str(ticks)],
         capture_output=True, check=True, cwd=str(Path(__file__).resolve().parents[2]))
     rows = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]

@@ -9,6 +9,7 @@ releases; one test runs the real ECC from the registry.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import random
@@ -24,9 +25,11 @@ from processor.core import registry
 from processor.core.api import Counter, check_skip
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import NoiseKey
+from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import (
     DEFAULT_CACHE_SIZE,
+    AnnouncedCounterError,
     Operator,
     Output,
     counter_id_for,
@@ -36,6 +39,7 @@ from processor.stream.records import (
     Event,
     LedgerEntry,
     Release,
+    announced_counters,
     encode_batch,
     encode_marker,
     partition_for,
@@ -238,7 +242,7 @@ def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
     """Run a fresh core counter directly on x_1..x_T; a record where y changes, a
     heartbeat at is_heartbeat_tick ticks otherwise (the offline count), each with
     the counter's own error bound at that tick."""
-    c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, counter))
+    c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, KEY, counter))
     out = []
     last = 0.0
     for t, u in enumerate(xs, start=1):
@@ -574,7 +578,7 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
     assert {f.name for f in dataclasses.fields(Release)} == allowed
     assert {f.name for f in dataclasses.fields(LedgerEntry)} == {
         "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms", "privacy_unit",
-        "contribution_bound", "fingerprint", "grid_bits"}
+        "contribution_bound", "fingerprint", "grid_bits", "key_id", "creation"}
 
     class Sentinel(StepCounter):
         @property
@@ -864,3 +868,86 @@ def test_due_wheel_stays_small_with_spread_heartbeats() -> None:
                                    if k.startswith("u/")))
     assert longest <= h + 5
     assert largest < 4 + 3 * (len(names) // h) * 8
+
+
+# --------------------------------------------------------------------------- issue 8 item 4
+
+
+def _commit_markers(op: Operator, store: DictStore, offsets_and_ticks: list[tuple[int, int]],
+                    crash_after_acks: bool = False) -> CollectingPublisher:
+    """Commit one marker record per (offset, n) with BatchCommit; the publisher keeps what
+    was acknowledged. With crash_after_acks, the first batch dies once its records are
+    acknowledged, before any state write (the commit protocol's re-execution window)."""
+    pub = CollectingPublisher()
+
+    def crash(point: str) -> None:
+        if crash_after_acks and point == "after_acks":
+            raise KeyboardInterrupt("crash")
+
+    bc = BatchCommit(op, store, pub, crash_point=crash)
+    for off, n in offsets_and_ticks:
+        asyncio.run(bc.commit(0, [(off, encode_marker(n))]))
+    return pub
+
+
+def test_announced_counter_without_state_is_refused_and_nothing_is_published() -> None:
+    """A first life announces a and b; their state is lost (a fresh store); a worker that
+    knows the ledger resumes at a later marker: refused with AnnouncedCounterError naming
+    the counter and the remedy, nothing published, nothing written. Control: without the
+    ledger (announced=None, today's behaviour) the same resumption republishes a's ticks."""
+    s = settings({"a": 2 * TICK, "b": 2 * TICK}, heartbeat_ticks=2)
+    first = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(),
+                            [(0, 3), (1, 5)])
+    assert [e.counter for e in first.ledger] == ["a", "b"]
+    announced = announced_counters(e.to_json() for e in first.ledger)
+    assert set(announced) == {"a", "b"}
+
+    store = DictStore()
+    op = Operator(s, KEY, factory=StepFactory(2, 3), announced=announced)
+    pub = CollectingPublisher()
+    bc = BatchCommit(op, store, pub)
+    with pytest.raises(AnnouncedCounterError) as err:
+        asyncio.run(bc.commit(0, [(7, encode_marker(6))]))
+    assert err.value.counter == "a"
+    msg = str(err.value)
+    assert "'a'" in msg and "changelog" in msg and "new app_id" in msg
+    assert pub.ledger == [] and pub.releases == [] and store.data == {}
+    # The same state loss under a changed configuration (offsets reset to the start):
+    # another noise identity, refused too.
+    s2 = with_overrides(s, epsilon=2.0)
+    with pytest.raises(AnnouncedCounterError):
+        _commit_markers(Operator(s2, KEY, factory=StepFactory(2, 3), announced=announced),
+                        DictStore(), [(0, 3)])
+    # Control: an operator that does not know the ledger publishes a second life of a.
+    again = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(),
+                            [(7, 6)])
+    assert {r.counter for r in again.releases} == {"a", "b"}
+    assert {(r.counter, r.tick) for r in again.releases} & {
+        (r.counter, r.tick) for r in first.releases}
+
+
+def test_re_executing_the_creating_marker_after_a_crash_is_allowed() -> None:
+    """Ledger entries acknowledged, then a crash before any state write: the restarted
+    worker knows them from the ledger and re-executes the same marker on the same stored
+    state: the same creation (tag), identical ledger entries and releases, no refusal.
+    Replaying the whole timeline from scratch is the same creation too."""
+    s = settings({"a": 2 * TICK, "b": 2 * TICK}, heartbeat_ticks=2)
+    store = DictStore()
+    with pytest.raises(KeyboardInterrupt):
+        _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3)), store, [(0, 3)],
+                        crash_after_acks=True)
+    assert store.data == {}
+    clean = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(),
+                            [(0, 3), (1, 5)])
+    announced = announced_counters(e.to_json() for e in clean.ledger)
+    again = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced=announced),
+                            store, [(0, 3), (1, 5)])
+    assert again.ledger == clean.ledger and again.releases == clean.releases
+    e = clean.ledger[0]
+    assert len(e.key_id) == 16 and len(e.creation) == 32 and e.key_id == KEY.fingerprint()
+    # An entry written before creation tags existed announces the counter for good.
+    legacy = announced_counters([orjson.dumps({"counter": "a"}), None, b"not json"])
+    assert legacy == {"a": frozenset({""})}
+    with pytest.raises(AnnouncedCounterError):
+        _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced=legacy),
+                        DictStore(), [(0, 3)])

@@ -281,8 +281,10 @@ def test_private_count_schema_validates_releases() -> None:
 
 def test_ledger_entry_schema_validates_ledger_entries() -> None:
     v = _validator("ledger-entry.schema.json")
-    e = LedgerEntry("a", "simecc", 0.5, 1e-7, 1000, 5000, fingerprint="ff")
+    e = LedgerEntry("a", "simecc", 0.5, 1e-7, 1000, 5000, fingerprint="ff",
+                    key_id="0123456789abcdef", creation="0123456789abcdef" * 2)
     v.validate(orjson.loads(e.to_json()))
+    assert not v.is_valid(dict(orjson.loads(e.to_json()), key_id=""))  # always named
     assert not v.is_valid(dict(orjson.loads(e.to_json()), mechanism="basecc"))
 
 
