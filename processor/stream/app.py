@@ -47,8 +47,14 @@ from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
-from processor.stream.operator import Operator
-from processor.stream.records import LedgerEntry, Release, encode_marker, sealed_through
+from processor.stream.operator import AnnouncedCounterError, Operator
+from processor.stream.records import (
+    LedgerEntry,
+    Release,
+    announced_counters,
+    encode_marker,
+    sealed_through,
+)
 
 log = logging.getLogger("processor.stream.app")
 
@@ -221,7 +227,8 @@ class Worker:
     """
 
     def __init__(self, settings: Settings, key: NoiseKey, *, replication: int = 1,
-                 crash_point: Callable[[str], None] | None = None) -> None:
+                 crash_point: Callable[[str], None] | None = None,
+                 announced: Mapping[str, frozenset[str]] | None = None) -> None:
         self.settings = settings
         self.metrics = WorkerMetrics()
         self.partitions = settings.partitions
@@ -258,7 +265,10 @@ class Worker:
         self.table = self.app.Table(STATE_TABLE, default=None, partitions=self.partitions,
                                     key_type=bytes, value_type=bytes,
                                     options=dict(ROCKSDB_OPTIONS))
-        self.batch_commit = BatchCommit(Operator(settings, key), TableStore(self.table),
+        # `announced` (the ledger read at start): the operator refuses to re-create a
+        # counter the ledger announced under another creation (issue 8 item 4).
+        self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
+                                        TableStore(self.table),
                                         FaustPublisher(self.app, settings, self.metrics),
                                         crash_point=crash_point)
         self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
@@ -293,6 +303,8 @@ class Worker:
             records.append((msg.offset, msg.value if isinstance(msg.value, bytes) else b""))
             try:
                 out = await self.batch_commit.commit(msg.partition, records)
+            except AnnouncedCounterError as exc:
+                self._refused(exc)
             except Exception as exc:
                 self._operator_failed(exc)
             self.metrics.add_operator(out.metrics)
@@ -306,6 +318,15 @@ class Worker:
         log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
         logging.shutdown()
         os._exit(1)
+
+    def _refused(self, exc: AnnouncedCounterError) -> NoReturn:
+        # Nothing of the record was published; exiting at once (code 2, like a start
+        # error) keeps Faust from committing past it. The counter's name is public (it is
+        # on the ledger), so the message names it, with the remedy.
+        log.critical("refused: %s", exc)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(2)
 
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
@@ -438,8 +459,21 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
 def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
     """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
     replication = ensure_topics(settings)
-    return Worker(settings, key, replication=replication,
-                  crash_point=crash_point_from_env()).run(loglevel)
+    return Worker(settings, key, replication=replication, crash_point=crash_point_from_env(),
+                  announced=read_announced(settings)).run(loglevel)
+
+
+def read_announced(settings: Settings) -> dict[str, frozenset[str]]:
+    """What the ledger topic announced so far (counter -> creation tags), for the operator's
+    refusal to publish a second value for a published (counter, tick)."""
+    conf = {**kafka_io.base_config(settings), "log_level": "0"}
+    try:
+        ledger = kafka_io.iter_topic(conf, kafka_io.topic_name(settings, "ledger"),
+                                     timeout_s=BROKER_WAIT_S)
+        return announced_counters(r.value for r in ledger)
+    except (KafkaException, RuntimeError, TimeoutError) as exc:
+        raise StartError(f"cannot read the ledger topic ({type(exc).__name__}): a worker "
+                         "must know what was announced before it publishes") from None
 
 
 def main_worker(argv: Sequence[str] | None = None) -> int:
