@@ -47,6 +47,7 @@ from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
+from processor.stream.metrics import Surface
 from processor.stream.operator import AnnouncedCounterError, Operator
 from processor.stream.records import (
     LedgerEntry,
@@ -273,11 +274,17 @@ class Worker:
                                         crash_point=crash_point)
         self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
                              self.timeline_name, self.metrics)
-        self.ingest = Ingest(settings, on_failure=self._ingest_failed, crash_point=crash_point)
+        self.ingest = Ingest(settings, on_failure=self._ingest_failed, crash_point=crash_point,
+                             on_batch=lambda n: self.surface.ingest_batch(n))
+        # The operator surface (metrics, /healthz, /readyz; processor/stream/metrics.py).
+        self.surface = Surface(settings, lambda: {**self.metrics.counts,
+                                                  **self.ingest.metrics()},
+                               ingest=self.ingest)
         self._last_marker = -(1 << 62)
 
         self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
         self.app.on_partitions_assigned.connect(self.on_assigned)
+        self.app.on_partitions_revoked.connect(self.surface.on_revoked)
         interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
         self.app.timer(interval=interval, on_leader=True,
                        name=f"{settings.app_id}-markers")(self.append_markers)
@@ -301,6 +308,7 @@ class Worker:
             records = [(r.offset, r.value or b"")
                        for r in await self.gaps.missing(msg.partition, msg.offset)]
             records.append((msg.offset, msg.value if isinstance(msg.value, bytes) else b""))
+            started = time.perf_counter()
             try:
                 out = await self.batch_commit.commit(msg.partition, records)
             except AnnouncedCounterError as exc:
@@ -308,6 +316,8 @@ class Worker:
             except Exception as exc:
                 self._operator_failed(exc)
             self.metrics.add_operator(out.metrics)
+            self.surface.batch_committed(msg.partition, records, out.metrics,
+                                         time.perf_counter() - started)
 
     def _operator_failed(self, exc: BaseException) -> NoReturn:
         # The operator never raises on a well-formed record, so this is corrupt state or a
@@ -331,6 +341,8 @@ class Worker:
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
         assigned = args[0]  # the set of TPs assigned to this worker
+        self.surface.assigned(tp.partition for tp in assigned
+                              if tp.topic == self.timeline_name)
         await self.gaps.reseed({tp.partition for tp in assigned
                                 if tp.topic == self.timeline_name})
 
@@ -374,6 +386,7 @@ class Worker:
         flag = _prepare_state_dir(self.settings, self.app)
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
                               override_logging=False, redirect_stdouts=False)
+        self.surface.start(worker.loop)
         code = 1
         try:
             worker.execute_from_commandline()
@@ -381,6 +394,7 @@ class Worker:
             code = int(exc.code or 0) if not isinstance(exc.code, str) else 1
         finally:
             self.stop_ingest()
+            self.surface.close()
             if self.failure is not None:
                 log.error("worker stopped after a failure (%s)", self.failure)
                 code = code or 1

@@ -226,6 +226,7 @@ class Ingest:
     def __init__(self, settings: Settings, *,
                  on_failure: Callable[[BaseException], None] | None = None,
                  crash_point: Callable[[str], None] | None = None,
+                 on_batch: Callable[[int], None] | None = None,
                  max_consume: int = MAX_CONSUME, poll_s: float = 0.2,
                  delivery_timeout_s: float = 60.0) -> None:
         self.settings = settings
@@ -233,6 +234,11 @@ class Ingest:
         self.failure: BaseException | None = None
         self._on_failure = on_failure
         self._crash_point = crash_point
+        #: Told the size of every batch delivered (the worker's batch-size histogram).
+        self._on_batch = on_batch
+        #: time.monotonic() when the loop last came round (None before it started): the
+        #: worker's liveness check tells a stuck loop from a slow batch by it.
+        self.last_beat: float | None = None
         self._max_consume = max_consume
         self._poll_s = poll_s
         self._delivery_timeout_s = delivery_timeout_s
@@ -251,6 +257,10 @@ class Ingest:
         # A daemon thread: a worker that exits without calling stop() is not held up.
         self._thread = threading.Thread(target=self.run, name="dpc-ingest", daemon=True)
         self._thread.start()
+
+    def alive(self) -> bool:
+        """Whether the ingest thread is running."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout_s: float = 60.0) -> None:
         self._stop.set()
@@ -285,6 +295,7 @@ class Ingest:
         try:
             consumer.subscribe([self.settings.topics.input])
             while not self._stop.is_set():
+                self.last_beat = time.monotonic()
                 msgs: list[Any] = consumer.consume(num_messages=self._max_consume,
                                                    timeout=self._poll_s)
                 if msgs:
@@ -347,6 +358,8 @@ class Ingest:
             routed.metrics["ingest_commits_lost_to_rebalance"] += 1
         routed.metrics["input_records"] += len(records)
         self._add(routed.metrics)
+        if self._on_batch is not None:
+            self._on_batch(len(records))
 
     @staticmethod
     def _produce(producer: Any, topic: str, value: bytes, partition: int | None,
