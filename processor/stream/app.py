@@ -430,9 +430,15 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
         if replication is None:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
         names = [kafka_io.topic_name(settings, "input"), kafka_io.topic_name(settings, "timeline"),
-                 kafka_io.topic_name(settings, "counts"), kafka_io.topic_name(settings, "ledger"),
+                 kafka_io.topic_name(settings, "counts"),
                  kafka_io.topic_name(settings, "deadletter")]
         kafka_io.create_topics(conf, names, partitions, replication=replication,
+                               timeout_s=BROKER_WAIT_S)
+        # The ledger is kept forever: a restarted worker refuses to re-create a counter
+        # it announced (operator.AnnouncedCounterError), which it can only if the entry is
+        # still there. (An existing topic keeps its own retention.)
+        kafka_io.create_topics(conf, [kafka_io.topic_name(settings, "ledger")], partitions,
+                               replication=replication, config={"retention.ms": "-1"},
                                timeout_s=BROKER_WAIT_S)
         kafka_io.create_topics(conf, keyed[1:], partitions, replication=replication,
                                config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
