@@ -261,23 +261,33 @@ class LagProbe:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ask the thread to end and wait a little: a read in flight may take up to
+        LAG_TIMEOUT_S per request, and the thread (a daemon) then ends on its own."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(LAG_TIMEOUT_S * 3)
+        if self._thread is None:
+            self._close()
+        else:
+            self._thread.join(LAG_TIMEOUT_S)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.refresh()
+                self._stop.wait(LAG_REFRESH_S)
+        finally:
+            # Closed by the thread that uses them, never while a request is in flight.
+            self._close()
+
+    def _close(self) -> None:
         for consumer in self._consumers.values():
             consumer.close()
         self._consumers.clear()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.refresh()
-            self._stop.wait(LAG_REFRESH_S)
 
     def refresh(self) -> None:
         """Read both lags once (any error: NaN, counted, logged once by type)."""
         for name, group, topic in self._targets:
             try:
-                lag = self._lag(group, topic)
+                lag = self.lag_of(group, topic)
             except Exception as exc:
                 self.gauges[name].set(math.nan)
                 self.failures.inc()
@@ -289,7 +299,9 @@ class LagProbe:
             self.gauges[name].set(lag)
             self._failing = False
 
-    def _lag(self, group: str, topic: str) -> int:
+    def lag_of(self, group: str, topic: str) -> int:
+        """Records of `topic` that `group` has not committed (all of them if it committed
+        nothing). Blocking: broker requests."""
         consumer = self._consumers.get(group)
         if consumer is None:
             # Never subscribes: a consumer with the group's id only to read its commits.

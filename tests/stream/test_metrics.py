@@ -27,6 +27,7 @@ from processor.stream.metrics import (
     LOOP_STALL_S,
     PUBLIC_METRICS,
     READY_SLACK_S,
+    LagProbe,
     PublicMetricError,
     Surface,
     check_public,
@@ -394,6 +395,15 @@ def test_worker_serves_metrics_health_and_readiness(
     assert value(after, "dpc_commit_seconds_count", kind="marker") >= 1
     assert value(after, "dpc_up") == 1 and value(after, "dpc_ready") == 1
     assert 0 <= value(after, "dpc_marker_age_seconds") < tick / 1000 + READY_SLACK_S
+    # The lag computation against the brokers: everything ingested is committed, and a
+    # group that never committed lags by the whole topic (41 records).
+    probe = LagProbe(dep.settings, CollectorRegistry())
+    try:
+        wait_until("input lag 0", lambda: probe.lag_of(f"{dep.settings.app_id}-ingest",
+                                                       dep.topics.input) == 0, 30, dep)
+        assert probe.lag_of(f"{dep.settings.app_id}-never", dep.topics.input) == 41
+    finally:
+        probe.stop()
     public = scrape(f"http://127.0.0.1:{public_port}/metrics")
     assert set(public) == PUBLIC_METRICS
     assert value(public, "dpc_releases_sent") >= value(after, "dpc_releases_sent")
