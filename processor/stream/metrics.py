@@ -19,9 +19,10 @@ is not on the allow-list (the Surface runs it when it is built).
 
 Why prometheus_client and not Faust's web server: what operators scrape is the Prometheus
 text format, which prometheus_client writes; Faust's web server is off (`web_enabled=False`)
-and turning it on would bring aiohttp routes, a second event-loop consumer and Faust's own
-pages for three endpoints. Here one small threaded WSGI server per listener answers from its
-own threads, so a scrape never waits on the event loop (except the liveness ping, bounded).
+and turning it on for three endpoints would bring aiohttp routes and Faust's own pages, all
+served from the event loop: a stalled loop would then also silence the probe meant to
+report it. Here one small threaded WSGI server per listener answers from its own threads,
+so a scrape never waits on the event loop (except the liveness ping, bounded).
 
 Liveness (`/healthz`): the event loop answers (a callback scheduled from the HTTP thread ran
 within `LOOP_STALL_S`) and the ingest thread, once started, is alive and went round its
@@ -381,8 +382,8 @@ class Surface:
     """The registries, the state behind health and readiness, and the listeners.
 
     The worker calls `batch_committed`, `ingest_batch`, `assigned` and `on_revoked` from
-    its event loop (or the ingest thread); the HTTP threads read. Shared state is replaced,
-    never mutated in place, so a reader always sees a consistent snapshot.
+    its event loop (or the ingest thread); the HTTP threads read. Shared values are replaced
+    whole, never mutated in place, so a reader never sees one half-updated.
 
     `counts()` returns the worker's aggregate counts (app.WorkerMetrics plus the ingest
     stage's); `ingest` is the ingest stage (None: no ingest thread to watch).
