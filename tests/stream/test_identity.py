@@ -196,3 +196,39 @@ def test_topic_settings_are_all_part_of_the_identity() -> None:
         topics: TopicSettings = replace(s.topics, **{f: f"x-{f}"})
         seen.add(noise_identity(base(topics=topics), KEY))
     assert len(seen) == 6
+
+
+@pytest.mark.kafka
+def test_crash_after_the_creating_markers_acks_is_re_executed_not_refused(
+        deployment_factory: Callable[..., Any]) -> None:
+    """The worker SIGKILLs itself once the FIRST batch (the marker that creates a and b and
+    publishes their ledger entries) is acknowledged, before any state write. The restart
+    reads those entries from the ledger and re-executes that very marker: the same
+    creation, so it is not refused; it keeps publishing, every ledger entry of a counter is
+    the same record, and replay finds the published stream identical."""
+    from processor.stream.replay import replay
+
+    tick = E2E["tick_ms"]
+    start = (int(time.time() * 1000) // tick) * tick - 20 * tick
+    dep = deployment_factory({"a": start, "b": start}, name="ident-crash",
+                             **{**E2E, "partitions": 1})
+    dep.worker.env["DPC_TEST_CRASH_AT"] = "after_acks:1"
+    dep.worker.start()
+    proc = dep.worker.proc
+    assert proc is not None
+    assert proc.wait(timeout=120) == -9, dep.worker.log_tail()
+    dep.worker.kill()  # reaps the dead process and closes its log
+    first = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+    assert sorted(orjson.loads(v or b"")["counter"] for v in first) == ["a", "b"]
+    # The first batch caught up through the ticks since the start: wait past those.
+    later = max(r["tick"] for r in dep.releases()) + 20
+    del dep.worker.env["DPC_TEST_CRASH_AT"]
+    dep.worker.start()
+    dep.wait_releases(lambda rs: {r["counter"] for r in rs if r["tick"] >= later}
+                      == {"a", "b"}, timeout_s=90)
+    assert dep.worker.alive(), dep.worker.log_tail()
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+    assert set(ledger) == set(first) and len(ledger) == 4  # re-sent, identical
+    report = replay(dep.settings, dep.key, through="end")
+    assert report.identical, report.summary()
