@@ -289,7 +289,10 @@ def isolated_deployment(bootstrap: str, counters: Mapping[str, int], *,
         fields_: dict[str, Any] = dict(
             app_id=f"{name}-app-{uid}", bootstrap_servers=bootstrap,
             topics=isolated_topics(name, uid), counters=dict(counters),
-            noise_key_file=str(key_file), state_dir=str(root / "state"))
+            noise_key_file=str(key_file), state_dir=str(root / "state"),
+            # No metrics listener unless asked for: several deployments share one host
+            # (tests, the bench's two workers), and a fixed port would collide.
+            metrics_port=0)
         fields_.update(overrides)
         settings = with_overrides(base if base is not None else Settings(), **fields_)
         config = write_config(settings, root / "worker.toml")
