@@ -133,8 +133,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # noqa: E402
     ResourceType,
 )
 
-from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
+from processor.devtools.deployment import (  # noqa: E402
+    Deployment,
+    isolated_deployment,
+    write_config,
+)
+from processor.devtools.local_kafka import free_port  # noqa: E402
 from processor.stream import kafka_io  # noqa: E402
+from processor.stream.config import load_settings, with_overrides  # noqa: E402
 from processor.stream.records import (  # noqa: E402
     TimelineBatch,
     TimelineFormatError,
@@ -727,7 +733,8 @@ def stage_processor(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
     dep = isolated_deployment(bootstrap, dict.fromkeys(names, start), parent=tmp,
                               name="bench-tput", create_topics=False, tick_ms=tick,
                               lateness_ms=TPUT_LATENESS_MS, heartbeat_ticks=60, partitions=4,
-                              mechanism="ecc", epsilon=1.0, delta=1e-6)
+                              mechanism="ecc", epsilon=1.0, delta=1e-6,
+                              metrics_port=free_port())
     children.deployments.append(dep)
     create_topics(conf, deployment_topics(dep), dep.settings.partitions)
     view = TimelineView(conf, dep)
@@ -867,7 +874,8 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
     start = (int(time.time() * 1000) // tick) * tick
     names = [f"m{i:05d}" for i in range(counters)]
     dep = isolated_deployment(bootstrap, dict.fromkeys(names, start), parent=tmp,
-                              name=f"bench-w{workers}", create_topics=False)
+                              name=f"bench-w{workers}", create_topics=False,
+                              metrics_port=free_port())
     children.deployments.append(dep)
     s = dep.settings
     create_topics(conf, deployment_topics(dep), s.partitions)
@@ -896,6 +904,10 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         members = {m: "worker1" for m in first}
         if workers == 2:
             procs.append(dep.add_worker("worker2"))
+            # A metrics port of its own: a worker that cannot bind the shared one serves no
+            # endpoint and runs no lag probe, and the two workers would not be equal.
+            write_config(with_overrides(load_settings(procs[1].config_path, env={}),
+                                        metrics_port=free_port()), procs[1].config_path)
             procs[1].start()
             last: list[dict[str, list[int]]] = []
 
