@@ -52,7 +52,10 @@ from processor.stream.operator import AnnouncedCounterError, Operator
 from processor.stream.records import (
     LedgerEntry,
     Release,
+    TimelineFormatError,
+    TimelineMarker,
     announced_counters,
+    decode_timeline,
     encode_marker,
     sealed_through,
 )
@@ -72,6 +75,8 @@ METRICS_LOG_S: Final = 30.0
 ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2}
 #: Pending changelog writes before Faust pauses the operator agent (its default is 100).
 PRODUCER_BUFFER_MESSAGES: Final = 50_000
+#: Timeline records per read when a worker looks back for the last marker appended.
+MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
 
@@ -280,7 +285,9 @@ class Worker:
         self.surface = Surface(settings, lambda: {**self.metrics.counts,
                                                   **self.ingest.metrics()},
                                ingest=self.ingest)
-        self._last_marker = -(1 << 62)
+        # The last tick this process appended a marker through; None until the first
+        # append, which first reads the timeline's last marker (`last_marker`).
+        self._last_marker: int | None = None
 
         self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
         self.app.on_partitions_assigned.connect(self.on_assigned)
@@ -351,6 +358,13 @@ class Worker:
     async def append_markers(self) -> None:
         """Leader only: 'sealed through n' on every timeline partition (idempotent)."""
         n = sealed_through(int(time.time() * 1000), self.settings)
+        if self._last_marker is None:
+            # Never a second marker through a tick the timeline already has one for (say
+            # after a restart within one tick): a counter's creation is identified by its
+            # marker (operator._creation_tag), and a restart after a loss of state must
+            # not meet the marker that created its counters again.
+            self._last_marker = await asyncio.get_running_loop().run_in_executor(
+                None, last_marker, kafka_io.base_config(self.settings), self.timeline_name)
         if n <= self._last_marker:
             return
         record = encode_marker(n)
@@ -403,6 +417,35 @@ class Worker:
                 with contextlib.suppress(OSError):
                     flag.unlink()
         return code
+
+
+def last_marker(conf: Mapping[str, str], topic: str) -> int:
+    """The tick the last marker of the timeline `topic` seals through (the highest over its
+    partitions; -(1 << 62) if there is none). Each partition is read backwards from its
+    end, MARKER_LOOKBACK records at a time, down to its last marker: at most one tick's
+    worth of event batches."""
+    best = -(1 << 62)
+    for p, (lo, hi) in kafka_io.end_offsets(conf, topic).items():
+        end = hi
+        while end > lo:
+            begin = max(lo, end - MARKER_LOOKBACK)
+            found = [n for r in kafka_io.read_range(conf, topic, p, begin, end)
+                     if (n := _marker_tick(r.value)) is not None]
+            if found:
+                best = max(best, *found)
+                break
+            end = begin
+    return best
+
+
+def _marker_tick(value: bytes | None) -> int | None:
+    if not value or not value.startswith(b'{"v":2,"k":"m"'):  # batches can be large
+        return None
+    try:
+        rec = decode_timeline(value)
+    except TimelineFormatError:
+        return None
+    return rec.sealed_through if isinstance(rec, TimelineMarker) else None
 
 
 def changelog_topic(settings: Settings) -> str:

@@ -232,3 +232,51 @@ def test_crash_after_the_creating_markers_acks_is_re_executed_not_refused(
     assert set(ledger) == set(first) and len(ledger) == 4  # re-sent, identical
     report = replay(dep.settings, dep.key, through="end")
     assert report.identical, report.summary()
+
+
+@pytest.mark.kafka
+def test_restart_within_the_creating_tick_does_not_meet_its_marker_again(
+        deployment_factory: Callable[..., Any]) -> None:
+    """Long ticks: the first marker creates a and b; the worker stops, loses its state and
+    restarts within the same tick. A restarted leader reads the timeline's last marker and
+    never appends a second marker through that tick (which would re-create the counters
+    under the same creation tag and republish their ticks); at the next tick the
+    re-creation is refused (exit 2), and nothing was republished."""
+    from processor.stream.app import changelog_topic
+    from processor.stream.records import TimelineMarker, decode_timeline, sealed_through
+
+    tick = 40_000
+    now = int(time.time() * 1000)
+    # Lateness chosen so that the sealed tick advances 39 s from now: the first start, the
+    # stop and the restart all fall before that.
+    lateness = (now % tick) - 1000 if now % tick >= 1000 else now % tick + tick - 1000
+    start = (now // tick) * tick - 3 * tick
+    dep = deployment_factory({"a": start, "b": start}, name="ident-tick",
+                             **{**E2E, "partitions": 1, "tick_ms": tick,
+                                "lateness_ms": lateness, "heartbeat_ticks": 1})
+    first_n = sealed_through(now, dep.settings)
+    dep.worker.start()
+    dep.wait_releases(lambda rs: {r["counter"] for r in rs} == {"a", "b"}, timeout_s=60)
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+    shutil.rmtree(Path(dep.settings.state_dir))
+    _delete_topic(dep.conf, changelog_topic(dep.settings))
+    dep.worker.start()
+    restarted_at = int(time.time() * 1000)
+    proc = dep.worker.proc
+    assert proc is not None
+    try:
+        code = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker without its state kept running:\n" + dep.worker.log_tail())
+    assert sealed_through(restarted_at, dep.settings) == first_n, "restart too slow: " \
+        "not within the creating tick, so this run shows nothing"
+    log = dep.worker.log_tail(80)
+    assert code == 2 and "already announced on the ledger topic" in log, log
+    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
+    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+    records = [decode_timeline(r.value or b"")
+               for r in kafka_io.iter_topic(dep.conf, dep.topics.timeline)]
+    marks = [m.sealed_through for m in records if isinstance(m, TimelineMarker)]
+    assert marks == sorted(set(marks)) and marks[0] == first_n, marks
