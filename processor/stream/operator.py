@@ -607,10 +607,10 @@ class Operator:
         written) applies it to the same stored partition state: the same tag, and the same
         records. After a loss of state the partition starts from no frontier and the
         worker resumes past the creating marker, so a creation happens under another
-        (frontier, n), or another identity: another tag, refused. The one case it cannot
-        tell apart (docs/privacy-notes.md): a counter created by a partition's very first
-        marker, all state lost, and a restarted leader appending a marker through the same
-        tick again before the next one is sealed."""
+        (frontier, n), or another identity: another tag, refused. A counter created by a
+        partition's very first marker would meet its tag again at a second marker through
+        the same tick: a worker never appends one (`app.last_marker`); what is left is in
+        docs/privacy-notes.md."""
         msg = orjson.dumps([self.noise_id, name, n, frontier])
         return hashlib.sha256(b"dpc/creation/" + msg).hexdigest()[:32]
 
