@@ -26,6 +26,12 @@ next heartbeat. Counters are processed in name order, never in arrival order.
 Releases: a "change" record when y changes, a "heartbeat" otherwise at every tick with
 (t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only.
 
+Identity. A new counter's mechanism is keyed by `noise_identity` (app id, topics,
+configuration fingerprint, key fingerprint: the one definition) and its name. Its ledger
+entry names the key (`key_id`) and this creation (`creation`, from markers only). Given
+what the ledger announced (`announced`), the operator refuses to make a counter a second
+time under another creation (AnnouncedCounterError): its ticks were published already.
+
 Idempotency. Each counter records the last timeline offset applied to it, the partition
 the offset of its last marker: a record is applied to a counter at most once, so
 at-least-once redelivery neither loses nor double-counts, and re-execution reproduces the
