@@ -251,9 +251,9 @@ class Worker:
             processing_guarantee="at_least_once",  # exactly-once is avoided on purpose
             consumer_auto_offset_reset="earliest",
             web_enabled=False,
-            # A standby copy of each state partition on another worker (when there is one),
+            # Standby copies of each state partition on other workers (when there are any),
             # so a failed worker's counters move with little changelog to replay.
-            table_standby_replicas=1,
+            table_standby_replicas=settings.standby_replicas,
             topic_replication_factor=replication,
             # A worker killed without leaving the group is noticed after this long (Faust's
             # default is 60 s); its partitions then move to a live worker.

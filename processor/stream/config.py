@@ -119,6 +119,10 @@ class Settings:
     #: listener of its own, metrics_host:public_metrics_port, for a wider audience.
     public_metrics: bool = False
     public_metrics_port: int = 9465
+    #: Standby copies of each state partition kept by other workers of the group (Faust's
+    #: table_standby_replicas): a failed worker's counters move with little changelog to
+    #: replay, at the cost of every worker also applying the others' changelogs.
+    standby_replicas: int = 1
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -156,6 +160,7 @@ _TOP_KEYS = {
     "allow_undeclared",
     "noise_key_file", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
+    "standby_replicas",
 }
 _SECTIONS = {"security", "topics", "counters"}
 
@@ -319,6 +324,8 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         "public_metrics", top.get("public_metrics", d.public_metrics))
     s["public_metrics_port"] = _as_int(
         "public_metrics_port", top.get("public_metrics_port", d.public_metrics_port), 1)
+    s["standby_replicas"] = _as_int(
+        "standby_replicas", top.get("standby_replicas", d.standby_replicas), 0)
 
     sd: dict[str, Any] = {}
     for f in fields(SecuritySettings):
@@ -357,7 +364,8 @@ def validate_settings(s: Settings) -> Settings:
     for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
                         ("lateness_ms", s.lateness_ms, 0),
                         ("max_future_ms", s.max_future_ms, 0),
-                        ("heartbeat_ticks", s.heartbeat_ticks, 1)):
+                        ("heartbeat_ticks", s.heartbeat_ticks, 1),
+                        ("standby_replicas", s.standby_replicas, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(name, f"must be an integer >= {lo}")
     sec = s.security
