@@ -869,21 +869,23 @@ def _pcts(xs: Sequence[float]) -> tuple[float, float, float]:
 
 def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
                counters: int, rate: float, seconds: float,
-               children: Children) -> dict[str, Any]:
-    """Phase 2 with `workers` worker processes (see the module docstring)."""
+               children: Children, standby: int = 1) -> dict[str, Any]:
+    """Phase 2 with `workers` worker processes (see the module docstring); `standby` is
+    the deployment's standby_replicas."""
     tick = 1000  # the README configuration's tick
     start = (int(time.time() * 1000) // tick) * tick
     names = [f"m{i:05d}" for i in range(counters)]
     dep = isolated_deployment(bootstrap, dict.fromkeys(names, start), parent=tmp,
                               name=f"bench-w{workers}", create_topics=False,
-                              metrics_port=free_port())
+                              metrics_port=free_port(), standby_replicas=standby)
     children.deployments.append(dep)
     s = dep.settings
     create_topics(conf, deployment_topics(dep), s.partitions)
     view = TimelineView(conf, dep)
     ledger = Tail(conf, dep.topics.ledger)
     res: dict[str, Any] = {"workers": workers, "counters": counters, "rate": rate,
-                           "tick_ms": s.tick_ms, "lateness_ms": s.lateness_ms}
+                           "tick_ms": s.tick_ms, "lateness_ms": s.lateness_ms,
+                           "standby_replicas": standby}
     procs = [dep.worker]
     complete = False
     try:
@@ -1150,7 +1152,8 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
 def report_scaleout(one: Mapping[str, Any], two: Mapping[str, Any]) -> list[str]:
     a, b = one["cpu_per_event"], two["cpu_per_event"]
     na, nb = _net_cpu_per_event(one), _net_cpu_per_event(two)
-    return ["Phase 3: scale-out, CPU per event (user + system of the worker processes)",
+    return [f"Phase 3: scale-out, CPU per event (user + system of the worker processes; "
+            f"standby_replicas = {two.get('standby_replicas', 1)})",
             f"  1 worker: {a * 1e3:.3f} CPU-ms/event; 2 workers: {b * 1e3:.3f} CPU-ms/event "
             f"({', '.join(f'{c:.1f}' for c in two['cpu'])} CPU-s); ratio 2/1 = "
             f"{b / a:.2f} (target 0.8 - 1.2)",
@@ -1220,6 +1223,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, help="measured window of phases 2-3 (default 60)")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     p.add_argument("--json", help="also write the results to this file")
+    p.add_argument("--standby", type=int, default=1,
+                   help="standby_replicas of the phase 2-3 deployments (default 1, the "
+                   "README configuration; 0 measures scale-out without standby copies)")
     a = p.parse_args(args_in)
     q = a.quick
     events = a.events or (3000 if q else 20_000)
@@ -1250,12 +1256,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             one: dict[str, Any] | None = None
             if a.phase in ("many", "scaleout", "all"):
                 print("phase 2: many counters, 1 worker", flush=True)
-                one = steady_run(conf, bootstrap, tmp, 1, counters, rate, seconds, children)
+                one = steady_run(conf, bootstrap, tmp, 1, counters, rate, seconds, children,
+                                 a.standby)
                 results["many"] = one
                 lines += report_steady(one, "Phase 2: many counters")
             if a.phase in ("scaleout", "all") and one is not None:
                 print("phase 3: scale-out, 2 workers", flush=True)
-                two = steady_run(conf, bootstrap, tmp, 2, counters, rate, seconds, children)
+                two = steady_run(conf, bootstrap, tmp, 2, counters, rate, seconds, children,
+                                 a.standby)
                 results["scaleout"] = two
                 lines += report_steady(two, "Phase 3: the same load on 2 workers")
                 lines += report_scaleout(one, two)
