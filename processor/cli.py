@@ -23,7 +23,7 @@ from typing import TextIO
 import orjson
 
 from processor.core.errors import CoreError, NoiseKeyError
-from processor.core.rng import NoiseKey
+from processor.core.rng import KEY_FORMATS, NoiseKey
 
 # Subcommands that live in other modules; imported only when used, so `count` stays light.
 _DELEGATED: dict[str, tuple[str, str]] = {
@@ -49,6 +49,8 @@ def _count_parser() -> argparse.ArgumentParser:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--key-file", help="the secret noise key (production generator)")
     src.add_argument("--seed", type=int, help="a public, reproducible key (tests, experiments)")
+    p.add_argument("--key-format", choices=KEY_FORMATS, default="hex",
+                   help="how --key-file is read: hex (default, what keygen writes) or raw")
     p.add_argument("--input", help="tick file (default: standard input)")
     p.add_argument("--changes", action="store_true",
                    help="print only the ticks where y changes, plus the last tick")
@@ -65,7 +67,8 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
     from processor.offline import TickSyntaxError, parse_ticks, run_counter
 
     try:
-        key = NoiseKey.from_file(args.key_file) if args.key_file else NoiseKey.from_seed(args.seed)
+        key = (NoiseKey.from_file(args.key_file, args.key_format) if args.key_file
+               else NoiseKey.from_seed(args.seed))
         params: dict[str, object] = {}
         if args.horizon is not None:
             params["horizon"] = args.horizon

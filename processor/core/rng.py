@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,19 @@ from cryptography.hazmat.primitives.ciphers.algorithms import ChaCha20
 from processor.core.errors import NoiseKeyError
 
 MIN_KEY_BYTES = 32
+
+#: Key file formats, the one rule every key reader applies (`NoiseKey.from_file`):
+#: "hex" (the default, what `keygen` writes): exactly 2 * MIN_KEY_BYTES hex digits, then at
+#: most one "\n", nothing else (no spaces, no comment); "raw": exactly MIN_KEY_BYTES bytes.
+#: Both sizes are exact, so a hex file read as "raw" (or the reverse) is refused too.
+KEY_FORMATS = ("hex", "raw")
+_HEX_KEY = re.compile(rb"[0-9A-Fa-f]{%d}\n?" % (2 * MIN_KEY_BYTES))
+_KEY_RULES = {
+    "hex": f"expected exactly {2 * MIN_KEY_BYTES} hex digits and at most one trailing "
+           "newline, nothing else (raw key bytes need the key format \"raw\")",
+    "raw": f"expected exactly {MIN_KEY_BYTES} bytes (a hex key file needs the key format "
+           "\"hex\")",
+}
 _WORDS_PER_BLOCK = 8  # a ChaCha20 block is 64 bytes
 _MAX_BLOCK = 1 << 32
 
@@ -43,26 +57,28 @@ class NoiseKey:
         self._derived: dict[str, bytes] = {}
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> NoiseKey:
-        """Read a key file: raw bytes, or hex text (64+ hex digits), as written by `keygen`."""
+    def from_file(cls, path: str | os.PathLike[str], key_format: str = "hex") -> NoiseKey:
+        """Read a key file in `key_format` (KEY_FORMATS; "hex" is what `keygen` writes).
+
+        The format is stated, never guessed from the content: a hex file with a typo must
+        not become a different key read as raw bytes. Errors name the file and the rule,
+        never the content.
+        """
         p = Path(path)
         try:
             raw = p.read_bytes()
         except OSError as exc:
             raise NoiseKeyError(f"cannot read noise key file {str(p)!r}: {exc.strerror}") from None
-        text = raw.strip()
-        try:
-            decoded = bytes.fromhex(text.decode("ascii"))
-        except (UnicodeDecodeError, ValueError):
-            decoded = raw
-        return cls(decoded)
+        return cls(_decode_key(raw, key_format, f"noise key file {str(p)!r}"))
 
     @classmethod
     def from_hex(cls, text: str) -> NoiseKey:
+        """A key from hex text under the hex file rule (64 hex digits, optional newline)."""
         try:
-            return cls(bytes.fromhex(text.strip()))
-        except ValueError:
-            raise NoiseKeyError("noise key is not valid hex") from None
+            data = text.encode("ascii")
+        except UnicodeEncodeError:
+            data = b"\xff"  # not hex: let the one rule reject it
+        return cls(_decode_key(data, "hex", "noise key"))
 
     @classmethod
     def from_seed(cls, seed: int) -> NoiseKey:
@@ -92,6 +108,20 @@ class NoiseKey:
         return "NoiseKey(<secret>)"
 
     __str__ = __repr__
+
+
+def _decode_key(data: bytes, key_format: str, what: str) -> bytes:
+    """The secret in `data` under `key_format`; NoiseKeyError naming `what` and the rule."""
+    if key_format == "hex":
+        if _HEX_KEY.fullmatch(data) is None:
+            raise NoiseKeyError(f"{what} is not a hex key: {_KEY_RULES['hex']}")
+        return bytes.fromhex(data.rstrip(b"\n").decode("ascii"))
+    if key_format == "raw":
+        if len(data) != MIN_KEY_BYTES:
+            raise NoiseKeyError(f"{what} is not a raw key: {_KEY_RULES['raw']}")
+        return data
+    raise NoiseKeyError(f"unknown noise key format {key_format!r} "
+                        f"(one of {', '.join(KEY_FORMATS)})")
 
 
 class KeyedStream:

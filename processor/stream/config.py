@@ -28,6 +28,7 @@ import orjson
 from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import GRID_BITS
+from processor.core.rng import KEY_FORMATS
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -109,6 +110,9 @@ class Settings:
     #: which itself reveals that event's existence: off by default, see the example config).
     allow_undeclared: bool = False
     noise_key_file: str | None = None
+    #: How the key file is read (processor.core.rng.KEY_FORMATS): "hex" (what keygen
+    #: writes) or "raw" bytes. Stated, never guessed from the file's content.
+    noise_key_format: str = "hex"
     state_dir: str = ".dpc-state"
     #: The operator metrics and health endpoints (processor/stream/metrics.py): /metrics,
     #: /metrics/public, /healthz, /readyz on metrics_host:metrics_port (0: not served).
@@ -158,7 +162,7 @@ _TOP_KEYS = {
     "app_id", "bootstrap_servers", "partitions", "tick_ms", "lateness_ms", "max_future_ms",
     "mechanism", "epsilon", "delta", "beta", "heartbeat_ticks", "heartbeat_spread",
     "allow_undeclared",
-    "noise_key_file", "state_dir",
+    "noise_key_file", "noise_key_format", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
     "standby_replicas",
 }
@@ -317,6 +321,8 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         "allow_undeclared", top.get("allow_undeclared", d.allow_undeclared))
     s["noise_key_file"] = _as_str(
         "noise_key_file", top.get("noise_key_file", d.noise_key_file), optional=True)
+    s["noise_key_format"] = _as_str(
+        "noise_key_format", top.get("noise_key_format", d.noise_key_format))
     s["state_dir"] = _as_str("state_dir", top.get("state_dir", d.state_dir))
     s["metrics_host"] = _as_str("metrics_host", top.get("metrics_host", d.metrics_host))
     s["metrics_port"] = _as_int("metrics_port", top.get("metrics_port", d.metrics_port), 0)
@@ -361,6 +367,8 @@ def validate_settings(s: Settings) -> Settings:
         raise ConfigError("delta" if eps_ok else "epsilon", str(exc)) from None
     if not 0 < s.beta < 1:
         raise ConfigError("beta", "must be in (0, 1)")
+    if s.noise_key_format not in KEY_FORMATS:
+        raise ConfigError("noise_key_format", f"must be one of {', '.join(KEY_FORMATS)}")
     for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
                         ("lateness_ms", s.lateness_ms, 0),
                         ("max_future_ms", s.max_future_ms, 0),

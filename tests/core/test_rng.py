@@ -6,6 +6,8 @@ false-alarm rate; its control shows a biased word source is rejected.
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import pytest
 from scipy.stats import binomtest, chisquare
 
 from processor.core.errors import NoiseKeyError
-from processor.core.rng import MIN_KEY_BYTES, KeyedStream, NoiseKey, WordCursor
+from processor.core.rng import KEY_FORMATS, MIN_KEY_BYTES, KeyedStream, NoiseKey, WordCursor
 
 ALPHA = 1e-3
 
@@ -99,18 +101,97 @@ def test_key_never_in_repr_or_errors() -> None:
     assert secret[:31].hex() not in str(info.value)
 
 
+def _words(key: NoiseKey) -> list[int]:
+    out: list[int] = KeyedStream(key, "l").words(0, 0, 4).tolist()
+    return out
+
+
 def test_from_file_hex_and_raw(tmp_path: Path) -> None:
     secret = NoiseKey.generate()
     assert len(secret) == MIN_KEY_BYTES
     hex_file = tmp_path / "key.hex"
     hex_file.write_text(secret.hex() + "\n")
+    bare_hex = tmp_path / "key.nonl"
+    bare_hex.write_text(secret.hex().upper())  # no newline, upper case: still 64 hex digits
     raw_file = tmp_path / "key.bin"
     raw_file.write_bytes(secret)
-    words = [KeyedStream(k, "l").words(0, 0, 4).tolist()
-             for k in (NoiseKey.from_file(hex_file), NoiseKey.from_file(raw_file),
-                       NoiseKey.from_hex(secret.hex()), NoiseKey(secret))]
-    assert words[0] == words[1] == words[2] == words[3]
+    keys = [NoiseKey.from_file(hex_file), NoiseKey.from_file(bare_hex, "hex"),
+            NoiseKey.from_file(raw_file, "raw"), NoiseKey.from_hex(secret.hex()),
+            NoiseKey(secret)]
+    assert all(_words(k) == _words(keys[-1]) for k in keys)
     assert NoiseKey.from_file(hex_file).fingerprint() == NoiseKey(secret).fingerprint()
+
+
+def test_keygen_output_reads_back_and_is_0600(tmp_path: Path) -> None:
+    """The one key writer and the strict reader agree, and the file is 0600 even under a
+    permissive umask and over an existing world-readable file."""
+    from processor.cli import write_key
+
+    old = os.umask(0)
+    try:
+        fresh = write_key(tmp_path / "fresh.key", overwrite=False)
+        existing = tmp_path / "existing.key"
+        existing.write_text("x")
+        existing.chmod(0o644)
+        write_key(existing)
+    finally:
+        os.umask(old)
+    for path in (fresh, existing):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert len(NoiseKey.from_file(path).fingerprint()) == 16
+
+
+def _bad_hex_files(secret: bytes) -> dict[str, bytes]:
+    h = secret.hex().encode()
+    return {
+        "typo": h[:10] + b"g" + h[11:] + b"\n",
+        "63 digits": h[:63] + b"\n",
+        "65 digits": h + b"a\n",
+        "trailing comment": h + b" # production key\n",
+        "comment line": h + b"\n# production key\n",
+        "two newlines": h + b"\n\n",
+        "crlf": h + b"\r\n",
+        "leading space": b" " + h + b"\n",
+        "spaced bytes": b" ".join(h[i:i + 2] for i in range(0, 64, 2)) + b"\n",
+        "raw bytes": secret,
+        "empty": b"",
+    }
+
+
+def test_bad_hex_key_files_are_refused_naming_file_and_rule(tmp_path: Path) -> None:
+    """Each near-miss of the hex rule is a NoiseKeyError naming the file and the rule,
+    never the content, and never silently read as raw bytes (the old reader took a
+    64-byte '63 digits + newline' or a commented file as a raw key: a different key)."""
+    secret = bytes(range(100, 132))
+    for label, data in _bad_hex_files(secret).items():
+        path = tmp_path / f"{label.replace(' ', '_')}.key"
+        path.write_bytes(data)
+        with pytest.raises(NoiseKeyError) as info:
+            NoiseKey.from_file(path)
+        msg = str(info.value)
+        assert str(path) in msg and "64 hex digits" in msg, label
+        assert secret.hex()[:16] not in msg.lower() and "production" not in msg, label
+    # control: the same bytes with the typo and the comment fixed are a valid key file
+    good = tmp_path / "good.key"
+    good.write_bytes(secret.hex().encode() + b"\n")
+    assert NoiseKey.from_file(good).fingerprint() == NoiseKey(secret).fingerprint()
+
+
+def test_raw_format_is_exact_and_explicit(tmp_path: Path) -> None:
+    secret = bytes(range(32))
+    hex_file = tmp_path / "key.hex"
+    hex_file.write_text(secret.hex() + "\n")
+    # a hex file read as raw is refused (65 bytes), not taken as a 65-byte key
+    with pytest.raises(NoiseKeyError, match="exactly 32 bytes"):
+        NoiseKey.from_file(hex_file, "raw")
+    for n in (31, 33, 64):
+        path = tmp_path / f"raw{n}"
+        path.write_bytes(bytes(n))
+        with pytest.raises(NoiseKeyError, match=str(path)):
+            NoiseKey.from_file(path, "raw")
+    with pytest.raises(NoiseKeyError, match="unknown noise key format"):
+        NoiseKey.from_file(hex_file, "guess")
+    assert KEY_FORMATS == ("hex", "raw")
 
 
 def test_short_missing_or_bad_keys(tmp_path: Path) -> None:
@@ -120,8 +201,9 @@ def test_short_missing_or_bad_keys(tmp_path: Path) -> None:
         NoiseKey.from_file(short)
     with pytest.raises(NoiseKeyError):
         NoiseKey.from_file(tmp_path / "missing")
-    with pytest.raises(NoiseKeyError):
-        NoiseKey.from_hex("zz" * 32)
+    for text in ("zz" * 32, "ab" * 32 + " ", "é" * 64):
+        with pytest.raises(NoiseKeyError):
+            NoiseKey.from_hex(text)
     with pytest.raises(NoiseKeyError):
         NoiseKey(b"")
     with pytest.raises(NoiseKeyError):
@@ -143,3 +225,16 @@ def test_out_of_range_positions() -> None:
             st.words(lane, start, 4)
     with pytest.raises(ValueError):
         st.words(0, 8 * (1 << 32), 1)  # beyond 2^32 ChaCha20 blocks in one lane
+
+
+def test_config_names_the_key_format(tmp_path: Path) -> None:
+    """The `noise_key_format` setting takes the reader's formats only (one list, rng.py)."""
+    from processor.stream.config import ConfigError, load_settings
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('allow_undeclared = true\nnoise_key_format = "raw"\n')
+    assert load_settings(str(cfg), env={}).noise_key_format == "raw"
+    assert load_settings(None, env={"DPC_ALLOW_UNDECLARED": "1"}).noise_key_format == "hex"
+    cfg.write_text('allow_undeclared = true\nnoise_key_format = "auto"\n')
+    with pytest.raises(ConfigError, match="noise_key_format"):
+        load_settings(str(cfg), env={})
