@@ -42,11 +42,12 @@ import faust
 from confluent_kafka import KafkaError, KafkaException
 
 from processor.core.errors import NoiseKeyError
-from processor.core.rng import NoiseKey
+from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
+from processor.stream.logs import configure_logging
 from processor.stream.metrics import Surface
 from processor.stream.operator import AnnouncedCounterError, Operator
 from processor.stream.records import (
@@ -545,18 +546,21 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
                                 description="Run the private-count stream processor.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (overrides noise_key_file)")
+    p.add_argument("--key-format", choices=KEY_FORMATS,
+                   help="how the key file is read (overrides noise_key_format; default hex)")
     p.add_argument("--loglevel", default="warning",
                    help="debug, info, warning (default) or error")
     args = p.parse_args(list(argv) if argv is not None else None)
-    logging.basicConfig(level=args.loglevel.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # Whatever --loglevel says, the Kafka clients and Faust stay at or above the level
+    # where they would log credentials and records (processor/stream/logs.py).
+    configure_logging(args.loglevel)
     try:
         settings = load_settings(args.config)
         key_file = args.key_file or settings.noise_key_file
         if not key_file:
             raise NoiseKeyError("no noise key configured (noise_key_file / "
                                 "DPC_NOISE_KEY_FILE / --key-file)")
-        key = NoiseKey.from_file(key_file)
+        key = NoiseKey.from_file(key_file, args.key_format or settings.noise_key_format)
         return run_worker(settings, key, loglevel=args.loglevel)
     except ConfigError as exc:
         print(f"error: configuration: {exc}", file=sys.stderr)

@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from processor.stream import kafka_io
 from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.logs import configure_logging
 from processor.stream.records import (
     Event,
     Rejection,
@@ -386,8 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-consume", type=int, default=MAX_CONSUME,
                    help="input records per batch (default %(default)s)")
     args = p.parse_args(list(argv) if argv is not None else None)
-    logging.basicConfig(level=args.loglevel.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(args.loglevel)  # the client loggers' floors (logs.py)
     try:
         settings = load_settings(args.config)
         crash_point = crash_point_from_env()

@@ -18,10 +18,11 @@ from typing import Any
 import orjson
 
 from processor.core.errors import NoiseKeyError
-from processor.core.rng import NoiseKey
+from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, load_settings
+from processor.stream.logs import configure_logging
 from processor.stream.operator import Operator
 from processor.stream.records import Release
 from processor.stream.state import DictStore
@@ -201,17 +202,21 @@ def main_replay(argv: Sequence[str] | None = None) -> int:
         "with the published private-count topic.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (default: the configured one)")
+    p.add_argument("--key-format", choices=KEY_FORMATS,
+                   help="how the key file is read (default: noise_key_format, hex)")
     p.add_argument("--through", choices=("committed", "end"), default="committed",
                    help="require releases for the timeline up to the worker's committed "
                    "offsets (default) or up to its end (a stopped, fully caught-up worker)")
     args = p.parse_args(list(argv) if argv is not None else None)
+    configure_logging("warning")  # the client loggers' floors (logs.py)
     try:
         settings = load_settings(args.config)
         key_file = args.key_file or settings.noise_key_file
         if not key_file:
             raise NoiseKeyError("no noise key configured (noise_key_file / "
                                 "DPC_NOISE_KEY_FILE / --key-file)")
-        report = replay(settings, NoiseKey.from_file(key_file), through=args.through)
+        key = NoiseKey.from_file(key_file, args.key_format or settings.noise_key_format)
+        report = replay(settings, key, through=args.through)
     except Exception as exc:  # the CLI reports any failure as a message, not a traceback
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,95 @@
+"""Logging setup of every entry point of the stream path (worker, replay, ingest).
+
+`configure_logging(loglevel)` is the one place that decides what reaches the logs. The
+processor's own loggers follow `loglevel`; the client libraries' loggers never go below
+the floors in CLIENT_LOG_FLOORS, whatever `loglevel` says, because below them they print
+secrets and private input (read in the installed packages):
+
+- aiokafka at DEBUG logs every request struct (`conn.py`: "Request to %s:%d %d: %s"),
+  among them `SaslAuthenticateRequest(sasl_auth_bytes=b'user\\x00user\\x00<password>')` under
+  SASL/PLAIN and the produce requests with their records, and each record it sends
+  (`producer.py`: "Sending (key=%s value=%s) to %s"). At INFO it logs group, metadata and
+  authentication events ("Authenticated as <username> via <mechanism>"): no password,
+  no record.
+- faust at DEBUG logs values agents yield (`agents/agent.py`: "%r yielded: %r") and
+  changelog recovery per message; mode (Faust's service framework) logs service internals
+  at DEBUG. kafka (kafka-python, should a dependency bring it) has aiokafka's DEBUG lines.
+- librdkafka (confluent_kafka: the ingest stage, topic administration, replay) prints to
+  stderr by itself, not through Python logging, and only what its `debug` contexts enable:
+  no configuration of the processor sets `debug`, so it prints errors and warnings about
+  connections, never records or credentials. Should a client ever be given a Python
+  `logger`, the names "confluent_kafka" and "rdkafka" are clamped here too.
+
+Two layers, so that neither a logger a library configures later nor a child logger with a
+level of its own gets through: each family's logger gets the floor as its level (cheap: a
+DEBUG call returns before formatting), and a filter on the root handlers drops any record
+of those families below its floor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from types import MappingProxyType
+
+#: Logger family -> the lowest level it may emit at (see the module docstring for why).
+CLIENT_LOG_FLOORS: Mapping[str, int] = MappingProxyType({
+    "aiokafka": logging.INFO,
+    "kafka": logging.INFO,
+    "faust": logging.INFO,
+    "mode": logging.INFO,
+    "confluent_kafka": logging.INFO,
+    "rdkafka": logging.INFO,
+})
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def client_floor(name: str) -> int | None:
+    """The floor of the family logger `name` belongs to, or None (not a client logger)."""
+    family = name.split(".", 1)[0]
+    return CLIENT_LOG_FLOORS.get(family)
+
+
+class ClientLogFloor(logging.Filter):
+    """Drops records of the client families below their floor (a handler filter)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        floor = client_floor(record.name)
+        return floor is None or record.levelno >= floor
+
+
+def parse_level(loglevel: str | int) -> int:
+    """`--loglevel` (debug, info, warning, error, critical, or a number) as a level."""
+    if isinstance(loglevel, int):
+        return loglevel
+    level = logging.getLevelName(loglevel.strip().upper())
+    if not isinstance(level, int):
+        raise ValueError(f"unknown log level {loglevel!r}")
+    return level
+
+
+def configure_logging(loglevel: str | int = "warning") -> int:
+    """Set up the root logger at `loglevel` (a stderr handler if it has none) and clamp
+    the client libraries' loggers to their floors; returns the level. Idempotent."""
+    level = parse_level(loglevel)
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    root = logging.getLogger()
+    root.setLevel(level)
+    clamp_client_loggers(level)
+    return level
+
+
+def clamp_client_loggers(level: int) -> None:
+    """Give each client family logger max(level, floor), lift any child logger configured
+    below its floor, and put the floor filter on every root handler."""
+    for family, floor in CLIENT_LOG_FLOORS.items():
+        logging.getLogger(family).setLevel(max(level, floor))
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        child_floor = client_floor(name)
+        if (child_floor is not None and isinstance(logger, logging.Logger)
+                and logger.level != logging.NOTSET and logger.level < child_floor):
+            logger.setLevel(child_floor)
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, ClientLogFloor) for f in handler.filters):
+            handler.addFilter(ClientLogFloor())
