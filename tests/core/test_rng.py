@@ -6,6 +6,7 @@ false-alarm rate; its control shows a biased word source is rejected.
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
@@ -238,3 +239,40 @@ def test_config_names_the_key_format(tmp_path: Path) -> None:
     cfg.write_text('allow_undeclared = true\nnoise_key_format = "auto"\n')
     with pytest.raises(ConfigError, match="noise_key_format"):
         load_settings(str(cfg), env={})
+
+
+def test_entry_points_refuse_a_bad_key_file_naming_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`count` and `worker` stop with exit 2 and the rule, never the content; with the
+    format stated, the same entry point reads a raw file (control)."""
+    from processor.cli import main
+    from processor.stream import app
+
+    secret = bytes(range(7, 39))
+    bad = tmp_path / "commented.key"
+    bad.write_text(secret.hex() + "  # prod\n")
+    args = ["count", "--mechanism", "ecc", "--epsilon", "1", "--delta", "1e-6",
+            "--key-file", str(bad), "--input", str(tmp_path / "ticks")]
+    (tmp_path / "ticks").write_text("1\n")
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "64 hex digits" in err and secret.hex()[:12] not in err
+
+    raw = tmp_path / "raw.key"
+    raw.write_bytes(secret)
+    assert main([*args[:-4], "--key-file", str(raw), "--key-format", "raw",
+                 "--input", str(tmp_path / "ticks")]) == 0
+    assert main([*args[:-4], "--key-file", str(raw), "--input", str(tmp_path / "ticks")]) == 2
+    capsys.readouterr()
+
+    # the worker: the same refusal before anything connects (no broker needed)
+    monkeypatch.setattr(app, "configure_logging", lambda level: logging.DEBUG)
+    for var in ("DPC_NOISE_KEY_FILE", "DPC_NOISE_KEY_FORMAT"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(f'allow_undeclared = true\nnoise_key_file = "{bad}"\n')
+    monkeypatch.setattr(app, "run_worker", lambda *a, **k: pytest.fail("key was accepted"))
+    assert app.main_worker(["--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "noise key" in err and str(bad) in err and secret.hex()[:12] not in err
