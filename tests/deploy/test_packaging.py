@@ -546,6 +546,8 @@ def check_compose(doc: Mapping[str, Any], image: Image) -> list[str]:
         problems.append(f"demo producer script {script} is not {DEMO_PRODUCER}")
     if p_configs.get(CONFIG_PATH) != COMPOSE_CONFIG:
         problems.append("demo producer does not read the worker's config")
+    if producer.get("image") != worker.get("image") or producer.get("build") != build:
+        problems.append("the demo producer does not run the worker's image")
     if producer.get("secrets"):
         problems.append("the demo producer must not get the noise key")
     return problems
@@ -562,6 +564,7 @@ def test_compose_references(image: Image) -> None:
         ("worker.volumes", ["nowhere:/var/lib/dpc"], "volume nowhere"),
         ("kafka.image", "bitnami/kafka:3.9", "apache/kafka"),
         ("demo-producer.secrets", ["dpc-noise-key"], "must not get the noise key"),
+        ("demo-producer.image", "python:3.11-slim", "worker's image"),
     ]
     for where, value, expected in controls:
         bad = copy.deepcopy(doc)
