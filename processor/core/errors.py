@@ -34,7 +34,13 @@ class InvalidParameterError(CoreError, ValueError):
 
 
 class StateFormatError(CoreError, ValueError):
-    """Serialized state that cannot be restored: wrong magic, version, mechanism or parameters."""
+    """Serialized state that cannot be restored: wrong magic, version, mechanism or parameters.
+
+    `key` is the store key of the value (e.g. "c/<counter>", "p/3") once a caller that
+    knows it has set it (the stream operator does), None before: the core decodes bytes
+    without knowing where they were stored."""
+
+    key: str | None = None
 
 
 def state_error_detail(exc: BaseException) -> str:

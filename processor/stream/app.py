@@ -41,7 +41,7 @@ from typing import Any, Final, NoReturn
 import faust
 from confluent_kafka import KafkaError, KafkaException
 
-from processor.core.errors import NoiseKeyError
+from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit
@@ -49,7 +49,7 @@ from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
 from processor.stream.logs import configure_logging
 from processor.stream.metrics import Surface
-from processor.stream.operator import AnnouncedCounterError, Operator
+from processor.stream.operator import AnnouncedCounterError, Operator, ParameterChangeError
 from processor.stream.records import (
     LedgerEntry,
     Release,
@@ -84,6 +84,25 @@ BROKER_WAIT_S: Final = 15.0
 
 class StartError(RuntimeError):
     """Why the worker cannot start: printed as one `error:` line, exit code 2."""
+
+
+class CorruptStateError(RuntimeError):
+    """A stored value the operator cannot decode (a StateFormatError, with its store key):
+    the message names the key and what an operator can do. A counter's name is shown only
+    when declared (public); an undeclared one is private input until announced."""
+
+    def __init__(self, exc: StateFormatError, settings: Settings) -> None:
+        key = exc.key or "(unknown key)"
+        if key.startswith("c/") and key[2:] not in settings.counters:
+            key = "c/(an undeclared counter)"
+        self.key = key
+        super().__init__(
+            f"the stored state under key {key!r} is corrupt ({exc}). Remedy: restore the "
+            f"state from its changelog topic {changelog_topic(settings)!r} (delete the "
+            f"local state directory {settings.state_dir!r} and restart: the worker "
+            "rebuilds it from the changelog); if the changelog itself holds the corrupt "
+            "value, start a new deployment (new app_id and new private-count and ledger "
+            "topics).")
 
 
 class WorkerMetrics:
@@ -319,8 +338,10 @@ class Worker:
             started = time.perf_counter()
             try:
                 out = await self.batch_commit.commit(msg.partition, records)
-            except AnnouncedCounterError as exc:
+            except (AnnouncedCounterError, ParameterChangeError) as exc:
                 self._refused(exc)
+            except StateFormatError as exc:
+                self._refused(CorruptStateError(exc, self.settings))
             except Exception as exc:
                 self._operator_failed(exc)
             self.metrics.add_operator(out.metrics)
@@ -337,10 +358,10 @@ class Worker:
         logging.shutdown()
         os._exit(1)
 
-    def _refused(self, exc: AnnouncedCounterError) -> NoReturn:
+    def _refused(self, exc: Exception) -> NoReturn:
         # Nothing of the record was published; exiting at once (code 2, like a start
-        # error) keeps Faust from committing past it. The counter's name is public (it is
-        # on the ledger), so the message names it, with the remedy.
+        # error) keeps Faust from committing past it. The messages name only public
+        # things (declared or announced counters, parameters, store keys), with the remedy.
         log.critical("refused: %s", exc)
         print(f"error: {exc}", file=sys.stderr, flush=True)
         logging.shutdown()

@@ -20,8 +20,9 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
+from functools import lru_cache
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -34,6 +35,8 @@ from processor.core.rng import KEY_FORMATS
 STREAM_MECHANISMS = ("ecc", "simecc")
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: Values of on_parameter_change (see Settings).
+PARAMETER_CHANGE_POLICIES = ("refuse", "keep")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: Longest accepted counter name (bytes of UTF-8); keeps state keys and records small.
 MAX_COUNTER_NAME = 200
@@ -127,6 +130,12 @@ class Settings:
     #: table_standby_replicas): a failed worker's counters move with little changelog to
     #: replay, at the cost of every worker also applying the others' changelogs.
     standby_replicas: int = 1
+    #: What a worker does when a counter restored from state has another mechanism,
+    #: epsilon or delta than this configuration: "refuse" (stop with an error naming the
+    #: field and the counter) or "keep" (each existing counter continues under its stored
+    #: parameters, which its releases carry; a restart with new noise would republish
+    #: ticks already released, which the ledger refusal forbids).
+    on_parameter_change: str = "refuse"
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -164,7 +173,7 @@ _TOP_KEYS = {
     "allow_undeclared",
     "noise_key_file", "noise_key_format", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
-    "standby_replicas",
+    "standby_replicas", "on_parameter_change",
 }
 _SECTIONS = {"security", "topics", "counters"}
 
@@ -332,6 +341,8 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         "public_metrics_port", top.get("public_metrics_port", d.public_metrics_port), 1)
     s["standby_replicas"] = _as_int(
         "standby_replicas", top.get("standby_replicas", d.standby_replicas), 0)
+    s["on_parameter_change"] = _as_str(
+        "on_parameter_change", top.get("on_parameter_change", d.on_parameter_change))
 
     sd: dict[str, Any] = {}
     for f in fields(SecuritySettings):
@@ -367,6 +378,10 @@ def validate_settings(s: Settings) -> Settings:
         raise ConfigError("delta" if eps_ok else "epsilon", str(exc)) from None
     if not 0 < s.beta < 1:
         raise ConfigError("beta", "must be in (0, 1)")
+    _check_mechanism(s.mechanism, s.epsilon, s.delta, s.beta)
+    if s.on_parameter_change not in PARAMETER_CHANGE_POLICIES:
+        raise ConfigError("on_parameter_change",
+                          f"must be one of {', '.join(PARAMETER_CHANGE_POLICIES)}")
     if s.noise_key_format not in KEY_FORMATS:
         raise ConfigError("noise_key_format", f"must be one of {', '.join(KEY_FORMATS)}")
     for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
@@ -417,6 +432,51 @@ def validate_settings(s: Settings) -> Settings:
         # One port would put the operator endpoint wherever the public one is reachable.
         raise ConfigError("public_metrics_port", "must differ from metrics_port")
     return s
+
+
+#: Local ticks through which the configuration check requires a finite error bound.
+#: The bound is non-decreasing in t; 2^12 keeps the check cheap for SimECC, whose skip
+#: costs one step per SimPart checkpoint.
+CHECK_TICKS: Final = 1 << 12
+
+
+@lru_cache(maxsize=64)
+def _mechanism_problem(mechanism: str, eps: float, delta: float, beta: float) -> str | None:
+    """Why the core cannot run `mechanism` at (eps, delta), or None: builds one instance
+    with a throwaway key (never the real one: nothing of it is published or kept) for one
+    counter name, skips CHECK_TICKS ticks and computes the error bound once. The core
+    raises on some parameters (BCC's eta underflows to 0 for epsilon above ~812 at
+    delta 1e-6; a delta near 1e-308 overflows a float-to-int conversion) and returns an
+    infinite bound on others (a tail factor overflows for a tiny eta), so both count."""
+    from processor.core import registry
+    from processor.core.rng import NoiseKey
+
+    try:
+        c = registry.make(mechanism, eps, delta, NoiseKey(bytes(range(32))), "config-check")
+        c.skip(CHECK_TICKS)
+        bound = c.error_bound(beta)
+    except (ArithmeticError, ValueError) as exc:  # InvalidParameterError is a ValueError
+        return f"the mechanism cannot run with it ({type(exc).__name__}: {exc})"
+    if not math.isfinite(bound):
+        return "the mechanism's error bound is not finite with it"
+    return None
+
+
+def _check_mechanism(mechanism: str, eps: float, delta: float, beta: float) -> None:
+    """ConfigError naming epsilon or delta when the configured mechanism cannot run: the
+    start stops here rather than at the first marker. epsilon is named when it fails with
+    the default delta, delta when it fails with epsilon 1, else delta with epsilon given
+    (the two underflow together)."""
+    problem = _mechanism_problem(mechanism, eps, delta, beta)
+    if problem is None:
+        return
+    d = Settings()
+    if _mechanism_problem(mechanism, eps, d.delta, beta) is not None:
+        raise ConfigError("epsilon", f"{eps!r} is unusable for {mechanism}: {problem}")
+    if _mechanism_problem(mechanism, 1.0, delta, beta) is not None:
+        raise ConfigError("delta", f"{delta!r} is unusable for {mechanism}: {problem}")
+    raise ConfigError("delta", f"{delta!r} is unusable for {mechanism} with epsilon = "
+                      f"{eps!r} (use a larger delta or a smaller epsilon): {problem}")
 
 
 def _core_accepts(eps: float, delta: float) -> bool:

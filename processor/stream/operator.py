@@ -53,6 +53,7 @@ from typing import Final, Literal
 import orjson
 
 from processor.core.api import Counter
+from processor.core.errors import StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream.config import Settings
@@ -167,6 +168,26 @@ class AnnouncedCounterError(RuntimeError):
             "deployment with a new app_id and new private-count and ledger topics.")
 
 
+class ParameterChangeError(RuntimeError):
+    """A counter restored from state whose mechanism, epsilon or delta differs from the
+    settings, while on_parameter_change = "refuse". Raised before anything of the record
+    is published. The counter is declared or on the ledger (a restored counter was
+    announced or will be at its first marker), the parameters are public: the message
+    names both, with the choices."""
+
+    def __init__(self, counter: str, field_name: str, stored: object,
+                 configured: object) -> None:
+        self.counter = counter
+        self.field = field_name
+        super().__init__(
+            f"{field_name}: counter {counter!r} runs with {field_name} = {stored!r} "
+            f"(its stored state) but the configuration says {configured!r}. Set "
+            f"{field_name} back to {stored!r}, or set on_parameter_change = \"keep\" to "
+            "continue every existing counter under its stored parameters (new counters "
+            "get the configured ones), or start a new deployment (new app_id and new "
+            "private-count and ledger topics) to use the new parameters for all.")
+
+
 def heartbeat_phase(settings: Settings, counter: str) -> int:
     """The public offset of a counter's heartbeats, from its (declared, public) name only."""
     h = settings.heartbeat_ticks
@@ -226,6 +247,8 @@ class Operator:
         # Counter contract: public quantities), so a sweep over many counters at one tick
         # computes it once.
         self._bounds: dict[tuple[str, float, float, float, int], float] = {}
+        # (mechanism, eps, delta) of a new counter: `_check_parameters`.
+        self._configured: tuple[str, float, float] | None = None
 
     # -- public entry points
 
@@ -279,7 +302,11 @@ class Operator:
                     cached.saved is raw or cached.saved == raw):
                 ps = cached
             else:
-                ps = PartitionState.from_bytes(raw)
+                try:
+                    ps = PartitionState.from_bytes(raw)
+                except StateFormatError as exc:
+                    exc.key = key
+                    raise
         if ps is None:
             ps = PartitionState()
         self._partitions[partition] = ps
@@ -317,9 +344,42 @@ class Operator:
         if cs is not None and cs.saved is not None and (cs.saved is raw or cs.saved == raw):
             cache.move_to_end(name)
             return cs
-        cs = CounterState.from_bytes(raw, self.factory, self.key)
+        try:
+            cs = CounterState.from_bytes(raw, self.factory, self.key)
+        except StateFormatError as exc:
+            exc.key = key
+            raise
+        self._check_parameters(name, cs)
         self._remember(name, cs)
         return cs
+
+    def _check_parameters(self, name: str, cs: CounterState) -> None:
+        """THE check of a restored counter's parameters against the settings (a decoded
+        state enters the cache only through here). A counter keeps the mechanism, epsilon
+        and delta it was made and announced with: its state (noise positions, schedule)
+        means nothing under others. With on_parameter_change = "refuse" (the default) a
+        difference stops the worker (ParameterChangeError); with "keep" the counter
+        continues under its stored parameters, and its releases say so (they are taken
+        from the running instance). Not "restart": a fresh instance would republish ticks
+        already released, with new noise, which the ledger refusal forbids."""
+        if self.settings.on_parameter_change == "keep":
+            return
+        c = cs.mechanism
+        if self._configured is None:
+            # What a new counter of these settings runs with, read off one instance the
+            # factory makes (a throwaway key: nothing of it is kept or published).
+            s = self.settings
+            new = self.factory.make(s.mechanism, s.epsilon, s.delta,
+                                    NoiseKey(b"dpc/parameter-check/throwaway-key"), "check")
+            self._configured = (new.mechanism, new.eps, new.delta)
+        mechanism, eps, delta = self._configured
+        for fname, stored, configured in (("mechanism", c.mechanism, mechanism),
+                                          ("epsilon", c.eps, eps),
+                                          ("delta", c.delta, delta)):
+            if stored != configured:
+                # Declared names are public; an undeclared one is input until announced.
+                shown = name if name in self._start_ticks else "(undeclared)"
+                raise ParameterChangeError(shown, fname, stored, configured)
 
     def _remember(self, name: str, cs: CounterState) -> None:
         if self._cache_size <= 0:
@@ -366,7 +426,11 @@ class Operator:
             directory = DueDirectory()
         elif directory is None or directory.saved is None or not (
                 directory.saved is raw or directory.saved == raw):
-            directory = DueDirectory.from_bytes(raw)
+            try:
+                directory = DueDirectory.from_bytes(raw)
+            except StateFormatError as exc:
+                exc.key = key
+                raise
         self._directories[partition] = directory
         return directory
 
@@ -382,7 +446,13 @@ class Operator:
             assert isinstance(staged, DueBucket)
             return staged
         raw = buf.get(key)
-        return None if raw is None else DueBucket.from_bytes(raw)
+        if raw is None:
+            return None
+        try:
+            return DueBucket.from_bytes(raw)
+        except StateFormatError as exc:
+            exc.key = key
+            raise
 
     def _file(self, buf: BufferedStore, partition: int, directory: DueDirectory,
               name: str, tick: int) -> None:

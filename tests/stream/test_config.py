@@ -146,7 +146,7 @@ def test_defaults_without_file_need_a_counter() -> None:
 
 
 @pytest.mark.parametrize("eps,delta", [
-    (1.0, 1e-6), (1e-300, 0.5), (5e5, 1e-300), (0.0, 1e-6), (-1.0, 1e-6), (float("inf"), 1e-6),
+    (1.0, 1e-6), (0.0, 1e-6), (-1.0, 1e-6), (float("inf"), 1e-6),
     (float("nan"), 1e-6), (1.0, 0.0), (1.0, 1.0), (1.0, -1e-9), (1.0, float("nan")),
     (0.0, 2.0),
 ])
@@ -166,3 +166,40 @@ def test_eps_delta_rule_is_the_cores(eps: float, delta: float) -> None:
         with_overrides(base, epsilon=eps, delta=delta)
     eps_ok = eps > 0 and eps != float("inf")
     assert info.value.field == ("delta" if eps_ok else "epsilon")
+
+
+# The real limits of the core at the configuration check's horizon (CHECK_TICKS), found by
+# bisection: with delta = 1e-6, BCC's error bound overflows above epsilon ~792.8 and its
+# eta underflows (InvalidParameterError) above ~812; with epsilon = 1, the bound overflows
+# below delta ~2.1e-299 and a float-to-int conversion overflows near 1e-308.
+@pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
+@pytest.mark.parametrize("eps,delta,field", [
+    (792.0, 1e-6, None), (793.0, 1e-6, "epsilon"), (1000.0, 1e-6, "epsilon"),
+    (1e6, 1e-6, "epsilon"), (1e308, 1e-6, "epsilon"),
+    (1.0, 1e-298, None), (1.0, 1e-300, "delta"), (1.0, 1e-308, "delta"),
+    (1.0, 5e-324, "delta"), (500.0, 1e-300, "delta"), (5e5, 1e-300, "epsilon"),
+])
+def test_unusable_parameters_stop_the_load_naming_the_field(
+        tmp_path: Path, mechanism: str, eps: float, delta: float, field: str | None) -> None:
+    """epsilon = 1000, 1e6, 1e308 and delta = 1e-300 passed validation and crashed at the
+    first marker (issue 11 item 4): the load builds the mechanism once and stops with a
+    ConfigError naming the field. Values at the limit still load."""
+    path = tmp_path / "c.toml"
+    path.write_text(f'mechanism = "{mechanism}"\nepsilon = {eps!r}\ndelta = {delta!r}\n'
+                    "[counters]\na = 0\n")
+    if field is None:
+        assert load_settings(str(path), env={}).epsilon == eps
+        return
+    with pytest.raises(ConfigError) as info:
+        load_settings(str(path), env={})
+    assert info.value.field == field
+    assert mechanism in info.value.message
+
+
+def test_on_parameter_change_is_refuse_or_keep(tmp_path: Path) -> None:
+    base = with_overrides(Settings(), counters={"a": 0})
+    assert base.on_parameter_change == "refuse"
+    assert with_overrides(base, on_parameter_change="keep").on_parameter_change == "keep"
+    with pytest.raises(ConfigError) as info:
+        with_overrides(base, on_parameter_change="restart")
+    assert info.value.field == "on_parameter_change"

@@ -539,11 +539,12 @@ def test_ledger_entry_once_per_counter_at_the_first_marker() -> None:
 def test_newly_declared_counter_is_indexed_after_a_config_change() -> None:
     """State written under one configuration, then a counter is declared: the next marker
     creates it (ledger entry, heartbeats) without any event. Releases name the eps of the
-    running instance."""
+    running instance (the changed epsilon needs on_parameter_change = "keep")."""
     s1 = settings({"a": 0}, heartbeat_ticks=2)
     run = Run(s1, StepFactory())
     run.marker(3)
-    s2 = with_overrides(s1, counters={"a": 0, "b": 2 * TICK}, epsilon=3.0)
+    s2 = with_overrides(s1, counters={"a": 0, "b": 2 * TICK}, epsilon=3.0,
+                        on_parameter_change="keep")
     run2 = Run(s2, StepFactory(), store=run.store)
     run2.offset = run.offset
     run2.marker(5)
@@ -951,3 +952,92 @@ def test_re_executing_the_creating_marker_after_a_crash_is_allowed() -> None:
     with pytest.raises(AnnouncedCounterError):
         _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced=legacy),
                         DictStore(), [(0, 3)])
+
+
+def _first_life(s: Settings) -> tuple[DictStore, list[Release]]:
+    """Counter a created, announced and sealed through tick 4 under `s`."""
+    store = DictStore()
+    run = Run(s, StepFactory(2, 3), store=store)
+    run.event("a", 1)
+    run.marker(4)
+    assert run.ledger and run.releases
+    return store, run.releases
+
+
+@pytest.mark.parametrize("change", [{"epsilon": 2.0}, {"delta": 1e-7}])
+def test_changed_parameters_under_existing_state_are_refused_in_one_place(
+        change: dict[str, float]) -> None:
+    """Issue 11 item 4: a counter restored from state with another epsilon or delta than
+    the settings stops the operator (ParameterChangeError naming the field and the
+    counter), before anything of the record is published or written. Control: with
+    on_parameter_change = "keep" the counter continues and its releases and the ledger
+    entry carry the stored parameters, never the configured ones."""
+    from processor.stream.operator import ParameterChangeError
+
+    s = settings({"a": 0}, heartbeat_ticks=2)
+    store, first = _first_life(s)
+    field_name = next(iter(change))
+    changed = with_overrides(s, **change)
+    before = dict(store.data)
+    pub = CollectingPublisher()
+    bc = BatchCommit(Operator(changed, KEY, factory=StepFactory(2, 3)), store, pub)
+    with pytest.raises(ParameterChangeError) as err:
+        asyncio.run(bc.commit(0, [(10, encode_marker(8))]))
+    assert err.value.counter == "a" and err.value.field == field_name
+    msg = str(err.value)
+    assert msg.startswith(f"{field_name}:") and "'a'" in msg and "keep" in msg
+    assert pub.releases == [] and pub.ledger == [] and store.data == before
+
+    kept = with_overrides(changed, on_parameter_change="keep")
+    run = Run(kept, StepFactory(2, 3), store=store)
+    run.offset = 10
+    run.marker(8)
+    assert run.releases
+    assert {(r.epsilon, r.delta) for r in run.releases} == {(s.epsilon, s.delta)}
+    assert {(r.epsilon, r.delta) for r in first} == {(s.epsilon, s.delta)}
+
+
+def test_unchanged_parameters_restore_without_refusal() -> None:
+    """Control: the same settings (a new Operator, cache cold) restore and continue."""
+    s = settings({"a": 0}, heartbeat_ticks=2)
+    store, _ = _first_life(s)
+    run = Run(s, StepFactory(2, 3), store=store)
+    run.offset = 10
+    run.marker(8)
+    assert run.releases
+
+
+@pytest.mark.parametrize("key", ["c/a", "p/0", "w/0"])
+def test_corrupt_state_names_its_key(key: str) -> None:
+    """Issue 11 item 5: a value that does not decode raises StateFormatError carrying its
+    store key (the worker's error line names it, with the remedy)."""
+    from processor.core.errors import StateFormatError
+
+    s = settings({"a": 0}, heartbeat_ticks=2)
+    store, _ = _first_life(s)
+    assert key in store.data
+    store.data[key] = b"\x00corrupt"
+    run = Run(s, StepFactory(2, 3), store=store)
+    run.offset = 10
+    with pytest.raises(StateFormatError) as err:
+        run.event("a", 9)
+        run.marker(9)
+    assert err.value.key == key
+
+
+def test_corrupt_state_error_line_names_the_key_and_the_remedy() -> None:
+    """The worker's message: the key (a declared counter's name is public; an undeclared
+    one is not shown), the changelog topic and state dir to rebuild from, and a new
+    deployment when the changelog itself is corrupt."""
+    from processor.core.errors import StateFormatError
+    from processor.stream.app import CorruptStateError, changelog_topic
+
+    s = settings({"a": 0}, allow_undeclared=True)
+    exc = StateFormatError("operator counter state is corrupt")
+    exc.key = "c/a"
+    msg = str(CorruptStateError(exc, s))
+    assert "'c/a'" in msg and changelog_topic(s) in msg and s.state_dir in msg
+    assert "new deployment" in msg
+    exc.key = "c/secret-undeclared"
+    msg = str(CorruptStateError(exc, s))
+    assert "secret-undeclared" not in msg and "undeclared" in msg
