@@ -1,0 +1,59 @@
+"""A change of privacy parameters under existing state, against the real broker and worker
+(issue 11 item 4).
+
+A worker runs counter `a` with epsilon 500, stops, and is restarted with epsilon 400 in its
+config file. Before, the change was ignored silently (releases said `epsilon: 500.0` under
+the new configuration's fingerprint). Now the worker refuses: exit code 2, one `error:`
+line naming the field and the counter, no traceback, nothing more published. With
+`on_parameter_change = "keep"` it runs, and the counter's releases carry its stored
+epsilon (500), not the configured one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from processor.devtools.deployment import write_config
+from processor.stream.config import with_overrides
+
+
+def test_changed_epsilon_is_refused_unless_kept(
+        deployment_factory: Callable[..., Any]) -> None:
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name="params", partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    worker = dep.worker
+    worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
+    published = len(dep.releases())
+
+    # Restart with another epsilon: refused at the first record that restores `a`.
+    changed = with_overrides(dep.settings, epsilon=400.0)
+    write_config(changed, dep.config)
+    worker.start()
+    assert worker.proc is not None
+    code = worker.proc.wait(timeout=120)
+    log = worker.log_tail(200)
+    worker.kill()  # reaps the exited process and closes its log
+    assert code == 2, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, log
+    assert errors[0].startswith("error: epsilon: counter 'a' runs with epsilon = 500.0"), log
+    assert "400.0" in errors[0] and "on_parameter_change" in errors[0], log
+    assert "Traceback" not in log, log
+    assert len(dep.releases()) == published  # nothing published under the refusal
+
+    # The operator states the choice: the counter continues under its stored epsilon.
+    kept = with_overrides(changed, on_parameter_change="keep")
+    write_config(kept, dep.config)
+    worker.start()
+    releases = dep.wait_releases(lambda rs: len(rs) >= published + 3, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
+    later = releases[published:]
+    assert later and {r["counter"] for r in later} == {"a"}
+    assert {r["epsilon"] for r in later} == {500.0}
+    assert {r["fingerprint"] for r in later} == {kept.fingerprint()}
