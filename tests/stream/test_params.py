@@ -11,11 +11,15 @@ epsilon (500), not the configured one.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from processor.devtools.deployment import write_config
+from processor.stream import kafka_io
+from processor.stream.app import changelog_topic
 from processor.stream.config import with_overrides
 
 
@@ -57,3 +61,35 @@ def test_changed_epsilon_is_refused_unless_kept(
     assert later and {r["counter"] for r in later} == {"a"}
     assert {r["epsilon"] for r in later} == {500.0}
     assert {r["fingerprint"] for r in later} == {kept.fingerprint()}
+
+
+def test_corrupt_state_names_the_key_and_the_remedy(
+        deployment_factory: Callable[..., Any]) -> None:
+    """Issue 11 item 5: a corrupt counter state on the changelog (the worker rebuilds its
+    local state from it) stops the worker with exit code 2 and one `error:` line naming the
+    key (a declared counter: public) and the remedy, no traceback. Before, it exited 1
+    with "operator failed (StateFormatError)", naming neither."""
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name="corrupt", partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    worker = dep.worker
+    worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
+    # The newest changelog value of c/a is garbage; the local copy is gone, so the next
+    # start restores the table from the changelog.
+    kafka_io.produce_all(dep.conf, changelog_topic(dep.settings), [(b"c/a", b"garbage")],
+                         partition=0)
+    shutil.rmtree(Path(dep.settings.state_dir) / dep.settings.app_id, ignore_errors=True)
+    worker.start()
+    assert worker.proc is not None
+    code = worker.proc.wait(timeout=120)
+    log = worker.log_tail(200)
+    worker.kill()  # reaps the exited process and closes its log
+    assert code == 2, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, log
+    assert "'c/a'" in errors[0] and changelog_topic(dep.settings) in errors[0], log
+    assert "new deployment" in errors[0], log
+    assert "Traceback" not in log, log
