@@ -31,6 +31,9 @@ configuration fingerprint, key fingerprint: the one definition) and its name. It
 entry names the key (`key_id`) and this creation (`creation`, from markers only). Given
 what the ledger announced (`announced`), the operator refuses to make a counter a second
 time under another creation (AnnouncedCounterError): its ticks were published already.
+A counter restored from state keeps its mechanism, epsilon and delta; when they differ
+from the settings the operator refuses (ParameterChangeError, `_check_parameters`, the
+one place) unless on_parameter_change = "keep".
 
 Idempotency. Each counter records the last timeline offset applied to it, the partition
 the offset of its last marker: a record is applied to a counter at most once, so
