@@ -45,7 +45,7 @@ from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit
-from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
 from processor.stream.logs import configure_logging
 from processor.stream.metrics import Surface
@@ -577,11 +577,7 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.loglevel)
     try:
         settings = load_settings(args.config)
-        key_file = args.key_file or settings.noise_key_file
-        if not key_file:
-            raise NoiseKeyError("no noise key configured (noise_key_file / "
-                                "DPC_NOISE_KEY_FILE / --key-file)")
-        key = NoiseKey.from_file(key_file, args.key_format or settings.noise_key_format)
+        key = load_noise_key(settings, args.key_file, args.key_format)
         return run_worker(settings, key, loglevel=args.loglevel)
     except ConfigError as exc:
         print(f"error: configuration: {exc}", file=sys.stderr)

@@ -27,9 +27,9 @@ from typing import Any, Final
 import orjson
 
 from processor.core.bounded import check_eps_delta
-from processor.core.errors import InvalidParameterError
+from processor.core.errors import InvalidParameterError, NoiseKeyError
 from processor.core.grid import GRID_BITS
-from processor.core.rng import KEY_FORMATS
+from processor.core.rng import KEY_FORMATS, NoiseKey
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -492,3 +492,16 @@ def with_overrides(s: Settings, **changes: Any) -> Settings:
     if "counters" in changes:
         changes["counters"] = MappingProxyType(dict(changes["counters"]))
     return validate_settings(replace(s, **changes))
+
+
+def load_noise_key(settings: Settings, key_file: str | None = None,
+                   key_format: str | None = None) -> NoiseKey:
+    """The noise key of a deployment: `key_file` / `key_format` (command-line overrides)
+    or the configured noise_key_file / noise_key_format. The one key reader of the worker
+    and replay; NoiseKeyError (never the key's content) when none is configured or the
+    file breaks the format rule."""
+    path = key_file or settings.noise_key_file
+    if not path:
+        raise NoiseKeyError("no noise key configured (noise_key_file / DPC_NOISE_KEY_FILE / "
+                            "--key-file)")
+    return NoiseKey.from_file(path, key_format or settings.noise_key_format)

@@ -17,11 +17,10 @@ from typing import Any
 
 import orjson
 
-from processor.core.errors import NoiseKeyError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, load_settings
+from processor.stream.config import Settings, load_noise_key, load_settings
 from processor.stream.logs import configure_logging
 from processor.stream.operator import Operator
 from processor.stream.records import Release
@@ -211,11 +210,7 @@ def main_replay(argv: Sequence[str] | None = None) -> int:
     configure_logging("warning")  # the client loggers' floors (logs.py)
     try:
         settings = load_settings(args.config)
-        key_file = args.key_file or settings.noise_key_file
-        if not key_file:
-            raise NoiseKeyError("no noise key configured (noise_key_file / "
-                                "DPC_NOISE_KEY_FILE / --key-file)")
-        key = NoiseKey.from_file(key_file, args.key_format or settings.noise_key_format)
+        key = load_noise_key(settings, args.key_file, args.key_format)
         report = replay(settings, key, through=args.through)
     except Exception as exc:  # the CLI reports any failure as a message, not a traceback
         print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
