@@ -132,8 +132,8 @@ class IngestStatus(Protocol):
 # ------------------------------------------------------------------- collectors
 
 
-class _PublicCounts:
-    """Counts a subscriber could reconstruct from the public topics (or the clock)."""
+class _CountsCollector:
+    """A collector of families built from the worker's count snapshot (`_families`)."""
 
     def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
         self._counts = counts
@@ -143,6 +143,14 @@ class _PublicCounts:
 
     def collect(self) -> Iterable[Metric]:
         return self._families(self._counts())
+
+    @staticmethod
+    def _families(c: Mapping[str, int]) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class _PublicCounts(_CountsCollector):
+    """Counts a subscriber could reconstruct from the public topics (or the clock)."""
 
     @staticmethod
     def _families(c: Mapping[str, int]) -> Iterator[Metric]:
@@ -158,17 +166,8 @@ class _PublicCounts:
             "acknowledged", value=c.get("ledger_entries_sent", 0))
 
 
-class _OperatorCounts:
+class _OperatorCounts(_CountsCollector):
     """The worker's aggregate counts that are exact functions of the input (private)."""
-
-    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
-        self._counts = counts
-
-    def describe(self) -> Iterable[Metric]:
-        return self._families({})
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families(self._counts())
 
     @staticmethod
     def _families(c: Mapping[str, int]) -> Iterator[Metric]:
