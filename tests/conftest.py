@@ -25,6 +25,7 @@ started) and closes every deployment it made (workers stopped) when the test end
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import socket
@@ -144,8 +145,9 @@ def docker_answers(timeout: float = 1.0) -> bool:
         status_line = reply.split(b"\r\n", 1)[0]
         return status_line.startswith(b"HTTP/1.") and b" 200 " in status_line + b" "
     try:
-        import docker
-
+        # By name at run time: `deploy/docker/` (the container files) would otherwise shadow
+        # the docker package for a type checker given deploy/kafka.py on its command line.
+        docker = importlib.import_module("docker")
         client = docker.DockerClient(base_url=host, timeout=max(1, round(timeout)))
         try:
             return bool(client.ping())

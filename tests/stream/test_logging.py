@@ -38,8 +38,17 @@ def isolated_logging() -> Iterator[io.StringIO]:
     find it; every level and handler put back afterwards (pytest's own included)."""
     root = logging.getLogger()
     saved_handlers, saved_level = list(root.handlers), root.level
-    names = [*CLIENT_LOG_FLOORS, "aiokafka.conn", "faust.agents.agent", "processor.test"]
-    saved_levels = {n: logging.getLogger(n).level for n in names}
+    # Every client-family logger, and the ones the tests write to, starts from the
+    # defaults (NOTSET, propagating, enabled): an earlier test in the same process may
+    # have clamped or silenced them (configure_logging, Faust's own logging setup).
+    names = {*CLIENT_LOG_FLOORS, "aiokafka.conn", "faust.agents.agent", "processor.test"}
+    names |= {n for n, lg in logging.Logger.manager.loggerDict.items()
+              if isinstance(lg, logging.Logger) and n.split(".", 1)[0] in CLIENT_LOG_FLOORS}
+    loggers = [logging.getLogger(n) for n in sorted(names)]
+    saved = [(lg, lg.level, lg.propagate, lg.disabled) for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.NOTSET)
+        lg.propagate, lg.disabled = True, False
     buf = io.StringIO()
     handler = logging.StreamHandler(buf)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
@@ -49,8 +58,9 @@ def isolated_logging() -> Iterator[io.StringIO]:
     finally:
         root.handlers = saved_handlers
         root.setLevel(saved_level)
-        for n, level in saved_levels.items():
-            logging.getLogger(n).setLevel(level)
+        for lg, level, propagate, disabled in saved:
+            lg.setLevel(level)
+            lg.propagate, lg.disabled = propagate, disabled
 
 
 def _emit_client_lines(password: str, record_value: str) -> None:
