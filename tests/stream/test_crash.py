@@ -13,7 +13,7 @@ import asyncio
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import orjson
 import pytest
@@ -271,36 +271,19 @@ def test_ingest_failure_stops_the_worker_cleanly(
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name="ingfail", epsilon=500.0,
                         lateness_ms=400)
-    live.worker.env["DPC_TEST_CRASH_AT"] = "ingest_delivered:3:raise"
-    seconds = 10.0
-    stop = threading.Event()
-    sent = [0]
-    producer = threading.Thread(target=_produce_steadily,
-                                args=(live, seconds, 17, stop, sent), daemon=True)
-    live.worker.start()
-    try:
-        live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
-        producer.start()
-        assert live.worker.proc is not None
-        code = live.worker.proc.wait(timeout=120)
-        log = live.worker.log_tail(400)
-        assert code == 1, log
-        assert "ingest stage failed (InjectedFault)" in log, log
-        assert "worker stopped after a failure (ingest: InjectedFault)" in log, log
-        assert "Traceback" not in log, log
-        # The failing batch is on the timeline (delivered) but not committed.
+
+    def failing_batch_not_committed() -> None:
         done = kafka_io.committed_offsets(live.conf, f"{live.settings.app_id}-ingest",
                                           live.topics.input)
         delivered = timeline_events(kafka_io.read_topic(live.conf, live.topics.timeline))
         assert any(ev.src_offset >= done.get(ev.src_partition, 0) for _p, _o, ev in delivered)
-        live.worker.kill()  # reaps the exited process and closes its log
-        del live.worker.env["DPC_TEST_CRASH_AT"]
-        live.worker.start()
-    finally:
-        producer.join(timeout=seconds + 60)
-        stop.set()
-    assert not producer.is_alive()
-    _drain_and_check(live, start, tick, sent[0])
+
+    sent = _fail_then_restart(
+        live, "ingest_delivered:3:raise", seconds=10.0, seed=17,
+        expected=("ingest stage failed (InjectedFault)",
+                  "worker stopped after a failure (ingest: InjectedFault)"),
+        before_restart=failing_batch_not_committed)
+    _drain_and_check(live, start, tick, sent)
 
 
 @pytest.mark.kafka
@@ -315,12 +298,24 @@ def test_operator_failure_exits_without_committing_past(
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name="opfail", epsilon=500.0,
                         lateness_ms=400)
-    live.worker.env["DPC_TEST_CRASH_AT"] = "after_acks:80:raise"
-    seconds = 12.0
+    sent = _fail_then_restart(
+        live, "after_acks:80:raise", seconds=12.0, seed=19,
+        expected=("operator failed (InjectedFault); stopping the worker",))
+    _drain_and_check(live, start, tick, sent)
+
+
+def _fail_then_restart(live: Live, crash_at: str, *, seconds: float, seed: int,
+                       expected: Sequence[str],
+                       before_restart: Callable[[], None] | None = None) -> int:
+    """Run the worker with the injected fault DPC_TEST_CRASH_AT=`crash_at` while events
+    flow; it must exit with code 1, log every line of `expected` and no traceback; then
+    `before_restart()`, a restart without the fault, and the producer's end. Returns the
+    number of events sent."""
+    live.worker.env["DPC_TEST_CRASH_AT"] = crash_at
     stop = threading.Event()
     sent = [0]
     producer = threading.Thread(target=_produce_steadily,
-                                args=(live, seconds, 19, stop, sent), daemon=True)
+                                args=(live, seconds, seed, stop, sent), daemon=True)
     live.worker.start()
     try:
         live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
@@ -329,8 +324,11 @@ def test_operator_failure_exits_without_committing_past(
         code = live.worker.proc.wait(timeout=120)
         log = live.worker.log_tail(400)
         assert code == 1, log
-        assert "operator failed (InjectedFault); stopping the worker" in log, log
+        for line in expected:
+            assert line in log, log
         assert "Traceback" not in log, log
+        if before_restart is not None:
+            before_restart()
         live.worker.kill()  # reaps the exited process and closes its log
         del live.worker.env["DPC_TEST_CRASH_AT"]
         live.worker.start()
@@ -338,7 +336,7 @@ def test_operator_failure_exits_without_committing_past(
         producer.join(timeout=seconds + 60)
         stop.set()
     assert not producer.is_alive()
-    _drain_and_check(live, start, tick, sent[0])
+    return sent[0]
 
 
 def _settings() -> Settings:
