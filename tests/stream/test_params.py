@@ -25,14 +25,8 @@ from processor.stream.config import with_overrides
 
 def test_changed_epsilon_is_refused_unless_kept(
         deployment_factory: Callable[..., Any]) -> None:
-    tick = 200
-    start = (int(time.time() * 1000) // tick) * tick
-    dep = deployment_factory({"a": start}, name="params", partitions=1, tick_ms=tick,
-                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    dep = _ran_and_stopped(deployment_factory, "params")
     worker = dep.worker
-    worker.start()
-    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
-    assert worker.stop() == 0, worker.log_tail()
     published = len(dep.releases())
 
     # Restart with another epsilon: refused at the first record that restores `a`.
@@ -69,14 +63,8 @@ def test_corrupt_state_names_the_key_and_the_remedy(
     local state from it) stops the worker with exit code 2 and one `error:` line naming the
     key (a declared counter: public) and the remedy, no traceback. Before, it exited 1
     with "operator failed (StateFormatError)", naming neither."""
-    tick = 200
-    start = (int(time.time() * 1000) // tick) * tick
-    dep = deployment_factory({"a": start}, name="corrupt", partitions=1, tick_ms=tick,
-                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    dep = _ran_and_stopped(deployment_factory, "corrupt")
     worker = dep.worker
-    worker.start()
-    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
-    assert worker.stop() == 0, worker.log_tail()
     # The newest changelog value of c/a is garbage; the local copy is gone, so the next
     # start restores the table from the changelog.
     kafka_io.produce_all(dep.conf, changelog_topic(dep.settings), [(b"c/a", b"garbage")],
@@ -93,3 +81,16 @@ def test_corrupt_state_names_the_key_and_the_remedy(
     assert "'c/a'" in errors[0] and changelog_topic(dep.settings) in errors[0], log
     assert "new deployment" in errors[0], log
     assert "Traceback" not in log, log
+
+
+def _ran_and_stopped(deployment_factory: Callable[..., Any], name: str) -> Any:
+    """A deployment of counter `a` (epsilon 500, 200 ms ticks) whose worker published two
+    releases and stopped cleanly."""
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name=name, partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    dep.worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    return dep
