@@ -345,7 +345,7 @@ class Worker:
             except Exception as exc:
                 self._operator_failed(exc)
             self.metrics.add_operator(out.metrics)
-            self.surface.batch_committed(msg.partition, records, out.metrics,
+            self.surface.batch_committed(msg.partition, out.sealed_through, out.metrics,
                                          time.perf_counter() - started)
 
     def _operator_failed(self, exc: BaseException) -> NoReturn:

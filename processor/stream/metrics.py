@@ -44,7 +44,7 @@ import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from socketserver import ThreadingMixIn
 from typing import Any, Final, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -66,7 +66,7 @@ from prometheus_client.metrics_core import Metric
 from processor.stream import kafka_io
 from processor.stream.config import Settings
 from processor.stream.operator import METRICS as OPERATOR_COUNTS
-from processor.stream.records import REASONS, TimelineMarker, decode_timeline_rows
+from processor.stream.records import REASONS
 
 log = logging.getLogger("processor.stream.metrics")
 
@@ -94,9 +94,6 @@ READY_SLACK_S: Final = 30.0
 #: How often the consumer lag is read from the brokers, and the timeout of each request.
 LAG_REFRESH_S: Final = 10.0
 LAG_TIMEOUT_S: Final = 5.0
-#: Timeline records at most this long may be markers ({"v":2,"k":"m","n":<tick>}); only
-#: those are decoded a second time to learn the sealed tick.
-_MARKER_MAX_BYTES: Final = 64
 _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                            2.5, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS: Final = (1, 5, 10, 50, 100, 500, 1000, 2500, 5000, 10000)
@@ -434,24 +431,15 @@ class Surface:
 
     # -- events (called by the worker)
 
-    def batch_committed(self, partition: int, records: Sequence[tuple[int, bytes]],
+    def batch_committed(self, partition: int, sealed_through: int | None,
                         out_metrics: Mapping[str, int], seconds: float) -> None:
-        """One `BatchCommit.commit` of timeline `records` of `partition` finished."""
+        """One `BatchCommit.commit` on timeline `partition` finished; `sealed_through` is
+        the newest tick its applied markers sealed (the operator's Output), or None."""
         if out_metrics.get("markers_applied", 0):
             self.commit_seconds.labels("marker").observe(seconds)
             newest = self._marker_tick.get(partition)
-            for _offset, value in records:
-                if len(value) > _MARKER_MAX_BYTES:
-                    continue
-                try:
-                    rec = decode_timeline_rows(value)
-                except ValueError:
-                    continue
-                if isinstance(rec, TimelineMarker) and (newest is None
-                                                        or rec.sealed_through > newest):
-                    newest = rec.sealed_through
-            if newest is not None:
-                self._marker_tick = {**self._marker_tick, partition: newest}
+            if sealed_through is not None and (newest is None or sealed_through > newest):
+                self._marker_tick = {**self._marker_tick, partition: sealed_through}
         else:
             self.commit_seconds.labels("events").observe(seconds)
             self.batch_events.observe(out_metrics.get("events_applied", 0))

@@ -112,6 +112,8 @@ class Output:
     releases: list[Release] = field(default_factory=list)
     ledger: list[LedgerEntry] = field(default_factory=list)
     metrics: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
+    #: The newest tick a marker applied here sealed through (None: no marker applied).
+    sealed_through: int | None = None
 
 
 def key_fingerprint(key: NoiseKey) -> str:
@@ -592,6 +594,7 @@ class Operator:
             # Markers are idempotent: an already sealed tick changes nothing (not even
             # the stored offset, which only guards against redelivery).
             m["markers_applied"] += 1
+            out.sealed_through = max(n, out.sealed_through or n)
             return
         directory = self._directory(buf, partition)
         names: set[str] = set()
@@ -653,6 +656,7 @@ class Operator:
         self._stage_partition(buf, partition, ps)
         m["counters_touched"] += touched
         m["markers_applied"] += 1
+        out.sealed_through = max(n, out.sealed_through or n)
 
     # -- announcing
 

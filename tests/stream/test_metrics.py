@@ -33,8 +33,6 @@ from processor.stream.metrics import (
     check_public,
     family_names,
 )
-from processor.stream.records import Event as TimelineEvent
-from processor.stream.records import encode_batch, encode_marker
 
 #: Labels the operator registry may use: none of them can name a counter.
 ALLOWED_LABELS = {"reason", "kind", "le",
@@ -138,9 +136,8 @@ def test_operator_registry_has_every_metric_and_no_per_counter_label() -> None:
 
 def test_histograms_observe_commits_and_ingest_batches() -> None:
     sf = surface()
-    batch = encode_batch([TimelineEvent("a", 5, 1, 0, 1)])
-    sf.batch_committed(0, [(3, batch)], {"events_applied": 1}, 0.004)
-    sf.batch_committed(0, [(4, encode_marker(9))], {"markers_applied": 1}, 0.2)
+    sf.batch_committed(0, None, {"events_applied": 1}, 0.004)
+    sf.batch_committed(0, 9, {"markers_applied": 1}, 0.2)
     sf.ingest_batch(250)
     fams = parsed(generate_latest(sf.operator).decode())
     assert value(fams, "dpc_commit_seconds_count", kind="events") == 1
@@ -162,20 +159,20 @@ def test_readiness_needs_assignment_and_a_recent_marker_on_every_partition() -> 
     n = 100
     sealed_at = ((n + 1) * s.tick_ms + s.lateness_ms) / 1000  # 103.0
     clock.t = sealed_at + 0.25
-    sf.batch_committed(0, [(7, encode_marker(n))], {"markers_applied": 1}, 0.01)
+    sf.batch_committed(0, n, {"markers_applied": 1}, 0.01)
     assert not sf.readiness()[0], "partition 1 has no marker yet"
     # A batch that did not apply its marker (a redelivered one) does not count.
-    sf.batch_committed(1, [(8, encode_marker(n + 5))], {"skipped_duplicates": 1}, 0.01)
+    sf.batch_committed(1, None, {"skipped_duplicates": 1}, 0.01)
     assert not sf.readiness()[0]
-    sf.batch_committed(1, [(8, encode_marker(n + 1))], {"markers_applied": 1}, 0.01)
+    sf.batch_committed(1, n + 1, {"markers_applied": 1}, 0.01)
     assert sf.readiness()[0]
     assert sf.marker_age_s() == pytest.approx(0.25)  # the older of the two partitions
     clock.t = sealed_at + s.tick_ms / 1000 + READY_SLACK_S + 1
     ok, why = sf.readiness()
     assert not ok and "marker age" in why
     # A rebalance: not ready until the next assignment; a new partition needs a marker.
-    sf.batch_committed(0, [(9, encode_marker(n + 40))], {"markers_applied": 1}, 0.01)
-    sf.batch_committed(1, [(9, encode_marker(n + 40))], {"markers_applied": 1}, 0.01)
+    sf.batch_committed(0, n + 40, {"markers_applied": 1}, 0.01)
+    sf.batch_committed(1, n + 40, {"markers_applied": 1}, 0.01)
     assert sf.readiness()[0]
     asyncio.run(sf.on_revoked(None, set(), signal=None))
     assert not sf.readiness()[0]

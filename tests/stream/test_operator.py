@@ -515,6 +515,26 @@ def test_markers_are_idempotent_and_heartbeats_come_from_markers_alone() -> None
         (12, 1.0, "heartbeat")]
 
 
+def test_output_reports_the_tick_its_applied_markers_sealed() -> None:
+    """What readiness and marker age are computed from: an applied marker (also an old,
+    idempotent one) reports its tick, an event or a redelivered marker reports none; a
+    batch of several markers reports the newest."""
+    run = Run(settings({"a": 0}), StepFactory())
+    assert run.event("a", 1).sealed_through is None
+    marker_offset = run.offset
+    assert run.marker(7).sealed_through == 7
+    assert run.marker(5).sealed_through == 5  # already sealed: applied, changes nothing
+    # The marker through 7 delivered again (its offset is at or below the stored one).
+    redelivered = run.op.apply(run.store, run.partition, marker_offset, encode_marker(7))
+    assert redelivered.sealed_through is None
+    assert redelivered.metrics["skipped_duplicates"] == 1
+    out = Output()
+    for n in (8, 11, 10):
+        run.op.apply(run.store, run.partition, run.offset, encode_marker(n), out)
+        run.offset += 1
+    assert out.sealed_through == 11
+
+
 def test_ledger_entry_once_per_counter_at_the_first_marker() -> None:
     """Ledger entries come from markers only: an event creates a counter's state
     silently; the marker through its start announces it, once."""
