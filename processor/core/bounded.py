@@ -202,7 +202,7 @@ class UnitCounter(ABC):
     def sigma(self, t: int) -> float: ...
 
     def alpha(self, beta: float, t: int) -> float:
-        """sigma(t) * sqrt(2 ln(pi^2 t^2 / (3 beta))) (MECHANISMS.md, Lemma 3.12)."""
+        """sigma(t) * sqrt(2 ln(pi^2 t^2 / (3 beta))) (the paper, Lemma 3.12)."""
         if t <= 0:
             return 0.0
         return self.sigma(t) * tail_factor(beta, t)
