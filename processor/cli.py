@@ -1,12 +1,9 @@
-"""Command line: `python -m processor <command>`.
+"""Command line: `python -m processor <command> [options]` (alias: the `dpcount` script).
 
-count       run a mechanism offline over a file of ticks (one JSON line per tick)
-keygen      write a fresh random noise key file
-worker      run the Faust stream processor
-replay      recompute the private-count stream from the timeline topic and compare
-demo        local broker + processor + bursty demo producer, private counts printed
-experiment  the paper's Section 8 experiments (figures and table)
-audit       empirical privacy audit of a mechanism on edit-neighbouring streams
+One dispatcher: `_DELEGATED` maps each subcommand to where it lives (adding a command is one
+line there); every subcommand parses its own options (`--help` on each). One error policy
+(`main`): a usage error or a typed error (configuration, noise key, core, state format,
+broker, ...) is ONE `error: ...` line on stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,24 +13,33 @@ import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
-from importlib import import_module
+from importlib import import_module, metadata
 from pathlib import Path
-from typing import TextIO
+from typing import NoReturn, TextIO
 
 import orjson
 
-from processor.core.errors import CoreError, NoiseKeyError
+from processor.core.errors import CoreError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 
-# Subcommands that live in other modules; imported only when used, so `count` stays light.
-_DELEGATED: dict[str, tuple[str, str]] = {
-    "worker": ("processor.stream.app", "main_worker"),
-    "replay": ("processor.stream.replay", "main_replay"),
-    "demo": ("processor.devtools.demo", "main_demo"),
-    "experiment": ("processor.experiments.cli", "main_experiment"),
-    "audit": ("processor.audit_cli", "main_audit"),
+# Every subcommand: name -> (module, entry function[, one-line summary]). The entry takes
+# the argument list after the command name and returns the exit code. Modules are imported
+# only when their command runs, so `count` stays light. Adding a command is one line.
+_DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
+    "count": ("processor.cli", "main_count",
+              "run a mechanism offline over a file of ticks (one JSON line per tick)"),
+    "keygen": ("processor.cli", "main_keygen", "write a fresh random noise key file"),
+    "worker": ("processor.stream.app", "main_worker", "run the stream processor"),
+    "replay": ("processor.stream.replay", "main_replay",
+               "audit: recompute the published topics from the timeline and compare"),
+    "demo": ("processor.devtools.demo", "main_demo",
+             "local broker + processor + bursty demo producer, private counts printed"),
+    "view": ("processor.view.server", "main_view", "live web page of the public topics"),
+    "experiment": ("processor.experiments.cli", "main_experiment",
+                   "the paper's Section 8 experiments (figures and table)"),
+    "audit": ("processor.audit_cli", "main_audit",
+              "empirical privacy audit of a mechanism on edit-neighbouring streams"),
 }
-
 
 def _count_parser() -> argparse.ArgumentParser:
     from processor.core import registry
@@ -158,25 +164,110 @@ def cmd_keygen(argv: Sequence[str], stdout: TextIO, stderr: TextIO) -> int:
     return 0
 
 
+def main_count(argv: Sequence[str]) -> int:
+    return cmd_count(argv, sys.stdin, sys.stdout, sys.stderr)
+
+
+def main_keygen(argv: Sequence[str]) -> int:
+    return cmd_keygen(argv, sys.stdout, sys.stderr)
+
+
+#: Typed errors (module.Class, matched along the exception's class hierarchy, so nothing
+#: is imported to check) and the prefix of their one line. Any other exception is named
+#: by its type: the line never carries a traceback, and never a secret (no error message
+#: of the project includes key bytes or raw input).
+_TYPED_ERRORS: dict[str, str] = {
+    "processor.stream.config.ConfigError": "configuration: ",
+    "processor.core.errors.NoiseKeyError": "noise key: ",
+    "processor.core.errors.StateFormatError": "state: ",
+    "processor.core.errors.CoreError": "",
+    "processor.core.audit.AuditError": "audit: ",
+    "processor.offline.TickSyntaxError": "",
+    "processor.stream.replay.ReplayError": "replay: ",
+    "processor.stream.app.StartError": "",
+    "cimpl.KafkaException": "Kafka: ",
+    "builtins.TimeoutError": "timed out: ",
+    "builtins.OSError": "",
+}
+
+
+class UsageError(Exception):
+    """A command line argparse refused (raised instead of argparse's usage + exit)."""
+
+    def __init__(self, prog: str, message: str) -> None:
+        super().__init__(f"{prog}: {message} (see {prog} --help)")
+
+
+def _raise_usage(self: argparse.ArgumentParser, message: str) -> NoReturn:
+    raise UsageError(self.prog, message)
+
+
+def error_line(exc: BaseException) -> str:
+    """The one `error: ...` line of an exception (the dispatcher's error policy)."""
+    if isinstance(exc, UsageError):
+        return f"error: {exc}"
+    names = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
+    text = str(exc).strip().replace("\n", " ") or type(exc).__name__
+    for name in names:
+        if name in _TYPED_ERRORS:
+            return f"error: {_TYPED_ERRORS[name]}{text}"
+    return f"error: {type(exc).__name__}: {text}"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("dp-stream-counts")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        from processor import __version__
+        return __version__
+
+
+def _help() -> str:
+    width = max(len(c) for c in _DELEGATED)
+    lines = [f"  {name:<{width}}  {entry[2] if len(entry) > 2 else ''}".rstrip()
+             for name, entry in _DELEGATED.items()]
+    return ("usage: python -m processor [--version] <command> [options]\n\n"
+            "Differentially private running counts on Kafka.\n\ncommands:\n"
+            + "\n".join(lines)
+            + "\n\n`python -m processor <command> --help` lists a command's options. "
+            "Exit codes: 0 success, 1 a negative verdict (replay: different, audit: failed), "
+            "2 an error (one `error:` line on stderr).")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Dispatch `argv` (default: sys.argv[1:]) to its subcommand under one error policy:
+    a usage error or any exception is one `error:` line on stderr and exit code 2 (usage
+    errors raise SystemExit(2), as argparse does); Ctrl-C exits 130 without a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print(__doc__)
+        print(_help(), file=sys.stdout if args else sys.stderr)
         return 0 if args else 2
+    if args[0] == "--version":
+        print(f"dp-stream-counts {_version()}")
+        return 0
     cmd, rest = args[0], args[1:]
-    try:
-        if cmd == "count":
-            return cmd_count(rest, sys.stdin, sys.stdout, sys.stderr)
-        if cmd == "keygen":
-            return cmd_keygen(rest, sys.stdout, sys.stderr)
-        if cmd in _DELEGATED:
-            module, func = _DELEGATED[cmd]
-            entry: Callable[[list[str]], int] = getattr(import_module(module), func)
-            return int(entry(rest) or 0)
-    except NoiseKeyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    entry = _DELEGATED.get(cmd)
+    if entry is None:
+        print(f"error: unknown command {cmd!r} (commands: {', '.join(_DELEGATED)}; "
+              "see python -m processor --help)", file=sys.stderr)
         return 2
+    # argparse's error() prints the usage and exits; every subcommand's parser raises
+    # UsageError instead while it runs, so a usage error is one line like any other.
+    original = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _raise_usage  # type: ignore[method-assign]
+    try:
+        func: Callable[[list[str]], int | None] = getattr(import_module(entry[0]), entry[1])
+        return int(func(rest) or 0)
+    except UsageError as exc:
+        print(error_line(exc), file=sys.stderr)
+        raise SystemExit(2) from None
     except BrokenPipeError:
         return 0
-    print(f"unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
-    return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 2
+    finally:
+        argparse.ArgumentParser.error = original  # type: ignore[method-assign]

@@ -1,9 +1,47 @@
-"""Replay, the audit: recompute the private-count stream from the timeline topic and
-compare it, record by record, with what was published.
+"""Replay, the audit: recompute the private-count and ledger streams from the timeline
+topic and compare them, record by record, with what was published.
 
-It reads the topics and runs the very code the worker runs, `commit.BatchCommit`, over
-the timeline (per partition, in offset order) on a `DictStore` with a publisher that
-only collects. No Faust import here.
+It runs the very code the worker runs, `commit.BatchCommit`, over the timeline (per
+partition, in offset order) on a `DictStore` with a publisher that only collects. No
+Faust import here. docs/replay.md is the auditor's guide; the cut below is its contract.
+
+The cut (what must have been published, on a live system or after any stop)
+--------------------------------------------------------------------------
+Replay takes three snapshots, in this order: (1) the offsets C_p the worker's consumer
+group (the app id) committed on each timeline partition p; (2) the high watermarks of
+the private-count and ledger topics (it reads them up to there); (3) the high watermarks
+E_p of the timeline (it recomputes every record below them). The order matters: the
+worker publishes a batch's records, awaits every ack, and only later commits its offset,
+so whatever C_p covers is in snapshot (2); and whatever snapshot (2) holds came from
+timeline records that exist in snapshot (3).
+
+A recomputed release of counter c at tick t, from the timeline record at (p, o), is DUE
+(it must be published, byte for byte) when
+
+  - o < C_p (its record is committed), or
+  - t <= T_c, the highest tick of c's releases in the published snapshot: one counter's
+    releases go to one partition, in tick order, each batch's after the previous batch's
+    acks, so the published releases of a counter are always a prefix of its recomputed
+    ones (a re-executed batch re-sends identical records).
+
+A recomputed ledger entry is due when its record is committed (o < C_p): ledger entries
+and releases go to different topics, whose acks are not ordered.
+
+Everything else recomputed is PENDING: not yet due (a backlog the worker has not applied,
+a marker appended during a clean shutdown and never applied, a batch cut short by a kill
+-9). Pending records are counted in the verdict, never flagged.
+
+A DIFFERENCE is any of: a due record not published ("missing"); a published record that
+replay does not recompute ("unexpected", e.g. a forged ledger entry); a published record
+whose bytes differ from the recomputed one ("different", e.g. a tampered value); one
+(counter, tick, kind) or ledger key published with two different contents
+("conflicting"); a published value that is not a release or ledger record ("malformed").
+Identical re-sends (after a crash) count once.
+
+Replay is inconclusive (ReplayError, exit 2) when the timeline no longer starts at offset
+0 (retention deleted its beginning: nothing can be recomputed from there). The private-count
+topic must be retained at least as long as the timeline: a release deleted by retention is
+missing.
 """
 
 from __future__ import annotations
@@ -11,9 +49,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
 
 import orjson
 
@@ -23,197 +62,350 @@ from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, load_noise_key, load_settings
 from processor.stream.logs import configure_logging
 from processor.stream.operator import Operator
-from processor.stream.records import Release
+from processor.stream.records import LedgerEntry, Release
 from processor.stream.state import DictStore
 
 #: Timeline records per recomputed batch (the outputs do not depend on the batching).
-REPLAY_BATCH = 500
+REPLAY_BATCH: Final = 2000
+#: How many differences a report describes (all are counted).
+DESCRIBED: Final = 5
+#: The cut in one sentence (the JSON verdict carries it; the module docstring explains it).
+CUT_DEFINITION: Final = (
+    "a recomputed release is due when its timeline record is below the worker's committed "
+    "offset or its tick is at most the highest published tick of its counter; a recomputed "
+    "ledger entry is due when its record is committed; published records must all be "
+    "recomputed, byte for byte; what is not due is pending (counted, not flagged)")
 
-ReleaseKey = tuple[str, int, str]
+#: (counter, tick, kind) of a release; (counter, creation, fingerprint) of a ledger entry.
+RecordKey = tuple[str, int | str, str]
+#: Called with (stage, done, total) while replay reads and recomputes.
+Progress = Callable[[str, int, int], None]
+
+
+class ReplayError(RuntimeError):
+    """Replay cannot reach a verdict (exit 2): the timeline no longer starts at offset 0."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One difference: which topic, which record, what is wrong."""
+
+    topic: str  # "counts" (the private-count topic) or "ledger"
+    key: RecordKey
+    problem: str  # missing, unexpected, different, conflicting, malformed
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.topic} {self.key}: {self.problem}: {self.detail}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "key": list(self.key), "problem": self.problem,
+                "detail": self.detail}
+
+
+@dataclass
+class Tally:
+    """Record counts of one public topic: recomputed (distinct keys), due, published
+    (distinct keys in the snapshot), pending (recomputed, not due, not published)."""
+
+    recomputed: int = 0
+    due: int = 0
+    published: int = 0
+    pending: int = 0
 
 
 @dataclass
 class ReplayReport:
-    """Outcome of a replay: identical, or the first difference in (counter, tick, kind) order."""
+    """The verdict: identical iff no difference; the cut per timeline partition."""
 
-    identical: bool
-    recomputed: int
-    published: int
     timeline_records: int
     duplicates_dropped: int
-    first_difference: str | None = None
-    differences: int = 0
-    #: Recomputed releases of timeline records the worker has not committed yet.
-    pending: int = 0
+    releases: Tally
+    ledger: Tally
+    #: timeline partition -> (committed offset C_p, end E_p) of the cut.
+    cut: dict[int, tuple[int, int]]
+    differences: list[Difference] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not self.differences
+
+    @property
+    def recomputed(self) -> int:
+        return self.releases.recomputed
 
     def summary(self) -> str:
+        r, g = self.releases, self.ledger
+        counts = (f"releases: {r.published} published, {r.due} due, {r.pending} pending; "
+                  f"ledger entries: {g.published} published, {g.due} due, {g.pending} pending; "
+                  f"{self.timeline_records} timeline records")
         if self.identical:
-            return (f"identical: {self.recomputed} releases recomputed from "
-                    f"{self.timeline_records} timeline records match {self.published} "
-                    f"published ({self.pending} more not yet due: timeline records the "
-                    f"worker has not committed)")
-        return (f"DIFFERENT ({self.differences} differences; recomputed {self.recomputed}, "
-                f"published {self.published}): first: {self.first_difference}")
+            return f"identical ({counts})"
+        first = "; ".join(d.describe() for d in self.differences[:DESCRIBED])
+        return f"DIFFERENT ({len(self.differences)} differences; {counts}): first: {first}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verdict": "identical" if self.identical else "different",
+            "identical": self.identical,
+            "cut": {"definition": CUT_DEFINITION,
+                    "timeline": {str(p): {"committed": c, "end": e}
+                                 for p, (c, e) in sorted(self.cut.items())}},
+            "counts": {"timeline_records": self.timeline_records,
+                       "duplicates_dropped": self.duplicates_dropped,
+                       "releases": vars(self.releases), "ledger": vars(self.ledger)},
+            "differences": {"total": len(self.differences),
+                            "first": [d.to_json() for d in self.differences[:DESCRIBED]]},
+        }
 
 
 @dataclass
 class Recomputed:
-    """Releases recomputed from a timeline: those of records below the settled offsets
-    (which must have been published) and those of later records (which may be)."""
+    """What the timeline recomputes to: releases and ledger entries of records below the
+    committed offsets (settled) and of later records (unsettled)."""
 
     settled: list[Release]
     unsettled: list[Release]
+    settled_ledger: list[LedgerEntry]
+    unsettled_ledger: list[LedgerEntry]
     records: int
     duplicates_dropped: int
 
 
+TimelinePart = Sequence[tuple[int, bytes | None]]
+
+
 def recompute_timeline(settings: Settings, key: NoiseKey,
-                       timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
+                       timeline: Mapping[int, TimelinePart],
                        settled_below: Mapping[int, int], *,
-                       operator: Operator | None = None) -> Recomputed:
-    """Run BatchCommit over each partition's records in offset order on one DictStore
-    (with `operator`, default the registry's mechanisms); the releases of records at
-    offsets >= settled_below[p] are reported apart."""
+                       operator: Operator | None = None,
+                       progress: Progress | None = None) -> Recomputed:
+    """Run BatchCommit over each partition's (offset, value) records in offset order on
+    one DictStore (with `operator`, default the registry's mechanisms); what records at
+    offsets >= settled_below[p] produce is reported apart."""
     op = operator if operator is not None else Operator(settings, key)
-    return asyncio.run(_recompute(op, timeline, settled_below))
+    return asyncio.run(_recompute(op, timeline, settled_below, progress))
 
 
-async def _recompute(operator: Operator,
-                     timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
-                     settled_below: Mapping[int, int]) -> Recomputed:
-    settled: list[Release] = []
-    unsettled: list[Release] = []
+async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
+                     settled_below: Mapping[int, int],
+                     progress: Progress | None) -> Recomputed:
+    settled = CollectingPublisher()
+    unsettled = CollectingPublisher()
+    total = sum(len(v) for v in timeline.values())
     records = dups = 0
-    commit = BatchCommit(operator, DictStore(), CollectingPublisher())
+    store = DictStore()
     for p in sorted(timeline):
-        recs = sorted(timeline[p], key=lambda r: r.offset)
+        recs = sorted(timeline[p])
         mark = settled_below.get(p, 0)
-        for part, sink in (([r for r in recs if r.offset < mark], settled),
-                           ([r for r in recs if r.offset >= mark], unsettled)):
+        split = next((i for i, (off, _v) in enumerate(recs) if off >= mark), len(recs))
+        for part, sink in ((recs[:split], settled), (recs[split:], unsettled)):
+            commit = BatchCommit(operator, store, sink)
             for i in range(0, len(part), REPLAY_BATCH):
-                batch = [(r.offset, r.value or b"") for r in part[i:i + REPLAY_BATCH]]
+                batch = [(off, v or b"") for off, v in part[i:i + REPLAY_BATCH]]
                 out = await commit.commit(p, batch)
-                sink.extend(out.releases)
                 records += len(batch)
                 dups += out.metrics["duplicates_dropped"]
-    return Recomputed(settled, unsettled, records, dups)
+                if progress is not None:
+                    progress("recomputed", records, total)
+    return Recomputed(settled.releases, unsettled.releases, settled.ledger,
+                      unsettled.ledger, records, dups)
 
 
-def _release_key(d: Mapping[str, Any]) -> ReleaseKey:
-    return (str(d.get("counter")), int(d.get("tick", -1)), str(d.get("kind")))
-
-
-def compare(recomputed: Iterable[bytes], published: Iterable[bytes],
-            pending: Iterable[bytes] = ()) -> tuple[int, str | None]:
-    """Compare two streams of release JSON records by (counter, tick, kind).
-
-    Identical re-sends of a record (after a crash) count once; two different records for
-    the same (counter, tick, kind) are a difference. `pending` are recomputed records the
-    worker may not have published yet (from timeline records it has not committed): they
-    must match if published, and may be missing. Returns (number of differences, a
-    description of the first one in key order).
-    """
-    diffs: dict[ReleaseKey, str] = {}
-    mine: dict[ReleaseKey, bytes] = {}
-    for raw in recomputed:
-        d = orjson.loads(raw)
-        k = _release_key(d)
-        if k in mine and mine[k] != raw:
-            diffs[k] = f"{k}: replay itself produced two different records"
-        mine[k] = raw
-    optional: dict[ReleaseKey, bytes] = {}
-    for raw in pending:
-        k = _release_key(orjson.loads(raw))
-        if k not in mine:
-            optional[k] = raw
-    theirs: dict[ReleaseKey, bytes] = {}
-    for raw in published:
+def _published(values: Iterable[bytes | None], topic: str, key_of: Callable[[Any], RecordKey],
+               diffs: list[Difference]) -> dict[RecordKey, bytes]:
+    """Published values by key; malformed and conflicting ones become differences."""
+    theirs: dict[RecordKey, bytes] = {}
+    conflicting: set[RecordKey] = set()
+    for raw in values:
+        if raw is None:
+            diffs.append(Difference(topic, ("", -1, ""), "malformed", "a tombstone"))
+            continue
         try:
-            d = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            diffs[("", -1, "")] = "a published record is not JSON"
+            k = key_of(orjson.loads(raw))
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, KeyError):
+            diffs.append(Difference(topic, ("", -1, ""), "malformed",
+                                    f"not a {topic} record ({len(raw)} bytes)"))
             continue
-        k = _release_key(d)
-        if k in theirs and theirs[k] != raw:
-            diffs[k] = f"{k}: published twice with different contents"
-        theirs[k] = raw
-    for k in mine.keys() | theirs.keys():
-        if k in diffs:
-            continue
-        a, b = mine.get(k), theirs.get(k)
-        if a is None and b is not None and k in optional:
-            a = optional[k]
-        if a == b:
-            continue
-        if a is None:
-            diffs[k] = f"{k}: published but not recomputed"
-        elif b is None:
-            diffs[k] = f"{k}: recomputed but not published"
-        else:
-            da, db = orjson.loads(a), orjson.loads(b)
-            fields = sorted(f for f in da.keys() | db.keys() if da.get(f) != db.get(f))
-            detail = ", ".join(f"{f}: replay={da.get(f)!r} published={db.get(f)!r}"
-                               for f in fields)
-            diffs[k] = f"{k}: {detail or 'byte encoding differs'}"
-    if not diffs:
-        return 0, None
-    first = min(diffs, key=lambda k: (k[0], k[1], k[2]))
-    return len(diffs), diffs[first]
+        seen = theirs.get(k)
+        if seen is None:
+            theirs[k] = raw
+        elif seen != raw and k not in conflicting:
+            conflicting.add(k)
+            diffs.append(Difference(topic, k, "conflicting",
+                                    "published twice with different contents"))
+    return theirs
+
+
+def _release_key(d: Any) -> RecordKey:
+    return (str(d["counter"]), int(d["tick"]), str(d["kind"]))
+
+
+def _ledger_key(d: Any) -> RecordKey:
+    return (str(d["counter"]), str(d.get("creation", "")), str(d.get("fingerprint", "")))
+
+
+def _field_detail(mine: bytes, theirs: bytes) -> str:
+    a, b = orjson.loads(mine), orjson.loads(theirs)
+    fields = sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
+    return ", ".join(f"{f}: replay={a.get(f)!r} published={b.get(f)!r}"
+                     for f in fields) or "byte encoding differs"
+
+
+def _check(topic: str, mine: Mapping[RecordKey, bytes], due: Callable[[RecordKey], bool],
+           theirs: Mapping[RecordKey, bytes], diffs: list[Difference]) -> Tally:
+    """Compare one topic: every published record recomputed byte for byte, every due
+    recomputed record published."""
+    tally = Tally(recomputed=len(mine), published=len(theirs))
+    for k, raw in theirs.items():
+        expected = mine.get(k)
+        if expected is None:
+            diffs.append(Difference(topic, k, "unexpected", "published but not recomputed"))
+        elif expected != raw:
+            diffs.append(Difference(topic, k, "different", _field_detail(expected, raw)))
+    for k in mine:
+        if due(k):
+            tally.due += 1
+            if k not in theirs:
+                diffs.append(Difference(topic, k, "missing", "due but not published"))
+        elif k not in theirs:
+            tally.pending += 1
+    return tally
+
+
+def compare(result: Recomputed, published: Iterable[bytes | None],
+            ledger: Iterable[bytes | None]) -> tuple[Tally, Tally, list[Difference]]:
+    """Compare a recomputation with the published snapshots under the cut (module doc).
+    Returns the release and ledger tallies and every difference, sorted by topic, key."""
+    diffs: list[Difference] = []
+    mine: dict[RecordKey, bytes] = {}
+    settled: set[RecordKey] = set()
+    for group, is_settled in ((result.settled, True), (result.unsettled, False)):
+        for r in group:
+            k: RecordKey = (r.counter, r.tick, r.kind)
+            raw = r.to_json()
+            if mine.setdefault(k, raw) != raw:
+                diffs.append(Difference("counts", k, "conflicting",
+                                        "replay itself produced two different records"))
+            if is_settled:
+                settled.add(k)
+    theirs = _published(published, "counts", _release_key, diffs)
+    covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
+    for c, t, _kind in theirs:
+        if isinstance(t, int) and t > covered.get(c, -1):
+            covered[c] = t
+
+    def release_due(k: RecordKey) -> bool:
+        t = k[1]
+        return k in settled or (isinstance(t, int) and t <= covered.get(k[0], -1))
+
+    releases = _check("counts", mine, release_due, theirs, diffs)
+
+    mine_ledger: dict[RecordKey, bytes] = {}
+    settled_ledger: set[RecordKey] = set()
+    for entries, is_settled in ((result.settled_ledger, True),
+                                (result.unsettled_ledger, False)):
+        for e in entries:
+            k = (e.counter, e.creation, e.fingerprint)
+            raw = e.to_json()
+            if mine_ledger.setdefault(k, raw) != raw:
+                diffs.append(Difference("ledger", k, "conflicting",
+                                        "replay itself produced two different records"))
+            if is_settled:
+                settled_ledger.add(k)
+    theirs_ledger = _published(ledger, "ledger", _ledger_key, diffs)
+    entries_tally = _check("ledger", mine_ledger, settled_ledger.__contains__, theirs_ledger,
+                           diffs)
+    diffs.sort(key=lambda d: (d.topic, str(d.key[0]), str(d.key[1]).zfill(20), str(d.key[2])))
+    return releases, entries_tally, diffs
 
 
 def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
-           through: str = "committed") -> ReplayReport:
-    """Read the timeline and private-count topics and compare record by record.
-
-    through="committed": the worker's consumer group (the app id) has committed offsets on
-    the timeline; every release of a record below them must have been published (the worker
-    publishes a batch's releases before it commits), releases of later records may still be
-    in flight. through="end": every timeline record must have been fully processed.
-    Either way, everything published must equal the recomputation.
-    """
-    if through not in ("committed", "end"):
-        raise ValueError("through must be 'committed' or 'end'")
+           progress: Progress | None = None) -> ReplayReport:
+    """Snapshot the topics in the cut's order (module docstring), recompute the timeline
+    and compare both public topics. ReplayError if the timeline was truncated."""
     conf = kafka_io.base_config(settings)
     tl_topic = kafka_io.topic_name(settings, "timeline")
-    timeline = kafka_io.read_topic(conf, tl_topic, timeout_s=timeout_s)
-    if through == "end":
-        settled = {p: 1 << 62 for p in timeline}
-    else:
-        settled = kafka_io.committed_offsets(conf, settings.app_id, tl_topic)
-    result = recompute_timeline(settings, key, timeline, settled)
-    published = [r.value for r in kafka_io.iter_topic(
-        conf, kafka_io.topic_name(settings, "counts"), timeout_s=timeout_s)
-        if r.value is not None]
-    mine = [r.to_json() for r in result.settled]
-    pending = [r.to_json() for r in result.unsettled]
-    ndiff, first = compare(mine, published, pending)
-    return ReplayReport(identical=ndiff == 0, recomputed=len(mine), published=len(published),
-                        timeline_records=result.records,
-                        duplicates_dropped=result.duplicates_dropped,
-                        first_difference=first, differences=ndiff, pending=len(pending))
+    counts_topic = kafka_io.topic_name(settings, "counts")
+    ledger_topic = kafka_io.topic_name(settings, "ledger")
+    # 1. committed offsets, 2. the public snapshot, 3. the timeline: this order is the cut.
+    committed = kafka_io.committed_offsets(conf, settings.app_id, tl_topic, timeout_s)
+    counts_marks = kafka_io.end_offsets(conf, counts_topic, timeout_s)
+    ledger_marks = kafka_io.end_offsets(conf, ledger_topic, timeout_s)
+    tl_marks = kafka_io.end_offsets(conf, tl_topic, timeout_s)
+    truncated = sorted(p for p, (lo, _hi) in tl_marks.items() if lo > 0)
+    if truncated:
+        raise ReplayError(f"the timeline topic {tl_topic!r} no longer starts at offset 0 on "
+                          f"partition(s) {truncated} (retention or a deletion): the counts "
+                          "cannot be recomputed; keep the timeline for the audit window")
+    total = sum(hi for _lo, hi in tl_marks.values())
+
+    def read_progress(n: int) -> None:
+        if progress is not None:
+            progress("read", n, total)
+
+    timeline = kafka_io.read_values(conf, tl_topic, tl_marks, timeout_s=timeout_s,
+                                    progress=read_progress)
+    result = recompute_timeline(settings, key, timeline, committed, progress=progress)
+    published = kafka_io.read_values(conf, counts_topic, counts_marks, timeout_s=timeout_s)
+    ledger = kafka_io.read_values(conf, ledger_topic, ledger_marks, timeout_s=timeout_s)
+    releases, entries, diffs = compare(
+        result, (v for recs in published.values() for _o, v in recs),
+        (v for recs in ledger.values() for _o, v in recs))
+    cut = {p: (committed.get(p, 0), hi) for p, (_lo, hi) in tl_marks.items()}
+    return ReplayReport(result.records, result.duplicates_dropped, releases, entries, cut,
+                        diffs)
 
 
-def main_replay(argv: Sequence[str] | None = None) -> int:
-    """`python -m processor replay --config F [--key-file K]`: 0 identical, 1 different."""
+class _StderrProgress:
+    """Progress lines on stderr, at most one every `every_s` seconds."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        self._every = every_s
+        self._next = time.monotonic() + every_s
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self._every
+        what = "timeline records read" if stage == "read" else "timeline records recomputed"
+        print(f"replay: {done}/{total} {what}", file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m processor replay",
-        description="Recompute the private counts from the timeline topic and compare them "
-        "with the published private-count topic.")
+        description="Recompute the private counts and ledger entries from the timeline "
+        "topic and compare them with the published topics, through the cut defined in "
+        "docs/replay.md (safe on a running worker and after any stop). Exit 0: identical; "
+        "1: different; 2: no verdict (an error).")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (default: the configured one)")
     p.add_argument("--key-format", choices=KEY_FORMATS,
                    help="how the key file is read (default: noise_key_format, hex)")
-    p.add_argument("--through", choices=("committed", "end"), default="committed",
-                   help="require releases for the timeline up to the worker's committed "
-                   "offsets (default) or up to its end (a stopped, fully caught-up worker)")
-    args = p.parse_args(list(argv) if argv is not None else None)
+    p.add_argument("--json", action="store_true",
+                   help="print the verdict as one JSON object (verdict, cut, counts, the "
+                   "first differences) instead of a line of text")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds to wait for the brokers and for each topic read "
+                   "(default 120)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress lines on stderr (by default one every 2 s)")
+    return p
+
+
+def main_replay(argv: Sequence[str] | None = None) -> int:
+    """`python -m processor replay --config F [--key-file K] [--json]`: exit 0 identical,
+    1 different; errors propagate to the dispatcher's error policy (one line, exit 2)."""
+    args = _parser().parse_args(list(argv) if argv is not None else None)
     configure_logging("warning")  # the client loggers' floors (logs.py)
-    try:
-        settings = load_settings(args.config)
-        key = load_noise_key(settings, args.key_file, args.key_format)
-        report = replay(settings, key, through=args.through)
-    except Exception as exc:  # the CLI reports any failure as a message, not a traceback
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
-    print(report.summary())
+    settings = load_settings(args.config)
+    key = load_noise_key(settings, args.key_file, args.key_format)
+    report = replay(settings, key, timeout_s=args.timeout,
+                    progress=None if args.quiet else _StderrProgress())
+    if args.json:
+        print(orjson.dumps(report.to_json()).decode())
+    else:
+        print(report.summary())
     return 0 if report.identical else 1
