@@ -4,7 +4,10 @@
 #   2. installs the project and its dev tools into it (pip install -e '.[dev]'), again only
 #      when pyproject.toml changed since the last install or the install looks broken;
 #   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
-#      deploy/.cache/kafka-libs).
+#      deploy/.cache/kafka-libs);
+#   4. installs Debian's chromium and chromium-driver (the headless browser of the live
+#      view's tests, tests/view) when they are missing and apt-get is there (as root or
+#      with sudo; SETUP_BROWSER=0 skips it). Without them those tests skip (fail in CI).
 # Needs: python3.11, java (17) and mvn on PATH. Extra arguments go to the Maven fetch, e.g.
 #   bash deploy/setup.sh -Dmaven.repo.local=/tmp/m2
 # Environment: PYTHON (default python3.11), FORCE_SETUP=1 reinstalls the Python packages.
@@ -37,4 +40,21 @@ else
 fi
 
 .venv/bin/python deploy/kafka.py fetch "$@"
+
+if [ "${SETUP_BROWSER:-1}" != 0 ] \
+    && { ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; }; then
+    as_root=""
+    [ "$(id -u)" = 0 ] || as_root="$(command -v sudo || true)"
+    if ! command -v apt-get >/dev/null 2>&1 || { [ "$(id -u)" != 0 ] && [ -z "$as_root" ]; }; then
+        echo "setup: chromium/chromedriver missing and no apt-get as root here: install a" \
+             "headless Chromium and its chromedriver yourself, or the browser tests of" \
+             "tests/view skip (and fail in CI)" >&2
+    else
+        echo "setup: installing chromium and chromium-driver (the live view's browser tests)"
+        if ! { $as_root apt-get update -qq \
+               && $as_root apt-get install -y -qq --no-install-recommends chromium chromium-driver; }; then
+            echo "setup: installing chromium failed; the browser tests of tests/view will skip" >&2
+        fi
+    fi
+fi
 echo "setup: done in $((SECONDS - started))s"

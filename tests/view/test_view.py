@@ -1,0 +1,198 @@
+"""The live view (`python -m processor view`) in a real headless browser, on the real broker.
+
+The page loads, shows every declared counter before any release, plots the releases
+already on the topic, and a release produced while the page is open appears without a
+reload (the DOM is polled with a deadline; a marker set on the page's `window` at load
+proves no reload happened). In demo mode the demo's overlay file (true count, dead letters)
+shows too. No worker runs: the records are the processor's own `Release` and `LedgerEntry`
+types produced straight to the public topics, which is all the view reads.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from processor.stream import kafka_io
+from processor.stream.config import ConfigError
+from processor.stream.records import LedgerEntry, Release
+from processor.view.feed import FeedLog, PublicFeed
+from processor.view.overlay import OverlayFile, write_overlay
+from processor.view.server import ViewServer
+
+ROOT = Path(__file__).resolve().parents[2]
+TICK_MS = 1000
+START_MS = 1_700_000_000_000  # a tick boundary
+
+
+def _release(counter: str, tick: int, value: float, kind: str = "change") -> bytes:
+    return Release(counter=counter, tick=tick, tick_start_ms=START_MS + (tick - 1) * TICK_MS,
+                   tick_ms=TICK_MS, value=value, kind=kind,  # type: ignore[arg-type]
+                   mechanism="ecc", epsilon=1.0, delta=1e-6, error_bound=40.0, beta=0.05,
+                   fingerprint="f" * 64).to_json()
+
+
+def _wait(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    """Poll `check` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def view_process(deployment_factory: Callable[..., Any], tmp_path: Path
+                 ) -> Iterator[tuple[Any, str, Path]]:
+    """(deployment, URL, overlay path): topics created, `python -m processor view` running
+    on them in demo mode; the process is always stopped (SIGTERM, then SIGKILL)."""
+    deployment = deployment_factory({"signups": START_MS, "purchases": START_MS},
+                                    name="view", tick_ms=TICK_MS)
+    overlay = tmp_path / "demo-overlay.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "processor", "view", "--config", str(deployment.config),
+         "--port", "0", "--poll-ms", "200", "--demo-file", str(overlay)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        assert proc.stdout is not None
+        lines: list[str] = []
+
+        def url_line() -> str | None:
+            ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+            if ready:
+                line = proc.stdout.readline().decode(errors="replace")  # type: ignore[union-attr]
+                lines.append(line)
+                if line.startswith("view: "):
+                    return line.split()[1]
+            assert proc.poll() is None, f"view exited {proc.returncode}: {''.join(lines)}"
+            return None
+
+        url = _wait("the view to print its URL", url_line)
+        yield deployment, url, overlay
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+    assert proc.returncode == 0, "the view did not exit cleanly on SIGTERM"
+
+
+def test_page_shows_counters_and_a_new_release_without_reload(
+        view_process: tuple[Any, str, Path], browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    deployment, url, overlay = view_process
+    conf, topics = deployment.conf, deployment.topics
+    kafka_io.produce_all(conf, topics.ledger, [
+        (b"signups", LedgerEntry("signups", "ecc", 1.0, 1e-6, TICK_MS, START_MS).to_json())])
+    kafka_io.produce_all(conf, topics.counts, [
+        (b"signups", _release("signups", t, 10.0 * t)) for t in (1, 2, 3)])
+
+    browser.get(url)
+    browser.execute_script("window.__loadedOnce = true;")
+
+    def section(name: str) -> Any:
+        found = browser.find_elements(By.CSS_SELECTOR, f'section.counter[data-counter="{name}"]')
+        return found[0] if found else None
+
+    # Both declared counters, the one without a release included.
+    _wait("both declared counters", lambda: section("signups") and section("purchases"))
+    _wait("the three releases already on the topic",
+          lambda: section("signups").get_attribute("data-releases") == "3")
+    _wait("the ledger entry", lambda: browser.find_elements(
+        By.CSS_SELECTOR, '#ledger tbody tr[data-counter="signups"]'))
+    assert "no release yet" in section("purchases").text
+    # The band and the line are drawn.
+    assert len(section("signups").find_elements(By.CSS_SELECTOR, "svg path")) >= 2
+
+    # A new release while the page is open.
+    kafka_io.produce_all(conf, topics.counts, [(b"purchases", _release("purchases", 7, 123.5))])
+    _wait("the new release on the page",
+          lambda: section("purchases").get_attribute("data-last-tick") == "7")
+    assert "123.50" in section("purchases").text
+    rows = browser.find_elements(By.CSS_SELECTOR, '#releases tbody tr[data-counter="purchases"]')
+    assert rows and rows[0].get_attribute("data-tick") == "7"
+    cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
+    assert cells[1:7] == ["purchases", "7", "change", "123.50", "40.0", "0.05"], cells
+    assert cells[0].count(":") == 2, cells  # the wall-clock column, HH:MM:SS
+
+    # Demo mode: the demo's overlay file (its own true count, dead letters by reason).
+    write_overlay(overlay, {"truth": {"signups": [[1, 9], [3, 31]]},
+                            "start_ms": {"signups": START_MS}, "tick_ms": TICK_MS,
+                            "dead_letters": {"unparsable": 4, "bad_timestamp": 1}})
+    _wait("the dead letters of the overlay", lambda: browser.find_elements(
+        By.CSS_SELECTOR, '#deadletters tbody tr[data-reason="unparsable"]'))
+    assert browser.find_element(By.CSS_SELECTOR, '#deadletters tr[data-reason="unparsable"]'
+                                ).text.split() == ["unparsable", "4"]
+    _wait("the true count line", lambda: section("signups").find_elements(
+        By.CSS_SELECTOR, 'path[stroke="#d9480f"]'))
+    legend = browser.find_element(By.ID, "legend").text
+    for word in ("kind", "beta", "bound", "heartbeat"):
+        assert word in legend
+    assert browser.execute_script("return window.__loadedOnce === true;"), "page reloaded"
+
+
+def test_feed_reads_only_the_public_topics() -> None:
+    for role in ("input", "timeline", "deadletter"):
+        with pytest.raises(ValueError, match="public topics only"):
+            PublicFeed({}, {"counts": "c", role: "x"})  # type: ignore[dict-item]
+    PublicFeed({}, {"counts": "c", "ledger": "l"})  # the control: accepted
+
+
+def test_feed_log_skips_foreign_records_and_pages_by_sequence() -> None:
+    log = FeedLog(cap=4)
+    for t in range(1, 7):
+        log.add("counts", _release("a", t, float(t)))
+    log.add("counts", b"not json")
+    log.add("counts", b'{"counter": "a", "tick": "7"}')
+    log.add("ledger", b'{"counter": "a"}')  # no mechanism: not a ledger entry
+    page = log.since(0, 0)
+    # cap 4: the oldest half went when the fifth arrived; numbering continues.
+    assert [r["tick"] for r in page["releases"]] == [3, 4, 5, 6]
+    assert page["releases_next"] == 6 and page["unreadable"] == 3
+    assert [r["tick"] for r in log.since(5, 0)["releases"]] == [6]
+    assert log.since(6, 0)["releases"] == [] and page["ledger"] == []
+
+
+def test_overlay_file_versions(tmp_path: Path) -> None:
+    path = tmp_path / "o.json"
+    reader = OverlayFile(path)
+    assert reader.read() == (0, None)
+    write_overlay(path, {"dead_letters": {"x": 1}})
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    v1, data = reader.read()
+    assert v1 == 1 and data == {"dead_letters": {"x": 1}}
+    assert reader.read()[0] == 1  # unchanged file, same version
+    write_overlay(path, {"dead_letters": {"x": 22}})
+    assert reader.read() == (2, {"dead_letters": {"x": 22}})
+
+
+def test_demo_overlay_only_on_loopback() -> None:
+    from processor.stream.config import Settings
+
+    with pytest.raises(ConfigError, match="loopback"):
+        ViewServer(Settings(), host="0.0.0.0", demo_file="/tmp/x.json")
+    ViewServer(Settings(), host="0.0.0.0")  # the control: public data on any interface
+
+
+def test_cli_bad_config_is_one_error_line(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "processor", "view", "--config",
+                          str(tmp_path / "missing.toml")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
