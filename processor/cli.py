@@ -64,6 +64,9 @@ def _count_parser() -> argparse.ArgumentParser:
                    help="the counter identity the noise stream is keyed by (default: offline)")
     p.add_argument("--horizon", type=int, help="stream length T (partitioncc needs it)")
     p.add_argument("--base", choices=("tree", "sqrt"), help="basecc's bounded counter")
+    p.add_argument("--calibration", choices=("paper", "tight"),
+                   help="ecc/simecc: the paper's constants (default) or the tight analysis "
+                        "(docs/tight-calibration.md)")
     return p
 
 
@@ -80,6 +83,8 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
             params["horizon"] = args.horizon
         if args.base is not None:
             params["base"] = args.base
+        if args.calibration is not None:
+            params["calibration"] = args.calibration
         counter = registry.make(args.mechanism, args.epsilon, args.delta, key, args.counter_id,
                                 **params)
     except (CoreError, TypeError) as exc:

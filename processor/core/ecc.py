@@ -16,6 +16,7 @@ from processor.core.rng import NoiseKey
 from processor.core.schedule import SchedList
 from processor.core.state import pack, unpack
 from processor.core.svt import svt_scales, svt_threshold
+from processor.core.tight import CALIBRATIONS, check_calibration, tight_plan
 
 
 @dataclass(frozen=True)
@@ -47,18 +48,28 @@ def _cc_constants(eps: float, delta: float) -> tuple[float, float, float, float]
     return 4.0 * eps / 27.0, shrink / 16.0, 4.0 * eps / 27.0, shrink / 8.0
 
 
-def ecc_parameters(eps: float, delta: float) -> EccParams:
+def ecc_parameters(eps: float, delta: float, calibration: str = "paper") -> EccParams:
     """Part with (eps/51, 1 + 408 ln(pi^2/(2 delta))/eps); CC with (4eps/27,
-    e^{-19eps/27} delta/16); BCC with (4eps/27, e^{-19eps/27} delta/8)."""
+    e^{-19eps/27} delta/16); BCC with (4eps/27, e^{-19eps/27} delta/8).
+    calibration="tight": the parameters of processor.core.tight instead."""
     check_eps_delta(eps, delta)
+    if check_calibration(calibration) == "tight":
+        t = tight_plan("ecc", eps, delta)
+        return EccParams(t.eps_part, t.part_param, t.cc_eps, t.cc_delta, t.bcc_eps,
+                         t.bcc_delta)
     cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
     tau = 1.0 + 408.0 * math.log(math.pi**2 / (2.0 * delta)) / eps
     return EccParams(eps / 51.0, tau, cc_eps, cc_delta, bcc_eps, bcc_delta)
 
 
-def simecc_parameters(eps: float, delta: float) -> SimEccParams:
-    """SimPart with (eps/51, mu = 3 + ceil(102 ln(2 pi^2/(3 delta))/eps)); CC, BCC as ECC."""
+def simecc_parameters(eps: float, delta: float, calibration: str = "paper") -> SimEccParams:
+    """SimPart with (eps/51, mu = 3 + ceil(102 ln(2 pi^2/(3 delta))/eps)); CC, BCC as ECC.
+    calibration="tight": the parameters of processor.core.tight instead."""
     check_eps_delta(eps, delta)
+    if check_calibration(calibration) == "tight":
+        t = tight_plan("simecc", eps, delta)
+        return SimEccParams(t.eps_part, int(t.part_param), t.cc_eps, t.cc_delta, t.bcc_eps,
+                            t.bcc_delta)
     cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
     mu = 3 + math.ceil(102.0 * math.log(2.0 * math.pi**2 / (3.0 * delta)) / eps)
     return SimEccParams(eps / 51.0, mu, cc_eps, cc_delta, bcc_eps, bcc_delta)
@@ -76,7 +87,8 @@ def _dlap_bound(scale_units: int, beta: float) -> float:
     return (scale_units * math.log(2.0 / beta) + 1) / UNIT
 
 
-def ecc_part_term(eps: float, delta: float, beta: float, t: int) -> float:
+def ecc_part_term(eps: float, delta: float, beta: float, t: int,
+                  calibration: str = "paper") -> float:
     """The Part term of Theorem 4.3 with explicit constants (events), failure beta.
 
     In the proof (case 2), the SVT running at some tick t' <= t returned ⊥ there, so its
@@ -87,7 +99,7 @@ def ecc_part_term(eps: float, delta: float, beta: float, t: int) -> float:
     the discrete Laplace tail bounds at the actual (rounded-up) scales, plus one unit for
     the floored threshold.
     """
-    p = ecc_parameters(eps, delta)
+    p = ecc_parameters(eps, delta, calibration)
     t0, t1 = svt_scales(p.eps_part)
     l = t + 1  # noqa: E741
     beta_l = 6.0 * beta / (math.pi**2 * l * l)
@@ -97,12 +109,13 @@ def ecc_part_term(eps: float, delta: float, beta: float, t: int) -> float:
             + 1.0 / UNIT)
 
 
-def simecc_gap_bound(eps: float, delta: float, beta: float, t: int) -> int:
+def simecc_gap_bound(eps: float, delta: float, beta: float, t: int,
+                     calibration: str = "paper") -> int:
     """B_{t+1} of Lemma 6.4 with explicit constants (ticks): with probability >= 1 - beta,
     every SimPart gap with index l <= t + 1 is at most mu + ceil(4 ln(l)/eps_p) + k_l, where
     P(Z > k_l) <= beta_l = 6 beta / (pi^2 l^2) for Z ~ DLap at the rounded-up scale b:
     P(Z > k) <= e^{-(k+1)/b}, so k_l = ceil(b ln(1/beta_l)) - 1."""
-    p = simecc_parameters(eps, delta)
+    p = simecc_parameters(eps, delta, calibration)
     ts, ss = simpart_scale(p.eps_part)
     l = t + 1  # noqa: E741
     beta_l = 6.0 * beta / (math.pi**2 * l * l)
@@ -125,15 +138,18 @@ class _EccBase(Counter):
     state_version: ClassVar[int] = 1
 
     def __init__(self, eps: float, delta: float, key: NoiseKey, counter_id: str = "",
-                 **params: Any) -> None:
+                 calibration: str = "paper", **params: Any) -> None:
         if params:
             raise InvalidParameterError(f"unknown parameters {sorted(params)}")
         if not isinstance(counter_id, str):
             raise InvalidParameterError("counter_id must be a string")
-        self._setup(eps, delta, key, counter_id, None)
+        self._setup(eps, delta, key, counter_id, None, check_calibration(calibration))
 
     def _setup(self, eps: float, delta: float, key: NoiseKey, counter_id: str,
-               st: dict[str, Any] | None) -> None:
+               st: dict[str, Any] | None, calibration: str = "paper") -> None:
+        #: "paper" or "tight" (processor.core.tight): which analysis sets CC, BCC and the
+        #: partition; stored in the state only when "tight" (older states are "paper").
+        self.calibration = calibration
         cc_eps, cc_delta, bcc_eps, bcc_delta = self._constants(eps, delta)
         self.eps = float(eps)
         self.delta = float(delta)
@@ -236,12 +252,15 @@ class _EccBase(Counter):
             self._t += k
 
     def to_bytes(self) -> bytes:
-        return pack(self.mechanism, self.state_version, {
+        st: dict[str, Any] = {
             "eps": self.eps, "delta": self.delta, "id": self.counter_id,
             "t": self._t, "y": self._y, "tp": self._tprev, "s": self._intsum,
             "sched": self._sched.to_state(), "part": self._part.to_state(),
             "cc": self._cc.to_state(), "bcc": self._bcc.to_state(),
-        })
+        }
+        if self.calibration != "paper":
+            st["cal"] = self.calibration
+        return pack(self.mechanism, self.state_version, st)
 
     @classmethod
     def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:
@@ -250,8 +269,11 @@ class _EccBase(Counter):
             eps, delta, cid = float(st["eps"]), float(st["delta"]), st["id"]
             if not isinstance(cid, str):
                 raise StateFormatError("counter id is not a string")
+            cal = st.get("cal", "paper")
+            if cal not in CALIBRATIONS:
+                raise StateFormatError("unknown calibration in the state")
             obj = cls.__new__(cls)
-            obj._setup(eps, delta, key, cid, st)
+            obj._setup(eps, delta, key, cid, st, cal)
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, StateFormatError):
                 raise
@@ -289,7 +311,7 @@ class ECC(_EccBase):
     state_version: ClassVar[int] = 3
 
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = ecc_parameters(eps, delta)
+        p = ecc_parameters(eps, delta, self.calibration)
         self._params = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 
@@ -297,7 +319,7 @@ class ECC(_EccBase):
         return Part(self._params.eps_part, self._params.tau, key, label, st)
 
     def _part_bound(self, beta: float) -> float:
-        return ecc_part_term(self.eps, self.delta, beta, self._t)
+        return ecc_part_term(self.eps, self.delta, beta, self._t, self.calibration)
 
 
 class SimECC(_EccBase):
@@ -306,7 +328,7 @@ class SimECC(_EccBase):
     mechanism: ClassVar[str] = "simecc"
 
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = simecc_parameters(eps, delta)
+        p = simecc_parameters(eps, delta, self.calibration)
         self._sparams = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 
@@ -314,4 +336,4 @@ class SimECC(_EccBase):
         return SimPart(self._sparams.eps_part, self._sparams.mu, key, label, st)
 
     def _part_bound(self, beta: float) -> float:
-        return float(simecc_gap_bound(self.eps, self.delta, beta, self._t))
+        return float(simecc_gap_bound(self.eps, self.delta, beta, self._t, self.calibration))
