@@ -1,32 +1,52 @@
 """The demo (`python -m processor demo`, `bash deploy/demo.sh`): a local broker, the worker,
-a bursty producer and the private counts printed as they are released, next to the true
-count.
+a bursty producer, the live view (`python -m processor view`), and the private counts
+printed as they are released, next to the true count.
 
 The true count is computed HERE, by the demo, from the events the demo itself produced
-(demo mode only): the processor never computes or publishes a true count. The deployment
-(topics, app id, key, state dir, config, worker process) comes from
-`processor.devtools.deployment`, as for the tests and the benchmarks.
+(demo mode only): the processor never computes or publishes a true count. The demo hands
+it, with the dead-letter counts by reason, to the view through a local 0600 file
+(`processor.view.overlay`), never through a topic. The deployment (topics, app id, key,
+state dir, config, worker process) comes from `processor.devtools.deployment`, as for the
+tests and the benchmarks.
+
+Lifecycle: without `--bootstrap` the demo uses the local broker of `python deploy/kafka.py
+start` (starting one if none runs); it outlives the demo. Ctrl-C (or SIGTERM) ends the
+demo's own clean way: producing stops, the worker and the view stop, a summary prints,
+exit 0. At exit the topics and the run directory (config, key, logs) are KEPT, and the
+demo prints how to look at them again, audit them (`replay`) and delete them
+(`python -m processor demo --delete RUN_DIR`); `--cleanup` deletes them at exit instead.
+librdkafka's log lines of the demo's own clients go through Python logging into the run
+directory (`demo-clients.log`), never into the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import math
 import os
+import select
+import shutil
+import signal
+import subprocess
 import sys
 import time
-from collections import deque
-from collections.abc import Generator, Sequence
+from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
+from confluent_kafka import Consumer, TopicPartition
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.devtools.deployment import Deployment, isolated_deployment
-from processor.devtools.local_kafka import LocalKafka
+from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
 from processor.stream import kafka_io
 from processor.stream.config import STREAM_MECHANISMS
+from processor.view.overlay import write_overlay
 
 # --- demo traffic -----------------------------------------------------------------------
 
@@ -131,126 +151,415 @@ class QueueTruth:
     def at(self, local_tick: int) -> int | None:
         return self.s.get(local_tick)
 
+    def steps(self) -> list[list[int]]:
+        """[[tick, true count], ...] at the ticks where the count changed (and the last)."""
+        out: list[list[int]] = []
+        ticks = sorted(self.s)
+        for i, t in enumerate(ticks):
+            v = self.s[t]
+            if not out or out[-1][1] != v or i == len(ticks) - 1:
+                out.append([t, v])
+        return out
 
-def _tail_counts(conf: dict[str, str], topic: str
-                 ) -> Generator[list[dict[str, Any]], None, None]:
-    """Yield batches of decoded release records as they arrive (from the beginning)."""
-    from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({**conf, "group.id": f"dpc-demo-{os.getpid()}", "enable.auto.commit": "false",
-                  "auto.offset.reset": "earliest"})
+# --- where the demo runs ------------------------------------------------------------------
+
+#: Kept runs go here by default (git-ignored, next to the broker jars).
+RUNS_DIR = ROOT / "deploy" / ".cache" / "demo-runs"
+KAFKA_CLI = ROOT / "deploy" / "kafka.py"
+#: The demo's app ids start with this; `--delete` refuses a run directory without it.
+APP_PREFIX = "dpc-demo-app-"
+
+LEGEND = ("legend: private = the published noisy count · ± bound: |private − true| ≤ bound "
+          "with probability ≥ 1 − beta (beta {beta}), a worst case, usually far from reached "
+          "· kind: change = the value moved, heartbeat = unchanged, re-sent on schedule "
+          "· true = the demo's own count, never published")
+
+
+class _ClientLogs(logging.Handler):
+    """Keeps the demo's Kafka client log lines (librdkafka, through Python logging) out of
+    the table: counted, kept, and written to the run directory at the end."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.lines) < 10_000:
+            self.lines.append(self.format(record))
+
+    def save(self, path: Path) -> Path | None:
+        if not self.lines:
+            return None
+        path.write_text("\n".join(self.lines) + "\n", encoding="utf-8")
+        return path
+
+
+def _client_logger(handler: _ClientLogs) -> logging.Logger:
+    logger = logging.getLogger("confluent_kafka.demo")
+    logger.handlers[:] = [handler]
+    logger.propagate = False
+    logger.setLevel(logging.INFO)  # the client families' floor (processor/stream/logs.py)
+    return logger
+
+
+def _local_broker() -> tuple[str, bool]:
+    """The bootstrap servers of the `deploy/kafka.py start` broker, starting it if none
+    runs; and whether this call started it. It is detached (its own session): Ctrl-C in
+    the demo's terminal spares it, and it outlives the demo with the topics."""
+    state = _read_broker_state()
+    if state is not None:
+        return state, False
+    print("starting a local Kafka broker in the background (python deploy/kafka.py start; "
+          "the first run downloads it with Maven)...", flush=True)
+    out = subprocess.run([sys.executable, str(KAFKA_CLI), "start"], stdout=subprocess.PIPE,
+                         stdin=subprocess.DEVNULL, text=True, check=False)
+    if out.returncode != 0 or not out.stdout.strip():
+        raise RuntimeError(f"could not start a local Kafka broker (exit {out.returncode})")
+    return out.stdout.strip().splitlines()[-1], True
+
+
+def _read_broker_state() -> str | None:
+    """The bootstrap servers of a running `deploy/kafka.py start` broker, or None."""
+    from processor.devtools.local_kafka import DEFAULT_STATE_FILE, LocalKafka
+
     try:
-        md = c.list_topics(topic, timeout=30)
-        c.assign([TopicPartition(topic, p, -2) for p in md.topics[topic].partitions])
-        while True:
-            batch: list[Any] = c.consume(num_messages=500, timeout=0.2)
-            yield [orjson.loads(m.value()) for m in batch if m.error() is None and m.value()]
-    finally:
-        c.close()
+        state = json.loads(DEFAULT_STATE_FILE.read_text(encoding="utf-8"))
+        kafka = LocalKafka.attach(state)
+        if all(kafka.is_alive(i) for i in range(kafka.nodes)):
+            return str(state["bootstrap_servers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
 
+
+# --- the live view, as a child process ---------------------------------------------------
+
+def _start_view(config: Path, overlay: Path, port: int, log: Path
+                ) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m processor view` on the public topics with the demo's overlay; its own
+    session, so the terminal's Ctrl-C reaches the demo, which stops it. (process, URL)."""
+    for attempt_port in dict.fromkeys((port, 0)):  # the asked port, else any free one
+        with open(log, "ab") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "processor", "view", "--config", str(config),
+                 "--port", str(attempt_port), "--demo-file", str(overlay),
+                 "--poll-ms", "500"],
+                stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd=str(ROOT),
+                start_new_session=True)
+        url = _read_url(proc, 30.0)
+        if url is not None:
+            return proc, url
+        _stop_process(proc)
+    raise RuntimeError(f"the live view did not start (log: {log})")
+
+
+def _read_url(proc: subprocess.Popen[bytes], timeout_s: float) -> str | None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline().decode(errors="replace")
+            if line.startswith("view: "):
+                return line.split()[1]
+            if not line:
+                return None
+    return None
+
+
+def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5.0)
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+# --- the command ---------------------------------------------------------------------------
 
 def main_demo(argv: Sequence[str] | None = None) -> int:
-    """`python -m processor demo [--seconds 60] [--tick-ms 1000] [--mechanism ecc]`."""
+    """`python -m processor demo [--seconds 60] [--tick-ms 250] [--mechanism ecc] ...`."""
     p = argparse.ArgumentParser(
         prog="python -m processor demo",
-        description="Local broker + processor + bursty demo producer; prints the private "
-        "counts as they are released with the demo's own true count beside them.")
+        description="Local broker + processor + bursty demo producer + live view; prints the "
+        "private counts as they are released with the demo's own true count beside them. "
+        "Ctrl-C stops it cleanly; the topics and the run directory are kept for replay.")
     p.add_argument("--seconds", type=float, default=60.0, help="how long to produce (s)")
     # The queue lets at most one event through per tick, so a one-minute demo counts at
     # most a few hundred events; a short tick and a large epsilon make the private count
     # visibly move within that minute. Production settings come from the config file.
-    p.add_argument("--tick-ms", type=int, default=250)
-    p.add_argument("--lateness-ms", type=int, default=1000)
-    p.add_argument("--mechanism", choices=STREAM_MECHANISMS, default="ecc")
-    p.add_argument("--epsilon", type=float, default=400.0)
-    p.add_argument("--delta", type=float, default=1e-6)
+    p.add_argument("--tick-ms", type=int, default=250, help="tick length (ms, default 250)")
+    p.add_argument("--lateness-ms", type=int, default=1000,
+                   help="allowed lateness before a tick is sealed (ms, default 1000)")
+    p.add_argument("--mechanism", choices=STREAM_MECHANISMS, default="ecc",
+                   help="the private counter (default ecc)")
+    p.add_argument("--epsilon", type=float, default=400.0,
+                   help="privacy parameter eps per event (default 400: a visible demo, not "
+                   "a production setting)")
+    p.add_argument("--delta", type=float, default=1e-6, help="privacy parameter delta")
     p.add_argument("--seed", type=int, default=7, help="seed of the demo traffic (not noise)")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
-                   help="use this broker instead of starting a local one")
+                   help="use this broker (default: $KAFKA_BOOTSTRAP_SERVERS, else the local "
+                   "broker of `python deploy/kafka.py start`, started if none runs)")
+    p.add_argument("--view-port", type=int, default=8080,
+                   help="port of the live view on 127.0.0.1 (default 8080, any free port if "
+                   "taken; 0: any free port)")
+    p.add_argument("--no-view", action="store_true", help="do not start the live view")
+    p.add_argument("--runs-dir", default=str(RUNS_DIR),
+                   help="where each run's directory (config, key, logs) is kept")
+    p.add_argument("--cleanup", action="store_true",
+                   help="at exit delete the topics and the run directory, and stop a broker "
+                   "the demo started (default: keep them to consume and audit)")
+    p.add_argument("--delete", metavar="RUN_DIR",
+                   help="delete a kept run (its topics and directory) and exit")
     args = p.parse_args(list(argv) if argv is not None else None)
+    if args.delete:
+        return delete_run(Path(args.delete))
 
-    kafka: LocalKafka | None = None
+    started_broker = False
     bootstrap = args.bootstrap
     if not bootstrap:
-        print("starting a local Kafka broker (first run downloads it with Maven)...",
-              flush=True)
-        kafka = LocalKafka(1).start()
-        bootstrap = kafka.bootstrap_servers
-    try:
-        return _run_demo(args, bootstrap)
-    except KeyboardInterrupt:
-        print("interrupted", flush=True)
-        return 130
-    finally:
-        if kafka is not None:
-            kafka.stop()
-
-
-def _run_demo(args: argparse.Namespace, bootstrap: str) -> int:
+        bootstrap, started_broker = _local_broker()
+    runs = Path(args.runs_dir)
+    runs.mkdir(parents=True, exist_ok=True)
     tick = int(args.tick_ms)
-    now = int(time.time() * 1000)
-    start_ms = (now // tick) * tick
+    start_ms = (int(time.time() * 1000) // tick) * tick
     plan = TrafficPlan()
-    with isolated_deployment(
-            bootstrap, dict.fromkeys(plan.counters, start_ms), name="dpc-demo", partitions=2,
-            tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
-            mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
-            heartbeat_ticks=20) as deployment:
-        return _produce_and_show(args, plan, deployment, start_ms)
+    deployment = isolated_deployment(
+        bootstrap, dict.fromkeys(plan.counters, start_ms), parent=runs, name="dpc-demo",
+        partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
+        mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
+        heartbeat_ticks=20)
+    with deployment:
+        code = _Run(args, plan, deployment, start_ms).run()
+    if args.cleanup:
+        delete_run(deployment.directory)
+        if started_broker:
+            subprocess.run([sys.executable, str(KAFKA_CLI), "stop"], check=False)
+    else:
+        _print_kept(deployment, started_broker or not args.bootstrap)
+    return code
 
 
-def _produce_and_show(args: argparse.Namespace, plan: TrafficPlan, deployment: Deployment,
-                      start_ms: int) -> int:
-    settings, conf = deployment.settings, deployment.conf
-    tick = settings.tick_ms
-    records = plan.plan(args.seconds, args.seed, late_ms=3 * tick + settings.lateness_ms)
-    truth = {c: QueueTruth(tick, start_ms // tick) for c in plan.counters}
-    worker = deployment.worker.start()
-    producer = kafka_io.make_producer(conf)
-    print(f"worker started; producing {sum(r.valid for r in records)} events and "
-          f"{sum(not r.valid for r in records)} bad records over {args.seconds:.0f}s "
-          f"({settings.mechanism}, eps={settings.epsilon}, delta={settings.delta}, "
-          f"tick {tick} ms)", flush=True)
-    print(f"{'counter':<10} {'tick':>5} {'kind':<9} {'private':>9} {'± bound':>9} "
-          f"{'true':>6}", flush=True)
-    t0 = time.monotonic()
-    base_ms = int(time.time() * 1000)
-    i = 0
-    end_at = args.seconds + (settings.lateness_ms + 4 * tick) / 1000.0
-    tail = _tail_counts(conf, settings.topics.counts)
-    try:
-        while time.monotonic() - t0 < end_at:
-            elapsed = time.monotonic() - t0
-            while i < len(records) and records[i].at_s <= elapsed:
-                r = records[i]
-                i += 1
-                if r.valid and r.counter is not None:
-                    ts = base_ms + int(r.at_s * 1000) - r.late_by_ms
-                    truth[r.counter].add(ts)
-                    raw = orjson.dumps({"counter": r.counter, "ts": ts})
-                else:
-                    raw = r.raw
-                producer.produce(settings.topics.input, value=raw)
-            producer.poll(0)
-            sealed = (int(time.time() * 1000) - settings.lateness_ms) // tick - 1
-            for q in truth.values():
-                q.advance(sealed)
-            for rel in next(tail):
-                tr = truth.get(str(rel["counter"]))
-                true_s = None
-                if tr is not None:
-                    # A release for tick t means t is sealed: bring the truth up to it.
-                    tr.advance(tr.start_tick + int(rel["tick"]) - 1)
-                    true_s = tr.at(int(rel["tick"]))
-                print(f"{rel['counter']:<10} {rel['tick']:>5} {rel['kind']:<9} "
-                      f"{rel['value']:>9.2f} {rel['error_bound']:>9.1f} "
-                      f"{'' if true_s is None else true_s:>6}", flush=True)
-            if not worker.alive():
-                print("worker exited unexpectedly:\n" + worker.log_tail(), file=sys.stderr)
-                return 1
-    finally:
-        producer.flush(10)
-        tail.close()
-        code = worker.stop()
-    print(f"done; worker exit code {code}", flush=True)
-    return 0 if code == 0 else 1
+def _print_kept(deployment: Deployment, local_broker: bool) -> None:
+    d, t = deployment.directory, deployment.topics
+    cfg = deployment.config
+    here = Path.cwd()
+    rel = d.relative_to(here) if d.is_relative_to(here) else d
+    cfg_rel = cfg.relative_to(here) if cfg.is_relative_to(here) else cfg
+    broker = deployment.settings.bootstrap_servers
+    print(f"\nkept for you: the topics on {broker}"
+          + (" (the local broker keeps running)" if local_broker else "")
+          + f" and the run directory {rel} (config, noise key, logs)\n"
+          f"  topics      public: {t.counts}, {t.ledger}; operator-only: {t.input}, "
+          f"{t.timeline}, {t.deadletter}\n"
+          f"  look again  python -m processor view --config {cfg_rel}\n"
+          f"  audit       python -m processor replay --config {cfg_rel} --through end\n"
+          f"  delete      python -m processor demo --delete {rel}"
+          + ("   (then `python deploy/kafka.py stop` stops the broker)" if local_broker
+             else ""),
+          flush=True)
+
+
+def delete_run(run_dir: Path) -> int:
+    """Delete a kept demo run: its five topics, the worker's internal topics (they start
+    with its app id) and the directory. Refuses anything that is not a demo run."""
+    from processor.stream.config import load_settings
+
+    config = run_dir / "worker.toml"
+    settings = load_settings(str(config), {})
+    if not settings.app_id.startswith(APP_PREFIX):
+        raise RuntimeError(f"{run_dir} is not a demo run (app id {settings.app_id!r})")
+    conf = kafka_io.base_config(settings)
+    admin = kafka_io.make_admin(conf)
+    existing = admin.list_topics(timeout=30).topics
+    t = settings.topics
+    names = sorted(n for n in existing if n in {t.input, t.timeline, t.counts, t.ledger,
+                                                 t.deadletter}
+                   or n.startswith(settings.app_id + "-"))
+    if names:
+        for name, fut in admin.delete_topics(names, operation_timeout=30).items():
+            try:
+                fut.result(timeout=60)
+            except Exception as exc:
+                print(f"could not delete topic {name}: {exc}", file=sys.stderr)
+    shutil.rmtree(run_dir)
+    print(f"deleted {len(names)} topics and {run_dir}", flush=True)
+    return 0
+
+
+class _Run:
+    """One demo run: produce, tail the topics, print the table, feed the view, stop."""
+
+    def __init__(self, args: argparse.Namespace, plan: TrafficPlan, deployment: Deployment,
+                 start_ms: int) -> None:
+        self.args, self.plan, self.deployment = args, plan, deployment
+        self.settings = deployment.settings
+        self.tick = self.settings.tick_ms
+        self.start_ms = start_ms
+        self.records = plan.plan(args.seconds, args.seed,
+                                 late_ms=3 * self.tick + self.settings.lateness_ms)
+        self.truth = {c: QueueTruth(self.tick, start_ms // self.tick) for c in plan.counters}
+        self.overlay = deployment.directory / "demo-overlay.json"
+        self.client_logs = _ClientLogs()
+        self.stop_signal: int | None = None
+        self.dead: Counter[str] = Counter()
+        self.produced = {"events": 0, "bad": 0}
+        self.releases = 0
+        self.ledger = 0
+        #: counter -> (largest |private - true| seen, largest bound printed)
+        self.errors: dict[str, tuple[float, float]] = {}
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # The terminal's Ctrl-C reaches the worker too (same process group) and it shuts
+        # down by itself; the demo notes the request and leaves its loop at the next turn.
+        if self.stop_signal is None:
+            self.stop_signal = signum
+            print("\nstopping (Ctrl-C): the worker and the view shut down cleanly...",
+                  flush=True)
+
+    def run(self) -> int:
+        logger = _client_logger(self.client_logs)
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        view: subprocess.Popen[bytes] | None = None
+        worker = self.deployment.worker
+        try:
+            worker.start()
+            self._write_overlay()
+            if not self.args.no_view:
+                view, url = _start_view(self.deployment.config, self.overlay,
+                                        self.args.view_port,
+                                        self.deployment.directory / "view.log")
+                print(f"live view: {url}  (open it in a browser; it reads the public topics "
+                      "only, plus the demo's own true count from a local file)", flush=True)
+            return self._loop(logger)
+        finally:
+            code = worker.stop()
+            if view is not None:
+                _stop_process(view)
+            for s, h in old.items():
+                signal.signal(s, h)
+            self._summary(code)
+
+    def _loop(self, logger: logging.Logger) -> int:
+        s, conf = self.settings, self.deployment.conf
+        # librdkafka's lines through Python logging (a `logger`), never onto the table.
+        client: dict[str, Any] = {**conf, "logger": logger}
+        producer = kafka_io.make_producer(client)
+        consumer = Consumer({**client, "group.id": f"dpc-demo-{os.getpid()}",
+                             "enable.auto.commit": "false", "auto.offset.reset": "earliest"})
+        n_valid = sum(r.valid for r in self.records)
+        print(f"worker started; producing {n_valid} events and "
+              f"{len(self.records) - n_valid} bad records over {self.args.seconds:.0f}s "
+              f"({s.mechanism}, eps={s.epsilon}, delta={s.delta}, tick {self.tick} ms); "
+              "Ctrl-C stops", flush=True)
+        print(LEGEND.format(beta=s.beta), flush=True)
+        print(f"{'time':<8} {'counter':<10} {'tick':>5} {'kind':<9} {'private':>9} "
+              f"{'± bound':>9} {'true':>6}", flush=True)
+        try:
+            topics = [s.topics.counts, s.topics.ledger, s.topics.deadletter]
+            consumer.assign([TopicPartition(name, p, -2) for name in topics
+                             for p in consumer.list_topics(name, timeout=30)
+                             .topics[name].partitions])
+            t0 = time.monotonic()
+            base_ms = int(time.time() * 1000)
+            end_at = self.args.seconds + (s.lateness_ms + 4 * self.tick) / 1000.0
+            i = 0
+            next_overlay = 0.0
+            while self.stop_signal is None and time.monotonic() - t0 < end_at:
+                elapsed = time.monotonic() - t0
+                while i < len(self.records) and self.records[i].at_s <= elapsed:
+                    self._produce(producer, self.records[i], base_ms)
+                    i += 1
+                producer.poll(0)
+                sealed = (int(time.time() * 1000) - s.lateness_ms) // self.tick - 1
+                for q in self.truth.values():
+                    q.advance(sealed)
+                batch: list[Any] = consumer.consume(num_messages=500, timeout=0.2)
+                for msg in batch:
+                    if msg.error() is None and msg.value():
+                        self._show(str(msg.topic()), msg.value())
+                if time.monotonic() >= next_overlay:
+                    self._write_overlay()
+                    next_overlay = time.monotonic() + 0.5
+                if self.stop_signal is None and not self.deployment.worker.alive():
+                    print("worker exited unexpectedly:\n" + self.deployment.worker.log_tail(),
+                          file=sys.stderr)
+                    return 1
+            self._write_overlay()
+            return 0
+        finally:
+            producer.flush(10)
+            consumer.close()
+
+    def _produce(self, producer: Any, r: PlannedRecord, base_ms: int) -> None:
+        if r.valid and r.counter is not None:
+            ts = base_ms + int(r.at_s * 1000) - r.late_by_ms
+            self.truth[r.counter].add(ts)
+            raw = orjson.dumps({"counter": r.counter, "ts": ts})
+            self.produced["events"] += 1
+        else:
+            raw = r.raw
+            self.produced["bad"] += 1
+        producer.produce(self.settings.topics.input, value=raw)
+
+    def _show(self, topic: str, raw: bytes) -> None:
+        t = self.settings.topics
+        rec = orjson.loads(raw)
+        if topic == t.deadletter:
+            self.dead[str(rec.get("reason", "?"))] += 1
+        elif topic == t.ledger:
+            self.ledger += 1
+            print(f"ledger: {rec.get('counter')} announced ({rec.get('mechanism')}, "
+                  f"eps={rec.get('epsilon')}, delta={rec.get('delta')}, "
+                  f"tick {rec.get('tick_ms')} ms)", flush=True)
+        elif topic == t.counts:
+            self.releases += 1
+            name, tick = str(rec["counter"]), int(rec["tick"])
+            tr = self.truth.get(name)
+            true_s = None
+            if tr is not None:
+                # A release for tick t means t is sealed: bring the truth up to it.
+                tr.advance(tr.start_tick + tick - 1)
+                true_s = tr.at(tick)
+            value, bound = float(rec["value"]), float(rec["error_bound"])
+            if true_s is not None:
+                err, big = self.errors.get(name, (0.0, 0.0))
+                self.errors[name] = (max(err, abs(value - true_s)), max(big, bound))
+            when = datetime.fromtimestamp(
+                (int(rec["tick_start_ms"]) + int(rec["tick_ms"])) / 1000).strftime("%H:%M:%S")
+            print(f"{when:<8} {name:<10} {tick:>5} {rec['kind']:<9} {value:>9.2f} "
+                  f"{bound:>9.1f} {'' if true_s is None else true_s:>6}", flush=True)
+
+    def _write_overlay(self) -> None:
+        write_overlay(self.overlay, {
+            "truth": {c: q.steps() for c, q in self.truth.items()},
+            "start_ms": dict.fromkeys(self.truth, self.start_ms),
+            "tick_ms": self.tick,
+            "dead_letters": dict(self.dead),
+            "produced": self.produced,
+            "note": (f"demo: {self.produced['events']} events and {self.produced['bad']} bad "
+                     "records produced so far; the dashed line is the demo's own true count"),
+        })
+
+    def _summary(self, worker_code: int) -> None:
+        how = ("stopped by Ctrl-C" if self.stop_signal == signal.SIGINT
+               else "stopped by SIGTERM" if self.stop_signal is not None else "done")
+        print(f"\n{how}: {self.produced['events']} events and {self.produced['bad']} bad "
+              f"records produced; {self.releases} releases and {self.ledger} ledger entries "
+              f"shown; worker exit code {worker_code}", flush=True)
+        if self.dead:
+            print("dead letters by reason: " + ", ".join(
+                f"{reason} {n}" for reason, n in sorted(self.dead.items())), flush=True)
+        for name, (err, bound) in sorted(self.errors.items()):
+            print(f"  {name:<10} largest |private - true| {err:.1f}, largest bound {bound:.1f}",
+                  flush=True)
+        saved = self.client_logs.save(self.deployment.directory / "demo-clients.log")
+        if saved is not None:
+            print(f"{len(self.client_logs.lines)} Kafka client log lines: {saved}", flush=True)

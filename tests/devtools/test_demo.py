@@ -1,0 +1,105 @@
+"""The demo's user experience, end to end on the real broker (`python -m processor demo`).
+
+Ctrl-C as a terminal sends it (SIGINT to the whole process group, the worker included)
+takes the demo's own clean path: exit 0, a summary, no "worker exited unexpectedly". The
+live view it starts answers while it runs and is gone after. A librdkafka warning (provoked
+with a bootstrap list whose second server refuses connections) never reaches the table: it
+goes through Python logging into the run directory. At exit the topics and the run
+directory are kept, with the commands to look at, audit and delete them; `--delete` then
+removes both. The controls: the same run's output does contain the table rows, the legend
+and the summary lines that the assertions look for.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from processor.stream import kafka_io
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW = re.compile(r"^\d\d:\d\d:\d\d (signups|purchases|incidents) ")
+
+
+def _read_until(proc: subprocess.Popen[str], lines: list[str], pattern: re.Pattern[str],
+                timeout_s: float) -> str:
+    """Read the demo's stdout into `lines` until a line matches; fail at the deadline."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if pattern.search(line):
+                return line
+    pytest.fail(f"no line matching {pattern.pattern!r} in time:\n{''.join(lines)}")
+
+
+def test_ctrl_c_is_clean_and_the_run_is_kept(kafka_bootstrap: str, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    bootstrap = f"{kafka_bootstrap},127.0.0.1:1"  # the second server refuses: librdkafka warns
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "processor", "demo", "--seconds", "120", "--tick-ms", "200",
+         "--lateness-ms", "200", "--bootstrap", bootstrap, "--view-port", "0",
+         "--runs-dir", str(runs)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+        text=True, start_new_session=True)  # its own process group: killpg = a terminal's ^C
+    lines: list[str] = []
+    try:
+        url = _read_until(proc, lines, re.compile(r"^live view: "), 60).split()[2]
+        with urllib.request.urlopen(url + "api/meta", timeout=10) as resp:
+            assert b"signups" in resp.read()
+        _read_until(proc, lines, ROW, 60)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    text = "".join(lines) + out
+    assert proc.returncode == 0, (text, err)
+    assert "worker exited unexpectedly" not in text + err
+    assert "Traceback" not in err, err
+    assert "stopped by Ctrl-C" in text and "kept for you" in text, text
+    # The legend line comes right before the table's header.
+    legend = [i for i, line in enumerate(text.splitlines()) if line.startswith("legend: ")]
+    assert legend and text.splitlines()[legend[0] + 1].startswith("time "), text
+    for word in ("bound", "beta", "heartbeat", "change"):
+        assert word in text.splitlines()[legend[0]]
+    # No librdkafka line anywhere on the terminal; they went to the run's log file.
+    assert not re.search(r"%\d\|\d+\.\d+\|", text + err), text + err
+    run_dir = Path(re.search(r"--delete (\S+)", text).group(1))  # type: ignore[union-attr]
+    assert (run_dir / "worker.toml").is_file()
+    client_log = run_dir / "demo-clients.log"
+    assert client_log.is_file() and "127.0.0.1:1" in client_log.read_text()
+    with pytest.raises(urllib.error.URLError):  # the view stopped with the demo
+        urllib.request.urlopen(url + "healthz", timeout=5)
+
+    # The topics were kept, and --delete removes them with the directory.
+    conf = kafka_io.plain_config(kafka_bootstrap)
+    uid = run_dir.name.removeprefix("dpc-demo-")
+    def demo_topics() -> list[str]:
+        return [t for t in kafka_io.make_admin(conf).list_topics(timeout=30).topics
+                if t.endswith(uid)]
+    assert len(demo_topics()) == 5
+    done = subprocess.run([sys.executable, "-m", "processor", "demo", "--delete", str(run_dir)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert not run_dir.exists()
+    deadline = time.monotonic() + 30
+    while demo_topics():
+        assert time.monotonic() < deadline, demo_topics()
+        time.sleep(0.2)
