@@ -49,7 +49,12 @@ from processor.stream.config import ConfigError, Settings, load_noise_key, load_
 from processor.stream.ingest import Ingest, crash_point_from_env
 from processor.stream.logs import configure_logging
 from processor.stream.metrics import Surface
-from processor.stream.operator import AnnouncedCounterError, Operator, ParameterChangeError
+from processor.stream.operator import (
+    AnnouncedCounterError,
+    KeyMismatchError,
+    Operator,
+    ParameterChangeError,
+)
 from processor.stream.records import (
     LedgerEntry,
     Release,
@@ -60,6 +65,7 @@ from processor.stream.records import (
     encode_marker,
     sealed_through,
 )
+from processor.stream.state import StateVersionError
 
 log = logging.getLogger("processor.stream.app")
 
@@ -96,6 +102,13 @@ class CorruptStateError(RuntimeError):
         if key.startswith("c/") and key[2:] not in settings.counters:
             key = "c/(an undeclared counter)"
         self.key = key
+        if isinstance(exc, StateVersionError):
+            super().__init__(
+                f"the stored state under key {key!r} is {exc}. Remedy: finish this "
+                "deployment with the release that wrote its state, or start a new "
+                "deployment (new app_id and new private-count and ledger topics) with "
+                "this one.")
+            return
         super().__init__(
             f"the stored state under key {key!r} is corrupt ({exc}). Remedy: restore the "
             f"state from its changelog topic {changelog_topic(settings)!r} (delete the "
@@ -338,7 +351,7 @@ class Worker:
             started = time.perf_counter()
             try:
                 out = await self.batch_commit.commit(msg.partition, records)
-            except (AnnouncedCounterError, ParameterChangeError) as exc:
+            except (AnnouncedCounterError, ParameterChangeError, KeyMismatchError) as exc:
                 self._refused(exc)
             except StateFormatError as exc:
                 self._refused(CorruptStateError(exc, self.settings))

@@ -33,7 +33,18 @@ what the ledger announced (`announced`), the operator refuses to make a counter 
 time under another creation (AnnouncedCounterError): its ticks were published already.
 A counter restored from state keeps its mechanism, epsilon and delta; when they differ
 from the settings the operator refuses (ParameterChangeError, `_check_parameters`, the
-one place) unless on_parameter_change = "keep".
+one place) unless on_parameter_change = "keep". The state is bound to the noise key: the
+partition and counter values carry the key's public fingerprint, and a key that is not
+the stored one is refused (KeyMismatchError, `_check_key`, the one place) before
+anything of the record is published.
+
+Ledger. A counter's ledger entries explain every fingerprint its releases carry: the
+"created" entry at the marker that creates it, and a "reconfigured" entry whenever the
+configuration fingerprint changed under its state, written just before its first release
+under the new fingerprint (`_release`): a function of the public release stream and the
+public configuration, like every public record. Such an entry names the parameters the
+counter continues under, always its stored ones (`parameters`: "configured" when they
+equal the configuration's, "stored" when they differ under on_parameter_change = "keep").
 
 Idempotency. Each counter records the last timeline offset applied to it, the partition
 the offset of its last marker: a record is applied to a counter at most once, so
@@ -171,6 +182,25 @@ class AnnouncedCounterError(RuntimeError):
             "republish its ticks with new values. Restore the state from the changelog "
             "(with the configuration and key it was announced under), or start a new "
             "deployment with a new app_id and new private-count and ledger topics.")
+
+
+class KeyMismatchError(RuntimeError):
+    """Stored state made under another noise key than the configured one: its counters'
+    noise would continue under a key unrelated to the one it began with (the stream could
+    no longer be audited, and fresh noise would mix with old). Raised before anything of
+    the record is published. Key fingerprints are public (they are on the ledger)."""
+
+    def __init__(self, store_key: str, stored: str, given: str) -> None:
+        self.store_key = store_key
+        self.stored = stored
+        self.given = given
+        super().__init__(
+            f"noise key: the state under key {store_key!r} was made with the noise key of "
+            f"fingerprint {stored}, but the configured key's fingerprint is {given}. "
+            f"Remedy: start the worker with the key file the state was made with "
+            f"(fingerprint {stored}); to use the new key, start a new deployment (new "
+            "app_id and new private-count and ledger topics). A key is never changed "
+            "under existing state.")
 
 
 class ParameterChangeError(RuntimeError):
@@ -312,8 +342,10 @@ class Operator:
                 except StateFormatError as exc:
                     exc.key = key
                     raise
+                self._check_key(key, ps.key_id)
         if ps is None:
             ps = PartitionState()
+            ps.key_id = self.key_id
         self._partitions[partition] = ps
         if ps.config_fingerprint != self.fingerprint:
             # First record of this partition, or a new configuration: file every declared
@@ -354,9 +386,19 @@ class Operator:
         except StateFormatError as exc:
             exc.key = key
             raise
+        # Declared names are public; an undeclared one is input until announced.
+        self._check_key(key if name in self._start_ticks else "c/(an undeclared counter)",
+                        cs.key_id)
         self._check_parameters(name, cs)
         self._remember(name, cs)
         return cs
+
+    def _check_key(self, store_key: str, stored: str | None) -> None:
+        """THE check of the noise key against decoded state (partition and counter values
+        enter the operator only through here): the fingerprint stored with the state must
+        be the configured key's. Raises KeyMismatchError naming both."""
+        if stored != self.key_id:
+            raise KeyMismatchError(store_key, str(stored), self.key_id)
 
     def _check_parameters(self, name: str, cs: CounterState) -> None:
         """THE check of a restored counter's parameters against the settings (a decoded
@@ -370,14 +412,7 @@ class Operator:
         if self.settings.on_parameter_change == "keep":
             return
         c = cs.mechanism
-        if self._configured is None:
-            # What a new counter of these settings runs with, read off one instance the
-            # factory makes (a throwaway key: nothing of it is kept or published).
-            s = self.settings
-            new = self.factory.make(s.mechanism, s.epsilon, s.delta,
-                                    NoiseKey(b"dpc/parameter-check/throwaway-key"), "check")
-            self._configured = (new.mechanism, new.eps, new.delta)
-        mechanism, eps, delta = self._configured
+        mechanism, eps, delta = self._configured_parameters()
         for fname, stored, configured in (("mechanism", c.mechanism, mechanism),
                                           ("epsilon", c.eps, eps),
                                           ("delta", c.delta, delta)):
@@ -385,6 +420,16 @@ class Operator:
                 # Declared names are public; an undeclared one is input until announced.
                 shown = name if name in self._start_ticks else "(undeclared)"
                 raise ParameterChangeError(shown, fname, stored, configured)
+
+    def _configured_parameters(self) -> tuple[str, float, float]:
+        """(mechanism, eps, delta) a new counter of these settings runs with, read off one
+        instance the factory makes (a throwaway key: nothing of it is kept or published)."""
+        if self._configured is None:
+            s = self.settings
+            new = self.factory.make(s.mechanism, s.epsilon, s.delta,
+                                    NoiseKey(b"dpc/parameter-check/throwaway-key"), "check")
+            self._configured = (new.mechanism, new.eps, new.delta)
+        return self._configured
 
     def _remember(self, name: str, cs: CounterState) -> None:
         if self._cache_size <= 0:
@@ -405,7 +450,8 @@ class Operator:
         mech = self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
                                  counter_id(self.noise_id, name))
         cs = CounterState(mech, start_tick,
-                          next_heartbeat(0, self._phase(name), s.heartbeat_ticks))
+                          next_heartbeat(0, self._phase(name), s.heartbeat_ticks),
+                          key_id=self.key_id)
         self._remember(name, cs)
         return cs
 
@@ -672,13 +718,28 @@ class Operator:
             if seen is not None and tag not in seen:
                 raise AnnouncedCounterError(name)
             self._announced.setdefault(name, set()).add(tag)
-        s = self.settings
-        out.ledger.append(LedgerEntry(
-            counter=name, mechanism=cs.mechanism.mechanism, epsilon=cs.mechanism.eps,
-            delta=cs.mechanism.delta, tick_ms=s.tick_ms,
-            start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint,
-            key_id=self.key_id, creation=tag))
+        cs.creation = tag
+        out.ledger.append(self._ledger_entry(name, cs, "created", 1))
         cs.announced = True
+
+    def _ledger_entry(self, name: str, cs: CounterState,
+                      entry: Literal["created", "reconfigured"], since_tick: int) -> LedgerEntry:
+        """The ledger entry of `cs` under the current configuration fingerprint (which it
+        then records as announced), effective from its local tick `since_tick`. Mechanism,
+        eps and delta are those of the running instance: the configured ones for a new
+        counter, the stored ones for a restored counter (`parameters` says which)."""
+        s = self.settings
+        c = cs.mechanism
+        # A new counter runs with the configured parameters by construction.
+        same = entry == "created" or (
+            (c.mechanism, c.eps, c.delta) == self._configured_parameters())
+        cs.ledger_fingerprint = self.fingerprint
+        return LedgerEntry(
+            counter=name, mechanism=c.mechanism, epsilon=c.eps,
+            delta=c.delta, tick_ms=s.tick_ms,
+            start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint,
+            key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
+            parameters="configured" if same else "stored")
 
     def _creation_tag(self, name: str, n: int, frontier: int) -> str:
         """The public tag of ONE creation of a counter (sha256, 32 hex digits): the noise
@@ -771,6 +832,11 @@ class Operator:
                  kind: Literal["change", "heartbeat"], out: Output) -> None:
         s = self.settings
         c = cs.mechanism
+        if cs.ledger_fingerprint != self.fingerprint:
+            # The configuration changed under this counter's state: its first release under
+            # the new fingerprint is preceded by the entry that explains it (published
+            # first: the publisher sends a batch's ledger entries before its releases).
+            out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
         out.releases.append(Release(

@@ -144,6 +144,16 @@ class LedgerEntry:
     #: The public tag of this creation of the counter (`Operator._creation_tag`): a
     #: restarted worker re-creates an announced counter only under the same tag.
     creation: str = ""
+    #: "created" (the counter's first entry, at the marker that creates it) or
+    #: "reconfigured" (the configuration fingerprint changed under its existing state:
+    #: written before its first release under the new fingerprint).
+    entry: Literal["created", "reconfigured"] = "created"
+    #: The counter's local tick from which its releases carry this entry's fingerprint.
+    since_tick: int = 1
+    #: "configured": mechanism, epsilon and delta are those the configuration gives a new
+    #: counter; "stored": the counter continues under its stored ones, which differ
+    #: (on_parameter_change = "keep"). Never fresh ones: that would republish its ticks.
+    parameters: Literal["configured", "stored"] = "configured"
 
     def key(self) -> bytes:
         return self.counter.encode("utf-8")

@@ -3,10 +3,13 @@ is applied to, and the codecs of every stored value. No Kafka, no Faust.
 
 Key layout (all values bytes, each codec with its own magic and version):
 
-- `c/<counter>`       CounterState: the mechanism, its FIFO queue, pending arrivals, ...
+- `c/<counter>`       CounterState: the mechanism, its FIFO queue, pending arrivals, ...,
+                      the fingerprint of the noise key its mechanism draws from, and what
+                      its last ledger entry said (configuration fingerprint, creation tag).
 - `p/<partition>`     PartitionState: sealed frontier, last marker offset, the
                       configuration fingerprint the declared counters were filed under,
-                      the duplicate filter (input partition -> highest input offset).
+                      the duplicate filter (input partition -> highest input offset), and
+                      the noise key fingerprint the partition's state was made under.
 - `u/<partition>/<g>` DueBucket: counters that may have something to do at global tick g.
 - `w/<partition>`     DueDirectory: sorted ticks that may have a non-empty bucket.
 
@@ -15,6 +18,16 @@ of the directory's ticks <= n, and nothing rewrites an O(counters) value. The di
 is its own value, not part of `p/`, because it must be saved before the counters it
 indexes while `p/` is saved last; it may still list a tick whose bucket a marker
 consumed (the next marker drops it), never a bucket that is not saved yet.
+
+The noise key is bound to the state (issue 11 item 1): both the partition value (read
+first by every timeline record, so a wrong key is caught before any counter is touched)
+and each counter value (what the key actually keys: its mechanism's noise positions; it
+also covers a counter written before its partition value, a crash inside the first batch)
+carry the key's public fingerprint, and the operator refuses a key that is not the
+stored one (`operator.KeyMismatchError`). Values of version 2, written before the
+fingerprint was stored, are refused with `StateVersionError`: no key can be verified
+against them, and adopting whichever key comes first would let exactly the silent key
+change through that the binding exists to stop.
 
 Write order of one batch (`BufferedStore.writes`; see commit.BatchCommit): the due-wheel
 values first (an index entry may be early, never late), then the counter states, then
@@ -35,12 +48,30 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 
-_COUNTER_MAGIC: Final = b"DPC\x02"
-_PARTITION_MAGIC: Final = b"DPP\x02"
+_COUNTER_MAGIC: Final = b"DPC\x03"
+_PARTITION_MAGIC: Final = b"DPP\x03"
+#: Version 2 of both: the same values without the noise key's fingerprint.
+_COUNTER_V2: Final = b"DPC\x02"
+_PARTITION_V2: Final = b"DPP\x02"
 _BUCKET_MAGIC: Final = b"DPU\x01"
 _DIRECTORY_MAGIC: Final = b"DPW\x01"
 
 _ORJSON_ERRORS = (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError)
+
+
+class StateVersionError(StateFormatError):
+    """A stored value of an older format version that this version will not adopt (a
+    StateFormatError, so it carries its store key the same way). `version` is the stored
+    version, `current` the one this version writes."""
+
+    def __init__(self, what: str, version: int, current: int) -> None:
+        self.version = version
+        self.current = current
+        super().__init__(
+            f"{what} of format version {version}, written by an older release that did "
+            f"not record the noise key's fingerprint (version {current} does): this "
+            "release cannot verify that the configured key is the one the state was "
+            "made with, so it does not adopt the state")
 
 
 # ------------------------------------------------------------------------ keys
@@ -192,18 +223,28 @@ class CounterState:
     yet sealed to its arrivals in timeline order; `queue` is the FIFO, run-length encoded
     as [units, run]; `next_heartbeat` is a local tick; `announced` says whether its ledger
     entry went out (at a marker, never at an event); `filed_due` is the earliest tick of
-    the due wheel it is filed under (None: not filed); `saved` (not encoded) is the bytes
+    the due wheel it is filed under (None: not filed); `key_id` is the public fingerprint
+    of the noise key its mechanism was made with; `ledger_fingerprint` is the configuration
+    fingerprint its last ledger entry named ("" before its first), `creation` that entry's
+    creation tag ("" before it was announced); `saved` (not encoded) is the bytes
     this object equals in the store, None once changed and not yet encoded;
     `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for the
     operator until the mechanism takes an input.
     """
 
-    __slots__ = ("announced", "filed_due", "frontier", "last_offset", "last_published",
-                 "mechanism", "next_due", "next_due_known", "next_heartbeat", "pending",
-                 "queue", "saved", "start_tick")
+    __slots__ = ("announced", "creation", "filed_due", "frontier", "key_id", "last_offset",
+                 "last_published", "ledger_fingerprint", "mechanism", "next_due",
+                 "next_due_known", "next_heartbeat", "pending", "queue", "saved",
+                 "start_tick")
 
-    def __init__(self, mechanism: Counter, start_tick: int, next_heartbeat: int) -> None:
+    def __init__(self, mechanism: Counter, start_tick: int, next_heartbeat: int, *,
+                 key_id: str) -> None:
+        if not key_id:
+            raise ValueError("a counter state is bound to a noise key fingerprint")
         self.mechanism = mechanism
+        self.key_id = key_id
+        self.ledger_fingerprint = ""
+        self.creation = ""
         self.start_tick = start_tick
         self.frontier = start_tick - 1
         self.last_offset = -1
@@ -222,7 +263,8 @@ class CounterState:
         meta = orjson.dumps([
             self.start_tick, self.frontier, self.last_offset, list(self.queue),
             sorted(self.pending.items()), self.last_published, self.next_heartbeat,
-            self.announced, self.filed_due])
+            self.announced, self.filed_due, self.key_id, self.ledger_fingerprint,
+            self.creation])
         raw = b"".join((_COUNTER_MAGIC, len(mech).to_bytes(4, "big"), mech, meta))
         self.saved = raw
         return raw
@@ -230,14 +272,21 @@ class CounterState:
     @classmethod
     def from_bytes(cls, data: bytes, factory: CounterFactory, key: NoiseKey) -> CounterState:
         data = bytes(data)
+        if data[:4] == _COUNTER_V2:
+            raise StateVersionError("an operator counter state", 2, _COUNTER_MAGIC[3])
         if data[:4] != _COUNTER_MAGIC or len(data) < 8:
             raise StateFormatError("not an operator counter state (magic/version)")
         n = int.from_bytes(data[4:8], "big")
         mech, rest = data[8:8 + n], data[8 + n:]
         try:
             (start, frontier, last_offset, queue, pending, last_published, next_hb,
-             announced, filed_due) = orjson.loads(rest)
-            self = cls(factory.restore(mech, key), int(start), int(next_hb))
+             announced, filed_due, key_id, ledger_fp, creation) = orjson.loads(rest)
+            if not (type(key_id) is str and key_id and type(ledger_fp) is str
+                    and type(creation) is str):
+                raise TypeError
+            self = cls(factory.restore(mech, key), int(start), int(next_hb), key_id=key_id)
+            self.ledger_fingerprint = ledger_fp
+            self.creation = creation
             self.frontier = int(frontier)
             self.last_offset = int(last_offset)
             self.queue = deque([int(u), int(k)] for u, k in queue)
@@ -274,32 +323,42 @@ class PartitionState:
     sealed), `marker_offset` (timeline offset of the last marker applied),
     `config_fingerprint` (the configuration whose declared counters are filed in the due
     wheel; None: none filed yet), `input_offsets` (the duplicate filter: input partition ->
-    highest input offset applied)."""
+    highest input offset applied), `key_id` (the public fingerprint of the noise key the
+    partition's state was made under; None only before the operator first stages it)."""
 
-    __slots__ = ("config_fingerprint", "frontier", "input_offsets", "marker_offset", "saved")
+    __slots__ = ("config_fingerprint", "frontier", "input_offsets", "key_id", "marker_offset",
+                 "saved")
 
     def __init__(self) -> None:
         self.frontier = -(1 << 62)
         self.marker_offset = -1
         self.config_fingerprint: str | None = None
         self.input_offsets: dict[int, int] = {}
+        self.key_id: str | None = None
         self.saved: bytes | None = None
 
     def to_bytes(self) -> bytes:
+        if not self.key_id:
+            raise ValueError("a partition state is bound to a noise key fingerprint")
         raw = _PARTITION_MAGIC + orjson.dumps(
             [self.frontier, self.marker_offset, self.config_fingerprint,
-             sorted(self.input_offsets.items())])
+             sorted(self.input_offsets.items()), self.key_id])
         self.saved = raw
         return raw
 
     @classmethod
     def from_bytes(cls, data: bytes) -> PartitionState:
         data = bytes(data)
+        if data[:4] == _PARTITION_V2:
+            raise StateVersionError("an operator partition state", 2, _PARTITION_MAGIC[3])
         if data[:4] != _PARTITION_MAGIC:
             raise StateFormatError("not an operator partition state (magic/version)")
         self = cls()
         try:
-            frontier, marker_offset, fingerprint, offsets = orjson.loads(data[4:])
+            frontier, marker_offset, fingerprint, offsets, key_id = orjson.loads(data[4:])
+            if type(key_id) is not str or not key_id:
+                raise TypeError
+            self.key_id = key_id
             self.frontier = int(frontier)
             self.marker_offset = int(marker_offset)
             self.config_fingerprint = None if fingerprint is None else str(fingerprint)

@@ -559,7 +559,9 @@ def test_ledger_entry_once_per_counter_at_the_first_marker() -> None:
 def test_newly_declared_counter_is_indexed_after_a_config_change() -> None:
     """State written under one configuration, then a counter is declared: the next marker
     creates it (ledger entry, heartbeats) without any event. Releases name the eps of the
-    running instance (the changed epsilon needs on_parameter_change = "keep")."""
+    running instance (the changed epsilon needs on_parameter_change = "keep"); the
+    existing counter's first release under the new fingerprint is preceded by an entry
+    that says so (issue 10 item 4): its stored parameters, from that tick on."""
     s1 = settings({"a": 0}, heartbeat_ticks=2)
     run = Run(s1, StepFactory())
     run.marker(3)
@@ -568,7 +570,9 @@ def test_newly_declared_counter_is_indexed_after_a_config_change() -> None:
     run2 = Run(s2, StepFactory(), store=run.store)
     run2.offset = run.offset
     run2.marker(5)
-    assert [e.counter for e in run2.ledger] == ["b"]
+    assert [(e.counter, e.entry, e.since_tick, e.parameters, e.epsilon, e.fingerprint)
+            for e in run2.ledger] == [("a", "reconfigured", 6, "stored", 1.0, s2.fingerprint()),
+                                      ("b", "created", 1, "configured", 3.0, s2.fingerprint())]
     assert {(r.counter, r.tick, r.epsilon) for r in run2.releases} == {
         ("a", 6, 1.0), ("b", 2, 3.0), ("b", 4, 3.0)}
 
@@ -594,12 +598,13 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
     """Fields are an allow-list of public quantities; and on a burst of 37 events of 0.25
     no numeric field of any release equals that tick's true sum, queue length or any
     timeline offset (the fake's y is a constant sentinel, so only a leak could match)."""
-    allowed = {"counter", "tick", "tick_start_ms", "tick_ms", "value", "kind", "mechanism",
+    allowed = {"schema_version", "counter", "tick", "tick_start_ms", "tick_ms", "value", "kind", "mechanism",
                "epsilon", "delta", "error_bound", "beta", "fingerprint"}
     assert {f.name for f in dataclasses.fields(Release)} == allowed
     assert {f.name for f in dataclasses.fields(LedgerEntry)} == {
-        "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms", "privacy_unit",
-        "contribution_bound", "fingerprint", "grid_bits", "key_id", "creation"}
+        "schema_version", "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms",
+        "privacy_unit", "contribution_bound", "fingerprint", "grid_bits", "key_id",
+        "creation", "entry", "since_tick", "parameters"}
 
     class Sentinel(StepCounter):
         @property
@@ -630,14 +635,16 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
         assert set(d) == allowed
         t = r.tick
         true_sum, qlen = 0.25 * min(t, 37), max(37 - t, 0)
-        nums = {v for v in d.values() if isinstance(v, int | float)} - {d["tick"]}
+        # The tick and the schema version (a constant) are public by definition.
+        nums = {v for k, v in d.items()
+                if isinstance(v, int | float) and k != "schema_version"} - {d["tick"]}
         assert true_sum not in nums and (qlen == 0 or qlen not in nums)
         assert not nums & offsets
 
 
 def test_release_json_is_deterministic() -> None:
     r = Release("a", 3, 3000, 1000, 2.5, "change", "ecc", 1.0, 1e-6, 4.25, 0.05, "ff")
-    assert r.to_json() == (b'{"counter":"a","tick":3,"tick_start_ms":3000,"tick_ms":1000,'
+    assert r.to_json() == (b'{"schema_version":1,"counter":"a","tick":3,"tick_start_ms":3000,"tick_ms":1000,'
                            b'"value":2.5,"kind":"change","mechanism":"ecc","epsilon":1.0,'
                            b'"delta":1e-6,"error_bound":4.25,"beta":0.05,"fingerprint":"ff"}')
     assert r.key() == b"a"

@@ -1,0 +1,162 @@
+"""The noise key bound to its state (issue 11 item 1, reported problem 2).
+
+Before, a worker restarted on existing state with a fresh key file ran on silently: later
+releases mixed fresh noise with old and disagreed with replay under the original key. Now
+the partition and counter values carry the key's public fingerprint and the operator
+refuses any other key before anything of the record is published.
+
+Without a broker: the operator refuses another key on a partition value and on a counter
+value (the latter also when the partition value is missing: a crash inside the first
+batch), hides an undeclared counter's name, and refuses state of version 2 (no
+fingerprint) naming the version. With a broker: a worker runs, stops, is restarted with a
+fresh key file: exit 2, one `error:` line naming both fingerprints and the remedy, nothing
+published; control: the original key restarts and publishes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+
+from processor.cli import write_key
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
+from processor.devtools.deployment import write_config
+from processor.stream import kafka_io
+from processor.stream.config import Settings, with_overrides
+from processor.stream.operator import KeyMismatchError, Operator, Output
+from processor.stream.records import Event, encode_batch, encode_marker
+from processor.stream.state import DictStore, StateVersionError, partition_key
+
+TICK = 1000
+KEY = NoiseKey(hashlib.sha256(b"key binding test key (public, tests only)").digest())
+OTHER = NoiseKey(hashlib.sha256(b"a fresh key file").digest())
+
+
+def settings(**kw: Any) -> Settings:
+    fields: dict[str, Any] = dict(counters={"a": 0}, tick_ms=TICK, heartbeat_ticks=1,
+                                  heartbeat_spread=False, epsilon=500.0, partitions=1)
+    fields.update(kw)
+    return with_overrides(Settings(), **fields)
+
+
+def run(op: Operator, store: DictStore, ticks: range, offset: int = 0) -> Output:
+    """One event of `a` and one marker per tick, at offsets from `offset`."""
+    out = Output()
+    for i, n in enumerate(ticks):
+        op.apply(store, 0, offset + 2 * i,
+                 encode_batch([Event("a", n * TICK, UNIT, 0, offset + 2 * i)]), out)
+        op.apply(store, 0, offset + 2 * i + 1, encode_marker(n), out)
+    return out
+
+
+def test_another_key_is_refused_on_existing_state_before_anything_is_published() -> None:
+    s = settings()
+    store = DictStore()
+    first = run(Operator(s, KEY), store, range(10))
+    assert len(first.releases) == 10 and [e.key_id for e in first.ledger] == [
+        KEY.fingerprint()]
+    before = dict(store.data)
+    for record in (encode_marker(10), encode_batch([Event("a", 10 * TICK, UNIT, 0, 20)])):
+        out = Output()
+        with pytest.raises(KeyMismatchError) as info:
+            Operator(s, OTHER).apply(store, 0, 20, record, out)
+        msg = str(info.value)
+        assert (f"fingerprint {KEY.fingerprint()}" in msg
+                and f"fingerprint is {OTHER.fingerprint()}" in msg), msg
+        assert "'p/0'" in msg and "new deployment" in msg, msg
+        assert out.releases == [] and out.ledger == [] and store.data == before
+    # Control: the original key continues, in a fresh process (nothing cached).
+    more = run(Operator(s, KEY), store, range(10, 13), offset=20)
+    assert [r.tick for r in more.releases] == [11, 12, 13]
+
+
+def test_a_counter_value_is_bound_too() -> None:
+    """The partition value is missing (a crash inside a partition's first batch writes the
+    counters first): the partition adopts whatever key comes, but the counter value still
+    names its own key, and the first record that touches it is refused. An undeclared
+    counter's name (private until announced) is not in the message."""
+    for s, name in ((settings(), "'c/a'"),
+                    (settings(allow_undeclared=True, counters={"b": 0}),
+                     "'c/(an undeclared counter)'")):
+        store = DictStore()
+        run(Operator(s, KEY), store, range(3))
+        del store.data[partition_key(0)]
+        with pytest.raises(KeyMismatchError, match=re.escape(name)) as info:
+            run(Operator(s, OTHER), store, range(3, 4), offset=6)
+        assert "'b'" not in str(info.value)
+        # Control: the key the counter was made with.
+        run(Operator(s, KEY), store, range(3, 4), offset=6)
+
+
+def test_state_of_version_2_is_refused_naming_the_version() -> None:
+    """Values written before the key fingerprint was stored cannot be verified against
+    any key: refused (StateVersionError, with its store key), never adopted."""
+    s = settings()
+    store = DictStore()
+    run(Operator(s, KEY), store, range(3))
+    raw = store.data[partition_key(0)]
+    assert raw[:4] == b"DPP\x03"
+    fields = orjson.loads(raw[4:])
+    store.data[partition_key(0)] = b"DPP\x02" + orjson.dumps(fields[:-1])
+    with pytest.raises(StateVersionError, match="version 2") as info:
+        run(Operator(s, KEY), store, range(3, 4), offset=6)
+    assert info.value.key == "p/0"
+
+
+# --------------------------------------------------------------------------- the broker
+
+
+@pytest.mark.kafka
+def test_restart_with_a_fresh_key_file_is_refused(
+        deployment_factory: Callable[..., Any]) -> None:
+    """Issue 11 reported problem 2 against the real broker and worker: run, stop, restart
+    with a fresh key file: exit 2, one `error:` line naming the stored and the given
+    fingerprint and the remedy, no traceback, nothing published. Control: the original
+    key file restarts and publishes."""
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name="keybind", partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    worker = dep.worker
+    worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
+    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+
+    fresh = write_key(dep.directory / "fresh.key")
+    given = NoiseKey.from_file(str(fresh), "hex").fingerprint()
+    stored = dep.key.fingerprint()
+    assert given != stored
+    write_config(with_overrides(dep.settings, noise_key_file=str(fresh)), dep.config)
+    worker.start()
+    assert worker.proc is not None
+    try:
+        code = worker.proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the worker with a fresh key kept running:\n" + worker.log_tail())
+    log = worker.log_tail(200)
+    worker.kill()  # reaps the exited process and closes its log
+    assert code == 2, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, log
+    assert errors[0].startswith("error: noise key: the state under key 'p/0'"), log
+    assert f"fingerprint {stored}" in errors[0] and f"is {given}" in errors[0], log
+    assert "new deployment" in errors[0], log
+    assert "Traceback" not in log, log
+    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
+    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+
+    # Control: the key the state was made with.
+    write_config(dep.settings, dep.config)
+    worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= len(counts) + 2, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
