@@ -577,6 +577,72 @@ def test_newly_declared_counter_is_indexed_after_a_config_change() -> None:
         ("a", 6, 1.0), ("b", 2, 3.0), ("b", 4, 3.0)}
 
 
+def unexplained(ledger: list[LedgerEntry], releases: list[Release]) -> list[Release]:
+    """Releases whose fingerprint no ledger entry of their counter explains: an entry with
+    that fingerprint, effective (since_tick) at or before the release's tick."""
+    return [r for r in releases
+            if not any(e.counter == r.counter and e.fingerprint == r.fingerprint
+                       and e.since_tick <= r.tick for e in ledger)]
+
+
+def test_a_changed_fingerprint_gets_a_ledger_entry_before_its_first_release() -> None:
+    """Issue 10 item 4: whenever the configuration fingerprint changes under a counter's
+    state, a "reconfigured" entry precedes its first release under the new fingerprint,
+    in the same output (the publisher sends a batch's entries before its releases), naming
+    the parameters it continues under: its stored ones ("configured" when they equal the
+    configuration's, "stored" under on_parameter_change = "keep"). Written once per change,
+    not at every restart. Control: without the reconfigured entries the checker finds the
+    releases no entry explains."""
+    s1 = settings({"a": 0, "b": 0}, heartbeat_ticks=3)
+    run = Run(s1, StepFactory())
+    for n in range(6):
+        run.event("a", n)
+        run.marker(n)
+    assert [e.entry for e in run.ledger] == ["created", "created"]
+    # Another counter declared: a's and b's parameters are those configured, the
+    # fingerprint is not.
+    s2 = with_overrides(s1, counters={"a": 0, "b": 0, "c": 0})
+    # Then epsilon changed, stated explicitly: a, b and c continue under their stored eps.
+    s3 = with_overrides(s2, epsilon=2.0, on_parameter_change="keep")
+    ledger, releases = list(run.ledger), list(run.releases)
+    offset = run.offset
+    for s, ticks, restarts in ((s2, range(6, 12), 1), (s3, range(12, 18), 2)):
+        for _ in range(restarts):  # a restart under the same settings writes nothing new
+            nxt = Run(s, StepFactory(), store=run.store)
+            nxt.offset = offset
+            for n in ticks:
+                out = nxt.event("a", n)
+                assert out.ledger == []  # never at an event
+                out = nxt.marker(n)
+                ledger += out.ledger
+                assert unexplained(ledger, out.releases) == []
+            releases += nxt.releases
+            offset = nxt.offset
+            ticks = range(ticks.stop, ticks.stop + 3)
+    changed = [(e.counter, e.entry, e.parameters, e.epsilon, e.fingerprint)
+               for e in ledger[2:]]
+    # In order of the first release under each fingerprint (b is idle: its heartbeat).
+    assert sorted(changed, key=lambda c: (c[4] != s2.fingerprint(), c[0])) == [
+        ("a", "reconfigured", "configured", 1.0, s2.fingerprint()),
+        ("b", "reconfigured", "configured", 1.0, s2.fingerprint()),
+        ("c", "created", "configured", 1.0, s2.fingerprint()),
+        ("a", "reconfigured", "stored", 1.0, s3.fingerprint()),
+        ("b", "reconfigured", "stored", 1.0, s3.fingerprint()),
+        ("c", "reconfigured", "stored", 1.0, s3.fingerprint())]
+    for e in ledger[2:]:
+        first = min(r.tick for r in releases
+                    if r.counter == e.counter and r.fingerprint == e.fingerprint)
+        assert e.since_tick == (1 if e.entry == "created" else first)
+        assert e.key_id == KEY.fingerprint() and len(e.creation) == 32
+        # A reconfigured entry names the creation it continues.
+        assert e.creation == next(x.creation for x in ledger if x.counter == e.counter)
+    assert {r.epsilon for r in releases} == {1.0}
+    assert unexplained(ledger, releases) == []
+    # Control: the checker is not vacuous.
+    created_only = [e for e in ledger if e.entry == "created"]
+    assert {r.counter for r in unexplained(created_only, releases)} == {"a", "b", "c"}
+
+
 def test_undeclared_counter_needs_the_option() -> None:
     s = settings({"a": 0})
     run = Run(s, StepFactory())
@@ -598,8 +664,8 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
     """Fields are an allow-list of public quantities; and on a burst of 37 events of 0.25
     no numeric field of any release equals that tick's true sum, queue length or any
     timeline offset (the fake's y is a constant sentinel, so only a leak could match)."""
-    allowed = {"schema_version", "counter", "tick", "tick_start_ms", "tick_ms", "value", "kind", "mechanism",
-               "epsilon", "delta", "error_bound", "beta", "fingerprint"}
+    allowed = {"schema_version", "counter", "tick", "tick_start_ms", "tick_ms", "value",
+               "kind", "mechanism", "epsilon", "delta", "error_bound", "beta", "fingerprint"}
     assert {f.name for f in dataclasses.fields(Release)} == allowed
     assert {f.name for f in dataclasses.fields(LedgerEntry)} == {
         "schema_version", "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms",
@@ -644,8 +710,8 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
 
 def test_release_json_is_deterministic() -> None:
     r = Release("a", 3, 3000, 1000, 2.5, "change", "ecc", 1.0, 1e-6, 4.25, 0.05, "ff")
-    assert r.to_json() == (b'{"schema_version":1,"counter":"a","tick":3,"tick_start_ms":3000,"tick_ms":1000,'
-                           b'"value":2.5,"kind":"change","mechanism":"ecc","epsilon":1.0,'
+    assert r.to_json() == (b'{"schema_version":1,"counter":"a","tick":3,"tick_start_ms":3000,'
+                           b'"tick_ms":1000,"value":2.5,"kind":"change","mechanism":"ecc","epsilon":1.0,'
                            b'"delta":1e-6,"error_bound":4.25,"beta":0.05,"fingerprint":"ff"}')
     assert r.key() == b"a"
 
