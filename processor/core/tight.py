@@ -51,6 +51,7 @@ __all__ = [
     "TightPlan",
     "account",
     "check_calibration",
+    "lattice_equivalent",
     "tight_plan",
 ]
 
@@ -274,9 +275,12 @@ def _plan(mechanism: str, eps: float, delta: float) -> TightPlan:
     eps_p = frac * eps
     a = part_loss(mechanism, eps_p)
     b = eps - a
-    delta_part = delta / 2.0
-    part_param = _partition(mechanism, eps_p, delta_part)
-    budget = (delta - delta_part) * math.exp(-a)  # for e^-a (delta_G + excess + clamp)
+    part_param = _partition(mechanism, eps_p, delta / 2.0)
+    # What the partition's bad event actually costs (SimPart's mu is an integer): the rest
+    # of delta goes to e^-a (delta_G + excess + clamp).
+    delta_part = (part_bad(eps_p, part_param) if mechanism == "ecc"
+                  else simpart_bad(eps_p, int(part_param)))
+    budget = (delta - delta_part) * math.exp(-a)
     eta = budget / (2.0 * (1.0 + math.exp(b)))
     tail = math.sqrt(2.0 * math.log(1.0 / eta))
     big_a, big_b = float(CC_STEPS), BCC_STEPS * RATE_PROXY * tail
@@ -292,8 +296,8 @@ def _plan(mechanism: str, eps: float, delta: float) -> TightPlan:
                          bcc_eps, bcc_delta)
         if account(plan).delta_total <= delta:
             return plan
-        shrink *= 0.99
-    raise InvalidParameterError(  # pragma: no cover - the loop converges in one or two steps
+        shrink *= 1.0 - 1e-4
+    raise InvalidParameterError(  # pragma: no cover - the loop converges in a few steps
         f"no tight calibration found for eps={eps!r}, delta={delta!r}")
 
 
@@ -305,6 +309,16 @@ def tight_plan(mechanism: str, eps: float, delta: float) -> TightPlan:
     m = _check_mechanism(mechanism)
     e, d = check_eps_delta(eps, delta)
     return _plan(m, e, d)
+
+
+def lattice_equivalent(plan: TightPlan, mu_total: float) -> tuple[float, int]:
+    """(sigma, shift) in lattice units of the one-dimensional discrete Gaussian the
+    accounting charges for: sigma the smallest sigma among the release's coordinates (each
+    is at least UNIT C of its calibration, a step moving it by at most UNIT), and the
+    integer shift ceil(sigma mu_total), so shift / sigma >= mu_total."""
+    sigma = UNIT * min(_c_cont(plan.cc_eps / 2.0, plan.cc_delta / 2.0),
+                       _c_cont(plan.bcc_eps / 2.0, plan.bcc_delta / 4.0))
+    return sigma, math.ceil(sigma * mu_total)
 
 
 def account(plan: TightPlan) -> Accounting:
@@ -327,11 +341,9 @@ def account(plan: TightPlan) -> Accounting:
     mu_c = cc_mu(plan.cc_eps, plan.cc_delta)
     mu_b = bcc_mu(plan.bcc_eps, plan.bcc_delta)
     mu_tot = math.sqrt((CC_STEPS * mu_c) ** 2 + (BCC_STEPS * mu_b) ** 2)
-    d_gauss = gaussian_delta(1.0, b, mu_tot) * (1.0 + LATTICE_FLOAT_SLACK)
-    # Every coordinate's sigma is at least C * UNIT of its calibration (shift UNIT per step).
-    sigma_min = UNIT * min(_c_cont(plan.cc_eps / 2.0, plan.cc_delta / 2.0),
-                           _c_cont(plan.bcc_eps / 2.0, plan.bcc_delta / 4.0))
-    excess = lattice_excess(sigma_min, b, sigma_min * mu_tot)
+    sigma_min, shift = lattice_equivalent(plan, mu_tot)
+    d_gauss = gaussian_delta(sigma_min, b, shift) * (1.0 + LATTICE_FLOAT_SLACK)
+    excess = lattice_excess(sigma_min, b, shift)
     eta = bcc_eta(plan.bcc_eps, plan.bcc_delta)
     clamp = (1.0 + math.exp(b)) * eta
     total = d_part + math.exp(a) * (d_gauss + excess + clamp)
