@@ -36,6 +36,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -70,6 +71,8 @@ EXIT_MISSING_TOOL = 3
 
 _STAMP_NAME = ".fetched"
 _DIR_PREFIX = "local-kafka-"
+#: Characters allowed in SCRAM user names and passwords given to the storage tool.
+_SCRAM_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 _KAFKA_JAR_PREFIX = "kafka_2.13-"
 _INSTALL_HINTS = {
     "java": "install a Java 17 runtime, e.g. `apt-get install openjdk-17-jre-headless`",
@@ -312,12 +315,13 @@ def fetch(
 # ----------------------------------------------------------------------------- readiness
 
 
-def _admin(bootstrap: str) -> Any:
+def _admin(bootstrap: str, security: Mapping[str, str] | None = None) -> Any:
     # Imported here so that `fetch` needs nothing beyond the standard library.
     from confluent_kafka.admin import AdminClient
 
     return AdminClient(
         {
+            **(security or {}),
             "bootstrap.servers": bootstrap,
             # librdkafka logs every refused connection at error level; the caller reports
             # what matters, so keep its own logging off.
@@ -328,12 +332,14 @@ def _admin(bootstrap: str) -> Any:
     )
 
 
-def broker_ids(bootstrap: str, timeout: float) -> set[int]:
-    """The ids of the live brokers that ``bootstrap`` reports in one metadata request.
+def broker_ids(bootstrap: str, timeout: float,
+               security: Mapping[str, str] | None = None) -> set[int]:
+    """The ids of the live brokers that ``bootstrap`` reports in one metadata request
+    (``security``: librdkafka security properties for a secured listener).
 
     Raises confluent_kafka.KafkaException when no answer comes within ``timeout`` seconds.
     """
-    metadata = _admin(bootstrap).list_topics(timeout=timeout)
+    metadata = _admin(bootstrap, security).list_topics(timeout=timeout)
     return {int(b) for b in metadata.brokers}
 
 
@@ -357,6 +363,152 @@ def wait_for_metadata(bootstrap: str, timeout: float = 60.0, min_brokers: int = 
         if len(ids) >= min_brokers:
             return ids
         last_error = f"only {len(ids)} of {min_brokers} brokers"
+
+
+# ----------------------------------------------------------------------------- TLS material
+
+#: Security of the client listener: ``plaintext``; ``sasl_ssl`` (TLS, then SCRAM-SHA-512
+#: with users created when the storage is formatted); ``mtls`` (TLS with
+#: ``ssl.client.auth=required``: a client shows a certificate signed by the test CA).
+SECURITY_MODES = ("plaintext", "sasl_ssl", "mtls")
+SCRAM_MECHANISM = "SCRAM-SHA-512"
+#: The user the broker itself logs in as on a SASL_SSL inter-broker listener.
+BROKER_USER = "local-kafka-broker"
+#: The client listener's name (and security protocol) per mode.
+_LISTENERS = {"plaintext": "PLAINTEXT", "sasl_ssl": "SASL_SSL", "mtls": "SSL"}
+#: librdkafka property of each ``client_security`` field.
+_LIBRDKAFKA_NAMES = {
+    "ssl_cafile": "ssl.ca.location",
+    "ssl_certfile": "ssl.certificate.location",
+    "ssl_keyfile": "ssl.key.location",
+    "sasl_mechanism": "sasl.mechanism",
+    "sasl_username": "sasl.username",
+    "sasl_password": "sasl.password",
+}
+
+
+def librdkafka_security(fields: Mapping[str, str]) -> dict[str, str]:
+    """librdkafka properties of ``client_security`` fields (what the processor's
+    kafka_io.security_config builds from the same fields; kept here so this module needs
+    nothing of the processor)."""
+    conf = {"security.protocol": fields.get("security_protocol", "PLAINTEXT").lower()}
+    conf.update({_LIBRDKAFKA_NAMES[k]: v for k, v in fields.items()
+                 if k in _LIBRDKAFKA_NAMES and v})
+    return conf
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """A test CA and what it signed, in the formats each side reads.
+
+    Clients (librdkafka, Python's ssl for aiokafka) read PEM: ``ca_cert``, and for mutual
+    TLS ``client_cert`` / ``client_key`` (key unencrypted). The broker (Java) reads PKCS12:
+    ``keystore`` (its key and chain, valid for 127.0.0.1 and localhost, usable as server
+    and as client for inter-broker connections) and ``truststore`` (the CA), both under
+    ``store_password``.
+    """
+
+    directory: Path
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    keystore: Path
+    truststore: Path
+    store_password: str
+
+
+def make_tls_files(directory: Path, *, name: str = "local-kafka",
+                   hosts: Sequence[str] = ("127.0.0.1", "localhost"),
+                   valid_days: int = 2) -> TlsFiles:
+    """Make a fresh CA, a broker certificate for ``hosts`` and a client certificate under
+    ``directory`` (created; private keys mode 0600).
+
+    The keys and certificates come from the ``cryptography`` package; the PKCS12
+    truststore from Java's ``keytool`` (a PKCS12 store holding only a trusted certificate
+    needs a Java-specific attribute that only keytool writes). Another call gives another
+    CA: a client that trusts it is refused by a broker whose certificate this one signed.
+    """
+    import ipaddress
+    import secrets
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.serialization import pkcs12
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.now(UTC) - timedelta(minutes=5)  # tolerate small clock skew
+    until = now + timedelta(days=valid_days)
+
+    def subject(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def issue(cn: str, key: ec.EllipticCurvePrivateKey, issuer: x509.Name,
+              signer: ec.EllipticCurvePrivateKey, *, ca: bool,
+              usages: Sequence[x509.ObjectIdentifier] = (),
+              sans: Sequence[x509.GeneralName] = ()) -> x509.Certificate:
+        builder = (x509.CertificateBuilder().subject_name(subject(cn)).issuer_name(issuer)
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now).not_valid_after(until)
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if usages:
+            builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(list(sans)),
+                                            critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    def pem(cert: x509.Certificate) -> bytes:
+        return cert.public_bytes(serialization.Encoding.PEM)
+
+    def write(path: Path, data: bytes, mode: int = 0o644) -> Path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        return path
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = subject(f"{name} test CA")
+    ca = issue(f"{name} test CA", ca_key, ca_name, ca_key, ca=True)
+    broker_key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            sans.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            sans.append(x509.DNSName(host))
+    broker = issue(f"{name} broker", broker_key, ca_name, ca_key, ca=False, sans=sans,
+                   usages=(ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH))
+    client_key = ec.generate_private_key(ec.SECP256R1())
+    client = issue(f"{name} client", client_key, ca_name, ca_key, ca=False,
+                   usages=(ExtendedKeyUsageOID.CLIENT_AUTH,))
+
+    password = secrets.token_hex(16)
+    files = TlsFiles(
+        directory=directory,
+        ca_cert=write(directory / "ca.pem", pem(ca)),
+        client_cert=write(directory / "client.pem", pem(client)),
+        client_key=write(directory / "client.key", client_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption()), 0o600),
+        keystore=write(directory / "broker.p12", pkcs12.serialize_key_and_certificates(
+            b"broker", broker_key, broker, [ca],
+            serialization.BestAvailableEncryption(password.encode())), 0o600),
+        truststore=directory / "truststore.p12",
+        store_password=password,
+    )
+    keytool = require_tool("keytool")
+    files.truststore.unlink(missing_ok=True)  # keytool would add to an old store
+    out = subprocess.run(
+        [keytool, "-importcert", "-noprompt", "-alias", "ca", "-file", str(files.ca_cert),
+         "-keystore", str(files.truststore), "-storetype", "PKCS12",
+         "-storepass", password],
+        capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        raise StartError(f"keytool could not write the truststore: {out.stdout}{out.stderr}")
+    return files
 
 
 # ----------------------------------------------------------------------------- processes
@@ -460,6 +612,14 @@ class LocalKafka:
     applied last) tune it further. With ``die_with_parent`` (the default, Linux only) the
     JVMs are killed if this Python process dies without calling ``stop()``; the command line
     turns it off so its nodes outlive it.
+
+    ``security`` secures the client listener (one of SECURITY_MODES): ``"sasl_ssl"``
+    (SCRAM-SHA-512 over TLS; ``scram_users`` name -> password are created when the storage
+    is formatted, default one user ``client`` with a random password) or ``"mtls"``
+    (TLS with ``ssl.client.auth=required``). A fresh test CA and certificates are made
+    under the node directory (``tls``); brokers talk to each other on the same secured
+    listener, and only the KRaft controller listener stays plaintext on loopback.
+    ``client_security()`` / ``client_config()`` say how a client connects.
     """
 
     def __init__(
@@ -477,7 +637,16 @@ class LocalKafka:
         fetch_if_missing: bool = True,
         die_with_parent: bool = True,
         keep_dir: bool = False,
+        security: str = "plaintext",
+        scram_users: Mapping[str, str] | None = None,
     ) -> None:
+        if security not in SECURITY_MODES:
+            raise ValueError(f"security must be one of {SECURITY_MODES}, got {security!r}")
+        users = dict(scram_users) if scram_users else {"client": secrets.token_hex(12)}
+        for text in (*users, *users.values()):
+            # The storage tool's --add-scram syntax has no quoting for , ] or =.
+            if not text or not set(text) <= _SCRAM_CHARS:
+                raise ValueError("SCRAM user names and passwords: letters, digits, . _ -")
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         if ports is not None and len(ports) != nodes:
@@ -495,6 +664,10 @@ class LocalKafka:
         self.fetch_if_missing = fetch_if_missing
         self.die_with_parent = die_with_parent
         self.keep_dir = keep_dir
+        self.security = security
+        self.scram_users = users
+        self._broker_password = secrets.token_hex(16)
+        self._tls: TlsFiles | None = None
         self._fixed_ports = list(ports) if ports is not None else None
         self._nodes: list[_Node] = []
         self._base_dir: Path | None = None
@@ -523,6 +696,36 @@ class LocalKafka:
     def base_dir(self) -> Path | None:
         """The temporary directory holding every node's config, data and logs (None if stopped)."""
         return self._base_dir
+
+    @property
+    def tls(self) -> TlsFiles | None:
+        """The test CA and certificates of a secured cluster (None for plaintext or stopped)."""
+        return self._tls
+
+    def client_security(self, user: str | None = None) -> dict[str, str]:
+        """How a client reaches the client listener, as the processor's ``[security]``
+        fields (security_protocol, ssl_cafile, ssl_certfile, ssl_keyfile, sasl_mechanism,
+        sasl_username, sasl_password); ``user`` is a SCRAM user (default the first).
+        Plaintext: ``{"security_protocol": "PLAINTEXT"}``."""
+        if self.security == "plaintext":
+            return {"security_protocol": "PLAINTEXT"}
+        tls = self._tls
+        if tls is None:
+            raise LocalKafkaError("LocalKafka is not started")
+        if self.security == "mtls":
+            return {"security_protocol": "SSL", "ssl_cafile": str(tls.ca_cert),
+                    "ssl_certfile": str(tls.client_cert), "ssl_keyfile": str(tls.client_key)}
+        name = user if user is not None else next(iter(self.scram_users))
+        password = (self._broker_password if name == BROKER_USER
+                    else self.scram_users[name])
+        return {"security_protocol": "SASL_SSL", "ssl_cafile": str(tls.ca_cert),
+                "sasl_mechanism": SCRAM_MECHANISM, "sasl_username": name,
+                "sasl_password": password}
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """librdkafka configuration (bootstrap servers and security) for ``user``."""
+        return {"bootstrap.servers": self.bootstrap_servers,
+                **librdkafka_security(self.client_security(user))}
 
     def node_bootstrap(self, i: int) -> str:
         """``host:port`` of node ``i`` alone (0-based)."""
@@ -690,6 +893,8 @@ class LocalKafka:
             for i in range(self.nodes)
         ]
         voters = ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in self._nodes)
+        if self.security != "plaintext":
+            self._tls = make_tls_files(base / "tls", name=f"local-kafka-{base.name}")
         for node in self._nodes:
             node.logs_dir.mkdir(parents=True)
             node.config_file.write_text(self._properties(node, voters), encoding="utf-8")
@@ -706,17 +911,18 @@ class LocalKafka:
     def _properties(self, node: _Node, voters: str) -> str:
         rf = self.replication_factor
         min_isr = self.min_insync_replicas
+        listener = _LISTENERS[self.security]
         props: dict[str, str] = {
             "process.roles": "broker,controller",
             "node.id": str(node.node_id),
             "controller.quorum.voters": voters,
             "listeners": (
-                f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
+                f"{listener}://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
             ),
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
+            "advertised.listeners": f"{listener}://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "inter.broker.listener.name": listener,
+            "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
             "log.dirs": str(node.directory / "data"),
             "num.partitions": str(self.num_partitions),
             "auto.create.topics.enable": "true",
@@ -744,9 +950,52 @@ class LocalKafka:
             "broker.heartbeat.interval.ms": "1000",
             "broker.session.timeout.ms": "6000",
         }
+        props.update(self._security_properties())
         props.update(self.extra_config)
         header = f"# Written by processor.devtools.local_kafka for node {node.index}.\n"
         return header + "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _security_properties(self) -> dict[str, str]:
+        """server.properties entries of a secured client listener (none for plaintext)."""
+        tls = self._tls
+        if self.security == "plaintext" or tls is None:
+            return {}
+        props = {
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(tls.keystore),
+            "ssl.keystore.password": tls.store_password,
+            "ssl.key.password": tls.store_password,
+            "ssl.truststore.type": "PKCS12",
+            "ssl.truststore.location": str(tls.truststore),
+            "ssl.truststore.password": tls.store_password,
+        }
+        if self.security == "mtls":
+            props["ssl.client.auth"] = "required"
+            return props
+        jaas = ("org.apache.kafka.common.security.scram.ScramLoginModule required "
+                f'username="{BROKER_USER}" password="{self._broker_password}";')
+        props.update({
+            "sasl.enabled.mechanisms": SCRAM_MECHANISM,
+            "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
+            f"listener.name.sasl_ssl.{SCRAM_MECHANISM.lower()}.sasl.jaas.config": jaas,
+        })
+        return props
+
+    def _scram_args(self) -> list[str]:
+        """The storage tool's --add-scram arguments: the broker's user and the clients'."""
+        if self.security != "sasl_ssl":
+            return []
+        users = {BROKER_USER: self._broker_password, **self.scram_users}
+        args: list[str] = []
+        for name, password in users.items():
+            args += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
+        return args
+
+    def _probe_security(self) -> dict[str, str]:
+        """librdkafka security of the readiness probe (as the broker's own SCRAM user)."""
+        if self.security == "plaintext":
+            return {}
+        return librdkafka_security(self.client_security(BROKER_USER))
 
     def _java_cmd(self, java: str, libs: Path, logs_dir: Path, heap: str) -> list[str]:
         return [
@@ -780,6 +1029,7 @@ class LocalKafka:
                 "--config",
                 str(node.config_file),
                 "--ignore-formatted",
+                *self._scram_args(),
             ]
             with out.open("wb") as fh:
                 proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
@@ -829,7 +1079,8 @@ class LocalKafka:
                 )
             if port_accepts("127.0.0.1", node.port):
                 try:
-                    ids = broker_ids(node.bootstrap, timeout=min(3.0, max(0.5, remaining)))
+                    ids = broker_ids(node.bootstrap, timeout=min(3.0, max(0.5, remaining)),
+                                     security=self._probe_security())
                 except Exception as exc:  # not ready yet: KafkaException
                     last = str(exc)
                 else:
@@ -862,6 +1113,7 @@ class LocalKafka:
         with contextlib.suppress(Exception):
             atexit.unregister(self._teardown)
         base, self._base_dir = self._base_dir, None
+        self._tls = None
         if base is not None and not self.keep_dir:
             shutil.rmtree(base, ignore_errors=True)
 

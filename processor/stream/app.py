@@ -505,6 +505,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     partitions = settings.partitions
     keyed = [kafka_io.topic_name(settings, "timeline"), changelog_topic(settings)]
     try:
+        kafka_io.check_access(conf, BROKER_WAIT_S)
         if replication is None:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
         names = [kafka_io.topic_name(settings, "input"), kafka_io.topic_name(settings, "timeline"),
@@ -522,6 +523,9 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                                config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
         have = {t: kafka_io.partitions_with_leaders(conf, t, partitions, BROKER_WAIT_S)
                 for t in keyed}
+    except kafka_io.AccessRefused as exc:
+        raise StartError(f"the Kafka brokers at {settings.bootstrap_servers} refuse this "
+                         f"client: {exc}") from None
     except KafkaException as exc:
         err = exc.args[0] if exc.args else None
         what = err.name() if isinstance(err, KafkaError) else type(exc).__name__

@@ -119,6 +119,37 @@ def base_config(settings: Settings) -> dict[str, str]:
     return conf
 
 
+class AccessRefused(RuntimeError):
+    """The brokers answer but refuse this client (authentication or TLS)."""
+
+
+def check_access(conf: Mapping[str, str], timeout_s: float) -> None:
+    """Return once the brokers answer a metadata request. AccessRefused when they refuse
+    this client (failed SASL authentication; a TLS handshake failing either way): that
+    arrives within a second and retrying cannot help, so a start reports it at once. The
+    message is librdkafka's text for TLS, a fixed sentence for SASL (never a credential).
+    The last KafkaException when nothing answers within `timeout_s`."""
+    seen: list[KafkaError] = []
+    full: dict[str, Any] = {**conf, "log_level": "0", "error_cb": seen.append}
+    admin = AdminClient(full)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            admin.list_topics(timeout=min(0.5, max(0.1, deadline - time.monotonic())))
+            return
+        except KafkaException:
+            if time.monotonic() >= deadline:
+                raise
+            admin.poll(0.1)  # serves error_cb
+        for err in seen:
+            if err.code() == KafkaError._AUTHENTICATION:
+                raise AccessRefused("SASL authentication failed (check the mechanism, "
+                                    "username and password)")
+            text = str(err.str())
+            if err.code() == KafkaError._SSL or "SSL alert" in text:
+                raise AccessRefused(text.split(" (after ")[0])  # without the timing suffix
+
+
 def plain_config(bootstrap_servers: str) -> dict[str, str]:
     """Client config for an unsecured broker (tests and the local demo)."""
     return {"bootstrap.servers": bootstrap_servers}
