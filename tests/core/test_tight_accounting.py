@@ -1,0 +1,121 @@
+"""The tight calibration's exact accounting (processor/core/tight.py).
+
+Every plan is recomputed from the parameters it hands to the partition and the counters
+(`account`), and its delivered (eps, delta) must meet the target; the Gaussian term is
+checked a second time against the 120-digit discrete Gaussian delta at the same
+one-dimensional lattice equivalent. Controls: plans that charge CC for one step instead of
+Observation 4.13's four, or skip the clamp term, or give SimPart a smaller mu, are
+rejected by the same computation. No randomness here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from fractions import Fraction
+
+import pytest
+
+from processor.core import tight
+from processor.core.calibration import discrete_gaussian_delta, gaussian_delta
+from processor.core.ecc import ECC, SimECC, ecc_parameters, simecc_parameters
+from processor.core.errors import InvalidParameterError
+from processor.core.partition import simpart_scale
+from processor.core.rng import NoiseKey
+
+EPS = (0.1, 1.43, 10.0, 150.0)
+DELTAS = (1e-5, 1e-9)
+
+
+@pytest.mark.parametrize("mechanism", tight.MECHANISMS)
+@pytest.mark.parametrize("eps", EPS)
+@pytest.mark.parametrize("delta", DELTAS)
+def test_delivered_guarantee_meets_the_target(mechanism: str, eps: float, delta: float) -> None:
+    plan = tight.tight_plan(mechanism, eps, delta)
+    acc = tight.account(plan)
+    assert acc.eps_total <= eps * (1 + 1e-15)
+    assert acc.delta_total <= delta
+    # every term of the final inequality is accounted for and positive
+    assert 0 < acc.delta_part < delta and 0 < acc.delta_gauss < delta and acc.eta > 0
+    assert acc.mu_total == pytest.approx(math.hypot(4 * acc.mu_cc, 2 * acc.mu_bcc))
+    # the 120-digit discrete delta of the lattice equivalent stays below what was charged
+    sigma, shift = tight.lattice_equivalent(plan, acc.mu_total)
+    exact = discrete_gaussian_delta(Fraction(sigma) ** 2, acc.gauss_eps, shift)
+    assert float(exact) <= acc.delta_gauss + acc.excess
+    # and the charged continuous part is the GDP profile at mu >= mu_total
+    assert shift / sigma >= acc.mu_total
+    assert acc.delta_gauss >= gaussian_delta(1.0, acc.gauss_eps, acc.mu_total)
+
+
+@pytest.mark.parametrize("eps", EPS)
+def test_tight_adds_less_noise_than_the_paper(eps: float) -> None:
+    """The point of it: SimECC's CC and BCC carry more signal per unit of noise (larger GDP
+    mu per step) than with the paper's group-privacy constants, and its mean gap is
+    smaller. ECC's Part costs 17/3 eps_p, so its plan buys a lower threshold and a less
+    noisy BCC with some of CC's budget: only those two are compared."""
+    d = 1e-5
+    paper, tt = simecc_parameters(eps, d), simecc_parameters(eps, d, "tight")
+    assert tight.cc_mu(tt.cc_eps, tt.cc_delta) > tight.cc_mu(paper.cc_eps, paper.cc_delta)
+    assert tight.bcc_mu(tt.bcc_eps, tt.bcc_delta) > tight.bcc_mu(paper.bcc_eps, paper.bcc_delta)
+    assert tt.mu < paper.mu
+    ep, et = ecc_parameters(eps, d), ecc_parameters(eps, d, "tight")
+    assert tight.bcc_mu(et.bcc_eps, et.bcc_delta) > tight.bcc_mu(ep.bcc_eps, ep.bcc_delta)
+    assert et.tau < ep.tau
+
+
+def test_origin_of_408_and_102() -> None:
+    """Part's tau - 1 = 8 ln(pi^2/(2 delta)) / eps_p and SimPart's mu - 3 = 2 ln(...) / eps_p
+    with eps_p = eps / 51: the 8 and the 2 are the exponents of Lemmas 4.14 and 6.2."""
+    eps, delta = 1.0, 1e-6
+    p = ecc_parameters(eps, delta)
+    assert p.tau - 1 == pytest.approx(8 * math.log(math.pi**2 / (2 * delta)) / p.eps_part)
+    q = simecc_parameters(eps, delta)
+    assert q.mu - 3 == math.ceil(2 * math.log(2 * math.pi**2 / (3 * delta)) / q.eps_part)
+    # Lemma 4.14's bound at the paper's tau is delta/2, as Theorem 4.8 uses it
+    assert tight.part_bad(p.eps_part, p.tau) == pytest.approx(delta / 2)
+
+
+def test_simpart_bad_event_bound_against_a_direct_sum() -> None:
+    """simpart_bad bounds sum_l Pr[Z_l <= 2 - mu - ceil(4 ln(l)/eps_p)] for the core's DLap
+    (rounded-up scale): compared with the sum over the first 10^5 instances."""
+    eps_p, mu = 0.5, 20
+    t, s = simpart_scale(eps_p)
+    r = math.exp(-s / t)
+    direct = sum(r ** (mu - 2 + math.ceil(4 * math.log(l) / eps_p)) / (1 + r)
+                 for l in range(1, 100_001))  # noqa: E741
+    bound = tight.simpart_bad(eps_p, mu)
+    assert direct <= bound <= direct * 1.05
+
+
+def test_controls_are_rejected_by_the_accounting() -> None:
+    """Plans a wrong analysis would produce must fail the same computation."""
+    eps, delta = 10.0, 1e-5
+    plan = tight.tight_plan("simecc", eps, delta)
+    # CC charged for one step instead of four: its noise a quarter of what is needed
+    e4, d4 = tight._cc_for(4 * tight.cc_mu(plan.cc_eps, plan.cc_delta), plan.cc_delta)
+    assert tight.account(dataclasses.replace(plan, cc_eps=e4, cc_delta=d4)).delta_total > delta
+    # BCC's clamp paid at BCC's own eps (the paper's Lemma 3.13) instead of the joint eps
+    acc = tight.account(plan)
+    ok_eta = acc.eta * (1 + math.exp(acc.gauss_eps)) / (1 + math.exp(plan.bcc_eps))
+    e_b, d_b = tight._bcc_for(acc.mu_bcc, ok_eta)
+    assert tight.account(dataclasses.replace(plan, bcc_eps=e_b, bcc_delta=d_b)).delta_total > delta
+    # SimPart's mean gap smaller than its bad event allows
+    assert tight.account(dataclasses.replace(plan, part_param=plan.part_param - 3)
+                         ).delta_total > delta
+    # Part's partition loss 17/3 eps_p (Lemma 4.14) charged as SimPart's eps_p
+    ecc_plan = tight.tight_plan("ecc", eps, delta)
+    assert tight.account(dataclasses.replace(ecc_plan, mechanism="simecc",
+                                             part_param=3.0)).delta_total > delta
+
+
+def test_refusals() -> None:
+    with pytest.raises(InvalidParameterError, match="paper, tight"):
+        tight.check_calibration("loose")
+    with pytest.raises(InvalidParameterError, match="covers ecc, simecc"):
+        tight.tight_plan("gaussiancc", 1.0, 1e-6)
+    with pytest.raises(InvalidParameterError):
+        tight.tight_plan("simecc", -1.0, 1e-6)
+    with pytest.raises(InvalidParameterError, match="calibration"):
+        SimECC(1.0, 1e-6, NoiseKey.from_seed(1), "c", calibration="Tight")
+    with pytest.raises(InvalidParameterError, match="calibration"):
+        ECC(1.0, 1e-6, NoiseKey.from_seed(1), "c", calibration=None)  # type: ignore[arg-type]
