@@ -9,7 +9,8 @@ One `Worker` holds:
   [(offset, value)])` on a Faust table (RocksDB via rocksdict, changelogged to Kafka), with
   a Faust `Publisher` for the private-count and ledger topics;
 - the leader's timer: appends "sealed through n" markers to every timeline partition once
-  tick n's end plus the allowed lateness has passed on the wall clock;
+  tick n's end plus the allowed lateness has passed on the wall clock, cross-checked
+  against the brokers' clock (`clock.ClockGuard`, shared with ingest; docs/time.md);
 - a timer that logs aggregate metrics.
 
 The commit protocol (releases acknowledged before any state write; the order of the state
@@ -44,6 +45,7 @@ from confluent_kafka import KafkaError, KafkaException
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
+from processor.stream.clock import ClockGuard, Stamp, next_marker, system_clock
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
@@ -62,8 +64,8 @@ from processor.stream.records import (
     TimelineMarker,
     announced_counters,
     decode_timeline,
+    encode_batch,
     encode_marker,
-    sealed_through,
 )
 from processor.stream.state import StateVersionError
 
@@ -262,12 +264,14 @@ class Worker:
     """The Faust app of one worker process and what runs in it (see the module doc).
 
     Built from Settings; `run()` runs it until SIGTERM/SIGINT. `crash_point` is the test
-    hook of the kill -9 tests (`ingest.crash_point_from_env`), None in production.
+    hook of the kill -9 tests (`ingest.crash_point_from_env`), None in production; `clock`
+    the clocks the marker timer and ingest read (default: the system's, `system_clock`).
     """
 
     def __init__(self, settings: Settings, key: NoiseKey, *, replication: int = 1,
                  crash_point: Callable[[str], None] | None = None,
-                 announced: Mapping[str, frozenset[str]] | None = None) -> None:
+                 announced: Mapping[str, frozenset[str]] | None = None,
+                 clock: ClockGuard | None = None) -> None:
         self.settings = settings
         self.metrics = WorkerMetrics()
         self.partitions = settings.partitions
@@ -312,15 +316,23 @@ class Worker:
                                         crash_point=crash_point)
         self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
                              self.timeline_name, self.metrics)
+        # One guard for the marker timer and ingest: both learn the brokers' time from
+        # the timeline records they write, and both decide by it (clock.py).
+        self.clock = clock if clock is not None else ClockGuard(system_clock())
         self.ingest = Ingest(settings, on_failure=self._ingest_failed, crash_point=crash_point,
-                             on_batch=lambda n: self.surface.ingest_batch(n))
+                             on_batch=lambda n: self.surface.ingest_batch(n),
+                             clock=self.clock)
         # The operator surface (metrics, /healthz, /readyz; processor/stream/metrics.py).
         self.surface = Surface(settings, lambda: {**self.metrics.counts,
-                                                  **self.ingest.metrics()},
+                                                  **self.ingest.metrics(),
+                                                  **self.clock.counts()},
                                ingest=self.ingest)
         # The last tick this process appended a marker through; None until the first
         # append, which first reads the timeline's last marker (`last_marker`).
         self._last_marker: int | None = None
+        # Whether this process probed the brokers' time / warned about create times.
+        self._probed = False
+        self._warned_create_time = False
 
         self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
         self.app.on_partitions_assigned.connect(self.on_assigned)
@@ -391,8 +403,10 @@ class Worker:
     # -- timers
 
     async def append_markers(self) -> None:
-        """Leader only: 'sealed through n' on every timeline partition (idempotent)."""
-        n = sealed_through(int(time.time() * 1000), self.settings)
+        """Leader only: 'sealed through n' on every timeline partition (idempotent), n by
+        the earlier of the local and the brokers' clocks (`clock.next_marker`): a clock
+        that runs ahead seals nothing of the future, one that runs behind raises the clock
+        alarm and delays the seal (docs/time.md)."""
         if self._last_marker is None:
             # Never a second marker through a tick the timeline already has one for (say
             # after a restart within one tick): a counter's creation is identified by its
@@ -400,15 +414,41 @@ class Worker:
             # not meet the marker that created its counters again.
             self._last_marker = await asyncio.get_running_loop().run_in_executor(
                 None, last_marker, kafka_io.base_config(self.settings), self.timeline_name)
-        if n <= self._last_marker:
+        producer = self.app.producer
+        if not self.clock.has_reference and not self._probed:
+            # The brokers' time before this leader's first marker: an empty event batch (a
+            # no-op for the operator and for replay) whose acknowledgement carries its
+            # log-append time.
+            self._probed = True
+            sent = self.clock.mono_ms()
+            ack = await producer.send(self.timeline_name, None, encode_batch([]), 0, None,
+                                      None)
+            self._observe([await ack], sent)
+        n = next_marker(self.clock.read(), self._last_marker, self.settings)
+        if n is None:
             return
         record = encode_marker(n)
-        producer = self.app.producer
+        sent = self.clock.mono_ms()
         acks = [await producer.send(self.timeline_name, None, record, p, None, None)
                 for p in range(self.partitions)]
-        await asyncio.gather(*acks)
+        self._observe(await asyncio.gather(*acks), sent)
         self._last_marker = n
         self.metrics.add("markers_appended", self.partitions)
+
+    def _observe(self, metadata: Sequence[Any], sent_mono_ms: int) -> None:
+        """The brokers' log-append times of timeline records this leader appended (aiokafka
+        RecordMetadata: timestamp_type 1) become the clock reference."""
+        acked = self.clock.mono_ms()
+        stamps = [int(m.timestamp) for m in metadata
+                  if m is not None and m.timestamp_type == 1]
+        if stamps:
+            self.clock.observe(Stamp(max(stamps), sent_mono_ms, acked))
+        elif not self._warned_create_time:
+            self._warned_create_time = True
+            log.warning("the timeline topic %r stamps records with their create time: the "
+                        "wall clock is not cross-checked against the brokers' (set "
+                        "message.timestamp.type=LogAppendTime on it; docs/time.md)",
+                        self.timeline_name)
 
     async def log_metrics(self) -> None:
         log.info("metrics %s", self.metrics.summary(self.ingest.metrics()))
@@ -508,10 +548,15 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
         kafka_io.check_access(conf, BROKER_WAIT_S)
         if replication is None:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
-        names = [kafka_io.topic_name(settings, "input"), kafka_io.topic_name(settings, "timeline"),
+        names = [kafka_io.topic_name(settings, "input"),
                  kafka_io.topic_name(settings, "counts"),
                  kafka_io.topic_name(settings, "deadletter")]
         kafka_io.create_topics(conf, names, partitions, replication=replication,
+                               timeout_s=BROKER_WAIT_S)
+        # Timeline records carry the brokers' log-append time: the clock cross-check of
+        # the leader and of ingest reads it off their acknowledgements (clock.py).
+        kafka_io.create_topics(conf, keyed[:1], partitions, replication=replication,
+                               config={"message.timestamp.type": "LogAppendTime"},
                                timeout_s=BROKER_WAIT_S)
         # The ledger is kept forever: a restarted worker refuses to re-create a counter
         # it announced (operator.AnnouncedCounterError), which it can only if the entry is

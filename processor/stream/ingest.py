@@ -35,9 +35,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    TIMESTAMP_LOG_APPEND_TIME,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 
 from processor.stream import kafka_io
+from processor.stream.clock import ClockGuard, Stamp, system_clock
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.logs import configure_logging
 from processor.stream.records import (
@@ -221,7 +228,10 @@ class Ingest:
 
     `start()` starts it, `stop()` asks it to finish the batch in hand and waits. If the loop
     fails, it stops itself without committing the batch in hand, records the error in
-    `failure` and calls `on_failure` (the worker then stops: exit code 1).
+    `failure` and calls `on_failure` (the worker then stops: exit code 1). `clock` (shared
+    with the worker's marker timer) decides "too far in the future" by the later of the
+    local and the brokers' clocks, and learns the brokers' time from the log-append times
+    of the timeline records this stage writes (clock.py, docs/time.md).
     """
 
     def __init__(self, settings: Settings, *,
@@ -229,8 +239,9 @@ class Ingest:
                  crash_point: Callable[[str], None] | None = None,
                  on_batch: Callable[[int], None] | None = None,
                  max_consume: int = MAX_CONSUME, poll_s: float = 0.2,
-                 delivery_timeout_s: float = 60.0) -> None:
+                 delivery_timeout_s: float = 60.0, clock: ClockGuard | None = None) -> None:
         self.settings = settings
+        self._clock = clock if clock is not None else ClockGuard(system_clock())
         self.group_id = f"{settings.app_id}-ingest"
         self.failure: BaseException | None = None
         self._on_failure = on_failure
@@ -294,6 +305,7 @@ class Ingest:
         })
         producer = kafka_io.make_producer(conf, **{"linger.ms": "2"})
         try:
+            self._probe_time(producer)
             consumer.subscribe([self.settings.topics.input])
             while not self._stop.is_set():
                 self.last_beat = time.monotonic()
@@ -328,18 +340,19 @@ class Ingest:
                                        bytes(msg.value() or b"")))
         if not records:
             return
-        routed = route(records, self.settings, int(time.time() * 1000))
+        routed = route(records, self.settings, self._clock.read().future_ms)
         failed: list[str] = []
-
-        def on_delivery(err: KafkaError | None, _msg: Any) -> None:
-            if err is not None:
-                failed.append(err.name())
+        stamps: list[int] = []
+        on_delivery = self._delivery_callback(failed, stamps)
+        sent = self._clock.mono_ms()
 
         for tp, data in routed.timeline:
             self._produce(producer, self._timeline, data, tp, on_delivery)
         for data in routed.deadletters:
             self._produce(producer, self._deadletter, data, None, on_delivery)
         remaining = producer.flush(self._delivery_timeout_s)
+        if stamps:
+            self._clock.observe(Stamp(max(stamps), sent, self._clock.mono_ms()))
         if remaining or failed:
             raise IngestError(f"{remaining} record(s) unacknowledged, delivery errors "
                               f"{sorted(set(failed))}")
@@ -361,6 +374,33 @@ class Ingest:
         self._add(routed.metrics)
         if self._on_batch is not None:
             self._on_batch(len(records))
+
+    def _delivery_callback(self, failed: list[str],
+                           stamps: list[int]) -> Callable[[KafkaError | None, Any], None]:
+        """A delivery report callback: errors into `failed`, the brokers' log-append times
+        of delivered timeline records into `stamps` (the clock reference)."""
+        def on_delivery(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                failed.append(err.name())
+            elif msg.topic() == self._timeline:
+                kind, ts = msg.timestamp()
+                if kind == TIMESTAMP_LOG_APPEND_TIME:
+                    stamps.append(int(ts))
+        return on_delivery
+
+    def _probe_time(self, producer: Any) -> None:
+        """The brokers' time before the first batch is judged: an empty event batch on
+        timeline partition 0 (a no-op for the operator and for replay) whose delivery
+        report carries its log-append time. A failed probe leaves the reference unset
+        (the wall clock alone decides until a batch is delivered)."""
+        failed: list[str] = []
+        stamps: list[int] = []
+        sent = self._clock.mono_ms()
+        self._produce(producer, self._timeline, encode_batch([]), 0,
+                      self._delivery_callback(failed, stamps))
+        producer.flush(self._delivery_timeout_s)
+        if stamps:
+            self._clock.observe(Stamp(max(stamps), sent, self._clock.mono_ms()))
 
     @staticmethod
     def _produce(producer: Any, topic: str, value: bytes, partition: int | None,

@@ -192,6 +192,16 @@ class _OperatorCounts(_CountsCollector):
             "dpc_timeline_records_refetched", "Timeline records the consumer skipped around "
             "a rebalance and the worker re-read (GapGuard)",
             value=sum(v for k, v in c.items() if k.startswith("gap_records_refetched_")))
+        # The clock cross-check (clock.ClockGuard, docs/time.md).
+        yield CounterMetricFamily(
+            "dpc_clock_alarms", "Episodes in which the local wall clock and the brokers' "
+            "(log-append time of the timeline) disagreed by more than the tolerance",
+            value=c.get("clock_alarms", 0))
+        skew = c.get("clock_skew_ms")
+        yield GaugeMetricFamily(
+            "dpc_clock_skew_seconds", "Local wall clock minus the brokers' clock, as last "
+            "estimated (0 within the estimate's uncertainty; NaN: no broker time yet)",
+            value=math.nan if skew is None else skew / 1000.0)
 
 
 class _Status:
