@@ -354,14 +354,16 @@ def _print_kept(deployment: Deployment, local_broker: bool) -> None:
     rel = d.relative_to(here) if d.is_relative_to(here) else d
     cfg_rel = cfg.relative_to(here) if cfg.is_relative_to(here) else cfg
     broker = deployment.settings.bootstrap_servers
+    exe = Path(sys.executable)
+    py = str(exe.relative_to(here)) if exe.is_relative_to(here) else "python"
     print(f"\nkept for you: the topics on {broker}"
           + (" (the local broker keeps running)" if local_broker else "")
           + f" and the run directory {rel} (config, noise key, logs)\n"
           f"  topics      public: {t.counts}, {t.ledger}; operator-only: {t.input}, "
           f"{t.timeline}, {t.deadletter}\n"
-          f"  look again  python -m processor view --config {cfg_rel}\n"
-          f"  audit       python -m processor replay --config {cfg_rel} --through end\n"
-          f"  delete      python -m processor demo --delete {rel}"
+          f"  look again  {py} -m processor view --config {cfg_rel}\n"
+          f"  audit       {py} -m processor replay --config {cfg_rel}\n"
+          f"  delete      {py} -m processor demo --delete {rel}"
           + ("   (then `python deploy/kafka.py stop` stops the broker)" if local_broker
              else ""),
           flush=True)
@@ -482,9 +484,8 @@ class _Run:
                 for q in self.truth.values():
                     q.advance(sealed)
                 batch: list[Any] = consumer.consume(num_messages=500, timeout=0.2)
-                for msg in batch:
-                    if msg.error() is None and msg.value():
-                        self._show(str(msg.topic()), msg.value())
+                self._show([(str(m.topic()), orjson.loads(m.value())) for m in batch
+                            if m.error() is None and m.value()])
                 if time.monotonic() >= next_overlay:
                     self._write_overlay()
                     next_overlay = time.monotonic() + 0.5
@@ -509,33 +510,40 @@ class _Run:
             self.produced["bad"] += 1
         producer.produce(self.settings.topics.input, value=raw)
 
-    def _show(self, topic: str, raw: bytes) -> None:
+    def _show(self, batch: list[tuple[str, Any]]) -> None:
+        """Count the dead letters; print the ledger entries, then the releases in time
+        order (a batch holds one partition's records after another's)."""
         t = self.settings.topics
-        rec = orjson.loads(raw)
-        if topic == t.deadletter:
-            self.dead[str(rec.get("reason", "?"))] += 1
-        elif topic == t.ledger:
-            self.ledger += 1
-            print(f"ledger: {rec.get('counter')} announced ({rec.get('mechanism')}, "
-                  f"eps={rec.get('epsilon')}, delta={rec.get('delta')}, "
-                  f"tick {rec.get('tick_ms')} ms)", flush=True)
-        elif topic == t.counts:
-            self.releases += 1
-            name, tick = str(rec["counter"]), int(rec["tick"])
-            tr = self.truth.get(name)
-            true_s = None
-            if tr is not None:
-                # A release for tick t means t is sealed: bring the truth up to it.
-                tr.advance(tr.start_tick + tick - 1)
-                true_s = tr.at(tick)
-            value, bound = float(rec["value"]), float(rec["error_bound"])
-            if true_s is not None:
-                err, big = self.errors.get(name, (0.0, 0.0))
-                self.errors[name] = (max(err, abs(value - true_s)), max(big, bound))
-            when = datetime.fromtimestamp(
-                (int(rec["tick_start_ms"]) + int(rec["tick_ms"])) / 1000).strftime("%H:%M:%S")
-            print(f"{when:<8} {name:<10} {tick:>5} {rec['kind']:<9} {value:>9.2f} "
-                  f"{bound:>9.1f} {'' if true_s is None else true_s:>6}", flush=True)
+        for topic, rec in batch:
+            if topic == t.deadletter:
+                self.dead[str(rec.get("reason", "?"))] += 1
+            elif topic == t.ledger:
+                self.ledger += 1
+                print(f"ledger: {rec.get('counter')} announced ({rec.get('mechanism')}, "
+                      f"eps={rec.get('epsilon')}, delta={rec.get('delta')}, "
+                      f"tick {rec.get('tick_ms')} ms)", flush=True)
+        releases = [rec for topic, rec in batch if topic == t.counts]
+        releases.sort(key=lambda r: (int(r["tick_start_ms"]), str(r["counter"])))
+        for rec in releases:
+            self._row(rec)
+
+    def _row(self, rec: dict[str, Any]) -> None:
+        self.releases += 1
+        name, tick = str(rec["counter"]), int(rec["tick"])
+        tr = self.truth.get(name)
+        true_s = None
+        if tr is not None:
+            # A release for tick t means t is sealed: bring the truth up to it.
+            tr.advance(tr.start_tick + tick - 1)
+            true_s = tr.at(tick)
+        value, bound = float(rec["value"]), float(rec["error_bound"])
+        if true_s is not None:
+            err, big = self.errors.get(name, (0.0, 0.0))
+            self.errors[name] = (max(err, abs(value - true_s)), max(big, bound))
+        when = datetime.fromtimestamp(
+            (int(rec["tick_start_ms"]) + int(rec["tick_ms"])) / 1000).strftime("%H:%M:%S")
+        print(f"{when:<8} {name:<10} {tick:>5} {rec['kind']:<9} {value:>9.2f} "
+              f"{bound:>9.1f} {'' if true_s is None else true_s:>6}", flush=True)
 
     def _write_overlay(self) -> None:
         write_overlay(self.overlay, {

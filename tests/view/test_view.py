@@ -53,6 +53,16 @@ def _wait(what: str, check: Callable[[], Any], timeout_s: float = 20.0) -> Any:
         time.sleep(0.05)
 
 
+def _row_cells(browser: Any, selector: str) -> list[str]:
+    """The cells' text of the first row matching `selector`, read in one script: the page
+    re-renders its tables at every poll, so element handles can go stale in between."""
+    cells: list[str] | None = browser.execute_script(
+        "const tr = document.querySelector(arguments[0]);"
+        "return tr ? Array.from(tr.cells, c => c.textContent) : null;", selector)
+    assert cells is not None, f"no row {selector}"
+    return cells
+
+
 @pytest.fixture
 def view_process(deployment_factory: Callable[..., Any], tmp_path: Path
                  ) -> Iterator[tuple[Any, str, Path]]:
@@ -125,9 +135,7 @@ def test_page_shows_counters_and_a_new_release_without_reload(
     _wait("the new release on the page",
           lambda: section("purchases").get_attribute("data-last-tick") == "7")
     assert "123.50" in section("purchases").text
-    rows = browser.find_elements(By.CSS_SELECTOR, '#releases tbody tr[data-counter="purchases"]')
-    assert rows and rows[0].get_attribute("data-tick") == "7"
-    cells = [c.text for c in rows[0].find_elements(By.TAG_NAME, "td")]
+    cells = _row_cells(browser, '#releases tbody tr[data-counter="purchases"]')
     assert cells[1:7] == ["purchases", "7", "change", "123.50", "40.0", "0.05"], cells
     assert cells[0].count(":") == 2, cells  # the wall-clock column, HH:MM:SS
 
@@ -137,8 +145,8 @@ def test_page_shows_counters_and_a_new_release_without_reload(
                             "dead_letters": {"unparsable": 4, "bad_timestamp": 1}})
     _wait("the dead letters of the overlay", lambda: browser.find_elements(
         By.CSS_SELECTOR, '#deadletters tbody tr[data-reason="unparsable"]'))
-    assert browser.find_element(By.CSS_SELECTOR, '#deadletters tr[data-reason="unparsable"]'
-                                ).text.split() == ["unparsable", "4"]
+    assert _row_cells(browser, '#deadletters tr[data-reason="unparsable"]') == [
+        "unparsable", "4"]
     _wait("the true count line", lambda: section("signups").find_elements(
         By.CSS_SELECTOR, 'path[stroke="#d9480f"]'))
     legend = browser.find_element(By.ID, "legend").text
