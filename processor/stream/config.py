@@ -133,8 +133,9 @@ class Settings:
     #: What a worker does when a counter restored from state has another mechanism,
     #: epsilon or delta than this configuration: "refuse" (stop with an error naming the
     #: field and the counter) or "keep" (each existing counter continues under its stored
-    #: parameters, which its releases carry; a restart with new noise would republish
-    #: ticks already released, which the ledger refusal forbids).
+    #: parameters, which its releases carry, and a "reconfigured" ledger entry before its
+    #: first release under the new fingerprint says so; a restart with new noise would
+    #: republish ticks already released, which the ledger refusal forbids).
     on_parameter_change: str = "refuse"
 
     def fingerprint(self) -> str:
