@@ -181,10 +181,12 @@ class FaustPublisher:
     async def publish(self, ledger: Sequence[LedgerEntry],
                       releases: Sequence[Release]) -> None:
         producer = self._app.producer
-        acks = [await producer.send(self._ledger, e.key(), e.to_json(), None, None, None)
-                for e in ledger]
-        acks += [await producer.send(self._counts, r.key(), r.to_json(), None, None, None)
-                 for r in releases]
+        # Headers (content type, schema/version) travel beside the value: replay compares
+        # values only, and a subscriber can route on them before decoding.
+        acks = [await producer.send(self._ledger, e.key(), e.to_json(), None, None,
+                                    e.headers()) for e in ledger]
+        acks += [await producer.send(self._counts, r.key(), r.to_json(), None, None,
+                                     r.headers()) for r in releases]
         if acks:
             await asyncio.gather(*acks)
             self._metrics.add("releases_sent", len(releases))

@@ -12,7 +12,9 @@ entries and dead letters (one home for every record the processor reads or write
   and offset it came from (the operator's duplicate filter needs them). The timeline is
   internal: a record of any other version is a TimelineFormatError.
 - `Release` (the private-count topic) and `LedgerEntry` (the privacy ledger topic): the
-  public records, public quantities only.
+  public records, public quantities only. Each carries its `schema_version` (the first
+  field of its JSON) and names its Kafka headers (`headers()`: content type and schema),
+  the downstream contract of docs/downstream.md and schemas/.
 - `partition_for(counter, P)` is the stable counter -> timeline partition map;
   `sealed_through(now_ms, settings)` the marker the leader's timer appends.
 
@@ -27,7 +29,7 @@ import hashlib
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
@@ -51,6 +53,22 @@ REASONS: Final = (
 DEADLETTER_RAW_LIMIT = 4096
 #: The version of the timeline records this module writes (and the only one it reads).
 TIMELINE_VERSION: Final = 2
+#: The schema versions of the public records (schemas/private-count.schema.json and
+#: schemas/ledger-entry.schema.json). A version only ever adds fields; the compatibility
+#: policy is in docs/downstream.md.
+RELEASE_SCHEMA_VERSION: Final = 1
+LEDGER_SCHEMA_VERSION: Final = 1
+#: Kafka headers of every public record: what a subscriber reads before the value.
+Headers = list[tuple[str, bytes]]
+
+
+def _headers(schema: str, version: int) -> tuple[tuple[str, bytes], ...]:
+    return (("content-type", b"application/json"),
+            ("schema", f"{schema}/{version}".encode("ascii")))
+
+
+RELEASE_HEADERS: Final = _headers("private-count", RELEASE_SCHEMA_VERSION)
+LEDGER_HEADERS: Final = _headers("ledger-entry", LEDGER_SCHEMA_VERSION)
 _INPUT_FIELDS = frozenset({"counter", "ts", "value"})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -103,6 +121,9 @@ class Release:
     computed from public quantities only. Keyed and idempotent by (counter, tick).
     """
 
+    #: Declared first so it leads the JSON (orjson writes fields in declaration order);
+    #: keyword-only, so the positional fields are unchanged.
+    schema_version: int = field(default=RELEASE_SCHEMA_VERSION, kw_only=True)
     counter: str
     tick: int
     tick_start_ms: int
@@ -123,12 +144,17 @@ class Release:
         # orjson serialises dataclasses in field order: deterministic bytes.
         return orjson.dumps(self)
 
+    def headers(self) -> Headers:
+        return list(RELEASE_HEADERS)
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """The privacy ledger record of one counter, written by the marker that creates its
     state (never at an event: the ledger is public, see issue 8 item 1)."""
 
+    #: First in the JSON, keyword-only (as in Release).
+    schema_version: int = field(default=LEDGER_SCHEMA_VERSION, kw_only=True)
     counter: str
     mechanism: str
     epsilon: float
@@ -154,12 +180,18 @@ class LedgerEntry:
     #: counter; "stored": the counter continues under its stored ones, which differ
     #: (on_parameter_change = "keep"). Never fresh ones: that would republish its ticks.
     parameters: Literal["configured", "stored"] = "configured"
+    #: Which analysis calibrates the counter's noise: "paper" or "tight" (the project's
+    #: own, docs/tight-calibration.md); the same (epsilon, delta) either way.
+    calibration: str = "paper"
 
     def key(self) -> bytes:
         return self.counter.encode("utf-8")
 
     def to_json(self) -> bytes:
         return orjson.dumps(self)
+
+    def headers(self) -> Headers:
+        return list(LEDGER_HEADERS)
 
 
 def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, frozenset[str]]:

@@ -1,10 +1,12 @@
 """Input validation (one concrete bad record per rejection reason), timeline records (v2),
 dead-letter records, the counter -> partition map, and every record the code writes
-checked against its schema file (all five). Pure: no Kafka."""
+checked against its schema file (all five), including every public record the real
+operator writes, with its schema_version and headers. Pure: no Kafka."""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -14,11 +16,15 @@ import orjson
 import pytest
 
 from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
 from processor.stream import records
 from processor.stream.config import Settings, with_overrides
+from processor.stream.operator import Operator
 from processor.stream.records import (
     DEADLETTER_RAW_LIMIT,
+    LEDGER_SCHEMA_VERSION,
     REASONS,
+    RELEASE_SCHEMA_VERSION,
     Event,
     LedgerEntry,
     Rejection,
@@ -35,6 +41,7 @@ from processor.stream.records import (
     partition_for,
     sealed_through,
 )
+from processor.stream.state import DictStore
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 
@@ -286,6 +293,84 @@ def test_ledger_entry_schema_validates_ledger_entries() -> None:
     v.validate(orjson.loads(e.to_json()))
     assert not v.is_valid(dict(orjson.loads(e.to_json()), key_id=""))  # always named
     assert not v.is_valid(dict(orjson.loads(e.to_json()), mechanism="basecc"))
+
+
+# ------------------------------------------------------------------ the downstream contract
+
+def _operator_output() -> tuple[list[LedgerEntry], list[Release]]:
+    """Every public record the real operator writes for a small run, per mechanism: a
+    burst of 300 events on one counter (epsilon 10, so y moves: change records) and an
+    idle one (heartbeats only), sealed through tick 400."""
+    ledger: list[LedgerEntry] = []
+    releases: list[Release] = []
+    for mechanism in ("ecc", "simecc"):
+        s = with_overrides(Settings(), counters={"busy": 0, "idle": 0}, tick_ms=1000,
+                           mechanism=mechanism, epsilon=10.0, heartbeat_ticks=50,
+                           partitions=1)
+        op = Operator(s, NoiseKey(bytes(range(32))))
+        store = DictStore()
+        burst = [Event("busy", i, UNIT, 0, i) for i in range(300)]
+        for offset, record in enumerate((encode_batch(burst), encode_marker(400))):
+            out = op.apply(store, 0, offset, record)
+            ledger += out.ledger
+            releases += out.releases
+    return ledger, releases
+
+
+def test_every_public_record_the_operator_writes_validates() -> None:
+    """Ledger entries and releases (both kinds, both mechanisms) from the real operator
+    validate against their schema files, carry schema_version first and name it in their
+    headers. Controls: the same records without schema_version, or with another version,
+    fail validation."""
+    ledger, releases = _operator_output()
+    assert {r.kind for r in releases} == {"change", "heartbeat"}
+    assert {e.mechanism for e in ledger} == {"ecc", "simecc"} and len(ledger) == 4
+    for validator, recs, version, schema in (
+            (_validator("ledger-entry.schema.json"), ledger, LEDGER_SCHEMA_VERSION,
+             "ledger-entry"),
+            (_validator("private-count.schema.json"), releases, RELEASE_SCHEMA_VERSION,
+             "private-count")):
+        for rec in recs:
+            raw = rec.to_json()
+            assert raw.startswith(b'{"schema_version":%d,' % version)
+            doc = orjson.loads(raw)
+            validator.validate(doc)
+            headers = dict(rec.headers())
+            assert headers == {"content-type": b"application/json",
+                               "schema": f"{schema}/{version}".encode()}
+            unversioned = {k: v for k, v in doc.items() if k != "schema_version"}
+            assert not validator.is_valid(unversioned)
+            assert not validator.is_valid(dict(doc, schema_version=version + 1))
+            assert not validator.is_valid(dict(doc, schema_version=str(version)))
+
+
+def test_schema_version_is_the_records_and_the_schemas() -> None:
+    """One version per public record, stated in three places that must agree: the
+    dataclass default, the schema file (const and title) and the header."""
+    for name, cls, version in (("private-count.schema.json", Release, RELEASE_SCHEMA_VERSION),
+                               ("ledger-entry.schema.json", LedgerEntry,
+                                LEDGER_SCHEMA_VERSION)):
+        schema = json.loads((SCHEMAS / name).read_text())
+        assert schema["properties"]["schema_version"] == {
+            "const": version, "description": schema["properties"]["schema_version"][
+                "description"]}
+        assert schema["required"][0] == "schema_version"
+        assert f"schema_version {version}" in schema["title"]
+        fields = [f.name for f in dataclasses.fields(cls)]
+        assert fields[0] == "schema_version"
+        # The schema lists exactly the fields the code writes (no more, no fewer).
+        assert set(schema["properties"]) == set(fields) == set(schema["required"])
+
+
+def test_release_schema_states_the_unit_and_how_to_rebuild_y() -> None:
+    """The text a subscriber reads: value's unit and lattice, the rebuild rule, the
+    meaning of error_bound and beta."""
+    schema = json.loads((SCHEMAS / "private-count.schema.json").read_text())
+    value = schema["properties"]["value"]["description"]
+    assert "in events" in value and "2^-16" in value and "real number" in value
+    assert "largest tick <= t" in schema["description"]
+    bound = schema["properties"]["error_bound"]["description"]
+    assert "1 - beta" in bound and "|y_t - s_t|" in bound
 
 
 def test_schema_file_matches_parser() -> None:
