@@ -26,7 +26,32 @@ step .venv/bin/ruff check processor tests bench deploy
 step .venv/bin/mypy
 # deploy/ and the test fixtures are outside the mypy `packages` setting; check them too.
 step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/devtools
-step .venv/bin/pytest -q "$@"
+# One broker for the whole run, shared by the test processes (each test makes its own
+# topics): started here unless KAFKA_BOOTSTRAP_SERVERS names a cluster already, stopped on
+# exit. If it cannot start, the fixtures report why (a failure in CI, a skip elsewhere).
+# PYTEST_WORKERS (default 2) test processes; 0 runs everything in this one process.
+workers="${PYTEST_WORKERS:-2}"
+broker_state=""
+stop_broker() {
+    if [ -n "$broker_state" ]; then
+        .venv/bin/python deploy/kafka.py stop --state-file "$broker_state" >/dev/null 2>&1 || true
+        rm -rf "$(dirname "$broker_state")"
+    fi
+}
+trap stop_broker EXIT
+if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ] && [ "$workers" != 0 ]; then
+    broker_state="$(mktemp -d)/kafka.json"
+    if bootstrap="$(.venv/bin/python deploy/kafka.py start --state-file "$broker_state")"; then
+        export KAFKA_BOOTSTRAP_SERVERS="$bootstrap"
+    else
+        echo "test.sh: the shared broker did not start; the broker fixtures will say why" >&2
+    fi
+fi
+if [ "$workers" != 0 ]; then
+    step .venv/bin/pytest -q -n "$workers" --dist worksteal "$@"
+else
+    step .venv/bin/pytest -q "$@"
+fi
 
 if [ "${#failed[@]}" -ne 0 ]; then
     echo "test.sh: FAILED steps:" >&2
