@@ -30,6 +30,7 @@ from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError, NoiseKeyError
 from processor.core.grid import GRID_BITS
 from processor.core.rng import KEY_FORMATS, NoiseKey
+from processor.core.tight import CALIBRATIONS
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -98,6 +99,9 @@ class Settings:
     #: Events stamped further than this into the future are rejected to the dead letters.
     max_future_ms: int = 60_000
     mechanism: str = "ecc"
+    #: "paper" (the paper's constants) or "tight" (processor/core/tight.py, the project's
+    #: own analysis: same (epsilon, delta), less noise; docs/tight-calibration.md).
+    calibration: str = "paper"
     epsilon: float = 1.0
     delta: float = 1e-6
     #: Confidence of the published error bound: |y_t - s_t| <= bound w.p. >= 1 - beta.
@@ -154,6 +158,10 @@ class Settings:
             "grid_bits": GRID_BITS,
             "contribution_bound": 1,
         }
+        if self.calibration != "paper":
+            # Only when set: the fingerprints (and noise identities) of existing
+            # deployments, all "paper", stay what they were.
+            relevant["calibration"] = self.calibration
         fp = hashlib.sha256(orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS)).hexdigest()
         # Memoised (the settings are frozen): with 10^4 counters hashing costs milliseconds,
         # and the operator asks once per new counter.
@@ -170,7 +178,8 @@ class Settings:
 
 _TOP_KEYS = {
     "app_id", "bootstrap_servers", "partitions", "tick_ms", "lateness_ms", "max_future_ms",
-    "mechanism", "epsilon", "delta", "beta", "heartbeat_ticks", "heartbeat_spread",
+    "mechanism", "calibration", "epsilon", "delta", "beta", "heartbeat_ticks",
+    "heartbeat_spread",
     "allow_undeclared",
     "noise_key_file", "noise_key_format", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
@@ -320,6 +329,7 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
     s["lateness_ms"] = _as_int("lateness_ms", top.get("lateness_ms", d.lateness_ms), 0)
     s["max_future_ms"] = _as_int("max_future_ms", top.get("max_future_ms", d.max_future_ms), 0)
     s["mechanism"] = _as_str("mechanism", top.get("mechanism", d.mechanism))
+    s["calibration"] = _as_str("calibration", top.get("calibration", d.calibration))
     s["epsilon"] = _as_float("epsilon", top.get("epsilon", d.epsilon))
     s["delta"] = _as_float("delta", top.get("delta", d.delta))
     s["beta"] = _as_float("beta", top.get("beta", d.beta))
@@ -379,7 +389,9 @@ def validate_settings(s: Settings) -> Settings:
         raise ConfigError("delta" if eps_ok else "epsilon", str(exc)) from None
     if not 0 < s.beta < 1:
         raise ConfigError("beta", "must be in (0, 1)")
-    _check_mechanism(s.mechanism, s.epsilon, s.delta, s.beta)
+    if s.calibration not in CALIBRATIONS:
+        raise ConfigError("calibration", f"must be one of {', '.join(CALIBRATIONS)}")
+    _check_mechanism(s.mechanism, s.epsilon, s.delta, s.beta, s.calibration)
     if s.on_parameter_change not in PARAMETER_CHANGE_POLICIES:
         raise ConfigError("on_parameter_change",
                           f"must be one of {', '.join(PARAMETER_CHANGE_POLICIES)}")
@@ -442,7 +454,8 @@ CHECK_TICKS: Final = 1 << 12
 
 
 @lru_cache(maxsize=64)
-def _mechanism_problem(mechanism: str, eps: float, delta: float, beta: float) -> str | None:
+def _mechanism_problem(mechanism: str, eps: float, delta: float, beta: float,
+                       calibration: str = "paper") -> str | None:
     """Why the core cannot run `mechanism` at (eps, delta), or None: builds one instance
     with a throwaway key (never the real one: nothing of it is published or kept) for one
     counter name, skips CHECK_TICKS ticks and computes the error bound once. The core
@@ -453,7 +466,8 @@ def _mechanism_problem(mechanism: str, eps: float, delta: float, beta: float) ->
     from processor.core.rng import NoiseKey
 
     try:
-        c = registry.make(mechanism, eps, delta, NoiseKey(bytes(range(32))), "config-check")
+        c = registry.make(mechanism, eps, delta, NoiseKey(bytes(range(32))), "config-check",
+                          calibration=calibration)
         c.skip(CHECK_TICKS)
         bound = c.error_bound(beta)
     except (ArithmeticError, ValueError) as exc:  # InvalidParameterError is a ValueError
@@ -463,18 +477,19 @@ def _mechanism_problem(mechanism: str, eps: float, delta: float, beta: float) ->
     return None
 
 
-def _check_mechanism(mechanism: str, eps: float, delta: float, beta: float) -> None:
+def _check_mechanism(mechanism: str, eps: float, delta: float, beta: float,
+                     calibration: str = "paper") -> None:
     """ConfigError naming epsilon or delta when the configured mechanism cannot run: the
     start stops here rather than at the first marker. epsilon is named when it fails with
     the default delta, delta when it fails with epsilon 1, else delta with epsilon given
     (the two underflow together)."""
-    problem = _mechanism_problem(mechanism, eps, delta, beta)
+    problem = _mechanism_problem(mechanism, eps, delta, beta, calibration)
     if problem is None:
         return
     d = Settings()
-    if _mechanism_problem(mechanism, eps, d.delta, beta) is not None:
+    if _mechanism_problem(mechanism, eps, d.delta, beta, calibration) is not None:
         raise ConfigError("epsilon", f"{eps!r} is unusable for {mechanism}: {problem}")
-    if _mechanism_problem(mechanism, 1.0, delta, beta) is not None:
+    if _mechanism_problem(mechanism, 1.0, delta, beta, calibration) is not None:
         raise ConfigError("delta", f"{delta!r} is unusable for {mechanism}: {problem}")
     raise ConfigError("delta", f"{delta!r} is unusable for {mechanism} with epsilon = "
                       f"{eps!r} (use a larger delta or a smaller epsilon): {problem}")

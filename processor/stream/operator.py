@@ -156,6 +156,30 @@ def noise_identity(settings: Settings, key: NoiseKey) -> str:
         parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
+class _CalibratedRegistry:
+    """The core registry (a CounterFactory) making counters under the configured
+    calibration; a restored counter keeps the one stored in its state."""
+
+    def __init__(self, calibration: str) -> None:
+        self._registry = importlib.import_module("processor.core.registry")
+        self._calibration = calibration
+
+    def make(self, name: str, eps: float, delta: float, key: NoiseKey,
+             counter_id: str) -> Counter:
+        made: Counter = self._registry.make(name, eps, delta, key, counter_id,
+                                            calibration=self._calibration)
+        return made
+
+    def restore(self, data: bytes, key: NoiseKey) -> Counter:
+        restored: Counter = self._registry.restore(data, key)
+        return restored
+
+
+def _calibration(c: Counter) -> str:
+    """The calibration a counter runs under ("paper" for mechanisms without one)."""
+    return str(getattr(c, "calibration", "paper"))
+
+
 def counter_id(identity: str, counter: str) -> str:
     """The label a counter's mechanism is keyed by: its name under the noise identity."""
     return f"{identity}/{counter}"
@@ -262,8 +286,7 @@ class Operator:
             None if announced is None else {c: set(t) for c, t in announced.items()})
         # The registry is imported lazily so that tests can inject a fake factory.
         self.factory: CounterFactory = (
-            factory if factory is not None
-            else importlib.import_module("processor.core.registry"))
+            factory if factory is not None else _CalibratedRegistry(settings.calibration))
         self.fingerprint = settings.fingerprint()
         self._tick_ms = settings.tick_ms
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
@@ -415,7 +438,9 @@ class Operator:
         mechanism, eps, delta = self._configured_parameters()
         for fname, stored, configured in (("mechanism", c.mechanism, mechanism),
                                           ("epsilon", c.eps, eps),
-                                          ("delta", c.delta, delta)):
+                                          ("delta", c.delta, delta),
+                                          ("calibration", _calibration(c),
+                                           self.settings.calibration)):
             if stored != configured:
                 # Declared names are public; an undeclared one is input until announced.
                 shown = name if name in self._start_ticks else "(undeclared)"
@@ -739,7 +764,7 @@ class Operator:
             delta=c.delta, tick_ms=s.tick_ms,
             start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
-            parameters="configured" if same else "stored")
+            parameters="configured" if same else "stored", calibration=_calibration(c))
 
     def _creation_tag(self, name: str, n: int, frontier: int) -> str:
         """The public tag of ONE creation of a counter (sha256, 32 hex digits): the noise

@@ -670,7 +670,7 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
     assert {f.name for f in dataclasses.fields(LedgerEntry)} == {
         "schema_version", "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms",
         "privacy_unit", "contribution_bound", "fingerprint", "grid_bits", "key_id",
-        "creation", "entry", "since_tick", "parameters"}
+        "creation", "entry", "since_tick", "parameters", "calibration"}
 
     class Sentinel(StepCounter):
         @property
