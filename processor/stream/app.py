@@ -550,22 +550,20 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
         kafka_io.check_access(conf, BROKER_WAIT_S)
         if replication is None:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
-        names = [kafka_io.topic_name(settings, "input"),
-                 kafka_io.topic_name(settings, "counts"),
-                 kafka_io.topic_name(settings, "deadletter")]
-        kafka_io.create_topics(conf, names, partitions, replication=replication,
-                               timeout_s=BROKER_WAIT_S)
+        # The input belongs to its producers: created (if missing) with the broker's
+        # defaults. The others get their retention here, the one place (docs/downstream.md).
+        kafka_io.create_topics(conf, [kafka_io.topic_name(settings, "input")], partitions,
+                               replication=replication, timeout_s=BROKER_WAIT_S)
         # Timeline records carry the brokers' log-append time: the clock cross-check of
         # the leader and of ingest reads it off their acknowledgements (clock.py).
-        kafka_io.create_topics(conf, keyed[:1], partitions, replication=replication,
-                               config={"message.timestamp.type": "LogAppendTime"},
-                               timeout_s=BROKER_WAIT_S)
-        # The ledger is kept forever: a restarted worker refuses to re-create a counter
-        # it announced (operator.AnnouncedCounterError), which it can only if the entry is
-        # still there. (An existing topic keeps its own retention.)
-        kafka_io.create_topics(conf, [kafka_io.topic_name(settings, "ledger")], partitions,
-                               replication=replication, config={"retention.ms": "-1"},
-                               timeout_s=BROKER_WAIT_S)
+        extra = {keyed[0]: {"message.timestamp.type": "LogAppendTime"}}
+        for topic, retention_ms in retention_required(settings).items():
+            kafka_io.create_topics(conf, [topic], partitions, replication=replication,
+                                   config={**extra.get(topic, {}), "cleanup.policy": "delete",
+                                           "retention.ms": str(retention_ms),
+                                           "retention.bytes": "-1"},
+                                   timeout_s=BROKER_WAIT_S)
+        check_retention(settings, conf)
         kafka_io.create_topics(conf, keyed[1:], partitions, replication=replication,
                                config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
         have = {t: kafka_io.partitions_with_leaders(conf, t, partitions, BROKER_WAIT_S)
@@ -587,6 +585,55 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                              f"{partitions}: counters would land in the wrong partitions (fix "
                              "`partitions` or use new timeline and changelog topics)")
     return replication
+
+
+def retention_required(settings: Settings) -> dict[str, int]:
+    """topic -> the retention.ms it is created with (-1: forever). The ledger is always
+    kept forever: it records every (epsilon, delta) spent, and a restarted worker refuses
+    to re-create a counter it announced (operator.AnnouncedCounterError), which it can
+    only while the entry is there."""
+    return {kafka_io.topic_name(settings, "timeline"): settings.timeline_retention_ms,
+            kafka_io.topic_name(settings, "counts"): settings.counts_retention_ms,
+            kafka_io.topic_name(settings, "deadletter"): settings.deadletter_retention_ms,
+            kafka_io.topic_name(settings, "ledger"): -1}
+
+
+def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:
+    """Topics that existed before keep their own settings. A ledger that does not keep
+    every entry is refused (StartError); any other topic that keeps records for less
+    than required gets a warning (the operator may mean it: say, a shorter audit window
+    agreed elsewhere). Topics that cannot be described get a warning too."""
+    required = retention_required(settings)
+    ledger = kafka_io.topic_name(settings, "ledger")
+    try:
+        have = kafka_io.topic_configs(conf, required, BROKER_WAIT_S)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
+        log.warning("cannot check the retention of the topics (%s): make sure the ledger "
+                    "topic %r keeps every entry (retention.ms=-1, cleanup.policy=delete)",
+                    what, ledger)
+        return
+    cfg = have.get(ledger, {})
+    kept = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
+    wrong = {k: cfg.get(k) for k, v in kept.items() if cfg.get(k) != v}
+    if wrong:
+        found = ", ".join(f"{k}={v}" for k, v in wrong.items())
+        raise StartError(
+            f"the ledger topic {ledger!r} would not keep every entry ({found}); it must "
+            "have cleanup.policy=delete, retention.ms=-1 and retention.bytes=-1 (set them "
+            "with kafka-configs --alter --entity-type topics --entity-name "
+            f"{ledger} --add-config retention.ms=-1,retention.bytes=-1,cleanup.policy=delete)")
+
+    def forever(ms: int) -> float:
+        return float("inf") if ms < 0 else float(ms)
+
+    for topic, want in required.items():
+        ms = int(have.get(topic, {}).get("retention.ms", "-1"))
+        if forever(ms) < forever(want):
+            log.warning("topic %r keeps records for retention.ms=%d, less than the %s "
+                        "required (docs/downstream.md): it existed before and keeps its "
+                        "own setting", topic, ms, "forever (-1)" if want < 0 else want)
 
 
 def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:

@@ -141,6 +141,13 @@ class Settings:
     #: first release under the new fingerprint says so; a restart with new noise would
     #: republish ticks already released, which the ledger refusal forbids).
     on_parameter_change: str = "refuse"
+    #: retention.ms given to topics this processor creates (-1: forever; the ledger is
+    #: always kept forever). The timeline is what replay recomputes from, so its retention
+    #: is the audit window; the private counts are compared with it (docs/downstream.md).
+    timeline_retention_ms: int = -1
+    counts_retention_ms: int = -1
+    #: Raw rejected input (a private topic): kept a week for an operator to look at.
+    deadletter_retention_ms: int = 604_800_000
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -184,6 +191,7 @@ _TOP_KEYS = {
     "noise_key_file", "noise_key_format", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
     "standby_replicas", "on_parameter_change",
+    "timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms",
 }
 _SECTIONS = {"security", "topics", "counters"}
 
@@ -354,6 +362,8 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         "standby_replicas", top.get("standby_replicas", d.standby_replicas), 0)
     s["on_parameter_change"] = _as_str(
         "on_parameter_change", top.get("on_parameter_change", d.on_parameter_change))
+    for name in ("timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms"):
+        s[name] = _as_int(name, top.get(name, getattr(d, name)), -1)
 
     sd: dict[str, Any] = {}
     for f in fields(SecuritySettings):
@@ -395,6 +405,7 @@ def validate_settings(s: Settings) -> Settings:
     if s.on_parameter_change not in PARAMETER_CHANGE_POLICIES:
         raise ConfigError("on_parameter_change",
                           f"must be one of {', '.join(PARAMETER_CHANGE_POLICIES)}")
+    _check_retention(s)
     if s.noise_key_format not in KEY_FORMATS:
         raise ConfigError("noise_key_format", f"must be one of {', '.join(KEY_FORMATS)}")
     for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
@@ -493,6 +504,31 @@ def _check_mechanism(mechanism: str, eps: float, delta: float, beta: float,
         raise ConfigError("delta", f"{delta!r} is unusable for {mechanism}: {problem}")
     raise ConfigError("delta", f"{delta!r} is unusable for {mechanism} with epsilon = "
                       f"{eps!r} (use a larger delta or a smaller epsilon): {problem}")
+
+
+#: The shortest finite timeline retention: a worker down longer than the timeline's
+#: retention loses the events it has not applied, and replay needs the whole timeline.
+MIN_TIMELINE_RETENTION_MS: Final = 604_800_000
+
+
+def _check_retention(s: Settings) -> None:
+    """Retentions are -1 (forever) or positive; the timeline's at least a week; the
+    private counts' at least the timeline's (replay compares every release it recomputes
+    from the timeline with the published one)."""
+    def forever(ms: int) -> float:
+        return math.inf if ms == -1 else ms
+
+    for name in ("timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms"):
+        v = getattr(s, name)
+        if isinstance(v, bool) or not isinstance(v, int) or not (v == -1 or v > 0):
+            raise ConfigError(name, "must be -1 (forever) or a number of milliseconds > 0")
+    if forever(s.timeline_retention_ms) < MIN_TIMELINE_RETENTION_MS:
+        raise ConfigError("timeline_retention_ms",
+                          f"must be -1 (forever) or >= {MIN_TIMELINE_RETENTION_MS} (7 days): "
+                          "replay recomputes from the whole timeline (the audit window)")
+    if forever(s.counts_retention_ms) < forever(s.timeline_retention_ms):
+        raise ConfigError("counts_retention_ms", "must be at least timeline_retention_ms "
+                          "(-1 is forever): replay compares every release it recomputes")
 
 
 def _core_accepts(eps: float, delta: float) -> bool:

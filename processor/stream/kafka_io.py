@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 
 from processor.stream.config import Settings
@@ -194,6 +194,28 @@ def create_topics(
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             raise RuntimeError(f"cannot create topic {name!r}: {err}") from None
+
+
+#: The topic settings `topic_configs` reads (what decides how long records are kept).
+RETENTION_CONFIGS = ("cleanup.policy", "retention.ms", "retention.bytes")
+
+
+def topic_configs(conf: Mapping[str, str], topics: Iterable[str],
+                  timeout_s: float = _DEFAULT_TIMEOUT_S) -> dict[str, dict[str, str]]:
+    """topic -> its effective RETENTION_CONFIGS values (its own or the broker's default).
+    KafkaException when a topic cannot be described (missing, or no DescribeConfigs
+    permission)."""
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, t) for t in topics]
+    if not resources:
+        return {}
+    admin = make_admin(conf)  # kept alive until the futures resolve
+    futures = admin.describe_configs(resources, request_timeout=timeout_s)
+    out: dict[str, dict[str, str]] = {}
+    for res, fut in futures.items():
+        entries = fut.result(timeout=timeout_s)
+        out[str(res.name)] = {k: str(entries[k].value) for k in RETENTION_CONFIGS
+                              if k in entries}
+    return out
 
 
 def partition_count(conf: Mapping[str, str], topic: str,
