@@ -361,7 +361,8 @@ def _print_kept(deployment: Deployment, local_broker: bool) -> None:
           + f" and the run directory {rel} (config, noise key, logs)\n"
           f"  topics      public: {t.counts}, {t.ledger}; operator-only: {t.input}, "
           f"{t.timeline}, {t.deadletter}\n"
-          f"  look again  {py} -m processor view --config {cfg_rel}\n"
+          f"  look again  {py} -m processor view --config {cfg_rel} "
+          f"--demo-file {rel}/demo-overlay.json\n"
           f"  audit       {py} -m processor replay --config {cfg_rel}\n"
           f"  delete      {py} -m processor demo --delete {rel}"
           + ("   (then `python deploy/kafka.py stop` stops the broker)" if local_broker

@@ -11,6 +11,7 @@ const state = {
   meta: null, cursor: { r: 0, l: 0, d: 0 },
   counters: new Map(),      // name -> {name, releases: [], el, svg, latest}
   recent: [], ledger: [], demo: null, dirty: new Set(),
+  fit: false,               // y axis fitted to the values (the band clipped) or to the band
 };
 
 function $(sel) { return document.querySelector(sel); }
@@ -87,11 +88,12 @@ function draw(c) {
   let x0 = Math.min(...xs), x1 = Math.max(...xs);
   if (x1 === x0) x1 = x0 + 1;
   let lo = Infinity, hi = -Infinity;
-  for (const r of rel) { lo = Math.min(lo, r.value - r.error_bound); hi = Math.max(hi, r.value + r.error_bound); }
+  const reach = state.fit ? 0 : 1;  // fitted: the values decide the axis, the band is clipped
+  for (const r of rel) { lo = Math.min(lo, r.value - reach * r.error_bound); hi = Math.max(hi, r.value + reach * r.error_bound); }
   for (const [, s] of truth) { lo = Math.min(lo, s); hi = Math.max(hi, s); }
   const pad = (hi - lo) * 0.05 || 1; lo -= pad; hi += pad;
   const X = x => ML + (x - x0) / (x1 - x0) * (W - ML - MR);
-  const Y = y => MT + (hi - y) / (hi - lo) * (H - MT - MB);
+  const Y = y => Math.min(H - MB, Math.max(MT, MT + (hi - y) / (hi - lo) * (H - MT - MB)));
 
   for (const v of niceTicks(lo, hi, 5)) {
     g.append(svg("line", { x1: ML, x2: W - MR, y1: Y(v), y2: Y(v), stroke: "#eee" }));
@@ -246,6 +248,10 @@ async function start() {
   $("#counts-topic").textContent = meta.topics.counts;
   $("#ledger-topic").textContent = meta.topics.ledger;
   for (const d of meta.declared) draw(counterBox(d.counter));
+  $("#fit").addEventListener("change", ev => {
+    state.fit = ev.target.checked;
+    for (const c of state.counters.values()) draw(c);
+  });
   poll();
 }
 
