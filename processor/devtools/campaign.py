@@ -1,0 +1,630 @@
+"""The fault and bad-input campaign as code: a fuzz corpus, a kill-at-random-moments
+driver and the checkers (issue 11, item 5).
+
+- `fuzz_corpus` makes input records of every `CATEGORIES` entry: bad ones (each names the
+  dead-letter reason ingest must give it: malformed JSON, wrong types, NaN and infinities,
+  out-of-range values, unencodable and oversize counter names, undeclared counters,
+  timestamps missing, before the start or too far ahead, ...) and valid but awkward ones
+  (late timestamps, duplicates, ISO times, duplicate keys), each with the counter and
+  value it must count as.
+- `KillDriver` runs the worker(s) of a `Deployment` and kills them with SIGKILL at the
+  moments that matter: during startup, right after the leader appended a marker, while a
+  backlog drains, inside a batch commit (the DPC_TEST_CRASH_AT hook); it pauses one of two
+  workers past the session timeout (SIGSTOP) and kills brokers of a `LocalKafka` cluster.
+- `check` reads the deployment's topics after a clean stop and counts what went wrong:
+  valid records lost or counted twice, (counter, tick, kind) published with two values,
+  bad records not dead-lettered, dead-lettered with another reason or counted, and whether
+  replay finds the published stream identical.
+
+The test suite runs it small (tests/reliability/); reliability/campaign.py at full size.
+Nothing here logs a record's content: the figures are counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import random
+import signal
+import time
+import uuid
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from processor.core.grid import to_units
+from processor.devtools.deployment import Deployment, WorkerProcess
+from processor.devtools.local_kafka import LocalKafka
+from processor.stream import kafka_io
+from processor.stream.commit import BatchCommit, CollectingPublisher
+from processor.stream.config import MAX_COUNTER_NAME, Settings
+from processor.stream.operator import Operator
+from processor.stream.records import (
+    TimelineBatch,
+    TimelineFormatError,
+    TimelineMarker,
+    decode_timeline,
+)
+from processor.stream.replay import replay
+from processor.stream.state import DictStore
+
+# ------------------------------------------------------------------------ the corpus
+
+
+@dataclass(frozen=True)
+class CorpusContext:
+    """What the records are made against: the declared counters (all starting at
+    `start_ms`), the wall clock and the deployment's max_future_ms."""
+
+    counters: tuple[str, ...]
+    start_ms: int
+    now_ms: int
+    max_future_ms: int
+
+
+@dataclass(frozen=True)
+class FuzzRecord:
+    """One input record and what ingest must do with it: dead-letter it with `reason`,
+    or (reason None) count it for `counter` with `units` (grid units, 0..UNIT)."""
+
+    category: str
+    raw: bytes
+    reason: str | None
+    counter: str | None = None
+    units: int = 0
+
+
+#: A bad category's builder: (context, rng, a counter it may name) -> the raw record.
+BadMaker = Callable[[CorpusContext, random.Random, str], bytes]
+#: A valid category's builder: -> (raw record, the counter it counts for, its value).
+ValidMaker = Callable[[CorpusContext, random.Random, str], tuple[bytes, str, float]]
+
+
+def _j(obj: object) -> bytes:
+    return orjson.dumps(obj)
+
+
+def _ts(ctx: CorpusContext, rng: random.Random) -> int:
+    # A valid time: anywhere from the counters' start to a little ahead of now (a sealed
+    # tick is not an error: the event joins the first open tick).
+    return rng.randint(ctx.start_ms, ctx.now_ms + ctx.max_future_ms // 4)
+
+
+def _iso(ms: int) -> str:
+    secs, rest = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{rest:03d}Z"
+
+
+#: Bad categories: name -> (the dead-letter reason ingest must give, builder).
+BAD: Final[dict[str, tuple[str, BadMaker]]] = {
+    # Not a UTF-8 JSON document at all.
+    "not_json": ("unparsable", lambda x, r, c: b"not json %d" % r.getrandbits(40)),
+    "invalid_utf8": ("unparsable",
+                     lambda x, r, c: b'\xff\xfe{"counter": "%d"}' % r.getrandbits(20)),
+    "truncated_json": ("unparsable", lambda x, r, c: _j({"counter": c, "ts": x.now_ms})[:-3]),
+    "empty_record": ("unparsable", lambda x, r, c: b""),
+    "trailing_garbage": ("unparsable",
+                         lambda x, r, c: _j({"counter": c, "ts": x.now_ms}) + b" }x"),
+    "single_quotes": ("unparsable",
+                      lambda x, r, c: b"{'counter': '%s', 'ts': %d}" % (c.encode(), x.now_ms)),
+    "json_comment": ("unparsable", lambda x, r, c: b'{"counter": "%s", /* x */ "ts": %d}'
+                     % (c.encode(), x.now_ms)),
+    "deep_nesting": ("unparsable", lambda x, r, c: b"[" * 5000 + b"]" * 5000),
+    "nul_bytes": ("unparsable", lambda x, r, c: b"\x00" * r.randint(1, 64)),
+    "utf16_json": ("unparsable", lambda x, r, c: _j({"counter": c, "ts": x.now_ms})
+                   .decode().encode("utf-16")),
+    "cesu_surrogate_bytes": ("unparsable",
+                             lambda x, r, c: b'{"counter": "\xed\xa0\x80", "ts": %d}' % x.now_ms),
+    "oversize_garbage": ("unparsable", lambda x, r, c: b"x" * r.randint(5000, 300_000)),
+    # JSON, but not an event.
+    "json_array": ("schema_violation", lambda x, r, c: _j([c, x.now_ms, 1])),
+    "json_string": ("schema_violation", lambda x, r, c: _j(c)),
+    "json_number": ("schema_violation", lambda x, r, c: _j(r.randint(0, 10**9))),
+    "json_null": ("schema_violation", lambda x, r, c: b"null"),
+    "unknown_field": ("schema_violation",
+                      lambda x, r, c: _j({"counter": c, "ts": x.now_ms, "colour": "red"})),
+    "counter_missing": ("schema_violation", lambda x, r, c: _j({"ts": x.now_ms, "value": 1})),
+    "counter_empty": ("schema_violation", lambda x, r, c: _j({"counter": "", "ts": x.now_ms})),
+    "counter_number": ("schema_violation",
+                       lambda x, r, c: _j({"counter": r.randint(0, 99), "ts": x.now_ms})),
+    "counter_null": ("schema_violation", lambda x, r, c: _j({"counter": None, "ts": x.now_ms})),
+    "counter_list": ("schema_violation", lambda x, r, c: _j({"counter": [c], "ts": x.now_ms})),
+    "counter_lone_surrogate": ("schema_violation", lambda x, r, c: b'{"counter": "%s\\ud800",'
+                               b' "ts": %d}' % (c.encode(), x.now_ms)),
+    "counter_too_long": ("schema_violation", lambda x, r, c: _j(
+        {"counter": "n" * (MAX_COUNTER_NAME + r.randint(1, 50)), "ts": x.now_ms})),
+    "counter_oversize": ("schema_violation", lambda x, r, c: _j(
+        {"counter": "o" * r.randint(50_000, 200_000), "ts": x.now_ms})),
+    "ts_bool": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": True})),
+    "ts_negative": ("schema_violation",
+                    lambda x, r, c: _j({"counter": c, "ts": -r.randint(1, 10**12)})),
+    "ts_float": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": x.now_ms + 0.5})),
+    "ts_garbage_string": ("schema_violation", lambda x, r, c: _j({"counter": c,
+                                                                 "ts": "yesterday"})),
+    "ts_iso_without_zone": ("schema_violation", lambda x, r, c: _j(
+        {"counter": c, "ts": _iso(x.now_ms)[:-1]})),
+    "ts_iso_before_1970": ("schema_violation", lambda x, r, c: _j(
+        {"counter": c, "ts": "1969-12-31T23:59:59Z"})),
+    "ts_object": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": {"ms": 1}})),
+    "value_string": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": x.now_ms,
+                                                             "value": "1"})),
+    "value_bool": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": x.now_ms,
+                                                           "value": True})),
+    "value_null": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": x.now_ms,
+                                                           "value": None})),
+    "value_list": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": x.now_ms,
+                                                           "value": [1]})),
+    "value_nan_string": ("schema_violation", lambda x, r, c: _j({"counter": c, "ts": x.now_ms,
+                                                                 "value": "NaN"})),
+    # Missing time.
+    "ts_missing": ("timestamp_missing", lambda x, r, c: _j({"counter": c, "value": 1})),
+    "ts_null": ("timestamp_missing", lambda x, r, c: _j({"counter": c, "ts": None})),
+    # Not a finite value (stdlib JSON literals orjson refuses).
+    "value_nan": ("value_not_finite", lambda x, r, c: b'{"counter": "%s", "ts": %d, '
+                  b'"value": NaN}' % (c.encode(), x.now_ms)),
+    "value_infinity": ("value_not_finite", lambda x, r, c: b'{"counter": "%s", "ts": %d, '
+                       b'"value": Infinity}' % (c.encode(), x.now_ms)),
+    "value_minus_infinity": ("value_not_finite", lambda x, r, c: b'{"counter": "%s", '
+                             b'"ts": %d, "value": -Infinity}' % (c.encode(), x.now_ms)),
+    "value_overflow": ("value_not_finite", lambda x, r, c: b'{"counter": "%s", "ts": %d, '
+                       b'"value": 1e400}' % (c.encode(), x.now_ms)),
+    # Out of [0, 1].
+    "value_above_one": ("value_out_of_range", lambda x, r, c: _j(
+        {"counter": c, "ts": x.now_ms, "value": 1 + r.uniform(1e-9, 100)})),
+    "value_negative": ("value_out_of_range", lambda x, r, c: _j(
+        {"counter": c, "ts": x.now_ms, "value": -r.uniform(1e-9, 100)})),
+    "value_huge_int": ("value_out_of_range", lambda x, r, c: _j(
+        {"counter": c, "ts": x.now_ms, "value": r.randint(2, 10**15)})),
+    "value_tiny_negative": ("value_out_of_range", lambda x, r, c: _j(
+        {"counter": c, "ts": x.now_ms, "value": -1e-300})),
+    # Not declared.
+    "undeclared": ("undeclared_counter", lambda x, r, c: _j(
+        {"counter": f"nobody-{r.getrandbits(32)}", "ts": x.now_ms})),
+    "undeclared_unicode": ("undeclared_counter", lambda x, r, c: _j(
+        {"counter": f"zähler-ü-{r.getrandbits(16)}", "ts": x.now_ms})),
+    "undeclared_near_miss": ("undeclared_counter", lambda x, r, c: _j(
+        {"counter": c + " ", "ts": x.now_ms})),
+    # Too far ahead (an hour past max_future_ms: robust to how late ingest reads it).
+    "ts_far_future": ("timestamp_too_far_in_future", lambda x, r, c: _j(
+        {"counter": c, "ts": x.now_ms + x.max_future_ms + 3_600_000})),
+    "ts_beyond_64_bits": ("schema_violation", lambda x, r, c: b'{"counter": "%s", '
+                          b'"ts": 1%s}' % (c.encode(), b"0" * r.randint(20, 40))),
+    "ts_in_30_years": ("timestamp_too_far_in_future", lambda x, r, c: _j(
+        {"counter": c, "ts": x.now_ms + 10**12})),
+    "ts_iso_year_2999": ("timestamp_too_far_in_future", lambda x, r, c: _j(
+        {"counter": c, "ts": "2999-01-01T00:00:00Z"})),
+    # Before the counter's start.
+    "before_start": ("before_start", lambda x, r, c: _j(
+        {"counter": c, "ts": x.start_ms - r.randint(1, 10**6)})),
+    "ts_zero": ("before_start", lambda x, r, c: _j({"counter": c, "ts": 0})),
+    "ts_iso_before_start": ("before_start", lambda x, r, c: _j(
+        {"counter": c, "ts": _iso(x.start_ms - 1000)})),
+}
+
+#: Valid but awkward categories: each must be counted once per record.
+VALID: Final[dict[str, ValidMaker]] = {
+    "plain": lambda x, r, c: (_j({"counter": c, "ts": _ts(x, r)}), c, 1.0),
+    "value_half": lambda x, r, c: (_j({"counter": c, "ts": _ts(x, r), "value": 0.5}), c, 0.5),
+    "value_zero": lambda x, r, c: (_j({"counter": c, "ts": _ts(x, r), "value": 0}), c, 0.0),
+    "value_exponent": lambda x, r, c: (b'{"counter": "%s", "ts": %d, "value": 2.5e-1}'
+                                       % (c.encode(), _ts(x, r)), c, 0.25),
+    "iso_timestamp": lambda x, r, c: (_j({"counter": c, "ts": _iso(_ts(x, r))}), c, 1.0),
+    "late_at_start": lambda x, r, c: (_j({"counter": c, "ts": x.start_ms}), c, 1.0),
+    "whitespace_padded": lambda x, r, c: (b"  \n" + _j({"counter": c, "ts": _ts(x, r)})
+                                          + b" " * r.randint(1, 2000), c, 1.0),
+    "duplicate_key": lambda x, r, c: (b'{"counter": "ignored", "counter": "%s", "ts": %d}'
+                                      % (c.encode(), _ts(x, r)), c, 1.0),
+}
+
+#: Every category: bad ones first, then the valid ones.
+CATEGORIES: Final = (*BAD, *VALID)
+#: Relative frequency of the large bad categories in a random draw (others: 1), so that
+#: 10^5 records stay some megabytes on the broker rather than a gigabyte.
+_RARE: Final = {"oversize_garbage": 0.02, "counter_oversize": 0.02, "deep_nesting": 0.2}
+
+
+def fuzz_corpus(ctx: CorpusContext, rng: random.Random, *, bad: int, valid: int,
+                every_category: bool = True) -> list[FuzzRecord]:
+    """`bad` bad and `valid` valid records in a random order; with `every_category`
+    each category appears at least once (so `bad` >= len(BAD), `valid` >= len(VALID)).
+    A valid record is sometimes sent twice (the duplicate counts twice: two records)."""
+    if every_category and (bad < len(BAD) or valid < len(VALID)):
+        raise ValueError(f"every category needs bad >= {len(BAD)}, valid >= {len(VALID)}")
+    bad_names = list(BAD) if every_category else []
+    weights = [_RARE.get(name, 1.0) for name in BAD]
+    bad_names += rng.choices(list(BAD), weights, k=bad - len(bad_names))
+    valid_names = list(VALID) if every_category else []
+    valid_names += [rng.choice(list(VALID)) for _ in range(valid - len(valid_names))]
+    out: list[FuzzRecord] = []
+    for name in bad_names:
+        reason, make = BAD[name]
+        out.append(FuzzRecord(name, make(ctx, rng, rng.choice(ctx.counters)), reason))
+    for name in valid_names:
+        raw, counter, value = VALID[name](ctx, rng, rng.choice(ctx.counters))
+        rec = FuzzRecord(name, raw, None, counter, to_units(value))
+        out.append(rec)
+    # Exact duplicates of some valid records (a producer's retry or a replayed file).
+    for rec in rng.sample([r for r in out if r.reason is None], k=max(1, valid // 50)):
+        out.append(FuzzRecord("duplicate_record", rec.raw, None, rec.counter, rec.units))
+    rng.shuffle(out)
+    return out
+
+
+#: Settings of a campaign deployment: short ticks (many pass during a run) and a large
+#: epsilon (released values follow the data, so a wrong count would show).
+CAMPAIGN_SETTINGS: Final[dict[str, Any]] = dict(
+    partitions=2, tick_ms=200, lateness_ms=400, max_future_ms=3000, heartbeat_ticks=10,
+    mechanism="simecc", epsilon=500.0)
+
+
+def campaign_counters(n: int, now_ms: int) -> dict[str, int]:
+    """`n` declared counters c0, c1, ..., starting a minute before `now_ms` (on a tick)."""
+    tick = int(CAMPAIGN_SETTINGS["tick_ms"])
+    start = (now_ms - 60_000) // tick * tick
+    return {f"c{i}": start for i in range(n)}
+
+
+# ------------------------------------------------------------------------ the checks
+
+
+@dataclass
+class CampaignReport:
+    """What the checks found (all counts; the campaign passes when `ok`)."""
+
+    input_records: int = 0
+    valid_records: int = 0
+    bad_records: int = 0
+    #: Valid records not on the timeline, or counted fewer times than sent.
+    lost: int = 0
+    #: Events the operator applied beyond the valid records (counted twice).
+    counted_twice: int = 0
+    #: Valid records on the timeline under another counter or value.
+    misrouted: int = 0
+    #: (counter, tick, kind) published with two different values.
+    conflicting: int = 0
+    #: Bad records with no dead letter, with another reason, or on the timeline.
+    bad_not_dead_lettered: int = 0
+    bad_wrong_reason: int = 0
+    bad_counted: int = 0
+    #: Valid records dead-lettered.
+    valid_dead_lettered: int = 0
+    #: Further identical dead letters of one input record (re-ingested after a kill:
+    #: the ingest stage is at-least-once; a run without kills must have none).
+    dead_letter_resends: int = 0
+    dead_letters_by_reason: dict[str, int] = field(default_factory=dict)
+    events_applied: int = 0
+    releases: int = 0
+    replay_identical: bool = False
+    replay_summary: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return (self.replay_identical and not self.lost and not self.counted_twice
+                and not self.misrouted and not self.conflicting
+                and not self.bad_not_dead_lettered and not self.bad_wrong_reason
+                and not self.bad_counted and not self.valid_dead_lettered)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in vars(self).items()}, "ok": self.ok}
+
+
+def expectations(corpus: Iterable[FuzzRecord]) -> dict[bytes, FuzzRecord]:
+    """raw bytes -> what ingest must do with them (ValueError if two categories made the
+    same bytes with different outcomes: the checks could not tell them apart)."""
+    out: dict[bytes, FuzzRecord] = {}
+    for rec in corpus:
+        old = out.get(rec.raw)
+        if old is not None and (old.reason, old.counter, old.units) != (
+                rec.reason, rec.counter, rec.units):
+            raise ValueError(f"categories {old.category} and {rec.category} collide")
+        out.setdefault(rec.raw, rec)
+    return out
+
+
+def events_applied(settings: Settings, key: Any,
+                   timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]]) -> int:
+    """How many events the operator applies over the whole timeline (re-sent copies are
+    dropped by its duplicate filter), run with the worker's own commit code."""
+    async def run() -> int:
+        commit = BatchCommit(Operator(settings, key), DictStore(), CollectingPublisher())
+        applied = 0
+        for p in sorted(timeline):
+            recs = sorted(timeline[p], key=lambda r: r.offset)
+            for i in range(0, len(recs), 500):
+                out = await commit.commit(p, [(r.offset, r.value or b"")
+                                              for r in recs[i:i + 500]])
+                applied += out.metrics.get("events_applied", 0)
+        return applied
+    return asyncio.run(run())
+
+
+def check(dep: Deployment, expected: Mapping[bytes, FuzzRecord]) -> CampaignReport:
+    """Read a stopped deployment's topics and check them against `expected` (every input
+    record's raw bytes must be there)."""
+    rep = CampaignReport()
+    conf, topics = dep.conf, dep.topics
+    inputs = list(kafka_io.iter_topic(conf, topics.input, timeout_s=300))
+    want: dict[tuple[int, int], FuzzRecord] = {}
+    for r in inputs:
+        exp = expected.get(r.value or b"")
+        if exp is None:
+            raise ValueError(f"input {r.partition}:{r.offset} is not from the corpus")
+        want[(r.partition, r.offset)] = exp
+    rep.input_records = len(want)
+    rep.valid_records = sum(1 for e in want.values() if e.reason is None)
+    rep.bad_records = rep.input_records - rep.valid_records
+
+    timeline = kafka_io.read_topic(conf, topics.timeline, timeout_s=300)
+    seen: dict[tuple[int, int], tuple[str, int]] = {}
+    for recs in timeline.values():
+        for r in recs:
+            try:
+                rec = decode_timeline(r.value or b"")
+            except TimelineFormatError:
+                continue
+            if isinstance(rec, TimelineBatch):
+                for ev in rec.events:
+                    seen[(ev.src_partition, ev.src_offset)] = (ev.counter, ev.units)
+    dead: dict[tuple[int, int], set[str]] = {}
+    copies: Tally[tuple[int, int]] = Tally()
+    by_reason: Tally[str] = Tally()
+    for r in kafka_io.iter_topic(conf, topics.deadletter, timeout_s=300):
+        d = orjson.loads(r.value or b"{}")
+        where = (int(d["partition"]), int(d["offset"]))
+        dead.setdefault(where, set()).add(str(d["reason"]))
+        copies[where] += 1
+        by_reason[str(d["reason"])] += 1
+        if base64.b64decode(d["raw"]) != want.get(where, FuzzRecord("", b"", None)).raw[:4096]:
+            rep.bad_wrong_reason += 1  # a dead letter that is not its input record
+    rep.dead_letter_resends = sum(n - 1 for n in copies.values())
+    rep.dead_letters_by_reason = dict(sorted(by_reason.items()))
+    for where, exp in want.items():
+        if exp.reason is None:
+            got = seen.get(where)
+            if got is None:
+                rep.lost += 1
+            elif got != (exp.counter, exp.units):
+                rep.misrouted += 1
+            if where in dead:
+                rep.valid_dead_lettered += 1
+        else:
+            reasons = dead.get(where)
+            if not reasons:
+                rep.bad_not_dead_lettered += 1
+            elif reasons != {exp.reason}:
+                rep.bad_wrong_reason += 1
+            if where in seen:
+                rep.bad_counted += 1
+    rep.events_applied = events_applied(dep.settings, dep.key, timeline)
+    on_timeline = sum(1 for w, e in want.items() if e.reason is None and w in seen)
+    rep.counted_twice = max(0, rep.events_applied - on_timeline)
+    rep.lost += max(0, on_timeline - rep.events_applied)
+    values: dict[tuple[str, int, str], float] = {}
+    conflicts: set[tuple[str, int, str]] = set()
+    releases = dep.releases()
+    for d in releases:
+        k = (str(d["counter"]), int(d["tick"]), str(d["kind"]))
+        if k in values and values[k] != d["value"]:
+            conflicts.add(k)
+        values[k] = float(d["value"])
+    rep.releases = len(releases)
+    rep.conflicting = len(conflicts)
+    result = replay(dep.settings, dep.key, timeout_s=300)
+    rep.replay_identical = result.identical
+    rep.replay_summary = result.summary()
+    return rep
+
+
+# ------------------------------------------------------------------------ the driver
+
+
+#: The moments a single worker is killed at (see KillDriver).
+KILL_MOMENTS: Final = ("startup", "marker", "backlog", "mid_batch")
+#: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
+MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
+                           ("after_state", 5, 60), ("ingest_delivered", 1, 8))
+
+
+class KillDriver:
+    """Kills, pauses and broker faults against one deployment, with a corpus source.
+
+    `feed(n)` produces the next `n` records of the corpus (made at the current wall clock
+    so that time-dependent categories keep their meaning) and remembers what each must
+    become; `expected` is everything fed so far. Figures go to `counts`.
+    """
+
+    def __init__(self, dep: Deployment, rng: random.Random, *, bad_share: float,
+                 backlog: tuple[int, int] = (1500, 3000)) -> None:
+        self.dep = dep
+        self.rng = rng
+        self.bad_share = bad_share
+        #: How many records a backlog kill produces while the worker is down (range).
+        self.backlog = backlog
+        self.expected: dict[bytes, FuzzRecord] = {}
+        self.counts: Tally[str] = Tally()
+        self._first = True
+        self._start_ms = min(dep.settings.counters.values())
+
+    # -- input
+
+    def context(self) -> CorpusContext:
+        s = self.dep.settings
+        return CorpusContext(tuple(sorted(s.counters)), self._start_ms,
+                             int(time.time() * 1000), s.max_future_ms)
+
+    def feed(self, n: int) -> int:
+        """Produce `n` corpus records (the first call includes every category)."""
+        bad = max(0, round(n * self.bad_share))
+        valid = max(0, n - bad)
+        if self._first:
+            bad, valid = max(bad, len(BAD)), max(valid, len(VALID))
+        corpus = fuzz_corpus(self.context(), self.rng, bad=bad, valid=valid,
+                             every_category=self._first)
+        self._first = False
+        merged = expectations([*self.expected.values(), *corpus])
+        self.expected = merged
+        sent = self.dep.produce(r.raw for r in corpus)
+        self.counts["records_fed"] += sent
+        return sent
+
+    # -- single-worker kills
+
+    def kill(self, moment: str, worker: WorkerProcess | None = None) -> None:
+        """One SIGKILL of `worker` (default the first) at `moment` (KILL_MOMENTS); the
+        worker is running again afterwards."""
+        w = worker or self.dep.worker
+        if moment == "startup":
+            w.kill()
+            w.start()
+            _pause(self.rng.uniform(0.2, 4.0))
+            self._sigkill(w, moment)
+        elif moment == "marker":
+            if not w.alive():
+                w.start()
+            if wait_for_marker(self.dep.conf, self.dep.topics.timeline, 90.0):
+                self._sigkill(w, moment)
+            else:
+                self.counts["marker_kill_no_marker"] += 1
+                self._sigkill(w, moment)
+        elif moment == "backlog":
+            w.kill()
+            self.feed(self.rng.randint(*self.backlog))
+            before = _high(self.dep.conf, self.dep.topics.deadletter)
+            w.start()
+            # Kill once ingest has started on the backlog (dead letters grow), while the
+            # input is not yet all committed.
+            deadline = time.monotonic() + 90.0
+            while (_high(self.dep.conf, self.dep.topics.deadletter) <= before
+                   and time.monotonic() < deadline and w.alive()):
+                _pause(0.1)
+            _pause(self.rng.uniform(0.0, 0.2))
+            drained = self._input_drained()
+            self._sigkill(w, moment)
+            self.counts["backlog_kills_mid_drain"] += 0 if drained else 1
+        elif moment == "mid_batch":
+            point, lo, hi = self.rng.choice(MID_BATCH_POINTS)
+            w.kill()
+            w.env["DPC_TEST_CRASH_AT"] = f"{point}:{self.rng.randint(lo, hi)}"
+            w.start()
+            assert w.proc is not None
+            try:
+                code = w.proc.wait(timeout=120)
+            except Exception:  # the point was not reached in time: kill it ourselves
+                code = None
+            w.kill()  # reaps, closes the log
+            del w.env["DPC_TEST_CRASH_AT"]
+            if code == -signal.SIGKILL:
+                self.counts[f"kills_mid_batch_{point}"] += 1
+                self.counts["kills_mid_batch"] += 1
+            else:
+                self.counts["mid_batch_not_reached"] += 1
+        else:
+            raise ValueError(f"unknown kill moment {moment!r}")
+        if not w.alive():
+            w.start()
+
+    def _sigkill(self, w: WorkerProcess, moment: str) -> None:
+        was_alive = w.alive()
+        w.kill()
+        self.counts[f"kills_{moment}" if was_alive else f"{moment}_already_dead"] += 1
+        w.start()
+
+    def _input_drained(self) -> bool:
+        group = f"{self.dep.settings.app_id}-ingest"
+        done = kafka_io.committed_offsets(self.dep.conf, group, self.dep.topics.input)
+        ends = kafka_io.end_offsets(self.dep.conf, self.dep.topics.input)
+        return all(done.get(p, 0) >= hi for p, (_lo, hi) in ends.items())
+
+    # -- two workers
+
+    def pause(self, worker: WorkerProcess, seconds: float) -> None:
+        """SIGSTOP `worker` for `seconds` (past the 10 s session timeout: its partitions
+        move to the other worker), then SIGCONT."""
+        assert worker.proc is not None
+        worker.proc.send_signal(signal.SIGSTOP)
+        try:
+            _pause(seconds)
+        finally:
+            worker.proc.send_signal(signal.SIGCONT)
+        self.counts["pauses"] += 1
+
+    # -- brokers
+
+    def kill_broker(self, cluster: LocalKafka, down_s: float) -> None:
+        """SIGKILL one node of `cluster` (chosen at random), restart it after `down_s`."""
+        i = self.rng.randrange(cluster.nodes)
+        cluster.kill_node(i)
+        self.counts["broker_kills"] += 1
+        _pause(down_s)
+        cluster.restart_node(i)
+
+    # -- the end
+
+    def drain_and_stop(self, workers: Sequence[WorkerProcess], timeout_s: float = 600.0) -> bool:
+        """Wait until ingest committed the whole input and the operator the timeline as it
+        was then, then stop every worker cleanly. False if that did not happen in time
+        (the checks still run: they judge whatever is committed)."""
+        for w in workers:
+            if not w.alive():
+                w.start()
+        conf, topics, app = self.dep.conf, self.dep.topics, self.dep.settings.app_id
+        deadline = time.monotonic() + timeout_s
+        caught_up = _wait_committed(conf, f"{app}-ingest", topics.input, deadline)
+        caught_up = caught_up and _wait_committed(conf, app, topics.timeline, deadline)
+        for w in workers:
+            code = w.stop()
+            self.counts[f"clean_stop_exit_{code}"] += 1
+        return caught_up
+
+
+def _pause(seconds: float) -> None:
+    # The campaign's own schedule (when to strike), not a synchronisation wait.
+    time.sleep(max(0.0, seconds))
+
+
+def _high(conf: Mapping[str, str], topic: str) -> int:
+    return sum(hi for _lo, hi in kafka_io.end_offsets(conf, topic).values())
+
+
+def _wait_committed(conf: Mapping[str, str], group: str, topic: str, deadline: float) -> bool:
+    ends = {p: hi for p, (_lo, hi) in kafka_io.end_offsets(conf, topic).items()}
+    while time.monotonic() < deadline:
+        done = kafka_io.committed_offsets(conf, group, topic)
+        if all(done.get(p, 0) >= hi for p, hi in ends.items()):
+            return True
+        _pause(0.5)
+    return False
+
+
+def wait_for_marker(conf: Mapping[str, str], topic: str, timeout_s: float) -> bool:
+    """Return as soon as a marker is appended to `topic` after this call (True), or False
+    after `timeout_s`."""
+    consumer = Consumer({**conf, "group.id": f"campaign-{uuid.uuid4().hex}",
+                         "enable.auto.commit": "false", "log_level": "0"})
+    try:
+        ends = kafka_io.end_offsets(conf, topic)
+        consumer.assign([TopicPartition(topic, p, hi) for p, (_lo, hi) in ends.items()])
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.05)
+            if msg is None or msg.error() is not None:
+                continue
+            with contextlib.suppress(TimelineFormatError):
+                if isinstance(decode_timeline(msg.value() or b""), TimelineMarker):
+                    return True
+        return False
+    finally:
+        consumer.close()
+
+
+def kill_plan(kills: int, rng: random.Random) -> list[str]:
+    """`kills` moments, as even a spread over KILL_MOMENTS as the count allows, shuffled."""
+    plan = [KILL_MOMENTS[i % len(KILL_MOMENTS)] for i in range(kills)]
+    rng.shuffle(plan)
+    return plan
+
