@@ -103,3 +103,32 @@ def test_audit_of_tight_simecc(cls: type[SimECC], passes: bool) -> None:
     assert res.passed is passes, res
     if not passes:
         assert res.eps_lb > EPS
+
+
+# --------------------------------------------------------------------- command line
+
+
+def test_count_and_audit_take_the_calibration() -> None:
+    import io
+
+    from processor.audit_cli import main_audit
+    from processor.cli import cmd_count
+
+    ticks = "1\n_\n" * 200
+    outs = {}
+    for cal in ("paper", "tight"):
+        out, err = io.StringIO(), io.StringIO()
+        rc = cmd_count(["--mechanism", "simecc", "--epsilon", "150", "--delta", "1e-5",
+                        "--seed", "3", "--calibration", cal], io.StringIO(ticks), out, err)
+        assert rc == 0, err.getvalue()
+        outs[cal] = out.getvalue()
+    assert outs["paper"] != outs["tight"]
+    # the tight stream is the core's tight counter, tick for tick
+    c = SimECC(150.0, 1e-5, NoiseKey.from_seed(3), "offline", calibration="tight")
+    ys = [c.update(1.0 if t % 2 == 0 else None) for t in range(400)]
+    assert [float(line.split('"y":')[1].rstrip("}")) for line in
+            outs["tight"].splitlines()] == ys
+    with pytest.raises(SystemExit) as exc:
+        main_audit(["--mechanism", "gaussiancc", "--epsilon", "1", "--delta", "1e-6",
+                    "--calibration", "tight"])
+    assert exc.value.code == 2
