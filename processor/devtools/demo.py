@@ -441,7 +441,7 @@ class _Run:
                                         self.deployment.directory / "view.log")
                 print(f"live view: {url}  (open it in a browser; it reads the public topics "
                       "only, plus the demo's own true count from a local file)", flush=True)
-            return self._loop(logger)
+            result = self._loop(logger)
         finally:
             code = worker.stop()
             if view is not None:
@@ -449,6 +449,9 @@ class _Run:
             for s, h in old.items():
                 signal.signal(s, h)
             self._summary(code)
+        # An error exit of the worker fails the demo; a negative code is a signal (our own
+        # SIGTERM before its handlers were installed, the terminal's SIGINT), not a failure.
+        return 1 if result == 0 and code > 0 else result
 
     def _loop(self, logger: logging.Logger) -> int:
         s, conf = self.settings, self.deployment.conf

@@ -204,3 +204,15 @@ def test_cli_bad_config_is_one_error_line(tmp_path: Path) -> None:
                          text=True, timeout=60)
     assert out.returncode == 2
     assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+
+
+def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.view.conftest import _missing_browser
+
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="no headless browser"):
+        _missing_browser("none here")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="no headless browser"):
+        _missing_browser("none here")
