@@ -169,8 +169,8 @@ class ViewServer:
         self.stop()
 
 
-def main_view(argv: Sequence[str] | None = None) -> int:
-    """`python -m processor view --config F`: serve the live view until SIGINT/SIGTERM."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options of `python -m processor view`."""
     p = argparse.ArgumentParser(
         prog="python -m processor view",
         description="Serve a web page that plots each counter's private count with its "
@@ -185,7 +185,12 @@ def main_view(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--poll-ms", type=int, default=1000,
                    help="how often the page asks for new records (default 1000)")
     p.add_argument("--loglevel", default="warning", help="log level (default warning)")
-    args = p.parse_args(list(argv) if argv is not None else None)
+    return p
+
+
+def main_view(argv: Sequence[str] | None = None) -> int:
+    """`python -m processor view --config F`: serve the live view until SIGINT/SIGTERM."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
     configure_logging(args.loglevel)
     # Block the stop signals before any thread starts, so they reach sigwait below and
     # never a KeyboardInterrupt in the middle of a shutdown.

@@ -216,3 +216,33 @@ def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="no headless browser"):
         _missing_browser("none here")
+
+
+def test_compose_view_service_matches_the_command() -> None:
+    """deploy/compose.yaml's `view` service runs this command with the compose config, gets
+    no key, no state and no operator port, publishes its port on loopback, and its health
+    check asks that port's /healthz. (No container engine here: deploy/README.md.)"""
+    import shlex
+
+    import yaml
+
+    from processor.stream.config import load_settings
+    from processor.view.server import build_parser
+
+    deploy = ROOT / "deploy"
+    doc = yaml.safe_load((deploy / "compose.yaml").read_text())
+    view = doc["services"]["view"]
+    entry = view["entrypoint"]
+    assert entry[:4] == ["python", "-m", "processor", "view"], entry
+    args = build_parser().parse_args(entry[4:])
+    mounts = {c["target"]: deploy / doc["configs"][c["source"]]["file"]
+              for c in view["configs"]}
+    settings = load_settings(str(mounts[args.config]), {})
+    assert settings.topics.counts and settings.topics.ledger
+    assert args.demo_file is None and args.host == "0.0.0.0"
+    assert "secrets" not in view and "volumes" not in view
+    assert view["ports"] == [f"127.0.0.1:{args.port}:{args.port}"]
+    health = shlex.join(view["healthcheck"]["test"])
+    assert f"127.0.0.1:{args.port}/healthz" in health, health
+    assert view.get("image") == doc["services"]["worker"]["image"]
+    ViewServer(settings, host=args.host, port=args.port)  # builds from that config
