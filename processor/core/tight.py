@@ -210,8 +210,12 @@ def _bisect_increasing(f: Callable[[float], float], target: float, lo: float,
 
 
 def _cc_for(mu: float, delta: float) -> tuple[float, float]:
-    """(cc_eps, cc_delta = delta) with cc_mu(cc_eps, delta) <= mu, cc_eps as large as
-    the bisection allows (the counter's noise at most a hair above the target's)."""
+    """(cc_eps, cc_delta) with cc_mu(cc_eps, cc_delta) <= mu, cc_eps as large as the
+    bisection allows (the counter's noise at most a hair above the target's). cc_delta is
+    delta, or mu/4 if smaller: as cc_eps -> 0, cc_mu tends to about 1.8 cc_delta, which
+    must stay below mu."""
+    delta = min(delta, mu / 4.0)
+
     def f(e: float) -> float:
         return cc_mu(e, delta)
 
@@ -226,7 +230,10 @@ def _cc_for(mu: float, delta: float) -> tuple[float, float]:
 
 def _bcc_for(mu: float, eta: float) -> tuple[float, float]:
     """(bcc_eps, bcc_delta) with bcc_eta(bcc_eps, bcc_delta) = eta (to rounding; account
-    uses the exact value) and bcc_mu <= mu: bcc_delta = 2 eta (1 + e^bcc_eps)."""
+    uses the exact value) and bcc_mu <= mu: bcc_delta = 2 eta (1 + e^bcc_eps). As bcc_eps
+    -> 0, bcc_mu tends to about 1.8 eta: a larger eta is first halved below mu / 4 (a
+    smaller eta only costs accuracy)."""
+    eta = min(eta, mu / 4.0)
     e_max = math.log(1.0 / (2.0 * eta) - 1.0) - 1e-9  # bcc_delta < 1
 
     def f(e: float) -> float:
@@ -248,6 +255,15 @@ def _partition(mechanism: str, eps_p: float, delta_part: float) -> float:
     return float(_simpart_mu(eps_p, delta_part))
 
 
+def _eta(budget: float, b: float) -> float:
+    """The clamp's share: budget / (2 (1 + e^b)), 0.0 where it underflows."""
+    return budget / (2.0 * (1.0 + math.exp(b))) if b < _MAX_GAUSS_EPS else 0.0
+
+
+#: Beyond this Gaussian epsilon e^b overflows and BCC's eta underflows.
+_MAX_GAUSS_EPS = 700.0
+
+
 def _proxy(mechanism: str, eps: float, delta: float, frac: float) -> float:
     """The accuracy proxy of one partition budget eps_p = frac * eps (choice only)."""
     eps_p = frac * eps
@@ -256,10 +272,10 @@ def _proxy(mechanism: str, eps: float, delta: float, frac: float) -> float:
         return math.inf
     b = eps - a
     budget = (delta / 2.0) * math.exp(-a)
-    mu_tot = gdp_mu(b, budget / 2.0)
-    eta = budget / (2.0 * (1.0 + math.exp(b))) if b < 700 else 0.0
-    if eta <= 0.0:
+    eta = _eta(budget, b)
+    if not 0.0 < eta < 0.25:
         return math.inf
+    mu_tot = gdp_mu(b, budget / 2.0)
     tail = math.sqrt(2.0 * math.log(1.0 / eta))
     # CC's 4 steps against BCC's 2 steps with its clamp shift (tail) at the proxy rate;
     # the optimal mu split makes the Gaussian part of the error (A + B) / mu_tot.
@@ -272,6 +288,10 @@ def _proxy(mechanism: str, eps: float, delta: float, frac: float) -> float:
 @lru_cache(maxsize=256)
 def _plan(mechanism: str, eps: float, delta: float) -> TightPlan:
     frac = min(_PART_FRACTIONS, key=lambda f: _proxy(mechanism, eps, delta, f))
+    if not math.isfinite(_proxy(mechanism, eps, delta, frac)):
+        raise InvalidParameterError(
+            f"eps={eps!r} is too large for the tight calibration at delta={delta!r} "
+            "(BCC's clamp probability underflows)")
     eps_p = frac * eps
     a = part_loss(mechanism, eps_p)
     b = eps - a
@@ -281,7 +301,7 @@ def _plan(mechanism: str, eps: float, delta: float) -> TightPlan:
     delta_part = (part_bad(eps_p, part_param) if mechanism == "ecc"
                   else simpart_bad(eps_p, int(part_param)))
     budget = (delta - delta_part) * math.exp(-a)
-    eta = budget / (2.0 * (1.0 + math.exp(b)))
+    eta = _eta(budget, b)
     tail = math.sqrt(2.0 * math.log(1.0 / eta))
     big_a, big_b = float(CC_STEPS), BCC_STEPS * RATE_PROXY * tail
     w = big_a / (big_a + big_b)  # share of mu_tot^2 for CC (accuracy choice only)

@@ -119,3 +119,14 @@ def test_refusals() -> None:
         SimECC(1.0, 1e-6, NoiseKey.from_seed(1), "c", calibration="Tight")
     with pytest.raises(InvalidParameterError, match="calibration"):
         ECC(1.0, 1e-6, NoiseKey.from_seed(1), "c", calibration=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mechanism", tight.MECHANISMS)
+def test_edges_of_the_parameter_range(mechanism: str) -> None:
+    """Tiny eps with a large delta (the counters' delta and eta are capped below mu / 4 so
+    the plan stays reachable) still meet the target; an eps whose clamp probability
+    underflows is refused with a typed error naming it."""
+    for eps, delta in ((1e-3, 0.5), (0.01, 0.1), (1e-3, 1e-12), (600.0, 1e-6)):
+        assert tight.account(tight.tight_plan(mechanism, eps, delta)).delta_total <= delta
+    with pytest.raises(InvalidParameterError, match="too large for the tight calibration"):
+        tight.tight_plan(mechanism, 800.0, 1e-6)
