@@ -255,13 +255,13 @@ def _partition(mechanism: str, eps_p: float, delta_part: float) -> float:
     return float(_simpart_mu(eps_p, delta_part))
 
 
+#: Beyond this Gaussian epsilon e^b overflows and BCC's eta underflows.
+_MAX_GAUSS_EPS = 700.0
+
+
 def _eta(budget: float, b: float) -> float:
     """The clamp's share: budget / (2 (1 + e^b)), 0.0 where it underflows."""
     return budget / (2.0 * (1.0 + math.exp(b))) if b < _MAX_GAUSS_EPS else 0.0
-
-
-#: Beyond this Gaussian epsilon e^b overflows and BCC's eta underflows.
-_MAX_GAUSS_EPS = 700.0
 
 
 def _proxy(mechanism: str, eps: float, delta: float, frac: float) -> float:
