@@ -170,13 +170,16 @@ class PublicFeed:
             while not self._stop.is_set() and roles is None:
                 try:
                     roles = self._assign(consumer)
+                    if roles is None:
+                        self.log.set_status("waiting for the topics "
+                                            + ", ".join(self.topics.values()))
                 except Exception as exc:  # broker not reachable yet: keep trying
                     self.log.set_status(f"waiting for the broker ({exc})")
                     log.warning("view: waiting for the broker: %s", exc)
-                if roles is None and not self._stop.wait(1.0):
-                    self.log.set_status("waiting for the topics " +
-                                        ", ".join(self.topics.values()))
-            self.log.set_status("live")
+                if roles is None:
+                    self._stop.wait(1.0)
+            if roles is not None:
+                self.log.set_status("live")
             while not self._stop.is_set() and roles is not None:
                 batch: list[Any] = consumer.consume(num_messages=500, timeout=0.25)
                 for msg in batch:
