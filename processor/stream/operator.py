@@ -304,7 +304,7 @@ class Operator:
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
         # Counter contract: public quantities), so a sweep over many counters at one tick
         # computes it once.
-        self._bounds: dict[tuple[str, float, float, float, int], float] = {}
+        self._bounds: dict[tuple[str, float, float, str, float, int], float] = {}
         # (mechanism, eps, delta) of a new counter: `_check_parameters`.
         self._configured: tuple[str, float, float] | None = None
 
@@ -875,7 +875,7 @@ class Operator:
         beta = self.settings.beta
         if c.t != t:  # a change reported inside a skip: the bound at the current tick
             return float(c.error_bound(beta))  # (larger t, so conservative)
-        k = (c.mechanism, c.eps, c.delta, beta, t)
+        k = (c.mechanism, c.eps, c.delta, _calibration(c), beta, t)
         bound = self._bounds.get(k)
         if bound is None:
             if len(self._bounds) >= 4096:
