@@ -519,7 +519,7 @@ class KillDriver:
             w.kill()  # reaps, closes the log
             del w.env["DPC_TEST_CRASH_AT"]
             if code == -signal.SIGKILL:
-                self.counts[f"kills_mid_batch_{point}"] += 1
+                self.counts[f"mid_batch_point_{point}"] += 1
                 self.counts["kills_mid_batch"] += 1
             else:
                 self.counts["mid_batch_not_reached"] += 1

@@ -20,6 +20,11 @@ broker+controller process on 127.0.0.1. A node counts as up only when it answers
 request (confluent_kafka AdminClient) that lists every broker of the cluster. Stopping sends
 SIGTERM, then SIGKILL after a timeout, and removes the temporary directory.
 
+``LocalKafka(security="sasl_ssl" | "mtls")`` secures the client listener for the tests of
+the secured path: a fresh test CA and certificates (``make_tls_files``: PEM for clients,
+PKCS12 stores for the broker), SCRAM-SHA-512 users created at format time
+(``--add-scram``) or ``ssl.client.auth=required``; ``client_security()`` says how to connect.
+
 Only the Python standard library is needed to fetch (``deploy/setup.sh`` may run it with a
 bare interpreter); confluent_kafka is imported when a node's readiness is checked. The
 pom.xml, the broker's log4j settings and the jar cache live in the checkout's ``deploy/``

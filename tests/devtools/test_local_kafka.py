@@ -515,3 +515,65 @@ def test_sweep_deletes_only_dirs_whose_owner_and_nodes_are_gone(tmp_path: Path) 
         node.wait(timeout=30)
     assert not abandoned.exists() and live_owner.exists() and detached.exists()
     assert lk.sweep_stale_dirs(tmp_path) == [detached]  # once its process is gone
+
+
+def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
+    tmp_path: Path, local_kafka_available: None
+) -> None:
+    """No broker started: the properties and format arguments of each security mode.
+
+    sasl_ssl: one SASL_SSL listener (also inter-broker), SCRAM-SHA-512 with the broker's
+    own user in the JAAS line and every user created at format time; mtls: an SSL listener
+    with ssl.client.auth=required; both with the PKCS12 stores made for them, and the
+    stores really hold what they should (the keystore opens with the password and its
+    certificate names 127.0.0.1; the truststore is readable by keytool and lists the CA).
+    Controls: plaintext writes none of it, and unquotable SCRAM names are refused."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    tls = lk.make_tls_files(tmp_path / "tls")
+    node = lk._Node(0, 1, 9092, 9093, tmp_path / "node")
+    voters = "1@127.0.0.1:9093"
+    sasl = LocalKafka(security="sasl_ssl", scram_users={"dpc": "pw-1"})
+    sasl._tls = tls
+    props = dict(line.split("=", 1) for line in sasl._properties(node, voters).splitlines()
+                 if line and not line.startswith("#"))
+    assert props["listeners"].startswith("SASL_SSL://127.0.0.1:9092,")
+    assert props["inter.broker.listener.name"] == "SASL_SSL"
+    assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
+    assert props["ssl.keystore.type"] == "PKCS12" and props["ssl.keystore.location"] == str(
+        tls.keystore)
+    assert f'username="{lk.BROKER_USER}"' in props[
+        "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
+    scram = sasl._scram_args()
+    assert scram.count("--add-scram") == 2 and "SCRAM-SHA-512=[name=dpc,password=pw-1]" in scram
+    assert sasl.client_security()["sasl_username"] == "dpc"
+
+    mtls = LocalKafka(security="mtls")
+    mtls._tls = tls
+    props = dict(line.split("=", 1) for line in mtls._properties(node, voters).splitlines()
+                 if line and not line.startswith("#"))
+    assert props["ssl.client.auth"] == "required" and props["listeners"].startswith("SSL://")
+    assert mtls._scram_args() == [] and "sasl.enabled.mechanisms" not in props
+    assert lk.librdkafka_security(mtls.client_security()) == {
+        "security.protocol": "ssl", "ssl.ca.location": str(tls.ca_cert),
+        "ssl.certificate.location": str(tls.client_cert),
+        "ssl.key.location": str(tls.client_key)}
+
+    key, cert, _chain = pkcs12.load_key_and_certificates(tls.keystore.read_bytes(),
+                                                         tls.store_password.encode())
+    assert key is not None and cert is not None
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "127.0.0.1" in {str(ip) for ip in sans.get_values_for_type(x509.IPAddress)}
+    listing = subprocess.run(["keytool", "-list", "-keystore", str(tls.truststore),
+                              "-storepass", tls.store_password], capture_output=True, text=True)
+    assert listing.returncode == 0 and "trustedCertEntry" in listing.stdout
+    assert (tls.client_key.stat().st_mode & 0o777) == 0o600
+
+    plain = LocalKafka()
+    text = plain._properties(node, voters)
+    assert "ssl." not in text and "sasl." not in text and plain._scram_args() == []
+    with pytest.raises(ValueError):
+        LocalKafka(security="sasl_ssl", scram_users={"a,b": "x"})
+    with pytest.raises(ValueError):
+        LocalKafka(security="kerberos")
