@@ -167,6 +167,8 @@ class QueueTruth:
 #: Kept runs go here by default (git-ignored, next to the broker jars).
 RUNS_DIR = ROOT / "deploy" / ".cache" / "demo-runs"
 KAFKA_CLI = ROOT / "deploy" / "kafka.py"
+#: The example subscriber of the downstream contract (a plain consumer of the public topic).
+SUBSCRIBER = ROOT / "examples" / "python" / "subscriber.py"
 #: The demo's app ids start with this; `--delete` refuses a run directory without it.
 APP_PREFIX = "dpc-demo-app-"
 
@@ -348,26 +350,33 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_kept(deployment: Deployment, local_broker: bool) -> None:
-    d, t = deployment.directory, deployment.topics
-    cfg = deployment.config
     here = Path.cwd()
-    rel = d.relative_to(here) if d.is_relative_to(here) else d
-    cfg_rel = cfg.relative_to(here) if cfg.is_relative_to(here) else cfg
+
+    def short(path: Path) -> Path:
+        return path.relative_to(here) if path.is_relative_to(here) else path
+
+    d, cfg, t = short(deployment.directory), short(deployment.config), deployment.topics
     broker = deployment.settings.bootstrap_servers
     exe = Path(sys.executable)
-    py = str(exe.relative_to(here)) if exe.is_relative_to(here) else "python"
-    print(f"\nkept for you: the topics on {broker}"
-          + (" (the local broker keeps running)" if local_broker else "")
-          + f" and the run directory {rel} (config, noise key, logs)\n"
-          f"  topics      public: {t.counts}, {t.ledger}; operator-only: {t.input}, "
-          f"{t.timeline}, {t.deadletter}\n"
-          f"  look again  {py} -m processor view --config {cfg_rel} "
-          f"--demo-file {rel}/demo-overlay.json\n"
-          f"  audit       {py} -m processor replay --config {cfg_rel}\n"
-          f"  delete      {py} -m processor demo --delete {rel}"
-          + ("   (then `python deploy/kafka.py stop` stops the broker)" if local_broker
-             else ""),
-          flush=True)
+    py = str(short(exe)) if exe.is_relative_to(here) else "python"
+    lines = [
+        f"\nkept for you: the topics on {broker}"
+        + (" (the local broker keeps running)" if local_broker else "")
+        + f" and the run directory {d} (config, noise key, logs)",
+        f"  topics      public: {t.counts}, {t.ledger}; operator-only: {t.input}, "
+        f"{t.timeline}, {t.deadletter}",
+        f"  look again  {py} -m processor view --config {cfg} "
+        f"--demo-file {d}/demo-overlay.json",
+    ]
+    if SUBSCRIBER.is_file():
+        lines.append(f"  consume     {py} {short(SUBSCRIBER)} --bootstrap-servers {broker} "
+                     f"--topic {t.counts} --until-end")
+    lines += [
+        f"  audit       {py} -m processor replay --config {cfg}",
+        f"  delete      {py} -m processor demo --delete {d}"
+        + ("   (then `python deploy/kafka.py stop` stops the broker)" if local_broker else ""),
+    ]
+    print("\n".join(lines), flush=True)
 
 
 def delete_run(run_dir: Path) -> int:
