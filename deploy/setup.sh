@@ -4,7 +4,7 @@
 #   2. installs the project and its dev tools into it (pip install -e '.[dev]'), again only
 #      when pyproject.toml changed since the last install or the install looks broken;
 #   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
-#      deploy/.cache/kafka-libs);
+#      deploy/.cache/kafka-libs), and the Java example subscriber's (examples/java);
 #   4. installs Debian's chromium and chromium-driver (the headless browser of the live
 #      view's tests, tests/view) when they are missing and apt-get is there (as root or
 #      with sudo; SETUP_BROWSER=0 skips it). Without them those tests skip (fail in CI).
@@ -40,6 +40,8 @@ else
 fi
 
 .venv/bin/python deploy/kafka.py fetch "$@"
+# The Java example subscriber's jars (examples/java/target/lib; its test is tests/examples).
+bash examples/java/fetch-deps.sh "$@"
 
 if [ "${SETUP_BROWSER:-1}" != 0 ] \
     && { ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; }; then
