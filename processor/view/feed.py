@@ -92,15 +92,20 @@ class FeedLog:
         with self._lock:
             self.status = status
 
-    def since(self, releases_after: int, ledger_after: int) -> dict[str, Any]:
-        """Releases with sequence number >= releases_after and ledger entries from index
-        ledger_after on, with the numbers to ask for next time."""
+    def since(self, releases_after: int, ledger_after: int,
+              limit: int = 5000) -> dict[str, Any]:
+        """At most `limit` releases with sequence number >= releases_after and the ledger
+        entries from index ledger_after on, with the numbers to ask for next time; `more`
+        says whether releases are left (a page opened on a long topic catches up in
+        pages instead of one response of megabytes)."""
         with self._lock:
             start = max(0, releases_after - self.release_base)
-            rel = self.releases[start:]
+            rel = self.releases[start:start + limit]
             led = self.ledger[max(0, ledger_after):]
+            nxt = self.release_base + start + len(rel)
             return {
-                "releases": rel, "releases_next": self.release_base + len(self.releases),
+                "releases": rel, "releases_next": nxt,
+                "more": nxt < self.release_base + len(self.releases),
                 "ledger": led, "ledger_next": len(self.ledger),
                 "unreadable": self.unreadable, "status": self.status,
             }

@@ -174,6 +174,10 @@ def test_feed_log_skips_foreign_records_and_pages_by_sequence() -> None:
     assert [r["tick"] for r in page["releases"]] == [3, 4, 5, 6]
     assert page["releases_next"] == 6 and page["unreadable"] == 3
     assert [r["tick"] for r in log.since(5, 0)["releases"]] == [6]
+    first = log.since(0, 0, limit=3)  # paged: the rest comes with the next request
+    assert [r["tick"] for r in first["releases"]] == [3, 4, 5] and first["more"]
+    rest = log.since(first["releases_next"], 0, limit=3)
+    assert [r["tick"] for r in rest["releases"]] == [6] and not rest["more"]
     assert log.since(6, 0)["releases"] == [] and page["ledger"] == []
 
 

@@ -218,7 +218,7 @@ function apply(u) {
   renderTables();
   const status = $("#status");
   status.dataset.status = u.status;
-  status.textContent = `status: ${u.status} · ${state.cursor.r} releases · ` +
+  status.textContent = `status: ${u.more ? "catching up" : u.status} · ${state.cursor.r} releases · ` +
     `${state.ledger.length} ledger entries · updated ${clock(Date.now())}` +
     (u.unreadable ? ` · ${u.unreadable} unreadable records skipped` : "");
 }
@@ -228,7 +228,9 @@ async function poll() {
     const q = `r=${state.cursor.r}&l=${state.cursor.l}&d=${state.cursor.d}`;
     const resp = await fetch(`/api/updates?${q}`, { cache: "no-store" });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-    apply(await resp.json());
+    const u = await resp.json();
+    apply(u);
+    if (u.more) { setTimeout(poll, 0); return; }  // catching up on a long topic
   } catch (err) {
     const status = $("#status");
     status.dataset.status = "offline";
