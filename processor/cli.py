@@ -49,9 +49,10 @@ def _count_parser() -> argparse.ArgumentParser:
         description="Run a private counter over ticks read one per line: a number in [0, 1], "
         "_ for a tick with no event, _*N for N such ticks. Writes {\"t\": t, \"y\": y} per tick.",
     )
-    p.add_argument("--mechanism", required=True, choices=registry.names())
-    p.add_argument("--epsilon", type=float, required=True)
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--mechanism", required=True, choices=registry.names(),
+                   help="the registered mechanism to run")
+    p.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon")
+    p.add_argument("--delta", type=float, required=True, help="privacy parameter delta")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--key-file", help="the secret noise key (production generator)")
     src.add_argument("--seed", type=int, help="a public, reproducible key (tests, experiments)")
@@ -154,7 +155,7 @@ def _write_private(fd: int, data: bytes) -> None:
 def cmd_keygen(argv: Sequence[str], stdout: TextIO, stderr: TextIO) -> int:
     p = argparse.ArgumentParser(prog="python -m processor keygen",
                                 description="Write a fresh 256-bit noise key as hex (mode 0600).")
-    p.add_argument("path")
+    p.add_argument("path", help="the key file to write (mode 0600)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     args = p.parse_args(argv)
     try:

@@ -17,19 +17,24 @@ from processor.experiments.attack import threshold
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m processor.experiments",
+    p = argparse.ArgumentParser(prog="python -m processor experiment",
                                 description="Reproduce the paper's Section 8 experiments.")
-    p.add_argument("command", choices=["fig1a", "fig1b", "fig2", "fig3", "table1"])
+    p.add_argument("command", choices=["fig1a", "fig1b", "fig2", "fig3", "table1"],
+                   help="the figure or table to reproduce")
     p.add_argument("--runs", type=int, default=None,
                    help="runs per point (paper: 20000; fig1b: 100)")
     p.add_argument("--horizon", type=int, nargs="+", default=None,
                    help="T (fig1b: a list; paper: 1e4, fig1b 1e3..1e6, fig3 1e3)")
-    p.add_argument("--out", type=Path, default=Path("experiments-out"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--mechanisms", nargs="+", default=None)
+    p.add_argument("--out", type=Path, default=Path("experiments-out"),
+                   help="directory for the CSV and PNG (default: experiments-out)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the public experiment key (same seed, same numbers)")
+    p.add_argument("--mechanisms", nargs="+", default=None,
+                   help="mechanisms to run (default: the figure's own set)")
     p.add_argument("--eps", type=float, nargs="+", default=None,
                    help="eps values (default: the paper's 12-point sweep 0.1..150)")
-    p.add_argument("--delta", type=float, default=F.DELTA)
+    p.add_argument("--delta", type=float, default=F.DELTA,
+                   help=f"delta of every mechanism (default: the paper's {F.DELTA:g})")
     p.add_argument("--csv", type=Path, default=None,
                    help="table1: read an existing fig1a CSV instead of running the sweep")
     p.add_argument("--base", choices=["sqrt", "tree"], default="sqrt",
@@ -37,7 +42,8 @@ def _parser() -> argparse.ArgumentParser:
                         "core's default inside ECC/SimECC)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes for the sweeps (results do not depend on it)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar on stderr")
     return p
 
 

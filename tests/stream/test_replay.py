@@ -1,116 +1,271 @@
-"""Replay against a live run: late events, idle gaps and a crash, then `python -m processor
-replay` reports "identical"; a tampered or forged published record is detected (controls).
-Also, without a broker: the recomputation (BatchCommit over the timeline) and `compare`."""
+"""Replay, the audit (processor/stream/replay.py; docs/replay.md).
+
+Against the real broker, one deployment through its life: replay says identical while a
+worker runs under load, after a kill -9 (the worker dead), and after a clean stop (the
+leader's last marker possibly unapplied: pending, not missing); then a tampered release,
+a forged ledger entry and a missing release (deleted from the topic) are each reported
+as differences naming the record. Without a broker: the cut (what is due, what is
+pending), every kind of difference, the recomputation equal to one BatchCommit pass, the
+JSON verdict and the progress lines.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import random
+import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.operator import Operator
-from processor.stream.replay import compare, main_replay, recompute_timeline
-from processor.stream.state import DictStore
-from tests.stream.test_app_e2e import (
-    Live,
-    live_factory,  # noqa: F401  (the fixture, re-exported for this module)
-    now_ms,
+from processor.stream.records import Release
+from processor.stream.replay import (
+    Recomputed,
+    ReplayReport,
+    Tally,
+    _StderrProgress,
+    compare,
+    main_replay,
+    recompute_timeline,
 )
+from processor.stream.state import DictStore
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _replay_json(config: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = main_replay(["--config", config, "--json", "--quiet"])
+    out = capsys.readouterr().out
+    return code, orjson.loads(out)
+
+
+def _produce_steadily(dep: Any, stop: threading.Event, sent: list[int], start: int,
+                      tick: int) -> None:
+    """About 60 events/s over the counters until `stop`, one in ten late (its tick sealed
+    already), so the timeline carries a backlog and late events while replay runs."""
+    rng = random.Random(5)
+    while not stop.is_set():
+        now = _now_ms()
+        batch = [orjson.dumps({"counter": rng.choice(["p", "q"]),
+                               "ts": (start + tick if rng.random() < 0.1 else now)})
+                 for _ in range(6)]
+        sent[0] += dep.produce(batch)
+        stop.wait(0.1)
 
 
 @pytest.mark.kafka
-def test_replay_identical_after_live_run_then_detects_tampering(
-        live_factory: Callable[..., Live],  # noqa: F811
-        capsys: pytest.CaptureFixture[str]) -> None:
-    """Live run: a burst, late events (their ticks already sealed), an idle gap, a SIGKILL
-    and restart, a second burst; an idle counter throughout. Replay exits 0 ("identical").
-    Controls: a published change record re-sent with its value altered makes replay exit 1
-    naming that (counter, tick); a forged record for a tick never released does too."""
+def test_replay_live_killed_stopped_then_detects_tampering(
+        deployment_factory: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """One deployment: replay is identical during load, after a kill -9 and after a clean
+    stop; then each of a tampered release, a forged ledger entry and a missing release is
+    reported as a difference naming it (exit 1), and the earlier ones stay reported."""
     tick = 100
-    start = (now_ms() // tick) * tick - 30 * tick
-    live = live_factory({"p": start, "q": start, "quiet": start}, name="replay",
-                        mechanism="ecc", epsilon=500.0)
-    live.worker.start()
-    live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
-    now = now_ms()
-    first = [orjson.dumps({"counter": "p", "ts": now + 500}) for _ in range(40)]
-    first += [orjson.dumps({"counter": "q", "ts": start + 2 * tick}) for _ in range(10)]  # late
-    live.produce(first)
-    live.wait_releases(lambda rs: any(r["counter"] == "p" and r["kind"] == "change"
-                                      for r in rs), timeout_s=60)
-    live.worker.kill()
-    live.worker.start()
-    now2 = now_ms()
-    # After an idle gap (p's queue has drained or not: either way it is in the log).
-    second = [orjson.dumps({"counter": "q", "ts": now2 + 1000 + 50 * k, "value": 0.75})
-              for k in range(30)]
-    second += [orjson.dumps({"counter": "p", "ts": start + tick})]  # late again
-    live.produce(second)
-    end_tick = (now2 + 1000 + 60 * tick) // tick - start // tick + 1
-    live.wait_releases(lambda rs: {r["counter"] for r in rs if r["tick"] >= end_tick}
-                       == {"p", "q", "quiet"}, timeout_s=120)
-    assert live.worker.stop() == 0, live.worker.log_tail()
+    start = (_now_ms() // tick) * tick - 20 * tick
+    dep = deployment_factory({"p": start, "q": start, "quiet": start}, name="replay",
+                             partitions=2, tick_ms=tick, lateness_ms=300, epsilon=500.0,
+                             heartbeat_ticks=10)
+    config = str(dep.config)
+    dep.worker.start()
+    stop = threading.Event()
+    sent = [0]
+    producer = threading.Thread(target=_produce_steadily,
+                                args=(dep, stop, sent, start, tick), daemon=True)
+    try:
+        dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+        producer.start()
+        dep.wait_releases(lambda rs: any(r["kind"] == "change" for r in rs), timeout_s=60)
 
-    argv = ["--config", str(live.config)]
+        # 1. a running worker under load
+        code, verdict = _replay_json(config, capsys)
+        assert code == 0 and verdict["identical"], verdict
+        assert verdict["counts"]["releases"]["due"] > 0, verdict
+
+        # 2. kill -9 while events flow: whatever the worker did not finish is pending
+        dep.worker.kill()
+        code, verdict = _replay_json(config, capsys)
+        assert code == 0 and verdict["identical"], verdict
+
+        # 3. restarted, then a clean stop (its last marker may stay unapplied)
+        dep.worker.start()
+        seen = max(r["tick"] for r in dep.releases())
+        dep.wait_releases(lambda rs: max((r["tick"] for r in rs), default=-1) >= seen + 10,
+                          timeout_s=60)
+    finally:
+        stop.set()
+        producer.join(timeout=30)
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    assert sent[0] > 0
+    code, verdict = _replay_json(config, capsys)
+    assert code == 0 and verdict["identical"], verdict
+    counts = verdict["counts"]
+    assert counts["releases"]["published"] == counts["releases"]["due"] > 0
+    assert counts["ledger"]["published"] == counts["ledger"]["due"] == 3
+
+    published = [orjson.loads(r.value or b"") for r in
+                 kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+
+    # 4. a tampered release: a copy of a published one with another value
+    victim = next(r for r in published if r["kind"] == "change")
+    kafka_io.produce_all(dep.conf, dep.topics.counts,
+                         [(victim["counter"].encode(),
+                           orjson.dumps(dict(victim, value=victim["value"] + 1.0)))])
+    code, verdict = _replay_json(config, capsys)
+    diffs = verdict["differences"]
+    assert code == 1 and verdict["verdict"] == "different" and diffs["total"] == 1, verdict
+    assert diffs["first"][0]["topic"] == "counts"
+    assert diffs["first"][0]["key"] == [victim["counter"], victim["tick"], "change"]
+
+    # 5. a forged ledger entry: a counter that was never created
+    entry = orjson.loads(next(iter(kafka_io.iter_topic(dep.conf, dep.topics.ledger))).value
+                         or b"")
+    forged = dict(entry, counter="forged", epsilon=0.01)
+    kafka_io.produce_all(dep.conf, dep.topics.ledger, [(b"forged", orjson.dumps(forged))])
+    code, verdict = _replay_json(config, capsys)
+    diffs = verdict["differences"]
+    assert code == 1 and diffs["total"] == 2, verdict
+    ledger_diffs = [d for d in diffs["first"] if d["topic"] == "ledger"]
+    assert [(d["key"][0], d["problem"]) for d in ledger_diffs] == [("forged", "unexpected")]
+
+    # 6. a missing release: the first records of one private-count partition deleted
+    first = next(iter(kafka_io.iter_topic(dep.conf, dep.topics.counts)))
+    gone = orjson.loads(first.value or b"")
+    admin = AdminClient(dict(dep.conf))
+    for fut in admin.delete_records(
+            [TopicPartition(dep.topics.counts, first.partition, first.offset + 1)]).values():
+        fut.result(timeout=30)
     capsys.readouterr()
-    assert main_replay(argv) == 0
-    out = capsys.readouterr().out
-    assert out.startswith("identical"), out
-
-    # Control 1: a published change record, re-sent with a different value.
-    recs = [orjson.loads(r.value or b"")
-            for r in kafka_io.iter_topic(live.conf, live.topics.counts)]
-    victim = next(r for r in recs if r["kind"] == "change" and r["counter"] == "p")
-    forged = dict(victim, value=victim["value"] + 1.0)
-    kafka_io.produce_all(live.conf, live.topics.counts,
-                         [(victim["counter"].encode(), orjson.dumps(forged))])
-    assert main_replay(argv) == 1
-    out = capsys.readouterr().out
-    assert f"('p', {victim['tick']}, 'change')" in out, out
-
-    # Control 2 (on a fresh comparison target): a record for a tick that was never released
-    # is reported too; it sorts before the altered one only if its tick is smaller, so just
-    # check the count of differences grows.
-    extra = dict(victim, tick=victim["tick"] + 100_000)
-    kafka_io.produce_all(live.conf, live.topics.counts,
-                         [(victim["counter"].encode(), orjson.dumps(extra))])
-    assert main_replay(argv) == 1
-    out = capsys.readouterr().out
-    assert "DIFFERENT (2 differences" in out, out
+    assert main_replay(["--config", config, "--quiet"]) == 1
+    line = capsys.readouterr().out
+    assert line.startswith("DIFFERENT (3 differences"), line
+    assert f"counts ('{gone['counter']}', {gone['tick']}, '{gone['kind']}'): missing" in line
+    assert "ledger ('forged'" in line
 
 
-def test_recompute_splits_at_the_settled_offsets_and_compare_finds_differences() -> None:
-    """recompute_timeline equals one BatchCommit pass over each partition; releases of
-    records at or past the settled offset are reported apart; compare accepts identical
-    re-sends and missing unsettled records, and names a changed value."""
+# --------------------------------------------------------------------- without a broker
+
+
+def _release(counter: str, tick: int, value: float = 1.0, kind: str = "heartbeat") -> Release:
+    return Release(counter=counter, tick=tick, tick_start_ms=tick * 100, tick_ms=100,
+                   value=value, kind=kind,  # type: ignore[arg-type]
+                   mechanism="ecc", epsilon=1.0, delta=1e-6, error_bound=3.0, beta=0.05,
+                   fingerprint="f")
+
+
+def _ledger(counter: str, creation: str = "t") -> Any:
+    from processor.stream.records import LedgerEntry
+
+    return LedgerEntry(counter=counter, mechanism="ecc", epsilon=1.0, delta=1e-6,
+                       tick_ms=100, start_ms=0, fingerprint="f", key_id="k",
+                       creation=creation)
+
+
+def _recomputed(settled: list[Release], unsettled: list[Release],
+                settled_ledger: list[Any] | None = None,
+                unsettled_ledger: list[Any] | None = None) -> Recomputed:
+    return Recomputed(settled, unsettled, settled_ledger or [], unsettled_ledger or [], 0, 0)
+
+
+def test_the_cut_due_pending_and_every_kind_of_difference() -> None:
+    """Due: settled (committed) releases, and unsettled ones at or below their counter's
+    highest published tick; the rest pending. Ledger entries: due only when settled."""
+    a = [_release("a", t) for t in range(1, 6)]
+    b = [_release("b", t) for t in range(1, 4)]
+    res = _recomputed(a[:2], a[2:] + b, [_ledger("a")], [_ledger("b")])
+    ledger = [_ledger("a").to_json()]
+    # a published through tick 3, b not at all: a4, a5, b1-b3 pending; b's entry pending.
+    pub = [r.to_json() for r in a[:3]]
+    rel, led, diffs = compare(res, pub + pub[:1], ledger)  # an identical re-send counts once
+    assert diffs == []
+    assert rel == Tally(recomputed=8, due=3, published=3, pending=5)
+    assert led == Tally(recomputed=2, due=1, published=1, pending=1)
+
+    # a missing release in the middle of what a counter published: due, so missing
+    rel, _led, diffs = compare(res, [a[0].to_json(), a[1].to_json(), a[3].to_json()], ledger)
+    assert [(d.key, d.problem) for d in diffs] == [(("a", 3, "heartbeat"), "missing")]
+    assert rel.pending == 4
+    # a settled release never published: missing (a[1] is committed, nothing published)
+    _rel, _led, diffs = compare(res, [a[0].to_json()], ledger)
+    assert [(d.key, d.problem) for d in diffs] == [(("a", 2, "heartbeat"), "missing")]
+    # a settled ledger entry missing; an unsettled one may be missing
+    _rel, _led, diffs = compare(res, pub, [])
+    assert [(d.topic, d.key[0], d.problem) for d in diffs] == [("ledger", "a", "missing")]
+
+    # different, conflicting, unexpected, malformed
+    tampered = orjson.loads(a[2].to_json())
+    tampered["value"] = 9.0
+    _rel, _led, diffs = compare(res, [*pub[:2], orjson.dumps(tampered)], ledger)
+    assert [(d.key, d.problem) for d in diffs] == [(("a", 3, "heartbeat"), "different")]
+    assert "value: replay=1.0 published=9.0" in diffs[0].detail
+    _rel, _led, diffs = compare(res, [*pub, orjson.dumps(tampered)], ledger)
+    assert [(d.key, d.problem) for d in diffs] == [(("a", 3, "heartbeat"), "conflicting")]
+    _rel, _led, diffs = compare(res, [*pub, _release("z", 1).to_json()],
+                                [*ledger, _ledger("z").to_json()])
+    assert [(d.topic, d.key[0], d.problem) for d in diffs] == [  # z: never recomputed
+        ("counts", "z", "unexpected"), ("ledger", "z", "unexpected")]
+    _rel, _led, diffs = compare(res, [*pub, b"not json", None], ledger)
+    assert [d.problem for d in diffs] == ["malformed", "malformed"]
+
+
+def test_recompute_splits_at_the_settled_offsets_and_equals_one_pass() -> None:
+    """recompute_timeline equals one BatchCommit pass over the partition, record by record
+    (the batching does not matter); what records at or past the settled offset produce is
+    reported apart; compare finds the recomputation identical to that pass's output."""
     from tests.stream.test_operator import KEY, TICK, StepFactory, random_timeline, settings
     from tests.stream.test_operator import to_records as records_of
 
     rng = random.Random(8)
     s = settings({"a": 100 * TICK, "b": 100 * TICK}, heartbeat_ticks=3)
     records = records_of(random_timeline(rng, ["a", "b"], 100, 30, 0.5), 3)
-    timeline = {0: [kafka_io.KafkaRecord("tl", 0, off, None, r, (), 0)
-                    for off, r in enumerate(records)]}
     pub = CollectingPublisher()
     bc = BatchCommit(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(), pub)
     for off, r in enumerate(records):
         asyncio.run(bc.commit(0, [(off, r)]))
     mark = len(records) // 2
-    got = recompute_timeline(s, KEY, timeline, {0: mark},
+    got = recompute_timeline(s, KEY, {0: list(enumerate(records))}, {0: mark},
                              operator=Operator(s, KEY, factory=StepFactory(2, 3)))
     assert got.settled + got.unsettled == pub.releases and got.records == len(records)
     assert got.settled and got.unsettled
-    mine = [r.to_json() for r in got.settled]
-    later = [r.to_json() for r in got.unsettled]
-    assert compare(mine, mine + mine[:3], later) == (0, None)
-    assert compare(mine, mine + later[:2], later) == (0, None)
-    changed = orjson.loads(mine[0])
-    changed["value"] += 1.0
-    n, first = compare(mine, [orjson.dumps(changed), *mine[1:]], later)
-    assert n == 1 and first is not None and "value" in first
-    assert compare(mine, mine[1:], later)[0] == 1  # a settled release never published
+    assert got.settled_ledger + got.unsettled_ledger == pub.ledger
+    rel, led, diffs = compare(got, [r.to_json() for r in pub.releases],
+                              [e.to_json() for e in pub.ledger])
+    assert diffs == [] and rel.pending == 0 and led.due == led.published
+
+
+def test_json_verdict_and_progress_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    """The JSON verdict names the verdict, the cut, the counts and the first differences;
+    the progress printer writes at most one line per interval, to stderr only."""
+    res = _recomputed([_release("a", 1)], [_release("a", 2)])
+    rel, led, diffs = compare(res, [], [])
+    report = ReplayReport(5, 0, rel, led, {0: (1, 5), 1: (0, 0)}, diffs)
+    j = orjson.loads(orjson.dumps(report.to_json()))
+    assert j["verdict"] == "different" and j["identical"] is False
+    assert j["cut"]["timeline"] == {"0": {"committed": 1, "end": 5},
+                                    "1": {"committed": 0, "end": 0}}
+    assert "committed offset" in j["cut"]["definition"]
+    assert j["counts"]["releases"] == {"recomputed": 2, "due": 1, "published": 0,
+                                       "pending": 1}
+    assert j["differences"]["first"] == [{"topic": "counts", "key": ["a", 1, "heartbeat"],
+                                          "problem": "missing",
+                                          "detail": "due but not published"}]
+    assert report.summary().startswith("DIFFERENT (1 differences")
+
+    progress = _StderrProgress(every_s=0.0)
+    progress("read", 10, 100)
+    progress("recomputed", 100, 100)
+    quiet = _StderrProgress(every_s=3600.0)
+    quiet("read", 1, 100)
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines() == ["replay: 10/100 timeline records read",
+                                "replay: 100/100 timeline records recomputed"]

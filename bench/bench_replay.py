@@ -1,0 +1,172 @@
+"""Replay throughput: timeline records recomputed per second, in memory and end to end.
+
+Workload (a worker's timeline, built here without a worker): --counters declared counters
+(default 1000, README-like settings: ECC, eps 1, tick 100 ms, heartbeat every 60 ticks) on
+--partitions timeline partitions (default 4); per tick, --events events (default 40, value
+1, random counters) in one batch record per partition that has any, then one "sealed
+through" marker per partition, as the leader appends them; --ticks ticks (default 3000:
+about 24,000 timeline records).
+
+Phases (each the best of --repeats):
+  recompute  `replay.recompute_timeline` (BatchCommit on a DictStore, what replay runs)
+             over the in-memory timeline: records/s;
+  compare    `replay.compare` of that recomputation with itself as the published topics;
+  end to end (needs a broker: --bootstrap or KAFKA_BOOTSTRAP_SERVERS) the timeline, the
+             releases and the ledger entries produced to fresh topics and the worker
+             group's offsets committed at the end, then `replay.replay` (snapshot, read,
+             recompute, compare) and `python -m processor replay --json --quiet` (a
+             subprocess: interpreter start, imports, the same work) timed; both must say
+             identical.
+
+    .venv/bin/python bench/bench_replay.py [--ticks 3000] [--counters 1000] [--events 40]
+        [--partitions 4] [--repeats 3] [--bootstrap HOST:PORT] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+
+import orjson
+from confluent_kafka import Consumer, TopicPartition
+
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
+from processor.stream import kafka_io
+from processor.stream.config import Settings, with_overrides
+from processor.stream.records import Event, encode_batch, encode_marker, partition_for
+from processor.stream.replay import compare, recompute_timeline, replay
+
+TICK = 100
+Timeline = dict[int, list[tuple[int, bytes | None]]]
+
+
+def workload(s: Settings, ticks: int, events: int, rng: random.Random) -> Timeline:
+    names = sorted(s.counters)
+    P = s.partitions
+    timeline: Timeline = {p: [] for p in range(P)}
+    src = 0
+    for n in range(1, ticks + 1):
+        per: dict[int, list[Event]] = {}
+        for _ in range(events):
+            c = names[rng.randrange(len(names))]
+            per.setdefault(partition_for(c, P), []).append(
+                Event(c, n * TICK + rng.randrange(TICK), UNIT, 0, src))
+            src += 1
+        for p in range(P):
+            recs = timeline[p]
+            if p in per:
+                recs.append((len(recs), encode_batch(per[p])))
+            recs.append((len(recs), encode_marker(n)))
+    return timeline
+
+
+def best(repeats: int, fn: object) -> float:
+    assert callable(fn)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def end_to_end(bootstrap: str, s: Settings, key_secret: bytes, timeline: Timeline,
+               repeats: int) -> None:
+    from processor.devtools.deployment import isolated_deployment
+
+    with tempfile.TemporaryDirectory(prefix="bench-replay-") as tmp:
+        dep = isolated_deployment(bootstrap, s.counters, parent=tmp, name="bench-replay",
+                                  secret=key_secret, base=s)
+        key = dep.key
+        records = sum(len(v) for v in timeline.values())
+        for p, recs in timeline.items():
+            kafka_io.produce_all(dep.conf, dep.topics.timeline,
+                                 ((None, v or b"") for _o, v in recs), partition=p)
+        result = recompute_timeline(dep.settings, key, timeline, {})
+        kafka_io.produce_all(dep.conf, dep.topics.ledger,
+                             ((e.key(), e.to_json()) for e in result.unsettled_ledger))
+        kafka_io.produce_all(dep.conf, dep.topics.counts,
+                             ((r.key(), r.to_json()) for r in result.unsettled))
+        _commit_end(dep.conf, dep.settings.app_id, dep.topics.timeline, timeline)
+        report = replay(dep.settings, key)
+        assert report.identical and report.releases.pending == 0, report.summary()
+        dt = best(repeats, lambda: replay(dep.settings, key))
+        print(f"end to end (replay.replay)   {records:>8} records {dt:8.2f} s "
+              f"{records / dt:>10,.0f} records/s", flush=True)
+        argv = [sys.executable, "-m", "processor", "replay", "--config", str(dep.config),
+                "--json", "--quiet"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPC_")}
+        out = b""
+
+        def cli() -> None:
+            nonlocal out
+            out = subprocess.run(argv, env=env, capture_output=True, check=True).stdout
+
+        dt = best(repeats, cli)
+        assert orjson.loads(out)["identical"] is True, out
+        print(f"end to end (CLI, subprocess) {records:>8} records {dt:8.2f} s "
+              f"{records / dt:>10,.0f} records/s", flush=True)
+
+
+def _commit_end(conf: Mapping[str, str], group: str, topic: str, timeline: Timeline) -> None:
+    """Commit the worker group's offsets at the end of the timeline (a caught-up worker)."""
+    consumer = Consumer({**conf, "group.id": group, "enable.auto.commit": "false"})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, p, len(recs))
+                                 for p, recs in timeline.items()], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ticks", type=int, default=3000, help="ticks of timeline")
+    ap.add_argument("--counters", type=int, default=1000, help="declared counters")
+    ap.add_argument("--events", type=int, default=40, help="events per tick")
+    ap.add_argument("--partitions", type=int, default=4, help="timeline partitions")
+    ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
+    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
+                    help="a broker for the end-to-end phase (default: skip it)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print a cProfile of one in-memory recomputation")
+    args = ap.parse_args()
+    secret = bytes(range(32))
+    key = NoiseKey(secret)
+    s = with_overrides(Settings(), counters={f"c{i:04d}": 0 for i in range(args.counters)},
+                       partitions=args.partitions, tick_ms=TICK, mechanism="ecc",
+                       epsilon=1.0, delta=1e-6, heartbeat_ticks=60)
+    timeline = workload(s, args.ticks, args.events, random.Random(0))
+    records = sum(len(v) for v in timeline.values())
+    if args.profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        recompute_timeline(s, key, timeline, {})
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+    dt = best(args.repeats, lambda: recompute_timeline(s, key, timeline, {}))
+    result = recompute_timeline(s, key, timeline, {p: len(v) for p, v in timeline.items()})
+    print(f"recompute (in memory)        {records:>8} records {dt:8.2f} s "
+          f"{records / dt:>10,.0f} records/s ({len(result.settled)} releases)", flush=True)
+    published = [r.to_json() for r in result.settled]
+    ledger = [e.to_json() for e in result.settled_ledger]
+    dt = best(args.repeats, lambda: compare(result, published, ledger))
+    releases, _entries, diffs = compare(result, published, ledger)
+    assert not diffs and releases.due == len(published)
+    print(f"compare                      {len(published):>8} releases {dt:7.2f} s", flush=True)
+    if args.bootstrap:
+        end_to_end(args.bootstrap, s, secret, timeline, args.repeats)
+    else:
+        print("end to end: skipped (no --bootstrap, no KAFKA_BOOTSTRAP_SERVERS)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The command line as one dispatcher (processor/cli.py): every subcommand in its table,
+help for every option of every subcommand, `--version` from the package metadata, and one
+error policy: a bad invocation of any subcommand is one `error:` line on stderr and exit
+code 2, never a traceback. Controls: the checks find a planted option without help and a
+planted traceback."""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from processor import cli
+
+
+class _Captured(BaseException):
+    """Raised by the patched parse_args with the parser a subcommand built (BaseException:
+    the dispatcher's error policy must not swallow it)."""
+
+    def __init__(self, parser: argparse.ArgumentParser) -> None:
+        super().__init__(parser.prog)
+        self.parser = parser
+
+
+def parser_of(command: str, monkeypatch: pytest.MonkeyPatch) -> argparse.ArgumentParser:
+    """The argparse parser `python -m processor <command>` parses its options with."""
+    def capture(self: argparse.ArgumentParser, *args: object, **kw: object) -> None:
+        raise _Captured(self)
+
+    with monkeypatch.context() as m:
+        m.setattr(argparse.ArgumentParser, "parse_args", capture)
+        m.setattr(argparse.ArgumentParser, "parse_known_args", capture)
+        try:
+            cli.main([command])
+        except _Captured as got:
+            return got.parser
+    raise AssertionError(f"{command} parsed no arguments with argparse")
+
+
+def options_without_help(parser: argparse.ArgumentParser) -> list[str]:
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                missing += [f"{sub.prog}: {o}" for o in options_without_help(sub)]
+            continue
+        if not (action.help or "").strip() or action.help == argparse.SUPPRESS:
+            missing.append("/".join(action.option_strings) or action.dest)
+    return missing
+
+
+def commands() -> Iterator[str]:
+    yield from cli._DELEGATED
+
+
+@pytest.mark.parametrize("command", list(commands()))
+def test_every_option_of_every_subcommand_has_help(command: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    parser = parser_of(command, monkeypatch)
+    assert parser.prog == f"python -m processor {command}"
+    assert options_without_help(parser) == []
+
+
+def test_the_help_check_can_fail() -> None:
+    """Control: an option without help (and one with blank help) is found."""
+    p = argparse.ArgumentParser(prog="x")
+    p.add_argument("--fine", help="documented")
+    p.add_argument("--bare")
+    p.add_argument("--blank", help="  ")
+    assert options_without_help(p) == ["--bare", "--blank"]
+
+
+def test_top_level_help_lists_every_command_and_version_is_the_package_version(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in cli._DELEGATED:
+        assert f"\n  {command} " in out or out.rstrip().endswith(f"  {command}"), command
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.split() == ["dp-stream-counts",
+                                               metadata.version("dp-stream-counts")]
+    assert cli.main([]) == 2  # no command: the help on stderr, exit 2
+    assert "commands:" in capsys.readouterr().err
+
+
+def run(argv: Sequence[str]) -> int:
+    try:
+        return cli.main(list(argv))
+    except SystemExit as exc:  # usage errors exit 2, like argparse's own
+        return int(exc.code or 0)
+
+
+def one_error_line(err: str) -> bool:
+    lines = err.strip().splitlines()
+    return len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err
+
+
+def _bad_invocations(tmp: Path) -> dict[str, list[list[str]]]:
+    missing = str(tmp / "missing.toml")
+    commented_key = tmp / "commented.key"
+    commented_key.write_text("00" * 32 + "  # not just hex\n")
+    cfg_bad_key = tmp / "bad-key.toml"
+    cfg_bad_key.write_text(f'allow_undeclared = true\nnoise_key_file = "{commented_key}"\n')
+    cfg_broken = tmp / "broken.toml"
+    cfg_broken.write_text("tick_ms = -5\n")
+    unreachable = tmp / "unreachable.toml"
+    key = tmp / "good.key"
+    key.write_text("11" * 32 + "\n")
+    unreachable.write_text(f'allow_undeclared = true\nbootstrap_servers = "127.0.0.1:9"\n'
+                           f'noise_key_file = "{key}"\n')
+    ticks = tmp / "ticks"
+    ticks.write_text("1\nnot-a-tick\n")
+    count = ["count", "--mechanism", "ecc", "--epsilon", "1", "--delta", "1e-6"]
+    return {
+        "count": [["count"], [*count[:3], "--epsilon", "abc", "--delta", "1e-6", "--seed", "1"],
+                  ["count", "--mechanism", "nope", "--epsilon", "1", "--delta", "1e-6",
+                   "--seed", "1"],
+                  [*count, "--key-file", str(commented_key)],
+                  [*count[:3], "--epsilon", "-1", "--delta", "1e-6", "--seed", "1"],
+                  [*count, "--seed", "1", "--input", str(ticks)],
+                  [*count, "--seed", "1", "--input", str(tmp / "no-such-file")]],
+        "keygen": [["keygen"], ["keygen", str(tmp / "no-dir" / "k")],
+                   ["keygen", str(key)], ["keygen", "--bogus", str(tmp / "k2")]],
+        "worker": [["worker", "--config", missing], ["worker", "--bogus"],
+                   ["worker", "--key-format", "base64"],
+                   ["worker", "--config", str(cfg_bad_key)],
+                   ["worker", "--config", str(cfg_broken)]],
+        "replay": [["replay", "--config", missing], ["replay", "--timeout", "abc"],
+                   ["replay", "--config", str(cfg_bad_key)],
+                   ["replay", "--config", str(cfg_broken)],
+                   ["replay", "--config", str(unreachable), "--timeout", "2", "--quiet"]],
+        "demo": [["demo", "--bogus"], ["demo", "--seconds", "abc"]],
+        "experiment": [["experiment"], ["experiment", "fig9"],
+                       ["experiment", "fig1a", "--runs", "abc"]],
+        "audit": [["audit"], ["audit", "--mechanism", "ecc", "--epsilon", "abc",
+                              "--delta", "1e-6"],
+                  ["audit", "--mechanism", "nope", "--epsilon", "1", "--delta", "1e-6"],
+                  ["audit", "--mechanism", "ecc", "--epsilon", "-1", "--delta", "1e-6"]],
+        "": [["no-such-command"]],
+    }
+
+
+def test_bad_invocations_are_one_error_line_and_exit_2(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Several bad invocations per subcommand (usage errors, unreadable or invalid
+    configuration, a bad key file, bad values, an unreachable broker): exit 2, exactly one
+    `error:` line on stderr, no traceback."""
+    for var in ("DPC_NOISE_KEY_FILE", "DPC_NOISE_KEY_FORMAT", "DPC_BOOTSTRAP_SERVERS",
+                "KAFKA_BOOTSTRAP_SERVERS"):
+        monkeypatch.delenv(var, raising=False)
+    failures = []
+    cases = _bad_invocations(tmp_path)
+    assert set(cases) - {""} >= {"count", "keygen", "worker", "replay", "demo",
+                                 "experiment", "audit"}
+    for argv in (a for group in cases.values() for a in group):
+        capsys.readouterr()
+        code = run(argv)
+        _out, err = capsys.readouterr()
+        if code != 2 or not one_error_line(err):
+            failures.append(f"{argv}: exit {code}, stderr {err!r}")
+    assert failures == []
+
+
+def test_the_error_policy_turns_any_exception_into_one_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A typed error keeps its message under its prefix; an unexpected one is named by its
+    type; Ctrl-C is exit 130. Control: the line check rejects a traceback."""
+    from processor.core.errors import NoiseKeyError
+    from processor.stream.config import ConfigError
+
+    def raising(exc: BaseException) -> None:
+        def entry(argv: list[str]) -> int:
+            raise exc
+        monkeypatch.setattr(cli, "main_keygen", entry)
+
+    for exc, line in ((ConfigError("tick_ms", "must be >= 1"),
+                       "error: configuration: tick_ms: must be >= 1"),
+                      (NoiseKeyError("bad key"), "error: noise key: bad key"),
+                      (ZeroDivisionError("oops\nsecond line"),
+                       "error: ZeroDivisionError: oops second line")):
+        raising(exc)
+        assert cli.main(["keygen"]) == 2
+        assert capsys.readouterr().err == line + "\n"
+    raising(KeyboardInterrupt())
+    assert cli.main(["keygen"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+    assert argparse.ArgumentParser.error is not cli._raise_usage  # restored after a run
+    assert not one_error_line("Traceback (most recent call last):\nerror: x\n")
+    assert not one_error_line("error: a\nerror: b\n")
+
+
+def test_the_real_entry_points(tmp_path: Path) -> None:
+    """`python -m processor` as a process: --version, `experiment --help` names the
+    dispatcher, a bad invocation is one line with exit 2 (the `dpcount` script is the same
+    `processor.cli:main`)."""
+    def proc(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "processor", *args], text=True,
+                              capture_output=True, timeout=120, cwd=tmp_path)
+
+    done = proc("--version")
+    assert done.returncode == 0 and done.stdout.strip().startswith("dp-stream-counts ")
+    done = proc("experiment", "--help")
+    assert done.returncode == 0 and done.stdout.startswith(
+        "usage: python -m processor experiment"), done.stdout
+    done = proc("replay", "--config", str(tmp_path / "none.toml"))
+    assert done.returncode == 2 and one_error_line(done.stderr), done.stderr
+    scripts = metadata.distribution("dp-stream-counts").entry_points
+    assert {e.value for e in scripts if e.name == "dpcount"} == {"processor.cli:main"}
