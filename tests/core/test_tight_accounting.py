@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from fractions import Fraction
 
 import pytest
@@ -130,3 +131,62 @@ def test_edges_of_the_parameter_range(mechanism: str) -> None:
         assert tight.account(tight.tight_plan(mechanism, eps, delta)).delta_total <= delta
     with pytest.raises(InvalidParameterError, match="too large for the tight calibration"):
         tight.tight_plan(mechanism, 800.0, 1e-6)
+
+
+def _simpart_law(eps_p: float, mu: int, horizon: int) -> Callable[[tuple[int, ...]], float]:
+    """Pr[SimPart(T) = t_1:k] from Algorithm 5 at the core's rounded-up DLap scale."""
+    t_s, s_s = simpart_scale(eps_p)
+    r = math.exp(-s_s / t_s)
+
+    def pmf(z: int) -> float:
+        return (1 - r) / (1 + r) * r ** abs(z)
+
+    def cdf_le(z: int) -> float:  # Pr[Z <= z]
+        return 1 - r ** (z + 1) / (1 + r) if z >= 0 else r ** (-z) / (1 + r)
+
+    def gap_pmf(l: int, g: int) -> float:  # noqa: E741
+        base = mu + math.ceil(4 * math.log(l) / eps_p)
+        return cdf_le(1 - base) if g == 1 else pmf(g - base)
+
+    def law(ts: tuple[int, ...]) -> float:
+        p, prev = 1.0, 0
+        for l, t in enumerate(ts, start=1):  # noqa: E741
+            p *= gap_pmf(l, t - prev)
+            prev = t
+        last = len(ts) + 1
+        p *= sum(gap_pmf(last, g) for g in range(horizon - prev + 1, horizon + 60))
+        return p
+
+    return law
+
+
+def test_simpart_loss_is_eps_p_as_the_proof_of_lemma_6_2_shows() -> None:
+    """Exhaustively for T = 16: for every checkpoint sequence with gaps >= 3 (C_T^++), every
+    insertion step i and absorbing step j, both directions of Definition 4.10, the exact
+    ratio Pr[SimPart = t] / Pr[SimPart = f(t)] is at most e^(eps_p) (the proof of Lemma 6.2;
+    the lemma states e^(2 eps_p)), and e^(eps_p) is nearly attained: the tight plan's a."""
+    eps_p, mu, horizon = 1.0, 4, 16
+    law = _simpart_law(eps_p, mu, horizon)
+
+    def sequences(prev: int) -> list[tuple[int, ...]]:
+        out: list[tuple[int, ...]] = [()]
+        for t in range(prev + 3, horizon + 1):
+            out += [(t, *rest) for rest in sequences(t)]
+        return out
+
+    worst = 0.0
+    for ts in sequences(0):
+        if not ts:
+            continue
+        full = (*ts, horizon + 1)
+        for i in range(1, horizon + 1):
+            for j in range(i, horizon + 2):
+                p = next(n for n, t in enumerate(full) if i <= t)   # 0-based: t_{p-1} < i <= t_p
+                q = next(n for n, t in enumerate(full) if j <= t)
+                if p >= q - 2:
+                    continue
+                for sign in (-1, 1):
+                    mapped = (*ts[:p + 1], *(t + sign for t in ts[p + 1:q - 1]), *ts[q - 1:])
+                    worst = max(worst, law(ts) / law(mapped))
+    assert worst <= math.exp(eps_p) * (1 + 1e-12)
+    assert worst > math.exp(0.9 * eps_p)
