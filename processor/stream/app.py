@@ -49,7 +49,7 @@ from processor.stream.clock import ClockGuard, Stamp, next_marker, system_clock
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
-from processor.stream.logs import configure_logging
+from processor.stream.logs import LOG_FORMATS, configure_logging
 from processor.stream.metrics import Surface
 from processor.stream.operator import (
     AnnouncedCounterError,
@@ -682,10 +682,13 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
                    help="how the key file is read (overrides noise_key_format; default hex)")
     p.add_argument("--loglevel", default="warning",
                    help="debug, info, warning (default) or error")
+    p.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                   help="text (default): one readable line per record; json: one JSON object "
+                   "per line (ts, level, logger, msg, exc) for log shippers")
     args = p.parse_args(list(argv) if argv is not None else None)
     # Whatever --loglevel says, the Kafka clients and Faust stay at or above the level
     # where they would log credentials and records (processor/stream/logs.py).
-    configure_logging(args.loglevel)
+    configure_logging(args.loglevel, args.log_format)
     try:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)

@@ -1,6 +1,8 @@
 """Logging setup of every entry point of the stream path (worker, replay, ingest).
 
-`configure_logging(loglevel)` is the one place that decides what reaches the logs. The
+`configure_logging(loglevel, log_format)` is the one place that decides what reaches the
+logs and how a line looks: "text" (one human-readable line) or "json" (one JSON object per
+line: ts, level, logger, msg, and exc when there is a traceback; for log shippers). The
 processor's own loggers follow `loglevel`; the client libraries' loggers never go below
 the floors in CLIENT_LOG_FLOORS, whatever `loglevel` says, because below them they print
 secrets and private input (read in the installed packages):
@@ -30,7 +32,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from types import MappingProxyType
+
+import orjson
 
 #: Logger family -> the lowest level it may emit at (see the module docstring for why).
 CLIENT_LOG_FLOORS: Mapping[str, int] = MappingProxyType({
@@ -43,6 +48,34 @@ CLIENT_LOG_FLOORS: Mapping[str, int] = MappingProxyType({
 })
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+#: The values of `--log-format`.
+LOG_FORMATS = ("text", "json")
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts (UTC, ISO 8601, milliseconds), level, logger, msg,
+    and exc (the formatted traceback) when the record carries one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(line).decode()
+
+
+def make_formatter(log_format: str) -> logging.Formatter:
+    """The formatter of `--log-format` ("text" or "json"); ValueError for anything else."""
+    if log_format == "text":
+        return logging.Formatter(LOG_FORMAT)
+    if log_format == "json":
+        return JsonFormatter()
+    raise ValueError(f"unknown log format {log_format!r} (expected one of {LOG_FORMATS})")
 
 
 def client_floor(name: str) -> int | None:
@@ -69,13 +102,18 @@ def parse_level(loglevel: str | int) -> int:
     return level
 
 
-def configure_logging(loglevel: str | int = "warning") -> int:
-    """Set up the root logger at `loglevel` (a stderr handler if it has none) and clamp
-    the client libraries' loggers to their floors; returns the level. Idempotent."""
+def configure_logging(loglevel: str | int = "warning", log_format: str = "text") -> int:
+    """Set up the root logger at `loglevel` (a stderr handler if it has none) with the
+    `log_format` formatter on its handlers, and clamp the client libraries' loggers to
+    their floors; returns the level. Idempotent."""
     level = parse_level(loglevel)
+    formatter = make_formatter(log_format)
     logging.basicConfig(level=level, format=LOG_FORMAT)
     root = logging.getLogger()
     root.setLevel(level)
+    if log_format != "text":  # text is basicConfig's format; leave other handlers alone
+        for handler in root.handlers:
+            handler.setFormatter(formatter)
     clamp_client_loggers(level)
     return level
 

@@ -111,6 +111,31 @@ def test_control_without_the_clamp_the_lines_are_written(
     assert password in out and value in out
 
 
+def test_json_log_format_is_one_object_per_line_and_keeps_the_floor(
+        isolated_logging: io.StringIO) -> None:
+    """--log-format json: every line parses as JSON with ts, level, logger and msg (exc
+    with a traceback); the client floors hold in this format too."""
+    password, value = "pw-" + uuid.uuid4().hex, "rec-" + uuid.uuid4().hex
+    configure_logging("debug", "json")
+    _emit_client_lines(password, value)
+    own = logging.getLogger("processor.test")
+    own.info("started %s", "worker")
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        own.exception("failed")
+    lines = [orjson.loads(x) for x in isolated_logging.getvalue().splitlines()]
+    assert [(x["level"], x["logger"], x["msg"]) for x in lines] == [
+        ("INFO", "processor.test", "started worker"), ("ERROR", "processor.test", "failed")]
+    assert "RuntimeError: boom" in lines[1]["exc"] and lines[0]["ts"].endswith("+00:00")
+    assert password not in isolated_logging.getvalue() and value not in isolated_logging.getvalue()
+
+
+def test_unknown_log_format_is_refused(isolated_logging: io.StringIO) -> None:
+    with pytest.raises(ValueError, match="unknown log format 'xml'"):
+        configure_logging("info", "xml")
+
+
 def test_a_higher_loglevel_is_kept(isolated_logging: io.StringIO) -> None:
     configure_logging("error")
     logging.getLogger("aiokafka.conn").warning("a warning")
@@ -164,7 +189,7 @@ def scan(text: str, needles: dict[str, str]) -> list[str]:
 UNCLAMPED_WORKER = (
     "import logging, sys\n"
     "import processor.stream.app as app\n"
-    "app.configure_logging = lambda level: logging.basicConfig(level=level.upper())\n"
+    "app.configure_logging = lambda level, fmt='text': logging.basicConfig(level=level.upper())\n"
     "sys.exit(app.main_worker(sys.argv[1:]))\n")
 
 
