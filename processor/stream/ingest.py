@@ -398,7 +398,9 @@ class Ingest:
         sent = self._clock.mono_ms()
         self._produce(producer, self._timeline, encode_batch([]), 0,
                       self._delivery_callback(failed, stamps))
-        producer.flush(self._delivery_timeout_s)
+        # Bounded: an unreachable broker fails the loop below anyway, and a stop request
+        # must not wait behind the probe.
+        producer.flush(min(self._delivery_timeout_s, 10.0))
         if stamps:
             self._clock.observe(Stamp(max(stamps), sent, self._clock.mono_ms()))
 

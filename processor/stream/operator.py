@@ -757,7 +757,8 @@ class Operator:
         c = cs.mechanism
         # A new counter runs with the configured parameters by construction.
         same = entry == "created" or (
-            (c.mechanism, c.eps, c.delta) == self._configured_parameters())
+            (c.mechanism, c.eps, c.delta) == self._configured_parameters()
+            and _calibration(c) == s.calibration)
         cs.ledger_fingerprint = self.fingerprint
         return LedgerEntry(
             counter=name, mechanism=c.mechanism, epsilon=c.eps,

@@ -109,6 +109,14 @@ def test_state_of_version_2_is_refused_naming_the_version() -> None:
     with pytest.raises(StateVersionError, match="version 2") as info:
         run(Operator(s, KEY), store, range(3, 4), offset=6)
     assert info.value.key == "p/0"
+    # What the worker prints (after "error: "): the key, the version, the remedy; it is
+    # not called corrupt (restoring it from the changelog would not help).
+    from processor.stream.app import CorruptStateError
+
+    msg = str(CorruptStateError(info.value, s))
+    assert msg.startswith("the stored state under key 'p/0' is an operator partition state "
+                          "of format version 2"), msg
+    assert "new deployment" in msg and "corrupt" not in msg, msg
 
 
 # --------------------------------------------------------------------------- the broker
