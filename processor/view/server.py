@@ -192,14 +192,15 @@ def main_view(argv: Sequence[str] | None = None) -> int:
     """`python -m processor view --config F`: serve the live view until SIGINT/SIGTERM."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     configure_logging(args.loglevel)
-    # Block the stop signals before any thread starts, so they reach sigwait below and
-    # never a KeyboardInterrupt in the middle of a shutdown.
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     # A bad configuration or a port in use raises: the dispatcher (processor.cli) makes
     # it one `error:` line and exit 2.
     settings = load_settings(args.config)
     server = ViewServer(settings, host=args.host, port=args.port,
-                        demo_file=args.demo_file, poll_ms=max(100, args.poll_ms)).start()
+                        demo_file=args.demo_file, poll_ms=max(100, args.poll_ms))
+    # Block the stop signals before any thread starts (threads inherit the mask), so they
+    # reach sigwait below and never a KeyboardInterrupt in the middle of a shutdown.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    server.start()
     print(f"view: {server.url} (topics {settings.topics.counts}, {settings.topics.ledger})",
           flush=True)
     try:

@@ -1,4 +1,5 @@
-"""The live view (`python -m processor view`) in a real headless browser, on the real broker.
+"""The live view (`python -m processor view`'s server, run in this process from the
+deployment's config file) in a real headless browser, on the real broker.
 
 The page loads, shows every declared counter before any release, plots the releases
 already on the topic, and a release produced while the page is open appears without a
@@ -11,10 +12,6 @@ types produced straight to the public topics, which is all the view reads.
 from __future__ import annotations
 
 import os
-import select
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,40 +63,22 @@ def _row_cells(browser: Any, selector: str) -> list[str]:
 @pytest.fixture
 def view_process(deployment_factory: Callable[..., Any], tmp_path: Path
                  ) -> Iterator[tuple[Any, str, Path]]:
-    """(deployment, URL, overlay path): topics created, `python -m processor view` running
-    on them in demo mode; the process is always stopped (SIGTERM, then SIGKILL)."""
+    """(deployment, URL, overlay path): topics created, the view's server running on them
+    in demo mode in this process (the `python -m processor view` process itself is run by
+    tests/devtools/test_demo.py, through the demo); always stopped."""
+    from processor.stream.config import load_settings
+
     deployment = deployment_factory({"signups": START_MS, "purchases": START_MS},
                                     name="view", tick_ms=TICK_MS)
     overlay = tmp_path / "demo-overlay.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "processor", "view", "--config", str(deployment.config),
-         "--port", "0", "--poll-ms", "200", "--demo-file", str(overlay)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # The settings as the command reads them: from the deployment's config file.
+    server = ViewServer(load_settings(str(deployment.config), {}), port=0,
+                        demo_file=str(overlay), poll_ms=200)
     try:
-        assert proc.stdout is not None
-        lines: list[str] = []
-
-        def url_line() -> str | None:
-            ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-            if ready:
-                line = proc.stdout.readline().decode(errors="replace")  # type: ignore[union-attr]
-                lines.append(line)
-                if line.startswith("view: "):
-                    return line.split()[1]
-            assert proc.poll() is None, f"view exited {proc.returncode}: {''.join(lines)}"
-            return None
-
-        url = _wait("the view to print its URL", url_line)
-        yield deployment, url, overlay
+        server.start()
+        yield deployment, server.url, overlay
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-    assert proc.returncode == 0, "the view did not exit cleanly on SIGTERM"
+        server.stop()
 
 
 def test_page_shows_counters_and_a_new_release_without_reload(
@@ -202,12 +181,14 @@ def test_demo_overlay_only_on_loopback() -> None:
     ViewServer(Settings(), host="0.0.0.0")  # the control: public data on any interface
 
 
-def test_cli_bad_config_is_one_error_line(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "processor", "view", "--config",
-                          str(tmp_path / "missing.toml")], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 2
-    assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr, out.stderr
+def test_cli_bad_config_is_one_error_line(tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from processor.cli import main
+
+    assert main(["view", "--config", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err and "missing.toml" in err
 
 
 def test_a_missing_browser_fails_in_ci_and_skips_elsewhere(
