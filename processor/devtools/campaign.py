@@ -439,7 +439,7 @@ class KillDriver:
     """
 
     def __init__(self, dep: Deployment, rng: random.Random, *, bad_share: float,
-                 backlog: tuple[int, int] = (1500, 3000)) -> None:
+                 backlog: tuple[int, int] = (6000, 12000)) -> None:
         self.dep = dep
         self.rng = rng
         self.bad_share = bad_share
@@ -496,13 +496,13 @@ class KillDriver:
             self.feed(self.rng.randint(*self.backlog))
             before = _high(self.dep.conf, self.dep.topics.deadletter)
             w.start()
-            # Kill once ingest has started on the backlog (dead letters grow), while the
-            # input is not yet all committed.
+            # Kill once ingest has delivered its first batch of the backlog (dead letters
+            # grow): with more than one consume batch (MAX_CONSUME) of backlog, the input is
+            # then not yet all committed.
             deadline = time.monotonic() + 90.0
             while (_high(self.dep.conf, self.dep.topics.deadletter) <= before
                    and time.monotonic() < deadline and w.alive()):
                 _pause(0.1)
-            _pause(self.rng.uniform(0.0, 0.2))
             drained = self._input_drained()
             self._sigkill(w, moment)
             self.counts["backlog_kills_mid_drain"] += 0 if drained else 1

@@ -1,0 +1,223 @@
+"""The full-size fault and bad-input campaign (issue 11, item 5); see reliability/README.md.
+
+    nice python reliability/campaign.py --records 100000 --kills 52
+
+Three phases, each on a deployment of its own, each checked on its own (processor/devtools/
+campaign.py: lost, counted twice, conflicting values, bad records dead-lettered with their
+reason, replay identical):
+
+A. one worker, the fuzz corpus (`--records`, every category in the first chunk) fed in
+   chunks, SIGKILLs (`--kills`) spread over startup, right after a marker, a backlog
+   draining, inside a batch commit;
+B. two workers of one group: SIGSTOP pauses of one past the session timeout (`--pauses`)
+   and SIGKILLs of one of the two (`--pair-kills`), records fed meanwhile;
+C. a three-node LocalKafka cluster: brokers SIGKILLed and restarted (`--broker-kills`)
+   while one worker runs and records flow.
+
+Phases A and B use `--bootstrap` or, by default, a single local node this script starts;
+phase C always starts its own cluster. Every broker and worker started here is stopped at
+the end. Prints one JSON document of figures; exit code 0 when every phase passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from processor.devtools.campaign import (  # noqa: E402
+    CAMPAIGN_SETTINGS,
+    KillDriver,
+    campaign_counters,
+    check,
+    kill_plan,
+)
+from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
+from processor.devtools.local_kafka import LocalKafka  # noqa: E402
+
+#: Share of bad records in the fed corpus (the earlier campaign: 100,020 bad, 2,500 valid).
+BAD_SHARE = 0.975
+
+
+def say(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def broker(bootstrap: str | None, nodes: int = 1) -> Iterator[tuple[str, LocalKafka | None]]:
+    """`bootstrap` as given, or a LocalKafka of `nodes` nodes started (and stopped) here."""
+    if bootstrap:
+        yield bootstrap, None
+        return
+    kafka = LocalKafka(nodes, heap="512m", start_timeout=300.0)
+    kafka.start()
+    try:
+        yield kafka.bootstrap_servers, kafka
+    finally:
+        kafka.stop()
+
+
+def deployment(bootstrap: str, name: str, parent: Path, counters: int) -> Deployment:
+    return isolated_deployment(bootstrap, campaign_counters(counters, int(time.time() * 1000)),
+                               parent=parent, name=name, **CAMPAIGN_SETTINGS)
+
+
+def finish(driver: KillDriver, dep: Deployment, started: float,
+           extra: dict[str, Any]) -> dict[str, Any]:
+    say("draining and stopping the workers")
+    caught_up = driver.drain_and_stop(dep.workers)
+    say("checking")
+    report = check(dep, driver.expected)
+    out = {**extra, "caught_up": caught_up, "driver": dict(sorted(driver.counts.items())),
+           **report.as_dict(), "wall_s": round(time.monotonic() - started, 1)}
+    say(f"phase done: ok={report.ok} {report.replay_summary}")
+    return out
+
+
+def phase_a(bootstrap: str, parent: Path, rng: random.Random, records: int,
+            kills: int) -> dict[str, Any]:
+    """One worker, the fuzz corpus in chunks, `kills` SIGKILLs over the four moments."""
+    started = time.monotonic()
+    dep = deployment(bootstrap, "campA", parent, 8)
+    try:
+        driver = KillDriver(dep, rng, bad_share=BAD_SHARE)
+        dep.worker.start()
+        plan = kill_plan(kills, rng)
+        backlog_mean = sum(driver.backlog) / 2
+        steady = max(0.0, records - backlog_mean * plan.count("backlog"))
+        chunk = max(100, int(steady / (len(plan) + 1)))
+        driver.feed(chunk)
+        dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
+        for i, moment in enumerate(plan, 1):
+            driver.feed(min(chunk, max(0, records - driver.counts["records_fed"])) or 100)
+            driver.kill(moment)
+            if i % 5 == 0:
+                say(f"A: {i}/{len(plan)} kills, {driver.counts['records_fed']} records fed")
+        left = records - driver.counts["records_fed"]
+        while left > 0:
+            driver.feed(min(left, 5000))
+            left = records - driver.counts["records_fed"]
+        return finish(driver, dep, started, {"phase": "A: one worker, kills"})
+    finally:
+        dep.close()
+
+
+def phase_b(bootstrap: str, parent: Path, rng: random.Random, records: int, pauses: int,
+            pair_kills: int) -> dict[str, Any]:
+    """Two workers: SIGSTOP pauses of one past the session timeout, kills of one."""
+    started = time.monotonic()
+    dep = deployment(bootstrap, "campB", parent, 8)
+    try:
+        other = dep.add_worker("worker-b")
+        driver = KillDriver(dep, rng, bad_share=BAD_SHARE)
+        dep.worker.start()
+        other.start()
+        steps = ["pause"] * pauses + ["kill"] * pair_kills
+        rng.shuffle(steps)
+        chunk = max(100, records // (len(steps) + 1))
+        driver.feed(chunk)
+        dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
+        paused_s = 0.0
+        for step in steps:
+            driver.feed(chunk)
+            victim = rng.choice(dep.workers)
+            if step == "pause":
+                seconds = rng.uniform(12.0, 18.0)  # past the 10 s session timeout
+                driver.pause(victim, seconds)
+                paused_s += seconds
+            else:
+                driver.kill(rng.choice(("startup", "marker")), victim)
+        return finish(driver, dep, started, {"phase": "B: two workers, pauses and kills",
+                                             "paused_s": round(paused_s, 1)})
+    finally:
+        dep.close()
+
+
+def phase_c(parent: Path, rng: random.Random, records: int,
+            broker_kills: int) -> dict[str, Any]:
+    """A three-node cluster: brokers killed and restarted while records flow."""
+    started = time.monotonic()
+    with broker(None, nodes=3) as (bootstrap, cluster):
+        assert cluster is not None
+        dep = deployment(bootstrap, "campC", parent, 8)
+        try:
+            driver = KillDriver(dep, rng, bad_share=BAD_SHARE)
+            dep.worker.start()
+            chunk = max(100, records // (broker_kills + 1))
+            driver.feed(chunk)
+            dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
+            down = 0.0
+            for _ in range(broker_kills):
+                driver.feed(chunk)
+                seconds = rng.uniform(5.0, 15.0)
+                driver.kill_broker(cluster, seconds)
+                down += seconds
+            return finish(driver, dep, started, {"phase": "C: three brokers, broker kills",
+                                                 "broker_down_s": round(down, 1)})
+        finally:
+            dep.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--records", type=int, default=100_000,
+                   help="fuzzed records of phase A (default %(default)s)")
+    p.add_argument("--kills", type=int, default=52,
+                   help="SIGKILLs of phase A over the four moments (default %(default)s)")
+    p.add_argument("--pauses", type=int, default=4, help="phase B pauses (default 4)")
+    p.add_argument("--pair-kills", type=int, default=4,
+                   help="phase B kills of one of the two workers (default 4)")
+    p.add_argument("--broker-kills", type=int, default=3, help="phase C (default 3)")
+    p.add_argument("--phase-records", type=int, default=5000,
+                   help="records fed in phases B and C each (default %(default)s)")
+    p.add_argument("--phases", default="ABC", help="which phases to run (default ABC)")
+    p.add_argument("--seed", type=int, default=20261130)
+    p.add_argument("--bootstrap", help="broker of phases A and B (default: start one)")
+    p.add_argument("--out", help="also write the JSON figures to this file")
+    args = p.parse_args(argv)
+    rng = random.Random(args.seed)
+    started = time.monotonic()
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="dpc-campaign-") as tmp:
+        parent = Path(tmp)
+        needs_single = bool({"A", "B"} & set(args.phases))
+        ctx = broker(args.bootstrap) if needs_single else nullcontext(("", None))
+        with ctx as (bootstrap, _kafka):
+            runs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+                ("A", lambda: phase_a(bootstrap, parent, rng, args.records, args.kills)),
+                ("B", lambda: phase_b(bootstrap, parent, rng, args.phase_records,
+                                      args.pauses, args.pair_kills)),
+            ]
+            for name, run in runs:
+                if name in args.phases:
+                    say(f"phase {name}")
+                    results.append(run())
+        if "C" in args.phases:
+            say("phase C")
+            results.append(phase_c(parent, rng, args.phase_records, args.broker_kills))
+    kills: Counter[str] = Counter()
+    for r in results:
+        kills.update({k: v for k, v in r["driver"].items() if k.startswith("kills_")})
+    summary = {"ok": all(r["ok"] for r in results), "seed": args.seed,
+               "wall_s": round(time.monotonic() - started, 1),
+               "kills": dict(sorted(kills.items())), "phases": results}
+    text = json.dumps(summary, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
