@@ -22,6 +22,7 @@ import math
 from functools import lru_cache
 from typing import Any, Self
 
+from processor.core.blt import BLTCounter, blt_sigma
 from processor.core.bounded import (
     GaussianTree,
     LaplaceTreeBounded,
@@ -43,10 +44,13 @@ from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import discrete_gaussian, discrete_laplace, laplace_scale_units
 
-#: Base counters inside the running interval. "tree" (GaussianTree, O(log) state) is the
-#: default; "sqrt" (SqrtFactor, linear state) is for experiments; "laplace" is the pure-DP
-#: variant (discrete Laplace everywhere, delta unused) behind the LaplaceTree baseline.
-BASES = ("tree", "sqrt", "laplace")
+#: Base counters inside the running interval. "blt" (BLTCounter, O(1) state, within 1.1x
+#: of the square root's sigma; blt.py) is the default; "tree" (GaussianTree, O(log) state)
+#: was the default before it (states that name it still restore as trees); "sqrt"
+#: (SqrtFactor, linear state) is for experiments; "laplace" is the pure-DP variant
+#: (discrete Laplace everywhere, delta unused) behind the LaplaceTree baseline.
+BASES = ("tree", "sqrt", "laplace", "blt")
+DEFAULT_BASE = "blt"
 
 
 def _check_base(base: object) -> str:
@@ -75,10 +79,12 @@ def _inner_sigma(eps: float, delta: float, base: str, horizon: int, tau: int,
         return tree_sigma(eps / 2, delta / 2, horizon, tau, sensitivity)
     if base == "sqrt":
         return sqrt_sigma(eps / 2, delta / 2, horizon, tau, sensitivity)
+    if base == "blt":
+        return blt_sigma(eps / 2, delta / 2, horizon, tau, sensitivity)
     return laplace_tree_sigma(eps / 2, horizon, tau, sensitivity)
 
 
-def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
+def cc_sigma(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
              sensitivity: int = UNIT) -> float:
     """Exact std (units) of y_t - s_t of UnboundedCC(eps, delta, base, sensitivity).
 
@@ -99,7 +105,7 @@ def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
     return math.sqrt(var)
 
 
-def cc_alpha(eps: float, delta: float, beta: float, t: int, base: str = "tree",
+def cc_alpha(eps: float, delta: float, beta: float, t: int, base: str = DEFAULT_BASE,
              sensitivity: int = UNIT) -> float:
     """alpha_CC(eps, delta, beta, t) = sigma_t sqrt(2 ln(pi^2 t^2 / (3 beta))), in units."""
     if t <= 0:
@@ -107,7 +113,7 @@ def cc_alpha(eps: float, delta: float, beta: float, t: int, base: str = "tree",
     return cc_sigma(eps, delta, t, base, sensitivity) * tail_factor(beta, t)
 
 
-def cc_sigma_max(eps: float, delta: float, t: int, base: str = "tree",
+def cc_sigma_max(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
                  sensitivity: int = UNIT) -> float:
     """max over 1 <= l <= t of cc_sigma(l), in units: a bound on the error std at every
     step up to t.
@@ -135,7 +141,7 @@ def cc_sigma_max(eps: float, delta: float, t: int, base: str = "tree",
     return best
 
 
-def cc_alpha_max(eps: float, delta: float, beta: float, t: int, base: str = "tree",
+def cc_alpha_max(eps: float, delta: float, beta: float, t: int, base: str = DEFAULT_BASE,
                  sensitivity: int = UNIT) -> float:
     """max over 1 <= l <= t of cc_alpha(eps, delta, beta, l) (bounded above; units)."""
     if t <= 0:
@@ -148,7 +154,7 @@ def bcc_eta(eps: float, delta: float) -> float:
     return 0.5 * delta / (1.0 + math.exp(eps)) if eps < 700 else 0.0
 
 
-def bcc_offset(eps: float, delta: float, t: int, base: str = "tree",
+def bcc_offset(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
                sensitivity: int = UNIT) -> float:
     """The shift BCC adds before rounding up: alpha_CC(eps, delta/2, eta, t), in units."""
     eta = bcc_eta(eps, delta)
@@ -157,7 +163,7 @@ def bcc_offset(eps: float, delta: float, t: int, base: str = "tree",
     return cc_alpha(eps, delta / 2, eta, t, base, sensitivity)
 
 
-def bcc_alpha(eps: float, delta: float, t: int, beta: float = 0.05, base: str = "tree",
+def bcc_alpha(eps: float, delta: float, t: int, beta: float = 0.05, base: str = DEFAULT_BASE,
               sensitivity: int = UNIT) -> float:
     """Lemma 3.13's accuracy bound of BCC, in whole counts (multiples of `sensitivity`):
     (alpha_CC(eps, delta/2, beta, t) + alpha_CC(eps, delta/2, eta, t)) / sensitivity + 1.
@@ -168,7 +174,7 @@ def bcc_alpha(eps: float, delta: float, t: int, beta: float = 0.05, base: str = 
     return (a + bcc_offset(eps, delta, t, base, sensitivity)) / sensitivity + 1.0
 
 
-def bcc_alpha_max(eps: float, delta: float, t: int, beta: float = 0.05, base: str = "tree",
+def bcc_alpha_max(eps: float, delta: float, t: int, beta: float = 0.05, base: str = DEFAULT_BASE,
                   sensitivity: int = UNIT) -> float:
     """An upper bound on bcc_alpha(eps, delta, l, beta) for every 1 <= l <= t (counts)."""
     if t <= 0:
@@ -181,8 +187,8 @@ def bcc_alpha_max(eps: float, delta: float, t: int, beta: float = 0.05, base: st
 
 
 #: The running interval's counter class per base (see UnboundedCC._new_inner).
-_INNER_CLASS: dict[str, type[GaussianTree] | type[SqrtFactor] | type[LaplaceTreeBounded]] = {
-    "tree": GaussianTree, "sqrt": SqrtFactor, "laplace": LaplaceTreeBounded}
+_INNER_CLASS: dict[str, type[UnitCounter]] = {
+    "tree": GaussianTree, "sqrt": SqrtFactor, "laplace": LaplaceTreeBounded, "blt": BLTCounter}
 
 
 class UnboundedCC(UnitCounter):
@@ -198,7 +204,7 @@ class UnboundedCC(UnitCounter):
                  "key", "label", "sensitivity")
 
     def __init__(self, eps: float, delta: float, key: NoiseKey, label: str,
-                 sensitivity: int = UNIT, base: str = "tree") -> None:
+                 sensitivity: int = UNIT, base: str = DEFAULT_BASE) -> None:
         self.base = _check_base(base)
         self.eps, self.delta = check_eps_delta(eps, delta, delta_used=self.base != "laplace")
         self.sensitivity = check_positive_int("sensitivity", sensitivity)
@@ -231,6 +237,8 @@ class UnboundedCC(UnitCounter):
             return GaussianTree(e, d, horizon, self.key, lab, self.sensitivity)
         if self.base == "sqrt":
             return SqrtFactor(e, d, horizon, self.key, lab, self.sensitivity)
+        if self.base == "blt":
+            return BLTCounter(e, d, horizon, self.key, lab, self.sensitivity)
         return LaplaceTreeBounded(e, horizon, self.key, lab, self.sensitivity)
 
     def _inner_fixed(self, k: int, horizon: int) -> dict[str, Any]:
@@ -278,7 +286,7 @@ class UnboundedCC(UnitCounter):
         return cc_alpha_max(self.eps, self.delta, beta, t, self.base, self.sensitivity)
 
     @staticmethod
-    def cc_sigma(eps: float, delta: float, t: int, base: str = "tree",
+    def cc_sigma(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
                  sensitivity: int = UNIT) -> float:
         """sigma(t) without an instance (for the vectorised simulator)."""
         return cc_sigma(eps, delta, t, base, sensitivity)
@@ -339,11 +347,11 @@ class BCC(UnitCounter):
     __slots__ = ("_cc", "_s", "_y", "delta", "eps", "eta", "label", "sensitivity")
 
     def __init__(self, eps: float, delta: float, key: NoiseKey, label: str,
-                 sensitivity: int = UNIT, base: str = "tree") -> None:
+                 sensitivity: int = UNIT, base: str = DEFAULT_BASE) -> None:
         self.eps, self.delta = check_eps_delta(eps, delta)
         self.sensitivity = check_positive_int("sensitivity", sensitivity)
         if _check_base(base) == "laplace":
-            raise InvalidParameterError("BCC needs a Gaussian base ('tree' or 'sqrt')")
+            raise InvalidParameterError("BCC needs a Gaussian base ('blt', 'tree' or 'sqrt')")
         self.eta = bcc_eta(self.eps, self.delta)
         if self.eta <= 0.0:
             raise InvalidParameterError("eps too large for BCC (eta underflows)")
@@ -361,6 +369,11 @@ class BCC(UnitCounter):
     def y(self) -> int:
         """The last release (counts)."""
         return self._y
+
+    @property
+    def base(self) -> str:
+        """The bounded counter inside (as UnboundedCC.base)."""
+        return self._cc.base
 
     def step(self, u: int) -> int:
         """Consume a raw count d >= 0; return the biased estimate of the running total (int)."""

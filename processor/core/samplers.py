@@ -52,6 +52,7 @@ __all__ = [
     "dlap_sf",
     "gaussian_sigma2_units",
     "laplace_scale_units",
+    "rounded_gaussian",
     "uniform_below",
 ]
 
@@ -219,6 +220,102 @@ def discrete_gaussian(cur: WordCursor, sigma2_num: int, sigma2_den: int) -> int:
         diff = abs(y) * d * t - n
         if _bern_exp(cur, diff * diff, den):
             return y
+
+
+# --------------------------------------------------------------------------- rounded normal
+
+
+class _LazyUniform:
+    """A uniform real in [0, 1) whose base-2^64 digits are drawn only when needed.
+
+    Digit i is one fresh word; comparing two lazy uniforms reads digits until they differ
+    (ties of a whole word have probability 2^-64 and just read one more digit). So every
+    comparison is exact and the value is, at any time, uniform on the interval its known
+    digits define.
+    """
+
+    __slots__ = ("cur", "digits")
+
+    def __init__(self, cur: WordCursor) -> None:
+        self.cur = cur
+        self.digits: list[int] = []
+
+    def digit(self, i: int) -> int:
+        while len(self.digits) <= i:
+            self.digits.append(self.cur.next_word())
+        return self.digits[i]
+
+    def less(self, other: _LazyUniform) -> bool:
+        i = 0
+        while True:
+            a, b = self.digit(i), other.digit(i)
+            if a != b:
+                return a < b
+            i += 1
+
+
+def _karney_b(cur: WordCursor, k: int, x: _LazyUniform) -> bool:
+    """True with probability exactly exp(-x (2k + x) / (2k + 2)) (Karney 2016, Algorithm B).
+
+    n counts the steps of a decreasing chain x > z_1 > z_2 > ... in which each step also
+    passes a test of probability (2k + x) / (2k + 2); P(n >= j) = (p x)^j / j! with
+    p = (2k + x) / (2k + 2), so P(n even) = exp(-p x). The test draws j uniform in
+    [0, 2k + 2): j < 2k passes, j = 2k passes iff a fresh uniform is below x, else fails.
+    """
+    y = x
+    n = 0
+    m = 2 * k + 2
+    while True:
+        z = _LazyUniform(cur)
+        if not z.less(y):
+            break
+        j = _uniform_below(cur, m)
+        if j == 2 * k + 1 or (j == 2 * k and not _LazyUniform(cur).less(x)):
+            break
+        y = z
+        n += 1
+    return n % 2 == 0
+
+
+def rounded_gaussian(cur: WordCursor, scale: int) -> int:
+    """round(scale * G) for G ~ N(0, 1), exactly: the continuous Gaussian N(0, scale^2)
+    rounded to the nearest integer (halves away from zero; a tie has probability 0).
+
+    G is drawn by Karney's exact algorithm ("Sampling exactly from the normal
+    distribution", 2016, Algorithm N), with exact integer Bernoulli(exp(-r)) trials
+    (CKS Algorithm 1) and lazy uniforms:
+    N1 k >= 0 with P(k) = exp(-k/2) (1 - exp(-1/2)) (successes of Bernoulli(exp(-1/2)));
+    N2 accept with probability exp(-k (k - 1) / 2); N3 x uniform in [0, 1);
+    N4 accept with probability exp(-x (2k + x) / 2) (Algorithm B, k + 1 times);
+    N5 a fair sign. The density of s (k + x) is proportional to exp(-(k + x)^2 / 2).
+    The output needs only floor(scale (k + x) + 1/2): the digits of x are read until the
+    interval they leave for x maps into one integer. Unlike the discrete Gaussian, this is
+    a deterministic function of a continuous Gaussian draw, so whatever it feeds is
+    post-processing of the continuous Gaussian mechanism. `scale` >= 1 is an integer
+    (callers round their sigma up to the lattice they round on).
+    """
+    scale = _check_int("scale", scale, 1)
+    while True:
+        k = 0
+        while _bern_exp(cur, 1, 2):
+            k += 1
+        if k > 1 and not _bern_exp(cur, k * (k - 1), 2):
+            continue
+        x = _LazyUniform(cur)
+        if all(_karney_b(cur, k, x) for _ in range(k + 1)):
+            break
+    negative = cur.next_word() >> 63 == 1
+    # x in [a / 2^(64 m), (a + 1) / 2^(64 m)); f(x) = scale (k + x) + 1/2 is increasing,
+    # so floor(f) is decided once f(upper end) <= floor(f(lower end)) + 1.
+    a, m = 0, 0
+    while True:
+        a = (a << 64) | x.digit(m)
+        m += 1
+        den = 2 << (64 * m)  # f = (2 scale (k 2^(64m) + a) + 2^(64m)) / den
+        lo = (2 * scale * ((k << (64 * m)) + a) + (1 << (64 * m))) // den
+        hi_num = 2 * scale * ((k << (64 * m)) + a + 1) + (1 << (64 * m))
+        if hi_num <= (lo + 1) * den:
+            return -lo if negative else lo
 
 
 # --------------------------------------------------------------------------- calibration to units
