@@ -44,7 +44,7 @@ from confluent_kafka import (
 )
 
 from processor.stream import kafka_io
-from processor.stream.clock import ClockGuard, Stamp, system_clock
+from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, system_clock
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.logs import configure_logging
 from processor.stream.records import (
@@ -293,7 +293,7 @@ class Ingest:
     def run(self) -> None:
         """The loop itself (the thread's target; tests and the CLI may call it directly)."""
         conf = kafka_io.base_config(self.settings)
-        consumer = Consumer({
+        consumer = Consumer(kafka_io.with_logger({
             **conf,
             "group.id": self.group_id,
             "enable.auto.commit": "false",
@@ -302,7 +302,7 @@ class Ingest:
             # As Faust's: a killed worker's input partitions move after 10 s.
             "session.timeout.ms": "10000",
             "heartbeat.interval.ms": "1000",
-        })
+        }))
         producer = kafka_io.make_producer(conf, **{"linger.ms": "2"})
         try:
             self._probe_time(producer)
@@ -396,7 +396,7 @@ class Ingest:
         failed: list[str] = []
         stamps: list[int] = []
         sent = self._clock.mono_ms()
-        self._produce(producer, self._timeline, encode_batch([]), 0,
+        self._produce(producer, self._timeline, PROBE_RECORD, 0,
                       self._delivery_callback(failed, stamps))
         # Bounded: an unreachable broker fails the loop below anyway, and a stop request
         # must not wait behind the probe.

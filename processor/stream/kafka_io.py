@@ -10,6 +10,7 @@ or secrets.
 
 from __future__ import annotations
 
+import logging
 import ssl
 import time
 import uuid
@@ -25,6 +26,18 @@ from processor.stream.config import Settings
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
+
+#: librdkafka's own lines (connection failures, warnings) go through Python logging under
+#: this name, so they take the process's level, format and floors (logs.py) instead of
+#: landing raw on stderr. librdkafka hands them over when the client is polled.
+RDKAFKA_LOGGER = logging.getLogger("rdkafka")
+
+
+def with_logger(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """`conf` plus the `logger` that routes librdkafka's log lines through RDKAFKA_LOGGER;
+    every client this project builds passes through here."""
+    return {**conf, "logger": RDKAFKA_LOGGER}
+
 
 # How long the read helpers wait for metadata and for the end of a partition.
 _DEFAULT_TIMEOUT_S = 30.0
@@ -160,11 +173,11 @@ def make_producer(conf: Mapping[str, str], **extra: str) -> Producer:
     full = dict(conf)
     full.update({"enable.idempotence": "true", "acks": "all", "linger.ms": "5"})
     full.update(extra)
-    return Producer(full)
+    return Producer(with_logger(full))
 
 
 def make_admin(conf: Mapping[str, str]) -> AdminClient:
-    return AdminClient(dict(conf))
+    return AdminClient(with_logger(conf))
 
 
 def create_topics(
@@ -300,7 +313,7 @@ def _consumer(conf: Mapping[str, str]) -> Consumer:
         "enable.partition.eof": "false",
         "isolation.level": "read_committed",
     })
-    return Consumer(full)
+    return Consumer(with_logger(full))
 
 
 def end_offsets(conf: Mapping[str, str], topic: str,
@@ -352,7 +365,7 @@ def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
     marks = end_offsets(conf, topic, timeout_s)
     full = dict(conf)
     full.update({"group.id": group_id, "enable.auto.commit": "false"})
-    consumer = Consumer(full)
+    consumer = Consumer(with_logger(full))
     try:
         got = _committed(consumer, [TopicPartition(topic, p) for p in marks], timeout_s)
         return {int(tp.partition): max(0, int(tp.offset)) for tp in got}
@@ -366,7 +379,7 @@ def committed_offset(conf: Mapping[str, str], group_id: str, topic: str, partiti
     watermark if it committed nothing (where a new group starts with offset reset earliest)."""
     full = dict(conf)
     full.update({"group.id": group_id, "enable.auto.commit": "false"})
-    consumer = Consumer(full)
+    consumer = Consumer(with_logger(full))
     try:
         tp = _committed(consumer, [TopicPartition(topic, partition)], timeout_s)[0]
         if tp.offset is not None and tp.offset >= 0:
