@@ -1,7 +1,8 @@
 """The base counter of CC and BCC: BLT against the square root and the old tree (a script).
 
     .venv/bin/python bench/bench_base.py [--ticks 5000] [--json out.json]
-    .venv/bin/python bench/bench_base.py --fit D [--rounds 8]
+    .venv/bin/python bench/bench_base.py --fit D [--rounds 8] [--nmax-bits 36]
+    .venv/bin/python bench/bench_base.py --rmse RUNS [--mechanism simecc] [--rmse-eps 150]
 
 Default mode prints
 1. the worst-case sigma ratio against the exact square-root factorisation, from the
@@ -12,6 +13,11 @@ Default mode prints
    and the unbounded CC's cc_sigma with base "blt" against base "sqrt" at t;
 2. the per-tick time (ticks/s) of the bare bounded counters (BLT, tree) and of the
    unbounded CC with each base.
+
+--rmse RUNS measures the issue's target: the mean per-run RMSE of a mechanism on the
+Figure 1a streams (T = 10^4, rates 0.1 / 0.9 in blocks of 10, delta = 1e-5, the
+experiments' trial streams for seed 0) through `python -m processor count`, one
+subprocess per run (seed i, counter id run<i>), which runs the stream's default base.
 
 --fit D refits the BLT constants with D buffers (Nelder-Mead restarts on the log of the
 two norm ratios over a log grid of horizons up to 2^24) and prints THETA_NUM / OMEGA_NUM
@@ -157,6 +163,33 @@ def fit(d: int, rounds: int, nmax: int) -> tuple[list[int], list[int]]:
     return [round(float(t) * one) for t in theta], [round(float(o) * one) for o in omega]
 
 
+def rmse_through_count(runs: int, mechanism: str, eps: float, extra: list[str]) -> None:
+    import subprocess
+    import tempfile
+
+    from processor.experiments import attack
+
+    rates = attack.block_rates(10_000)
+    x, _ = attack.draw_trials(rates, runs, np.random.default_rng(0))
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(runs):
+            path = Path(tmp) / f"run{i}.txt"
+            path.write_text("\n".join(str(int(v)) for v in x[i]) + "\n")
+            cmd = [sys.executable, "-m", "processor", "count", "--mechanism", mechanism,
+                   "--epsilon", str(eps), "--delta", "1e-5", "--seed", str(i),
+                   "--counter-id", f"run{i}", "--input", str(path), *extra]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                                 cwd=Path(__file__).resolve().parents[1])
+            y = np.array([json.loads(line)["y"] for line in res.stdout.splitlines()])
+            out.append(float(np.sqrt(np.mean((y - np.cumsum(x[i])) ** 2))))
+    a = np.array(out)
+    print(f"{mechanism} eps = {eps}: mean per-run RMSE {a.mean():.2f} "
+          f"(se {a.std(ddof=1) / math.sqrt(runs):.2f}, {runs} runs) through "
+          f"python -m processor count --mechanism {mechanism} --epsilon {eps} "
+          f"--delta 1e-5 --seed i --counter-id run<i> {' '.join(extra)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ticks", type=int, default=5000)
@@ -165,11 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the tables here too")
     ap.add_argument("--fit", type=int, metavar="D", help="refit the constants with D buffers")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--rmse", type=int, metavar="RUNS", help="measure RMSE through count")
+    ap.add_argument("--mechanism", default="simecc")
+    ap.add_argument("--rmse-eps", type=float, default=150.0)
+    ap.add_argument("--count-args", default="", help="extra arguments for count")
     ap.add_argument("--nmax-bits", type=int, default=36,
                     help="fit horizons up to 2^this (default 36)")
     ap.add_argument("--cc-max", type=int, default=10**6,
                     help="largest t of the unbounded-CC table (base sqrt needs O(t) memory)")
     args = ap.parse_args(argv)
+    if args.rmse:
+        rmse_through_count(args.rmse, args.mechanism, args.rmse_eps, args.count_args.split())
+        return 0
     if args.fit:
         th, om = fit(args.fit, args.rounds, 1 << args.nmax_bits)
         print(f"THETA_NUM = {tuple(th)}\nOMEGA_NUM = {tuple(om)}")
