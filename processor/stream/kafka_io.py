@@ -222,12 +222,28 @@ def topic_configs(conf: Mapping[str, str], topics: Iterable[str],
     if not resources:
         return {}
     admin = make_admin(conf)  # kept alive until the futures resolve
-    futures = admin.describe_configs(resources, request_timeout=timeout_s)
     out: dict[str, dict[str, str]] = {}
-    for res, fut in futures.items():
-        entries = fut.result(timeout=timeout_s)
-        out[str(res.name)] = {k: str(entries[k].value) for k in RETENTION_CONFIGS
-                              if k in entries}
+    deadline = time.monotonic() + timeout_s
+    while resources:
+        futures = admin.describe_configs(resources, request_timeout=timeout_s)
+        retry = []
+        for res, fut in futures.items():
+            try:
+                entries = fut.result(timeout=timeout_s)
+            except KafkaException as exc:
+                # A topic created a moment ago may not have reached every broker yet.
+                err = exc.args[0] if exc.args else None
+                if (isinstance(err, KafkaError)
+                        and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+                        and time.monotonic() < deadline):
+                    retry.append(res)
+                    continue
+                raise
+            out[str(res.name)] = {k: str(entries[k].value) for k in RETENTION_CONFIGS
+                                  if k in entries}
+        resources = retry
+        if retry:
+            time.sleep(0.2)
     return out
 
 
