@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Final, Protocol
 
 from processor.stream.config import ConfigError, Settings
-from processor.stream.records import sealed_through
+from processor.stream.records import encode_batch, sealed_through
 
 log = logging.getLogger("processor.stream.clock")
 
@@ -48,6 +48,10 @@ TOLERANCE_MS: Final = 1000
 #: set in production; should it be, the brokers' clock still bounds what is sealed, the
 #: clock alarm fires, and the worker logs a warning at start.
 OFFSET_ENV: Final = "DPC_TEST_CLOCK_OFFSET_MS"
+#: The record a worker appends to timeline partition 0 to learn the brokers' time: an
+#: empty event batch, which changes nothing in the operator or in replay (the worker does
+#: not even commit it: `app.Worker.operate`).
+PROBE_RECORD: Final = encode_batch([])
 
 
 class Clock(Protocol):
