@@ -133,6 +133,8 @@ def main() -> None:
     ap.add_argument("--counters", type=int, default=1000, help="declared counters")
     ap.add_argument("--events", type=int, default=40, help="events per tick")
     ap.add_argument("--partitions", type=int, default=4, help="timeline partitions")
+    ap.add_argument("--epsilon", type=float, default=1.0,
+                    help="ECC's epsilon (default 1; larger: fewer counters due per tick)")
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
                     help="a broker for the end-to-end phase (default: skip it)")
@@ -143,7 +145,7 @@ def main() -> None:
     key = NoiseKey(secret)
     s = with_overrides(Settings(), counters={f"c{i:04d}": 0 for i in range(args.counters)},
                        partitions=args.partitions, tick_ms=TICK, mechanism="ecc",
-                       epsilon=1.0, delta=1e-6, heartbeat_ticks=60)
+                       epsilon=args.epsilon, delta=1e-6, heartbeat_ticks=60)
     timeline = workload(s, args.ticks, args.events, random.Random(0))
     records = sum(len(v) for v in timeline.values())
     if args.profile:

@@ -212,5 +212,14 @@ def test_the_real_entry_points(tmp_path: Path) -> None:
         "usage: python -m processor experiment"), done.stdout
     done = proc("replay", "--config", str(tmp_path / "none.toml"))
     assert done.returncode == 2 and one_error_line(done.stderr), done.stderr
+    # An unreachable broker: librdkafka's own lines never reach stderr, one line names it.
+    key = tmp_path / "k.key"
+    key.write_text("22" * 32 + "\n")
+    cfg = tmp_path / "unreachable.toml"
+    cfg.write_text(f'allow_undeclared = true\nbootstrap_servers = "127.0.0.1:9"\n'
+                   f'noise_key_file = "{key}"\n')
+    done = proc("replay", "--config", str(cfg), "--timeout", "2")
+    assert done.returncode == 2 and one_error_line(done.stderr), done.stderr
+    assert "127.0.0.1:9" in done.stderr
     scripts = metadata.distribution("dp-stream-counts").entry_points
     assert {e.value for e in scripts if e.name == "dpcount"} == {"processor.cli:main"}

@@ -31,6 +31,11 @@ Everything else recomputed is PENDING: not yet due (a backlog the worker has not
 a marker appended during a clean shutdown and never applied, a batch cut short by a kill
 -9). Pending records are counted in the verdict, never flagged.
 
+One case lets a committed offset run ahead of what was published: around a rebalance Faust
+may commit past records it skipped, which the worker re-reads (app.GapGuard) and applies
+at its next record. So a due record missing from the snapshot gets a grace period
+(`settle_s`, default 5 s): if it arrives identical meanwhile it is no difference.
+
 A DIFFERENCE is any of: a due record not published ("missing"); a published record that
 replay does not recompute ("unexpected", e.g. a forged ledger entry); a published record
 whose bytes differ from the recomputed one ("different", e.g. a tampered value); one
@@ -48,6 +53,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -55,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
+from confluent_kafka import KafkaError, KafkaException
 
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
@@ -65,8 +73,10 @@ from processor.stream.operator import Operator
 from processor.stream.records import LedgerEntry, Release
 from processor.stream.state import DictStore
 
-#: Timeline records per recomputed batch (the outputs do not depend on the batching).
-REPLAY_BATCH: Final = 2000
+#: Timeline records per recomputed batch. The outputs do not depend on the batching; the
+#: cost does: state is written once per batch, but a marker walks the due ticks consumed
+#: earlier in its batch (they are deleted at the commit), which grows with the batch.
+REPLAY_BATCH: Final = 128
 #: How many differences a report describes (all are counted).
 DESCRIBED: Final = 5
 #: The cut in one sentence (the JSON verdict carries it; the module docstring explains it).
@@ -179,10 +189,18 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
                        timeline: Mapping[int, TimelinePart],
                        settled_below: Mapping[int, int], *,
                        operator: Operator | None = None,
-                       progress: Progress | None = None) -> Recomputed:
-    """Run BatchCommit over each partition's (offset, value) records in offset order on
-    one DictStore (with `operator`, default the registry's mechanisms); what records at
-    offsets >= settled_below[p] produce is reported apart."""
+                       progress: Progress | None = None, jobs: int = 1) -> Recomputed:
+    """Run BatchCommit over each partition's (offset, value) records in offset order on a
+    DictStore (with `operator`, default the registry's mechanisms); what records at
+    offsets >= settled_below[p] produce is reported apart.
+
+    With jobs > 1 (and no `operator` given) the partitions are recomputed in that many
+    forked processes, each with its own Operator and store. The result is the same: a
+    counter lives in one partition (`records.partition_for`; a record of another
+    partition's counter is skipped), every state key belongs to one partition, so the
+    partitions never share state; the results are merged in partition order."""
+    if operator is None and jobs > 1 and len(timeline) > 1:
+        return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs)
     op = operator if operator is not None else Operator(settings, key)
     return asyncio.run(_recompute(op, timeline, settled_below, progress))
 
@@ -210,6 +228,48 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                     progress("recomputed", records, total)
     return Recomputed(settled.releases, unsettled.releases, settled.ledger,
                       unsettled.ledger, records, dups)
+
+
+#: The job of the forked recomputation processes (set before the fork, read after it:
+#: the timeline is inherited, never pickled).
+_JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int]] | None = None
+
+
+def _recompute_partition(partition: int) -> Recomputed:
+    assert _JOB is not None
+    settings, key, timeline, settled_below = _JOB
+    return asyncio.run(_recompute(Operator(settings, key), {partition: timeline[partition]},
+                                  settled_below, None))
+
+
+def _recompute_parallel(settings: Settings, key: NoiseKey,
+                        timeline: Mapping[int, TimelinePart],
+                        settled_below: Mapping[int, int], progress: Progress | None,
+                        jobs: int) -> Recomputed:
+    global _JOB
+    total = sum(len(v) for v in timeline.values())
+    # Largest partitions first, so no process is left with a big one at the end.
+    order = sorted(timeline, key=lambda p: -len(timeline[p]))
+    parts: dict[int, Recomputed] = {}
+    _JOB = (settings, key, timeline, settled_below)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(order))) as pool:
+            for p, got in zip(order, pool.imap(_recompute_partition, order), strict=True):
+                parts[p] = got
+                if progress is not None:
+                    progress("recomputed", sum(r.records for r in parts.values()), total)
+    finally:
+        _JOB = None
+    merged = Recomputed([], [], [], [], 0, 0)
+    for p in sorted(parts):
+        r = parts[p]
+        merged.settled += r.settled
+        merged.unsettled += r.unsettled
+        merged.settled_ledger += r.settled_ledger
+        merged.unsettled_ledger += r.unsettled_ledger
+        merged.records += r.records
+        merged.duplicates_dropped += r.duplicates_dropped
+    return merged
 
 
 def _published(values: Iterable[bytes | None], topic: str, key_of: Callable[[Any], RecordKey],
@@ -316,15 +376,84 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     theirs_ledger = _published(ledger, "ledger", _ledger_key, diffs)
     entries_tally = _check("ledger", mine_ledger, settled_ledger.__contains__, theirs_ledger,
                            diffs)
-    diffs.sort(key=lambda d: (d.topic, str(d.key[0]), str(d.key[1]).zfill(20), str(d.key[2])))
+    diffs.sort(key=_diff_order)
     return releases, entries_tally, diffs
 
 
+def _diff_order(d: Difference) -> tuple[str, str, str, str]:
+    return (d.topic, str(d.key[0]), str(d.key[1]).zfill(20), str(d.key[2]))
+
+
+def default_jobs(settings: Settings) -> int:
+    """Processes for the recomputation: one per timeline partition, at most one per CPU."""
+    return max(1, min(settings.partitions, os.cpu_count() or 1))
+
+
 def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
-           progress: Progress | None = None) -> ReplayReport:
+           progress: Progress | None = None, jobs: int | None = None,
+           settle_s: float = 5.0) -> ReplayReport:
     """Snapshot the topics in the cut's order (module docstring), recompute the timeline
-    and compare both public topics. ReplayError if the timeline was truncated."""
-    conf = kafka_io.base_config(settings)
+    (in `jobs` processes, default `default_jobs`) and compare both public topics; due
+    records missing from the snapshot get `settle_s` seconds to arrive (`_recheck_missing`).
+    ReplayError if the timeline was truncated or the brokers do not answer."""
+    # librdkafka's own log lines (one per failed connection attempt) stay off stderr: a
+    # broker that does not answer is reported once, by the error this raises.
+    conf = {**kafka_io.base_config(settings), "log_level": "0"}
+    try:
+        return _replay(settings, key, conf, timeout_s, progress, jobs, settle_s)
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        what = f"{err.name()}: {err.str()}" if isinstance(err, KafkaError) else str(exc)
+        raise ReplayError(f"the Kafka brokers at {settings.bootstrap_servers} do not answer "
+                          f"({what}); check bootstrap_servers and the security settings"
+                          ) from None
+
+
+def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference], result: Recomputed,
+                     topics: Mapping[str, tuple[str, Mapping[int, tuple[int, int]]]],
+                     settle_s: float, timeout_s: float) -> list[Difference]:
+    """Give due records missing from the snapshot `settle_s` seconds to arrive.
+
+    One case makes a committed offset run ahead of what was published: around a rebalance
+    Faust may commit past records it skipped, which the worker's GapGuard re-reads and
+    applies at its next record. Whatever the topics received since the snapshot is read
+    (only for the missing keys): one that arrives identical is no difference, one that
+    arrives with other contents is "different"; the rest stay missing."""
+    wanted = {(d.topic, d.key) for d in diffs if d.problem == "missing"}
+    mine: dict[tuple[str, RecordKey], bytes] = {}
+    for r in (*result.settled, *result.unsettled):
+        if ("counts", (r.counter, r.tick, r.kind)) in wanted:
+            mine["counts", (r.counter, r.tick, r.kind)] = r.to_json()
+    for e in (*result.settled_ledger, *result.unsettled_ledger):
+        if ("ledger", (e.counter, e.creation, e.fingerprint)) in wanted:
+            mine["ledger", (e.counter, e.creation, e.fingerprint)] = e.to_json()
+    since = {t: {p: hi for p, (_lo, hi) in marks.items()} for t, (_n, marks) in topics.items()}
+    found: dict[tuple[str, RecordKey], bytes] = {}
+    deadline = time.monotonic() + settle_s
+    while wanted - found.keys() and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        for t, (name, _marks) in topics.items():
+            now = kafka_io.end_offsets(conf, name, timeout_s)
+            marks = {p: (since[t].get(p, 0), hi) for p, (_lo, hi) in now.items()}
+            key_of = _release_key if t == "counts" else _ledger_key
+            for recs in kafka_io.read_values(conf, name, marks, timeout_s=timeout_s).values():
+                for _off, raw in recs:
+                    try:
+                        k = (t, key_of(orjson.loads(raw or b"")))
+                    except (orjson.JSONDecodeError, TypeError, ValueError, KeyError):
+                        continue  # after the snapshot: not part of this verdict
+                    if k in wanted and k not in found and raw is not None:
+                        found[k] = raw
+            since[t] = {p: hi for p, (_lo, hi) in now.items()}
+    kept = [d for d in diffs if not (d.problem == "missing" and (d.topic, d.key) in found)]
+    kept += [Difference(t, k, "different", _field_detail(mine[t, k], raw))
+             for (t, k), raw in found.items() if raw != mine[t, k]]
+    kept.sort(key=_diff_order)
+    return kept
+
+
+def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_s: float,
+            progress: Progress | None, jobs: int | None, settle_s: float) -> ReplayReport:
     tl_topic = kafka_io.topic_name(settings, "timeline")
     counts_topic = kafka_io.topic_name(settings, "counts")
     ledger_topic = kafka_io.topic_name(settings, "ledger")
@@ -346,12 +475,17 @@ def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
 
     timeline = kafka_io.read_values(conf, tl_topic, tl_marks, timeout_s=timeout_s,
                                     progress=read_progress)
-    result = recompute_timeline(settings, key, timeline, committed, progress=progress)
+    result = recompute_timeline(settings, key, timeline, committed, progress=progress,
+                                jobs=default_jobs(settings) if jobs is None else jobs)
     published = kafka_io.read_values(conf, counts_topic, counts_marks, timeout_s=timeout_s)
     ledger = kafka_io.read_values(conf, ledger_topic, ledger_marks, timeout_s=timeout_s)
     releases, entries, diffs = compare(
         result, (v for recs in published.values() for _o, v in recs),
         (v for recs in ledger.values() for _o, v in recs))
+    if settle_s > 0 and any(d.problem == "missing" for d in diffs):
+        diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),
+                                                       "ledger": (ledger_topic, ledger_marks)},
+                                 settle_s, timeout_s)
     cut = {p: (committed.get(p, 0), hi) for p, (_lo, hi) in tl_marks.items()}
     return ReplayReport(result.records, result.duplicates_dropped, releases, entries, cut,
                         diffs)
@@ -390,6 +524,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds to wait for the brokers and for each topic read "
                    "(default 120)")
+    p.add_argument("--jobs", type=int, default=None,
+                   help="processes that recompute timeline partitions in parallel "
+                   "(default: one per partition, at most one per CPU; the verdict does not "
+                   "depend on it)")
+    p.add_argument("--settle", type=float, default=5.0,
+                   help="seconds a due record missing from the snapshot may take to arrive "
+                   "before it is reported (a worker catching up after a rebalance; default 5)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress lines on stderr (by default one every 2 s)")
     return p
@@ -402,7 +543,8 @@ def main_replay(argv: Sequence[str] | None = None) -> int:
     configure_logging("warning")  # the client loggers' floors (logs.py)
     settings = load_settings(args.config)
     key = load_noise_key(settings, args.key_file, args.key_format)
-    report = replay(settings, key, timeout_s=args.timeout,
+    report = replay(settings, key, timeout_s=args.timeout, jobs=args.jobs,
+                    settle_s=args.settle,
                     progress=None if args.quiet else _StderrProgress())
     if args.json:
         print(orjson.dumps(report.to_json()).decode())

@@ -145,7 +145,7 @@ def test_replay_live_killed_stopped_then_detects_tampering(
             [TopicPartition(dep.topics.counts, first.partition, first.offset + 1)]).values():
         fut.result(timeout=30)
     capsys.readouterr()
-    assert main_replay(["--config", config, "--quiet"]) == 1
+    assert main_replay(["--config", config, "--quiet", "--settle", "1"]) == 1
     line = capsys.readouterr().out
     assert line.startswith("DIFFERENT (3 differences"), line
     assert f"counts ('{gone['counter']}', {gone['tick']}, '{gone['kind']}'): missing" in line
