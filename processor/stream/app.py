@@ -45,7 +45,13 @@ from confluent_kafka import KafkaError, KafkaException
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
-from processor.stream.clock import ClockGuard, Stamp, next_marker, system_clock
+from processor.stream.clock import (
+    PROBE_RECORD,
+    ClockGuard,
+    Stamp,
+    next_marker,
+    system_clock,
+)
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
 from processor.stream.ingest import Ingest, crash_point_from_env
@@ -64,7 +70,6 @@ from processor.stream.records import (
     TimelineMarker,
     announced_counters,
     decode_timeline,
-    encode_batch,
     encode_marker,
 )
 from processor.stream.state import StateVersionError
@@ -362,6 +367,11 @@ class Worker:
             records = [(r.offset, r.value or b"")
                        for r in await self.gaps.missing(msg.partition, msg.offset)]
             records.append((msg.offset, msg.value if isinstance(msg.value, bytes) else b""))
+            # A clock probe changes nothing: not committing it keeps the batches (and the
+            # commit's crash points) those of the records that carry something.
+            records = [r for r in records if r[1] != PROBE_RECORD]
+            if not records:
+                continue
             started = time.perf_counter()
             try:
                 out = await self.batch_commit.commit(msg.partition, records)
@@ -423,8 +433,7 @@ class Worker:
             # log-append time.
             self._probed = True
             sent = self.clock.mono_ms()
-            ack = await producer.send(self.timeline_name, None, encode_batch([]), 0, None,
-                                      None)
+            ack = await producer.send(self.timeline_name, None, PROBE_RECORD, 0, None, None)
             self._observe([await ack], sent)
         n = next_marker(self.clock.read(), self._last_marker, self.settings)
         if n is None:
@@ -622,8 +631,9 @@ def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:
         raise StartError(
             f"the ledger topic {ledger!r} would not keep every entry ({found}); it must "
             "have cleanup.policy=delete, retention.ms=-1 and retention.bytes=-1 (set them "
-            "with kafka-configs --alter --entity-type topics --entity-name "
-            f"{ledger} --add-config retention.ms=-1,retention.bytes=-1,cleanup.policy=delete)")
+            f"with kafka-configs --bootstrap-server {settings.bootstrap_servers} --alter "
+            f"--entity-type topics --entity-name {ledger} "
+            "--add-config retention.ms=-1,retention.bytes=-1,cleanup.policy=delete)")
 
     def forever(ms: int) -> float:
         return float("inf") if ms < 0 else float(ms)

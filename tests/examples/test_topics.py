@@ -77,7 +77,7 @@ def test_an_existing_ledger_that_would_lose_entries_is_refused(
         ensure_topics(d.settings)
     msg = str(err.value)
     assert d.topics.ledger in msg and f"retention.ms={WEEK}" in msg
-    assert "kafka-configs --alter" in msg
+    assert f"kafka-configs --bootstrap-server {d.settings.bootstrap_servers} --alter" in msg
 
     caplog.clear()
     d = prepared({"retention.ms": "-1"})
