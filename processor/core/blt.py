@@ -172,6 +172,23 @@ def blt_row_norm2(t: int) -> float:
     return float(acc[-1, -1])
 
 
+def blt_decoder_coeffs(n: int) -> np.ndarray:
+    """b_0..b_{n-1}, the impulse response of the decoder (row t of B is b_{t-1}..b_0), in
+    float64 for the vectorised simulator: with M = diag(theta) - 1 omega^T = V diag(phi)
+    V^-1 and a_j = -(omega^T V)_j (V^-1 1)_j, b_k = 1 + sum_j a_j (1 - phi_j^k) / (1 - phi_j)
+    (every a_j / (1 - phi_j) has the same sign, so nothing cancels but the final 1 - ...)."""
+    n = int(n)
+    d = len(THETA)
+    m = np.diag(np.array(THETA)) - np.outer(np.ones(d), np.array(OMEGA))
+    phi, v = np.linalg.eig(m)
+    a = -(np.array(OMEGA) @ v) * np.linalg.solve(v, np.ones(d))
+    k = np.arange(n, dtype=np.float64)
+    out = np.ones(n, dtype=np.complex128)
+    for aj, pj in zip(a, phi, strict=True):
+        out += aj * (1.0 - np.power(pj, k)) / (1.0 - pj)
+    return np.ascontiguousarray(out.real)
+
+
 def blt_l2(n: int, sensitivity: int) -> float:
     """The L2 sensitivity (units) of the fixed-point encoder output over horizon n when one
     input changes by at most `sensitivity` units (step 2 of the module docstring)."""

@@ -101,6 +101,10 @@ def test_norms_match_exact_and_float_recurrences() -> None:
             sums[t] = acc
     for t, v in sums.items():
         assert blt_row_norm2(t) == pytest.approx(v, rel=1e-9)
+    # the simulator's coefficients: the same b
+    coef = blt.blt_decoder_coeffs(1 << 15)
+    assert np.allclose(coef[:40], b, rtol=1e-9, atol=0)
+    assert float(np.sum(coef**2)) == pytest.approx(sums[1 << 15], rel=1e-9)
 
 
 def test_restore_continues_identically_and_refuses_other_versions() -> None:
