@@ -250,3 +250,28 @@ def test_counter_noise_has_the_stated_sigma_and_a_broken_decoder_is_rejected() -
     assert _ks(e, ndtr(e / sig)) < KS_CRIT
     bad = errors(NoDecoder)
     assert _ks(bad, ndtr(bad / sig)) > KS_CRIT
+
+
+def test_simecc_state_written_with_the_tree_base_restores_and_continues() -> None:
+    """A SimECC stored before the switch (its CC and BCC name base "tree") restores as
+    trees and continues exactly as if never stopped; a fresh SimECC runs the BLT."""
+    from processor.core import registry
+    from processor.core.ecc import SimECC
+
+    def old_style() -> SimECC:
+        c = SimECC(150.0, 1e-5, KEY, "old")
+        c._cc = UnboundedCC(c._cc.eps, c._cc.delta, KEY, c._cc.label, UNIT, "tree")
+        c._bcc = BCC(c._bcc.eps, c._bcc.delta, KEY, c._bcc.label, UNIT, "tree")
+        return c
+
+    xs = [float(v) for v in np.random.default_rng(5).integers(0, 2, 400)]
+    ref = old_style()
+    want = [ref.update(x) for x in xs]
+    c = old_style()
+    got = [c.update(x) for x in xs[:250]]
+    data = c.to_bytes()
+    r = registry.restore(data, KEY)
+    assert isinstance(r, SimECC) and r._cc.base == "tree" and r._bcc._cc.base == "tree"
+    got += [r.update(x) for x in xs[250:]]
+    assert got == want
+    assert SimECC(150.0, 1e-5, KEY, "new")._cc.base == "blt"
