@@ -269,3 +269,32 @@ def test_json_verdict_and_progress_lines(capsys: pytest.CaptureFixture[str]) -> 
     assert out == ""
     assert err.splitlines() == ["replay: 10/100 timeline records read",
                                 "replay: 100/100 timeline records recomputed"]
+
+
+def test_parallel_recomputation_equals_the_sequential_one() -> None:
+    """Partitions recomputed in forked processes give the very records of one process
+    (the registry's real mechanisms, two partitions, a committed split in each)."""
+    from processor.core.rng import NoiseKey
+    from processor.stream.config import Settings, with_overrides
+    from processor.stream.records import Event, encode_batch, encode_marker, partition_for
+
+    s = with_overrides(Settings(), counters={f"c{i}": 0 for i in range(6)}, partitions=2,
+                       tick_ms=100, mechanism="ecc", epsilon=50.0, delta=1e-6,
+                       heartbeat_ticks=5)
+    key = NoiseKey.from_seed(3)
+    rng = random.Random(4)
+    timeline: dict[int, list[tuple[int, bytes | None]]] = {0: [], 1: []}
+    for n in range(1, 80):
+        per: dict[int, list[Event]] = {}
+        for _ in range(3):
+            c = f"c{rng.randrange(6)}"
+            per.setdefault(partition_for(c, 2), []).append(Event(c, n * 100 + 5, 65536, 0, n))
+        for p in (0, 1):
+            if p in per:
+                timeline[p].append((len(timeline[p]), encode_batch(per[p])))
+            timeline[p].append((len(timeline[p]), encode_marker(n)))
+    settled = {0: 50, 1: 70}
+    one = recompute_timeline(s, key, timeline, settled, jobs=1)
+    two = recompute_timeline(s, key, timeline, settled, jobs=2)
+    assert one == two
+    assert one.settled and one.unsettled and len(one.settled_ledger) == 6
