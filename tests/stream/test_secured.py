@@ -2,22 +2,25 @@
 a local broker whose only client listener is SASL_SSL with SCRAM-SHA-512, and against one
 that requires mutual TLS; certificates made by the test (a fresh CA per broker).
 
-One broker per mode, module-scoped (pytest groups the tests by mode, so one JVM runs at a
-time). Per mode: the worker ingests events and a malformed record, publishes releases, and
-replay (the command line, reading the same config) finds them identical; a wrong password,
-an untrusted CA (and, for mutual TLS, a client certificate from a foreign CA) each stop the
-worker within seconds with one `error:` line naming the refusal, exit code 2, no secret in
-the output. Controls: a plaintext client gets nothing from the secured listener, and the
-failing configurations differ from the working one in that one setting only. Every check
-is exact (no statistics: false-alarm rate 0 on a correct system).
+One broker per mode, module-scoped, both started at once (the second JVM comes up while
+the first mode's tests run). Per mode: the worker ingests events and a malformed record,
+publishes releases, and replay (the command line, reading the same config) finds them
+identical; a wrong password, an untrusted CA (and, for mutual TLS, a client certificate
+from a foreign CA) each stop the worker within seconds with one `error:` line naming the
+refusal, exit code 2, no secret in the output. Controls: a plaintext client gets nothing
+from the secured listener, and the failing configurations differ from the working one in
+that one setting only. Every check is exact (no statistics: false-alarm rate 0 on a
+correct system).
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -45,17 +48,31 @@ USER, PASSWORD = "dpc-worker", "s3cret-scram-pass"
 FAIL_FAST_S = 12.0
 
 
-@pytest.fixture(scope="module", params=["sasl_ssl", "mtls"])
+MODES = ("sasl_ssl", "mtls")
+
+
+@pytest.fixture(scope="module")
+def secured_brokers(local_kafka_available: None) -> Iterator[dict[str, Future[LocalKafka]]]:
+    """One single-node LocalKafka per mode, both started at once in the background (the
+    second JVM starts while the first mode's tests run); all stopped at the end."""
+    brokers = {mode: LocalKafka(security=mode, scram_users={USER: PASSWORD}, heap="256m",
+                                start_timeout=180.0) for mode in MODES}
+    with ThreadPoolExecutor(len(MODES)) as pool:
+        started = {mode: pool.submit(kafka.start) for mode, kafka in brokers.items()}
+        try:
+            yield started
+        finally:
+            for mode, kafka in brokers.items():
+                with contextlib.suppress(Exception):  # a failed start already cleaned up
+                    started[mode].result()
+                kafka.stop()
+
+
+@pytest.fixture(scope="module", params=MODES)
 def secured_kafka(request: pytest.FixtureRequest,
-                  local_kafka_available: None) -> Iterator[LocalKafka]:
-    """One single-node LocalKafka whose client listener is secured by `request.param`."""
-    kafka = LocalKafka(security=str(request.param), scram_users={USER: PASSWORD},
-                       heap="256m", start_timeout=180.0)
-    kafka.start()
-    try:
-        yield kafka
-    finally:
-        kafka.stop()
+                  secured_brokers: dict[str, Future[LocalKafka]]) -> LocalKafka:
+    """The single-node LocalKafka whose client listener is secured by `request.param`."""
+    return secured_brokers[str(request.param)].result(timeout=300)
 
 
 @pytest.fixture
@@ -120,7 +137,7 @@ def test_worker_and_replay_on_the_secured_broker(secured_kafka: LocalKafka,
 
     # Control: the listener really is secured (a plaintext client gets no metadata).
     with pytest.raises(KafkaException):
-        kafka_io.check_access(kafka_io.plain_config(secured_kafka.bootstrap_servers), 3.0)
+        kafka_io.check_access(kafka_io.plain_config(secured_kafka.bootstrap_servers), 1.5)
 
 
 def _refusals(kafka: LocalKafka, settings: Settings, tmp: Path) -> dict[str, Settings]:
