@@ -82,6 +82,12 @@ class Counter(ABC):
     @abstractmethod
     def error_bound(self, beta: float = 0.05) -> float: ...
 
+    def error_bound_at(self, t: int, beta: float = 0.05) -> float:
+        """error_bound(beta) as of tick t <= self.t (a change reported inside a skip).
+        Default: the bound at the current tick, valid where the bound never decreases in
+        t; mechanisms whose bound can decrease override it (it depends on t only)."""
+        return self.error_bound(beta)
+
 
 def check_skip(n: object) -> int:
     from processor.core.errors import InvalidInputError

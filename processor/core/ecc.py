@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
 from processor.core.bounded import check_eps_delta
+from processor.core.bounds import simecc_bound
 from processor.core.cc import BCC, UnboundedCC
 from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, from_units, to_units
@@ -337,3 +338,12 @@ class SimECC(_EccBase):
 
     def _part_bound(self, beta: float) -> float:
         return float(simecc_gap_bound(self.eps, self.delta, beta, self._t, self.calibration))
+
+    def error_bound(self, beta: float = 0.05) -> float:
+        """Holds with probability >= 1 - beta at the current tick (per tick, not over all
+        ticks at once): processor/core/bounds.py, from (eps, delta, calibration, base, t)."""
+        return self.error_bound_at(self._t, beta)
+
+    def error_bound_at(self, t: int, beta: float = 0.05) -> float:
+        # BCC's base: the same as CC's (one construction in _setup).
+        return simecc_bound(self.eps, self.delta, beta, t, self._bcc.base, self.calibration)

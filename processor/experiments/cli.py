@@ -37,9 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"delta of every mechanism (default: the paper's {F.DELTA:g})")
     p.add_argument("--csv", type=Path, default=None,
                    help="table1: read an existing fig1a CSV instead of running the sweep")
-    p.add_argument("--base", choices=["sqrt", "tree"], default="sqrt",
-                   help="bounded counter inside CC/BCC: sqrt (the paper's) or tree (the "
-                        "core's default inside ECC/SimECC)")
+    p.add_argument("--base", choices=["sqrt", "tree", "blt"], default="sqrt",
+                   help="bounded counter inside CC/BCC: sqrt (the paper's), blt (the "
+                        "stream's default) or tree (the default before blt)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes for the sweeps (results do not depend on it)")
     p.add_argument("--no-progress", action="store_true",

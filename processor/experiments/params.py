@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from processor.core import baselines as _bl
+from processor.core import blt as _blt
 from processor.core import bounded as _bd
 from processor.core import cc as _cc
 from processor.core import ecc as _ecc
@@ -27,9 +28,10 @@ from processor.core.grid import UNIT
 from processor.core.samplers import laplace_scale_units
 
 #: the bounded counter inside CC: the square-root factorization, as in the paper's
-#: experiments ("tree", the core's default inside ECC/SimECC, is also simulated)
+#: experiments ("blt", the stream's default base, and "tree", the default before it, are
+#: also simulated)
 BASE = "sqrt"
-BASES = ("sqrt", "tree")
+BASES = ("sqrt", "tree", "blt")
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -51,6 +53,18 @@ def sqrt_z_sigma(eps: float, delta: float, horizon: int) -> float:
 def sqrt_coeffs(n: int) -> FloatArray:
     """c_j = binom(2j, j) / 4^j for j < n (the square-root factorization's Toeplitz column)."""
     return np.asarray(_bd.sqrt_coeffs(n), dtype=np.float64)
+
+
+@lru_cache(maxsize=256)
+def blt_z_sigma(eps: float, delta: float, horizon: int) -> float:
+    """sigma of the Gaussians G_t of the (eps, delta) BLT counter of this horizon, in
+    events (blt.blt_scale, in 2^-FRAC_BITS units, rounded up)."""
+    return _blt.blt_scale(eps, delta, horizon, UNIT) / float(1 << _blt.FRAC_BITS) / UNIT
+
+
+def blt_coeffs(n: int) -> FloatArray:
+    """b_0..b_{n-1}: the BLT decoder's impulse response (its noise is sum_j b_j G_{t-j})."""
+    return np.asarray(_blt.blt_decoder_coeffs(n), dtype=np.float64)
 
 
 @lru_cache(maxsize=256)

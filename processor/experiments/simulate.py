@@ -108,6 +108,9 @@ def cc_parts(runs: int, n: int, rng: np.random.Generator, base: str = params.BAS
         inner = min(length, start - 1)
         if inner > 0 and base == "tree":
             q[:, start - 1 : start - 1 + inner] = _tree_noise(1.0, runs, inner, rng)
+        elif inner > 0 and base == "blt":
+            z = rng.standard_normal((runs, inner), dtype=np.float32)
+            q[:, start - 1 : start - 1 + inner] = _causal_conv(z, params.blt_coeffs(inner))
         elif inner > 0:
             z = rng.standard_normal((runs, inner), dtype=np.float32)
             q[:, start - 1 : start - 1 + inner] = _causal_conv(z, params.sqrt_coeffs(inner))
@@ -135,6 +138,7 @@ def cc_scales(eps: float, delta: float, n: int,
     for k in range(2, b.size + 1):
         h = (1 << (k - 1)) - 1
         b[k - 1] = (params.tree_node_sigma(eps / 2, delta / 2, h) if base == "tree"
+                    else params.blt_z_sigma(eps / 2, delta / 2, h) if base == "blt"
                     else params.sqrt_z_sigma(eps / 2, delta / 2, h))
     return a, b
 
@@ -446,8 +450,9 @@ def simulate(name: str, x: npt.NDArray[np.integer], eps: float, delta: float,
     """Releases y (runs x T) of mechanism `name` on the input streams x (runs x T, in {0,1}).
 
     `base` is the bounded counter inside every CC and BCC: "sqrt" (the paper's experiments,
-    and the core's counters built with base="sqrt") or "tree" (the core's default, which
-    the core's ECC and SimECC use). GaussianCC has no CC inside and ignores it.
+    and the core's counters built with base="sqrt"), "blt" (the core's default, which the
+    stream's ECC and SimECC use: the causal convolution of its Gaussians with the decoder's
+    impulse response) or "tree". GaussianCC has no CC inside and ignores it.
 
     Raises ValueError for an unknown name, a non-2-D x or values outside {0, 1}
     (nothing is computed then).

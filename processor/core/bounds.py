@@ -1,0 +1,499 @@
+"""Per-release error bounds of SimECC from public quantities (parameters, beta and t).
+
+What the bound guarantees: for every input stream and every tick t separately,
+P(|y_t - s_t| > bound(t)) <= beta (per-tick coverage). It is not a bound that holds at
+all ticks at once (a union over ticks would cost a factor sqrt(ln t^2) in every Gaussian
+tail and was 9-75x the actual error); each release states its own (1 - beta) guarantee.
+
+The argument (the project's own, built on the paper's Section 6 and Lemmas 3.12/3.13).
+Checkpoints t_1 < t_2 < ... with gaps g_l = max(1, o_l + Z_l), o_l = mu + ceil(4 ln l /
+eps_p), Z_l ~ DLap(b) on the integers; CC's release for checkpoint l is s(t_l) + e_l; BCC's
+is t_hat_l = t_l + D_l, D_l = max(ceil(e'_l + a_l), 0) with a_l BCC's public shift and e'_l
+its inner CC noise. All of these are data-independent (SimPart ignores the input and BCC
+counts block lengths). At tick t let i be the last checkpoint with t_hat_i <= t and J the
+checkpoint whose value y_t is (t_hat_J is the latest release tick <= t, so J <= i and
+t_hat_J >= t_hat_i). Then y_t - s_t = e_J - (s_t - s(t_J)) with 0 <= s_t - s(t_J) <= t - t_J,
+so |y_t - s_t| <= max(e_J, t - t_J - e_J), and
+    t - t_J <= (t - t_i) + D_J - D_i,   t - t_i <= g_{i+1} - 1 + D_{i+1}
+(checkpoint i + 1 is either after t or not yet released at t). With D_l <= e'_l + a_l + 1
+(when that is >= 0) and D_l >= e'_l + a_l, the lag is at most a public constant plus a
+Gaussian linear form in the e' and e of at most four indices, plus one gap. The indices
+are confined to a window with high probability:
+  - N_t (checkpoints up to t) <= n_hi, a Chernoff bound on sums of the Z_l;
+  - every D_l (l <= n_hi + 1) <= D_max and every gap >= g_min, so J >= i - D_max / g_min;
+  - i >= N_{t - D_max} >= n_lo (those checkpoints are released by t), Chernoff again.
+Inside the window a union bound over the (J, i) pairs uses the exact variance of each
+linear form: the tree base's noise is a sum of independent atoms (interval releases and
+tree nodes), so correlated terms such as e'_J - e'_i are computed exactly; for other
+bases the cross terms are bounded by Cauchy-Schwarz where every covariance is >= 0
+(tree, sqrt, blt) and the sds added otherwise (Minkowski). The gap enters through
+Z <=st L + 1 (L a continuous Laplace of the same scale), whose sum with a Gaussian has a
+closed-form tail, and beta is split between the window events (a fifth) and the pair
+tails, the smallest bound with total failure <= beta found by bisection. When no
+checkpoint can have been released the error is s_t <= t, and t - t_J <= t - 1 always
+caps the lag. The noise is taken as Gaussian with the core's exact sds: the core's
+discrete (tree) and rounded (BLT) Gaussians live on lattices 2^-16 of an event or finer
+with sds of at least one event, where their tails differ from the continuous ones by
+far less than the float rounding of the bound.
+
+The bound is a function of (eps, delta, calibration, base, beta, t) only. It is not
+monotone in t: before the first release can have happened it is t itself, then it drops.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+
+from scipy.special import log_ndtr, ndtr, ndtri
+
+from processor.core.bounded import tree_node_sigma2
+from processor.core.cc import _psum_var, bcc_eta, bcc_offset, cc_sigma
+from processor.core.errors import InvalidParameterError
+from processor.core.grid import UNIT
+from processor.core.partition import simpart_scale
+
+__all__ = ["SimEccBound", "gaussian_upper", "log_tail_factor", "simecc_bound"]
+
+#: Shares of beta: the window events (N_t, D_max, g_min, released-by-t) and the pair tails.
+_SHARE_WINDOW = 0.2
+_SHARE_PAIRS = 0.8
+#: Above this many (i, J) pairs the window is treated by envelopes (_envelope_cases).
+_EXACT_PAIRS = 1024
+
+
+def _gauss_sf(x: float) -> float:
+    """P(N(0, 1) > x)."""
+    return float(ndtr(-x))
+
+
+def _laplace_gauss_sf(u: float, s: float, b: float) -> float:
+    """P(L + X > u) for L ~ Laplace(b) and X ~ N(0, s^2) independent (exact):
+    Phi~(u/s) + e^{k - u/b} Phi((u - s^2/b)/s) / 2 - e^{k + u/b} Phi~((u + s^2/b)/s) / 2,
+    k = s^2 / (2 b^2), each exponential taken with its log-Phi so nothing overflows."""
+    if s <= 0.0:
+        return 0.5 * math.exp(-u / b) if u >= 0 else 1.0 - 0.5 * math.exp(u / b)
+    k = s * s / (2.0 * b * b)
+    v = s / b
+    plus = math.exp(k - u / b + float(log_ndtr(u / s - v)))
+    minus = math.exp(min(700.0, k + u / b + float(log_ndtr(-u / s - v))))
+    return min(1.0, max(0.0, float(ndtr(-u / s)) + 0.5 * plus - 0.5 * minus))
+
+
+def gaussian_upper(p: float) -> float:
+    """z with P(N(0, 1) > z) = p (p in (0, 1)); from ndtri, exact to float precision."""
+    return float(-ndtri(p))
+
+
+def log_tail_factor(log_beta: float, t: int) -> float:
+    """tail_factor(beta, t) from ln(beta): sqrt(2 ln(pi^2 t^2 / (3 beta))) without forming
+    beta, so a tiny internal delta never underflows to 0 (and the bound to inf)."""
+    return math.sqrt(2.0 * (math.log(math.pi**2 / 3.0) + 2.0 * math.log(t) - log_beta))
+
+
+# --------------------------------------------------------------------------- the partition
+
+
+@lru_cache(maxsize=64)
+def _exp_neg_inv(b: float) -> float:
+    return math.exp(-1.0 / b)
+
+
+@dataclass(frozen=True)
+class _Gaps:
+    """SimPart's gap law: g_l = max(1, mu + ceil(4 ln l / eps_p) + Z_l), Z_l ~ DLap(b)."""
+
+    mu: int
+    eps_p: float
+    b: float
+
+    @property
+    def r(self) -> float:
+        return _exp_neg_inv(self.b)
+
+    def offsets_low(self, n: int) -> float:
+        """A lower bound on sum_{l <= n} o_l: n mu + 4 ln(n!) / eps_p."""
+        return n * self.mu + 4.0 * math.lgamma(n + 1) / self.eps_p
+
+    def offsets_high(self, n: int) -> float:
+        """An upper bound on sum_{l <= n} o_l (each ceiling adds less than one)."""
+        return self.offsets_low(n) + n
+
+    def log_mgf(self, lam: float) -> float:
+        """ln E[exp(lam Z)] for |lam| < 1/b: (1 - r)^2 / ((1 - r e^lam)(1 - r e^-lam))."""
+        r = self.r
+        return (2.0 * math.log1p(-r) - math.log1p(-r * math.exp(lam))
+                - math.log1p(-r * math.exp(-lam)))
+
+    def log_mgf_pos(self, lam: float) -> float:
+        """ln E[exp(lam max(Z, 0))] for 0 < lam < 1/b:
+        1/(1 + r) + (1 - r)/(1 + r) * r e^lam / (1 - r e^lam)."""
+        r = self.r
+        q = r * math.exp(lam)
+        return math.log(1.0 / (1.0 + r) + (1.0 - r) / (1.0 + r) * q / (1.0 - q))
+
+    def upper_tail(self, k: int) -> float:
+        """P(Z >= k) for k >= 1: r^k / (1 + r)."""
+        return math.exp(k * math.log(self.r)) / (1.0 + self.r) if k >= 1 else 1.0
+
+    def quantile(self, p: float) -> int:
+        """The least k >= 0 with P(Z > k) = P(Z < -k) <= p."""
+        k = math.ceil(math.log(p * (1.0 + self.r)) / math.log(self.r)) - 1
+        return max(0, k)
+
+
+def _chernoff(log_mgf: Callable[[float], float], n: int, m: float, lam_max: float) -> float:
+    """min over lam in (0, lam_max) of exp(n log_mgf(lam) - lam m): a bound on
+    P(sum of n i.i.d. copies >= m) for m > 0 (golden-section search on a convex exponent)."""
+    if m <= 0:
+        return 1.0
+
+    def f(lam: float) -> float:
+        return n * log_mgf(lam) - lam * m
+
+    lo, hi = 0.0, lam_max * (1.0 - 1e-9)
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, c = hi - g * (hi - lo), lo + g * (hi - lo)
+    fa, fc = f(a), f(c)
+    for _ in range(40):
+        if fa < fc:
+            hi, c, fc = c, a, fa
+            a = hi - g * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, c, fc
+            c = lo + g * (hi - lo)
+            fc = f(c)
+    return math.exp(min(0.0, fa, fc))
+
+
+def _count_high(gaps: _Gaps, t: int, p: float) -> int:
+    """n_hi with P(N_t > n_hi) <= p: N_t >= n iff t_n <= t, and t_n >= sum o_l + sum Z_l."""
+    n = max(1, int(t / (gaps.mu + 4.0 * math.log(max(2, t // gaps.mu)) / gaps.eps_p)))
+    # P(sum Z <= -m) = P(sum (-Z) >= m), -Z has the same law.
+    while _chernoff(gaps.log_mgf, n, gaps.offsets_low(n) - t, 1.0 / gaps.b) > p:
+        n += 1 + n // 64
+    return n - 1
+
+
+def _count_low(gaps: _Gaps, u: int, p: float) -> int:
+    """n_lo with P(N_u < n_lo) <= p: N_u < n iff t_n > u, and t_n <= sum o_l + sum Z_l^+."""
+    if u <= 0:
+        return 0
+    n = int(u / gaps.mu) + 1
+    while n > 0 and _chernoff(gaps.log_mgf_pos, n, u - gaps.offsets_high(n),
+                              1.0 / gaps.b) > p:
+        n -= 1 + n // 64
+    return max(0, n)
+
+
+# --------------------------------------------------------------------------- the counters
+
+
+@dataclass(frozen=True)
+class _CC:
+    """An UnboundedCC's noise: its sd at step l (counts); `tag` names its draws."""
+
+    eps: float
+    delta: float
+    base: str
+    tag: str
+
+    def sd(self, l: int) -> float:  # noqa: E741
+        return _cc_sd(self.eps, self.delta, self.base, l)
+
+
+@lru_cache(maxsize=65536)
+def _cc_sd(eps: float, delta: float, base: str, l: int) -> float:  # noqa: E741
+    return cc_sigma(eps, delta, l, base, UNIT) / UNIT
+
+
+@lru_cache(maxsize=65536)
+def _tree_atoms(eps: float, delta: float, tag: str, l: int  # noqa: E741
+                ) -> dict[tuple[str, int, int, int], float]:
+    out: dict[tuple[str, int, int, int], float] = {}
+    if l <= 0:
+        return out
+    done = (l + 1).bit_length() - 1  # intervals complete at l
+    pv = _psum_var(eps, delta, "tree", UNIT) / UNIT**2
+    for k in range(1, done + 1):
+        out[(tag, k, -1, 0)] = pv
+    start = 1 << done
+    if l != start - 1:
+        tau = l - start + 1
+        num, den = tree_node_sigma2(eps / 2, delta / 2, start - 1, UNIT)
+        nv = num / den / UNIT**2
+        h = 0
+        while tau >> h:
+            if (tau >> h) & 1:
+                out[(tag, done + 1, h, tau >> h)] = nv
+            h += 1
+    return out
+
+
+#: Bases whose noise at two steps has a covariance >= 0 (every coefficient of the noise in
+#: the independent draws is >= 0: interval releases, tree nodes, the square root's c_j,
+#: the BLT decoder's impulse response b_k, positive and decreasing to a positive limit:
+#: tests/core/test_bounds.py checks it through k = 2^40).
+_NONNEG_COV = ("tree", "sqrt", "blt")
+
+
+def _combo_sd(terms: list[tuple[_CC, int, float]]) -> float:
+    """An upper bound on the sd of sum c * e(l) over (counter, l, c), counters of distinct
+    tags independent. Exact from the atoms (tree base); with covariances known to be >= 0,
+    cross terms of opposite signs are dropped and the others bounded by Cauchy-Schwarz;
+    otherwise the sds add (Minkowski)."""
+    terms = [(cc, n, c) for cc, n, c in terms if n > 0 and c != 0.0]
+    var = 0.0
+    for tag in {cc.tag for cc, _, _ in terms}:
+        group = [(cc, n, c) for cc, n, c in terms if cc.tag == tag]
+        base = group[0][0].base
+        if base == "tree":
+            atoms: dict[tuple[str, int, int, int], list[float]] = {}
+            for cc, n, c in group:
+                for key, v in _tree_atoms(cc.eps, cc.delta, cc.tag, n).items():
+                    atoms.setdefault(key, [0.0, v])[0] += c
+            var += sum(coef * coef * v for coef, v in atoms.values())
+            continue
+        sds = [(abs(c) * cc.sd(n), c) for cc, n, c in group]
+        if base in _NONNEG_COV:
+            v = sum(a * a for a, _ in sds)
+            for x in range(len(sds)):
+                for y in range(x + 1, len(sds)):
+                    if sds[x][1] * sds[y][1] > 0:
+                        v += 2.0 * sds[x][0] * sds[y][0]
+            var += v
+        else:
+            var += sum(a for a, _ in sds) ** 2
+    return math.sqrt(var)
+
+
+@dataclass(frozen=True)
+class SimEccBound:
+    """The public ingredients of SimECC's bound (see the module docstring)."""
+
+    gaps: _Gaps
+    cc: _CC
+    #: BCC's inner CC (eps, delta / 2); bcc_eps, bcc_delta are BCC's own parameters
+    bcc: _CC
+    bcc_eps: float
+    bcc_delta: float
+    log_eta: float
+
+    def shift(self, l: int) -> float:  # noqa: E741
+        """BCC's shift a_l in counts, by the function BCC.step adds it with (bcc_offset)."""
+        return _shift(self.bcc_eps, self.bcc_delta, self.bcc.base, l)
+
+    def bound(self, t: int, beta: float) -> float:
+        """The bound at tick t. Beyond 2^12 it is the bound of t's block of ticks (256
+        blocks per doubling of t), valid at every tick of the block and cached, so a long
+        stream computes it once per block."""
+        if t <= 0:
+            return 0.0
+        if t < 1 << 12:
+            return self.range_bound(t, t, beta)
+        size = 1 << (t.bit_length() - 9)
+        start = t - t % size
+        return _range_bound(self, start, start + size - 1, beta)
+
+    def range_bound(self, t1: int, t: int, beta: float) -> float:
+        """A bound valid at every tick in [t1, t] (t1 <= t): the window of checkpoint
+        indices covers both ends, and the caps that use the tick use the largest."""
+        w = beta * _SHARE_WINDOW / 4.0
+        g = self.gaps
+        n_hi = _count_high(g, t, w)
+        if n_hi == 0:
+            return float(t)  # nothing released: y_t = 0 and the error is s_t <= t
+        top = n_hi + 1
+        z_d = gaussian_upper(w / top)
+        d_max = (max(self.shift(n) + z_d * self.bcc.sd(n) + 1.0 for n in range(1, top + 1))
+                 if top <= 512 else self._d_max_coarse(top, z_d))
+        g_min = max(1, g.mu - g.quantile(w / top))
+        n_lo = min(n_hi, _count_low(g, t1 - math.ceil(d_max), w))
+        r = int(d_max // g_min)
+        budget = beta * _SHARE_PAIRS
+        fixed = 0.0  # failure probability that does not depend on the bound
+        # (const, sd, q, sd of e_J, count): the lag form exceeds b with probability at most
+        # min(P(L + N(0, sd^2) > b - const), q), q bounding the configuration (J, i) itself.
+        cases: list[tuple[float, float, float, float, int]] = []
+        far = self._far_inversions(max(1, n_lo - r), n_hi, r)
+        width = n_hi - n_lo + 1
+        envelope = width * (r + 1) > _EXACT_PAIRS
+        if envelope:  # a wide window (large t): one case per distance, window-wide maxima
+            cases = self._envelope_cases(n_lo, n_hi, r, far, budget)
+            fixed += sum(q * width for q in far.values() if q * width < budget * 1e-4)
+        for i in range(n_lo, n_hi + 1):
+            o_next = g.mu + math.ceil(4.0 * math.log(i + 1) / g.eps_p)
+            # The clamp max(1, .) of gap i + 1 and the linear form of D_{i+1} (both tiny).
+            fixed += g.upper_tail(o_next) + _gauss_sf((self.shift(i + 1) + 1.0)
+                                                      / self.bcc.sd(i + 1))
+            if envelope:
+                continue
+            # J = 0 (y_t = 0) only when nothing is released: t_hat_i >= 1 > t_hat_0.
+            for j in range(max(1, i - r) if i else 0, i + 1):
+                if j == 0:
+                    cases.append((math.inf, 0.0, math.inf, 0.0, 1))
+                    continue
+                const = o_next + 1.0 + self.shift(i + 1)
+                terms = [(self.bcc, i + 1, 1.0), (self.cc, j, -1.0)]
+                q = math.inf
+                if j < i:
+                    if i - j >= 2 and far[i - j] * width < budget * 1e-4:
+                        continue  # counted once for all i below
+                    const += self.shift(j) + 1.0 - self.shift(i)
+                    terms += [(self.bcc, j, 1.0), (self.bcc, i, -1.0)]
+                    q = self._inversion(j, i)
+                    if q < budget * 1e-4:  # the configuration J = j, i0 = i itself
+                        fixed += q
+                        continue
+                cases.append((const, _combo_sd(terms), q, self.cc.sd(j), 1))
+        if not envelope:
+            fixed += sum(q * width for q in far.values() if q * width < budget * 1e-4)
+        left = budget - fixed
+        if left <= 0.0:
+            raise InvalidParameterError("beta too small for the bound's window")
+
+        def failure(b: float) -> float:
+            total = 0.0
+            for const, sd, q, sd_e, count in cases:
+                if const == math.inf:  # J = 0: the error is s_t <= t
+                    total += 0.0 if b >= t else 1.0
+                    continue
+                lag = min(_laplace_gauss_sf(b - const, sd, g.b),
+                          _gauss_sf((b - t + 1.0) / sd_e))
+                total += count * (min(lag, q) + _gauss_sf(b / sd_e))
+            return total
+
+        lo, hi = 0.0, 1.0
+        while failure(hi) > left:
+            lo, hi = hi, 2.0 * hi
+        while hi - lo > 0.25:
+            mid = 0.5 * (lo + hi)
+            if failure(mid) > left:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+    def _inversion(self, j: int, i: int) -> float:
+        return _inversion(self, j, i)
+
+    def _envelope_cases(self, n_lo: int, n_hi: int, r: int, far: dict[int, float],
+                        budget: float) -> list[tuple[float, float, float, float, int]]:
+        """The cases of a wide window, each standing for all i in [n_lo, n_hi] at one
+        distance d = i - j: the largest shift and sd over the window, the largest offset
+        o_{n_hi + 1}, and for d >= 1 the shift range and the sd of e'_{i+1} + e'_j - e'_i
+        bounded as _combo_sd does without atoms."""
+        g = self.gaps
+        width = n_hi - n_lo + 1
+        idx = range(max(1, n_lo - r), n_hi + 2)
+        shifts = [self.shift(n) for n in idx]
+        s_max, spread = max(shifts), max(shifts) - min(shifts) + 1.0
+        sd_b = max(self.bcc.sd(n) for n in idx)
+        sd_c = max(self.cc.sd(n) for n in idx)
+        const0 = g.mu + math.ceil(4.0 * math.log(n_hi + 1) / g.eps_p) + 1.0 + s_max
+        nonneg = self.bcc.base in _NONNEG_COV
+        three = (math.sqrt(5.0) if nonneg else 3.0) * sd_b
+        two = (math.sqrt(2.0) if nonneg else 2.0) * sd_b
+        out: list[tuple[float, float, float, float, int]] = []
+        if n_lo == 0:
+            out.append((math.inf, 0.0, math.inf, 0.0, 1))
+        out.append((const0, math.hypot(sd_b, sd_c), math.inf, sd_c, width))
+        if r >= 1:
+            q1 = _laplace_gauss_sf(g.mu - spread - 1.0, two, g.b)
+            out.append((const0 + spread, math.hypot(three, sd_c), q1, sd_c, width))
+        for q in far.values():
+            if q * width >= budget * 1e-4:
+                out.append((const0 + spread, math.hypot(three, sd_c), q, sd_c, width))
+        return out
+
+    def _far_inversions(self, lo: int, hi: int, r: int) -> dict[int, float]:
+        """d -> a bound on P(t_hat_j >= t_hat_{j+d}) for every pair in [lo, hi + 1] at
+        distance d in 2..r: the lead is at least d mu, the shift difference at most the
+        window's range, the sd of e'_j - e'_i at most twice the largest (Minkowski)."""
+        if r < 2:
+            return {}
+        g = self.gaps
+        shifts = [self.shift(n) for n in range(lo, hi + 2)]
+        sd = 2.0 * max(self.bcc.sd(n) for n in range(lo, hi + 2))
+        spread = max(shifts) - min(shifts) + 1.0
+        out: dict[int, float] = {}
+        for d in range(2, r + 1):
+            def exponent(lam: float, d: int = d) -> float:
+                return lam * lam * sd * sd / 2.0 + d * g.log_mgf(lam)
+
+            out[d] = _chernoff(exponent, 1, d * g.mu - spread, 1.0 / g.b)
+        return out
+
+    def _inversion_uncached(self, j: int, i: int) -> float:
+        """A bound on P(t_hat_j >= t_hat_i) for j < i: D_j - D_i >= t_i - t_j =
+        sum_{j < l <= i} g_l, with D_j - D_i <= a_j + 1 - a_i + (e'_j - e'_i)."""
+        g = self.gaps
+        sd = _combo_sd([(self.bcc, j, 1.0), (self.bcc, i, -1.0)])
+        lead = sum(g.mu + math.ceil(4.0 * math.log(n) / g.eps_p) for n in range(j + 1, i + 1))
+        c = lead - (self.shift(j) + 1.0 - self.shift(i))
+        if i - j == 1:  # -Z_i <=st L + 1 (L continuous Laplace of the same scale)
+            return _laplace_gauss_sf(c - 1.0, sd, g.b)
+        m = i - j
+        return _chernoff(lambda lam: lam * lam * sd * sd / 2.0 + m * g.log_mgf(lam), 1, c,
+                         1.0 / g.b)
+
+    def _d_max_coarse(self, top: int, z: float) -> float:
+        # sd and shift grow at most like sqrt(log) between dyadic points; bound them on
+        # each [2^k - 1, 2^{k+1} - 2] by the interval's largest sigma (cc_sigma_max logic).
+        from processor.core.cc import cc_sigma_max
+
+        sd = cc_sigma_max(self.bcc.eps, self.bcc.delta, top, self.bcc.base, UNIT) / UNIT
+        return sd * (log_tail_factor(self.log_eta, top) + z) + 1.0
+
+
+@lru_cache(maxsize=65536)
+def _shift(bcc_eps: float, bcc_delta: float, base: str, l: int) -> float:  # noqa: E741
+    if l <= 0:
+        return 0.0
+    return bcc_offset(bcc_eps, bcc_delta, l, base, UNIT) / UNIT
+
+
+@lru_cache(maxsize=4096)
+def _range_bound(model: SimEccBound, t1: int, t2: int, beta: float) -> float:
+    return model.range_bound(t1, t2, beta)
+
+
+@lru_cache(maxsize=65536)
+def _inversion(model: SimEccBound, j: int, i: int) -> float:
+    """SimEccBound._inversion, cached: it depends on the pair only, not on t."""
+    return model._inversion_uncached(j, i)
+
+
+@lru_cache(maxsize=256)
+def _model(eps: float, delta: float, base: str, calibration: str) -> SimEccBound:
+    from processor.core.ecc import simecc_parameters
+
+    p = simecc_parameters(eps, delta, calibration)
+    ts, ss = simpart_scale(p.eps_part)
+    # ln(eta) = ln(delta / 2) - ln(1 + e^eps), in log space: eta itself underflows for
+    # large eps even where the shift it defines is finite.
+    log_eta = math.log(0.5 * p.bcc_delta) - _log1pexp(p.bcc_eps)
+    if bcc_eta(p.bcc_eps, p.bcc_delta) <= 0.0:
+        raise InvalidParameterError("eps too large for BCC's eta")
+    return SimEccBound(_Gaps(p.mu, p.eps_part, ts / ss),
+                       _CC(p.cc_eps, p.cc_delta, base, "c"),
+                       _CC(p.bcc_eps, p.bcc_delta / 2, base, "b"), p.bcc_eps, p.bcc_delta,
+                       log_eta)
+
+
+def _log1pexp(x: float) -> float:
+    return x + math.log1p(math.exp(-x)) if x > 0 else math.log1p(math.exp(x))
+
+
+def simecc_bound(eps: float, delta: float, beta: float, t: int, base: str = "tree",
+                 calibration: str = "paper") -> float:
+    """A bound on |y_t - s_t| (events) of SimECC(eps, delta, calibration) whose CC and BCC
+    run on `base`, at tick t, holding with probability >= 1 - beta at that tick for every
+    input (see the module docstring)."""
+    if not 0 < beta < 1:
+        raise InvalidParameterError("beta must be in (0, 1)")
+    return _model(float(eps), float(delta), base, calibration).bound(int(t), float(beta))
+
