@@ -330,10 +330,13 @@ class Worker:
                              on_batch=lambda n: self.surface.ingest_batch(n),
                              clock=self.clock)
         # The operator surface (metrics, /healthz, /readyz; processor/stream/metrics.py).
+        # Marker age by the later clock: a seal held back by a local clock that runs
+        # behind shows as stale (and not ready), as it is in the brokers' time.
         self.surface = Surface(settings, lambda: {**self.metrics.counts,
                                                   **self.ingest.metrics(),
                                                   **self.clock.counts()},
-                               ingest=self.ingest)
+                               ingest=self.ingest,
+                               clock=lambda: self.clock.read().future_ms / 1000.0)
         # The last tick this process appended a marker through; None until the first
         # append, which first reads the timeline's last marker (`last_marker`).
         self._last_marker: int | None = None
