@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -225,6 +226,12 @@ def test_the_test_offset_hook() -> None:
     assert abs(shifted.wall_ms() + 60_000 - int(time.time() * 1000)) < 1_000
     with pytest.raises(ConfigError, match=OFFSET_ENV):
         system_clock({OFFSET_ENV: "soon"})
+    # No deployment file sets it (image, compose, manifests, example configuration).
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    files = [p for p in root.rglob("*") if p.is_file() and p.stat().st_size < 1 << 20
+             and p.suffix in (".toml", ".yaml", ".yml", ".sh", ".py", ".env", "")]
+    assert len(files) > 5
+    assert [p for p in files if OFFSET_ENV in p.read_text(errors="replace")] == []
 
 
 # --------------------------------------------------------------------------- the broker
