@@ -68,6 +68,10 @@ def _count_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", choices=("paper", "tight"),
                    help="ecc/simecc: the paper's constants (default) or the tight analysis "
                         "(docs/tight-calibration.md)")
+    p.add_argument("--with-bound", action="store_true",
+                   help="add \"bound\": |y_t - s_t| <= bound with probability >= 1 - beta "
+                        "at that tick (public: parameters and t only)")
+    p.add_argument("--beta", type=float, default=0.05, help="failure probability of --with-bound")
     return p
 
 
@@ -88,6 +92,8 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
             params["calibration"] = args.calibration
         counter = registry.make(args.mechanism, args.epsilon, args.delta, key, args.counter_id,
                                 **params)
+        if args.with_bound:
+            counter.error_bound(args.beta)  # the mechanism's own check of beta, up front
     except (CoreError, TypeError) as exc:
         print(f"error: {exc}", file=stderr)
         return 2
@@ -99,7 +105,10 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
     try:
         out = []
         for t, y in run_counter(counter, parse_ticks(source), changes_only=args.changes):
-            out.append(orjson.dumps({"t": t, "y": y}))
+            row: dict[str, float] = {"t": t, "y": y}
+            if args.with_bound:
+                row["bound"] = counter.error_bound_at(t, args.beta)
+            out.append(orjson.dumps(row))
             if len(out) >= 4096:
                 stdout.write(b"\n".join(out).decode() + "\n")
                 out.clear()
