@@ -874,8 +874,8 @@ class Operator:
 
     def _error_bound(self, c: Counter, t: int) -> float:
         beta = self.settings.beta
-        if c.t != t:  # a change reported inside a skip: the bound at the current tick
-            return float(c.error_bound(beta))  # (larger t, so conservative)
+        if c.t != t:  # a change reported inside a skip: the bound as of that tick (it
+            return float(c.error_bound_at(t, beta))  # may decrease in t: bounds.py)
         k = (c.mechanism, c.eps, c.delta, _calibration(c), beta, t)
         bound = self._bounds.get(k)
         if bound is None:
