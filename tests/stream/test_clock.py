@@ -281,3 +281,35 @@ def test_leader_change_between_workers_whose_clocks_disagree(
     assert marks, "no marker appended"
     assert all(n <= sealed_through(at, dep.settings) for n, at in marks), marks
     assert [n for n, _ in marks] == sorted({n for n, _ in marks})
+
+
+@dataclass
+class Meta:
+    """What aiokafka's RecordMetadata says of an appended record's time."""
+
+    timestamp: int
+    timestamp_type: int  # 1: the broker's log-append time, 0: the producer's create time
+
+
+def test_the_leader_learns_broker_time_only_from_log_append_times(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """`app.Worker._observe` (no broker: nothing connects before run()): a create-time
+    acknowledgement (a timeline topic made elsewhere without LogAppendTime) is no broker
+    time: the wall clock alone decides, and the worker says so once. A log-append time
+    becomes the reference."""
+    from processor.core.rng import NoiseKey
+    from processor.stream.app import Worker
+
+    clock = ManualClock(T0, 0)
+    guard = ClockGuard(clock)
+    s = with_overrides(S, state_dir=str(tmp_path), metrics_port=0, app_id="clock-unit")
+    worker = Worker(s, NoiseKey.from_seed(1), clock=guard)
+    caplog.set_level(logging.WARNING, logger="processor.stream.app")
+    for _ in range(2):
+        worker._observe([Meta(T0 + 120_000, 0)], 0)
+    assert not guard.has_reference and guard.read() == Reading(T0)
+    assert len([r for r in caplog.records if "create time" in r.getMessage()]) == 1
+    clock.advance(10)
+    worker._observe([Meta(T0 + 3, 1), Meta(T0 + 5, 1), None], 0)
+    r = guard.read()
+    assert (r.broker_lo_ms, r.broker_hi_ms) == (T0 + 5, T0 + 15)
