@@ -9,7 +9,8 @@ about 24,000 timeline records).
 
 Phases (each the best of --repeats):
   recompute  `replay.recompute_timeline` (BatchCommit on a DictStore, what replay runs)
-             over the in-memory timeline: records/s;
+             over the in-memory timeline, in one process and in `default_jobs` (one per
+             partition, at most one per CPU): records/s;
   compare    `replay.compare` of that recomputation with itself as the published topics;
   end to end (needs a broker: --bootstrap or KAFKA_BOOTSTRAP_SERVERS) the timeline, the
              releases and the ledger entries produced to fresh topics and the worker
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import orjson
 from confluent_kafka import Consumer, TopicPartition
@@ -43,7 +44,7 @@ from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
 from processor.stream.records import Event, encode_batch, encode_marker, partition_for
-from processor.stream.replay import compare, recompute_timeline, replay
+from processor.stream.replay import compare, default_jobs, recompute_timeline, replay
 
 TICK = 100
 Timeline = dict[int, list[tuple[int, bytes | None]]]
@@ -69,8 +70,8 @@ def workload(s: Settings, ticks: int, events: int, rng: random.Random) -> Timeli
     return timeline
 
 
-def best(repeats: int, fn: object) -> float:
-    assert callable(fn)
+def best(repeats: int, fn: Callable[[], object]) -> float:
+    """The shortest of `repeats` timed calls (the least disturbed by other load)."""
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -100,7 +101,7 @@ def end_to_end(bootstrap: str, s: Settings, key_secret: bytes, timeline: Timelin
         report = replay(dep.settings, key)
         assert report.identical and report.releases.pending == 0, report.summary()
         dt = best(repeats, lambda: replay(dep.settings, key))
-        print(f"end to end (replay.replay)   {records:>8} records {dt:8.2f} s "
+        print(f"end to end (replay.replay)          {records:>8} records {dt:8.2f} s "
               f"{records / dt:>10,.0f} records/s", flush=True)
         argv = [sys.executable, "-m", "processor", "replay", "--config", str(dep.config),
                 "--json", "--quiet"]
@@ -113,7 +114,7 @@ def end_to_end(bootstrap: str, s: Settings, key_secret: bytes, timeline: Timelin
 
         dt = best(repeats, cli)
         assert orjson.loads(out)["identical"] is True, out
-        print(f"end to end (CLI, subprocess) {records:>8} records {dt:8.2f} s "
+        print(f"end to end (CLI, subprocess)        {records:>8} records {dt:8.2f} s "
               f"{records / dt:>10,.0f} records/s", flush=True)
 
 
@@ -154,16 +155,19 @@ def main() -> None:
         recompute_timeline(s, key, timeline, {})
         prof.disable()
         pstats.Stats(prof).sort_stats("tottime").print_stats(20)
-    dt = best(args.repeats, lambda: recompute_timeline(s, key, timeline, {}))
     result = recompute_timeline(s, key, timeline, {p: len(v) for p, v in timeline.items()})
-    print(f"recompute (in memory)        {records:>8} records {dt:8.2f} s "
-          f"{records / dt:>10,.0f} records/s ({len(result.settled)} releases)", flush=True)
+    for jobs in sorted({1, default_jobs(s)}):
+        dt = best(args.repeats,
+                  lambda j=jobs: recompute_timeline(s, key, timeline, {}, jobs=j))
+        print(f"recompute (in memory, jobs={jobs}) {records:>8} records {dt:8.2f} s "
+              f"{records / dt:>10,.0f} records/s ({len(result.settled)} releases)", flush=True)
     published = [r.to_json() for r in result.settled]
     ledger = [e.to_json() for e in result.settled_ledger]
     dt = best(args.repeats, lambda: compare(result, published, ledger))
     releases, _entries, diffs = compare(result, published, ledger)
     assert not diffs and releases.due == len(published)
-    print(f"compare                      {len(published):>8} releases {dt:7.2f} s", flush=True)
+    print(f"compare                             {len(published):>8} releases {dt:7.2f} s",
+          flush=True)
     if args.bootstrap:
         end_to_end(args.bootstrap, s, secret, timeline, args.repeats)
     else:

@@ -468,13 +468,18 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
         return out
     consumer = _consumer({**conf, **_BULK_FETCH})
     n = 0
+    nxt = {p: marks[p][0] for p in todo}
     try:
         consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in todo])
         deadline = time.monotonic() + timeout_s
         while todo:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic!r}: partitions {sorted(todo)} incomplete")
-            batch: list[Any] = consumer.consume(num_messages=10_000, timeout=0.5)
+            # consume() waits until it has num_messages or the timeout passed: never ask
+            # for more than is left, or the last batch always costs the whole timeout.
+            left = sum(end - nxt[p] for p, end in todo.items())
+            batch: list[Any] = consumer.consume(num_messages=max(1, min(10_000, left)),
+                                                timeout=0.5)
             for msg in batch:
                 if msg.error() is not None:
                     if msg.error().code() == KafkaError._PARTITION_EOF:
@@ -486,13 +491,14 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
                 if end is None or off >= end:
                     continue
                 out[p].append((off, msg.value()))
+                nxt[p] = off + 1
                 if off + 1 >= end:
                     del todo[p]
             n += len(batch)
             if progress is not None and batch:
                 progress(n)
-            if batch and len(batch) == 10_000:
-                continue  # more is queued: the position check can wait
+            if batch and len(batch) == min(10_000, left):
+                continue  # a full batch: the position check can wait
             for p in list(todo):  # a tail of transaction markers never reaches hi
                 pos = consumer.position([TopicPartition(topic, p)])[0].offset
                 if pos >= todo[p]:
