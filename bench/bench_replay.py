@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import os
 import pstats
 import random
@@ -157,8 +158,8 @@ def main() -> None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(20)
     result = recompute_timeline(s, key, timeline, {p: len(v) for p, v in timeline.items()})
     for jobs in sorted({1, default_jobs(s)}):
-        dt = best(args.repeats,
-                  lambda j=jobs: recompute_timeline(s, key, timeline, {}, jobs=j))
+        dt = best(args.repeats, functools.partial(recompute_timeline, s, key, timeline, {},
+                                                  jobs=jobs))
         print(f"recompute (in memory, jobs={jobs}) {records:>8} records {dt:8.2f} s "
               f"{records / dt:>10,.0f} records/s ({len(result.settled)} releases)", flush=True)
     published = [r.to_json() for r in result.settled]
