@@ -254,6 +254,29 @@ class _LazyUniform:
             i += 1
 
 
+# Bernoulli(exp(-1/2)) from one word, as _bernoulli_exp_minus_one does for exp(-1): von
+# Neumann's K for gamma = 1/2 has P(K > k) = 2^-k / k!, so with r uniform on [0, 2^16 16!),
+# K > k iff r < 2^16 16! / (2^k k!) for k <= 16; r == 0 (K > 16) continues exactly.
+_H16 = (1 << 16) * math.factorial(16)
+_H16_LIMIT = _U64_MAX - (1 << 64) % _H16
+_H_LIST = [_H16 // ((1 << k) * math.factorial(k)) for k in range(16, 0, -1)]  # ascending
+
+
+def _bernoulli_exp_minus_half(cur: WordCursor) -> bool:
+    """True with probability exactly exp(-1/2), usually from a single word."""
+    while True:
+        w = cur.next_word()
+        if w <= _H16_LIMIT:  # else: rejected word, draw again (exact, see _limit)
+            break
+    nle = bisect.bisect_right(_H_LIST, w % _H16)  # thresholds <= r; K = 17 - nle
+    if nle > 0:
+        return nle % 2 == 0
+    k = 17
+    while _bern_frac(cur, 1, 2 * k):
+        k += 1
+    return k % 2 == 1
+
+
 def _karney_b(cur: WordCursor, k: int, x: _LazyUniform) -> bool:
     """True with probability exactly exp(-x (2k + x) / (2k + 2)) (Karney 2016, Algorithm B).
 
@@ -297,7 +320,7 @@ def rounded_gaussian(cur: WordCursor, scale: int) -> int:
     scale = _check_int("scale", scale, 1)
     while True:
         k = 0
-        while _bern_exp(cur, 1, 2):
+        while _bernoulli_exp_minus_half(cur):
             k += 1
         if k > 1 and not _bern_exp(cur, k * (k - 1), 2):
             continue

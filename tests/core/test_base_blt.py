@@ -275,3 +275,17 @@ def test_simecc_state_written_with_the_tree_base_restores_and_continues() -> Non
     got += [r.update(x) for x in xs[250:]]
     assert got == want
     assert SimECC(150.0, 1e-5, KEY, "new")._cc.base == "blt"
+
+
+def test_one_word_bernoulli_exp_minus_half() -> None:
+    """Frequency of Bernoulli(exp(-1/2)) over 40,000 draws: two-sided z-test at a false-alarm
+    rate of 1e-3 (|z| < 3.29); control: the same draws judged against exp(-0.47)."""
+    cur = WordCursor(KeyedStream(KEY, "half"))
+    n = 40_000
+    hits = sum(samplers._bernoulli_exp_minus_half(cur) for _ in range(n))
+
+    def z(p: float) -> float:
+        return (hits / n - p) / math.sqrt(p * (1 - p) / n)
+
+    assert abs(z(math.exp(-0.5))) < 3.29
+    assert abs(z(math.exp(-0.47))) > 3.29
