@@ -190,3 +190,28 @@ def test_simpart_loss_is_eps_p_as_the_proof_of_lemma_6_2_shows() -> None:
                     worst = max(worst, law(ts) / law(mapped))
     assert worst <= math.exp(eps_p) * (1 + 1e-12)
     assert worst > math.exp(0.9 * eps_p)
+
+
+@pytest.mark.parametrize("eps", (1.43, 150.0))
+def test_the_counters_noise_is_at_least_what_the_accounting_assumes(eps: float) -> None:
+    """Step 3's premise on the counters as built: the whitened shift of one 1-step change
+    of UnboundedCC's input (its interval sum and the Gaussian tree of the running interval,
+    at every horizon up to 2^20) is at most cc_mu, computed from the core's actual lattice
+    sigmas (rounded-up sigma^2 in units^2); the same for BCC's inner counter. Control: 10%
+    less noise would exceed it (the bound is tight, not vacuous)."""
+    from processor.core.bounded import gaussian_sigma2, tree_levels, tree_node_sigma2
+    from processor.core.grid import UNIT
+
+    plan = tight.tight_plan("simecc", eps, 1e-5)
+    for e, d, mu in ((plan.cc_eps, plan.cc_delta, tight.cc_mu(plan.cc_eps, plan.cc_delta)),
+                     (plan.bcc_eps, plan.bcc_delta / 2,
+                      tight.bcc_mu(plan.bcc_eps, plan.bcc_delta))):
+        num, den = gaussian_sigma2(e / 2, d / 2, float(UNIT))
+        psum = UNIT * UNIT * den / num
+        for k in range(1, 21):
+            horizon = (1 << k) - 1
+            tn, td = tree_node_sigma2(e / 2, d / 2, horizon, UNIT)
+            tree = tree_levels(horizon) * UNIT * UNIT * td / tn
+            assert math.sqrt(psum + tree) <= mu
+            # control: the same counter with 10% less noise would not be
+            assert math.sqrt(psum + tree) / 0.9 > mu
