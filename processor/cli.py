@@ -39,6 +39,7 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
                    "the paper's Section 8 experiments (figures and table)"),
     "audit": ("processor.audit_cli", "main_audit",
               "empirical privacy audit of a mechanism on edit-neighbouring streams"),
+    "plan": ("processor.plan", "main_plan", "expected error and update times before deploying"),
 }
 
 def _count_parser() -> argparse.ArgumentParser:

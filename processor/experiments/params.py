@@ -115,9 +115,10 @@ class SvtPlan:
 
 
 @lru_cache(maxsize=8)
-def part_plan(eps: float, delta: float, horizon: int, max_instances: int) -> SvtPlan:
+def part_plan(eps: float, delta: float, horizon: int, max_instances: int,
+              calibration: str = "paper") -> SvtPlan:
     """ECC's Part: SVT_l with (eps_p, part_tau(tau, l, eps_p)), threshold growth of svt.py."""
-    p = _ecc.ecc_parameters(eps, delta)
+    p = _ecc.ecc_parameters(eps, delta, calibration)
     eps_p = float(p.eps_part)
     tau = float(p.tau)
     tau_l = np.array([_part.part_tau(tau, l, eps_p) for l in range(1, max_instances + 1)])  # noqa: E741
@@ -156,19 +157,19 @@ class SchedPlan:
     bcc_delta: float
 
 
-def ecc_sched(eps: float, delta: float) -> SchedPlan:
-    p = _ecc.ecc_parameters(eps, delta)
+def ecc_sched(eps: float, delta: float, calibration: str = "paper") -> SchedPlan:
+    p = _ecc.ecc_parameters(eps, delta, calibration)
     return SchedPlan(float(p.cc_eps), float(p.cc_delta), float(p.bcc_eps), float(p.bcc_delta))
 
 
-def simecc_sched(eps: float, delta: float) -> SchedPlan:
-    p = _ecc.simecc_parameters(eps, delta)
+def simecc_sched(eps: float, delta: float, calibration: str = "paper") -> SchedPlan:
+    p = _ecc.simecc_parameters(eps, delta, calibration)
     return SchedPlan(float(p.cc_eps), float(p.cc_delta), float(p.bcc_eps), float(p.bcc_delta))
 
 
-def simpart(eps: float, delta: float) -> tuple[float, int]:
+def simpart(eps: float, delta: float, calibration: str = "paper") -> tuple[float, int]:
     """(eps_p, mu) of SimECC's SimPart."""
-    p = _ecc.simecc_parameters(eps, delta)
+    p = _ecc.simecc_parameters(eps, delta, calibration)
     return float(p.eps_part), int(p.mu)
 
 

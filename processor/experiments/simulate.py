@@ -253,14 +253,15 @@ def _pack_times(fired_at: npt.NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
 
 
 def simpart_times(
-    eps: float, delta: float, runs: int, horizon: int, rng: np.random.Generator
+    eps: float, delta: float, runs: int, horizon: int, rng: np.random.Generator,
+    calibration: str = "paper",
 ) -> tuple[IntArray, IntArray]:
     """SimECC's data-independent checkpoints (SimPart, Algorithm 5) up to the horizon.
 
     Gap l = max(1, offset_l + Z_l), Z_l ~ DLap(2/eps_p) on the integers, offset_l from the
     core's simpart_gap. Same (times, counts) layout as svt_partition.
     """
-    eps_p, mu = params.simpart(eps, delta)
+    eps_p, mu = params.simpart(eps, delta, calibration)
     n = 16
     while True:
         off = params.simpart_offsets(mu, eps_p, n)
@@ -369,7 +370,7 @@ def _max_instances(horizon: int) -> int:
 
 
 def sim_basecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
-               rng: np.random.Generator) -> FloatArray:
+               rng: np.random.Generator, calibration: str = "paper") -> FloatArray:
     """BaseCC: y = s + the unbounded CC's noise (square-root base)."""
     runs, horizon = x.shape
     y = cc_noise(eps, delta, runs, horizon, rng, base)
@@ -378,7 +379,7 @@ def sim_basecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
 
 
 def sim_gaussiancc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
-                   rng: np.random.Generator) -> FloatArray:
+                   rng: np.random.Generator, calibration: str = "paper") -> FloatArray:
     """GaussianCC (Algorithm 6): y_t = s_t + N(0, gaussiancc_sigma(eps, delta, t)^2)."""
     runs, horizon = x.shape
     sig = gaussiancc_sigma_vector(eps, delta, horizon)
@@ -402,29 +403,29 @@ def gaussiancc_sigma_vector(eps: float, delta: float, horizon: int) -> FloatArra
 
 
 def sim_simecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
-               rng: np.random.Generator) -> FloatArray:
+               rng: np.random.Generator, calibration: str = "paper") -> FloatArray:
     """SimECC: SimPart checkpoints, CC on block sums, BCC on block lengths, schedList."""
     runs, horizon = x.shape
-    times, counts = simpart_times(eps, delta, runs, horizon, rng)
-    plan = params.simecc_sched(eps, delta)
+    times, counts = simpart_times(eps, delta, runs, horizon, rng, calibration)
+    plan = params.simecc_sched(eps, delta, calibration)
     return _checkpoint_releases(times, counts, _prefix_rowmajor(x), plan,
                                 (plan.cc_eps, plan.cc_delta), horizon, rng, base)
 
 
 def sim_ecc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
-            rng: np.random.Generator) -> FloatArray:
+            rng: np.random.Generator, calibration: str = "paper") -> FloatArray:
     """ECC (Algorithm 2): Part's SVT checkpoints, CC on block sums, BCC on lengths, schedList."""
     _runs, horizon = x.shape
     prefix_rm = _prefix_rowmajor(x)
-    svt = params.part_plan(eps, delta, horizon, _max_instances(horizon))
+    svt = params.part_plan(eps, delta, horizon, _max_instances(horizon), calibration)
     times, counts = svt_partition(np.ascontiguousarray(prefix_rm.T), svt, rng)
-    plan = params.ecc_sched(eps, delta)
+    plan = params.ecc_sched(eps, delta, calibration)
     return _checkpoint_releases(times, counts, prefix_rm, plan,
                                 (plan.cc_eps, plan.cc_delta), horizon, rng, base)
 
 
 def sim_partitioncc(x: npt.NDArray[np.integer], eps: float, delta: float, base: str,
-                    rng: np.random.Generator) -> FloatArray:
+                    rng: np.random.Generator, calibration: str = "paper") -> FloatArray:
     """PartitionCC (DNRR15 Thm 3.1, horizon = T): SVT partition, then BaseCC on block sums;
     the output holds the counter's value from the last checkpoint."""
     _runs, horizon = x.shape
@@ -436,7 +437,7 @@ def sim_partitioncc(x: npt.NDArray[np.integer], eps: float, delta: float, base: 
 
 
 _SIMS: dict[str, Callable[[npt.NDArray[np.integer], float, float, str,
-                           np.random.Generator], FloatArray]] = {
+                           np.random.Generator, str], FloatArray]] = {
     "basecc": sim_basecc,
     "partitioncc": sim_partitioncc,
     "gaussiancc": sim_gaussiancc,
@@ -446,13 +447,16 @@ _SIMS: dict[str, Callable[[npt.NDArray[np.integer], float, float, str,
 
 
 def simulate(name: str, x: npt.NDArray[np.integer], eps: float, delta: float,
-             rng: np.random.Generator, base: str = params.BASE) -> FloatArray:
+             rng: np.random.Generator, base: str = params.BASE,
+             calibration: str = "paper") -> FloatArray:
     """Releases y (runs x T) of mechanism `name` on the input streams x (runs x T, in {0,1}).
 
     `base` is the bounded counter inside every CC and BCC: "sqrt" (the paper's experiments,
     and the core's counters built with base="sqrt"), "blt" (the core's default, which the
     stream's ECC and SimECC use: the causal convolution of its Gaussians with the decoder's
     impulse response) or "tree". GaussianCC has no CC inside and ignores it.
+    `calibration` ("paper" or "tight", processor.core.tight) sets ECC's and SimECC's
+    constants as the core's counters built with it; the other mechanisms ignore it.
 
     Raises ValueError for an unknown name, a non-2-D x or values outside {0, 1}
     (nothing is computed then).
@@ -469,4 +473,5 @@ def simulate(name: str, x: npt.NDArray[np.integer], eps: float, delta: float,
         raise ValueError("need eps > 0 and 0 < delta < 1")
     if base not in params.BASES:
         raise ValueError(f"unknown base {base!r}; known: {', '.join(params.BASES)}")
-    return sim(arr.astype(np.int8, copy=False), float(eps), float(delta), base, rng)
+    return sim(arr.astype(np.int8, copy=False), float(eps), float(delta), base, rng,
+               calibration)
