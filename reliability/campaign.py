@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -169,7 +170,15 @@ def phase_c(parent: Path, rng: random.Random, records: int,
             dep.close()
 
 
+def _interrupt(_signum: int, _frame: object) -> None:
+    # SIGTERM (and SIGINT, which a shell ignores in background jobs) unwind like Ctrl-C,
+    # so every worker and broker is stopped on the way out.
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=100_000,
                    help="fuzzed records of phase A (default %(default)s)")

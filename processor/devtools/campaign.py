@@ -27,6 +27,7 @@ import base64
 import contextlib
 import random
 import signal
+import subprocess
 import time
 import uuid
 from collections import Counter as Tally
@@ -512,10 +513,16 @@ class KillDriver:
             w.env["DPC_TEST_CRASH_AT"] = f"{point}:{self.rng.randint(lo, hi)}"
             w.start()
             assert w.proc is not None
-            try:
-                code = w.proc.wait(timeout=120)
-            except Exception:  # the point was not reached in time: kill it ourselves
-                code = None
+            # Records keep flowing until the worker kills itself (ingest_delivered counts
+            # input batches, which only a feed makes); not reached in 2 minutes: the
+            # driver kills it, and that is no mid-batch kill.
+            code: int | None = None
+            deadline = time.monotonic() + 120.0
+            while code is None and time.monotonic() < deadline:
+                try:
+                    code = w.proc.wait(timeout=1.0)
+                except subprocess.TimeoutExpired:
+                    self.feed(50)
             w.kill()  # reaps, closes the log
             del w.env["DPC_TEST_CRASH_AT"]
             if code == -signal.SIGKILL:
