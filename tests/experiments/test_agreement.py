@@ -32,6 +32,7 @@ import pytest
 from scipy import stats
 
 from processor.core import registry
+from processor.core.cc import DEFAULT_BASE
 from processor.core.rng import NoiseKey
 from processor.experiments import attack, params
 from processor.experiments import simulate as sim
@@ -55,9 +56,9 @@ CASES = {
     "basecc": Case("basecc", 2.0, 1e-5, 128, "sqrt", {"base": "sqrt"}),
     "gaussiancc": Case("gaussiancc", 5.0, 1e-5, 128, "sqrt", {}),
     "partitioncc": Case("partitioncc", 5.0, 1e-5, 256, "sqrt", {"base": "sqrt", "horizon": 256}),
-    # The core's ECC and SimECC build their CC and BCC with the default tree base.
-    "simecc": Case("simecc", 100.0, 1e-3, 256, "tree", {}),
-    "ecc": Case("ecc", 100.0, 1e-3, 256, "tree", {}),
+    # The core's ECC and SimECC build their CC and BCC with the default base (blt).
+    "simecc": Case("simecc", 100.0, 1e-3, 256, DEFAULT_BASE, {}),
+    "ecc": Case("ecc", 100.0, 1e-3, 256, DEFAULT_BASE, {}),
 }
 
 
@@ -160,7 +161,7 @@ def wrong_constant(request: pytest.FixtureRequest,
     elif name == "simecc":
         orig_sp = params.simpart
         monkeypatch.setattr(params, "simpart",
-                            lambda e, d: (orig_sp(e, d)[0], 2 * orig_sp(e, d)[1]))
+                            lambda *a: (orig_sp(*a)[0], 2 * orig_sp(*a)[1]))
     yield
 
 
