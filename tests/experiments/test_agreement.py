@@ -50,6 +50,7 @@ class Case:
     horizon: int
     base: str  # base of the CC inside, as the core's instance uses it
     core_params: dict[str, Any]
+    calibration: str = "paper"
 
 
 CASES = {
@@ -89,7 +90,7 @@ def _sim_sample(case: Case, seed: int = 202) -> Sample:
     rates = attack.block_rates(case.horizon)
     x, _ = attack.draw_trials(rates, R_SIM, np.random.default_rng(seed))
     y = sim.simulate(case.name, x, case.eps, case.delta, np.random.default_rng(seed + 1),
-                     base=case.base)
+                     base=case.base, calibration=case.calibration)
     return _sample(y, x, rates)
 
 
@@ -129,6 +130,20 @@ def test_simulator_agrees_with_core(name: str) -> None:
     """Simulator and core are the same distribution (false-alarm rate <= 1e-3)."""
     p = p_values(core(name), _sim_sample(CASES[name]))
     assert not rejected(p), p
+
+
+#: The tight calibration (processor.core.tight): same procedure and false-alarm rate; the
+#: paper-calibrated simulator is the control (other constants, it must be rejected).
+TIGHT = {m: Case(m, 100.0, 1e-3, 256, DEFAULT_BASE, {"calibration": "tight"}, "tight")
+         for m in ("simecc", "ecc")}
+
+
+@pytest.mark.parametrize("name", list(TIGHT))
+def test_simulator_agrees_with_core_tight(name: str) -> None:
+    c = _core_sample(TIGHT[name])
+    assert not rejected(p_values(c, _sim_sample(TIGHT[name])))
+    assert rejected(p_values(c, _sim_sample(dataclasses.replace(TIGHT[name],
+                                                                calibration="paper"))))
 
 
 def _halve(fn: Callable[..., float]) -> Callable[..., float]:
