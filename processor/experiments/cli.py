@@ -40,6 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base", choices=["sqrt", "tree", "blt"], default="sqrt",
                    help="bounded counter inside CC/BCC: sqrt (the paper's), blt (the "
                         "stream's default) or tree (the default before blt)")
+    p.add_argument("--calibration", choices=["paper", "tight"], default="paper",
+                   help="ECC's and SimECC's constants: the paper's or the tight analysis "
+                        "(docs/tight-calibration.md)")
     p.add_argument("--jobs", type=int, default=1,
                    help="worker processes for the sweeps (results do not depend on it)")
     p.add_argument("--no-progress", action="store_true",
@@ -76,14 +79,15 @@ def _run(args: argparse.Namespace) -> int:
             points = F.read_csv(args.csv)
         else:
             setup = F.Setup(horizon=_one(args.horizon, 10_000), runs=args.runs or 20_000,
-                            delta=args.delta, seed=args.seed, panel=cmd, base=args.base)
+                            delta=args.delta, seed=args.seed, panel=cmd, base=args.base,
+                            calibration=args.calibration)
             mechs = F.known_mechanisms(args.mechanisms or F.FIG1A_MECHANISMS)
             points = F.sweep(setup, mechs, eps, progress, args.jobs)
             F.write_csv(out / f"{cmd}.csv", points)
             if cmd == "fig1a":
                 F.save_fig1a(points, out / "fig1a.png",
                              f"T = {setup.horizon}, delta = {setup.delta:g}, rates 0.1/0.9 "
-                             f"in blocks of 10, N = {setup.runs}")
+                             f"in blocks of 10, N = {setup.runs}{_variant(setup)}")
         table = F.table1_report(points, base=args.base)
         (out / "table1.md").write_text(table + "\n")
         _say(table)
@@ -97,7 +101,8 @@ def _run(args: argparse.Namespace) -> int:
             for h in horizons:
                 # constant rate 0.01: low = high, so the attack is meaningless and skipped
                 setup = F.Setup(horizon=h, runs=runs, delta=args.delta, low=0.01, high=0.01,
-                                width=h, seed=args.seed, panel="fig1b", base=args.base)
+                                width=h, seed=args.seed, panel="fig1b", base=args.base,
+                                calibration=args.calibration)
                 for m in mechs:
                     points.append(F.run_point(setup, m, e, attack_on=False, progress=bar))
         F.write_csv(out / "fig1b.csv", points)
@@ -107,7 +112,8 @@ def _run(args: argparse.Namespace) -> int:
                  f"± {p.rmse_se:.2f}")
     elif cmd == "fig2":
         setup = F.Setup(horizon=_one(args.horizon, 10_000), runs=args.runs or 20_000,
-                        delta=args.delta, seed=args.seed, panel="fig2", base=args.base)
+                        delta=args.delta, seed=args.seed, panel="fig2", base=args.base,
+                        calibration=args.calibration)
         # The paper's panels: BaseCC and PartitionCC at the sweep's 6th eps (2.78), SimECC
         # at the largest (150).
         cases = [("basecc", F.EPS_SWEEP[5]), ("partitioncc", F.EPS_SWEEP[5]),
@@ -126,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
     else:  # fig3
         base = F.Setup(horizon=_one(args.horizon, 1_000), runs=args.runs or 20_000,
                        delta=args.delta, seed=args.seed + 1, panel="a",
-                       base=args.base)
+                       base=args.base, calibration=args.calibration)
         panels = {
             "a": (base, f"(a) T = {base.horizon}, other seed"),
             "b": (_replace(base, width=50, panel="b"), "(b) rate flips every 50 steps"),
@@ -141,6 +147,13 @@ def _run(args: argparse.Namespace) -> int:
         F.save_fig3(points, out / "fig3.png", {k: v[1] for k, v in panels.items()})
     _say(f"{cmd}: done in {time.perf_counter() - start:.1f} s; files in {out}")
     return 0
+
+
+def _variant(setup: F.Setup) -> str:
+    """The title suffix of a non-default base or calibration."""
+    parts = ([f"base {setup.base}"] if setup.base != "sqrt" else []) + (
+        [f"{setup.calibration} calibration"] if setup.calibration != "paper" else [])
+    return (", " + ", ".join(parts)) if parts else ""
 
 
 def _one(values: list[int] | None, default: int) -> int:

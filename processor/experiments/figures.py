@@ -59,6 +59,8 @@ class Setup:
     #: bounded counter inside every CC/BCC: "sqrt" (the paper's) or "tree" (the core's
     #: default inside ECC and SimECC)
     base: str = "sqrt"
+    #: ECC's and SimECC's constants: "paper" or "tight" (processor.core.tight)
+    calibration: str = "paper"
 
     def rates(self) -> FloatArray:
         return attack.block_rates(self.horizon, self.low, self.high, self.width)
@@ -126,7 +128,7 @@ def _noise_rng(seed: int, mechanism: str, eps: float, chunk: int) -> np.random.G
 
 def _stream_key(setup: Setup) -> Setup:
     """The setup with the fields that do not affect the streams normalised (cache key)."""
-    return replace(setup, delta=DELTA, panel="", base="sqrt")
+    return replace(setup, delta=DELTA, panel="", base="sqrt", calibration="paper")
 
 
 def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = True,
@@ -141,7 +143,7 @@ def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = Tru
     for i, size in enumerate(_chunks(setup.runs, setup.horizon)):
         x, b = _trials(_stream_key(setup), i, size)
         y = simulate(mechanism, x, eps, setup.delta, _noise_rng(setup.seed, mechanism, eps, i),
-                     setup.base)
+                     setup.base, setup.calibration)
         if attack_on:
             st = attack.statistic(y, rates)
             correct += int(np.sum((st >= theta) == b))
