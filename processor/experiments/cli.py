@@ -1,4 +1,4 @@
-"""`python -m processor.experiments fig1a|fig1b|fig2|fig3|table1 [options]`.
+"""`python -m processor.experiments fig1a|fig1b|fig2|fig3|table1|bounds [options]`.
 
 Each command writes a CSV and a PNG under --out (default ./experiments-out) and prints a
 short summary; a tqdm progress bar goes to stderr. The same seed gives the same numbers.
@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from processor.core.cc import DEFAULT_BASE
 from processor.experiments import figures as F
 from processor.experiments.attack import threshold
 
@@ -19,7 +20,7 @@ from processor.experiments.attack import threshold
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m processor experiment",
                                 description="Reproduce the paper's Section 8 experiments.")
-    p.add_argument("command", choices=["fig1a", "fig1b", "fig2", "fig3", "table1"],
+    p.add_argument("command", choices=["fig1a", "fig1b", "fig2", "fig3", "table1", "bounds"],
                    help="the figure or table to reproduce")
     p.add_argument("--runs", type=int, default=None,
                    help="runs per point (paper: 20000; fig1b: 100)")
@@ -91,6 +92,15 @@ def _run(args: argparse.Namespace) -> int:
         table = F.table1_report(points, base=args.base)
         (out / "table1.md").write_text(table + "\n")
         _say(table)
+    elif cmd == "bounds":
+        from processor.experiments import bounds as B
+
+        report = B.measure(eps[0] if args.eps else 10.0, args.delta, 0.05, args.runs or 2000,
+                           _one(args.horizon, 10_000),
+                           args.base if args.base != "sqrt" else DEFAULT_BASE,
+                           args.calibration, args.seed)
+        B.write(report, out)
+        _say(report.summary())
     elif cmd == "fig1b":
         horizons = [int(h) for h in (args.horizon or [1_000, 10_000, 100_000, 1_000_000])]
         mechs = F.known_mechanisms(args.mechanisms or F.FIG1B_MECHANISMS)
