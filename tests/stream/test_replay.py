@@ -4,7 +4,8 @@ Against the real broker, one deployment through its life: replay says identical 
 worker runs under load, after a kill -9 (the worker dead), and after a clean stop (the
 leader's last marker possibly unapplied: pending, not missing); then a tampered release,
 a forged ledger entry and a missing release (deleted from the topic) are each reported
-as differences naming the record. Without a broker: the cut (what is due, what is
+as differences naming the record, and a timeline whose beginning was deleted gives no
+verdict (exit 2). Without a broker: the cut (what is due, what is
 pending), every kind of difference, the recomputation equal to one BatchCommit pass, the
 JSON verdict and the progress lines.
 """
@@ -23,6 +24,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from processor import cli
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.operator import Operator
@@ -88,13 +90,13 @@ def test_replay_live_killed_stopped_then_detects_tampering(
 
         # 1. a running worker under load
         code, verdict = _replay_json(config, capsys)
-        assert code == 0 and verdict["identical"], verdict
+        assert code == 0 and verdict["identical"], verdict["differences"]
         assert verdict["counts"]["releases"]["due"] > 0, verdict
 
         # 2. kill -9 while events flow: whatever the worker did not finish is pending
         dep.worker.kill()
         code, verdict = _replay_json(config, capsys)
-        assert code == 0 and verdict["identical"], verdict
+        assert code == 0 and verdict["identical"], verdict["differences"]
 
         # 3. restarted, then a clean stop (its last marker may stay unapplied)
         dep.worker.start()
@@ -107,7 +109,7 @@ def test_replay_live_killed_stopped_then_detects_tampering(
     assert dep.worker.stop() == 0, dep.worker.log_tail()
     assert sent[0] > 0
     code, verdict = _replay_json(config, capsys)
-    assert code == 0 and verdict["identical"], verdict
+    assert code == 0 and verdict["identical"], verdict["differences"]
     counts = verdict["counts"]
     assert counts["releases"]["published"] == counts["releases"]["due"] > 0
     assert counts["ledger"]["published"] == counts["ledger"]["due"] == 3
@@ -150,6 +152,14 @@ def test_replay_live_killed_stopped_then_detects_tampering(
     assert line.startswith("DIFFERENT (3 differences"), line
     assert f"counts ('{gone['counter']}', {gone['tick']}, '{gone['kind']}'): missing" in line
     assert "ledger ('forged'" in line
+
+    # 7. no verdict without the timeline's beginning: one error line, exit 2
+    for fut in admin.delete_records([TopicPartition(dep.topics.timeline, 0, 1)]).values():
+        fut.result(timeout=30)
+    assert cli.main(["replay", "--config", config, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: replay: the timeline topic"), err
+    assert "no longer starts at offset 0 on partition(s) [0]" in err[0]
 
 
 # --------------------------------------------------------------------- without a broker
