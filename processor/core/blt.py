@@ -4,8 +4,9 @@ In plain words: the counter keeps a handful of exponentially decaying sums of it
 (the "buffers"), mixes them into a correlated stream w_t = (C x)_t, adds independent
 Gaussian noise to each w_t, and undoes the mixing with a second set of buffers to get
 y_t = (A C^{-1} (C x + z))_t = s_t + (B z)_t, B = A C^{-1}. Its noise is as small as the
-square-root factorisation's (within 1.1x at every t up to 10^7, about 1.02x in practice;
-`bench/bench_base.py`), with O(d) state and time per tick, d = len(THETA).
+square-root factorisation's (worst-case sigma at most 1.014x its for every horizon up to
+10^7, 1.022x at 2^36; `bench/bench_base.py`, `docs/base-counter.md`), with O(d) state and
+time per tick, d = len(THETA) = 7.
 
 The factorisation. C is the lower-triangular Toeplitz matrix with c_0 = 1 and
 c_k = sum_i omega_i theta_i^(k-1) for k >= 1 (a BLT, Dvijotham, McMahan, Pillutla, Steinke
@@ -13,8 +14,9 @@ and Thakurta 2024): w_t = x_t + sum_i omega_i S_i(t) with S_i(t + 1) = theta_i S
 Its inverse is a recursion with the same constants: u_t = v_t - sum_i omega_i D_i(t),
 D_i(t + 1) = theta_i D_i(t) + u_t, and y_t = u_1 + ... + u_t. The constants are dyadic
 rationals THETA_NUM / 2^PARAM_BITS, OMEGA_NUM / 2^PARAM_BITS, fitted once (`bench/
-bench_base.py --fit`) so that max column norm of C times max row norm of B stays within
-a few percent of the square root's for every horizon n <= 2^24.
+bench_base.py --fit 7`) so that max column norm of C times max row norm of B stays within
+a few percent of the square root's for every horizon n <= 2^36 (beyond, the ratio grows:
+1.43x at 2^40; a longer-lived deployment needs a refit and a new BLT_VERSION).
 
 Exactness on the lattice (the privacy argument, `docs/privacy-notes.md`):
 1. Inputs are integer units. The encoder runs in fixed point with FRAC_BITS bits below the
