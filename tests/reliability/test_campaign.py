@@ -54,14 +54,14 @@ def _mismatches(corpus: list[FuzzRecord], settings: Settings, now: int) -> set[s
 
 def test_every_category_gets_its_outcome_from_parse_input() -> None:
     """At least 44 bad categories covering every dead-letter reason, each rejected with
-    the reason it names, and each valid category counted as it says (500 records per
-    category on average, seeded). Control: with allow_undeclared the undeclared
+    the reason it names, and each valid category counted as it says (about 170 records
+    per category, seeded). Control: with allow_undeclared the undeclared
     categories, and only they, are flagged."""
     now = int(time.time() * 1000)
     counters = campaign_counters(4, now)
     settings = with_overrides(Settings(), counters=counters, **CAMPAIGN_SETTINGS)
     ctx = CorpusContext(tuple(counters), min(counters.values()), now, settings.max_future_ms)
-    corpus = fuzz_corpus(ctx, random.Random(20261130), bad=30_000, valid=3_000)
+    corpus = fuzz_corpus(ctx, random.Random(20261130), bad=10_000, valid=1_000)
     assert len(BAD) >= 44 and {reason for reason, _ in BAD.values()} == set(REASONS)
     assert {r.category for r in corpus} >= set(BAD) | set(VALID)
     assert _mismatches(corpus, settings, now) == set()
@@ -98,4 +98,4 @@ def test_small_campaign_with_a_kill_at_every_moment(
 
     nan = next(raw for raw, r in driver.expected.items() if r.category == "value_nan")
     wrong = {**driver.expected, nan: replace(driver.expected[nan], reason="unparsable")}
-    assert check(dep, wrong).bad_wrong_reason >= 1
+    assert check(dep, wrong, with_replay=False).bad_wrong_reason >= 1
