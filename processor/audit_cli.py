@@ -73,15 +73,18 @@ def sim_backend(mechanism: str, eps: float, delta: float, seed: int,
 
     if mechanism not in MECHANISMS:
         raise AuditError(f"the simulator has no {mechanism!r}; known: {', '.join(MECHANISMS)}")
-    if params:
-        raise AuditError("the simulator backend takes no mechanism parameters")
+    calibration = str(params.get("calibration", "paper"))
+    if set(params) - {"calibration"}:
+        raise AuditError("the simulator backend takes no mechanism parameters but "
+                         "--calibration")
     rng = np.random.default_rng(seed)
 
     def run(xs: Stream, runs: int, label: str) -> FloatArray:
         row = np.array([0 if v is None else int(v) for v in xs], dtype=np.int8)
         if np.any(row != np.array([0.0 if v is None else v for v in xs])):
             raise AuditError("the simulator takes values in {0, 1} only")
-        return simulate(mechanism, np.tile(row, (runs, 1)), eps, delta, rng, base="tree")
+        return simulate(mechanism, np.tile(row, (runs, 1)), eps, delta, rng, base="tree",
+                        calibration=calibration)
 
     return run
 
@@ -161,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--horizon", type=int, default=None,
                    help="partitioncc's horizon parameter T (core backend; default 10000)")
     p.add_argument("--calibration", choices=("paper", "tight"), default=None,
-                   help="ecc, simecc (core backend): the paper's constants (default) or the "
+                   help="ecc, simecc: the paper's constants (default) or the "
                    "tight analysis (docs/tight-calibration.md); ecc's partition law check "
                    "assumes the paper's Part and is skipped under tight")
     p.add_argument("--backend", choices=("core", "sim"), default="core",
