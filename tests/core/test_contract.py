@@ -59,6 +59,14 @@ def run(c: Counter, xs: list[float | None]) -> list[float]:
     return [c.update(x) for x in xs]
 
 
+def test_ecc_and_simecc_run_the_blt_base() -> None:
+    """The suite covers the BLT base counter (processor/core/blt.py, the default of CC and
+    BCC) through ECC and SimECC: every contract test below runs it."""
+    for name in ("ecc", "simecc"):
+        c = make(name)
+        assert c._cc.base == "blt" and c._bcc._cc.base == "blt"  # type: ignore[attr-defined]
+
+
 def test_registry_has_the_baselines_and_rejects_unknown_names() -> None:
     assert {"basecc", "partitioncc", "gaussiancc", "tree"} <= set(NAMES)
     with pytest.raises(InvalidParameterError, match="basecc"):
