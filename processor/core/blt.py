@@ -102,14 +102,13 @@ _ONE = 1 << FRAC_BITS
 _HALF = 1 << (FRAC_BITS - 1)
 
 
-def _geo(r: float, n: int) -> float:
-    """sum_{k<n} r^k for real r in (-1, 1), accurate for r near 1."""
+def _geo(q: float, n: int) -> float:
+    """sum_{k<n} r^k for r = 1 - q in (-1, 1), given q exactly (no cancellation near 1)."""
     if n <= 0:
         return 0.0
-    if r > 0.5:
-        lr = math.log(r)
-        return math.expm1(n * lr) / math.expm1(lr)
-    return (1.0 - r**n) / (1.0 - r)
+    if q < 0.5:
+        return -math.expm1(n * math.log1p(-q)) / q
+    return (1.0 - (1.0 - q) ** n) / q
 
 
 @lru_cache(maxsize=4096)
@@ -120,10 +119,18 @@ def blt_col_norm2(n: int) -> float:
     if n <= 0:
         return 0.0
     total = 1.0
-    for oi, ti in zip(OMEGA, THETA, strict=True):
-        for oj, tj in zip(OMEGA, THETA, strict=True):
-            total += oi * oj * _geo(ti * tj, n - 1)
+    for oi, ti in zip(OMEGA, THETA_NUM, strict=True):
+        for oj, tj in zip(OMEGA, THETA_NUM, strict=True):
+            # 1 - theta_i theta_j from the integers: the float product would lose the
+            # relative precision of 1 - r (about 1e-6 at the slowest buffer).
+            total += oi * oj * _geo(_one_minus(ti * tj), n - 1)
     return total
+
+
+@lru_cache(maxsize=256)
+def _one_minus(tt: int) -> float:
+    """1 - tt / 2^(2 PARAM_BITS), correctly rounded."""
+    return float(Fraction((1 << (2 * PARAM_BITS)) - tt, 1 << (2 * PARAM_BITS)))
 
 
 def _decoder_matrices() -> tuple[np.ndarray, np.ndarray]:

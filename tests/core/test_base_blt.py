@@ -77,6 +77,23 @@ def test_encoder_error_within_its_bound() -> None:
     assert 0 < worst <= blt.ENC_ERR_ULPS
 
 
+def test_column_norm_against_60_digit_arithmetic() -> None:
+    """The sensitivity's column norm (privacy-relevant) at long horizons: the closed form
+    in 60-digit decimal arithmetic from the exact dyadic constants."""
+    from decimal import Decimal, localcontext
+
+    with localcontext() as ctx:
+        ctx.prec = 60
+        one = Decimal(2) ** (2 * blt.PARAM_BITS)
+        for n in (10**4, 10**7, 1 << 36):
+            total = Decimal(1)
+            for oi, ti in zip(blt.OMEGA_NUM, blt.THETA_NUM, strict=True):
+                for oj, tj in zip(blt.OMEGA_NUM, blt.THETA_NUM, strict=True):
+                    r = Decimal(ti * tj) / one
+                    total += Decimal(oi * oj) / one * (1 - r ** (n - 1)) / (1 - r)
+            assert blt_col_norm2(n) == pytest.approx(float(total), rel=1e-12)
+
+
 def test_norms_match_exact_and_float_recurrences() -> None:
     c = _exact_c(40)
     for n in (1, 2, 5, 40):
