@@ -145,17 +145,17 @@ def test_sigma_formulas_follow_the_calibration() -> None:
     # horizon 7 (3 levels) at local time 5 (2 nodes).
     want = math.sqrt(3 * c2(EPS / 2, DELTA / 2, UNIT)
                      + 2 * c2(EPS / 2, DELTA / 2, UNIT * math.sqrt(3)))
-    assert cc_sigma(EPS, DELTA, 12) == pytest.approx(want, rel=1e-9)
+    assert cc_sigma(EPS, DELTA, 12, "tree") == pytest.approx(want, rel=1e-9)
     # At t = 2^j - 1 only the interval sums contribute.
-    assert cc_sigma(EPS, DELTA, 15) == pytest.approx(math.sqrt(4 * c2(EPS / 2, DELTA / 2, UNIT)),
-                                                     rel=1e-9)
+    assert cc_sigma(EPS, DELTA, 15, "tree") == pytest.approx(
+        math.sqrt(4 * c2(EPS / 2, DELTA / 2, UNIT)), rel=1e-9)
     # sqrt base: sigma_z = C ||col 1||, noise at local time tau uses sum_{j<tau} c_j^2.
     c = sqrt_coeffs(7)
     want = math.sqrt(3 * c2(EPS / 2, DELTA / 2, UNIT)
                      + c2(EPS / 2, DELTA / 2, UNIT * math.sqrt(float(np.sum(c * c))))
                      * float(np.sum(c[:5] ** 2)))
     assert cc_sigma(EPS, DELTA, 12, "sqrt") == pytest.approx(want, rel=1e-9)
-    assert UnboundedCC.cc_sigma(EPS, DELTA, 12) == cc_sigma(EPS, DELTA, 12)
+    assert UnboundedCC.cc_sigma(EPS, DELTA, 12, "tree") == cc_sigma(EPS, DELTA, 12, "tree")
 
 
 def test_sqrt_base_costs_less_error_than_tree_base() -> None:
