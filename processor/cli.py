@@ -42,6 +42,7 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
     "plan": ("processor.plan", "main_plan", "expected error and update times before deploying"),
 }
 
+
 def _count_parser() -> argparse.ArgumentParser:
     from processor.core import registry
 
@@ -245,9 +246,9 @@ def _help() -> str:
     return ("usage: python -m processor [--version] <command> [options]\n\n"
             "Differentially private running counts on Kafka.\n\ncommands:\n"
             + "\n".join(lines)
-            + "\n\n`python -m processor <command> --help` lists a command's options. "
-            "Exit codes: 0 success, 1 a negative verdict (replay: different, audit: failed), "
-            "2 an error (one `error:` line on stderr).")
+            + "\n\n`python -m processor <command> --help` lists a command's options.\n"
+            "Exit codes: 0 success; 1 a negative verdict (replay: different, audit: "
+            "failed);\n2 an error (one `error:` line on stderr).")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
