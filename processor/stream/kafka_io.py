@@ -523,13 +523,17 @@ def _read(conf: Mapping[str, str], topic: str,
     if not todo:
         return sorted(out.items())
     consumer = _consumer(conf)
+    nxt = {p: marks[p][0] for p in todo}
     try:
         consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in todo])
         deadline = time.monotonic() + timeout_s
         while todo:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic!r}: partitions {sorted(todo)} incomplete")
-            batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.5)
+            # Never more than is left: consume() waits for num_messages or the timeout.
+            left = sum(hi - nxt[p] for p, hi in todo.items())
+            batch: list[Any] = consumer.consume(num_messages=max(1, min(1000, left)),
+                                                timeout=0.5)
             for msg in batch:
                 err = msg.error()
                 if err is not None:
@@ -541,6 +545,7 @@ def _read(conf: Mapping[str, str], topic: str,
                 if p not in todo:
                     continue
                 out[p].append(rec)
+                nxt[p] = off + 1
                 if off + 1 >= todo[p]:
                     del todo[p]
             # A partition whose tail is transaction markers / compacted never reaches hi
