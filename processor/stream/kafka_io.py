@@ -423,7 +423,10 @@ def read_range(conf: Mapping[str, str], topic: str, partition: int, start: int, 
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic}[{partition}] {start}..{end}: timed out")
-            batch: list[Any] = consumer.consume(num_messages=1000, timeout=0.5)
+            # Never more than is left: consume() waits for num_messages or the timeout.
+            left = end - (out[-1].offset + 1 if out else start)
+            batch: list[Any] = consumer.consume(num_messages=max(1, min(1000, left)),
+                                                timeout=0.5)
             for msg in batch:
                 if msg.error() is None and start <= int(msg.offset()) < end:
                     out.append(_record(msg))
