@@ -51,6 +51,15 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# KAFKA_BOOTSTRAP_SERVERS is read once and moved out of the environment: every child
+# process a test starts (a worker, a CLI) would read it as a settings override and connect
+# to the shared broker instead of the one its test configured (an unreachable address, a
+# secured listener). The test processes pytest-xdist spawns inherit the moved value.
+_SHARED_BOOTSTRAP_ENV = "PYTEST_KAFKA_BOOTSTRAP"
+_shared = os.environ.pop("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+if _shared:
+    os.environ[_SHARED_BOOTSTRAP_ENV] = _shared
+
 
 def in_ci() -> bool:
     """Whether this run is CI (``CI`` set to a true value), where nothing may be skipped."""
@@ -192,7 +201,7 @@ def local_kafka_available() -> None:
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap servers of a real Kafka broker, shared by the whole test session."""
-    env = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "").strip()
+    env = os.environ.get(_SHARED_BOOTSTRAP_ENV, "").strip()
     if env:
         try:
             wait_for_metadata(env, timeout=30.0)

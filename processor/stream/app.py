@@ -575,7 +575,6 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                                            "retention.ms": str(retention_ms),
                                            "retention.bytes": "-1"},
                                    timeout_s=BROKER_WAIT_S)
-        check_retention(settings, conf)
         kafka_io.create_topics(conf, keyed[1:], partitions, replication=replication,
                                config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
         have = {t: kafka_io.partitions_with_leaders(conf, t, partitions, BROKER_WAIT_S)
@@ -596,6 +595,8 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
             raise StartError(f"the topic {topic!r} has {n} partitions, the configuration says "
                              f"{partitions}: counters would land in the wrong partitions (fix "
                              "`partitions` or use new timeline and changelog topics)")
+    # After the partition counts: a start that is refused anyway says only why.
+    check_retention(settings, conf)
     return replication
 
 
