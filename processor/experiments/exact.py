@@ -145,7 +145,8 @@ def basecc_noise_sd(eps: float, delta: float, rates: FloatArray, base: str = "sq
                     var += b[k - 1] ** 2 * float(np.sum(node**2))
                     j += 1
             else:
-                c = params.sqrt_coeffs(inner)
+                c = (params.blt_coeffs(inner) if base == "blt"
+                     else params.sqrt_coeffs(inner))
                 # the coefficient of z_j is sum_{i >= j} w_i c_{i-j}
                 coef = np.correlate(wk, c[:inner], mode="full")[inner - 1:]
                 var += b[k - 1] ** 2 * float(np.sum(coef**2))
