@@ -82,6 +82,10 @@ class Counter(ABC):
     @abstractmethod
     def error_bound(self, beta: float = 0.05) -> float: ...
 
+    def bound_key(self) -> tuple[object, ...]:
+        """Everything error_bound depends on besides beta and t (a cache key)."""
+        return (self.mechanism, self.eps, self.delta)
+
     def error_bound_at(self, t: int, beta: float = 0.05) -> float:
         """error_bound(beta) as of tick t <= self.t (a change reported inside a skip).
         Default: the bound at the current tick, valid where the bound never decreases in

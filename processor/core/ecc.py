@@ -282,6 +282,11 @@ class _EccBase(Counter):
                 f"{cls.mechanism} state is invalid: {state_error_detail(exc)}") from None
         return obj
 
+    def bound_key(self) -> tuple[object, ...]:
+        # the bound also depends on the calibration and on the base CC and BCC run on
+        # (restored tree states next to new BLT ones)
+        return (self.mechanism, self.eps, self.delta, self.calibration, self._bcc.base)
+
     def error_bound(self, beta: float = 0.05) -> float:
         """A bound on |y_t - s_t| (events) holding with probability >= 1 - beta, from
         (eps, delta, t) only: beta is split in three equal parts between the partition,

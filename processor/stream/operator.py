@@ -304,7 +304,7 @@ class Operator:
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
         # Counter contract: public quantities), so a sweep over many counters at one tick
         # computes it once.
-        self._bounds: dict[tuple[str, float, float, str, float, int], float] = {}
+        self._bounds: dict[tuple[tuple[object, ...], float, int], float] = {}
         # (mechanism, eps, delta) of a new counter: `_check_parameters`.
         self._configured: tuple[str, float, float] | None = None
 
@@ -876,7 +876,7 @@ class Operator:
         beta = self.settings.beta
         if c.t != t:  # a change reported inside a skip: the bound as of that tick (it
             return float(c.error_bound_at(t, beta))  # may decrease in t: bounds.py)
-        k = (c.mechanism, c.eps, c.delta, _calibration(c), beta, t)
+        k = (c.bound_key(), beta, t)  # mechanism, eps, delta, calibration, base
         bound = self._bounds.get(k)
         if bound is None:
             if len(self._bounds) >= 4096:
