@@ -228,8 +228,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m processor plan",
         description="Expected error, time to the first change and time between changes of "
         "each stream mechanism and calibration, before deploying (closed forms, < 1 s).")
-    p.add_argument("--epsilon", type=float, required=True)
-    p.add_argument("--delta", type=float, required=True)
+    p.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon")
+    p.add_argument("--delta", type=float, required=True, help="privacy parameter delta")
     p.add_argument("--tick-ms", type=float, required=True, help="tick length in ms")
     p.add_argument("--rate", type=float, required=True, help="events per second")
     p.add_argument("--horizon", nargs="+", type=_parse_duration, default=None,
