@@ -170,6 +170,13 @@ def phase_c(parent: Path, rng: random.Random, records: int,
             dep.close()
 
 
+def save(path: str | None, results: list[dict[str, Any]]) -> None:
+    """The phases done so far, so an interrupted run keeps what it measured."""
+    if path:
+        Path(path).write_text(json.dumps({"phases": results}, indent=2) + "\n",
+                              encoding="utf-8")
+
+
 def _interrupt(_signum: int, _frame: object) -> None:
     # SIGTERM (and SIGINT, which a shell ignores in background jobs) unwind like Ctrl-C,
     # so every worker and broker is stopped on the way out.
@@ -212,9 +219,11 @@ def main(argv: list[str] | None = None) -> int:
                 if name in args.phases:
                     say(f"phase {name}")
                     results.append(run())
+                    save(args.out, results)
         if "C" in args.phases:
             say("phase C")
             results.append(phase_c(parent, rng, args.phase_records, args.broker_kills))
+            save(args.out, results)
     kills: Counter[str] = Counter()
     for r in results:
         kills.update({k: v for k, v in r["driver"].items() if k.startswith("kills_")})
