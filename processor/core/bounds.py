@@ -351,6 +351,9 @@ class SimEccBound:
                 cases.append((const, _combo_sd(terms), q, self.cc.sd(j), 1))
         if not envelope:
             fixed += sum(q * width for q in far.values() if q * width < budget * 1e-4)
+        # the linear form of D_J for the J below the window of i + 1 (each ~1e-12)
+        fixed += sum(_gauss_sf((self.shift(n) + 1.0) / self.bcc.sd(n))
+                     for n in range(max(1, n_lo - r), n_lo + 1))
         left = budget - fixed
         if left <= 0.0:
             raise InvalidParameterError("beta too small for the bound's window")
