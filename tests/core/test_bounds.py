@@ -135,3 +135,18 @@ def test_beta_checked() -> None:
         simecc_bound(EPS, DELTA, 0.0, 100)
     with pytest.raises(InvalidParameterError):
         simecc_bound(EPS, DELTA, 1.0, 100)
+
+
+def test_tree_atoms_add_up_to_the_core_sigma() -> None:
+    """The exact variances of correlated terms (tree base) come from atoms whose sum is the
+    core's own cc_sigma at every step; control: dropping the interval releases does not."""
+    from processor.core.bounds import _tree_atoms
+    from processor.core.cc import cc_sigma
+
+    for n in range(1, 300):
+        atoms = _tree_atoms(1.0, 1e-6, "x", n)
+        want = cc_sigma(1.0, 1e-6, n, "tree") / 65536
+        assert math.isclose(math.sqrt(sum(atoms.values())), want, rel_tol=1e-9)
+        if n >= 3:
+            part = sum(v for k, v in atoms.items() if k[2] >= 0)
+            assert not math.isclose(math.sqrt(part), want, rel_tol=1e-3)
