@@ -79,7 +79,14 @@ def tail_factor(beta: float, t: int) -> float:
     """
     if not 0 < beta < 1:
         raise InvalidParameterError(f"beta must be in (0, 1), got {beta!r}")
-    return math.sqrt(2.0 * math.log(math.pi**2 * t * t / (3.0 * beta)))
+    x = math.pi**2 * t * t / (3.0 * beta)
+    if math.isinf(x):
+        # A tiny beta (BCC's eta at large eps or tiny delta) overflows the quotient, not
+        # the factor: take it in log space. Only where the direct form overflows, so every
+        # finite value (and every release BCC shifts by it) stays bit for bit as before.
+        return math.sqrt(2.0 * (math.log(math.pi**2 / 3.0) + 2.0 * math.log(t)
+                                - math.log(beta)))
+    return math.sqrt(2.0 * math.log(x))
 
 
 @lru_cache(maxsize=4096)
