@@ -150,3 +150,25 @@ def test_tree_atoms_add_up_to_the_core_sigma() -> None:
         if n >= 3:
             part = sum(v for k, v in atoms.items() if k[2] >= 0)
             assert not math.isclose(math.sqrt(part), want, rel_tol=1e-3)
+
+
+def test_large_eps_runs_past_the_old_overflow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At eps = 800, delta = 1e-6 BCC's eta is ~1e-301: pi^2 l^2 / (3 eta) overflows, and
+    with the direct tail factor BCC.step crashed (OverflowError) within a few hundred
+    checkpoints while the old bound was inf. tail_factor now takes that case in log space:
+    the counter runs past 8,000 checkpoints and its bound is finite. Control: the direct
+    formula crashes the same run."""
+    c = SimECC(800.0, 1e-6, NoiseKey.from_seed(5), "big")
+    c.skip(80_000)
+    l = c._bcc.t  # noqa: E741
+    assert l > 8000
+    assert math.isinf(math.pi**2 * l * l / (3.0 * c._bcc.eta))
+    assert math.isfinite(c.error_bound(BETA)) and math.isfinite(c.y)
+
+    import processor.core.bounded as bounded
+
+    monkeypatch.setattr(bounded, "tail_factor", lambda beta, t: math.sqrt(
+        2.0 * math.log(math.pi**2 * t * t / (3.0 * beta))))
+    old = SimECC(800.0, 1e-6, NoiseKey.from_seed(5), "big")
+    with pytest.raises(OverflowError):
+        old.skip(80_000)
