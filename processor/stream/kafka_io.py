@@ -14,7 +14,7 @@ import logging
 import ssl
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -385,6 +385,38 @@ def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
     try:
         got = _committed(consumer, [TopicPartition(topic, p) for p in marks], timeout_s)
         return {int(tp.partition): max(0, int(tp.offset)) for tp in got}
+    finally:
+        consumer.close()
+
+
+def snapshot_offsets(conf: Mapping[str, str], group_id: str, committed_topic: str,
+                     topics: Sequence[str], timeout_s: float = _DEFAULT_TIMEOUT_S,
+                     ) -> tuple[dict[int, int], list[dict[int, tuple[int, int]]]]:
+    """With one client and in this order: the offsets group `group_id` committed on
+    `committed_topic` (partition -> next offset, 0 where none), then the (low, high)
+    watermarks of each of `topics` in turn (replay's cut is defined by this order). The
+    client never joins the group: it only reads the group's committed offsets."""
+    consumer = Consumer({**conf, "group.id": group_id, "enable.auto.commit": "false"})
+
+    def partitions(topic: str) -> list[int]:
+        t = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        if t is None or t.error is not None:
+            raise RuntimeError(f"topic {topic!r} not found")
+        return sorted(t.partitions)
+
+    try:
+        got = _committed(consumer, [TopicPartition(committed_topic, p)
+                                    for p in partitions(committed_topic)], timeout_s)
+        committed = {int(tp.partition): max(0, int(tp.offset)) for tp in got}
+        marks: list[dict[int, tuple[int, int]]] = []
+        for topic in topics:
+            found: dict[int, tuple[int, int]] = {}
+            for p in partitions(topic):
+                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p),
+                                                        timeout=timeout_s)
+                found[p] = (int(lo), int(hi))
+            marks.append(found)
+        return committed, marks
     finally:
         consumer.close()
 

@@ -458,10 +458,8 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
     counts_topic = kafka_io.topic_name(settings, "counts")
     ledger_topic = kafka_io.topic_name(settings, "ledger")
     # 1. committed offsets, 2. the public snapshot, 3. the timeline: this order is the cut.
-    committed = kafka_io.committed_offsets(conf, settings.app_id, tl_topic, timeout_s)
-    counts_marks = kafka_io.end_offsets(conf, counts_topic, timeout_s)
-    ledger_marks = kafka_io.end_offsets(conf, ledger_topic, timeout_s)
-    tl_marks = kafka_io.end_offsets(conf, tl_topic, timeout_s)
+    committed, (counts_marks, ledger_marks, tl_marks) = kafka_io.snapshot_offsets(
+        conf, settings.app_id, tl_topic, [counts_topic, ledger_topic, tl_topic], timeout_s)
     truncated = sorted(p for p, (lo, _hi) in tl_marks.items() if lo > 0)
     if truncated:
         raise ReplayError(f"the timeline topic {tl_topic!r} no longer starts at offset 0 on "
