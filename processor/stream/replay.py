@@ -56,6 +56,7 @@ import asyncio
 import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -194,12 +195,16 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     DictStore (with `operator`, default the registry's mechanisms); what records at
     offsets >= settled_below[p] produce is reported apart.
 
-    With jobs > 1 (and no `operator` given) the partitions are recomputed in that many
-    forked processes, each with its own Operator and store. The result is the same: a
-    counter lives in one partition (`records.partition_for`; a record of another
-    partition's counter is skipped), every state key belongs to one partition, so the
-    partitions never share state; the results are merged in partition order."""
-    if operator is None and jobs > 1 and len(timeline) > 1:
+    With jobs > 1 (no `operator` given, and no other thread running) the partitions are
+    recomputed in that many forked processes, each with its own Operator and store. The
+    result is the same: a counter lives in one partition (`records.partition_for`; a
+    record of another partition's counter is skipped), every state key belongs to one
+    partition, so the partitions never share state; the results are merged in partition
+    order."""
+    # Fork only from a single-threaded process: a lock another thread holds at the fork
+    # would stay held in the child forever.
+    if (operator is None and jobs > 1 and len(timeline) > 1
+            and threading.active_count() == 1):
         return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs)
     op = operator if operator is not None else Operator(settings, key)
     return asyncio.run(_recompute(op, timeline, settled_below, progress))

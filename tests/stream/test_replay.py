@@ -281,9 +281,20 @@ def test_json_verdict_and_progress_lines(capsys: pytest.CaptureFixture[str]) -> 
                                 "replay: 100/100 timeline records recomputed"]
 
 
-def test_parallel_recomputation_equals_the_sequential_one() -> None:
+def test_parallel_recomputation_equals_the_sequential_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Partitions recomputed in forked processes give the very records of one process
     (the registry's real mechanisms, two partitions, a committed split in each)."""
+    from processor.stream import replay as replay_module
+
+    forked: list[int] = []
+    parallel = replay_module._recompute_parallel
+
+    def counting(*args: Any) -> Recomputed:
+        forked.append(1)
+        return parallel(*args)
+
+    monkeypatch.setattr(replay_module, "_recompute_parallel", counting)
     from processor.core.rng import NoiseKey
     from processor.stream.config import Settings, with_overrides
     from processor.stream.records import Event, encode_batch, encode_marker, partition_for
@@ -306,5 +317,6 @@ def test_parallel_recomputation_equals_the_sequential_one() -> None:
     settled = {0: 50, 1: 70}
     one = recompute_timeline(s, key, timeline, settled, jobs=1)
     two = recompute_timeline(s, key, timeline, settled, jobs=2)
+    assert forked == [1] or threading.active_count() > 1  # forks only single-threaded
     assert one == two
     assert one.settled and one.unsettled and len(one.settled_ledger) == 6
