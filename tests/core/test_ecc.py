@@ -206,7 +206,8 @@ def test_accuracy_within_the_explicit_bound(cls: Mech) -> None:
     assert accuracy_failures(cls, True, runs, 1500, 36, beta) > limit  # control
 
 
-@pytest.mark.parametrize("cls", MECHS)
+# ECC only: SimECC's bound is the per-tick bound of processor/core/bounds.py (tested there).
+@pytest.mark.parametrize("cls", [ECC])
 def test_error_bound_covers_every_checkpoint_count(cls: Mech) -> None:
     """Theorem 4.3 needs E_CC(l) and E_BCC(l) at the private number of checkpoints l <= t,
     and neither is monotone in l (the doubling-trick CC's error drops at l = 2^j - 1). The

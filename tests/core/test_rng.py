@@ -267,7 +267,7 @@ def test_entry_points_refuse_a_bad_key_file_naming_it(
     capsys.readouterr()
 
     # the worker: the same refusal before anything connects (no broker needed)
-    monkeypatch.setattr(app, "configure_logging", lambda level: logging.DEBUG)
+    monkeypatch.setattr(app, "configure_logging", lambda level, fmt="text": logging.DEBUG)
     for var in ("DPC_NOISE_KEY_FILE", "DPC_NOISE_KEY_FORMAT"):
         monkeypatch.delenv(var, raising=False)
     cfg = tmp_path / "w.toml"

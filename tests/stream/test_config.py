@@ -169,14 +169,14 @@ def test_eps_delta_rule_is_the_cores(eps: float, delta: float) -> None:
 
 
 # The real limits of the core at the configuration check's horizon (CHECK_TICKS), found by
-# bisection: with delta = 1e-6, BCC's error bound overflows above epsilon ~792.8 and its
-# eta underflows (InvalidParameterError) above ~812; with epsilon = 1, the bound overflows
-# below delta ~2.1e-299 and a float-to-int conversion overflows near 1e-308.
+# bisection: with delta = 1e-6, BCC's eta underflows (InvalidParameterError) above epsilon
+# ~855 (the error bounds are computed in log space where they would overflow, so they no
+# longer set the limit); with epsilon = 1, a float-to-int conversion overflows near 1e-308.
 @pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
 @pytest.mark.parametrize("eps,delta,field", [
-    (792.0, 1e-6, None), (793.0, 1e-6, "epsilon"), (1000.0, 1e-6, "epsilon"),
+    (850.0, 1e-6, None), (860.0, 1e-6, "epsilon"), (1000.0, 1e-6, "epsilon"),
     (1e6, 1e-6, "epsilon"), (1e308, 1e-6, "epsilon"),
-    (1.0, 1e-298, None), (1.0, 1e-300, "delta"), (1.0, 1e-308, "delta"),
+    (1.0, 1e-300, None), (1.0, 1e-307, None), (1.0, 1e-308, "delta"),
     (1.0, 5e-324, "delta"), (500.0, 1e-300, "delta"), (5e5, 1e-300, "epsilon"),
 ])
 def test_unusable_parameters_stop_the_load_naming_the_field(
