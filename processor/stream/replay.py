@@ -58,7 +58,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -116,10 +116,12 @@ class Difference:
 
 @dataclass
 class Tally:
-    """Record counts of one public topic: recomputed (distinct keys), due, published
-    (distinct keys in the snapshot), pending (recomputed, not due, not published)."""
+    """Record counts of one public topic: recomputed (distinct keys), committed (those of
+    committed timeline records), due, published (distinct keys in the snapshot), pending
+    (recomputed, not due, not published)."""
 
     recomputed: int = 0
+    committed: int = 0
     due: int = 0
     published: int = 0
     pending: int = 0
@@ -143,7 +145,8 @@ class ReplayReport:
 
     @property
     def recomputed(self) -> int:
-        return self.releases.recomputed
+        """Releases recomputed from committed timeline records (all published)."""
+        return self.releases.committed
 
     def summary(self) -> str:
         r, g = self.releases, self.ledger
@@ -317,11 +320,12 @@ def _field_detail(mine: bytes, theirs: bytes) -> str:
                      for f in fields) or "byte encoding differs"
 
 
-def _check(topic: str, mine: Mapping[RecordKey, bytes], due: Callable[[RecordKey], bool],
-           theirs: Mapping[RecordKey, bytes], diffs: list[Difference]) -> Tally:
+def _check(topic: str, mine: Mapping[RecordKey, bytes], committed: Collection[RecordKey],
+           due: Callable[[RecordKey], bool], theirs: Mapping[RecordKey, bytes],
+           diffs: list[Difference]) -> Tally:
     """Compare one topic: every published record recomputed byte for byte, every due
     recomputed record published."""
-    tally = Tally(recomputed=len(mine), published=len(theirs))
+    tally = Tally(recomputed=len(mine), committed=len(committed), published=len(theirs))
     for k, raw in theirs.items():
         expected = mine.get(k)
         if expected is None:
@@ -364,7 +368,7 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
         t = k[1]
         return k in settled or (isinstance(t, int) and t <= covered.get(k[0], -1))
 
-    releases = _check("counts", mine, release_due, theirs, diffs)
+    releases = _check("counts", mine, settled, release_due, theirs, diffs)
 
     mine_ledger: dict[RecordKey, bytes] = {}
     settled_ledger: set[RecordKey] = set()
@@ -379,8 +383,8 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
             if is_settled:
                 settled_ledger.add(k)
     theirs_ledger = _published(ledger, "ledger", _ledger_key, diffs)
-    entries_tally = _check("ledger", mine_ledger, settled_ledger.__contains__, theirs_ledger,
-                           diffs)
+    entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
+                           theirs_ledger, diffs)
     diffs.sort(key=_diff_order)
     return releases, entries_tally, diffs
 

@@ -198,8 +198,8 @@ def test_the_cut_due_pending_and_every_kind_of_difference() -> None:
     pub = [r.to_json() for r in a[:3]]
     rel, led, diffs = compare(res, pub + pub[:1], ledger)  # an identical re-send counts once
     assert diffs == []
-    assert rel == Tally(recomputed=8, due=3, published=3, pending=5)
-    assert led == Tally(recomputed=2, due=1, published=1, pending=1)
+    assert rel == Tally(recomputed=8, committed=2, due=3, published=3, pending=5)
+    assert led == Tally(recomputed=2, committed=1, due=1, published=1, pending=1)
 
     # a missing release in the middle of what a counter published: due, so missing
     rel, _led, diffs = compare(res, [a[0].to_json(), a[1].to_json(), a[3].to_json()], ledger)
@@ -264,8 +264,9 @@ def test_json_verdict_and_progress_lines(capsys: pytest.CaptureFixture[str]) -> 
     assert j["cut"]["timeline"] == {"0": {"committed": 1, "end": 5},
                                     "1": {"committed": 0, "end": 0}}
     assert "committed offset" in j["cut"]["definition"]
-    assert j["counts"]["releases"] == {"recomputed": 2, "due": 1, "published": 0,
-                                       "pending": 1}
+    assert j["counts"]["releases"] == {"recomputed": 2, "committed": 1, "due": 1,
+                                       "published": 0, "pending": 1}
+    assert report.recomputed == 1  # of committed records
     assert j["differences"]["first"] == [{"topic": "counts", "key": ["a", 1, "heartbeat"],
                                           "problem": "missing",
                                           "detail": "due but not published"}]
