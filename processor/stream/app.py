@@ -188,10 +188,15 @@ class FaustPublisher:
         producer = self._app.producer
         # Headers (content type, schema/version) travel beside the value: replay compares
         # values only, and a subscriber can route on them before decoding.
-        acks = [await producer.send(self._ledger, e.key(), e.to_json(), None, None,
-                                    e.headers()) for e in ledger]
-        acks += [await producer.send(self._counts, r.key(), r.to_json(), None, None,
-                                     r.headers()) for r in releases]
+        # Record timestamps from public fields, not the send time (records.py). Faust takes
+        # seconds and truncates ms * 1000: the half millisecond keeps float error from
+        # rounding an exact millisecond down.
+        acks = [await producer.send(self._ledger, e.key(), e.to_json(), None,
+                                    (e.timestamp_ms() + 0.5) / 1000, e.headers())
+                for e in ledger]
+        acks += [await producer.send(self._counts, r.key(), r.to_json(), None,
+                                     (r.timestamp_ms() + 0.5) / 1000, r.headers())
+                 for r in releases]
         if acks:
             await asyncio.gather(*acks)
             self._metrics.add("releases_sent", len(releases))

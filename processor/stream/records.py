@@ -147,6 +147,12 @@ class Release:
     def headers(self) -> Headers:
         return list(RELEASE_HEADERS)
 
+    def timestamp_ms(self) -> int:
+        """The Kafka record timestamp: the end of its tick, a function of public fields.
+        The send time would move with the time to apply the batch, which grows with the
+        private events in it (docs/operator-channels.md, the residual timing channel)."""
+        return self.tick_start_ms + self.tick_ms
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
@@ -192,6 +198,11 @@ class LedgerEntry:
 
     def headers(self) -> Headers:
         return list(LEDGER_HEADERS)
+
+    def timestamp_ms(self) -> int:
+        """The Kafka record timestamp: the end of tick `since_tick` (for a created entry,
+        of the counter's first tick), a function of public fields as for releases."""
+        return self.start_ms + self.since_tick * self.tick_ms
 
 
 def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, frozenset[str]]:
