@@ -34,9 +34,9 @@ RDKAFKA_LOGGER = logging.getLogger("rdkafka")
 
 
 def with_logger(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """`conf` plus the `logger` that routes librdkafka's log lines through RDKAFKA_LOGGER;
-    every client this project builds passes through here."""
-    return {**conf, "logger": RDKAFKA_LOGGER}
+    """`conf` plus the `logger` that routes librdkafka's log lines through RDKAFKA_LOGGER
+    (unless `conf` names its own); every client this project builds passes through here."""
+    return {"logger": RDKAFKA_LOGGER, **conf}  # a caller's own logger wins
 
 
 # How long the read helpers wait for metadata and for the end of a partition.

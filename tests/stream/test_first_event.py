@@ -71,6 +71,31 @@ def test_the_check_rejects_the_old_announcement_at_the_event() -> None:
     assert announcement_violations(apart, marker, ["a", "b"], 500)
 
 
+def _append_times(conf: dict[str, str], topic: str) -> None:
+    """Set message.timestamp.type=LogAppendTime on `topic` (incrementally: its retention
+    stays) and wait until the brokers report it."""
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    admin = kafka_io.make_admin(conf)
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[ConfigEntry(
+        "message.timestamp.type", "LogAppendTime",
+        incremental_operation=AlterConfigOpType.SET)])
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(timeout=30)
+    deadline = time.monotonic() + 30
+    while True:
+        got = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+        entries = next(iter(got.values())).result(timeout=30)
+        if entries["message.timestamp.type"].value == "LogAppendTime":
+            return
+        assert time.monotonic() < deadline, "the brokers never reported LogAppendTime"
+        time.sleep(0.2)
+
+
 @pytest.mark.kafka
 def test_an_event_before_the_first_seal_does_not_move_any_ledger_entry(
         deployment_factory: Callable[..., Any]) -> None:
@@ -79,6 +104,9 @@ def test_an_event_before_the_first_seal_does_not_move_any_ledger_entry(
     dep = deployment_factory({"a": start, "b": start}, name="first", partitions=1,
                              tick_ms=tick, lateness_ms=500, heartbeat_ticks=10,
                              epsilon=500.0)
+    # The check needs append times: the ledger's own record timestamps are the ends of
+    # their ticks (public fields, records.py), so this test has the brokers stamp them.
+    _append_times(dep.conf, dep.topics.ledger)
     # The event exists before the worker does: it reaches the timeline first thing.
     dep.produce([orjson.dumps({"counter": "a", "ts": start + 100})])
     dep.worker.start()
