@@ -494,6 +494,9 @@ class Worker:
         flag = _prepare_state_dir(self.settings, self.app)
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
                               override_logging=False, redirect_stdouts=False)
+        # No progress spinner: it writes terminal escape codes ("\x1b[?25h") into whatever
+        # stdout is, a log file or a log shipper's pipe included.
+        worker.spinner = None
         self.surface.start(worker.loop)
         code = 1
         try:

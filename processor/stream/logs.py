@@ -102,6 +102,16 @@ def parse_level(loglevel: str | int) -> int:
     return level
 
 
+class FaustSensorNoise(logging.Filter):
+    """Drops Faust's "Missing sensor state for rebalance" warnings: Faust logs one at every
+    first assignment because its sensor hook for the rebalance start has not run yet (no
+    sensors are configured here); it says nothing about the worker, and a warning at every
+    start teaches operators to ignore warnings."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Missing sensor state for rebalance" not in record.getMessage()
+
+
 def configure_logging(loglevel: str | int = "warning", log_format: str = "text") -> int:
     """Set up the root logger at `loglevel` (a stderr handler if it has none) with the
     `log_format` formatter on its handlers, and clamp the client libraries' loggers to
@@ -115,6 +125,9 @@ def configure_logging(loglevel: str | int = "warning", log_format: str = "text")
         for handler in root.handlers:
             handler.setFormatter(formatter)
     clamp_client_loggers(level)
+    faust_app = logging.getLogger("faust.app.base")
+    if not any(isinstance(f, FaustSensorNoise) for f in faust_app.filters):
+        faust_app.addFilter(FaustSensorNoise())
     return level
 
 

@@ -131,6 +131,20 @@ def test_json_log_format_is_one_object_per_line_and_keeps_the_floor(
     assert password not in isolated_logging.getvalue() and value not in isolated_logging.getvalue()
 
 
+def test_faust_sensor_noise_is_dropped_and_other_warnings_kept(
+        isolated_logging: io.StringIO) -> None:
+    faust_app = logging.getLogger("faust.app.base")
+    saved = list(faust_app.filters)
+    try:
+        configure_logging("info")
+        faust_app.warning("[^-App]: Missing sensor state for rebalance #%s", 1)
+        faust_app.warning("[^-App]: a real warning")
+    finally:
+        faust_app.filters = saved
+    out = isolated_logging.getvalue()
+    assert "Missing sensor state" not in out and "a real warning" in out
+
+
 def test_unknown_log_format_is_refused(isolated_logging: io.StringIO) -> None:
     with pytest.raises(ValueError, match="unknown log format 'xml'"):
         configure_logging("info", "xml")
@@ -251,6 +265,8 @@ def test_debug_worker_log_has_no_key_password_or_raw_input(
     # preconditions: the run was at DEBUG, and the client libraries did log into this file
     assert " DEBUG " in log_text, log_text[-2000:]
     assert " aiokafka." in log_text and " faust." in log_text, log_text[-2000:]
+    # no terminal escape codes (Faust's spinner) and no benign-warning noise at start
+    assert "\x1b[" not in log_text and "Missing sensor state" not in log_text
     needles = {"noise key": secret_hex, "noise key (upper)": secret_hex.upper(),
                "password": password, "undeclared counter": canary, "malformed record": bad}
     assert scan(log_text, needles) == []
