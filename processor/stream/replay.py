@@ -206,11 +206,29 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     order."""
     # Fork only from a single-threaded process: a lock another thread holds at the fork
     # would stay held in the child forever.
-    if (operator is None and jobs > 1 and len(timeline) > 1
-            and threading.active_count() == 1):
+    if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
         return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs)
     op = operator if operator is not None else Operator(settings, key)
     return asyncio.run(_recompute(op, timeline, settled_below, progress))
+
+
+def single_threaded() -> bool:
+    """Whether forking is safe: one Python thread and no librdkafka thread. Python's
+    thread count misses librdkafka's native threads (a live Kafka client has several,
+    named "rdk:..."): a fork next to them hung a child forever on a lock one of them held.
+    Linux names every thread in /proc/self/task/*/comm; elsewhere the answer is no
+    (recompute in this process). Numerical libraries' worker threads are fork-safe."""
+    if threading.active_count() != 1:
+        return False
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8",
+                      errors="replace") as f:
+                if f.read().startswith("rdk:"):
+                    return False
+    except OSError:
+        return False
+    return True
 
 
 async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
