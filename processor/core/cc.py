@@ -84,6 +84,8 @@ def _inner_sigma(eps: float, delta: float, base: str, horizon: int, tau: int,
     return laplace_tree_sigma(eps / 2, horizon, tau, sensitivity)
 
 
+# Cached: cc_sigma_max evaluates O(log t) of these per release, mostly the same ones.
+@lru_cache(maxsize=65536)
 def cc_sigma(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
              sensitivity: int = UNIT) -> float:
     """Exact std (units) of y_t - s_t of UnboundedCC(eps, delta, base, sensitivity).
@@ -113,6 +115,8 @@ def cc_alpha(eps: float, delta: float, beta: float, t: int, base: str = DEFAULT_
     return cc_sigma(eps, delta, t, base, sensitivity) * tail_factor(beta, t)
 
 
+# Cached: the operator asks for the bound of every release, and ECC's bound of each t.
+@lru_cache(maxsize=65536)
 def cc_sigma_max(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
                  sensitivity: int = UNIT) -> float:
     """max over 1 <= l <= t of cc_sigma(l), in units: a bound on the error std at every

@@ -539,6 +539,9 @@ class Operator:
         if name not in bucket.names:
             bucket.names[name] = None
             buf.stage(bucket_key(partition, tick), bucket)
+            consumed = buf.consumed.get(partition)
+            if consumed is not None:
+                consumed.discard(tick)  # staged again: no longer a pending delete
         if directory.add(tick):
             self._stage_directory(buf, partition, directory)
 
@@ -670,11 +673,14 @@ class Operator:
         directory = self._directory(buf, partition)
         names: set[str] = set()
         gone: list[int] = []
-        unsaved = buf.unsaved
-        for tick in directory.through(n):
+        # Ticks whose buckets earlier markers of this batch consumed: they stay listed
+        # until the delete is saved, and a batch's markers would otherwise re-check each.
+        consumed = buf.consumed.setdefault(partition, set())
+        ticks = directory.ticks
+        for tick in ticks[:bisect_right(ticks, n)]:
+            if tick in consumed:
+                continue
             key = bucket_key(partition, tick)
-            if key in unsaved and unsaved[key] is None:
-                continue  # consumed earlier in this batch: listed until the delete is saved
             bucket = self._bucket(buf, partition, tick)
             if bucket is None:
                 gone.append(tick)  # consumed by a marker of an earlier batch
@@ -683,10 +689,10 @@ class Operator:
             # Deleted with the partition value, after the counters it names are written:
             # until then a crash re-executes this marker and finds them here again.
             buf.delete(key)
+            consumed.add(tick)
         if gone:
             # Only ticks <= n can be gone: rebuild that (short) prefix, not the directory.
             dropped = set(gone)
-            ticks = directory.ticks
             end = bisect_right(ticks, n)
             ticks[:end] = [t for t in ticks[:end] if t not in dropped]
             self._stage_directory(buf, partition, directory)
@@ -791,17 +797,22 @@ class Operator:
         one value leaves as x_t; idle runs (empty queue, nothing due) are one skip."""
         c = cs.mechanism
         pending = cs.pending
+        queue = cs.queue
+        dequeued = 0
         while cs.frontier < n:
             g = cs.frontier + 1
             if pending:
                 arrivals = pending.pop(g, None)
                 if arrivals:
-                    for u in arrivals:
-                        cs.push(u)
-            if cs.queue:
+                    for u in arrivals:  # CounterState.push, inline: once per event
+                        if queue and queue[-1][0] == u:
+                            queue[-1][1] += 1
+                        else:
+                            queue.append([u, 1])
+            if queue:
                 cs.next_due_known = False
                 c.update(cs.pop() / UNIT)  # units / 2^16 is exact; the core re-quantises
-                out.metrics["events_dequeued"] += 1
+                dequeued += 1
                 cs.frontier = g
                 self._emit(name, cs, out)
                 continue
@@ -836,6 +847,7 @@ class Operator:
             c.update(None)
             cs.frontier = g
             self._emit(name, cs, out)
+        out.metrics["events_dequeued"] += dequeued
 
     def _emit(self, name: str, cs: CounterState, out: Output) -> None:
         """After one tick: a change record if y moved, else a heartbeat if one is due."""

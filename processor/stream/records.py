@@ -404,8 +404,18 @@ def decode_timeline_rows(raw: bytes) -> list[EventRow] | TimelineMarker:
         rows = obj.get("e")
         if type(rows) is not list:
             raise TimelineFormatError("timeline batch lacks e")
+        # Inline (no call per row): exact type checks, since bool is an int subclass and
+        # orjson yields exact types only.
         for row in rows:
-            _check_row(row)
+            if type(row) is not list or len(row) != 5:
+                raise TimelineFormatError(
+                    "timeline event is not [c, ts, units, partition, offset]")
+            c, ts, units, sp, so = row
+            if (type(c) is not str or not c or type(ts) is not int or type(units) is not int
+                    or type(sp) is not int or type(so) is not int):
+                raise TimelineFormatError("timeline event has a field of the wrong type")
+            if ts < 0 or not 0 <= units <= UNIT or sp < -1 or so < -1:
+                raise TimelineFormatError("timeline event out of range")
         return rows
     if kind == "m" and len(obj) == 3:
         n = obj.get("n")
@@ -414,14 +424,3 @@ def decode_timeline_rows(raw: bytes) -> list[EventRow] | TimelineMarker:
         return TimelineMarker(n)
     raise TimelineFormatError("unknown timeline record kind")
 
-
-def _check_row(row: object) -> None:
-    # Exact type checks (bool is an int subclass; orjson yields exact types only).
-    if type(row) is not list or len(row) != 5:
-        raise TimelineFormatError("timeline event is not [c, ts, units, partition, offset]")
-    c, ts, units, sp, so = row
-    if (type(c) is not str or not c or type(ts) is not int or type(units) is not int
-            or type(sp) is not int or type(so) is not int):
-        raise TimelineFormatError("timeline event has a field of the wrong type")
-    if ts < 0 or not 0 <= units <= UNIT or sp < -1 or so < -1:
-        raise TimelineFormatError("timeline event out of range")

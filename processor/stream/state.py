@@ -140,6 +140,9 @@ class BufferedStore:
         self.inner = inner
         self.unsaved: dict[str, bytes | None] = {}
         self.staged: dict[str, Encodable] = {}
+        #: partition -> ticks whose buckets this overlay deletes (the operator keeps it:
+        #: a marker skips them without building their keys).
+        self.consumed: dict[int, set[int]] = {}
 
     def get(self, key: str) -> bytes | None:
         obj = self.staged.get(key)
@@ -192,6 +195,7 @@ class BufferedStore:
     def clear(self) -> None:
         self.unsaved.clear()
         self.staged.clear()
+        self.consumed.clear()
 
 
 def write_all(store: StateStore, writes: list[tuple[str, bytes | None]]) -> None:
