@@ -17,7 +17,8 @@ Phases (each the best of --repeats):
              group's offsets committed at the end, then `replay.replay` (snapshot, read,
              recompute, compare) and `python -m processor replay --json --quiet` (a
              subprocess: interpreter start, imports, the same work) timed; both must say
-             identical.
+             identical. The CLI's start-up alone (`replay --help`) is timed too, and the
+             CLI's rate without it printed.
 
     .venv/bin/python bench/bench_replay.py [--ticks 3000] [--counters 1000] [--events 40]
         [--partitions 4] [--repeats 3] [--bootstrap HOST:PORT] [--profile]
@@ -128,6 +129,14 @@ def end_to_end(bootstrap: str, s: Settings, key_secret: bytes, timeline: Timelin
         assert orjson.loads(out)["identical"] is True, out
         print(f"end to end (CLI, subprocess)       {records:>7} records "
               f"{rates(records, wall, cpu)}", flush=True)
+        # The CLI's fixed cost (interpreter start, imports: numpy, scipy, confluent_kafka),
+        # paid once per run whatever the timeline's length: measured apart, so the rate a
+        # long audit approaches (records over the rest) is visible next to the short one's.
+        help_argv = [sys.executable, "-m", "processor", "replay", "--help"]
+        start, _c = best(repeats, lambda: subprocess.run(help_argv, env=env, check=True,
+                                                          capture_output=True))
+        print(f"  CLI start-up (replay --help)     {start:7.2f} s; without it "
+              f"{records / max(wall - start, 1e-9):>9,.0f} records/s", flush=True)
 
 
 def _commit_end(conf: Mapping[str, str], group: str, topic: str, timeline: Timeline) -> None:

@@ -77,8 +77,9 @@ def _uniform_below(cur: WordCursor, m: int) -> int:
     k = (m - 1).bit_length()
     if k <= 64:
         shift = 64 - k
+        next_word = cur.next_word
         while True:
-            x = cur.next_word() >> shift
+            x = next_word() >> shift
             if x < m:
                 return x
     while True:
@@ -199,8 +200,10 @@ def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
     P(X = x) proportional to exp(-x/t); Y = floor(X / s) then has P(Y = y) proportional to
     exp(-y s/t); a fair sign, rejecting "minus zero", makes it two-sided.
     """
-    t = _check_int("t", t, 1)
-    s = _check_int("s", s, 1)
+    if type(t) is not int or type(s) is not int or t < 1 or s < 1:
+        # The common case (exact ints in range) skips the checks' calls: hot in SVT steps.
+        t = _check_int("t", t, 1)
+        s = _check_int("s", s, 1)
     return _discrete_laplace(cur, t, s)
 
 
