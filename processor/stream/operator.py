@@ -533,12 +533,14 @@ class Operator:
     def _file(self, buf: BufferedStore, partition: int, directory: DueDirectory,
               name: str, tick: int) -> None:
         """Put `name` in the bucket of `tick` (and the tick in the directory)."""
-        bucket = self._bucket(buf, partition, tick)
+        key = bucket_key(partition, tick)
+        bucket = buf.staged.get(key)  # _bucket's first look, without a second key
         if bucket is None:
-            bucket = DueBucket()
+            bucket = self._bucket(buf, partition, tick) or DueBucket()
+        assert isinstance(bucket, DueBucket)
         if name not in bucket.names:
             bucket.names[name] = None
-            buf.stage(bucket_key(partition, tick), bucket)
+            buf.stage(key, bucket)
             consumed = buf.consumed.get(partition)
             if consumed is not None:
                 consumed.discard(tick)  # staged again: no longer a pending delete

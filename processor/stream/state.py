@@ -412,9 +412,13 @@ class DueDirectory:
     def add(self, tick: int) -> bool:
         """File `tick`; False if it was there already."""
         ticks = self.ticks
-        if ticks and ticks[-1] < tick:
-            ticks.append(tick)
-            return True
+        if ticks:
+            last = ticks[-1]
+            if last < tick:
+                ticks.append(tick)
+                return True
+            if last == tick:  # the common refile: every counter a marker seals, at n + 1
+                return False
         i = bisect_left(ticks, tick)
         if i < len(ticks) and ticks[i] == tick:
             return False
