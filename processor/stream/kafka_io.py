@@ -495,12 +495,23 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
                 ) -> dict[int, list[tuple[int, bytes | None]]]:
     """(offset, value) of every record of `topic` from the low to the high watermark given
     in `marks` (`end_offsets`, taken by the caller when its snapshot requires), per
-    partition in offset order. The bulk path (replay): no KafkaRecord per message, batches
-    of 10,000; `progress(records read so far)` after each batch."""
+    partition in offset order. The bulk path (replay): no KafkaRecord per message;
+    `progress(records read so far)` after each batch."""
     out: dict[int, list[tuple[int, bytes | None]]] = {p: [] for p in marks}
+    for msg in _messages(conf, topic, marks, timeout_s, progress):
+        out[msg.partition()].append((msg.offset(), msg.value()))
+    return out
+
+
+def _messages(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[int, int]],
+              timeout_s: float, progress: Callable[[int], None] | None = None,
+              ) -> Iterator[Any]:
+    """The confluent-kafka messages of `topic` in [low, high) of `marks` per partition, in
+    offset order within a partition, read in batches of up to 10,000; TimeoutError when a
+    partition is incomplete after `timeout_s`."""
     todo = {p: hi for p, (lo, hi) in marks.items() if hi > lo}
     if not todo:
-        return out
+        return
     consumer = _consumer({**conf, **_BULK_FETCH})
     n = 0
     nxt = {p: marks[p][0] for p in todo}
@@ -525,7 +536,7 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
                 off = msg.offset()
                 if end is None or off >= end:
                     continue
-                out[p].append((off, msg.value()))
+                yield msg
                 nxt[p] = off + 1
                 if off + 1 >= end:
                     del todo[p]
@@ -540,7 +551,6 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
                     del todo[p]
     finally:
         consumer.close()
-    return out
 
 
 def _record(msg: Any) -> KafkaRecord:
@@ -554,43 +564,8 @@ def _read(conf: Mapping[str, str], topic: str,
           timeout_s: float) -> list[tuple[int, list[KafkaRecord]]]:
     marks = end_offsets(conf, topic)
     out: dict[int, list[KafkaRecord]] = {p: [] for p in marks}
-    todo = {p: hi for p, (lo, hi) in marks.items() if hi > lo}
-    if not todo:
-        return sorted(out.items())
-    consumer = _consumer(conf)
-    nxt = {p: marks[p][0] for p in todo}
-    try:
-        consumer.assign([TopicPartition(topic, p, marks[p][0]) for p in todo])
-        deadline = time.monotonic() + timeout_s
-        while todo:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"reading {topic!r}: partitions {sorted(todo)} incomplete")
-            # Never more than is left: consume() waits for num_messages or the timeout.
-            left = sum(hi - nxt[p] for p, hi in todo.items())
-            batch: list[Any] = consumer.consume(num_messages=max(1, min(1000, left)),
-                                                timeout=0.5)
-            for msg in batch:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        continue
-                    raise RuntimeError(f"reading {topic!r}: {err}")
-                rec = _record(msg)
-                p, off = rec.partition, rec.offset
-                if p not in todo:
-                    continue
-                out[p].append(rec)
-                nxt[p] = off + 1
-                if off + 1 >= todo[p]:
-                    del todo[p]
-            # A partition whose tail is transaction markers / compacted never reaches hi
-            # by message offsets; check the consumer position instead.
-            for p in list(todo):
-                pos = consumer.position([TopicPartition(topic, p)])[0].offset
-                if pos >= todo[p]:
-                    del todo[p]
-    finally:
-        consumer.close()
+    for msg in _messages(conf, topic, marks, timeout_s):
+        out[msg.partition()].append(_record(msg))
     return sorted(out.items())
 
 
