@@ -152,6 +152,21 @@ class WorkerProcess:
                 self.proc.kill()
         return self._reap(30.0)
 
+    def wait_exit(self, timeout_s: float = 120.0, tail: int = 200) -> tuple[int, str]:
+        """Wait for the worker to exit by itself (a refusal, a failure, a test crash point);
+        returns (exit code, the last `tail` lines of its log), the process reaped and its
+        log closed. AssertionError with the log when it is still running after
+        `timeout_s`."""
+        if self.proc is None:
+            raise AssertionError("the worker was never started")
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the worker kept running for {timeout_s:.0f} s:\n"
+                                 + self.log_tail()) from None
+        code = self._reap(30.0)
+        return code, self.log_tail(tail)
+
     def _reap(self, timeout_s: float) -> int:
         code = 0
         if self.proc is not None:

@@ -201,12 +201,10 @@ def test_kill_nine_mid_batch(live_factory: Callable[..., Live],  # noqa: F811
     try:
         live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
         producer.start()
-        assert live.worker.proc is not None
-        code = live.worker.proc.wait(timeout=120)
-        assert code == -9, live.worker.log_tail()
-        assert f"test crash point {point} reached" in live.worker.log_tail(200)
+        code, log = live.worker.wait_exit()
+        assert code == -9, log
+        assert f"test crash point {point} reached" in log
         assert sent[0] > 0 and producer.is_alive()  # killed while events flowed
-        live.worker.kill()  # reaps the dead process and closes its log
         del live.worker.env["DPC_TEST_CRASH_AT"]
         live.worker.start()
     finally:
@@ -320,16 +318,13 @@ def _fail_then_restart(live: Live, crash_at: str, *, seconds: float, seed: int,
     try:
         live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
         producer.start()
-        assert live.worker.proc is not None
-        code = live.worker.proc.wait(timeout=120)
-        log = live.worker.log_tail(400)
+        code, log = live.worker.wait_exit(tail=400)
         assert code == 1, log
         for line in expected:
             assert line in log, log
         assert "Traceback" not in log, log
         if before_restart is not None:
             before_restart()
-        live.worker.kill()  # reaps the exited process and closes its log
         del live.worker.env["DPC_TEST_CRASH_AT"]
         live.worker.start()
     finally:

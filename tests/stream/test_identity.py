@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import shutil
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -173,13 +172,7 @@ def test_restart_after_loss_of_state_is_refused_and_nothing_is_republished(
     shutil.rmtree(Path(dep.settings.state_dir))
     _delete_topic(dep.conf, changelog_topic(dep.settings))
     dep.worker.start()
-    proc = dep.worker.proc
-    assert proc is not None
-    try:
-        code = proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the worker without its state kept running:\n" + dep.worker.log_tail())
-    log = dep.worker.log_tail(80)
+    code, log = dep.worker.wait_exit(tail=80)
     assert code == 2, log
     assert "already announced on the ledger topic" in log, log
     assert ("counter 'a'" in log or "counter 'b'" in log) and "new app_id" in log, log
@@ -214,10 +207,8 @@ def test_crash_after_the_creating_markers_acks_is_re_executed_not_refused(
                              **{**E2E, "partitions": 1})
     dep.worker.env["DPC_TEST_CRASH_AT"] = "after_acks:1"
     dep.worker.start()
-    proc = dep.worker.proc
-    assert proc is not None
-    assert proc.wait(timeout=120) == -9, dep.worker.log_tail()
-    dep.worker.kill()  # reaps the dead process and closes its log
+    code, log = dep.worker.wait_exit()
+    assert code == -9, log
     first = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
     assert sorted(orjson.loads(v or b"")["counter"] for v in first) == ["a", "b"]
     # The first batch caught up through the ticks since the start: wait past those.
@@ -264,15 +255,9 @@ def test_restart_within_the_creating_tick_does_not_meet_its_marker_again(
     _delete_topic(dep.conf, changelog_topic(dep.settings))
     dep.worker.start()
     restarted_at = int(time.time() * 1000)
-    proc = dep.worker.proc
-    assert proc is not None
-    try:
-        code = proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the worker without its state kept running:\n" + dep.worker.log_tail())
+    code, log = dep.worker.wait_exit(tail=80)
     assert sealed_through(restarted_at, dep.settings) == first_n, "restart too slow: " \
         "not within the creating tick, so this run shows nothing"
-    log = dep.worker.log_tail(80)
     assert code == 2 and "already announced on the ledger topic" in log, log
     assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
     assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts

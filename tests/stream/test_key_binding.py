@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
@@ -146,13 +145,7 @@ def test_restart_with_a_fresh_key_file_is_refused(
     assert given != stored
     write_config(with_overrides(dep.settings, noise_key_file=str(fresh)), dep.config)
     worker.start()
-    assert worker.proc is not None
-    try:
-        code = worker.proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("the worker with a fresh key kept running:\n" + worker.log_tail())
-    log = worker.log_tail(200)
-    worker.kill()  # reaps the exited process and closes its log
+    code, log = worker.wait_exit()
     assert code == 2, log
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, log

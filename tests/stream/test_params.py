@@ -33,10 +33,7 @@ def test_changed_epsilon_is_refused_unless_kept(
     changed = with_overrides(dep.settings, epsilon=400.0)
     write_config(changed, dep.config)
     worker.start()
-    assert worker.proc is not None
-    code = worker.proc.wait(timeout=120)
-    log = worker.log_tail(200)
-    worker.kill()  # reaps the exited process and closes its log
+    code, log = worker.wait_exit()
     assert code == 2, log
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, log
@@ -71,10 +68,7 @@ def test_corrupt_state_names_the_key_and_the_remedy(
                          partition=0)
     shutil.rmtree(Path(dep.settings.state_dir) / dep.settings.app_id, ignore_errors=True)
     worker.start()
-    assert worker.proc is not None
-    code = worker.proc.wait(timeout=120)
-    log = worker.log_tail(200)
-    worker.kill()  # reaps the exited process and closes its log
+    code, log = worker.wait_exit()
     assert code == 2, log
     errors = [line for line in log.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, log
