@@ -365,17 +365,9 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     """Compare a recomputation with the published snapshots under the cut (module doc).
     Returns the release and ledger tallies and every difference, sorted by topic, key."""
     diffs: list[Difference] = []
-    mine: dict[RecordKey, bytes] = {}
-    settled: set[RecordKey] = set()
-    for group, is_settled in ((result.settled, True), (result.unsettled, False)):
-        for r in group:
-            k: RecordKey = (r.counter, r.tick, r.kind)
-            raw = r.to_json()
-            if mine.setdefault(k, raw) != raw:
-                diffs.append(Difference("counts", k, "conflicting",
-                                        "replay itself produced two different records"))
-            if is_settled:
-                settled.add(k)
+    mine, settled = _recomputed(
+        "counts", [((r.counter, r.tick, r.kind), r.to_json()) for r in result.settled],
+        [((r.counter, r.tick, r.kind), r.to_json()) for r in result.unsettled], diffs)
     theirs = _published(published, "counts", _release_key, diffs)
     covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
     for c, t, _kind in theirs:
@@ -388,23 +380,29 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
 
     releases = _check("counts", mine, settled, release_due, theirs, diffs)
 
-    mine_ledger: dict[RecordKey, bytes] = {}
-    settled_ledger: set[RecordKey] = set()
-    for entries, is_settled in ((result.settled_ledger, True),
-                                (result.unsettled_ledger, False)):
-        for e in entries:
-            k = (e.counter, e.creation, e.fingerprint)
-            raw = e.to_json()
-            if mine_ledger.setdefault(k, raw) != raw:
-                diffs.append(Difference("ledger", k, "conflicting",
-                                        "replay itself produced two different records"))
-            if is_settled:
-                settled_ledger.add(k)
+    mine_ledger, settled_ledger = _recomputed(
+        "ledger",
+        [((e.counter, e.creation, e.fingerprint), e.to_json()) for e in result.settled_ledger],
+        [((e.counter, e.creation, e.fingerprint), e.to_json())
+         for e in result.unsettled_ledger], diffs)
     theirs_ledger = _published(ledger, "ledger", _ledger_key, diffs)
     entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
                            theirs_ledger, diffs)
     diffs.sort(key=_diff_order)
     return releases, entries_tally, diffs
+
+
+def _recomputed(topic: str, settled: Sequence[tuple[RecordKey, bytes]],
+                unsettled: Sequence[tuple[RecordKey, bytes]], diffs: list[Difference],
+                ) -> tuple[dict[RecordKey, bytes], set[RecordKey]]:
+    """The recomputed records of one topic by key (settled first), and the keys of the
+    settled ones; a key recomputed with two different values is a difference."""
+    mine: dict[RecordKey, bytes] = {}
+    for k, raw in (*settled, *unsettled):
+        if mine.setdefault(k, raw) != raw:
+            diffs.append(Difference(topic, k, "conflicting",
+                                    "replay itself produced two different records"))
+    return mine, {k for k, _raw in settled}
 
 
 def _diff_order(d: Difference) -> tuple[str, str, str, str]:
