@@ -46,6 +46,7 @@ from processor.core.audit import (
 )
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
+from processor.core.tight import CALIBRATIONS
 
 Releases = Callable[[Stream, int, str], FloatArray]
 
@@ -163,7 +164,7 @@ def _parser() -> argparse.ArgumentParser:
                    "(y_T) | first (tick of the first release); default per mechanism")
     p.add_argument("--horizon", type=int, default=None,
                    help="partitioncc's horizon parameter T (core backend; default 10000)")
-    p.add_argument("--calibration", choices=("paper", "tight"), default=None,
+    p.add_argument("--calibration", choices=CALIBRATIONS, default=None,
                    help="ecc, simecc: the paper's constants (default) or the "
                    "tight analysis (docs/tight-calibration.md); ecc's partition law check "
                    "assumes the paper's Part and is skipped under tight")

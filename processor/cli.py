@@ -45,6 +45,7 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
 
 def _count_parser() -> argparse.ArgumentParser:
     from processor.core import registry
+    from processor.core.tight import CALIBRATIONS
 
     p = argparse.ArgumentParser(
         prog="python -m processor count",
@@ -67,7 +68,7 @@ def _count_parser() -> argparse.ArgumentParser:
                    help="the counter identity the noise stream is keyed by (default: offline)")
     p.add_argument("--horizon", type=int, help="stream length T (partitioncc needs it)")
     p.add_argument("--base", choices=("tree", "sqrt"), help="basecc's bounded counter")
-    p.add_argument("--calibration", choices=("paper", "tight"),
+    p.add_argument("--calibration", choices=CALIBRATIONS,
                    help="ecc/simecc: the paper's constants (default) or the tight analysis "
                         "(docs/tight-calibration.md)")
     p.add_argument("--with-bound", action="store_true",

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from processor.core.cc import DEFAULT_BASE
+from processor.core.tight import CALIBRATIONS
 from processor.experiments import figures as F
 from processor.experiments.attack import threshold
 
@@ -41,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--base", choices=["sqrt", "tree", "blt"], default="sqrt",
                    help="bounded counter inside CC/BCC: sqrt (the paper's), blt (the "
                         "stream's default) or tree (the default before blt)")
-    p.add_argument("--calibration", choices=["paper", "tight"], default="paper",
+    p.add_argument("--calibration", choices=CALIBRATIONS, default="paper",
                    help="ECC's and SimECC's constants: the paper's or the tight analysis "
                         "(docs/tight-calibration.md)")
     p.add_argument("--jobs", type=int, default=1,
