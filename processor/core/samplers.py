@@ -30,6 +30,7 @@ from __future__ import annotations
 import array
 import bisect
 import math
+from collections.abc import Callable
 from fractions import Fraction
 from functools import lru_cache
 
@@ -119,27 +120,41 @@ def bernoulli_frac(cur: WordCursor, num: int, den: int) -> bool:
     return _bern_frac(cur, num, den)
 
 
-# Bernoulli(exp(-1)) from one word: von Neumann's K (the first k with Bernoulli(1/k)
-# false) has P(K > k) = 1/k!, so with r uniform on [0, 18!), K > k iff r < 18!/k! for
-# k <= 18. r == 0 means K > 18: the loop then goes on exactly at k = 19.
-_F18 = math.factorial(18)
-_F18_LIMIT_INT = _U64_MAX - (1 << 64) % _F18
-_VN_LIST = [_F18 // math.factorial(k) for k in range(18, 0, -1)]  # ascending
+def _von_neumann_table(den: int, levels: int) -> tuple[int, int, list[int]]:
+    """For Bernoulli(exp(-1/den)) from one word: von Neumann's K (the first k with
+    Bernoulli(1/(den k)) false) has P(K > k) = den^-k / k!, so with r uniform on
+    [0, M), M = den^levels levels!, K > k iff r < M / (den^k k!) for k <= levels. Returns
+    M, the largest word accepted for r = w mod M (larger words are rejected: exact, see
+    _limit), and the thresholds in ascending order."""
+    modulus = den ** levels * math.factorial(levels)
+    thresholds = [modulus // (den ** k * math.factorial(k)) for k in range(levels, 0, -1)]
+    return modulus, _U64_MAX - (1 << 64) % modulus, thresholds
 
 
-def _bernoulli_exp_minus_one(cur: WordCursor) -> bool:
-    """True with probability exactly exp(-1), usually from a single word."""
-    while True:
-        w = cur.next_word()
-        if w <= _F18_LIMIT_INT:  # else: rejected word, draw again (exact, see _limit)
-            break
-    nle = bisect.bisect_right(_VN_LIST, w % _F18)  # thresholds <= r; K = 19 - nle
-    if nle > 0:
-        return nle % 2 == 0
-    k = 19
-    while _bern_frac(cur, 1, k):
-        k += 1
-    return k % 2 == 1
+def _one_word_bernoulli_exp(den: int, levels: int) -> Callable[[WordCursor], bool]:
+    """A sampler of Bernoulli(exp(-1/den)), exact, decided from one word in all but
+    ~den^-levels / levels! of cases; r == 0 (K > levels) goes on exactly at k = levels + 1."""
+    modulus, limit, thresholds = _von_neumann_table(den, levels)
+
+    def draw(cur: WordCursor) -> bool:
+        while True:
+            w = cur.next_word()
+            if w <= limit:  # else: rejected word, draw again
+                break
+        nle = bisect.bisect_right(thresholds, w % modulus)  # K = levels + 1 - nle
+        if nle > 0:
+            return (levels + 1 - nle) % 2 == 1
+        k = levels + 1
+        while _bern_frac(cur, 1, den * k):
+            k += 1
+        return k % 2 == 1
+
+    return draw
+
+
+_F18, _F18_LIMIT_INT, _VN_LIST = _von_neumann_table(1, 18)
+#: True with probability exactly exp(-1), usually from a single word.
+_bernoulli_exp_minus_one = _one_word_bernoulli_exp(1, 18)
 
 
 def _bernoulli_exp_le1(cur: WordCursor, num: int, den: int) -> bool:
@@ -257,27 +272,8 @@ class _LazyUniform:
             i += 1
 
 
-# Bernoulli(exp(-1/2)) from one word, as _bernoulli_exp_minus_one does for exp(-1): von
-# Neumann's K for gamma = 1/2 has P(K > k) = 2^-k / k!, so with r uniform on [0, 2^16 16!),
-# K > k iff r < 2^16 16! / (2^k k!) for k <= 16; r == 0 (K > 16) continues exactly.
-_H16 = (1 << 16) * math.factorial(16)
-_H16_LIMIT = _U64_MAX - (1 << 64) % _H16
-_H_LIST = [_H16 // ((1 << k) * math.factorial(k)) for k in range(16, 0, -1)]  # ascending
-
-
-def _bernoulli_exp_minus_half(cur: WordCursor) -> bool:
-    """True with probability exactly exp(-1/2), usually from a single word."""
-    while True:
-        w = cur.next_word()
-        if w <= _H16_LIMIT:  # else: rejected word, draw again (exact, see _limit)
-            break
-    nle = bisect.bisect_right(_H_LIST, w % _H16)  # thresholds <= r; K = 17 - nle
-    if nle > 0:
-        return nle % 2 == 0
-    k = 17
-    while _bern_frac(cur, 1, 2 * k):
-        k += 1
-    return k % 2 == 1
+#: True with probability exactly exp(-1/2), usually from a single word (Karney's sampler).
+_bernoulli_exp_minus_half = _one_word_bernoulli_exp(2, 16)
 
 
 def _karney_b(cur: WordCursor, k: int, x: _LazyUniform) -> bool:
