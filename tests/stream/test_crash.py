@@ -191,28 +191,11 @@ def test_kill_nine_mid_batch(live_factory: Callable[..., Live],  # noqa: F811
     # About 20 timeline messages per second (markers on 2 partitions, event batches), a
     # third of them with two state writes or more: the k-th call of either point falls a
     # few seconds into the event flow.
-    live.worker.env["DPC_TEST_CRASH_AT"] = f"{point}:{k}"
-    seconds = 16.0
-    stop = threading.Event()
-    sent = [0]
-    producer = threading.Thread(target=_produce_steadily,
-                                args=(live, seconds, 13, stop, sent), daemon=True)
-    live.worker.start()
-    try:
-        live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
-        producer.start()
-        code, log = live.worker.wait_exit()
-        assert code == -9, log
-        assert f"test crash point {point} reached" in log
-        assert sent[0] > 0 and producer.is_alive()  # killed while events flowed
-        del live.worker.env["DPC_TEST_CRASH_AT"]
-        live.worker.start()
-    finally:
-        producer.join(timeout=seconds + 60)
-        stop.set()
-    assert not producer.is_alive()
-    report = _drain_and_check(live, start, tick, sent[0])
-    print(f"mid-batch crash ({point}): {sent[0]} events, {report.recomputed} releases "
+    sent = _fault_then_restart(live, f"{point}:{k}", seconds=16.0, seed=13, exit_code=-9,
+                               expected=(f"test crash point {point} reached",),
+                               while_flowing=True)
+    report = _drain_and_check(live, start, tick, sent)
+    print(f"mid-batch crash ({point}): {sent} events, {report.recomputed} releases "
           "identical")
 
 
@@ -276,7 +259,7 @@ def test_ingest_failure_stops_the_worker_cleanly(
         delivered = timeline_events(kafka_io.read_topic(live.conf, live.topics.timeline))
         assert any(ev.src_offset >= done.get(ev.src_partition, 0) for _p, _o, ev in delivered)
 
-    sent = _fail_then_restart(
+    sent = _fault_then_restart(
         live, "ingest_delivered:3:raise", seconds=10.0, seed=17,
         expected=("ingest stage failed (InjectedFault)",
                   "worker stopped after a failure (ingest: InjectedFault)"),
@@ -296,19 +279,21 @@ def test_operator_failure_exits_without_committing_past(
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name="opfail", epsilon=500.0,
                         lateness_ms=400)
-    sent = _fail_then_restart(
+    sent = _fault_then_restart(
         live, "after_acks:80:raise", seconds=12.0, seed=19,
         expected=("operator failed (InjectedFault); stopping the worker",))
     _drain_and_check(live, start, tick, sent)
 
 
-def _fail_then_restart(live: Live, crash_at: str, *, seconds: float, seed: int,
-                       expected: Sequence[str],
-                       before_restart: Callable[[], None] | None = None) -> int:
+def _fault_then_restart(live: Live, crash_at: str, *, seconds: float, seed: int,
+                        expected: Sequence[str], exit_code: int = 1,
+                        while_flowing: bool = False,
+                        before_restart: Callable[[], None] | None = None) -> int:
     """Run the worker with the injected fault DPC_TEST_CRASH_AT=`crash_at` while events
-    flow; it must exit with code 1, log every line of `expected` and no traceback; then
-    `before_restart()`, a restart without the fault, and the producer's end. Returns the
-    number of events sent."""
+    flow; it must exit with `exit_code` (1: a failure it handles; -9: it SIGKILLed
+    itself), log every line of `expected` and no traceback, and (`while_flowing`) die
+    while the producer still sends; then `before_restart()`, a restart without the
+    fault, and the producer's end. Returns the number of events sent."""
     live.worker.env["DPC_TEST_CRASH_AT"] = crash_at
     stop = threading.Event()
     sent = [0]
@@ -319,10 +304,12 @@ def _fail_then_restart(live: Live, crash_at: str, *, seconds: float, seed: int,
         live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
         producer.start()
         code, log = live.worker.wait_exit(tail=400)
-        assert code == 1, log
+        assert code == exit_code, log
         for line in expected:
             assert line in log, log
         assert "Traceback" not in log, log
+        if while_flowing:
+            assert sent[0] > 0 and producer.is_alive(), "the fault came after the events"
         if before_restart is not None:
             before_restart()
         del live.worker.env["DPC_TEST_CRASH_AT"]
