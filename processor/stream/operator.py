@@ -806,11 +806,7 @@ class Operator:
             if pending:
                 arrivals = pending.pop(g, None)
                 if arrivals:
-                    for u in arrivals:  # CounterState.push, inline: once per event
-                        if queue and queue[-1][0] == u:
-                            queue[-1][1] += 1
-                        else:
-                            queue.append([u, 1])
+                    cs.push_all(arrivals)
             if queue:
                 cs.next_due_known = False
                 c.update(cs.pop() / UNIT)  # units / 2^16 is exact; the core re-quantises

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import pairwise
 from typing import Final, Protocol
 
@@ -308,11 +308,17 @@ class CounterState:
         return self
 
     def push(self, units: int) -> None:
+        self.push_all((units,))
+
+    def push_all(self, arrivals: Iterable[int]) -> None:
+        """Queue `arrivals` in order (run-length: equal neighbours share one entry); one
+        call per tick's arrivals keeps the per-event cost to the loop itself."""
         queue = self.queue
-        if queue and queue[-1][0] == units:
-            queue[-1][1] += 1
-        else:
-            queue.append([units, 1])
+        for units in arrivals:
+            if queue and queue[-1][0] == units:
+                queue[-1][1] += 1
+            else:
+                queue.append([units, 1])
 
     def pop(self) -> int:
         head = self.queue[0]
