@@ -44,6 +44,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
+from processor.devtools.local_kafka import die_with_parent
 from processor.stream import kafka_io
 from processor.stream.config import STREAM_MECHANISMS
 from processor.view.overlay import write_overlay
@@ -244,10 +245,11 @@ def _start_view(config: Path, overlay: Path, port: int, log: Path
     session, so the terminal's Ctrl-C reaches the demo, which stops it. (process, URL)."""
     for attempt_port in dict.fromkeys((port, 0)):  # the asked port, else any free one
         with open(log, "ab") as err:
+            # SIGTERM (its clean stop) when the demo goes, even killed: never left running.
             proc = subprocess.Popen(
-                [sys.executable, "-m", "processor", "view", "--config", str(config),
-                 "--port", str(attempt_port), "--demo-file", str(overlay),
-                 "--poll-ms", "500"],
+                die_with_parent([sys.executable, "-m", "processor", "view", "--config",
+                                 str(config), "--port", str(attempt_port), "--demo-file",
+                                 str(overlay), "--poll-ms", "500"], "TERM"),
                 stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL, cwd=str(ROOT),
                 start_new_session=True)
         url = _read_url(proc, 30.0)

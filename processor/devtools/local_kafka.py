@@ -85,6 +85,16 @@ _INSTALL_HINTS = {
 }
 
 
+def die_with_parent(cmd: list[str], signal_name: str) -> list[str]:
+    """`cmd` run so that the kernel sends it `signal_name` when the process that started
+    it goes, even on SIGKILL (util-linux setpriv --pdeathsig; Linux). Elsewhere, or
+    without setpriv, `cmd` unchanged."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or not sys.platform.startswith("linux"):
+        return cmd
+    return [setpriv, "--pdeathsig", signal_name, *cmd]
+
+
 class LocalKafkaError(RuntimeError):
     """Base class of every error this module raises on purpose."""
 
@@ -1054,10 +1064,9 @@ class LocalKafka:
     def _launch(self, java: str, libs: Path, node: _Node) -> None:
         cmd = [*self._java_cmd(java, libs, node.logs_dir, self.heap), "kafka.Kafka"]
         cmd.append(str(node.config_file))
-        setpriv = shutil.which("setpriv")
-        if self.die_with_parent and setpriv is not None and sys.platform.startswith("linux"):
+        if self.die_with_parent:
             # The kernel kills the JVM when this process goes, even on SIGKILL of pytest.
-            cmd = [setpriv, "--pdeathsig", "KILL", *cmd]
+            cmd = die_with_parent(cmd, "KILL")
         with (node.logs_dir / "stdout.log").open("ab") as out:
             node.process = subprocess.Popen(
                 cmd,

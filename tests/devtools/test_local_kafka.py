@@ -13,9 +13,12 @@ message, and a cached download is reused without running Maven.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -577,3 +580,42 @@ def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
         LocalKafka(security="sasl_ssl", scram_users={"a,b": "x"})
     with pytest.raises(ValueError):
         LocalKafka(security="kerberos")
+
+
+def _orphan_survives(wrap: bool) -> bool:
+    """Start a parent that starts `sleep 60` (wrapped by die_with_parent or not), SIGKILL
+    the parent, and say whether the sleep is still running 5 s later."""
+    script = ("import subprocess, sys\n"
+              "from processor.devtools.local_kafka import die_with_parent\n"
+              "cmd = ['sleep', '60']\n"
+              f"cmd = die_with_parent(cmd, 'TERM') if {wrap} else cmd\n"
+              "p = subprocess.Popen(cmd, start_new_session=True)\n"
+              "print(p.pid, flush=True)\n"
+              "sys.stdin.read()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(10)
+    deadline = time.monotonic() + 5
+    try:
+        while time.monotonic() < deadline:
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return False
+            time.sleep(0.05)
+        return True
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or not sys.platform.startswith("linux"),
+                    reason="needs util-linux setpriv on Linux")
+def test_die_with_parent_child_goes_when_its_parent_is_killed() -> None:
+    """What the demo's live view and the local broker rely on; control: the same child
+    without the wrapper outlives its killed parent."""
+    assert not _orphan_survives(True)
+    assert _orphan_survives(False)
