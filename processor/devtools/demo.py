@@ -15,6 +15,8 @@ demo's own clean way: producing stops, the worker and the view stop, a summary p
 exit 0. At exit the topics and the run directory (config, key, logs) are KEPT, and the
 demo prints how to look at them again, audit them (`replay`) and delete them
 (`python -m processor demo --delete RUN_DIR`); `--cleanup` deletes them at exit instead.
+Killed (even SIGKILL), the demo still takes its worker and view along: the kernel sends
+each SIGTERM when the demo goes (`local_kafka.die_with_parent`).
 librdkafka's log lines of the demo's own clients go through Python logging into the run
 directory (`demo-clients.log`), never into the table.
 """
@@ -43,7 +45,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
+from processor.devtools.deployment import ROOT, Deployment, WorkerProcess, isolated_deployment
 from processor.devtools.local_kafka import die_with_parent
 from processor.stream import kafka_io
 from processor.stream.config import STREAM_MECHANISMS
@@ -237,6 +239,26 @@ def _read_broker_state() -> str | None:
     return None
 
 
+# --- the worker, as a child process -------------------------------------------------------
+
+class _DemoWorker(WorkerProcess):
+    """The deployment's worker, started so that the kernel sends it SIGTERM (its clean stop)
+    when the demo goes, even killed: a demo never leaves its worker running. It stays in
+    the demo's process group, so the terminal's Ctrl-C reaches it too."""
+
+    def start(self) -> WorkerProcess:
+        if self.alive():
+            raise RuntimeError("worker already running")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
+        self.proc = subprocess.Popen(
+            die_with_parent([sys.executable, "-m", "processor", "worker", "--config",
+                             self.config_path, "--loglevel", self.loglevel], "TERM"),
+            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            cwd=str(ROOT), env=self.env)
+        self.starts += 1
+        return self
+
+
 # --- the live view, as a child process ---------------------------------------------------
 
 def _start_view(config: Path, overlay: Path, port: int, log: Path
@@ -340,6 +362,9 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
         partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
         mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
         heartbeat_ticks=20)
+    w = deployment.worker
+    deployment.workers[0] = _DemoWorker(w.config_path, w.log_path, loglevel=w.loglevel,
+                                        env=w.env)
     with deployment:
         code = _Run(args, plan, deployment, start_ms).run()
     if args.cleanup:

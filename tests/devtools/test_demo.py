@@ -8,6 +8,12 @@ goes through Python logging into the run directory. At exit the topics and the r
 directory are kept, with the commands to look at, audit and delete them; `--delete` then
 removes both. The controls: the same run's output does contain the table rows, the legend
 and the summary lines that the assertions look for.
+
+A SIGKILL of the demo (no clean path at all) still leaves none of its processes: the worker
+and the view get SIGTERM from the kernel (`die_with_parent`); the demo on a given broker
+starts no broker of its own (the `deploy/kafka.py start` broker is detached on purpose: it
+keeps the topics after the demo). Control: the same check reports an unwrapped child that
+outlives its killed parent.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +34,7 @@ from typing import Any
 import pytest
 
 from processor.stream import kafka_io
+from tests.devtools.procs import cmdline, descendants, program, running, survivors
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\d\d:\d\d:\d\d (signups|purchases|incidents) ")
@@ -107,6 +115,85 @@ def test_ctrl_c_is_clean_and_the_run_is_kept(kafka_bootstrap: str, tmp_path: Pat
     while demo_topics():
         assert time.monotonic() < deadline, demo_topics()
         time.sleep(0.2)
+
+
+_needs_setpriv = pytest.mark.skipif(
+    shutil.which("setpriv") is None or not sys.platform.startswith("linux"),
+    reason="needs util-linux setpriv on Linux")
+
+
+def _exec_all(pids: list[int], timeout_s: float = 10.0) -> None:
+    """Wait until no process of `pids` is still setpriv (it asks for the signal just
+    before it execs the real program)."""
+    deadline = time.monotonic() + timeout_s
+    while any(program(pid) == "setpriv" for pid in pids):
+        assert time.monotonic() < deadline, [cmdline(pid) for pid in pids]
+        time.sleep(0.02)
+
+
+@_needs_setpriv
+def test_sigkill_of_the_demo_leaves_no_process(kafka_bootstrap: str, tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "processor", "demo", "--seconds", "120", "--tick-ms", "200",
+         "--lateness-ms", "200", "--bootstrap", kafka_bootstrap, "--view-port", "0",
+         "--runs-dir", str(runs)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+        text=True, start_new_session=True)
+    lines: list[str] = []
+    children: list[int] = []
+    try:
+        _read_until(proc, lines, re.compile(r"^live view: "), 60)
+        _read_until(proc, lines, ROW, 60)  # the worker runs: it released
+        children = descendants(proc.pid)
+        _exec_all(children)
+        roles = {pid: " ".join(cmdline(pid)) for pid in children}
+        assert any("processor worker" in c for c in roles.values()), roles
+        assert any("processor view" in c for c in roles.values()), roles
+        assert not any(program(pid) == "java" for pid in children), roles  # no broker
+        proc.kill()
+        proc.wait(10)
+        left = survivors(children, 30.0)
+        assert not left, {pid: roles[pid] for pid in left}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in children:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+    for run_dir in runs.glob("dpc-demo-*"):  # its topics on the shared broker
+        subprocess.run([sys.executable, "-m", "processor", "demo", "--delete", str(run_dir)],
+                       cwd=ROOT, capture_output=True, timeout=120, check=True)
+
+
+@_needs_setpriv
+def test_the_survivor_check_sees_an_unwrapped_child() -> None:
+    """Control for the test above: of two `sleep`s, one wrapped with die_with_parent and
+    one not, the unwrapped one is found below the parent and outlives it."""
+    script = ("import subprocess, sys\n"
+              "from processor.devtools.local_kafka import die_with_parent\n"
+              "subprocess.Popen(die_with_parent(['sleep', '60'], 'TERM'))\n"
+              "subprocess.Popen(['sleep', '61'])\n"
+              "print('ok', flush=True)\n"
+              "sys.stdin.read()\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert parent.stdout is not None and parent.stdout.readline() == "ok\n"
+    children = descendants(parent.pid)
+    try:
+        _exec_all(children)
+        assert sorted(cmdline(pid)[-1] for pid in children) == ["60", "61"]
+        parent.kill()
+        parent.wait(10)
+        left = survivors(children, 5.0)
+        assert [cmdline(pid)[-1] for pid in left] == ["61"]
+    finally:
+        parent.kill()
+        parent.wait(10)
+        for pid in children:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_client_lines_go_to_the_run_log(tmp_path: Path,

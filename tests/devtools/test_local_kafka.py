@@ -35,6 +35,7 @@ from confluent_kafka.admin import AdminClient
 from processor.devtools import local_kafka as lk
 from processor.devtools.local_kafka import LocalKafka, LocalKafkaError, StartError
 from tests.conftest import ROOT, docker_answers
+from tests.devtools.procs import exec_done, running
 
 #: The command line as deploy/setup.sh and the docs run it (the thin wrapper script).
 KAFKA_SCRIPT = ROOT / "deploy" / "kafka.py"
@@ -582,26 +583,6 @@ def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
         LocalKafka(security="kerberos")
 
 
-def _running(pid: int) -> bool:
-    """Whether `pid` is a live process. A zombie counts as gone: an orphan that died is
-    reparented to PID 1 (or a subreaper), and some container inits never reap it, so
-    kill(pid, 0) would go on answering for a process that has exited."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
-
-
-def _exec_done(pid: int, program: str) -> bool:
-    """Whether `pid` now runs `program`: setpriv asks for the death signal before it execs,
-    so once the wrapped child is `program` the request is in place."""
-    try:
-        return os.path.basename(os.readlink(f"/proc/{pid}/exe")) == program
-    except OSError:
-        return False
-
-
 def _orphan_survives(wrap: bool) -> bool:
     """Start a parent that starts `sleep 60` (wrapped by die_with_parent or not), wait until
     the child runs `sleep`, SIGKILL the parent, and say whether the sleep is still running
@@ -619,14 +600,14 @@ def _orphan_survives(wrap: bool) -> bool:
     child = int(parent.stdout.readline())
     try:
         deadline = time.monotonic() + 10
-        while not _exec_done(child, "sleep"):
+        while not exec_done(child, "sleep"):
             assert time.monotonic() < deadline, "the child never ran sleep"
             time.sleep(0.01)
         parent.kill()
         parent.wait(10)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            if not _running(child):
+            if not running(child):
                 return False
             time.sleep(0.05)
         return True
