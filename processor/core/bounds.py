@@ -55,7 +55,8 @@ from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
 from processor.core.partition import simpart_scale
 
-__all__ = ["SimEccBound", "gaussian_upper", "log_tail_factor", "simecc_bound"]
+__all__ = ["EccBound", "SimEccBound", "ecc_bound", "gaussian_upper", "log_tail_factor",
+           "simecc_bound"]
 
 #: Shares of beta: the window events (N_t, D_max, g_min, released-by-t) and the pair tails.
 _SHARE_WINDOW = 0.2
@@ -500,3 +501,220 @@ def simecc_bound(eps: float, delta: float, beta: float, t: int, base: str = "tre
         raise InvalidParameterError("beta must be in (0, 1)")
     return _model(float(eps), float(delta), base, calibration).bound(int(t), float(beta))
 
+
+
+# --------------------------------------------------------------------------- ECC (and W)
+
+
+def _dlap_over(scale_units: int, p: float) -> float:
+    """w (events) with P(Z > w UNIT) <= p for Z ~ DLap(scale_units) on the unit lattice:
+    P(Z >= k) = r^k / (1 + r), r = e^{-1/scale}, for k >= 1, so k - 1 units with
+    k = ceil(scale ln(1 / (p (1 + r))))."""
+    r = math.exp(-1.0 / scale_units)
+    k = math.ceil(scale_units * math.log(1.0 / (p * (1.0 + r))))
+    return max(0, k - 1) / UNIT
+
+
+def _dlap_over_prob(scale_units: int, w: float) -> float:
+    """P(Z > w UNIT) for Z ~ DLap(scale_units), w >= 0 (events): r^(floor(w UNIT) + 1)/(1 + r)."""
+    r = math.exp(-1.0 / scale_units)
+    return math.exp(-(math.floor(w * UNIT) + 1) / scale_units) / (1.0 + r)
+
+
+@dataclass(frozen=True)
+class _Svt:
+    """Part's SVT instances: threshold tau + 16 ln(l)/eps_p + (8/eps_p) ln(s + c) at local
+    step s of instance l, c = ceil(12/eps_p); Z_0 ~ DLap(t0), per-step Z ~ DLap(t1) (units)."""
+
+    tau: float
+    eps_p: float
+    t0: int
+    t1: int
+
+    @property
+    def c(self) -> int:
+        return math.ceil(12.0 / self.eps_p)
+
+    def steps_over(self, x: float) -> float:
+        """A bound on P(some step s >= 1 of one instance has Z_s > (8/eps_p) ln(s + c) + x):
+        sum_s e^{-x/b1} (s + c)^{-alpha} <= e^{-x/b1} c^{1 - alpha} / (alpha - 1), with
+        b1 = t1/UNIT and alpha = 8 / (eps_p b1) (just under 2: the scale is inflated)."""
+        b1 = self.t1 / UNIT
+        alpha = 8.0 / (self.eps_p * b1)
+        return math.exp(-x / b1) * math.pow(self.c, 1.0 - alpha) / (alpha - 1.0)
+
+
+def _ecc_windows(svt: _Svt, t: int, p: float) -> tuple[int, int]:
+    """(n, G): with probability >= 1 - p every one of Part's first n instances that fires
+    closes a block of at least G ticks (then N_t <= n - 1, and instance l starts after
+    tick (l - 1) G). An instance fires at step s only if v_s + Z_s > floor(thr_s UNIT) +
+    Z_0, so with Z_0 >= -y and Z_s <= (8/eps_p) ln(s + c) + x (events) its sum exceeds
+    tau - x - y - 2^-16, and a block has at least as many ticks as events. Each instance
+    gets p / n, half to Z_0 and half to its steps (_Svt.steps_over). Found by raising n
+    until n = floor(t / G) + 1 for the G that share allows; G = 1, n = t + 1 (nothing
+    assumed) when the noise leaves no margin."""
+    n = 1
+    while True:
+        q = p / n
+        y = _dlap_over(svt.t0, q / 2.0)
+        x = max(0.0, svt.t1 / UNIT * math.log(2.0 * svt.steps_over(0.0) / q))
+        g = math.floor(svt.tau - x - y)
+        if g <= 1:
+            return t + 1, 1
+        need = t // g + 1
+        if need <= n:
+            return n, g
+        n = need
+
+
+@dataclass(frozen=True)
+class EccBound:
+    """The public ingredients of ECC's per-tick bound (see ecc_bound)."""
+
+    svt: _Svt
+    cc: _CC
+    bcc: _CC
+    bcc_eps: float
+    bcc_delta: float
+    log_eta: float
+
+    def shift(self, l: int) -> float:  # noqa: E741
+        return _shift(self.bcc_eps, self.bcc_delta, self.bcc.base, l)
+
+    def bound(self, t: int, beta: float) -> float:
+        """The bound at tick t: exact below 2^12, beyond it the bound computed for the last
+        tick of t's block (t/256 ticks; valid at every earlier tick, see ecc_bound), cached."""
+        if t <= 0:
+            return 0.0
+        if t >= 1 << 12:
+            size = 1 << (t.bit_length() - 9)
+            t = t - t % size + size - 1
+        return _ecc_upto(self, t, beta)
+
+    def d_max(self, top: int, p: float) -> float:
+        """A bound on every BCC delay D_l, l <= top, failing with probability <= p:
+        D_l <= a_l + e'_l + 1 and a Gaussian tail at p / top for each e'_l."""
+        z = gaussian_upper(p / top)
+        if top <= 512:
+            return max(self.shift(n) + z * self.bcc.sd(n) + 1.0 for n in range(1, top + 1))
+        from processor.core.cc import cc_sigma_max
+
+        sd = cc_sigma_max(self.bcc.eps, self.bcc.delta, top, self.bcc.base, UNIT) / UNIT
+        return sd * (log_tail_factor(self.log_eta, top) + z) + 1.0
+
+    def interval_sum(self, t: int, n: int, g: int, k: float) -> float:
+        """The most an instance's interval sum can be while it has not fired at a step whose
+        noises satisfy Z_0 <= k0 and -Z_s <= k1 (k = k0 + k1): min(s, tau + 16 ln(l)/eps_p +
+        (8/eps_p) ln(s + c) + k), maximised over local step s <= t and instance l <= n with
+        (l - 1) g + s <= t; on a geometric grid of s, each cell bounded by its worst ends."""
+        v = self.svt
+        edges = list(range(1, min(t, 64) + 1))
+        while edges[-1] < t:
+            edges.append(min(t, math.ceil(edges[-1] * 1.05)))
+        best = 0.0
+        for a, b in zip([edges[0], *edges[:-1]], edges, strict=True):
+            l = min(n, (t - a) // g + 1)  # noqa: E741
+            val = (v.tau + 16.0 * math.log(l) / v.eps_p
+                   + 8.0 * math.log(b + v.c) / v.eps_p + k)
+            best = max(best, min(float(b), val))
+        return best
+
+    def upto(self, t: int, beta: float) -> float:
+        """A bound valid at every tick <= t (ecc_bound's argument with t as the horizon);
+        beta in twentieths: windows 1, Z_0 2, this tick's step 5, delays 2, the step
+        before a firing 3, out-of-order releases 1, CC 6."""
+        share = beta / 20.0
+        n, g = _ecc_windows(self.svt, t, share)  # blocks >= g ticks, N_t < n
+        k0 = _dlap_over(self.svt.t0, 2.0 * share / n)  # Z_0 of the instances l <= n
+        n_hi = n - 1
+        open_sum = self.interval_sum(t, n, g, k0 + _dlap_over(self.svt.t1, 5.0 * share))
+        lag = open_sum
+        if n_hi >= 1:
+            d = math.floor(self.d_max(n_hi, 2.0 * share))  # every D_l, l <= n_hi
+            if d >= 1:
+                # the step before the firing of the first unreleased block: one of the d
+                # ticks before t
+                k1 = _dlap_over(self.svt.t1, 3.0 * share / d)
+                block = min(self.interval_sum(t, n, g, k0 + k1) + 1.0, float(t))
+                lag = max(open_sum, block + d - 1.0)
+                if d >= g:  # releases out of order: they span at most D_J - D_l ticks
+                    lag += min(d, self.out_of_order(n_hi, d // g, share))
+        lag = min(lag, float(t))
+        if n_hi < 1:
+            return lag
+        return self._with_cc(lag, n_hi, 6.0 * share)
+
+    def out_of_order(self, n_hi: int, r: int, p: float) -> float:
+        """A bound on D_J - D_l over the pairs J < l <= n_hi, l - J <= r, failing with
+        probability <= p: D_J - D_l <= a_J - a_l + 1 + (e'_J - e'_l), the sd of the
+        difference at most sqrt(v_J + v_l) where BCC's covariances are >= 0, else the sum
+        of the sds. Beyond 4096 indices: inf (the caller keeps its cap, the largest delay)."""
+        if n_hi > 4096:
+            return math.inf
+        z = gaussian_upper(p / (n_hi * r))
+        nonneg = self.bcc.base in _NONNEG_COV
+        best = -math.inf
+        for l in range(2, n_hi + 1):  # noqa: E741
+            for j in range(max(1, l - r), l):
+                a, b = self.bcc.sd(j), self.bcc.sd(l)
+                sd = math.sqrt(a * a + b * b) if nonneg else a + b
+                best = max(best, self.shift(j) - self.shift(l) + 1.0 + z * sd)
+        return math.floor(best)
+
+    def _with_cc(self, lag: float, n_hi: int, p: float) -> float:
+        """The least b >= lag with sum over J <= n_hi of P(e_J > b) + P(-e_J > b - lag) <= p
+        (exact sds up to 512 indices, their maximum beyond)."""
+        if n_hi <= 512:
+            sds = [self.cc.sd(j) for j in range(1, n_hi + 1)]
+            mult = 1
+        else:
+            from processor.core.cc import cc_sigma_max
+
+            sds = [cc_sigma_max(self.cc.eps, self.cc.delta, n_hi, self.cc.base, UNIT) / UNIT]
+            mult = n_hi
+
+        def failure(b: float) -> float:
+            return mult * sum(_gauss_sf(b / s) + _gauss_sf((b - lag) / s) for s in sds)
+
+        lo, hi = lag, lag + 1.0
+        while failure(hi) > p:
+            lo, hi = hi, lag + 2.0 * (hi - lag)
+        while hi - lo > 0.125:
+            mid = 0.5 * (lo + hi)
+            if failure(mid) > p:
+                lo = mid
+            else:
+                hi = mid
+        return hi
+
+
+@lru_cache(maxsize=4096)
+def _ecc_upto(model: EccBound, t: int, beta: float) -> float:
+    return model.upto(t, beta)
+
+
+@lru_cache(maxsize=256)
+def _ecc_model(eps: float, delta: float, base: str, calibration: str) -> EccBound:
+    from processor.core.ecc import ecc_parameters
+    from processor.core.svt import svt_scales
+
+    p = ecc_parameters(eps, delta, calibration)
+    t0, t1 = svt_scales(p.eps_part)
+    if bcc_eta(p.bcc_eps, p.bcc_delta) <= 0.0:
+        raise InvalidParameterError("eps too large for BCC's eta")
+    log_eta = math.log(0.5 * p.bcc_delta) - _log1pexp(p.bcc_eps)
+    return EccBound(_Svt(p.tau, p.eps_part, t0, t1),
+                    _CC(p.cc_eps, p.cc_delta, base, "c"),
+                    _CC(p.bcc_eps, p.bcc_delta / 2, base, "b"), p.bcc_eps, p.bcc_delta,
+                    log_eta)
+
+
+def ecc_bound(eps: float, delta: float, beta: float, t: int, base: str = "tree",
+              calibration: str = "paper") -> float:
+    """A bound on |y_t - s_t| (events) of ECC(eps, delta, calibration) whose CC and BCC run
+    on `base`, at tick t, holding with probability >= 1 - beta at that tick for every input
+    (per tick, not at all ticks at once). Non-decreasing in t. The argument is in the
+    module docstring (ECC section)."""
+    if not 0 < beta < 1:
+        raise InvalidParameterError("beta must be in (0, 1)")
+    return _ecc_model(float(eps), float(delta), base, calibration).bound(int(t), float(beta))

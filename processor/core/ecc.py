@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
 from processor.core.bounded import check_eps_delta
-from processor.core.bounds import simecc_bound
+from processor.core.bounds import ecc_bound, simecc_bound
 from processor.core.cc import BCC, UnboundedCC
 from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, from_units, to_units
@@ -185,9 +185,6 @@ class _EccBase(Counter):
                   ) -> Part | SimPart:
         raise NotImplementedError
 
-    def _part_bound(self, beta: float) -> float:
-        raise NotImplementedError
-
     # -- the contract ----------------------------------------------------------------------
 
     @property
@@ -288,23 +285,12 @@ class _EccBase(Counter):
         return (self.mechanism, self.eps, self.delta, self.calibration, self._bcc.base)
 
     def error_bound(self, beta: float = 0.05) -> float:
-        """A bound on |y_t - s_t| (events) holding with probability >= 1 - beta, from
-        (eps, delta, t) only: beta is split in three equal parts between the partition,
-        CC and BCC; s_t and the number of checkpoints are bounded by t (public).
+        """Holds with probability >= 1 - beta at the current tick (per tick, not over all
+        ticks at once): processor/core/bounds.py, from (eps, delta, calibration, base, t)."""
+        return self.error_bound_at(self._t, beta)
 
-        The CC and BCC terms of Theorem 4.3 are E_CC(l), E_BCC(l) at the (private) number
-        of checkpoints l <= t, and neither is monotone in l (the doubling-trick CC's error
-        drops at l = 2^j - 1), so they are bounded by their maximum over l <= t, not by
-        their value at t. This also makes the bound non-decreasing in t."""
-        if not 0 < beta < 1:
-            raise InvalidParameterError("beta must be in (0, 1)")
-        t = self._t
-        if t == 0:
-            return 0.0
-        b = beta / 3.0
-        e_bcc = self._bcc.alpha_max(b, t)  # ticks, i.e. events (at most one per tick)
-        e_cc = self._cc.alpha_max(b, t) / UNIT
-        return 2.0 * e_bcc + e_cc + self._part_bound(b)
+    def error_bound_at(self, t: int, beta: float = 0.05) -> float:
+        raise NotImplementedError
 
 
 class ECC(_EccBase):
@@ -324,8 +310,9 @@ class ECC(_EccBase):
     def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> Part:
         return Part(self._params.eps_part, self._params.tau, key, label, st)
 
-    def _part_bound(self, beta: float) -> float:
-        return ecc_part_term(self.eps, self.delta, beta, self._t, self.calibration)
+    def error_bound_at(self, t: int, beta: float = 0.05) -> float:
+        # BCC's base: the same as CC's (one construction in _setup).
+        return ecc_bound(self.eps, self.delta, beta, t, self._bcc.base, self.calibration)
 
 
 class SimECC(_EccBase):
@@ -340,14 +327,6 @@ class SimECC(_EccBase):
 
     def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> SimPart:
         return SimPart(self._sparams.eps_part, self._sparams.mu, key, label, st)
-
-    def _part_bound(self, beta: float) -> float:
-        return float(simecc_gap_bound(self.eps, self.delta, beta, self._t, self.calibration))
-
-    def error_bound(self, beta: float = 0.05) -> float:
-        """Holds with probability >= 1 - beta at the current tick (per tick, not over all
-        ticks at once): processor/core/bounds.py, from (eps, delta, calibration, base, t)."""
-        return self.error_bound_at(self._t, beta)
 
     def error_bound_at(self, t: int, beta: float = 0.05) -> float:
         # BCC's base: the same as CC's (one construction in _setup).

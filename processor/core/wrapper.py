@@ -130,5 +130,14 @@ class W(Counter):
             raise StateFormatError("w state: inner parameters do not match")
         return obj
 
+    def bound_key(self) -> tuple[object, ...]:
+        # the inner ECC's own key: its calibration and base change the bound too
+        return (self.mechanism, self.eps, self.delta, *self._inner.bound_key())
+
     def error_bound(self, beta: float = 0.05) -> float:
+        """The inner ECC(eps/2, delta/2)'s per-tick bound at the current tick (the padding
+        ticks of end() are ⊥ ticks of the inner ECC, covered the same way)."""
         return self._inner.error_bound(beta)
+
+    def error_bound_at(self, t: int, beta: float = 0.05) -> float:
+        return self._inner.error_bound_at(t, beta)
