@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+import numpy.typing as npt
 from scipy.special import log_ndtr, ndtr, ndtri
 
 from processor.core.bounded import tree_node_sigma2
@@ -606,18 +608,16 @@ class EccBound:
         """The most an instance's interval sum can be while it has not fired at a step whose
         noises satisfy Z_0 <= k0 and -Z_s <= k1 (k = k0 + k1): min(s, tau + 16 ln(l)/eps_p +
         (8/eps_p) ln(s + c) + k), maximised over local step s <= t and instance l <= n with
-        (l - 1) g + s <= t; on a geometric grid of s, each cell bounded by its worst ends."""
+        (l - 1) g + s <= t; on a geometric grid of s, each cell [a, b] bounded by its worst
+        ends (l from a, the log from b)."""
         v = self.svt
-        edges = list(range(1, min(t, 64) + 1))
-        while edges[-1] < t:
-            edges.append(min(t, math.ceil(edges[-1] * 1.05)))
-        best = 0.0
-        for a, b in zip([edges[0], *edges[:-1]], edges, strict=True):
-            l = min(n, (t - a) // g + 1)  # noqa: E741
-            val = (v.tau + 16.0 * math.log(l) / v.eps_p
-                   + 8.0 * math.log(b + v.c) / v.eps_p + k)
-            best = max(best, min(float(b), val))
-        return best
+        b = _grid(t)
+        a = np.concatenate(([1], b[:-1]))
+        ls = np.minimum(n, (t - a) // g + 1)
+        # + one unit: the threshold is floored from a float product
+        val = (v.tau + 16.0 * np.log(ls) / v.eps_p + 8.0 * np.log(b + v.c) / v.eps_p + k
+               + 1.0 / UNIT)
+        return float(np.max(np.minimum(b.astype(np.float64), val)))
 
     def upto(self, t: int, beta: float) -> float:
         """A bound valid at every tick <= t (ecc_bound's argument with t as the horizon);
@@ -630,7 +630,7 @@ class EccBound:
         open_sum = self.interval_sum(t, n, g, k0 + _dlap_over(self.svt.t1, 5.0 * share))
         lag = open_sum
         if n_hi >= 1:
-            d = math.floor(self.d_max(n_hi, 2.0 * share))  # every D_l, l <= n_hi
+            d = math.floor(_ecc_d_max(self, n_hi, 2.0 * share))  # every D_l, l <= n_hi
             if d >= 1:
                 # the step before the firing of the first unreleased block: one of the d
                 # ticks before t
@@ -638,7 +638,7 @@ class EccBound:
                 block = min(self.interval_sum(t, n, g, k0 + k1) + 1.0, float(t))
                 lag = max(open_sum, block + d - 1.0)
                 if d >= g:  # releases out of order: they span at most D_J - D_l ticks
-                    lag += min(d, self.out_of_order(n_hi, d // g, share))
+                    lag += min(d, _ecc_out_of_order(self, n_hi, d // g, share))
         lag = min(lag, float(t))
         if n_hi < 1:
             return lag
@@ -651,6 +651,8 @@ class EccBound:
         of the sds. Beyond 4096 indices: inf (the caller keeps its cap, the largest delay)."""
         if n_hi > 4096:
             return math.inf
+        if n_hi < 2:
+            return 0.0  # one checkpoint: nothing to come out of order with
         z = gaussian_upper(p / (n_hi * r))
         nonneg = self.bcc.base in _NONNEG_COV
         best = -math.inf
@@ -659,22 +661,23 @@ class EccBound:
                 a, b = self.bcc.sd(j), self.bcc.sd(l)
                 sd = math.sqrt(a * a + b * b) if nonneg else a + b
                 best = max(best, self.shift(j) - self.shift(l) + 1.0 + z * sd)
-        return math.floor(best)
+        return float(max(0, math.floor(best)))  # < 1: no release can come out of order
 
     def _with_cc(self, lag: float, n_hi: int, p: float) -> float:
         """The least b >= lag with sum over J <= n_hi of P(e_J > b) + P(-e_J > b - lag) <= p
         (exact sds up to 512 indices, their maximum beyond)."""
         if n_hi <= 512:
-            sds = [self.cc.sd(j) for j in range(1, n_hi + 1)]
+            sds = np.array([self.cc.sd(j) for j in range(1, n_hi + 1)])
             mult = 1
         else:
             from processor.core.cc import cc_sigma_max
 
-            sds = [cc_sigma_max(self.cc.eps, self.cc.delta, n_hi, self.cc.base, UNIT) / UNIT]
+            sds = np.array([cc_sigma_max(self.cc.eps, self.cc.delta, n_hi, self.cc.base,
+                                         UNIT) / UNIT])
             mult = n_hi
 
         def failure(b: float) -> float:
-            return mult * sum(_gauss_sf(b / s) + _gauss_sf((b - lag) / s) for s in sds)
+            return mult * float(np.sum(ndtr(-b / sds) + ndtr(-(b - lag) / sds)))
 
         lo, hi = lag, lag + 1.0
         while failure(hi) > p:
@@ -686,6 +689,26 @@ class EccBound:
             else:
                 hi = mid
         return hi
+
+
+@lru_cache(maxsize=1024)
+def _grid(t: int) -> npt.NDArray[np.int64]:
+    """1..64, then up by 5% per point to t (the cells' right ends)."""
+    edges = list(range(1, min(t, 64) + 1))
+    while edges[-1] < t:
+        edges.append(min(t, math.ceil(edges[-1] * 1.05)))
+    return np.array(edges, dtype=np.int64)
+
+
+@lru_cache(maxsize=4096)
+def _ecc_d_max(model: EccBound, top: int, p: float) -> float:
+    return model.d_max(top, p)
+
+
+@lru_cache(maxsize=4096)
+def _ecc_out_of_order(model: EccBound, n_hi: int, r: int, p: float) -> float:
+    # the same (n_hi, r) recurs for thousands of consecutive ticks
+    return model.out_of_order(n_hi, r, p)
 
 
 @lru_cache(maxsize=4096)
