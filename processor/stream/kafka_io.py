@@ -163,6 +163,39 @@ def check_access(conf: Mapping[str, str], timeout_s: float) -> None:
                 raise AccessRefused(text.split(" (after ")[0])  # without the timing suffix
 
 
+#: How long a command's start waits for the brokers to answer (`require_brokers`).
+PROBE_TIMEOUT_S = 10.0
+
+
+class BrokerUnavailable(RuntimeError):
+    """The brokers do not answer or refuse this client: one line naming the bootstrap
+    servers and the cause (never a credential)."""
+
+
+def require_brokers(conf: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> None:
+    """`check_access` at a command's start, its failure as one BrokerUnavailable line:
+    a refusal within about a second, brokers that do not answer after `timeout_s`."""
+    servers = conf.get("bootstrap.servers", "?")
+    try:
+        check_access(conf, timeout_s)
+    except AccessRefused as exc:
+        raise BrokerUnavailable(f"the Kafka brokers at {servers} refuse this client: "
+                                f"{exc}") from None
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
+        raise BrokerUnavailable(f"the Kafka brokers at {servers} do not answer ({what}); "
+                                "check bootstrap_servers and the security settings") from None
+
+
+def missing_topics(conf: Mapping[str, str], topics: Iterable[str],
+                   timeout_s: float = _DEFAULT_TIMEOUT_S) -> list[str]:
+    """The topics of `topics` the brokers do not have (one metadata request for all
+    topics: naming a missing one could make a broker auto-create it)."""
+    md = make_admin(conf).list_topics(timeout=timeout_s)
+    return [t for t in topics if t not in md.topics or md.topics[t].error is not None]
+
+
 def plain_config(bootstrap_servers: str) -> dict[str, str]:
     """Client config for an unsecured broker (tests and the local demo)."""
     return {"bootstrap.servers": bootstrap_servers}

@@ -94,7 +94,8 @@ Progress = Callable[[str, int, int], None]
 
 
 class ReplayError(RuntimeError):
-    """Replay cannot reach a verdict (exit 2): the timeline no longer starts at offset 0."""
+    """Replay cannot reach a verdict (exit 2): the brokers do not answer or refuse this
+    client, a topic does not exist, or the timeline no longer starts at offset 0."""
 
 
 @dataclass(frozen=True)
@@ -420,11 +421,23 @@ def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
     """Snapshot the topics in the cut's order (module docstring), recompute the timeline
     (in `jobs` processes, default `default_jobs`) and compare both public topics; due
     records missing from the snapshot get `settle_s` seconds to arrive (`_recheck_missing`).
-    ReplayError if the timeline was truncated or the brokers do not answer."""
+    ReplayError if the brokers do not answer or refuse this client (within
+    `kafka_io.PROBE_TIMEOUT_S`, the worker's start rule), a topic is missing, or the
+    timeline was truncated."""
     # librdkafka's own log lines (one per failed connection attempt) stay off stderr: a
     # broker that does not answer is reported once, by the error this raises.
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     try:
+        kafka_io.require_brokers(conf, min(timeout_s, kafka_io.PROBE_TIMEOUT_S))
+    except kafka_io.BrokerUnavailable as exc:
+        raise ReplayError(str(exc)) from None
+    topics = [kafka_io.topic_name(settings, t) for t in ("timeline", "counts", "ledger")]
+    try:
+        missing = kafka_io.missing_topics(conf, topics, timeout_s)
+        if missing:
+            raise ReplayError(f"no topic {', '.join(map(repr, missing))} on the brokers at "
+                              f"{settings.bootstrap_servers}: check [topics] in the "
+                              "configuration")
         return _replay(settings, key, conf, timeout_s, progress, jobs, settle_s)
     except KafkaException as exc:
         err = exc.args[0] if exc.args else None

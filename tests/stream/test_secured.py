@@ -6,11 +6,11 @@ One broker per mode, module-scoped, both started at once (the second JVM comes u
 the first mode's tests run). Per mode: the worker ingests events and a malformed record,
 publishes releases, and replay (the command line, reading the same config) finds them
 identical; a wrong password, an untrusted CA (and, for mutual TLS, a client certificate
-from a foreign CA) each stop the worker within seconds with one `error:` line naming the
-refusal, exit code 2, no secret in the output. Controls: a plaintext client gets nothing
-from the secured listener, and the failing configurations differ from the working one in
-that one setting only. Every check is exact (no statistics: false-alarm rate 0 on a
-correct system).
+from a foreign CA) each stop the worker and replay within seconds with one `error:` line
+naming the refusal, exit code 2, no secret in the output. Controls: a plaintext client
+gets nothing from the secured listener, and the failing configurations differ from the
+working one in that one setting only. Every check is exact (no statistics: false-alarm
+rate 0 on a correct system).
 """
 
 from __future__ import annotations
@@ -91,11 +91,12 @@ def secured_deployment(secured_kafka: LocalKafka, tmp_path: Path) -> Iterator[De
         dep.close()
 
 
-def _worker(settings: Settings, path: Path) -> tuple[subprocess.CompletedProcess[str], float]:
-    """Run the worker on `settings` until it exits; (result, seconds taken)."""
+def _worker(settings: Settings, path: Path, command: str = "worker"
+            ) -> tuple[subprocess.CompletedProcess[str], float]:
+    """Run the worker (or `command`) on `settings` until it exits; (result, seconds)."""
     config = write_config(settings, path)
     started = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "processor", "worker", "--config", str(config)],
+    res = subprocess.run([sys.executable, "-m", "processor", command, "--config", str(config)],
                          capture_output=True, text=True, timeout=120, cwd=str(ROOT),
                          env=worker_env())
     return res, time.monotonic() - started
@@ -156,21 +157,23 @@ def _refusals(kafka: LocalKafka, settings: Settings, tmp: Path) -> dict[str, Set
 @pytest.mark.kafka
 def test_refused_credentials_fail_fast_with_one_error_line(
         secured_kafka: LocalKafka, secured_deployment: Deployment, tmp_path: Path) -> None:
-    """A wrong password, an untrusted CA, a foreign client certificate: the worker stops
-    in seconds with exactly one `error:` line saying the brokers refuse this client and
-    why, exit code 2, no traceback, no password. Control: the unchanged configuration
-    passes the same access check (the refusal is the changed setting's)."""
+    """A wrong password, an untrusted CA, a foreign client certificate: the worker and
+    replay stop in seconds with exactly one `error:` line saying the brokers refuse this
+    client and why, exit code 2, no traceback, no password. Control: the unchanged
+    configuration passes the same access check (the refusal is the changed setting's)."""
     dep = secured_deployment
     kafka_io.check_access(dep.conf, 10.0)
-    for i, (what, settings) in enumerate(_refusals(secured_kafka, dep.settings,
-                                                   tmp_path).items()):
-        res, took = _worker(settings, tmp_path / f"refused-{i}.toml")
+    for i, (what, settings, command) in enumerate(
+            (w, s, c) for w, s in _refusals(secured_kafka, dep.settings, tmp_path).items()
+            for c in ("worker", "replay")):
+        res, took = _worker(settings, tmp_path / f"refused-{i}.toml", command)
+        what = f"{command}, {what}"
         out = (res.stdout + res.stderr).strip()
         lines = out.splitlines()
         assert res.returncode == 2, f"{what}: {out}"
         assert len(lines) == 1 and lines[0].startswith("error: "), f"{what}: {lines}"
         assert "refuse this client" in lines[0], f"{what}: {lines[0]}"
-        reason = "SASL authentication failed" if what == "wrong password" else "SSL"
+        reason = "SASL authentication failed" if "wrong password" in what else "SSL"
         assert reason in lines[0], f"{what}: {lines[0]}"
         assert PASSWORD not in out and "not-the-" not in out
         assert took < FAIL_FAST_S, f"{what}: took {took:.1f} s"
