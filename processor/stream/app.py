@@ -35,12 +35,13 @@ import signal
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 import faust
 from confluent_kafka import KafkaError, KafkaException
+from faust.types import TP, ConsumerT, Message
 
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
@@ -206,13 +207,14 @@ class FaustPublisher:
 class GapGuard:
     """Records of one topic that Faust never handed to our agent, fetched directly.
 
-    Around a rebalance Faust skips (and acknowledges) messages it fetched under the old
-    consumer generation or while flow control was suspended; when it does not seek back,
-    those offsets would never be processed, and at-least-once would lose them. The guard
-    keeps, per partition, the next offset this process expects (first from the group's
-    committed offset) and returns the records of any forward gap, read with a plain
-    consumer, so the agent processes them first, in order. Re-processing is always safe:
-    the operator is idempotent per timeline offset.
+    Around a rebalance Faust skips messages it fetched under the old consumer generation
+    or while flow control was suspended; when it does not seek back, those offsets would
+    never be processed, and at-least-once would lose them. The guard keeps, per
+    partition, the next offset this process expects (from the group's committed offset at
+    each assignment) and returns the records of any forward gap, read with a plain
+    consumer, so the agent processes them first, in order, and then acks them to Faust
+    (`ack_refetched`). Re-processing is always safe: the operator is idempotent per
+    timeline offset.
     """
 
     def __init__(self, conf: Mapping[str, str], group_id: str, topic: str,
@@ -228,23 +230,23 @@ class GapGuard:
         return self._topic
 
     async def reseed(self, partitions: set[int]) -> None:
-        """At a (re)assignment, before anything is fetched under it: expect each newly
-        assigned partition from the group's committed offset as it is now, each kept one
-        from where this worker got to, and forget the others.
+        """At a (re)assignment, before anything is fetched under it: expect each assigned
+        partition from the group's committed offset as it is now, and forget the others.
 
-        Faust may later acknowledge (and commit past) messages it cleared from its buffers
-        during the rebalance; with the expectation fixed here, the first message it does
-        deliver reveals that gap, which `missing` then re-reads.
+        Faust seeks every assigned partition back to that offset, and it can commit only
+        once every offset from there on is acked (`ack_refetched`). With the expectation
+        fixed here, the first message it does deliver reveals whatever it skipped, which
+        `missing` then re-reads, even on a partition this worker keeps and had applied
+        further: those records are applied again (no-ops) so that Faust sees them acked.
         """
         loop = asyncio.get_running_loop()
         committed: dict[int, int] = {}
         for p in sorted(partitions):
             committed[p] = await loop.run_in_executor(
                 None, kafka_io.committed_offset, self._conf, self._group, self._topic, p)
-        # Merged in one step, after every await: the agent may have moved on meanwhile. A
-        # partition this worker keeps across the rebalance starts from where it got to
-        # itself (the commit may lag that by up to the commit interval).
-        self._next = {p: max(c, self._next.get(p, c)) for p, c in committed.items()}
+        # Replaced in one step, after every await. Where the agent got to on a kept
+        # partition does not count: its acks there died with the old assignment.
+        self._next = committed
 
     async def missing(self, partition: int, offset: int) -> list[kafka_io.KafkaRecord]:
         loop = asyncio.get_running_loop()
@@ -264,6 +266,26 @@ class GapGuard:
                             "skipped", len(gap), self._topic, partition)
         self._next[partition] = max(expected, offset + 1)
         return gap
+
+
+def ack_refetched(consumer: ConsumerT, tp: TP, offsets: Iterable[int]) -> None:
+    """Ack to Faust's consumer the records of `tp` at `offsets` that GapGuard re-read and
+    the agent then applied (call it only after they are applied: an acked offset may be
+    committed).
+
+    faust-streaming 0.15.3 commits a partition up to the end of the run of acked offsets
+    that starts at its committed offset, and commits nothing while the smallest acked
+    offset is more than one past that (`Consumer._new_offset`). The records it skips
+    around a rebalance are never acked (its Cython stream iterator, the one in use,
+    returns a skipped event before the ack), so without these acks the partition's commit
+    stalls at the first of them until the next rebalance while the agent goes on.
+    `Consumer.ack` is the call Faust's own stream makes for each event it handled; a
+    `Message` carrying the consumer's own `tp` object is all it reads.
+    tests/stream/test_gap_acks.py fails if that bookkeeping changes shape.
+    """
+    for offset in offsets:
+        consumer.ack(Message(tp.topic, tp.partition, offset, 0.0, 0, None, None, None, None,
+                             tp=tp))
 
 
 def _raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
@@ -372,26 +394,27 @@ class Worker:
             msg = event.message
             # Records Faust skipped are committed first, in order, in the same batch: their
             # state belongs to the same partition.
-            records = [(r.offset, r.value or b"")
-                       for r in await self.gaps.missing(msg.partition, msg.offset)]
+            gap = await self.gaps.missing(msg.partition, msg.offset)
+            records = [(r.offset, r.value or b"") for r in gap]
             records.append((msg.offset, msg.value if isinstance(msg.value, bytes) else b""))
             # A clock probe changes nothing: not committing it keeps the batches (and the
             # commit's crash points) those of the records that carry something.
             records = [r for r in records if r[1] != PROBE_RECORD]
-            if not records:
-                continue
-            started = time.perf_counter()
-            try:
-                out = await self.batch_commit.commit(msg.partition, records)
-            except (AnnouncedCounterError, ParameterChangeError, KeyMismatchError) as exc:
-                self._refused(exc)
-            except StateFormatError as exc:
-                self._refused(CorruptStateError(exc, self.settings))
-            except Exception as exc:
-                self._operator_failed(exc)
-            self.metrics.add_operator(out.metrics)
-            self.surface.batch_committed(msg.partition, out.sealed_through, out.metrics,
-                                         time.perf_counter() - started)
+            if records:
+                started = time.perf_counter()
+                try:
+                    out = await self.batch_commit.commit(msg.partition, records)
+                except (AnnouncedCounterError, ParameterChangeError, KeyMismatchError) as exc:
+                    self._refused(exc)
+                except StateFormatError as exc:
+                    self._refused(CorruptStateError(exc, self.settings))
+                except Exception as exc:
+                    self._operator_failed(exc)
+                self.metrics.add_operator(out.metrics)
+                self.surface.batch_committed(msg.partition, out.sealed_through, out.metrics,
+                                             time.perf_counter() - started)
+            # Only now, applied: Faust acks `msg` itself when this iteration ends.
+            ack_refetched(self.app.consumer, msg.tp, (r.offset for r in gap))
 
     def _operator_failed(self, exc: BaseException) -> NoReturn:
         # The operator never raises on a well-formed record, so this is corrupt state or a
