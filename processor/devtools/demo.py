@@ -231,6 +231,10 @@ def _read_broker_state() -> str | None:
 
     try:
         state = json.loads(DEFAULT_STATE_FILE.read_text(encoding="utf-8"))
+        if state.get("security", "plaintext") != "plaintext":
+            raise RuntimeError("the local broker of `python deploy/kafka.py start` is secured "
+                               f"({state['security']}); the demo needs a plaintext one: stop "
+                               "it, or give the demo --bootstrap")
         kafka = LocalKafka.attach(state)
         if all(kafka.is_alive(i) for i in range(kafka.nodes)):
             return str(state["bootstrap_servers"])

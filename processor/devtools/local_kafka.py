@@ -8,6 +8,7 @@ or, equivalently, ``python -m processor.devtools.local_kafka ...``::
     python deploy/kafka.py fetch           # download the broker jars once (Maven Central)
     python deploy/kafka.py start           # one combined broker+controller node
     python deploy/kafka.py start-cluster   # three nodes, replication factor 3, min ISR 2
+    python deploy/kafka.py start --security sasl_ssl   # or mtls: a secured client listener
     python deploy/kafka.py status
     python deploy/kafka.py stop
 
@@ -24,6 +25,9 @@ SIGTERM, then SIGKILL after a timeout, and removes the temporary directory.
 the secured path: a fresh test CA and certificates (``make_tls_files``: PEM for clients,
 PKCS12 stores for the broker), SCRAM-SHA-512 users created at format time
 (``--add-scram``) or ``ssl.client.auth=required``; ``client_security()`` says how to connect.
+The command line's ``start --security MODE`` writes that next to its state file
+(``write_client_files``): a librdkafka properties file and the processor's
+``bootstrap_servers`` + ``[security]`` as TOML, both mode 0600; ``stop`` removes them.
 
 Only the Python standard library is needed to fetch (``deploy/setup.sh`` may run it with a
 bare interpreter); confluent_kafka is imported when a node's readiness is checked. The
@@ -1132,6 +1136,58 @@ class LocalKafka:
             shutil.rmtree(base, ignore_errors=True)
 
 
+# ----------------------------------------------------------------------------- client files
+
+
+def client_files(state_file: Path) -> tuple[Path, Path]:
+    """Where ``start --security`` writes how a client connects, next to ``state_file``:
+    (librdkafka properties, the processor's TOML settings)."""
+    stem = state_file.with_suffix("").name
+    return (state_file.with_name(f"{stem}-client.properties"),
+            state_file.with_name(f"{stem}-client.toml"))
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.unlink(missing_ok=True)  # a new file, so the mode below is its mode
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+
+
+def write_client_files(kafka: LocalKafka, state_file: Path) -> tuple[Path, Path]:
+    """Write how a client reaches ``kafka``'s client listener (``client_files``), mode
+    0600 (the SCRAM password is in them; the CA and the client certificate and key they
+    name live in the broker's directory):
+
+    - ``*-client.properties``: librdkafka keys, bootstrap.servers included (confluent-kafka,
+      ``kcat -F``, any librdkafka client);
+    - ``*-client.toml``: ``bootstrap_servers`` and the ``[security]`` table of the
+      processor's configuration, to merge into a config file (docs in deploy/README.md).
+    """
+    props_path, toml_path = client_files(state_file)
+    head = (f"Written by `python deploy/kafka.py start --security {kafka.security}` for the "
+            f"local broker at {kafka.bootstrap_servers}; `stop` deletes it.")
+    props = "".join(f"{k}={v}\n" for k, v in kafka.client_config().items())
+    _write_private(props_path, f"# {head}\n{props}")
+    # JSON strings of printable text are valid TOML basic strings.
+    fields = "".join(f"{k} = {json.dumps(v)}\n" for k, v in kafka.client_security().items())
+    _write_private(toml_path, f"# {head}\n# Merge into a processor configuration: replace "
+                   "its bootstrap_servers and its [security] table.\n"
+                   f"bootstrap_servers = {json.dumps(kafka.bootstrap_servers)}\n"
+                   f"[security]\n{fields}")
+    return props_path, toml_path
+
+
+def read_client_properties(path: Path) -> dict[str, str]:
+    """A properties file as ``write_client_files`` writes it: key=value lines, # comments."""
+    conf: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, _, value = line.partition("=")
+            conf[key.strip()] = value.strip()
+    return conf
+
+
 # ----------------------------------------------------------------------------- command line
 
 
@@ -1171,6 +1227,8 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
             return EXIT_FAILURE
         attached.stop()  # leftovers of a crashed run: clean them up
         state_file.unlink(missing_ok=True)
+    for path in client_files(state_file):
+        path.unlink(missing_ok=True)
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
     kafka = LocalKafka(
         nodes,
@@ -1180,13 +1238,23 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
         libs_dir=Path(args.libs_dir).resolve() if args.libs_dir else None,
         start_timeout=args.timeout,
         die_with_parent=args.foreground,
+        security=args.security,
     )
     started = time.monotonic()
     print(f"starting {nodes} Kafka node(s) on 127.0.0.1 ...", file=sys.stderr)
     kafka.start()
     took = time.monotonic() - started
+    written: tuple[Path, Path] | None = None
+    if args.security != "plaintext":
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        written = write_client_files(kafka, state_file)
+        print(f"client settings ({args.security}, mode 0600): {written[0]} (librdkafka) and "
+              f"{written[1]} (the processor's bootstrap_servers and [security])",
+              file=sys.stderr)
     print(f"Kafka is up in {took:.1f}s; bootstrap servers:", file=sys.stderr)
     print(kafka.bootstrap_servers, flush=True)
+    if written is not None:
+        print(f"client properties: {written[0]}", flush=True)
     if args.foreground:
         print("running in the foreground; Ctrl-C stops it", file=sys.stderr)
         # Block the signals and wait for one, instead of a KeyboardInterrupt mid-stop.
@@ -1195,9 +1263,12 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
         finally:
             kafka.stop()
+            for path in client_files(state_file):
+                path.unlink(missing_ok=True)
         return EXIT_OK
     state_file.parent.mkdir(parents=True, exist_ok=True)
-    state_file.write_text(json.dumps(kafka.state(), indent=2) + "\n", encoding="utf-8")
+    state = {**kafka.state(), "security": args.security}
+    state_file.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     print(f"stop it with: python deploy/kafka.py stop   (state in {state_file})", file=sys.stderr)
     return EXIT_OK
 
@@ -1210,6 +1281,8 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         return EXIT_OK
     LocalKafka.attach(state, stop_timeout=args.timeout).stop()
     state_file.unlink(missing_ok=True)
+    for path in client_files(state_file):
+        path.unlink(missing_ok=True)
     print("stopped", file=sys.stderr)
     return EXIT_OK
 
@@ -1220,6 +1293,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print("not running")
         return EXIT_FAILURE
     kafka = LocalKafka.attach(state)
+    security: dict[str, str] | None = None
+    props_file = client_files(Path(args.state_file))[0]
+    if state.get("security", "plaintext") != "plaintext" and props_file.is_file():
+        security = {k: v for k, v in read_client_properties(props_file).items()
+                    if k != "bootstrap.servers"}
     healthy = True
     expected = {int(n["node_id"]) for n in state["nodes"]}
     for i in range(kafka.nodes):
@@ -1227,7 +1305,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
         answer = "-"
         if alive:
             try:
-                ids = broker_ids(kafka.node_bootstrap(i), timeout=5.0)
+                ids = broker_ids(kafka.node_bootstrap(i), timeout=5.0, security=security)
                 answer = f"sees brokers {sorted(ids)}"
                 healthy = healthy and ids == expected
             except Exception as exc:
@@ -1268,6 +1346,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--timeout", type=float, default=120.0, help="startup timeout, seconds")
         p.add_argument(
             "--foreground", action="store_true", help="stay in the foreground until Ctrl-C"
+        )
+        p.add_argument(
+            "--security", choices=SECURITY_MODES, default="plaintext",
+            help="secure the client listener: sasl_ssl (SCRAM-SHA-512 over TLS, user "
+            "`client`, a random password) or mtls (TLS with client certificates); a fresh "
+            "test CA; the client settings are written next to the state file (mode 0600) "
+            "and their path printed (default plaintext)",
         )
     p_stop = sub.add_parser("stop", help="stop the nodes started by `start` and delete their data")
     p_stop.add_argument("--timeout", type=float, default=20.0, help="seconds before SIGKILL")

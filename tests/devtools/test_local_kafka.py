@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -308,6 +309,80 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
         [*base, "status", "--state-file", str(state)], capture_output=True, text=True
     )
     assert after.returncode == 1
+
+
+@pytest.mark.kafka
+@pytest.mark.usefixtures("local_kafka_available")
+def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> None:
+    """`start --security sasl_ssl` prints the bootstrap servers and the path of the client
+    properties; both client files are mode 0600 and hold the SCRAM password that the
+    output never shows. The properties produce and consume a record; the TOML, merged
+    into a processor configuration, gives the same client settings (Settings ->
+    kafka_io.base_config), and `python -m processor replay` on it gets past the brokers'
+    login to the missing topics. `status` answers over the secured listener; `stop`
+    removes the broker, its directory and the client files. Control: the same
+    configuration with a wrong password is refused."""
+    from processor.cli import write_key
+    from processor.stream import kafka_io
+    from processor.stream.config import load_settings
+
+    state = tmp_path / "state.json"
+    base = [sys.executable, str(KAFKA_SCRIPT)]
+    started = subprocess.run([*base, "start", "--security", "sasl_ssl", "--heap", "256m",
+                              "--state-file", str(state)],
+                             capture_output=True, text=True, timeout=180)
+    props_file, toml_file = lk.client_files(state)
+    try:
+        assert started.returncode == 0, started.stderr
+        info = json.loads(state.read_text())
+        bootstrap, line = started.stdout.strip().splitlines()
+        assert bootstrap == info["bootstrap_servers"] and info["security"] == "sasl_ssl"
+        assert line == f"client properties: {props_file}"
+        for path in (props_file, toml_file):
+            assert path.stat().st_mode & 0o777 == 0o600, path
+        conf = lk.read_client_properties(props_file)
+        password = conf["sasl.password"]
+        assert password and password not in started.stdout + started.stderr
+        assert conf["bootstrap.servers"] == bootstrap
+        assert conf["security.protocol"] == "sasl_ssl"
+
+        topic = f"secured-cli-{uuid.uuid4().hex[:8]}"
+        kafka_io.create_topics(conf, [topic], 1)
+        kafka_io.produce_all(conf, topic, [(None, b"over sasl_ssl")])
+        assert [r.value for r in kafka_io.read_topic(conf, topic)[0]] == [b"over sasl_ssl"]
+
+        key = write_key(tmp_path / "noise.key")
+        config = tmp_path / "worker.toml"
+
+        def write_config(text: str) -> None:
+            config.write_text(f"noise_key_file = {json.dumps(str(key))}\n{text}"
+                              "[counters]\na = 0\n")
+
+        write_config(toml_file.read_text())
+        assert kafka_io.base_config(load_settings(str(config), {})) == conf
+        replay = [sys.executable, "-m", "processor", "replay", "--config", str(config)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DPC_")}
+        res = subprocess.run(replay, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env=env)
+        assert res.returncode == 2 and "no topic" in res.stderr, res.stderr
+
+        status = subprocess.run([*base, "status", "--state-file", str(state)],
+                                capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0, status.stdout
+
+        # Control: one wrong setting, and the brokers refuse.
+        write_config(toml_file.read_text().replace(password, "not-the-password"))
+        res = subprocess.run(replay, capture_output=True, text=True, timeout=60, cwd=ROOT,
+                             env=env)
+        assert res.returncode == 2 and "SASL authentication failed" in res.stderr, res.stderr
+        assert password not in res.stderr
+    finally:
+        stopped = subprocess.run([*base, "stop", "--state-file", str(state)],
+                                 capture_output=True, text=True, timeout=60)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not state.exists() and not props_file.exists() and not toml_file.exists()
+    assert not Path(info["base_dir"]).exists()
+    assert not running(info["nodes"][0]["pid"])
 
 
 # ----------------------------------------------------------------------------- no broker
