@@ -1,4 +1,5 @@
-"""Per-release error bounds of SimECC from public quantities (parameters, beta and t).
+"""Per-release error bounds of SimECC and ECC (and W) from public quantities (parameters,
+beta and t).
 
 What the bound guarantees: for every input stream and every tick t separately,
 P(|y_t - s_t| > bound(t)) <= beta (per-tick coverage). It is not a bound that holds at
@@ -38,6 +39,41 @@ far less than the float rounding of the bound.
 
 The bound is a function of (eps, delta, calibration, base, beta, t) only. It is not
 monotone in t: before the first release can have happened it is t itself, then it drops.
+
+ECC (and W, which publishes its inner ECC(eps/2, delta/2)'s bound; `end()`'s padding
+ticks are ⊥ ticks of that ECC) has the same per-tick semantics (ecc_bound, the project's
+own argument on the paper's Algorithms 1-3 and Lemmas 3.12/3.13). Part's checkpoints
+depend on the data, so there is no window of indices from below; everything private (the
+number of checkpoints, the SVT instance and its local step, which checkpoint is shown) is
+maximised over a range that holds with high probability for every input. Part's l-th SVT
+fires at local step s iff v_s + Z_s > floor(thr UNIT) + Z_0 with thr = tau + 16 ln(l)/eps_p
++ (8/eps_p) ln(s + c); Z_0 ~ DLap(t0) once per instance, Z_s ~ DLap(t1) fresh per step
+(the skip path samples the same law exactly, so the dense law is what is bounded). beta is
+split in twentieths:
+  - (1) blocks are long: an instance fires with sum <= tau - x - y only if Z_0 < -y or
+    some Z_s > (8/eps_p) ln(s + c) + x (sum_s (s + c)^-alpha e^{-x/b1} converges), so with
+    n = floor(t/G) + 1 instances at p/n each, every block has >= G = floor(tau - x - y)
+    ticks, N_t <= n - 1 =: n_hi, and instance l starts after tick (l - 1) G;
+  - (2) Z_0 <= k0 for every instance l <= n (a union over n);
+  - (5) the open block at t: if the SVT did not fire at t its sum v is at most
+    thr + Z_0 - Z_t, and Z_t, the step noise drawn at tick t, is fresh given the past: one
+    tail, not a union over instances and steps. Maximised over s <= t, l <= n with
+    (l - 1) G + s <= t (and v <= s);
+  - (2) every BCC delay D_l (l <= n_hi) is <= d (D_l <= a_l + e'_l + 1, a Gaussian tail);
+  - (3) the first unreleased block u closed at t_u > t - D_u, so its sum is at most one
+    event more than the ⊥ step at tick t_u - 1, one of the d ticks before t: a union of
+    the step noise over those d ticks;
+  - (1) out of order: a block l > J released no later than J has t_l - t_J <= D_J - D_l <=
+    a_J - a_l + 1 + e'_J - e'_l; with blocks >= G ticks only l - J <= d/G can, a union
+    over those pairs (none when d < G); beyond 4096 indices the cap d is used;
+  - (6) CC: y_t = s(t_J) + e_J for the checkpoint J shown (J <= n_hi; J = 0: y_t = 0), and
+    |y_t - s_t| > b needs e_J > b or -e_J > b - lag; a union over J <= n_hi with the exact
+    sd of each e_J (their maximum beyond 512 indices), the least such b by bisection.
+The lag s_t - s(t_J) is then at most max(open, block_u + d - 1) plus the out-of-order
+span, and at most t: events after t_u are within D_u - 1 ticks, and blocks between J and u
+are out-of-order ones. Every quantity grows with t, so the bound computed at the end of a
+block of ticks (t/256 beyond 2^12) is valid at every tick of the block: ECC's bound is
+non-decreasing in t.
 """
 
 from __future__ import annotations
@@ -546,26 +582,47 @@ class _Svt:
         return math.exp(-x / b1) * math.pow(self.c, 1.0 - alpha) / (alpha - 1.0)
 
 
-def _ecc_windows(svt: _Svt, t: int, p: float) -> tuple[int, int]:
-    """(n, G): with probability >= 1 - p every one of Part's first n instances that fires
-    closes a block of at least G ticks (then N_t <= n - 1, and instance l starts after
-    tick (l - 1) G). An instance fires at step s only if v_s + Z_s > floor(thr_s UNIT) +
-    Z_0, so with Z_0 >= -y and Z_s <= (8/eps_p) ln(s + c) + x (events) its sum exceeds
-    tau - x - y - 2^-16, and a block has at least as many ticks as events. Each instance
-    gets p / n, half to Z_0 and half to its steps (_Svt.steps_over). Found by raising n
-    until n = floor(t / G) + 1 for the G that share allows; G = 1, n = t + 1 (nothing
-    assumed) when the noise leaves no margin."""
+@dataclass(frozen=True)
+class _Blocks:
+    """Part's blocks with probability >= 1 - p: N_t <= n - 1, and instance l (l <= n)
+    starts no earlier than after tick starts[l - 1] (None: only l - 1 ticks, nothing
+    assumed); every block is at least g ticks long."""
+
+    n: int
+    g: int
+    starts: npt.NDArray[np.int64] | None
+
+    def last_instance(self, t: int, s: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The largest instance that can be at local step s at tick t (each s >= 1)."""
+        if self.starts is None:
+            return np.minimum(self.n, t - s + 1)
+        return np.minimum(self.n, np.searchsorted(self.starts, t - s, side="right"))
+
+
+def _ecc_windows(svt: _Svt, t: int, p: float) -> _Blocks:
+    """Every one of Part's first n instances that fires closes a block of at least
+    G_l = floor(tau + 16 ln(l)/eps_p - x - y) ticks, with probability >= 1 - p. Instance l
+    fires at step s only if v_s + Z_s > floor(thr_s UNIT) + Z_0, so with Z_0 >= -y and
+    Z_s <= (8/eps_p) ln(s + c) + x (events) its sum exceeds tau_l - x - y - 2^-16, and a
+    block has at least as many ticks as events. Then the first n blocks take more than t
+    ticks when G_1 + ... + G_n > t, so N_t <= n - 1. Each instance gets p / n, half to Z_0
+    and half to its steps (_Svt.steps_over); n is raised until it is the least with
+    G_1 + ... + G_n > t for the G that share allows. When the noise leaves no margin
+    (G_1 <= 1) nothing is assumed: n = t + 1."""
     n = 1
     while True:
         q = p / n
         y = _dlap_over(svt.t0, q / 2.0)
         x = max(0.0, svt.t1 / UNIT * math.log(2.0 * svt.steps_over(0.0) / q))
-        g = math.floor(svt.tau - x - y)
-        if g <= 1:
-            return t + 1, 1
-        need = t // g + 1
+        g1 = math.floor(svt.tau - x - y)
+        if g1 <= 1:
+            return _Blocks(t + 1, 1, None)
+        ls = np.arange(1, t // g1 + 2)
+        sizes = np.floor(svt.tau + 16.0 * np.log(ls) / svt.eps_p - x - y).astype(np.int64)
+        ends = np.cumsum(sizes)
+        need = int(np.searchsorted(ends, t, side="right")) + 1  # least m with ends > t
         if need <= n:
-            return n, g
+            return _Blocks(n, g1, np.concatenate(([0], ends[:n - 1])))
         n = need
 
 
@@ -604,16 +661,16 @@ class EccBound:
         sd = cc_sigma_max(self.bcc.eps, self.bcc.delta, top, self.bcc.base, UNIT) / UNIT
         return sd * (log_tail_factor(self.log_eta, top) + z) + 1.0
 
-    def interval_sum(self, t: int, n: int, g: int, k: float) -> float:
+    def interval_sum(self, t: int, blocks: _Blocks, k: float) -> float:
         """The most an instance's interval sum can be while it has not fired at a step whose
         noises satisfy Z_0 <= k0 and -Z_s <= k1 (k = k0 + k1): min(s, tau + 16 ln(l)/eps_p +
-        (8/eps_p) ln(s + c) + k), maximised over local step s <= t and instance l <= n with
-        (l - 1) g + s <= t; on a geometric grid of s, each cell [a, b] bounded by its worst
-        ends (l from a, the log from b)."""
+        (8/eps_p) ln(s + c) + k), maximised over local step s <= t and the instances l that
+        can be at step s at tick t (blocks.last_instance); on a geometric grid of s, each
+        cell [a, b] bounded by its worst ends (l from a, the log from b)."""
         v = self.svt
         b = _grid(t)
         a = np.concatenate(([1], b[:-1]))
-        ls = np.minimum(n, (t - a) // g + 1)
+        ls = blocks.last_instance(t, a)
         # + one unit: the threshold is floored from a float product
         val = (v.tau + 16.0 * np.log(ls) / v.eps_p + 8.0 * np.log(b + v.c) / v.eps_p + k
                + 1.0 / UNIT)
@@ -624,10 +681,11 @@ class EccBound:
         beta in twentieths: windows 1, Z_0 2, this tick's step 5, delays 2, the step
         before a firing 3, out-of-order releases 1, CC 6."""
         share = beta / 20.0
-        n, g = _ecc_windows(self.svt, t, share)  # blocks >= g ticks, N_t < n
+        blocks = _ecc_windows(self.svt, t, share)
+        n, g = blocks.n, blocks.g
         k0 = _dlap_over(self.svt.t0, 2.0 * share / n)  # Z_0 of the instances l <= n
         n_hi = n - 1
-        open_sum = self.interval_sum(t, n, g, k0 + _dlap_over(self.svt.t1, 5.0 * share))
+        open_sum = self.interval_sum(t, blocks, k0 + _dlap_over(self.svt.t1, 5.0 * share))
         lag = open_sum
         if n_hi >= 1:
             d = math.floor(_ecc_d_max(self, n_hi, 2.0 * share))  # every D_l, l <= n_hi
@@ -635,7 +693,7 @@ class EccBound:
                 # the step before the firing of the first unreleased block: one of the d
                 # ticks before t
                 k1 = _dlap_over(self.svt.t1, 3.0 * share / d)
-                block = min(self.interval_sum(t, n, g, k0 + k1) + 1.0, float(t))
+                block = min(self.interval_sum(t, blocks, k0 + k1) + 1.0, float(t))
                 lag = max(open_sum, block + d - 1.0)
                 if d >= g:  # releases out of order: they span at most D_J - D_l ticks
                     lag += min(d, _ecc_out_of_order(self, n_hi, d // g, share))
@@ -646,26 +704,24 @@ class EccBound:
 
     def out_of_order(self, n_hi: int, r: int, p: float) -> float:
         """A bound on D_J - D_l over the pairs J < l <= n_hi, l - J <= r, failing with
-        probability <= p: D_J - D_l <= a_J - a_l + 1 + (e'_J - e'_l), the sd of the
-        difference at most sqrt(v_J + v_l) where BCC's covariances are >= 0, else the sum
-        of the sds. Beyond 4096 indices: inf (the caller keeps its cap, the largest delay)."""
+        probability <= p: D_J - D_l <= a_J - a_l + 1 + (e'_J - e'_l), with the sd of the
+        difference from _diff_sd. Beyond 4096 indices: inf (the caller keeps its cap, the
+        largest delay)."""
         if n_hi > 4096:
             return math.inf
         if n_hi < 2:
             return 0.0  # one checkpoint: nothing to come out of order with
         z = gaussian_upper(p / (n_hi * r))
-        nonneg = self.bcc.base in _NONNEG_COV
         best = -math.inf
         for l in range(2, n_hi + 1):  # noqa: E741
             for j in range(max(1, l - r), l):
-                a, b = self.bcc.sd(j), self.bcc.sd(l)
-                sd = math.sqrt(a * a + b * b) if nonneg else a + b
+                sd = _diff_sd(self.bcc, j, l)
                 best = max(best, self.shift(j) - self.shift(l) + 1.0 + z * sd)
         return float(max(0, math.floor(best)))  # < 1: no release can come out of order
 
     def _with_cc(self, lag: float, n_hi: int, p: float) -> float:
-        """The least b >= lag with sum over J <= n_hi of P(e_J > b) + P(-e_J > b - lag) <= p
-        (exact sds up to 512 indices, their maximum beyond)."""
+        """The least b >= lag (a multiple of 1/8) with sum over J <= n_hi of P(e_J > b) +
+        P(-e_J > b - lag) <= p (exact sds up to 512 indices, their maximum beyond)."""
         if n_hi <= 512:
             sds = np.array([self.cc.sd(j) for j in range(1, n_hi + 1)])
             mult = 1
@@ -679,25 +735,60 @@ class EccBound:
         def failure(b: float) -> float:
             return mult * float(np.sum(ndtr(-b / sds) + ndtr(-(b - lag) / sds)))
 
-        lo, hi = lag, lag + 1.0
-        while failure(hi) > p:
-            lo, hi = hi, lag + 2.0 * (hi - lag)
-        while hi - lo > 0.125:
-            mid = 0.5 * (lo + hi)
-            if failure(mid) > p:
+        # the least multiple of 1/8 >= lag that passes: failure falls in b and grows with
+        # lag (and with the sds), so the answer never decreases when they grow
+        lo = math.ceil(8.0 * lag)
+        if failure(lo / 8.0) <= p:
+            return lo / 8.0
+        step = 1
+        while failure((lo + step) / 8.0) > p:
+            lo, step = lo + step, 2 * step
+        hi = lo + step  # failure(lo) > p >= failure(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if failure(mid / 8.0) > p:
                 lo = mid
             else:
                 hi = mid
-        return hi
+        return hi / 8.0
+
+
+def _diff_sd(cc: _CC, j: int, l: int) -> float:  # noqa: E741
+    """An upper bound on the sd of e_j - e_l (j < l) of one UnboundedCC. Its noise at step
+    m is the sum of one release p_k per interval complete at m (i.i.d., variance pv) and
+    the running interval's bounded counter, independent of all p_k (cc.cc_sigma). Steps in
+    different intervals: the difference is the p_k completed in between plus the two
+    running counters, all independent (exact). In the same interval the p_k cancel and the
+    two values of one bounded counter remain: variance <= v_j + v_l where its covariances
+    are >= 0 (_NONNEG_COV), else (sd_j + sd_l)^2."""
+    pv = _psum_var(cc.eps, cc.delta, cc.base, UNIT) / UNIT**2
+    kj, kl = (j + 1).bit_length() - 1, (l + 1).bit_length() - 1
+    vj = max(0.0, cc.sd(j) ** 2 - kj * pv)
+    vl = max(0.0, cc.sd(l) ** 2 - kl * pv)
+    if kj != kl:
+        return math.sqrt((kl - kj) * pv + vj + vl)
+    if cc.base in _NONNEG_COV:
+        return math.sqrt(vj + vl)
+    return math.sqrt(vj) + math.sqrt(vl)
+
+
+def _edges() -> npt.NDArray[np.int64]:
+    edges = list(range(1, 65))
+    while edges[-1] < 1 << 62:
+        edges.append(math.ceil(edges[-1] * 1.05))
+    return np.array(edges, dtype=np.int64)
+
+
+#: 1..64, then up by 5% per point: the same cells for every t (a finer grid at a later t
+#: could lower the maximum, and the bound is to be non-decreasing in t).
+_EDGES = _edges()
 
 
 @lru_cache(maxsize=1024)
 def _grid(t: int) -> npt.NDArray[np.int64]:
-    """1..64, then up by 5% per point to t (the cells' right ends)."""
-    edges = list(range(1, min(t, 64) + 1))
-    while edges[-1] < t:
-        edges.append(min(t, math.ceil(edges[-1] * 1.05)))
-    return np.array(edges, dtype=np.int64)
+    """The cells' right ends up to t: the fixed edges below t, then t."""
+    below = _EDGES[np.less(_EDGES, t)]
+    return np.concatenate((below, [t])).astype(np.int64)
 
 
 @lru_cache(maxsize=4096)

@@ -69,7 +69,7 @@ def test_simulated_coverage_on_stream_shapes(eps: float, calibration: str) -> No
     bound = np.array([ecc_bound(eps, DELTA, BETA, int(t), DEFAULT_BASE, calibration)
                       for t in ticks])
     m = _ecc_model(eps, DELTA, DEFAULT_BASE, calibration)
-    n_hi = np.array([_ecc_windows(m.svt, int(t), BETA / 20.0)[0] - 1 for t in ticks])
+    n_hi = np.array([_ecc_windows(m.svt, int(t), BETA / 20.0).n - 1 for t in ticks])
     cc_only = np.array([gaussian_upper(BETA / 2) * max(m.cc.sd(j) for j in range(1, n + 1))
                         if n >= 1 else 0.0 for n in n_hi])
     streams = _streams(runs, horizon, ecc_parameters(eps, DELTA, calibration).tau)
