@@ -250,17 +250,8 @@ class _DemoWorker(WorkerProcess):
     when the demo goes, even killed: a demo never leaves its worker running. It stays in
     the demo's process group, so the terminal's Ctrl-C reaches it too."""
 
-    def start(self) -> WorkerProcess:
-        if self.alive():
-            raise RuntimeError("worker already running")
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
-        self.proc = subprocess.Popen(
-            die_with_parent([sys.executable, "-m", "processor", "worker", "--config",
-                             self.config_path, "--loglevel", self.loglevel], "TERM"),
-            stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            cwd=str(ROOT), env=self.env)
-        self.starts += 1
-        return self
+    def command(self) -> list[str]:
+        return die_with_parent(super().command(), "TERM")
 
 
 # --- the live view, as a child process ---------------------------------------------------

@@ -124,12 +124,16 @@ class WorkerProcess:
             raise RuntimeError("worker already running")
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "processor", "worker", "--config", self.config_path,
-             "--loglevel", self.loglevel],
+            self.command(),
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             cwd=str(ROOT), env=self.env)
         self.starts += 1
         return self
+
+    def command(self) -> list[str]:
+        """The worker's command line (a subclass may wrap it)."""
+        return [sys.executable, "-m", "processor", "worker", "--config", self.config_path,
+                "--loglevel", self.loglevel]
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
