@@ -590,7 +590,10 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     partitions = settings.partitions
     keyed = [kafka_io.topic_name(settings, "timeline"), changelog_topic(settings)]
     try:
-        kafka_io.check_access(conf, BROKER_WAIT_S)
+        kafka_io.require_brokers(conf, BROKER_WAIT_S)
+    except kafka_io.BrokerUnavailable as exc:
+        raise StartError(str(exc)) from None
+    try:
         if replication is None:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
         # The input belongs to its producers: created (if missing) with the broker's
@@ -610,15 +613,8 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                                config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
         have = {t: kafka_io.partitions_with_leaders(conf, t, partitions, BROKER_WAIT_S)
                 for t in keyed}
-    except kafka_io.AccessRefused as exc:
-        raise StartError(f"the Kafka brokers at {settings.bootstrap_servers} refuse this "
-                         f"client: {exc}") from None
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
-        raise StartError(f"the Kafka brokers at {settings.bootstrap_servers} do not answer "
-                         f"({what}); check bootstrap_servers and the security settings"
-                         ) from None
+    except (kafka_io.AccessRefused, KafkaException) as exc:
+        raise StartError(kafka_io.broker_failure(conf, exc)) from None
     except RuntimeError as exc:  # a topic that cannot be created (message names it)
         raise StartError(str(exc)) from None
     for topic, n in have.items():

@@ -175,17 +175,23 @@ class BrokerUnavailable(RuntimeError):
 def require_brokers(conf: Mapping[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """`check_access` at a command's start, its failure as one BrokerUnavailable line:
     a refusal within about a second, brokers that do not answer after `timeout_s`."""
-    servers = conf.get("bootstrap.servers", "?")
     try:
         check_access(conf, timeout_s)
-    except AccessRefused as exc:
-        raise BrokerUnavailable(f"the Kafka brokers at {servers} refuse this client: "
-                                f"{exc}") from None
-    except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
-        raise BrokerUnavailable(f"the Kafka brokers at {servers} do not answer ({what}); "
-                                "check bootstrap_servers and the security settings") from None
+    except (AccessRefused, KafkaException) as exc:
+        raise BrokerUnavailable(broker_failure(conf, exc)) from None
+
+
+def broker_failure(conf: Mapping[str, str], exc: Exception) -> str:
+    """The one line a command prints when the brokers refuse it (AccessRefused) or a
+    request to them fails (KafkaException): the bootstrap servers and the cause, never a
+    credential."""
+    servers = conf.get("bootstrap.servers", "?")
+    if isinstance(exc, AccessRefused):
+        return f"the Kafka brokers at {servers} refuse this client: {exc}"
+    err = exc.args[0] if exc.args else None
+    what = err.name() if isinstance(err, KafkaError) else type(exc).__name__
+    return (f"the Kafka brokers at {servers} do not answer ({what}); check bootstrap_servers "
+            "and the security settings")
 
 
 def missing_topics(conf: Mapping[str, str], topics: Iterable[str],

@@ -63,7 +63,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaException
 
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
@@ -440,11 +440,7 @@ def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
                               "configuration")
         return _replay(settings, key, conf, timeout_s, progress, jobs, settle_s)
     except KafkaException as exc:
-        err = exc.args[0] if exc.args else None
-        what = f"{err.name()}: {err.str()}" if isinstance(err, KafkaError) else str(exc)
-        raise ReplayError(f"the Kafka brokers at {settings.bootstrap_servers} do not answer "
-                          f"({what}); check bootstrap_servers and the security settings"
-                          ) from None
+        raise ReplayError(kafka_io.broker_failure(conf, exc)) from None
 
 
 def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference], result: Recomputed,
