@@ -12,10 +12,13 @@ A. one worker, the fuzz corpus (`--records`, every category in the first chunk) 
 B. two workers of one group: SIGSTOP pauses of one past the session timeout (`--pauses`)
    and SIGKILLs of one of the two (`--pair-kills`), records fed meanwhile;
 C. a three-node LocalKafka cluster: brokers SIGKILLed and restarted (`--broker-kills`)
-   while one worker runs and records flow.
+   while one worker runs and records flow;
+D. a three-node LocalKafka cluster (min ISR 2): two brokers SIGKILLed at once for
+   `--outage-s` seconds (`--outages` times) while one worker runs and records are fed:
+   producers, ingest and the worker can only wait.
 
 Phases A and B use `--bootstrap` or, by default, a single local node this script starts;
-phase C always starts its own cluster. Every broker and worker started here is stopped at
+phases C and D always start their own cluster. Every broker and worker started here is stopped at
 the end. Prints one JSON document of figures; exit code 0 when every phase passed.
 """
 
@@ -170,6 +173,29 @@ def phase_c(parent: Path, rng: random.Random, records: int,
             dep.close()
 
 
+def phase_d(parent: Path, rng: random.Random, records: int, outages: int,
+            outage_s: float) -> dict[str, Any]:
+    """A three-node cluster: two brokers down at once while records are fed."""
+    started = time.monotonic()
+    with broker(None, nodes=3) as (bootstrap, cluster):
+        assert cluster is not None
+        dep = deployment(bootstrap, "campD", parent, 8)
+        try:
+            driver = KillDriver(dep, rng, bad_share=BAD_SHARE)
+            dep.worker.start()
+            chunk = max(100, records // (2 * outages + 1))
+            driver.feed(chunk)
+            dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
+            for i in range(outages):
+                driver.feed(chunk)
+                say(f"D: outage {i + 1}/{outages}: two brokers down for {outage_s:.0f} s")
+                driver.broker_outage(cluster, 2, outage_s, feed=chunk)
+            return finish(driver, dep, started, {"phase": "D: three brokers, two down at once",
+                                                 "outage_s": outage_s})
+        finally:
+            dep.close()
+
+
 def save(path: str | None, results: list[dict[str, Any]]) -> None:
     """The phases done so far, so an interrupted run keeps what it measured."""
     if path:
@@ -195,9 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pair-kills", type=int, default=4,
                    help="phase B kills of one of the two workers (default 4)")
     p.add_argument("--broker-kills", type=int, default=3, help="phase C (default 3)")
+    p.add_argument("--outages", type=int, default=2,
+                   help="phase D: times two of three brokers go down at once (default 2)")
+    p.add_argument("--outage-s", type=float, default=20.0,
+                   help="phase D: how long they stay down (default %(default)s)")
     p.add_argument("--phase-records", type=int, default=5000,
-                   help="records fed in phases B and C each (default %(default)s)")
-    p.add_argument("--phases", default="ABC", help="which phases to run (default ABC)")
+                   help="records fed in phases B, C and D each (default %(default)s)")
+    p.add_argument("--phases", default="ABCD", help="which phases to run (default ABCD)")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--bootstrap", help="broker of phases A and B (default: start one)")
     p.add_argument("--out", help="also write the JSON figures to this file")
@@ -223,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
         if "C" in args.phases:
             say("phase C")
             results.append(phase_c(parent, rng, args.phase_records, args.broker_kills))
+            save(args.out, results)
+        if "D" in args.phases:
+            say("phase D")
+            results.append(phase_d(parent, rng, args.phase_records, args.outages,
+                                   args.outage_s))
             save(args.out, results)
     kills: Counter[str] = Counter()
     for r in results:

@@ -28,6 +28,7 @@ import contextlib
 import random
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections import Counter as Tally
@@ -250,7 +251,8 @@ def fuzz_corpus(ctx: CorpusContext, rng: random.Random, *, bad: int, valid: int,
         rec = FuzzRecord(name, raw, None, counter, to_units(value))
         out.append(rec)
     # Exact duplicates of some valid records (a producer's retry or a replayed file).
-    for rec in rng.sample([r for r in out if r.reason is None], k=max(1, valid // 50)):
+    valid_out = [r for r in out if r.reason is None]
+    for rec in rng.sample(valid_out, k=min(len(valid_out), max(1, valid // 50))):
         out.append(FuzzRecord("duplicate_record", rec.raw, None, rec.counter, rec.units))
     rng.shuffle(out)
     return out
@@ -463,8 +465,9 @@ class KillDriver:
         return CorpusContext(tuple(sorted(s.counters)), self._start_ms,
                              int(time.time() * 1000), s.max_future_ms)
 
-    def feed(self, n: int) -> int:
-        """Produce `n` corpus records (the first call includes every category)."""
+    def feed(self, n: int, timeout_s: float | None = None) -> int:
+        """Produce `n` corpus records (the first call includes every category); wait up to
+        `timeout_s` for the acks (default: the deployment's producer's own wait)."""
         bad = max(0, round(n * self.bad_share))
         valid = max(0, n - bad)
         if self._first:
@@ -474,7 +477,11 @@ class KillDriver:
         self._first = False
         merged = expectations([*self.expected.values(), *corpus])
         self.expected = merged
-        sent = self.dep.produce(r.raw for r in corpus)
+        if timeout_s is None:
+            sent = self.dep.produce(r.raw for r in corpus)
+        else:
+            sent = kafka_io.produce_all(self.dep.conf, self.dep.topics.input,
+                                        ((None, r.raw) for r in corpus), timeout_s=timeout_s)
         self.counts["records_fed"] += sent
         return sent
 
@@ -575,23 +582,65 @@ class KillDriver:
         _pause(down_s)
         cluster.restart_node(i)
 
+    def broker_outage(self, cluster: LocalKafka, down: int, down_s: float,
+                      feed: int) -> None:
+        """SIGKILL `down` nodes of `cluster` at once (chosen at random), feed `feed` records
+        meanwhile from another thread (their acks wait for the brokers), restart the
+        nodes after `down_s`. With two of three nodes down the controller quorum and
+        min ISR 2 are lost: producers, ingest and the worker can only wait."""
+        nodes = self.rng.sample(range(cluster.nodes), down)
+        for i in nodes:
+            cluster.kill_node(i)
+        self.counts["broker_outages"] += 1
+        self.counts["broker_kills"] += down
+        fed: list[int] = []
+        failed: list[BaseException] = []
+
+        def feeder() -> None:
+            try:
+                for _ in range(10):
+                    fed.append(self.feed(max(1, feed // 10), timeout_s=down_s + 300.0))
+            except Exception as exc:  # raised again in the calling thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=feeder, name="outage-feeder", daemon=True)
+        thread.start()
+        _pause(down_s)
+        # A worker that gave up is no stall; drain_and_stop restarts it, so the checks
+        # alone would not show it.
+        self.counts["workers_dead_in_outage"] += sum(not w.alive() for w in self.dep.workers)
+        for i in nodes:
+            cluster.restart_node(i)
+        thread.join()
+        if failed:
+            raise failed[0]
+        self.counts["records_fed_in_outages"] += sum(fed)
+        self.counts["workers_dead_after_outage"] += sum(
+            not w.alive() for w in self.dep.workers)
+
     # -- the end
 
     def drain_and_stop(self, workers: Sequence[WorkerProcess], timeout_s: float = 600.0) -> bool:
         """Wait until ingest committed the whole input and the operator the timeline as it
         was then, then stop every worker cleanly. False if that did not happen in time
-        (the checks still run: they judge whatever is committed)."""
+        (the checks still run: they judge whatever is committed); `counts` then says how
+        many records each group's commit was short of, per partition."""
         for w in workers:
             if not w.alive():
                 w.start()
         conf, topics, app = self.dep.conf, self.dep.topics, self.dep.settings.app_id
         deadline = time.monotonic() + timeout_s
-        caught_up = _wait_committed(conf, f"{app}-ingest", topics.input, deadline)
-        caught_up = caught_up and _wait_committed(conf, app, topics.timeline, deadline)
+        behind = {("input", p): n for p, n in
+                  _wait_committed(conf, f"{app}-ingest", topics.input, deadline).items()}
+        if not behind:
+            behind = {("timeline", p): n for p, n in
+                      _wait_committed(conf, app, topics.timeline, deadline).items()}
+        for (role, p), n in behind.items():
+            self.counts[f"drain_short_{role}_p{p}"] = n
         for w in workers:
             code = w.stop()
             self.counts[f"clean_stop_exit_{code}"] += 1
-        return caught_up
+        return not behind
 
 
 def _pause(seconds: float) -> None:
@@ -603,14 +652,18 @@ def _high(conf: Mapping[str, str], topic: str) -> int:
     return sum(hi for _lo, hi in kafka_io.end_offsets(conf, topic).values())
 
 
-def _wait_committed(conf: Mapping[str, str], group: str, topic: str, deadline: float) -> bool:
+def _wait_committed(conf: Mapping[str, str], group: str, topic: str,
+                    deadline: float) -> dict[int, int]:
+    """Wait until `group` committed `topic` up to its end offsets as they are now; {} then,
+    else at the deadline partition -> records short."""
     ends = {p: hi for p, (_lo, hi) in kafka_io.end_offsets(conf, topic).items()}
-    while time.monotonic() < deadline:
+    while True:
         done = kafka_io.committed_offsets(conf, group, topic)
-        if all(done.get(p, 0) >= hi for p, hi in ends.items()):
-            return True
+        short = {p: hi - done.get(p, 0) for p, hi in ends.items()
+                 if done.get(p, 0) < hi}
+        if not short or time.monotonic() >= deadline:
+            return short
         _pause(0.5)
-    return False
 
 
 def wait_for_marker(conf: Mapping[str, str], topic: str, timeout_s: float) -> bool:

@@ -70,6 +70,14 @@ def test_every_category_gets_its_outcome_from_parse_input() -> None:
                                                "undeclared_near_miss"}
 
 
+def test_a_corpus_without_valid_records_is_only_bad_ones() -> None:
+    """A small all-bad draw (phase D feeds in pieces of ~20 records at a 97.5% bad share)
+    has no valid record to duplicate: 20 bad records, none valid."""
+    ctx = CorpusContext(("c0",), 0, int(time.time() * 1000), 3000)
+    corpus = fuzz_corpus(ctx, random.Random(7), bad=20, valid=0, every_category=False)
+    assert len(corpus) == 20 and all(r.reason is not None for r in corpus)
+
+
 @pytest.mark.kafka
 def test_small_campaign_with_a_kill_at_every_moment(
         deployment_factory: Callable[..., Deployment]) -> None:
@@ -88,7 +96,8 @@ def test_small_campaign_with_a_kill_at_every_moment(
     for moment in KILL_MOMENTS:
         driver.feed(100)
         driver.kill(moment)
-    assert driver.drain_and_stop([dep.worker], timeout_s=120), dep.worker.log_tail()
+    assert driver.drain_and_stop([dep.worker], timeout_s=120), (driver.counts,
+                                                                 dep.worker.log_tail())
     report = check(dep, driver.expected)
     print("small campaign:", dict(driver.counts), report.as_dict())
     assert report.ok, report.as_dict()
