@@ -124,6 +124,18 @@ def test_updates_are_grid_floats_and_t_advances(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_bound_at_the_current_tick_and_its_cache_key_survive_a_restore(name: str) -> None:
+    """error_bound_at(t) at the current tick is error_bound(); a restored counter has the
+    same bound_key and bound (the operator caches bounds by bound_key, beta and t)."""
+    c = make(name)
+    run(c, stream(150, 4))
+    assert c.error_bound_at(c.t, 0.05) == c.error_bound(0.05)
+    r = type(c).from_bytes(c.to_bytes(), KEY)
+    assert r.bound_key() == c.bound_key()
+    assert r.error_bound(0.05) == c.error_bound(0.05)
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_skip_reports_changes_inside_the_range(name: str) -> None:
     c = make(name)
     run(c, stream(37, 3))
