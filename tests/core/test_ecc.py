@@ -206,33 +206,6 @@ def test_accuracy_within_the_explicit_bound(cls: Mech) -> None:
     assert accuracy_failures(cls, True, runs, 1500, 36, beta) > limit  # control
 
 
-# ECC only: SimECC's bound is the per-tick bound of processor/core/bounds.py (tested there).
-@pytest.mark.parametrize("cls", [ECC])
-def test_error_bound_covers_every_checkpoint_count(cls: Mech) -> None:
-    """Theorem 4.3 needs E_CC(l) and E_BCC(l) at the private number of checkpoints l <= t,
-    and neither is monotone in l (the doubling-trick CC's error drops at l = 2^j - 1). The
-    public bound at t must dominate the terms for every l <= t, and never decrease in t.
-    (Regression: it used E(t), which at t = 2^12 - 1 is below E(4094).)"""
-    key = NoiseKey.from_seed(39)
-    beta = 0.05
-    b = beta / 3
-    m = cls(1.0, 1e-5, key, "eb")
-    m.skip(4000)
-    prev = m.error_bound(beta)
-    for _ in range(200):  # across t = 4095 = 2^12 - 1 and 4096
-        m.skip(1)
-        cur = m.error_bound(beta)
-        assert cur >= prev
-        prev = cur
-    for t in (4095, 4096):
-        m = cls(1.0, 1e-5, key, "eb")
-        m.skip(t)
-        part = m._part_bound(b)
-        need = max(2.0 * m._bcc.alpha(b, n) + m._cc.alpha(b, n) / UNIT
-                   for n in range(1, t + 1))
-        assert m.error_bound(beta) >= need + part
-
-
 @pytest.mark.parametrize("cls", MECHS)
 def test_state_size_grows_logarithmically(cls: Mech) -> None:
     """1%-dense stream at eps = 1, delta = 1e-5: the state at t = 10^6 is small and barely
