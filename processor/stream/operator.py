@@ -134,7 +134,7 @@ def key_fingerprint(key: NoiseKey) -> str:
     return key.fingerprint()
 
 
-def noise_identity(settings: Settings, key: NoiseKey) -> str:
+def noise_identity(settings: Settings, key: NoiseKey, fingerprint: str | None = None) -> str:
     """THE noise identity of a deployment: everything that defines the computation whose
     noise it keys. The deployment (app id and the five topic names: another deployment is
     another computation, even with the same key), the privacy configuration (the
@@ -143,13 +143,14 @@ def noise_identity(settings: Settings, key: NoiseKey) -> str:
     computations on different data (whose difference would cancel it). Public: a hash of
     public values (32 hex digits), never key bytes. Bootstrap servers are left out on
     purpose: workers (and replay) of one deployment may reach the cluster by other names,
-    and they must all draw the same noise."""
+    and they must all draw the same noise. `fingerprint` (default the settings' own): an
+    earlier configuration of this deployment, as its ledger entries name it (replay)."""
     t = settings.topics
     parts = {
         "v": 1,
         "app_id": settings.app_id,
         "topics": [t.input, t.timeline, t.counts, t.ledger, t.deadletter],
-        "config": settings.fingerprint(),
+        "config": settings.fingerprint() if fingerprint is None else fingerprint,
         "key_id": key_fingerprint(key),
     }
     return hashlib.sha256(b"dpc/noise-identity/" + orjson.dumps(
@@ -472,13 +473,35 @@ class Operator:
     def _new_counter(self, name: str, start_tick: int) -> CounterState:
         """A fresh counter state (not announced: its ledger entry waits for a marker)."""
         s = self.settings
-        mech = self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
-                                 counter_id(self.noise_id, name))
+        mech = self._make_mechanism(name)
         cs = CounterState(mech, start_tick,
                           next_heartbeat(0, self._phase(name), s.heartbeat_ticks),
                           key_id=self.key_id)
         self._remember(name, cs)
         return cs
+
+    # -- what a counter runs under (replay.HistoryOperator takes these from the ledger)
+
+    def _make_mechanism(self, name: str) -> Counter:
+        """The mechanism of a new counter: the configured one, keyed by its name under
+        this deployment's noise identity."""
+        s = self.settings
+        return self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
+                                 counter_id(self.noise_id, name))
+
+    def _creation_identity(self, name: str) -> str:
+        """The noise identity a creation of `name` is tagged under."""
+        return self.noise_id
+
+    def _fingerprint_at(self, name: str, t: int) -> str:
+        """The configuration fingerprint a release of `name` at local tick t carries."""
+        return self.fingerprint
+
+    def _runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
+        """Whether `c` runs with the parameters the configuration of `fingerprint` gives
+        a new counter (a ledger entry's `parameters`)."""
+        return ((c.mechanism, c.eps, c.delta) == self._configured_parameters()
+                and _calibration(c) == self.settings.calibration)
 
     def _phase(self, name: str) -> int:
         phase = self._phases.get(name)
@@ -763,15 +786,14 @@ class Operator:
         counter, the stored ones for a restored counter (`parameters` says which)."""
         s = self.settings
         c = cs.mechanism
+        fingerprint = self._fingerprint_at(name, since_tick)
         # A new counter runs with the configured parameters by construction.
-        same = entry == "created" or (
-            (c.mechanism, c.eps, c.delta) == self._configured_parameters()
-            and _calibration(c) == s.calibration)
-        cs.ledger_fingerprint = self.fingerprint
+        same = entry == "created" or self._runs_configured(name, c, fingerprint)
+        cs.ledger_fingerprint = fingerprint
         return LedgerEntry(
             counter=name, mechanism=c.mechanism, epsilon=c.eps,
             delta=c.delta, tick_ms=s.tick_ms,
-            start_ms=cs.start_tick * s.tick_ms, fingerprint=self.fingerprint,
+            start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
             parameters="configured" if same else "stored", calibration=_calibration(c))
 
@@ -789,7 +811,7 @@ class Operator:
         partition's very first marker would meet its tag again at a second marker through
         the same tick: a worker never appends one (`app.last_marker`); what is left is in
         docs/privacy-notes.md."""
-        msg = orjson.dumps([self.noise_id, name, n, frontier])
+        msg = orjson.dumps([self._creation_identity(name), name, n, frontier])
         return hashlib.sha256(b"dpc/creation/" + msg).hexdigest()[:32]
 
     # -- the queue and the ticks
@@ -868,7 +890,8 @@ class Operator:
                  kind: Literal["change", "heartbeat"], out: Output) -> None:
         s = self.settings
         c = cs.mechanism
-        if cs.ledger_fingerprint != self.fingerprint:
+        fingerprint = self._fingerprint_at(name, t)
+        if cs.ledger_fingerprint != fingerprint:
             # The configuration changed under this counter's state: its first release under
             # the new fingerprint is preceded by the entry that explains it (published
             # first: the publisher sends a batch's ledger entries before its releases).
@@ -880,7 +903,7 @@ class Operator:
             tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,
             epsilon=c.eps, delta=c.delta,
             error_bound=self._error_bound(c, t), beta=s.beta,
-            fingerprint=self.fingerprint))
+            fingerprint=fingerprint))
 
     def _error_bound(self, c: Counter, t: int) -> float:
         beta = self.settings.beta

@@ -43,6 +43,24 @@ whose bytes differ from the recomputed one ("different", e.g. a tampered value);
 ("conflicting"); a published value that is not a release or ledger record ("malformed").
 Identical re-sends (after a crash) count once.
 
+Configuration changes (`LedgerHistory`, `HistoryOperator`)
+---------------------------------------------------------
+The worker never changes a counter's parameters: a counter keeps the mechanism, epsilon,
+delta and calibration it was created with, keyed under the noise identity of the
+configuration it was created under, whatever the later configurations say
+(on_parameter_change = "keep"); a configuration change only changes the fingerprint its
+later releases carry, announced by a "reconfigured" ledger entry from the tick of its first
+release under it. Replay, given the current configuration, takes from the published ledger
+what the timeline cannot tell: per counter, the parameters and fingerprint of its "created"
+entry and the fingerprint in force at each tick (the entry with the largest since_tick <=
+t). Everything else is recomputed from the timeline and the key, and every recomputed
+entry and release is compared byte for byte, so a ledger that lies about a counter makes
+its recomputed releases (or entries) differ. A ledger entry replay cannot use is an
+"inconsistent" difference with the reason (parameters the configuration validation
+refuses, a creation under the current fingerprint with other parameters than it gives,
+two creations of one counter...); a published release whose fingerprint no entry of its
+counter announced by its tick is "unexplained".
+
 Replay is inconclusive (ReplayError, exit 2) when the timeline no longer starts at offset
 0 (retention deleted its beginning: nothing can be recomputed from there). The private-count
 topic must be retained at least as long as the timeline: a release deleted by retention is
@@ -58,6 +76,7 @@ import os
 import sys
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -65,12 +84,26 @@ from typing import Any, Final
 import orjson
 from confluent_kafka import KafkaException
 
+from processor.core import registry
+from processor.core.api import Counter
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, load_noise_key, load_settings
+from processor.stream.config import (
+    ConfigError,
+    Settings,
+    load_noise_key,
+    load_settings,
+    with_overrides,
+)
 from processor.stream.logs import configure_logging
-from processor.stream.operator import Operator
+from processor.stream.operator import (
+    Operator,
+    _calibration,
+    counter_id,
+    key_fingerprint,
+    noise_identity,
+)
 from processor.stream.records import LedgerEntry, Release
 from processor.stream.state import DictStore
 
@@ -187,6 +220,189 @@ class Recomputed:
     duplicates_dropped: int
 
 
+#: (mechanism, epsilon, delta, calibration) a counter runs with.
+Parameters = tuple[str, float, float, str]
+
+
+@dataclass
+class LedgerHistory:
+    """What the published ledger says each counter ran under (module docstring): the
+    parameters and fingerprint of its creation, and its fingerprints by since_tick. Only
+    entries of this deployment's key are used; `problems` lists the entries replay could
+    not use ("inconsistent" differences, with the reason)."""
+
+    #: counter -> (parameters, fingerprint) of its "created" entry.
+    created: dict[str, tuple[Parameters, str]] = field(default_factory=dict)
+    #: counter -> its entries' since_ticks (sorted) and the fingerprints in force from them.
+    since: dict[str, tuple[list[int], list[str]]] = field(default_factory=dict)
+    #: fingerprint -> the parameters its configuration gives a new counter (from a counter
+    #: created under it: a creation always runs the configured parameters).
+    configured: dict[str, Parameters] = field(default_factory=dict)
+    #: (counter, fingerprint) -> the `parameters` label of its entry: used only for a
+    #: fingerprint whose configuration replay cannot know (no counter created under it).
+    labels: dict[tuple[str, str], str] = field(default_factory=dict)
+    problems: list[Difference] = field(default_factory=list)
+
+    def fingerprint_at(self, counter: str, t: int) -> str | None:
+        """The fingerprint of the entry of `counter` in force at local tick t, if any."""
+        got = self.since.get(counter)
+        if got is None:
+            return None
+        i = bisect_right(got[0], t) - 1
+        return got[1][i] if i >= 0 else None
+
+
+def _entry_parameters(d: Mapping[str, Any]) -> Parameters:
+    p = (d["mechanism"], d["epsilon"], d["delta"], d.get("calibration", "paper"))
+    if not (isinstance(p[0], str) and isinstance(p[3], str)
+            and all(type(x) is float for x in p[1:3])):
+        raise TypeError("mechanism, epsilon, delta or calibration of the wrong type")
+    return p
+
+
+def _ledger_dicts(values: Iterable[bytes | None]) -> list[dict[str, Any]]:
+    """The published values that look like ledger entries (the rest are "malformed"
+    differences already, `_published`)."""
+    out: list[dict[str, Any]] = []
+    for raw in values:
+        try:
+            d = orjson.loads(raw or b"")
+        except orjson.JSONDecodeError:
+            continue
+        if type(d) is dict and type(d.get("counter")) is str:
+            out.append(d)
+    return out
+
+
+def ledger_history(settings: Settings, key: NoiseKey,
+                   ledger: Iterable[bytes | None]) -> LedgerHistory:
+    """Read the published ledger into a LedgerHistory for `settings` (the current
+    configuration) and `key`, checking each entry replay takes anything from."""
+    h = LedgerHistory()
+    current = settings.fingerprint()
+    key_id = key_fingerprint(key)
+    configured_now: Parameters | None = None
+    entries: dict[str, dict[int, str]] = {}
+    by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
+    for d in _ledger_dicts(ledger):
+        name = d["counter"]
+        k: RecordKey = (name, str(d.get("creation", "")), str(d.get("fingerprint", "")))
+
+        def inconsistent(reason: str, k: RecordKey = k) -> None:
+            h.problems.append(Difference("ledger", k, "inconsistent", reason))
+
+        fp, since, kind = d.get("fingerprint"), d.get("since_tick"), d.get("entry")
+        if d.get("key_id") != key_id:
+            inconsistent(f"announced under the noise key {d.get('key_id')!r}, not this "
+                         f"deployment's ({key_id}): not used")
+            continue
+        if type(fp) is not str or type(since) is not int or since < 1 or kind not in (
+                "created", "reconfigured"):
+            inconsistent("no fingerprint, since_tick or entry kind replay can use")
+            continue
+        if (kind == "created") != (since == 1):
+            inconsistent(f"a {kind!r} entry from tick {since}: created entries start at "
+                         "tick 1, reconfigured ones after it")
+            continue
+        ticks = entries.setdefault(name, {})
+        if ticks.get(since, fp) != fp:
+            inconsistent(f"two fingerprints in force from tick {since}: "
+                         f"{ticks[since]} and {fp}")
+            continue
+        label = d.get("parameters")
+        if type(label) is str:
+            h.labels[name, fp] = label
+        if kind != "created":
+            ticks[since] = fp
+            continue
+        if name in h.created:
+            inconsistent("a second creation of the counter (the worker refuses to create "
+                         "an announced counter again): not used")
+            continue
+        try:
+            params = _entry_parameters(d)
+            with_overrides(settings, mechanism=params[0], epsilon=params[1],
+                           delta=params[2], calibration=params[3])
+        except (ConfigError, TypeError, KeyError) as exc:
+            inconsistent(f"the configuration validation refuses its parameters ({exc}): "
+                         "recomputed with the configured ones")
+            continue
+        if fp == current:
+            if configured_now is None:  # the operator's own reading of the settings
+                configured_now = (*Operator(settings, key)._configured_parameters(),
+                                  settings.calibration)
+            if params != configured_now:
+                inconsistent(f"created under the current configuration's fingerprint with "
+                             f"{params}, but that configuration gives {configured_now}")
+                continue
+        else:
+            by_fingerprint.setdefault(fp, {})[k] = params
+        ticks[since] = fp
+        h.created[name] = (params, fp)
+    for fp, made in by_fingerprint.items():
+        if len(set(made.values())) == 1:
+            h.configured[fp] = next(iter(made.values()))
+            continue
+        # One configuration gives every counter it creates the same parameters. Which
+        # entry lies the ledger cannot tell (the releases can): each counter is
+        # recomputed with its own, and fp's configuration stays unknown.
+        listing = "; ".join(f"{k[0]!r}: {p}" for k, p in sorted(made.items()))
+        h.problems += [Difference("ledger", k, "inconsistent",
+                                  f"counters created under fingerprint {fp} disagree on "
+                                  f"the parameters it gives ({listing})") for k in made]
+    for name, ticks in entries.items():
+        order = sorted(ticks)
+        h.since[name] = (order, [ticks[t] for t in order])
+    return h
+
+
+class HistoryOperator(Operator):
+    """The worker's Operator, with each counter's parameters, noise identity and
+    fingerprints taken from a LedgerHistory instead of the one configuration (module
+    docstring); a counter the ledger does not know runs as the configuration says."""
+
+    def __init__(self, settings: Settings, key: NoiseKey, history: LedgerHistory) -> None:
+        super().__init__(settings, key)
+        self.history = history
+        self._identities: dict[str, str] = {}
+
+    def _identity(self, fingerprint: str) -> str:
+        got = self._identities.get(fingerprint)
+        if got is None:
+            got = self._identities[fingerprint] = noise_identity(
+                self.settings, self.key, fingerprint)
+        return got
+
+    def _make_mechanism(self, name: str) -> Counter:
+        created = self.history.created.get(name)
+        if created is None:
+            return super()._make_mechanism(name)
+        (mechanism, eps, delta, calibration), fp = created
+        made: Counter = registry.make(mechanism, eps, delta, self.key,
+                                      counter_id(self._identity(fp), name),
+                                      calibration=calibration)
+        return made
+
+    def _creation_identity(self, name: str) -> str:
+        created = self.history.created.get(name)
+        return self.noise_id if created is None else self._identity(created[1])
+
+    def _fingerprint_at(self, name: str, t: int) -> str:
+        return self.history.fingerprint_at(name, t) or self.fingerprint
+
+    def _runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
+        if fingerprint == self.fingerprint:
+            return super()._runs_configured(name, c, fingerprint)
+        known = self.history.configured.get(fingerprint)
+        if known is None:
+            return self.history.labels.get((name, fingerprint)) == "configured"
+        return (c.mechanism, c.eps, c.delta, _calibration(c)) == known
+
+    def _check_parameters(self, name: str, cs: Any) -> None:
+        """No refusal: replay recomputes what the worker ran, and a counter runs with the
+        parameters of its creation (the ledger's), whatever the current configuration."""
+
+
 TimelinePart = Sequence[tuple[int, bytes | None]]
 
 
@@ -194,10 +410,12 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
                        timeline: Mapping[int, TimelinePart],
                        settled_below: Mapping[int, int], *,
                        operator: Operator | None = None,
-                       progress: Progress | None = None, jobs: int = 1) -> Recomputed:
+                       progress: Progress | None = None, jobs: int = 1,
+                       history: LedgerHistory | None = None) -> Recomputed:
     """Run BatchCommit over each partition's (offset, value) records in offset order on a
-    DictStore (with `operator`, default the registry's mechanisms); what records at
-    offsets >= settled_below[p] produce is reported apart.
+    DictStore (with `operator`, default the registry's mechanisms: a HistoryOperator with
+    `history`, else an Operator); what records at offsets >= settled_below[p] produce is
+    reported apart.
 
     With jobs > 1 (no `operator` given, and no other thread running) the partitions are
     recomputed in that many forked processes, each with its own Operator and store. The
@@ -208,8 +426,9 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     # Fork only from a single-threaded process: a lock another thread holds at the fork
     # would stay held in the child forever.
     if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
-        return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs)
-    op = operator if operator is not None else Operator(settings, key)
+        return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs,
+                                   history)
+    op = operator if operator is not None else _operator(settings, key, history)
     return asyncio.run(_recompute(op, timeline, settled_below, progress))
 
 
@@ -257,28 +476,34 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                       unsettled.ledger, records, dups)
 
 
+def _operator(settings: Settings, key: NoiseKey, history: LedgerHistory | None) -> Operator:
+    return Operator(settings, key) if history is None else HistoryOperator(settings, key,
+                                                                             history)
+
+
 #: The job of the forked recomputation processes (set before the fork, read after it:
 #: the timeline is inherited, never pickled).
-_JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int]] | None = None
+_JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
+            LedgerHistory | None] | None = None
 
 
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
-    settings, key, timeline, settled_below = _JOB
-    return asyncio.run(_recompute(Operator(settings, key), {partition: timeline[partition]},
-                                  settled_below, None))
+    settings, key, timeline, settled_below, history = _JOB
+    return asyncio.run(_recompute(_operator(settings, key, history),
+                                  {partition: timeline[partition]}, settled_below, None))
 
 
 def _recompute_parallel(settings: Settings, key: NoiseKey,
                         timeline: Mapping[int, TimelinePart],
                         settled_below: Mapping[int, int], progress: Progress | None,
-                        jobs: int) -> Recomputed:
+                        jobs: int, history: LedgerHistory | None) -> Recomputed:
     global _JOB
     total = sum(len(v) for v in timeline.values())
     # Largest partitions first, so no process is left with a big one at the end.
     order = sorted(timeline, key=lambda p: -len(timeline[p]))
     parts: dict[int, Recomputed] = {}
-    _JOB = (settings, key, timeline, settled_below)
+    _JOB = (settings, key, timeline, settled_below, history)
     try:
         with multiprocessing.get_context("fork").Pool(min(jobs, len(order))) as pool:
             for p, got in zip(order, pool.imap(_recompute_partition, order), strict=True):
@@ -362,10 +587,13 @@ def _check(topic: str, mine: Mapping[RecordKey, bytes], committed: Collection[Re
 
 
 def compare(result: Recomputed, published: Iterable[bytes | None],
-            ledger: Iterable[bytes | None]) -> tuple[Tally, Tally, list[Difference]]:
-    """Compare a recomputation with the published snapshots under the cut (module doc).
-    Returns the release and ledger tallies and every difference, sorted by topic, key."""
-    diffs: list[Difference] = []
+            ledger: Iterable[bytes | None], history: LedgerHistory | None = None,
+            ) -> tuple[Tally, Tally, list[Difference]]:
+    """Compare a recomputation with the published snapshots under the cut (module doc),
+    adding the ledger entries `history` could not use. Returns the release and ledger
+    tallies and every difference, sorted by topic, key."""
+    diffs: list[Difference] = [] if history is None else list(history.problems)
+    ledger = list(ledger)
     mine, settled = _recomputed(
         "counts", [((r.counter, r.tick, r.kind), r.to_json()) for r in result.settled],
         [((r.counter, r.tick, r.kind), r.to_json()) for r in result.unsettled], diffs)
@@ -380,6 +608,7 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
         return k in settled or (isinstance(t, int) and t <= covered.get(k[0], -1))
 
     releases = _check("counts", mine, settled, release_due, theirs, diffs)
+    _unexplained(theirs, ledger, diffs)
 
     mine_ledger, settled_ledger = _recomputed(
         "ledger",
@@ -391,6 +620,30 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
                            theirs_ledger, diffs)
     diffs.sort(key=_diff_order)
     return releases, entries_tally, diffs
+
+
+def _unexplained(theirs: Mapping[RecordKey, bytes], ledger: Iterable[bytes | None],
+                 diffs: list[Difference]) -> None:
+    """The reason behind a published release that differs or is unexpected: its
+    fingerprint is not that of an entry of its counter in force by its tick (an entry with
+    that fingerprint and since_tick <= tick, docs/downstream.md)."""
+    suspects = [d.key for d in diffs if d.topic == "counts"
+                and d.problem in ("different", "unexpected") and d.key in theirs]
+    if not suspects:
+        return
+    announced: dict[str, list[tuple[str, int]]] = {}
+    for e in _ledger_dicts(ledger):
+        since = e.get("since_tick")
+        if type(since) is int:
+            announced.setdefault(e["counter"], []).append((str(e.get("fingerprint")), since))
+    for k in suspects:
+        counter, tick, _kind = k
+        fp = orjson.loads(theirs[k]).get("fingerprint")
+        if not any(f == fp and isinstance(tick, int) and since <= tick
+                   for f, since in announced.get(counter, ())):
+            diffs.append(Difference("counts", k, "unexplained",
+                                    f"fingerprint {fp!r} is not announced by a ledger entry "
+                                    f"of {counter!r} in force by tick {tick}"))
 
 
 def _recomputed(topic: str, settled: Sequence[tuple[RecordKey, bytes]],
@@ -507,13 +760,17 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
 
     timeline = kafka_io.read_values(conf, tl_topic, tl_marks, timeout_s=timeout_s,
                                     progress=read_progress)
+    # The ledger first: it says what each counter ran under (LedgerHistory).
+    ledger = [v for recs in kafka_io.read_values(conf, ledger_topic, ledger_marks,
+                                                 timeout_s=timeout_s).values()
+              for _o, v in recs]
+    history = ledger_history(settings, key, ledger)
     result = recompute_timeline(settings, key, timeline, committed, progress=progress,
-                                jobs=default_jobs(settings) if jobs is None else jobs)
+                                jobs=default_jobs(settings) if jobs is None else jobs,
+                                history=history)
     published = kafka_io.read_values(conf, counts_topic, counts_marks, timeout_s=timeout_s)
-    ledger = kafka_io.read_values(conf, ledger_topic, ledger_marks, timeout_s=timeout_s)
     releases, entries, diffs = compare(
-        result, (v for recs in published.values() for _o, v in recs),
-        (v for recs in ledger.values() for _o, v in recs))
+        result, (v for recs in published.values() for _o, v in recs), ledger, history)
     if settle_s > 0 and any(d.problem == "missing" for d in diffs):
         diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),
                                                        "ledger": (ledger_topic, ledger_marks)},

@@ -1,0 +1,268 @@
+"""Replay across configuration changes (processor/stream/replay.py, LedgerHistory and
+HistoryOperator; docs/replay.md, "What replay needs").
+
+A worker (BatchCommit over the operator, as app.py runs it) lives through configuration
+changes under its state: epsilon changed with on_parameter_change = "keep", the
+configured mechanism changed, a counter added later, and three configurations in a row.
+Replay given only the final configuration and the key takes each counter's parameters and
+fingerprints from the published ledger and recomputes everything else: identical. Without
+the ledger's history (the old replay) the same timeline is different, so the tests can
+fail. Controls: a ledger entry with a changed epsilon, a release computed with the
+configured parameters instead of the stored ones, a release under a fingerprint no entry
+announced and an entry whose parameters the configuration validation refuses are each
+reported as differences with a reason. One test against the real broker: a worker
+restarted with a changed epsilon ("keep"), then `python -m processor replay` with the
+final configuration exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import orjson
+import pytest
+
+from processor import cli
+from processor.core.rng import NoiseKey
+from processor.stream.commit import BatchCommit, CollectingPublisher
+from processor.stream.config import Settings, with_overrides
+from processor.stream.operator import Operator
+from processor.stream.records import Event, LedgerEntry, Release, encode_batch, encode_marker
+from processor.stream.replay import (
+    Difference,
+    Recomputed,
+    compare,
+    ledger_history,
+    recompute_timeline,
+)
+from processor.stream.state import DictStore
+
+KEY = NoiseKey.from_seed(11)
+TICK = 100
+
+
+def _base() -> Settings:
+    return with_overrides(Settings(), counters={"a": 0, "b": 0}, partitions=1,
+                          tick_ms=TICK, mechanism="ecc", epsilon=3.0, delta=1e-6,
+                          heartbeat_ticks=4)
+
+
+def _timeline(ticks: range, counters: Sequence[str]) -> list[bytes]:
+    """Per tick, one event for each counter (value 1) and the marker sealing the tick."""
+    out: list[bytes] = []
+    for n in ticks:
+        out.append(encode_batch([Event(c, n * TICK + 7, 65536, -1, -1) for c in counters]))
+        out.append(encode_marker(n))
+    return out
+
+
+@dataclasses.dataclass
+class Life:
+    """What a worker published over its life, and the timeline it applied."""
+
+    timeline: list[tuple[int, bytes | None]]
+    releases: list[Release]
+    ledger: list[LedgerEntry]
+
+
+def _live(phases: Sequence[tuple[Settings, list[bytes]]]) -> Life:
+    """A worker restarted under each phase's settings (a new Operator on the same store,
+    as after a stop), applying that phase's timeline records one batch at a time."""
+    store = DictStore()
+    pub = CollectingPublisher()
+    timeline: list[tuple[int, bytes | None]] = []
+    for s, records in phases:
+        commit = BatchCommit(Operator(s, KEY), store, pub)
+        for r in records:
+            asyncio.run(commit.commit(0, [(len(timeline), r)]))
+            timeline.append((len(timeline), r))
+    return Life(timeline, pub.releases, pub.ledger)
+
+
+def _replay(s: Settings, life: Life, releases: Sequence[bytes] | None = None,
+            ledger: Sequence[bytes] | None = None, *, history: bool = True,
+            ) -> tuple[Recomputed, list[Difference]]:
+    """Replay's recomputation and comparison with `s`, everything committed."""
+    pub = [r.to_json() for r in life.releases] if releases is None else list(releases)
+    led = [e.to_json() for e in life.ledger] if ledger is None else list(ledger)
+    h = ledger_history(s, KEY, led) if history else None
+    got = recompute_timeline(s, KEY, {0: life.timeline}, {0: len(life.timeline)},
+                             history=h)
+    _rel, _led, diffs = compare(got, pub, led, h)
+    return got, diffs
+
+
+CHANGES: dict[str, Callable[[Settings], Settings]] = {
+    # epsilon changed, existing counters keep theirs; c added later (start in the future)
+    "keep-epsilon": lambda s: with_overrides(s, epsilon=9.0, on_parameter_change="keep",
+                                             counters={"a": 0, "b": 0, "c": 30 * TICK}),
+    # the configured mechanism and epsilon changed: a and b stay ECC at 3.0, c is SimECC
+    "mechanism": lambda s: with_overrides(s, mechanism="simecc", epsilon=5.0,
+                                          on_parameter_change="keep",
+                                          counters={"a": 0, "b": 0, "c": 30 * TICK}),
+}
+
+
+@pytest.mark.parametrize("change", sorted(CHANGES))
+def test_replay_with_the_final_configuration_verifies_the_whole_history(
+        change: str) -> None:
+    """Ticks 1-20 under the first configuration, 21-45 under the changed one: replay with
+    the changed one alone is identical (a and b run with their stored parameters under
+    the first fingerprint's noise identity, c with the new ones), and the ledger says
+    so: a and b "reconfigured" with parameters "stored". Control: the old replay (every
+    counter from the configuration) finds differences."""
+    s1 = _base()
+    s2 = CHANGES[change](s1)
+    life = _live([(s1, _timeline(range(1, 21), ["a", "b"])),
+                  (s2, _timeline(range(21, 46), ["a", "b", "c"]))])
+    got, diffs = _replay(s2, life)
+    assert diffs == []
+    assert got.settled == life.releases and got.settled_ledger == life.ledger
+    entries = {(e.counter, e.entry, e.parameters, e.mechanism, e.epsilon, e.fingerprint)
+               for e in life.ledger}
+    assert entries == {
+        ("a", "created", "configured", "ecc", 3.0, s1.fingerprint()),
+        ("b", "created", "configured", "ecc", 3.0, s1.fingerprint()),
+        ("a", "reconfigured", "stored", "ecc", 3.0, s2.fingerprint()),
+        ("b", "reconfigured", "stored", "ecc", 3.0, s2.fingerprint()),
+        ("c", "created", "configured", s2.mechanism, s2.epsilon, s2.fingerprint())}
+    assert {r.fingerprint for r in life.releases} == {s1.fingerprint(), s2.fingerprint()}
+
+    # Control: recomputing every counter with the final configuration is not identical.
+    _got, old = _replay(s2, life, history=False)
+    assert {d.key[0] for d in old if d.topic == "counts"} >= {"a", "b"}
+
+
+def test_three_configurations_with_a_counter_created_in_the_middle() -> None:
+    """c is created under the second configuration (epsilon 9) and runs on under the
+    third (epsilon 4): replay with the third takes c's parameters and noise identity from
+    its created entry (an intermediate fingerprint), identical."""
+    s1 = _base()
+    s2 = CHANGES["keep-epsilon"](s1)
+    s3 = with_overrides(s2, epsilon=4.0)
+    life = _live([(s1, _timeline(range(1, 21), ["a", "b"])),
+                  (s2, _timeline(range(21, 36), ["a", "b", "c"])),
+                  (s3, _timeline(range(36, 50), ["a", "b", "c"]))])
+    assert {(e.counter, e.fingerprint) for e in life.ledger if e.entry == "created"} == {
+        ("a", s1.fingerprint()), ("b", s1.fingerprint()), ("c", s2.fingerprint())}
+    assert {(r.counter, r.epsilon) for r in life.releases} == {
+        ("a", 3.0), ("b", 3.0), ("c", 9.0)}
+    _got, diffs = _replay(s3, life)
+    assert diffs == []
+
+
+def _kept_life() -> tuple[Settings, Life]:
+    s1 = _base()
+    s2 = CHANGES["keep-epsilon"](s1)
+    return s2, _live([(s1, _timeline(range(1, 21), ["a", "b"])),
+                      (s2, _timeline(range(21, 46), ["a", "b", "c"]))])
+
+
+def test_a_tampered_ledger_entry_is_a_difference() -> None:
+    """The created entry of a says epsilon 9 (it ran with 3): replay recomputes a with the
+    epsilon the ledger claims, so a's releases differ (epsilon and values), its recomputed
+    reconfigured entry carries 9 where 3 was published, and a and b, created under one
+    configuration, disagree on its parameters ("inconsistent", both named: the ledger
+    alone cannot tell which lies; b's releases, recomputed with its own, are identical).
+    A reconfigured entry tampered alone (epsilon 9) differs from its recomputation (the
+    running instance's)."""
+    s2, life = _kept_life()
+    ledger = [e.to_json() if (e.counter, e.entry) != ("a", "created")
+              else dataclasses.replace(e, epsilon=9.0).to_json() for e in life.ledger]
+    _got, diffs = _replay(s2, life, ledger=ledger)
+    releases = [d for d in diffs if d.topic == "counts"]
+    assert releases and {d.key[0] for d in releases} == {"a"}
+    assert all(d.problem == "different" and "epsilon: replay=9.0" in d.detail
+               for d in releases)
+    entries = {(d.key[0], d.problem) for d in diffs if d.topic == "ledger"}
+    assert entries == {("a", "different"), ("a", "inconsistent"), ("b", "inconsistent")}
+    assert all("disagree" in d.detail for d in diffs if d.problem == "inconsistent")
+
+    ledger = [e.to_json() if (e.counter, e.entry) != ("a", "reconfigured")
+              else dataclasses.replace(e, epsilon=9.0).to_json() for e in life.ledger]
+    _got, diffs = _replay(s2, life, ledger=ledger)
+    assert [(d.topic, d.key[0], d.problem) for d in diffs] == [("ledger", "a", "different")]
+    assert "epsilon: replay=3.0 published=9.0" in diffs[0].detail
+
+
+def test_a_release_computed_with_the_wrong_parameters_is_a_difference() -> None:
+    """After the change the worker should run a with its stored parameters; a release of
+    a computed with the configured ones (the old replay's recomputation, epsilon 9 under
+    the new noise identity) in place of the published one is "different"."""
+    s2, life = _kept_life()
+    wrong, _ = _replay(s2, life, history=False)
+    t = max(r.tick for r in life.releases if r.counter == "a")
+    forged = next(r for r in wrong.settled if (r.counter, r.tick) == ("a", t))
+    assert forged.epsilon == 9.0
+    releases = [forged.to_json() if (r.counter, r.tick) == ("a", t) else r.to_json()
+                for r in life.releases]
+    _got, diffs = _replay(s2, life, releases=releases)
+    assert [(d.key[:2], d.problem) for d in diffs] == [(("a", t), "different")]
+    assert "epsilon: replay=3.0 published=9.0" in diffs[0].detail
+
+
+def test_an_unannounced_fingerprint_and_a_refused_entry_are_reported_with_a_reason() -> None:
+    """A release under a fingerprint no ledger entry of its counter announced is
+    "unexplained"; a created entry whose parameters the configuration validation refuses
+    (epsilon 0) is "inconsistent", naming the field, and its counter is recomputed with
+    the configured parameters (so its releases differ too). Control: the untouched
+    topics give no difference."""
+    s2, life = _kept_life()
+    assert _replay(s2, life)[1] == []
+    r0 = next(r for r in life.releases if r.counter == "b")
+    releases = [dataclasses.replace(r, fingerprint="f" * 64).to_json() if r is r0
+                else r.to_json() for r in life.releases]
+    _got, diffs = _replay(s2, life, releases=releases)
+    assert [(d.key[:2], d.problem) for d in diffs] == [(("b", r0.tick), "different"),
+                                                       (("b", r0.tick), "unexplained")]
+    assert "not announced by a ledger entry" in diffs[1].detail
+
+    ledger = [e.to_json() if (e.counter, e.entry) != ("b", "created")
+              else dataclasses.replace(e, epsilon=0.0).to_json() for e in life.ledger]
+    _got, diffs = _replay(s2, life, ledger=ledger)
+    problems = {(d.topic, d.key[0], d.problem) for d in diffs}
+    assert ("ledger", "b", "inconsistent") in problems
+    assert ("counts", "b", "different") in problems
+    reason = next(d.detail for d in diffs if d.problem == "inconsistent")
+    assert "validation refuses" in reason and "epsilon" in reason
+
+
+# ----------------------------------------------------------------------- the broker
+
+
+@pytest.mark.kafka
+def test_replay_after_a_restart_with_a_changed_epsilon(
+        deployment_factory: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """A worker runs counter a at epsilon 500, stops, restarts with epsilon 400 and
+    on_parameter_change = "keep", runs, stops: `python -m processor replay` with the final
+    configuration is identical (exit 0), the ledger holding a's created and reconfigured
+    entries."""
+    from processor.devtools.deployment import write_config
+
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name="history", partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    dep.worker.start()
+    dep.produce([orjson.dumps({"counter": "a", "ts": int(time.time() * 1000)})])
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=60)
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    first = len(dep.releases())
+
+    kept = with_overrides(dep.settings, epsilon=400.0, on_parameter_change="keep")
+    write_config(kept, dep.config)
+    dep.worker.start()
+    dep.produce([orjson.dumps({"counter": "a", "ts": int(time.time() * 1000)})])
+    dep.wait_releases(lambda rs: len(rs) >= first + 2, timeout_s=60)
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    assert {r["epsilon"] for r in dep.releases()} == {500.0}
+
+    capsys.readouterr()
+    code = cli.main(["replay", "--config", str(dep.config), "--json", "--quiet"])
+    verdict = orjson.loads(capsys.readouterr().out)
+    assert code == 0 and verdict["identical"], verdict["differences"]
+    assert verdict["counts"]["ledger"]["published"] == 2
