@@ -153,11 +153,16 @@ from processor.stream.state import PartitionState  # noqa: E402
 
 #: Topic config of every topic the bench creates: record timestamps are broker append times.
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
+#: The retention of a deployment's topics: every record kept (what the worker requires of
+#: the ledger, and by default of the timeline and the private counts).
+KEPT = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 #: Counters of the throughput phase.
 TPUT_COUNTERS = 100
 #: Throughput-phase timing of the processor (see the module docstring).
 TPUT_TICK_MS = 100
 TPUT_LATENESS_MS = 100
+#: The idle window of phases 2-3 (at most a third of the measured window).
+IDLE_S = 15.0
 
 
 # ------------------------------------------------------------------------ reading topics
@@ -182,8 +187,12 @@ class Tail:
         self._c = Consumer({**conf, "group.id": f"dpc-bench-{uuid.uuid4().hex}",
                             "enable.auto.commit": "false", "auto.offset.reset": "earliest",
                             "enable.partition.eof": "false"})
-        md = self._c.list_topics(topic, timeout=30)
-        t = md.topics.get(topic)
+        deadline = time.monotonic() + 30
+        while True:  # a topic created a moment ago may not be in the metadata yet
+            t = self._c.list_topics(topic, timeout=30).topics.get(topic)
+            if (t is not None and t.error is None) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         if t is None or t.error is not None:
             self._c.close()
             raise RuntimeError(f"topic {topic!r} not found")
@@ -247,14 +256,18 @@ def client_config(bootstrap: str) -> dict[str, str]:
     return {**kafka_io.plain_config(bootstrap), "log_level": "3"}
 
 
-def create_topics(conf: Mapping[str, str], names: Sequence[str], partitions: int) -> None:
+def create_topics(conf: Mapping[str, str], names: Sequence[str], partitions: int,
+                  config: Mapping[str, str] | None = None) -> None:
     kafka_io.create_topics(conf, names, partitions, replication=kafka_io.replication_for(conf),
-                           config=LOG_APPEND)
+                           config={**LOG_APPEND, **(config or {})})
 
 
-def deployment_topics(dep: Deployment) -> list[str]:
+def create_deployment_topics(conf: Mapping[str, str], dep: Deployment) -> None:
+    """The deployment's five topics, LogAppendTime, keeping every record (the worker
+    refuses a ledger that would not, and warns about the others: app.check_retention)."""
     t = dep.topics
-    return [t.input, t.timeline, t.counts, t.ledger, t.deadletter]
+    create_topics(conf, [t.input, t.timeline, t.counts, t.ledger, t.deadletter],
+                  dep.settings.partitions, KEPT)
 
 
 def group_assignment(conf: Mapping[str, str], group: str,
@@ -737,7 +750,7 @@ def stage_processor(conf: Mapping[str, str], bootstrap: str, tmp: Path, n: int,
                               mechanism="ecc", epsilon=1.0, delta=1e-6,
                               metrics_port=free_port())
     children.deployments.append(dep)
-    create_topics(conf, deployment_topics(dep), dep.settings.partitions)
+    create_deployment_topics(conf, dep)
     view = TimelineView(conf, dep)
     ledger = Tail(conf, dep.topics.ledger)
     try:
@@ -817,6 +830,47 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def thread_group(tid: int, pid: int, comm: str) -> str:
+    """Which part of a worker a thread is, by its kernel name: the main thread runs
+    Faust's event loop (the operator agent, timers, aiokafka clients); librdkafka names
+    its threads rdk:*, RocksDB rocksdb:*; the other Python threads are the ingest loop,
+    the lag probe, the endpoints' server and executor threads (Python does not name
+    its threads for the kernel, so they are one group)."""
+    if tid == pid:
+        return "main"
+    if comm.startswith("rdk:"):
+        return "librdkafka"
+    if comm.startswith("rocksdb"):
+        return "rocksdb"
+    return "other python"
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU-seconds (user + system) of the threads of `pid` and its children so far, by
+    `thread_group` (from /proc/<pid>/task/*/stat). A thread that ended between two
+    readings is missing from the later one, so differences are per group, never negative
+    by more than such a thread's time (the workers' threads live as long as they do)."""
+    out: dict[str, float] = {}
+    for p in _proc_tree(pid):
+        for task in Path(f"/proc/{p.pid}/task").glob("*"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                raw = (task / "stat").read_text()
+                comm = raw[raw.index("(") + 1:raw.rindex(")")]
+                fields = raw[raw.rindex(")") + 2:].split()
+                # fields[11], fields[12]: utime, stime (stat(5) fields 14 and 15)
+                cpu = (int(fields[11]) + int(fields[12])) * _TICK_S
+                group = thread_group(int(task.name), pid, comm)
+                out[group] = out.get(group, 0.0) + cpu
+    return out
+
+
+def _diff(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    return {k: b.get(k, 0.0) - a.get(k, 0.0) for k in sorted(set(a) | set(b))}
+
+
 def rss_bytes(pid: int) -> int:
     total = 0
     for p in _proc_tree(pid):
@@ -880,7 +934,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
                               metrics_port=free_port(), standby_replicas=standby)
     children.deployments.append(dep)
     s = dep.settings
-    create_topics(conf, deployment_topics(dep), s.partitions)
+    create_deployment_topics(conf, dep)
     view = TimelineView(conf, dep)
     ledger = Tail(conf, dep.topics.ledger)
     res: dict[str, Any] = {"workers": workers, "counters": counters, "rate": rate,
@@ -928,11 +982,17 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         pids = [w.proc.pid for w in procs if w.proc is not None]
         res["assign_start"] = _named(group_assignment(conf, group, s.topics.timeline), members)
         # Idle: what the workers burn with no input (markers, heartbeats, polling).
-        idle_s = min(10.0, seconds / 3)
+        idle_s = min(IDLE_S, seconds / 3)
         c0 = [cpu_seconds(pid) for pid in pids]
+        t0s = [thread_cpu(pid) for pid in pids]
+        i0 = time.monotonic()
         time.sleep(idle_s)  # the idle measurement window itself
+        idle_s = time.monotonic() - i0
+        res["idle_s"] = idle_s
         res["idle_cpu_per_s"] = [(b - a) / idle_s for a, b in
                                  zip(c0, [cpu_seconds(pid) for pid in pids], strict=True)]
+        res["idle_threads_per_s"] = [{k: v / idle_s for k, v in _diff(a, thread_cpu(pid))
+                                      .items()} for a, pid in zip(t0s, pids, strict=True)]
 
         # The load: warm-up, then the measured window.
         # Long enough for the first events' ticks to be sealed and released.
@@ -940,6 +1000,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         stats = Produced()
         producer = kafka_io.make_producer(conf)
         cpu0: list[float] = []
+        th0: list[dict[str, float]] = []
         machine0 = psutil.cpu_times()
         n0 = 0
         w0_ms = 0
@@ -951,6 +1012,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
             now = time.monotonic()
             if not cpu0 and now >= t_win:
                 cpu0 = [cpu_seconds(pid) for pid in pids]
+                th0 = [thread_cpu(pid) for pid in pids]
                 machine0 = psutil.cpu_times()
                 n0, w0_ms = sent, int(time.time() * 1000)
             if now >= t_end:
@@ -964,6 +1026,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
             producer.poll(0)
             time.sleep(0.005)  # pacing of the load generator
         cpu1 = [cpu_seconds(pid) for pid in pids]
+        res["threads"] = [_diff(a, thread_cpu(pid)) for a, pid in zip(th0, pids, strict=True)]
         res["machine_busy"] = machine_busy(machine0, psutil.cpu_times())
         res["loadavg"] = os.getloadavg()[0]
         w1_ms = int(time.time() * 1000)
@@ -1142,6 +1205,7 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
                  f"events): {', '.join(f'{c:.1f}' for c in r['cpu'])} CPU-s -> "
                  f"{r['cpu_per_event'] * 1e3:.3f} CPU-ms per event; idle before the load: "
                  f"{', '.join(f'{c:.2f}' for c in r['idle_cpu_per_s'])} CPU-s/s")
+    lines += _cpu_lines(r)
     lines += _log_lines([r["logs"]])
     lines.append(f"  timeline partitions held: before the join {r['assign_before']}, at the "
                  f"window start {r['assign_start']}, at its end {r['assign_end']}; ingest "
@@ -1149,26 +1213,79 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
     return lines
 
 
-def report_scaleout(one: Mapping[str, Any], two: Mapping[str, Any]) -> list[str]:
-    a, b = one["cpu_per_event"], two["cpu_per_event"]
-    na, nb = _net_cpu_per_event(one), _net_cpu_per_event(two)
-    return [f"Phase 3: scale-out, CPU per event (user + system of the worker processes; "
-            f"standby_replicas = {two.get('standby_replicas', 1)})",
-            f"  1 worker: {a * 1e3:.3f} CPU-ms/event; 2 workers: {b * 1e3:.3f} CPU-ms/event "
-            f"({', '.join(f'{c:.1f}' for c in two['cpu'])} CPU-s); ratio 2/1 = "
-            f"{b / a:.2f} (target 0.8 - 1.2)",
-            f"  less the idle burn measured before the load: {na * 1e3:.3f} vs "
-            f"{nb * 1e3:.3f} CPU-ms/event, ratio {nb / na:.2f}",
-            f"  partitions: 1 worker {one['assign_end']}; 2 workers {two['assign_end']} "
-            f"(worker1 alone before the join: {two['assign_before']['worker1']})",
-            *([] if one.get("kept_up") and two.get("kept_up") else [
-                "  NOTE: a run that did not keep up worked on larger batches than the load "
-                "alone makes, so its CPU per event is not the steady-state figure"])]
+def _cpu_lines(r: Mapping[str, Any]) -> list[str]:
+    """Per worker: CPU over the window, its idle rate times the window, the rest (the
+    load's), each by thread group."""
+    out = []
+    w = r["window_s"]
+    for i, (cpu, idle, th, ith) in enumerate(zip(r["cpu"], r["idle_cpu_per_s"], r["threads"],
+                                               r["idle_threads_per_s"], strict=True)):
+        groups = ", ".join(f"{g} {th.get(g, 0.0):.1f}/{ith.get(g, 0.0) * w:.1f}"
+                           for g in sorted(set(th) | set(ith)))
+        out.append(f"  worker{i + 1}: {cpu:.1f} CPU-s in the window, idle rate x window "
+                   f"{idle * w:.1f}, load's {cpu - idle * w:.1f}; by thread (window/idle x "
+                   f"window): {groups}")
+    return out
 
 
-def _net_cpu_per_event(r: Mapping[str, Any]) -> float:
+def total_cpu_per_event(r: Mapping[str, Any]) -> float:
+    """All CPU of the workers over the window / the events produced in it."""
+    return float(sum(r["cpu"])) / max(1, int(r["window_events"]))
+
+
+def marginal_cpu_per_event(r: Mapping[str, Any]) -> float:
+    """(CPU over the window - each worker's idle CPU rate x the window) / events."""
     idle = sum(r["idle_cpu_per_s"]) * r["window_s"]
     return float(sum(r["cpu"]) - idle) / max(1, int(r["window_events"]))
+
+
+def _span(xs: Sequence[float], fmt: str = ".3f") -> str:
+    return (f"{min(xs):{fmt}}" if len(xs) == 1 or min(xs) == max(xs)
+            else f"{min(xs):{fmt}} - {max(xs):{fmt}}")
+
+
+def report_scaleout(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> list[str]:
+    """Side by side per pair (1 worker, 2 workers, run one after the other), then ranges."""
+    two0 = pairs[0][1]
+    lines = [f"Phase 3: scale-out, CPU-ms per event (user + system of the worker processes "
+             f"and all their threads; standby_replicas = {two0.get('standby_replicas', 1)}; "
+             f"{len(pairs)} pair(s), order rotated)",
+             f"  {'pair':<5}{'1w total':>9}{'2w total':>9}{'ratio':>7}{'1w marg':>9}"
+             f"{'2w marg':>9}{'ratio':>7}{'1w idle':>9}{'2w idle':>13}{'ev/batch':>12}"
+             f"{'chlog/ev':>12}  kept up  busy"]
+    tot, marg = [], []
+    for k, (one, two) in enumerate(pairs):
+        ta, tb = total_cpu_per_event(one), total_cpu_per_event(two)
+        ma, mb = marginal_cpu_per_event(one), marginal_cpu_per_event(two)
+        tot.append(tb / ta)
+        marg.append(mb / ma)
+        epb = [x["window_batch_events"] / max(1, x["window_batches"]) for x in (one, two)]
+        clg = [x["window_changelog"] / max(1, x["window_events"]) for x in (one, two)]
+        lines.append(
+            f"  {k + 1:<5}{ta * 1e3:>9.3f}{tb * 1e3:>9.3f}{tb / ta:>7.2f}{ma * 1e3:>9.3f}"
+            f"{mb * 1e3:>9.3f}{mb / ma:>7.2f}"
+            f"{one['idle_cpu_per_s'][0]:>9.3f}"
+            f"{'+'.join(f'{c:.3f}' for c in two['idle_cpu_per_s']):>13}"
+            f"{epb[0]:>6.1f}/{epb[1]:<5.1f}{clg[0]:>6.2f}/{clg[1]:<5.2f}"
+            f"  {'y' if one['kept_up'] else 'N'}/{'y' if two['kept_up'] else 'N'}"
+            f"    {one['machine_busy']:.0%}/{two['machine_busy']:.0%}"
+            f"  (order {'-'.join(one.get('order', ['1', '2']))})")
+    lines.append(f"  ratio 2 workers / 1 worker: total {_span(tot, '.2f')}, marginal "
+                 f"{_span(marg, '.2f')} (target 0.8 - 1.2)")
+    lines.append("  total = all CPU of the workers over the window / events produced in it; "
+                 "marginal = the same less each worker's idle CPU rate (measured with no "
+                 "input just before the load) x the window; idle in CPU-s per second")
+    for k, (one, two) in enumerate(pairs):
+        lines.append(f"  pair {k + 1} partitions held: 1 worker {one['assign_end']}; "
+                     f"2 workers {two['assign_end']} (worker1 alone before the join: "
+                     f"{two['assign_before']['worker1']}); per-partition RocksDB dirs "
+                     + "; ".join(f"{w} " + ", ".join(f"{p}: {_mib(b)}" for p, b in
+                                                      sorted(d.items()))
+                                 for w, d in two["dbs"].items()))
+    if not all(o.get("kept_up") and t.get("kept_up") for o, t in pairs):
+        lines.append("  NOTE: a run that did not keep up worked on larger batches than the "
+                     "load alone makes, so its CPU per event is not the steady-state figure")
+    return lines
 
 
 # ------------------------------------------------------------------------ main
@@ -1217,7 +1334,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 3,000 events once, 500 counters at 200 events/s for 6 s")
     p.add_argument("--events", type=int, help="throughput phase events (default 20,000)")
-    p.add_argument("--repeat", type=int, help="throughput repeats (default 3)")
+    p.add_argument("--repeat", type=int, help="throughput repeats (default 3); scale-out: "
+                   "pairs of runs, 1 and 2 workers, order rotated (default 1)")
     p.add_argument("--counters", type=int, help="counters of phases 2-3 (default 10,000)")
     p.add_argument("--rate", type=float, help="steady load, events/s (default 1,000)")
     p.add_argument("--seconds", type=float, help="measured window of phases 2-3 (default 60)")
@@ -1233,6 +1351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     counters = a.counters or (500 if q else 10_000)
     rate = a.rate or (200.0 if q else 1000.0)
     seconds = a.seconds or (6.0 if q else 60.0)
+    srepeat = a.repeat or 1
 
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
@@ -1253,20 +1372,33 @@ def main(argv: Sequence[str] | None = None) -> int:
                 runs = phase_throughput(conf, bootstrap, tmp, events, repeat, children)
                 results["throughput"] = runs
                 lines += report_throughput(runs, events)
-            one: dict[str, Any] | None = None
-            if a.phase in ("many", "scaleout", "all"):
+            if a.phase == "many":
                 print("phase 2: many counters, 1 worker", flush=True)
                 one = steady_run(conf, bootstrap, tmp, 1, counters, rate, seconds, children,
                                  a.standby)
                 results["many"] = one
                 lines += report_steady(one, "Phase 2: many counters")
-            if a.phase in ("scaleout", "all") and one is not None:
-                print("phase 3: scale-out, 2 workers", flush=True)
-                two = steady_run(conf, bootstrap, tmp, 2, counters, rate, seconds, children,
-                                 a.standby)
-                results["scaleout"] = two
-                lines += report_steady(two, "Phase 3: the same load on 2 workers")
-                lines += report_scaleout(one, two)
+            if a.phase in ("scaleout", "all"):
+                pairs = []
+                for k in range(srepeat):
+                    order = (1, 2) if k % 2 == 0 else (2, 1)
+                    got: dict[int, dict[str, Any]] = {}
+                    for w in order:
+                        print(f"phase {2 if w == 1 else 3}: {w} worker(s), pair {k + 1}",
+                              flush=True)
+                        got[w] = steady_run(conf, bootstrap, tmp, w, counters, rate, seconds,
+                                            children, a.standby)
+                        got[w]["order"] = [str(x) for x in order]
+                    pairs.append((got[1], got[2]))
+                    if k == 0:
+                        results["many"] = got[1]
+                        lines += report_steady(got[1], "Phase 2: many counters")
+                    lines += report_steady(got[2], f"Phase 3: the same load on 2 workers "
+                                                   f"(pair {k + 1})")
+                    if k > 0:
+                        lines += report_steady(got[1], f"Phase 3: 1 worker (pair {k + 1})")
+                results["scaleout"] = [{"one": o, "two": t} for o, t in pairs]
+                lines += report_scaleout(pairs)
     except KeyboardInterrupt:
         print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)
         return 130
