@@ -28,6 +28,7 @@ import pytest
 
 from processor import cli
 from processor.core.rng import NoiseKey
+from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import Operator
@@ -259,7 +260,14 @@ def test_replay_after_a_restart_with_a_changed_epsilon(
     dep.produce([orjson.dumps({"counter": "a", "ts": int(time.time() * 1000)})])
     dep.wait_releases(lambda rs: len(rs) >= first + 2, timeout_s=60)
     assert dep.worker.stop() == 0, dep.worker.log_tail()
+    # The history replay must cover: two fingerprints, the stored epsilon throughout.
     assert {r["epsilon"] for r in dep.releases()} == {500.0}
+    assert {r["fingerprint"] for r in dep.releases()} == {dep.settings.fingerprint(),
+                                                          kept.fingerprint()}
+    entries = [orjson.loads(r.value or b"")
+               for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+    assert [(e["entry"], e["parameters"]) for e in entries] == [
+        ("created", "configured"), ("reconfigured", "stored")]
 
     capsys.readouterr()
     code = cli.main(["replay", "--config", str(dep.config), "--json", "--quiet"])
