@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import sys
@@ -137,7 +138,8 @@ class Difference:
 
     topic: str  # "counts" (the private-count topic) or "ledger"
     key: RecordKey
-    problem: str  # missing, unexpected, different, conflicting, malformed
+    problem: str  # missing, unexpected, different, conflicting, malformed, inconsistent,
+    # unexplained (module docstring)
     detail: str
 
     def describe(self) -> str:
@@ -592,7 +594,7 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     """Compare a recomputation with the published snapshots under the cut (module doc),
     adding the ledger entries `history` could not use. Returns the release and ledger
     tallies and every difference, sorted by topic, key."""
-    diffs: list[Difference] = [] if history is None else list(history.problems)
+    diffs: list[Difference] = []
     ledger = list(ledger)
     mine, settled = _recomputed(
         "counts", [((r.counter, r.tick, r.kind), r.to_json()) for r in result.settled],
@@ -618,6 +620,18 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     theirs_ledger = _published(ledger, "ledger", _ledger_key, diffs)
     entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
                            theirs_ledger, diffs)
+    if history is not None:
+        # An entry replay does not recompute at all (a forged counter) is one difference,
+        # "unexpected", with the reason it could not be used.
+        unexpected = {d.key: i for i, d in enumerate(diffs)
+                      if d.topic == "ledger" and d.problem == "unexpected"}
+        for p in history.problems:
+            i = unexpected.get(p.key)
+            if i is None:
+                diffs.append(p)
+            else:
+                diffs[i] = dataclasses.replace(diffs[i],
+                                               detail=f"{diffs[i].detail}; {p.detail}")
     diffs.sort(key=_diff_order)
     return releases, entries_tally, diffs
 
