@@ -3,7 +3,12 @@
 Stateless and at-least-once, on confluent-kafka directly (no Faust: its per-message path
 was the largest cost of the old ingest agent). One loop, in a thread of the worker process:
 
-1. consume a batch of input records (consumer group `<app_id>-ingest`, no auto-commit);
+1. consume a batch of input records (consumer group `<app_id>-ingest`, no auto-commit):
+   while records keep coming, the batch fills for up to its window (`fill_window_s`:
+   at most a quarter of the lateness, so no event misses its tick's seal for it) until
+   it holds FILL_PER_PARTITION events per timeline partition, because the operator pays
+   a fixed cost per timeline record and a stage sharing the input with other workers
+   would otherwise cut its share of the load into proportionally smaller records;
 2. `route` it: `records.parse_input` per record; valid events grouped by their counter's
    timeline partition, in the order they were read (so within one timeline partition the
    offsets of one input partition only increase: the operator's duplicate filter relies on
@@ -65,6 +70,11 @@ MAX_BATCH_EVENTS: Final = 5000
 #: ... and at most this many bytes (under the 1 MB default record size limits of the
 #: broker, librdkafka's producer and Faust's consumer fetch).
 MAX_BATCH_BYTES: Final = 900_000
+#: A batch aims at this many events per timeline partition (it stops filling there) ...
+FILL_PER_PARTITION: Final = 100
+#: ... for at most this long after its first consume began, and at most a quarter of the
+#: lateness (`fill_window_s`).
+FILL_MAX_S: Final = 0.5
 #: Commit errors that mean "the group moved on": the batch was delivered, the new owner
 #: of the partition re-reads it and the operator drops the copies.
 _REBALANCE_CODES: Final = frozenset({
@@ -207,6 +217,13 @@ def _failure(exc: BaseException) -> Rejection:
     return Rejection("schema_violation", f"cannot be forwarded ({type(exc).__name__})")
 
 
+def fill_window_s(settings: Settings, poll_s: float) -> float:
+    """How long one batch may fill while records keep coming: FILL_MAX_S, at most a
+    quarter of the lateness (an event stamped now then reaches the timeline long before
+    the marker that seals its tick), never less than one poll (what a batch always took)."""
+    return max(poll_s, min(FILL_MAX_S, settings.lateness_ms / 4000.0))
+
+
 def committable(records: Sequence[InputRecord]) -> dict[int, int]:
     """Input partition -> the offset to commit after `records` (last offset + 1)."""
     out: dict[int, int] = {}
@@ -253,6 +270,8 @@ class Ingest:
         self.last_beat: float | None = None
         self._max_consume = max_consume
         self._poll_s = poll_s
+        self._fill_s = fill_window_s(settings, poll_s)
+        self._fill_target = min(max_consume, FILL_PER_PARTITION * settings.partitions)
         self._delivery_timeout_s = delivery_timeout_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -309,8 +328,7 @@ class Ingest:
             consumer.subscribe([self.settings.topics.input])
             while not self._stop.is_set():
                 self.last_beat = time.monotonic()
-                msgs: list[Any] = consumer.consume(num_messages=self._max_consume,
-                                                   timeout=self._poll_s)
+                msgs = self._consume(consumer)
                 if msgs:
                     self._handle(consumer, producer, msgs)
         except BaseException as exc:
@@ -326,6 +344,23 @@ class Ingest:
                 consumer.close()
             finally:
                 producer.flush(10.0)
+
+    def _consume(self, consumer: Consumer) -> list[Any]:
+        """One batch: what one poll brings; while more keeps coming, up to the fill target
+        or the end of the fill window (a poll that brings nothing ends it at once)."""
+        started = time.monotonic()
+        msgs: list[Any] = consumer.consume(num_messages=self._max_consume,
+                                           timeout=self._poll_s)
+        while msgs and len(msgs) < self._fill_target and not self._stop.is_set():
+            left = started + self._fill_s - time.monotonic()
+            if left <= 0:
+                break
+            more = consumer.consume(num_messages=self._fill_target - len(msgs),
+                                    timeout=min(left, self._poll_s))
+            if not more:
+                break
+            msgs.extend(more)
+        return msgs
 
     def _handle(self, consumer: Consumer, producer: Any, msgs: Sequence[Any]) -> None:
         records: list[InputRecord] = []
