@@ -72,6 +72,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import sys
@@ -80,6 +81,7 @@ import time
 from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Final
 
 import orjson
@@ -105,8 +107,15 @@ from processor.stream.operator import (
     key_fingerprint,
     noise_identity,
 )
-from processor.stream.records import LedgerEntry, Release
-from processor.stream.state import DictStore
+from processor.stream.records import (
+    EventRow,
+    LedgerEntry,
+    Release,
+    TimelineFormatError,
+    TimelineMarker,
+    decode_timeline_rows,
+)
+from processor.stream.state import DictStore, PartitionState
 
 #: Timeline records per recomputed batch. The outputs do not depend on the batching; the
 #: cost does: state is written once per batch, but a marker walks the due ticks consumed
@@ -243,6 +252,11 @@ class LedgerHistory:
     #: (counter, fingerprint) -> the `parameters` label of its entry: used only for a
     #: fingerprint whose configuration replay cannot know (no counter created under it).
     labels: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: counter -> the creation tag of its "created" entry.
+    creation: dict[str, str] = field(default_factory=dict)
+    #: The published releases and ledger entries (bytes): which of the positions a
+    #: restart may have had the worker computed (`_late_declared`).
+    published: frozenset[bytes] = frozenset()
     problems: list[Difference] = field(default_factory=list)
 
     def fingerprint_at(self, counter: str, t: int) -> str | None:
@@ -276,11 +290,13 @@ def _ledger_dicts(values: Iterable[bytes | None]) -> list[dict[str, Any]]:
     return out
 
 
-def ledger_history(settings: Settings, key: NoiseKey,
-                   ledger: Iterable[bytes | None]) -> LedgerHistory:
+def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | None],
+                   releases: Iterable[bytes | None] = ()) -> LedgerHistory:
     """Read the published ledger into a LedgerHistory for `settings` (the current
-    configuration) and `key`, checking each entry replay takes anything from."""
-    h = LedgerHistory()
+    configuration) and `key`, checking each entry replay takes anything from; the
+    published `releases` only serve to place a restart (`_late_declared`)."""
+    ledger = list(ledger)
+    h = LedgerHistory(published=frozenset(v for v in (*ledger, *releases) if v))
     current = settings.fingerprint()
     key_id = key_fingerprint(key)
     configured_now: Parameters | None = None
@@ -341,6 +357,7 @@ def ledger_history(settings: Settings, key: NoiseKey,
             by_fingerprint.setdefault(fp, {})[k] = params
         ticks[since] = fp
         h.created[name] = (params, fp)
+        h.creation[name] = str(d.get("creation", ""))
     for fp, made in by_fingerprint.items():
         if len(set(made.values())) == 1:
             h.configured[fp] = next(iter(made.values()))
@@ -356,6 +373,75 @@ def ledger_history(settings: Settings, key: NoiseKey,
         order = sorted(ticks)
         h.since[name] = (order, [ticks[t] for t in order])
     return h
+
+
+def _without(settings: Settings, names: Collection[str]) -> Settings:
+    """`settings` before `names` were declared (its own fingerprint: a restart under the
+    full settings files them, as the worker's restart did)."""
+    if not names:
+        return settings
+    return dataclasses.replace(settings, counters=MappingProxyType(
+        {c: s for c, s in settings.counters.items() if c not in names}))
+
+
+def _late_declared(settings: Settings, key: NoiseKey, history: LedgerHistory,
+                   records: TimelinePart, got: Recomputed,
+                   ) -> list[tuple[list[int], frozenset[str]]]:
+    """Counters declared after their start under existing state, found on one partition.
+
+    The worker creates such a counter at the first marker after its restart under the new
+    configuration (it files every declared counter without state then), having skipped
+    its earlier events as undeclared; replay, declaring it from the start, creates it
+    earlier: another creation tag than the ledger's. The marker whose tag is the ledger's
+    is the one that created it; the restart was after the marker before it. Returns, per
+    such marker (in offset order), the offsets the restart may have been at (the event
+    records of these counters in that window, then the creating marker) and the counters."""
+    recomputed = {e.counter: e.creation for e in (*got.settled_ledger, *got.unsettled_ledger)
+                  if e.entry == "created"}
+    late = [c for c, tag in recomputed.items()
+            if c in settings.counters and history.creation.get(c, tag) != tag]
+    if not late:
+        return []
+    probe = HistoryOperator(settings, key, history)
+    markers: list[tuple[int, int, int]] = []  # (offset, n, frontier before) sealing anew
+    frontier = PartitionState().frontier
+    for off, raw in records:
+        if raw is not None and len(raw) < 64:  # a marker record is short; a batch rarely
+            rec = _decoded(raw)
+            if isinstance(rec, TimelineMarker) and rec.sealed_through > frontier:
+                markers.append((off, rec.sealed_through, frontier))
+                frontier = rec.sealed_through
+    windows: dict[int, tuple[int, set[str]]] = {}
+    for c in late:
+        for i, (off, n, before) in enumerate(markers):
+            if probe._creation_tag(c, n, before) == history.creation[c]:
+                windows.setdefault(off, (markers[i - 1][0] if i else -1, set()))[1].add(c)
+                break
+    groups = []
+    for at, (after, names) in sorted(windows.items()):
+        positions = []
+        for off, raw in records:
+            if after < off < at and raw is not None:
+                rec = _decoded(raw)
+                if isinstance(rec, list) and any(row[0] in names for row in rec):
+                    positions.append(off)
+        groups.append(([*positions, at], frozenset(names)))
+    return groups
+
+
+def _decoded(raw: bytes) -> list[EventRow] | TimelineMarker | None:
+    try:
+        return decode_timeline_rows(raw)
+    except TimelineFormatError:
+        return None
+
+
+def _unpublished(got: Recomputed, names: Collection[str], published: Collection[bytes],
+                 ) -> int:
+    """How many recomputed records of the counters `names` were not published."""
+    mine: list[Release | LedgerEntry] = [*got.settled, *got.unsettled, *got.settled_ledger,
+                                         *got.unsettled_ledger]
+    return sum(1 for r in mine if r.counter in names and r.to_json() not in published)
 
 
 class HistoryOperator(Operator):
@@ -430,8 +516,11 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
         return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs,
                                    history)
-    op = operator if operator is not None else _operator(settings, key, history)
-    return asyncio.run(_recompute(op, timeline, settled_below, progress))
+    if operator is not None or history is None:
+        op = operator if operator is not None else Operator(settings, key)
+        return asyncio.run(_recompute(op, timeline, settled_below, progress))
+    return _merged({p: _recompute_one(settings, key, history, p, timeline[p], settled_below,
+                                      progress) for p in timeline})
 
 
 def single_threaded() -> bool:
@@ -455,7 +544,10 @@ def single_threaded() -> bool:
 
 async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                      settled_below: Mapping[int, int],
-                     progress: Progress | None) -> Recomputed:
+                     progress: Progress | None,
+                     switches: Sequence[tuple[int, Operator]] = ()) -> Recomputed:
+    """Records from offset o of `switches` (o, op) on go through op, as after a worker's
+    restart under another configuration (`_late_declared`)."""
     settled = CollectingPublisher()
     unsettled = CollectingPublisher()
     total = sum(len(v) for v in timeline.values())
@@ -464,9 +556,19 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
     for p in sorted(timeline):
         recs = sorted(timeline[p])
         mark = settled_below.get(p, 0)
-        split = next((i for i, (off, _v) in enumerate(recs) if off >= mark), len(recs))
-        for part, sink in ((recs[:split], settled), (recs[split:], unsettled)):
-            commit = BatchCommit(operator, store, sink)
+        cuts = sorted({0, len(recs), *(
+            next((i for i, (off, _v) in enumerate(recs) if off >= o), len(recs))
+            for o in (mark, *(o for o, _op in switches)))})
+        for lo, hi in itertools.pairwise(cuts):
+            if lo == hi:
+                continue
+            part = recs[lo:hi]
+            sink = settled if part[0][0] < mark else unsettled
+            op = operator
+            for o, later in switches:
+                if part[0][0] >= o:
+                    op = later
+            commit = BatchCommit(op, store, sink)
             for i in range(0, len(part), REPLAY_BATCH):
                 batch = [(off, v or b"") for off, v in part[i:i + REPLAY_BATCH]]
                 out = await commit.commit(p, batch)
@@ -478,9 +580,39 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                       unsettled.ledger, records, dups)
 
 
-def _operator(settings: Settings, key: NoiseKey, history: LedgerHistory | None) -> Operator:
-    return Operator(settings, key) if history is None else HistoryOperator(settings, key,
-                                                                             history)
+def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | None,
+                   partition: int, records: TimelinePart, settled_below: Mapping[int, int],
+                   progress: Progress | None) -> Recomputed:
+    """One partition: with `history`, by HistoryOperators, switching configuration where
+    the ledger shows the worker did (`_late_declared`)."""
+    timeline = {partition: records}
+    if history is None:
+        return asyncio.run(_recompute(Operator(settings, key), timeline, settled_below,
+                                      progress))
+    got = asyncio.run(_recompute(HistoryOperator(settings, key, history), timeline,
+                                 settled_below, progress))
+    groups = _late_declared(settings, key, history, sorted(records), got)
+    if not groups:
+        return got
+
+    def run(ats: Sequence[int]) -> Recomputed:
+        # Before ats[i] the counters of groups i.. are not declared yet.
+        ops = [HistoryOperator(_without(settings, {n for _c, g in groups[i:] for n in g}),
+                               key, history) for i in range(len(groups) + 1)]
+        return asyncio.run(_recompute(ops[0], timeline, settled_below, None,
+                                      [(at, ops[i + 1]) for i, at in enumerate(ats)]))
+
+    # Where the restart was in a window is not on the timeline: try each position that
+    # changes which of the new counters' events count, keep the one whose records were
+    # published (the others are other computations, never a verdict on their own).
+    chosen = [candidates[-1] for candidates, _names in groups]
+    for i, (candidates, names) in enumerate(groups):
+        scored = []
+        for at in candidates:
+            trial = run([*chosen[:i], at, *chosen[i + 1:]])
+            scored.append((_unpublished(trial, names, history.published), at, trial))
+        _misses, chosen[i], got = min(scored, key=lambda x: x[0])
+    return got
 
 
 #: The job of the forked recomputation processes (set before the fork, read after it:
@@ -492,8 +624,8 @@ _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
     settings, key, timeline, settled_below, history = _JOB
-    return asyncio.run(_recompute(_operator(settings, key, history),
-                                  {partition: timeline[partition]}, settled_below, None))
+    return _recompute_one(settings, key, history, partition, timeline[partition],
+                          settled_below, None)
 
 
 def _recompute_parallel(settings: Settings, key: NoiseKey,
@@ -514,6 +646,11 @@ def _recompute_parallel(settings: Settings, key: NoiseKey,
                     progress("recomputed", sum(r.records for r in parts.values()), total)
     finally:
         _JOB = None
+    return _merged(parts)
+
+
+def _merged(parts: Mapping[int, Recomputed]) -> Recomputed:
+    """Partitions' recomputations as one, in partition order."""
     merged = Recomputed([], [], [], [], 0, 0)
     for p in sorted(parts):
         r = parts[p]
@@ -774,17 +911,19 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
 
     timeline = kafka_io.read_values(conf, tl_topic, tl_marks, timeout_s=timeout_s,
                                     progress=read_progress)
-    # The ledger first: it says what each counter ran under (LedgerHistory).
+    # The published topics first: the ledger says what each counter ran under
+    # (LedgerHistory), the releases place a restart the timeline does not record.
     ledger = [v for recs in kafka_io.read_values(conf, ledger_topic, ledger_marks,
                                                  timeout_s=timeout_s).values()
               for _o, v in recs]
-    history = ledger_history(settings, key, ledger)
+    published = [v for recs in kafka_io.read_values(conf, counts_topic, counts_marks,
+                                                    timeout_s=timeout_s).values()
+                 for _o, v in recs]
+    history = ledger_history(settings, key, ledger, published)
     result = recompute_timeline(settings, key, timeline, committed, progress=progress,
                                 jobs=default_jobs(settings) if jobs is None else jobs,
                                 history=history)
-    published = kafka_io.read_values(conf, counts_topic, counts_marks, timeout_s=timeout_s)
-    releases, entries, diffs = compare(
-        result, (v for recs in published.values() for _o, v in recs), ledger, history)
+    releases, entries, diffs = compare(result, published, ledger, history)
     if settle_s > 0 and any(d.problem == "missing" for d in diffs):
         diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),
                                                        "ledger": (ledger_topic, ledger_marks)},

@@ -3,7 +3,9 @@ HistoryOperator; docs/replay.md, "What replay needs").
 
 A worker (BatchCommit over the operator, as app.py runs it) lives through configuration
 changes under its state: epsilon changed with on_parameter_change = "keep", the
-configured mechanism changed, a counter added later, and three configurations in a row.
+configured mechanism changed, counters added later (with a start after the restart, and
+with one before it: then where the restart was between two markers matters), and three
+configurations in a row.
 Replay given only the final configuration and the key takes each counter's parameters and
 fingerprints from the published ledger and recomputes everything else: identical. Without
 the ledger's history (the old replay) the same timeline is different, so the tests can
@@ -48,7 +50,7 @@ TICK = 100
 
 def _base() -> Settings:
     return with_overrides(Settings(), counters={"a": 0, "b": 0}, partitions=1,
-                          tick_ms=TICK, mechanism="ecc", epsilon=3.0, delta=1e-6,
+                          tick_ms=TICK, mechanism="ecc", epsilon=300.0, delta=1e-6,
                           heartbeat_ticks=4)
 
 
@@ -90,7 +92,7 @@ def _replay(s: Settings, life: Life, releases: Sequence[bytes] | None = None,
     """Replay's recomputation and comparison with `s`, everything committed."""
     pub = [r.to_json() for r in life.releases] if releases is None else list(releases)
     led = [e.to_json() for e in life.ledger] if ledger is None else list(ledger)
-    h = ledger_history(s, KEY, led) if history else None
+    h = ledger_history(s, KEY, led, pub) if history else None
     got = recompute_timeline(s, KEY, {0: life.timeline}, {0: len(life.timeline)},
                              history=h)
     _rel, _led, diffs = compare(got, pub, led, h)
@@ -99,10 +101,10 @@ def _replay(s: Settings, life: Life, releases: Sequence[bytes] | None = None,
 
 CHANGES: dict[str, Callable[[Settings], Settings]] = {
     # epsilon changed, existing counters keep theirs; c added later (start in the future)
-    "keep-epsilon": lambda s: with_overrides(s, epsilon=9.0, on_parameter_change="keep",
+    "keep-epsilon": lambda s: with_overrides(s, epsilon=90.0, on_parameter_change="keep",
                                              counters={"a": 0, "b": 0, "c": 30 * TICK}),
-    # the configured mechanism and epsilon changed: a and b stay ECC at 3.0, c is SimECC
-    "mechanism": lambda s: with_overrides(s, mechanism="simecc", epsilon=5.0,
+    # the configured mechanism and epsilon changed: a and b stay ECC at 300.0, c is SimECC
+    "mechanism": lambda s: with_overrides(s, mechanism="simecc", epsilon=50.0,
                                           on_parameter_change="keep",
                                           counters={"a": 0, "b": 0, "c": 30 * TICK}),
 }
@@ -111,7 +113,7 @@ CHANGES: dict[str, Callable[[Settings], Settings]] = {
 @pytest.mark.parametrize("change", sorted(CHANGES))
 def test_replay_with_the_final_configuration_verifies_the_whole_history(
         change: str) -> None:
-    """Ticks 1-20 under the first configuration, 21-45 under the changed one: replay with
+    """Ticks 1-20 under the first configuration, 21-70 under the changed one: replay with
     the changed one alone is identical (a and b run with their stored parameters under
     the first fingerprint's noise identity, c with the new ones), and the ledger says
     so: a and b "reconfigured" with parameters "stored". Control: the old replay (every
@@ -119,19 +121,22 @@ def test_replay_with_the_final_configuration_verifies_the_whole_history(
     s1 = _base()
     s2 = CHANGES[change](s1)
     life = _live([(s1, _timeline(range(1, 21), ["a", "b"])),
-                  (s2, _timeline(range(21, 46), ["a", "b", "c"]))])
+                  (s2, _timeline(range(21, 71), ["a", "b", "c"]))])
     got, diffs = _replay(s2, life)
     assert diffs == []
     assert got.settled == life.releases and got.settled_ledger == life.ledger
     entries = {(e.counter, e.entry, e.parameters, e.mechanism, e.epsilon, e.fingerprint)
                for e in life.ledger}
     assert entries == {
-        ("a", "created", "configured", "ecc", 3.0, s1.fingerprint()),
-        ("b", "created", "configured", "ecc", 3.0, s1.fingerprint()),
-        ("a", "reconfigured", "stored", "ecc", 3.0, s2.fingerprint()),
-        ("b", "reconfigured", "stored", "ecc", 3.0, s2.fingerprint()),
+        ("a", "created", "configured", "ecc", 300.0, s1.fingerprint()),
+        ("b", "created", "configured", "ecc", 300.0, s1.fingerprint()),
+        ("a", "reconfigured", "stored", "ecc", 300.0, s2.fingerprint()),
+        ("b", "reconfigured", "stored", "ecc", 300.0, s2.fingerprint()),
         ("c", "created", "configured", s2.mechanism, s2.epsilon, s2.fingerprint())}
     assert {r.fingerprint for r in life.releases} == {s1.fingerprint(), s2.fingerprint()}
+    # Noise and counts are recomputed, not only parameters: values moved.
+    assert {(r.counter, r.fingerprint == s2.fingerprint()) for r in life.releases
+            if r.kind == "change" and r.value > 0} >= {("a", True), ("b", True)}
 
     # Control: recomputing every counter with the final configuration is not identical.
     _got, old = _replay(s2, life, history=False)
@@ -139,71 +144,117 @@ def test_replay_with_the_final_configuration_verifies_the_whole_history(
 
 
 def test_three_configurations_with_a_counter_created_in_the_middle() -> None:
-    """c is created under the second configuration (epsilon 9) and runs on under the
-    third (epsilon 4): replay with the third takes c's parameters and noise identity from
+    """c is created under the second configuration (epsilon 90) and runs on under the
+    third (epsilon 40): replay with the third takes c's parameters and noise identity from
     its created entry (an intermediate fingerprint), identical."""
     s1 = _base()
     s2 = CHANGES["keep-epsilon"](s1)
-    s3 = with_overrides(s2, epsilon=4.0)
+    s3 = with_overrides(s2, epsilon=40.0)
     life = _live([(s1, _timeline(range(1, 21), ["a", "b"])),
-                  (s2, _timeline(range(21, 36), ["a", "b", "c"])),
-                  (s3, _timeline(range(36, 50), ["a", "b", "c"]))])
+                  (s2, _timeline(range(21, 46), ["a", "b", "c"])),
+                  (s3, _timeline(range(46, 80), ["a", "b", "c"]))])
     assert {(e.counter, e.fingerprint) for e in life.ledger if e.entry == "created"} == {
         ("a", s1.fingerprint()), ("b", s1.fingerprint()), ("c", s2.fingerprint())}
     assert {(r.counter, r.epsilon) for r in life.releases} == {
-        ("a", 3.0), ("b", 3.0), ("c", 9.0)}
+        ("a", 300.0), ("b", 300.0), ("c", 90.0)}
     _got, diffs = _replay(s3, life)
     assert diffs == []
+
+
+def _window_timeline() -> list[bytes]:
+    """a and b every tick 1-100; d (not declared yet) at tick 5, then twice 30 events
+    between the markers of ticks 20 and 21 (records 40 and 41), then never again."""
+    out = _timeline(range(1, 101), ["a", "b"])
+    out[8] = encode_batch([Event(c, 5 * TICK + 7, 65536, -1, -1) for c in ("a", "b", "d")])
+    d = encode_batch([Event("d", 21 * TICK + 3, 65536, -1, -1)] * 30)
+    return [*out[:40], d, d, *out[40:]]
+
+
+@pytest.mark.parametrize("restart", [40, 41, 42])
+def test_a_counter_declared_after_its_start_is_created_where_the_worker_created_it(
+        restart: int) -> None:
+    """d is declared at a restart after its start (tick 1): the worker skipped its events
+    until then and created it at the first marker after the restart. Where the restart
+    was between two markers is not on the timeline: before, between or after d's two
+    event records of that window, three different outcomes for d. Replay finds the
+    creating marker by the ledger's creation tag and the restart's position by which
+    candidate's records were published: identical in all three. Control: one operator
+    declaring d from the start (no placement) differs, on d only."""
+    from processor.stream.replay import HistoryOperator
+
+    s1 = _base()
+    s2 = with_overrides(s1, counters={"a": 0, "b": 0, "d": 0}, epsilon=500.0,
+                        on_parameter_change="keep")  # little noise: d's count shows
+    records = _window_timeline()
+    life = _live([(s1, records[:restart]), (s2, records[restart:])])
+    created = next(e for e in life.ledger if (e.counter, e.entry) == ("d", "created"))
+    assert (created.epsilon, created.fingerprint) == (500.0, s2.fingerprint())
+    got, diffs = _replay(s2, life)
+    assert diffs == []
+    assert got.settled == life.releases and got.settled_ledger == life.ledger
+    # The three restarts are three computations (so the placement is tested).
+    others = [_live([(s1, records[:r]), (s2, records[r:])]) for r in (40, 41, 42)]
+    assert len({tuple((r.tick, r.value) for r in o.releases
+                      if r.counter == "d" and r.kind == "change") for o in others}) == 3
+
+    led = [e.to_json() for e in life.ledger]
+    h = ledger_history(s2, KEY, led, [r.to_json() for r in life.releases])
+    plain = recompute_timeline(s2, KEY, {0: life.timeline}, {0: len(life.timeline)},
+                               operator=HistoryOperator(s2, KEY, h))
+    _rel, _led, diffs = compare(plain, [r.to_json() for r in life.releases], led, h)
+    assert diffs and {d.key[0] for d in diffs} == {"d"}
 
 
 def _kept_life() -> tuple[Settings, Life]:
     s1 = _base()
     s2 = CHANGES["keep-epsilon"](s1)
     return s2, _live([(s1, _timeline(range(1, 21), ["a", "b"])),
-                      (s2, _timeline(range(21, 46), ["a", "b", "c"]))])
+                      (s2, _timeline(range(21, 71), ["a", "b", "c"]))])
 
 
 def test_a_tampered_ledger_entry_is_a_difference() -> None:
-    """The created entry of a says epsilon 9 (it ran with 3): replay recomputes a with the
+    """The created entry of a says epsilon 90 (it ran with 300): replay recomputes a with the
     epsilon the ledger claims, so a's releases differ (epsilon and values), its recomputed
     reconfigured entry carries 9 where 3 was published, and a and b, created under one
     configuration, disagree on its parameters ("inconsistent", both named: the ledger
     alone cannot tell which lies; b's releases, recomputed with its own, are identical).
-    A reconfigured entry tampered alone (epsilon 9) differs from its recomputation (the
+    A reconfigured entry tampered alone (epsilon 90) differs from its recomputation (the
     running instance's)."""
     s2, life = _kept_life()
     ledger = [e.to_json() if (e.counter, e.entry) != ("a", "created")
-              else dataclasses.replace(e, epsilon=9.0).to_json() for e in life.ledger]
+              else dataclasses.replace(e, epsilon=90.0).to_json() for e in life.ledger]
     _got, diffs = _replay(s2, life, ledger=ledger)
     releases = [d for d in diffs if d.topic == "counts"]
     assert releases and {d.key[0] for d in releases} == {"a"}
-    assert all(d.problem == "different" and "epsilon: replay=9.0" in d.detail
-               for d in releases)
+    # Other noise too: changes at other ticks are missing or unexpected.
+    assert all("epsilon: replay=90.0" in d.detail for d in releases
+               if d.problem == "different")
+    assert any(d.problem == "different" for d in releases)
     entries = {(d.key[0], d.problem) for d in diffs if d.topic == "ledger"}
     assert entries == {("a", "different"), ("a", "inconsistent"), ("b", "inconsistent")}
     assert all("disagree" in d.detail for d in diffs if d.problem == "inconsistent")
 
     ledger = [e.to_json() if (e.counter, e.entry) != ("a", "reconfigured")
-              else dataclasses.replace(e, epsilon=9.0).to_json() for e in life.ledger]
+              else dataclasses.replace(e, epsilon=90.0).to_json() for e in life.ledger]
     _got, diffs = _replay(s2, life, ledger=ledger)
     assert [(d.topic, d.key[0], d.problem) for d in diffs] == [("ledger", "a", "different")]
-    assert "epsilon: replay=3.0 published=9.0" in diffs[0].detail
+    assert "epsilon: replay=300.0 published=90.0" in diffs[0].detail
 
 
 def test_a_release_computed_with_the_wrong_parameters_is_a_difference() -> None:
     """After the change the worker should run a with its stored parameters; a release of
-    a computed with the configured ones (the old replay's recomputation, epsilon 9 under
+    a computed with the configured ones (the old replay's recomputation, epsilon 90 under
     the new noise identity) in place of the published one is "different"."""
     s2, life = _kept_life()
     wrong, _ = _replay(s2, life, history=False)
     t = max(r.tick for r in life.releases if r.counter == "a")
     forged = next(r for r in wrong.settled if (r.counter, r.tick) == ("a", t))
-    assert forged.epsilon == 9.0
+    assert forged.epsilon == 90.0
     releases = [forged.to_json() if (r.counter, r.tick) == ("a", t) else r.to_json()
                 for r in life.releases]
     _got, diffs = _replay(s2, life, releases=releases)
     assert [(d.key[:2], d.problem) for d in diffs] == [(("a", t), "different")]
-    assert "epsilon: replay=3.0 published=9.0" in diffs[0].detail
+    assert "epsilon: replay=300.0 published=90.0" in diffs[0].detail
 
 
 def test_an_unannounced_fingerprint_and_a_refused_entry_are_reported_with_a_reason() -> None:
@@ -228,9 +279,11 @@ def test_an_unannounced_fingerprint_and_a_refused_entry_are_reported_with_a_reas
     problems = {(d.topic, d.key[0], d.problem) for d in diffs}
     # Recomputed under the current fingerprint, b's created entry has another key: the
     # published one is unexpected (with the reason), the recomputed one missing.
-    assert problems == {("ledger", "b", "unexpected"), ("ledger", "b", "missing"),
-                        ("counts", "b", "different")}
-    reason = next(d.detail for d in diffs if d.problem == "unexpected")
+    assert {p for p in problems if p[0] == "ledger"} == {
+        ("ledger", "b", "unexpected"), ("ledger", "b", "missing")}
+    assert ("counts", "b", "different") in problems
+    assert {p[1] for p in problems} == {"b"}
+    reason = next(d.detail for d in diffs if (d.topic, d.problem) == ("ledger", "unexpected"))
     assert "validation refuses" in reason and "epsilon" in reason
 
 
