@@ -61,6 +61,15 @@ refuses, a creation under the current fingerprint with other parameters than it 
 two creations of one counter...); a published release whose fingerprint no entry of its
 counter announced by its tick is "unexplained".
 
+One thing a restart under a new configuration does is not on the timeline: where it was.
+It matters for a counter declared after its start: the worker skipped its events until
+the restart and created it at the first marker after it. The creation tag of its ledger
+entry names that marker; the restart was after the marker before it, so replay tries
+each position in between that changes which of the counter's events count (the
+configuration without the counter before it, the current one after) and keeps the one
+whose records were published (`_late_declared`): a choice among complete
+recomputations, each from the timeline and the key, never a published value taken over.
+
 Replay is inconclusive (ReplayError, exit 2) when the timeline no longer starts at offset
 0 (retention deleted its beginning: nothing can be recomputed from there). The private-count
 topic must be retained at least as long as the timeline: a release deleted by retention is
@@ -246,8 +255,9 @@ class LedgerHistory:
     created: dict[str, tuple[Parameters, str]] = field(default_factory=dict)
     #: counter -> its entries' since_ticks (sorted) and the fingerprints in force from them.
     since: dict[str, tuple[list[int], list[str]]] = field(default_factory=dict)
-    #: fingerprint -> the parameters its configuration gives a new counter (from a counter
-    #: created under it: a creation always runs the configured parameters).
+    #: fingerprint -> the parameters its configuration gives a new counter (the current
+    #: configuration's; an earlier one's from the counters created under it: a creation
+    #: always runs the configured parameters).
     configured: dict[str, Parameters] = field(default_factory=dict)
     #: (counter, fingerprint) -> the `parameters` label of its entry: used only for a
     #: fingerprint whose configuration replay cannot know (no counter created under it).
@@ -299,7 +309,10 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     h = LedgerHistory(published=frozenset(v for v in (*ledger, *releases) if v))
     current = settings.fingerprint()
     key_id = key_fingerprint(key)
-    configured_now: Parameters | None = None
+    # The operator's own reading of the settings: what a new counter runs with.
+    configured_now: Parameters = (*Operator(settings, key)._configured_parameters(),
+                                  settings.calibration)
+    h.configured[current] = configured_now
     entries: dict[str, dict[int, str]] = {}
     by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
     for d in _ledger_dicts(ledger):
@@ -346,9 +359,6 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
                          "recomputed with the configured ones")
             continue
         if fp == current:
-            if configured_now is None:  # the operator's own reading of the settings
-                configured_now = (*Operator(settings, key)._configured_parameters(),
-                                  settings.calibration)
             if params != configured_now:
                 inconsistent(f"created under the current configuration's fingerprint with "
                              f"{params}, but that configuration gives {configured_now}")
@@ -479,8 +489,6 @@ class HistoryOperator(Operator):
         return self.history.fingerprint_at(name, t) or self.fingerprint
 
     def _runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
-        if fingerprint == self.fingerprint:
-            return super()._runs_configured(name, c, fingerprint)
         known = self.history.configured.get(fingerprint)
         if known is None:
             return self.history.labels.get((name, fingerprint)) == "configured"
