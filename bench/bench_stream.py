@@ -161,7 +161,9 @@ TPUT_COUNTERS = 100
 #: Throughput-phase timing of the processor (see the module docstring).
 TPUT_TICK_MS = 100
 TPUT_LATENESS_MS = 100
-#: The idle window of phases 2-3 (at most a third of the measured window).
+#: Phases 2-3: the pause after the assignment is stable, then the idle window (each at
+#: most a third of the measured window).
+SETTLE_S = 10.0
 IDLE_S = 15.0
 
 
@@ -981,7 +983,9 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
                 members.setdefault(m, "worker2")
         pids = [w.proc.pid for w in procs if w.proc is not None]
         res["assign_start"] = _named(group_assignment(conf, group, s.topics.timeline), members)
-        # Idle: what the workers burn with no input (markers, heartbeats, polling).
+        # Idle: what the workers burn with no input (markers, heartbeats, polling), after
+        # a pause: a worker that just joined still restores its standby copies.
+        time.sleep(min(SETTLE_S, seconds / 3))
         idle_s = min(IDLE_S, seconds / 3)
         c0 = [cpu_seconds(pid) for pid in pids]
         t0s = [thread_cpu(pid) for pid in pids]
