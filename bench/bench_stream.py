@@ -340,6 +340,9 @@ class TimelineView:
         # partition value `p/<partition>` the worker wrote (the last write of a commit)
         self.commits: dict[int, list[tuple[int, bool, int, dict[int, int]]]] = {
             p: [] for p in range(self.parts)}
+        # per timeline partition, per input partition: the distinct input offsets of the
+        # events on it, sorted (what a commit's duplicate filter says was applied)
+        self.offsets: dict[int, dict[int, list[int]]] = {p: {} for p in range(self.parts)}
         # the state table's latest value size per (changelog partition, key)
         self.live: dict[tuple[int, bytes | None], int] = {}
         # append time of every changelog record read
@@ -380,8 +383,16 @@ class TimelineView:
             elif isinstance(rec, TimelineBatch) and rec.events:
                 self.event_rows += len(rec.events)
                 need = self.needed[r.partition]
+                offs = self.offsets[r.partition]
                 for e in rec.events:
                     self.sources.add((e.src_partition, e.src_offset))
+                    got = offs.setdefault(e.src_partition, [])
+                    if not got or e.src_offset > got[-1]:
+                        got.append(e.src_offset)
+                    else:  # a re-ingested copy, or a rebalance's reordering
+                        i = bisect.bisect_left(got, e.src_offset)
+                        if i == len(got) or got[i] != e.src_offset:
+                            got.insert(i, e.src_offset)
                     need[e.src_partition] = max(need.get(e.src_partition, -1), e.src_offset)
                 log.batches.append((r.offset, r.ts, max(e.ts_ms for e in rec.events)
                                     // self.tick, len(rec.events)))
@@ -451,6 +462,22 @@ class TimelineView:
             acc.end = max(acc.end or 0, done[0], *own)
             acc.seal_lag = max(acc.seal_lag, done[0] - seal.ts)
         return acc
+
+    def applied_by(self, t_ms: int) -> int:
+        """Events the operator had committed by broker time `t_ms`: per timeline partition,
+        those its last partition value written by then says its duplicate filter covers."""
+        n = 0
+        for p, commits in self.commits.items():
+            last = None
+            for ts, _la, _m, applied in commits:
+                if ts > t_ms:
+                    break
+                last = applied
+            if last is None:
+                continue
+            for sp, offs in self.offsets[p].items():
+                n += bisect.bisect_right(offs, last.get(sp, -1))
+        return n
 
     def marker_lags(self, lo_ms: int, hi_ms: int) -> list[tuple[int, int]]:
         """(marker append time, ms until the commit that applied it) of each effective
@@ -1072,6 +1099,7 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         res["window_batches"] = len(batches)
         res["window_batch_events"] = sum(batches)
         res["window_changelog"] = sum(w0_ms <= t <= w1_ms for t in view.changelog_ts)
+        res["window_applied"] = view.applied_by(w1_ms) - view.applied_by(w0_ms)
         lags = [x for _t, x in view.marker_lags(w0_ms, w1_ms)]
         res["marker_lag"] = _pcts(lags)
         res["marker_lag_n"] = len(lags)
@@ -1243,6 +1271,12 @@ def marginal_cpu_per_event(r: Mapping[str, Any]) -> float:
     return float(sum(r["cpu"]) - idle) / max(1, int(r["window_events"]))
 
 
+def applied_cpu_per_event(r: Mapping[str, Any]) -> float:
+    """All CPU of the workers over the window / the events the operator committed in it
+    (differs from the produced count when a run falls behind or catches up)."""
+    return float(sum(r["cpu"])) / max(1, int(r.get("window_applied", 0)))
+
+
 def _span(xs: Sequence[float], fmt: str = ".3f") -> str:
     return (f"{min(xs):{fmt}}" if len(xs) == 1 or min(xs) == max(xs)
             else f"{min(xs):{fmt}} - {max(xs):{fmt}}")
@@ -1256,13 +1290,15 @@ def report_scaleout(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]
              f"{len(pairs)} pair(s), order rotated)",
              f"  {'pair':<5}{'1w total':>9}{'2w total':>9}{'ratio':>7}{'1w marg':>9}"
              f"{'2w marg':>9}{'ratio':>7}{'1w idle':>9}{'2w idle':>13}{'ev/batch':>12}"
-             f"{'chlog/ev':>12}  kept up  busy"]
-    tot, marg = [], []
+             f"{'chlog/ev':>12}  kept up  applied  busy"]
+    tot, marg, app = [], [], []
     for k, (one, two) in enumerate(pairs):
         ta, tb = total_cpu_per_event(one), total_cpu_per_event(two)
         ma, mb = marginal_cpu_per_event(one), marginal_cpu_per_event(two)
         tot.append(tb / ta)
         marg.append(mb / ma)
+        app.append(applied_cpu_per_event(two) / applied_cpu_per_event(one))
+        done = [x.get("window_applied", 0) / max(1, x["window_events"]) for x in (one, two)]
         epb = [x["window_batch_events"] / max(1, x["window_batches"]) for x in (one, two)]
         clg = [x["window_changelog"] / max(1, x["window_events"]) for x in (one, two)]
         lines.append(
@@ -1272,13 +1308,17 @@ def report_scaleout(pairs: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]]
             f"{'+'.join(f'{c:.3f}' for c in two['idle_cpu_per_s']):>13}"
             f"{epb[0]:>6.1f}/{epb[1]:<5.1f}{clg[0]:>6.2f}/{clg[1]:<5.2f}"
             f"  {'y' if one['kept_up'] else 'N'}/{'y' if two['kept_up'] else 'N'}"
-            f"    {one['machine_busy']:.0%}/{two['machine_busy']:.0%}"
+            f"      {done[0]:.0%}/{done[1]:.0%}"
+            f"  {one['machine_busy']:.0%}/{two['machine_busy']:.0%}"
             f"  (order {'-'.join(one.get('order', ['1', '2']))})")
     lines.append(f"  ratio 2 workers / 1 worker: total {_span(tot, '.2f')}, marginal "
-                 f"{_span(marg, '.2f')} (target 0.8 - 1.2)")
+                 f"{_span(marg, '.2f')} (target 0.8 - 1.2); total per event applied in "
+                 f"the window {_span(app, '.2f')}")
     lines.append("  total = all CPU of the workers over the window / events produced in it; "
                  "marginal = the same less each worker's idle CPU rate (measured with no "
-                 "input just before the load) x the window; idle in CPU-s per second")
+                 "input just before the load) x the window; idle in CPU-s per second; "
+                 "applied = events the operator committed in the window / events produced "
+                 "in it (100% in a steady state)")
     for k, (one, two) in enumerate(pairs):
         lines.append(f"  pair {k + 1} partitions held: 1 worker {one['assign_end']}; "
                      f"2 workers {two['assign_end']} (worker1 alone before the join: "
