@@ -5,8 +5,9 @@ The fault campaign's drain once waited forever: a restarted worker's Faust skipp
 timeline records without acking them, GapGuard re-read and applied them, and Faust (which
 commits a partition only while its acked offsets start right at its committed offset)
 never committed that partition again. These tests drive Faust's own consumer bookkeeping
-(no broker: nothing connects before a worker runs) the way its stream and `perform_seek`
-do, and fail if that bookkeeping changes shape in a faust-streaming upgrade.
+(its consumer object, never started) the way its stream and `perform_seek` do, the agent
+tests with GapGuard reading a real timeline topic, and fail if that bookkeeping changes
+shape in a faust-streaming upgrade.
 
 Every check is exact (false-alarm rate 0). Controls: without the acks the same flows
 stall (Faust's next commit offset is None while acked records wait behind the gap).
