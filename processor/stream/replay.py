@@ -305,7 +305,7 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     """Read the published ledger into a LedgerHistory for `settings` (the current
     configuration) and `key`, checking each entry replay takes anything from; the
     published `releases` only serve to place a restart (`_late_declared`)."""
-    ledger = list(ledger)
+    ledger = list(dict.fromkeys(ledger))  # identical re-sends (after a crash) count once
     h = LedgerHistory(published=frozenset(v for v in (*ledger, *releases) if v))
     current = settings.fingerprint()
     key_id = key_fingerprint(key)
@@ -347,6 +347,8 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
             ticks[since] = fp
             continue
         if name in h.created:
+            if h.creation[name] == k[1]:
+                continue  # the same creation published twice differently: "conflicting"
             inconsistent("a second creation of the counter (the worker refuses to create "
                          "an announced counter again): not used")
             continue

@@ -159,6 +159,9 @@ def test_three_configurations_with_a_counter_created_in_the_middle() -> None:
         ("a", 300.0), ("b", 300.0), ("c", 90.0)}
     _got, diffs = _replay(s3, life)
     assert diffs == []
+    # Entries re-sent after a crash (identical) are one entry, not a second creation.
+    twice = [e.to_json() for e in (*life.ledger, *life.ledger)]
+    assert _replay(s3, life, ledger=twice)[1] == []
 
 
 def _window_timeline() -> list[bytes]:
