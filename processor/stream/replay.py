@@ -529,8 +529,18 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     if operator is not None or history is None:
         op = operator if operator is not None else Operator(settings, key)
         return asyncio.run(_recompute(op, timeline, settled_below, progress))
-    return _merged({p: _recompute_one(settings, key, history, p, timeline[p], settled_below,
-                                      progress) for p in timeline})
+    total = sum(len(v) for v in timeline.values())
+    parts: dict[int, Recomputed] = {}
+    for p in sorted(timeline):
+        before = sum(r.records for r in parts.values())
+
+        def step(stage: str, done: int, _total: int, before: int = before) -> None:
+            if progress is not None:
+                progress(stage, before + done, total)
+
+        parts[p] = _recompute_one(settings, key, history, p, timeline[p], settled_below,
+                                  step)
+    return _merged(parts)
 
 
 def single_threaded() -> bool:
