@@ -244,8 +244,10 @@ class GapGuard:
         for p in sorted(partitions):
             committed[p] = await loop.run_in_executor(
                 None, kafka_io.committed_offset, self._conf, self._group, self._topic, p)
-        # Replaced in one step, after every await. Where the agent got to on a kept
-        # partition does not count: its acks there died with the old assignment.
+        # Replaced in one step, after every await. Where the agent got to on a partition
+        # it had before does not count: its acks there died with the old assignment, and
+        # a worker paused past the session timeout had it "before" while another worker
+        # owned it, whose changelog writes then replaced this worker's state.
         self._next = committed
 
     async def missing(self, partition: int, offset: int) -> list[kafka_io.KafkaRecord]:
