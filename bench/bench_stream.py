@@ -77,17 +77,25 @@ LogAppendTime). No figure depends on when the bench polled, or on a consumer's c
    ratio (target <= 3); the worker's resident memory; the machine's CPU busy fraction
    and load average (the machine is shared); warning/error lines of the worker logs.
 
-3. Scale-out: the run of phase 2 with 1 worker, then again with 2 worker processes of the
-   same app id (one consumer group, a state dir each): the first worker starts alone and
-   creates the counters; the second then joins, and the load starts once the group's
-   assignment is stable. CPU-seconds per event (psutil user + system of the worker
-   processes, over the measured window, divided by the events produced in it) side by
-   side (target: 2 workers within 20% of 1); the timeline partitions each worker held
-   (the broker's group description; the second worker's member is the one that joined
-   later), before and after the join, with the per-partition RocksDB directories each
-   worker's state dir holds (a partition's state moves with it, restored from the
-   changelog; Faust also keeps standby copies). The 2-core machine cannot show a
-   wall-clock speed-up with the broker and the load on it: CPU per event is the figure.
+3. Scale-out (--repeat K: K pairs, default 1): the run of phase 2 with 1 worker and again
+   with 2 worker processes of the same app id (one consumer group, a state dir each), in an
+   order rotated between pairs (1-2, 2-1, ...): the first worker starts alone and creates
+   the counters; the second then joins, and the load starts once the group's assignment is
+   stable, after a 10 s pause (standby restore) and the idle window. Per run: CPU-seconds
+   (user + system of every thread of the worker processes and their children, psutil;
+   per thread group from /proc/<pid>/task/*/stat) over the idle window and over the
+   measured window; total CPU per event = the window's CPU / the events produced in it;
+   marginal = (the window's CPU - each worker's idle rate x the window) / the same events;
+   both also against the events the operator committed in the window (from the partition
+   values' duplicate filters; a run that falls behind does not do the window's work in
+   the window). Side by side per pair with the ratio 2/1 and its range (target: within
+   20%); timeline batch records and events per record, changelog records per event; the
+   timeline partitions each worker held (the broker's group description; the second
+   worker's member is the one that joined later), before and after the join, with the
+   per-partition RocksDB directories each worker's state dir holds (a partition's state
+   moves with it, restored from the changelog; with standby replicas Faust also keeps
+   copies of the other worker's partitions). The 2-core machine cannot show a wall-clock
+   speed-up with the broker and the load on it: CPU per event is the figure.
 """
 
 from __future__ import annotations
