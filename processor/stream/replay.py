@@ -124,7 +124,7 @@ from processor.stream.records import (
     TimelineMarker,
     decode_timeline_rows,
 )
-from processor.stream.state import DictStore, PartitionState
+from processor.stream.state import CounterState, DictStore, PartitionState
 
 #: Timeline records per recomputed batch. The outputs do not depend on the batching; the
 #: cost does: state is written once per batch, but a marker walks the due ticks consumed
@@ -496,7 +496,7 @@ class HistoryOperator(Operator):
             return self.history.labels.get((name, fingerprint)) == "configured"
         return (c.mechanism, c.eps, c.delta, _calibration(c)) == known
 
-    def _check_parameters(self, name: str, cs: Any) -> None:
+    def _check_parameters(self, name: str, cs: CounterState) -> None:
         """No refusal: replay recomputes what the worker ran, and a counter runs with the
         parameters of its creation (the ledger's), whatever the current configuration."""
 
