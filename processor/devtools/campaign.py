@@ -45,6 +45,7 @@ from processor.devtools.local_kafka import LocalKafka
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import MAX_COUNTER_NAME, Settings
+from processor.stream.fencing import FENCED_EXIT
 from processor.stream.operator import Operator
 from processor.stream.records import (
     TimelineBatch,
@@ -433,6 +434,8 @@ def check(dep: Deployment, expected: Mapping[bytes, FuzzRecord], *,
 
 #: The moments a single worker is killed at (see KillDriver).
 KILL_MOMENTS: Final = ("startup", "marker", "backlog", "mid_batch")
+#: How long a resumed worker is given to fence itself (it does within a beat, 0.2 s).
+FENCE_WAIT_S: Final = 10.0
 #: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
 MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
                            ("after_state", 5, 60), ("ingest_delivered", 1, 8))
@@ -563,7 +566,11 @@ class KillDriver:
 
     def pause(self, worker: WorkerProcess, seconds: float) -> None:
         """SIGSTOP `worker` for `seconds` (past the 10 s session timeout: its partitions
-        move to the other worker), then SIGCONT."""
+        move to the other worker), then SIGCONT. A worker resumed after that long exits
+        before it writes anything (app.Worker.fenced, exit code FENCED_EXIT); it is
+        restarted here, as a supervisor would, and counted as `pauses_fenced`."""
+        if not worker.alive():
+            worker.start()
         assert worker.proc is not None
         worker.proc.send_signal(signal.SIGSTOP)
         try:
@@ -571,6 +578,13 @@ class KillDriver:
         finally:
             worker.proc.send_signal(signal.SIGCONT)
         self.counts["pauses"] += 1
+        deadline = time.monotonic() + FENCE_WAIT_S
+        while worker.alive() and time.monotonic() < deadline:
+            _pause(0.1)
+        if not worker.alive():
+            code = worker.stop()
+            self.counts["pauses_fenced" if code == FENCED_EXIT else f"pause_exit_{code}"] += 1
+            worker.start()
 
     # -- brokers
 

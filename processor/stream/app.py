@@ -55,6 +55,7 @@ from processor.stream.clock import (
 )
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.fencing import FENCED_EXIT, SuspensionFence
 from processor.stream.ingest import Ingest, crash_point_from_env
 from processor.stream.logs import LOG_FORMATS, configure_logging
 from processor.stream.metrics import Surface
@@ -94,6 +95,12 @@ PRODUCER_BUFFER_MESSAGES: Final = 50_000
 MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
+#: The consumer group's session timeout: a worker killed without leaving the group is
+#: noticed after this long (Faust's default is 60 s); its partitions then move.
+SESSION_TIMEOUT_S: Final = 10.0
+#: A process suspended longer than this may have lost its partitions (the session
+#: timeout less heartbeats and margin): it exits before it publishes or writes state.
+SUSPENSION_LIMIT_S: Final = SESSION_TIMEOUT_S / 2
 
 
 class StartError(RuntimeError):
@@ -328,9 +335,7 @@ class Worker:
             # so a failed worker's counters move with little changelog to replay.
             table_standby_replicas=settings.standby_replicas,
             topic_replication_factor=replication,
-            # A worker killed without leaving the group is noticed after this long (Faust's
-            # default is 60 s); its partitions then move to a live worker.
-            broker_session_timeout=10.0,
+            broker_session_timeout=SESSION_TIMEOUT_S,
             broker_heartbeat_interval=1.0,
             broker_commit_every=1000,
             broker_commit_interval=1.0,
@@ -344,12 +349,13 @@ class Worker:
         self.table = self.app.Table(STATE_TABLE, default=None, partitions=self.partitions,
                                     key_type=bytes, value_type=bytes,
                                     options=dict(ROCKSDB_OPTIONS))
+        self.fence = SuspensionFence(SUSPENSION_LIMIT_S, self.fenced)
         # `announced` (the ledger read at start): the operator refuses to re-create a
         # counter the ledger announced under another creation (issue 8 item 4).
         self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
                                         TableStore(self.table),
                                         FaustPublisher(self.app, settings, self.metrics),
-                                        crash_point=crash_point)
+                                        crash_point=crash_point, fence=self.fence.check)
         self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
                              self.timeline_name, self.metrics)
         # One guard for the marker timer and ingest: both learn the brokers' time from
@@ -427,6 +433,16 @@ class Worker:
         log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
         logging.shutdown()
         os._exit(1)
+
+    def fenced(self, gap_s: float) -> NoReturn:
+        # Called in the commit or in the fence's thread. Exiting at once, unflushed, is the
+        # point: nothing more of this process may reach the changelog or the public
+        # topics, and the restart rebuilds the state from the changelog (RUNNING_FLAG).
+        log.critical("the process was suspended for %.1f s, long enough to lose its "
+                     "partitions; exiting before it writes anything (a restart is safe)",
+                     gap_s)
+        logging.shutdown()
+        os._exit(FENCED_EXIT)
 
     def _refused(self, exc: Exception) -> NoReturn:
         # Nothing of the record was published; exiting at once (code 2, like a start
@@ -523,12 +539,14 @@ class Worker:
         # stdout is, a log file or a log shipper's pipe included.
         worker.spinner = None
         self.surface.start(worker.loop)
+        self.fence.start()
         code = 1
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:
             code = int(exc.code or 0) if not isinstance(exc.code, str) else 1
         finally:
+            self.fence.stop()
             self.stop_ingest()
             self.surface.close()
             if self.failure is not None:

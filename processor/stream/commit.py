@@ -44,14 +44,21 @@ class BatchCommit:
     `crash_point(name)` is a test hook: it is called "after_acks" once per batch, then
     "between_state_writes" between every two state writes, then "after_state"; the worker
     turns DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call. It has no other use.
+
+    `fence()` is called before the publish and before the first state write; it does not
+    return when this process may have lost its partitions meanwhile (the worker's
+    `fencing.SuspensionFence`: a suspension past the session timeout), so a worker that
+    another one has replaced neither publishes nor writes from its outdated state.
     """
 
     def __init__(self, operator: Operator, store: StateStore, publisher: Publisher,
-                 crash_point: Callable[[str], None] | None = None) -> None:
+                 crash_point: Callable[[str], None] | None = None,
+                 fence: Callable[[], None] | None = None) -> None:
         self.operator = operator
         self.store = store
         self.publisher = publisher
         self.crash_point = crash_point
+        self.fence = fence
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
         """Apply one batch of timeline records of one partition and make it durable.
@@ -76,8 +83,10 @@ class BatchCommit:
             for offset, record in sorted(records, key=lambda r: r[0]):
                 self.operator.apply(buf, partition, offset, record, out)
             if out.ledger or out.releases:
+                self._fence()
                 await self.publisher.publish(out.ledger, out.releases)
             self._crash("after_acks")
+            self._fence()
             store = self.store
             for i, (key, value) in enumerate(buf.writes()):
                 if i:
@@ -92,6 +101,10 @@ class BatchCommit:
             self.operator.forget()
             raise
         return out
+
+    def _fence(self) -> None:
+        if self.fence is not None:
+            self.fence()
 
     def _crash(self, name: str) -> None:
         if self.crash_point is not None:
