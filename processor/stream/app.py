@@ -539,6 +539,7 @@ class Worker:
         # stdout is, a log file or a log shipper's pipe included.
         worker.spinner = None
         self.surface.start(worker.loop)
+        self.fence.install_sigcont()
         self.fence.start()
         code = 1
         try:

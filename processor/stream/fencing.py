@@ -16,7 +16,10 @@ process is stopped. `check()`, called by the commit before it publishes and befo
 writes state, compares the clock with the last beat: after a suspension the gap shows
 at once, even before the beat thread runs again. The thread itself also fires when it
 wakes to a gap, so writes already queued before the suspension get as little time as
-possible to be sent. Either way `on_suspended` runs once; the worker exits at once
+possible to be sent; so does a SIGCONT handler (`install_sigcont`): Python runs it in the
+main thread, the event loop's, before that thread runs any other Python code, so before
+the loop can hand a queued write to the socket. Either way `on_suspended` runs once; the
+worker exits at once
 (`Worker.fenced`): a restart is crash-safe by design, and it discards the local state
 files and rebuilds them from the changelog.
 
@@ -27,6 +30,7 @@ process only starved for CPU) costs a restart, nothing else.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +66,11 @@ class SuspensionFence:
         self._thread = threading.Thread(target=self._run, name="suspension-fence",
                                         daemon=True)
         self._thread.start()
+
+    def install_sigcont(self) -> None:
+        """Check at SIGCONT (a stopped process continued), in the main thread; call it
+        from the main thread. A stop shorter than the limit passes the check."""
+        signal.signal(signal.SIGCONT, lambda _signum, _frame: self.check())
 
     def stop(self) -> None:
         self._stop.set()

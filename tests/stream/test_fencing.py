@@ -141,14 +141,23 @@ def test_a_suspension_while_awaiting_the_acks_stops_the_state_writes() -> None:
     assert not stopped and store.writes > 0
 
 
+#: A process that prints a count every 50 ms under a fence of limit 1 s: with the beat
+#: thread ("thread"), or with only the SIGCONT handler and its main loop renewing the beat
+#: ("sigcont"), the two ways the worker's fence notices a suspension.
 CHILD = textwrap.dedent("""
     import os, sys, time
     from processor.stream.fencing import SuspensionFence
     fence = SuspensionFence(1.0, lambda gap: os._exit(3), interval_s=0.05)
-    fence.start()
+    if sys.argv[1] == "thread":
+        fence.start()
+    else:
+        fence.install_sigcont()
     n = 0
     while True:
         n += 1
+        if sys.argv[1] == "sigcont":
+            # Renew without checking (beat() checks first): only the handler may fire.
+            fence._last_beat = time.monotonic()
         print(n, flush=True)
         time.sleep(0.05)
 """)
@@ -162,9 +171,11 @@ def next_line(proc: subprocess.Popen[str]) -> int | None:
     return int(line) if line else None
 
 
+@pytest.mark.parametrize("mode", ["thread", "sigcont"])
 @pytest.mark.parametrize("stop_s, exits", [(2.5, True), (0.3, False)])
-def test_a_sigstopped_process_exits_when_it_runs_again(stop_s: float, exits: bool) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", CHILD], cwd=ROOT, text=True,
+def test_a_sigstopped_process_exits_when_it_runs_again(mode: str, stop_s: float,
+                                                       exits: bool) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
     try:
         assert next_line(proc) is not None  # running
