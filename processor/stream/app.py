@@ -16,8 +16,10 @@ One `Worker` holds:
 The commit protocol (releases acknowledged before any state write; the order of the state
 writes; what a crash at each step leaves) is documented in `commit.py`, its one home.
 Faust-specific defences stay here: `GapGuard` re-reads timeline records Faust skipped
-around a rebalance, and after an unclean stop the local RocksDB files are discarded and
-rebuilt from the changelog, since they may hold writes the changelog never received.
+around a rebalance, after an unclean stop the local RocksDB files are discarded and
+rebuilt from the changelog, since they may hold writes the changelog never received, and
+a process suspended past the session timeout exits before it publishes or writes state
+(`fencing.SuspensionFence`): its partitions have moved meanwhile.
 
 The dead-letter topic is the only place raw input bytes appear (base64, truncated): it is a
 private topic, like the input. The private-count and ledger topics are public.
