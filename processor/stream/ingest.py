@@ -393,10 +393,16 @@ class Ingest:
                               f"{sorted(set(failed))}")
         if self._crash_point is not None:
             self._crash_point("ingest_delivered")
+        # Only partitions this member still holds: a batch filled over several polls may
+        # span a rebalance, and the group's broker does not stop a member from committing
+        # a partition it lost (that would move its new owner's offset back). A lost
+        # partition's records are re-read by its new owner (the operator drops the copies).
+        held = {tp.partition for tp in consumer.assignment()}
         offsets = [TopicPartition(self.settings.topics.input, p, o)
-                   for p, o in sorted(committable(records).items())]
+                   for p, o in sorted(committable(records).items()) if p in held]
         try:
-            consumer.commit(offsets=offsets, asynchronous=False)
+            if offsets:
+                consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
             kerr = exc.args[0] if exc.args else None
             if not isinstance(kerr, KafkaError) or kerr.code() not in _REBALANCE_CODES:
