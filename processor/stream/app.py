@@ -43,6 +43,7 @@ from typing import Any, Final, NoReturn
 
 import faust
 from confluent_kafka import KafkaError, KafkaException
+from faust.exceptions import NotReady
 from faust.types import TP, ConsumerT, Message
 
 from processor.core.errors import NoiseKeyError, StateFormatError
@@ -478,21 +479,28 @@ class Worker:
             self._last_marker = await asyncio.get_running_loop().run_in_executor(
                 None, last_marker, kafka_io.base_config(self.settings), self.timeline_name)
         producer = self.app.producer
-        if not self.clock.has_reference and not self._probed:
-            # The brokers' time before this leader's first marker: an empty event batch (a
-            # no-op for the operator and for replay) whose acknowledgement carries its
-            # log-append time.
-            self._probed = True
+        try:
+            if not self.clock.has_reference and not self._probed:
+                # The brokers' time before this leader's first marker: an empty event batch
+                # (a no-op for the operator and for replay) whose acknowledgement carries
+                # its log-append time.
+                sent = self.clock.mono_ms()
+                ack = await producer.send(self.timeline_name, None, PROBE_RECORD, 0, None,
+                                          None)
+                self._probed = True
+                self._observe([await ack], sent)
+            n = next_marker(self.clock.read(), self._last_marker, self.settings)
+            if n is None:
+                return
+            record = encode_marker(n)
             sent = self.clock.mono_ms()
-            ack = await producer.send(self.timeline_name, None, PROBE_RECORD, 0, None, None)
-            self._observe([await ack], sent)
-        n = next_marker(self.clock.read(), self._last_marker, self.settings)
-        if n is None:
+            acks = [await producer.send(self.timeline_name, None, record, p, None, None)
+                    for p in range(self.partitions)]
+        except NotReady:
+            # The timer can fire while Faust still starts its producer (a start that
+            # rebuilds the table from the changelog takes seconds): nothing was sent, and
+            # the next round appends the marker (markers are idempotent).
             return
-        record = encode_marker(n)
-        sent = self.clock.mono_ms()
-        acks = [await producer.send(self.timeline_name, None, record, p, None, None)
-                for p in range(self.partitions)]
         self._observe(await asyncio.gather(*acks), sent)
         self._last_marker = n
         self.metrics.add("markers_appended", self.partitions)
