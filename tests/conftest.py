@@ -99,10 +99,29 @@ def create_topics(
         )
         for name in names
     ]
-    futures = admin.create_topics(new, operation_timeout=timeout, request_timeout=timeout)
-    for future in futures.values():
-        future.result(timeout=timeout)
+    from confluent_kafka import KafkaError, KafkaException
+
     deadline = time.monotonic() + timeout
+    # A cluster whose node just restarted can drop the request with the connection
+    # (librdkafka destroys the broker handle): asked again, a topic the lost request did
+    # create answers "already exists", which is then no error.
+    retriable = {KafkaError._DESTROY_BROKER, KafkaError._TRANSPORT, KafkaError._TIMED_OUT}
+    pending, retried = list(new), False
+    while pending:
+        futures = admin.create_topics(pending, operation_timeout=timeout,
+                                      request_timeout=timeout)
+        again = []
+        for spec in pending:
+            try:
+                futures[spec.topic].result(timeout=timeout)
+            except KafkaException as exc:
+                code = exc.args[0].code() if exc.args else None
+                if retried and code == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue
+                if code not in retriable or time.monotonic() > deadline:
+                    raise
+                again.append(spec)
+        pending, retried = again, retried or bool(again)
     missing: list[str] = list(names)
     while missing:
         remaining = deadline - time.monotonic()
