@@ -436,6 +436,8 @@ def check(dep: Deployment, expected: Mapping[bytes, FuzzRecord], *,
 KILL_MOMENTS: Final = ("startup", "marker", "backlog", "mid_batch")
 #: How long a resumed worker is given to fence itself (it does within a beat, 0.2 s).
 FENCE_WAIT_S: Final = 10.0
+#: How long a worker restarted after a fenced pause is left alone (startup and join).
+RESTART_SETTLE_S: Final = 12.0
 #: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
 MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
                            ("after_state", 5, 60), ("ingest_delivered", 1, 8))
@@ -585,6 +587,9 @@ class KillDriver:
             code = worker.stop()
             self.counts["pauses_fenced" if code == FENCED_EXIT else f"pause_exit_{code}"] += 1
             worker.start()
+            # Let it start up and join before the next fault: a pause of a worker still
+            # importing its modules has no partitions to lose and tests nothing.
+            _pause(RESTART_SETTLE_S)
 
     # -- brokers
 

@@ -38,6 +38,8 @@ from typing import Final
 
 #: The exit code of a worker that fenced itself after a suspension (app.Worker.fenced).
 FENCED_EXIT: Final = 3
+#: How long a second caller waits while the first one handles the suspension.
+HANDLING_WAIT_S: Final = 2.0
 
 
 class SuspensionFence:
@@ -54,6 +56,7 @@ class SuspensionFence:
         self._clock = clock
         self._last_beat = clock()
         self._fired = False
+        self._handled = threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -100,7 +103,15 @@ class SuspensionFence:
 
     def _fire(self, gap: float) -> None:
         with self._lock:
-            if self._fired:
-                return
+            first = not self._fired
             self._fired = True
-        self._on_suspended(gap)
+        if not first:
+            # The other thread is handling it (the worker: exiting). The main thread must
+            # not go on to the event loop meanwhile; the timeout keeps a lock it holds
+            # (a logging handler's, say) from blocking the exit for good.
+            self._handled.wait(HANDLING_WAIT_S)
+            return
+        try:
+            self._on_suspended(gap)
+        finally:
+            self._handled.set()

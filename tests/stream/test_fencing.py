@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from typing import Any
 
@@ -73,6 +74,35 @@ def test_a_beat_after_a_gap_fires_before_it_renews() -> None:
     clock.now += 15.0
     fence.beat()
     assert fired == [pytest.approx(15.0)]
+
+
+def test_a_second_caller_waits_while_the_first_handles_it() -> None:
+    """The beat thread fires first and is still exiting: the main thread's check (its
+    SIGCONT handler) must not return to the event loop meanwhile. Control: once the
+    handling is done, a check returns at once."""
+    clock = FakeClock()
+    entered, release = threading.Event(), threading.Event()
+
+    def slow_exit(_gap: float) -> None:
+        entered.set()
+        release.wait(10.0)
+
+    fence = SuspensionFence(5.0, slow_exit, interval_s=0.2, clock=clock)
+    clock.now += 12.0
+    first = threading.Thread(target=fence.check)
+    first.start()
+    assert entered.wait(10.0)
+    returned = threading.Event()
+    second = threading.Thread(target=lambda: (fence.check(), returned.set()))
+    second.start()
+    assert not returned.wait(0.3)  # blocked while the first one handles it
+    release.set()
+    first.join(10.0)
+    assert returned.wait(10.0)
+    second.join(10.0)
+    started = time.monotonic()
+    fence.check()
+    assert time.monotonic() - started < 1.0
 
 
 def test_interval_must_be_below_the_limit() -> None:
