@@ -438,9 +438,10 @@ class Worker:
         os._exit(1)
 
     def fenced(self, gap_s: float) -> NoReturn:
-        # Called in the commit or in the fence's thread. Exiting at once, unflushed, is the
-        # point: nothing more of this process may reach the changelog or the public
-        # topics, and the restart rebuilds the state from the changelog (RUNNING_FLAG).
+        # Called in the commit, in the fence's thread or at SIGCONT. Exiting at once,
+        # unflushed, is the point: nothing more of this process may reach the changelog or
+        # the public topics, and the restart rebuilds the state from the changelog
+        # (RUNNING_FLAG).
         log.critical("the process was suspended for %.1f s, long enough to lose its "
                      "partitions; exiting before it writes anything (a restart is safe)",
                      gap_s)
