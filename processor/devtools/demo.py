@@ -45,7 +45,7 @@ import orjson
 from confluent_kafka import Consumer, TopicPartition
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.devtools.deployment import ROOT, Deployment, WorkerProcess, isolated_deployment
+from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
 from processor.devtools.local_kafka import die_with_parent
 from processor.stream import kafka_io
 from processor.stream.config import STREAM_MECHANISMS
@@ -243,17 +243,6 @@ def _read_broker_state() -> str | None:
     return None
 
 
-# --- the worker, as a child process -------------------------------------------------------
-
-class _DemoWorker(WorkerProcess):
-    """The deployment's worker, started so that the kernel sends it SIGTERM (its clean stop)
-    when the demo goes, even killed: a demo never leaves its worker running. It stays in
-    the demo's process group, so the terminal's Ctrl-C reaches it too."""
-
-    def command(self) -> list[str]:
-        return die_with_parent(super().command(), "TERM")
-
-
 # --- the live view, as a child process ---------------------------------------------------
 
 def _start_view(config: Path, overlay: Path, port: int, log: Path
@@ -357,9 +346,9 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
         partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
         mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
         heartbeat_ticks=20)
-    w = deployment.worker
-    deployment.workers[0] = _DemoWorker(w.config_path, w.log_path, loglevel=w.loglevel,
-                                        env=w.env)
+    # A demo never leaves its worker running, even killed; the worker stays in the demo's
+    # process group, so the terminal's Ctrl-C reaches it too.
+    deployment.worker.dies_with_parent = True
     with deployment:
         code = _Run(args, plan, deployment, start_ms).run()
     if args.cleanup:

@@ -37,6 +37,7 @@ import orjson
 
 from processor.cli import write_key
 from processor.core.rng import NoiseKey
+from processor.devtools.local_kafka import die_with_parent
 from processor.stream import kafka_io
 from processor.stream.config import (
     SETTINGS_ENV_VARS,
@@ -107,6 +108,8 @@ class WorkerProcess:
     stop() sends SIGTERM (a graceful Faust shutdown); kill() sends SIGKILL (a crash).
     Output goes to `log_path`, never to the caller's terminal. `env` is the child's whole
     environment (default: `worker_env()`, i.e. this one without settings overrides).
+    With `dies_with_parent` set (before start()), the kernel sends it SIGTERM, its clean
+    stop, when the process that started it goes, even killed (the demo sets it).
     """
 
     def __init__(self, config_path: str | os.PathLike[str], log_path: str | os.PathLike[str],
@@ -118,6 +121,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self.starts = 0
+        self.dies_with_parent = False
 
     def start(self) -> WorkerProcess:
         if self.alive():
@@ -131,9 +135,10 @@ class WorkerProcess:
         return self
 
     def command(self) -> list[str]:
-        """The worker's command line (a subclass may wrap it)."""
-        return [sys.executable, "-m", "processor", "worker", "--config", self.config_path,
-                "--loglevel", self.loglevel]
+        """The worker's command line."""
+        cmd = [sys.executable, "-m", "processor", "worker", "--config", self.config_path,
+               "--loglevel", self.loglevel]
+        return die_with_parent(cmd, "TERM") if self.dies_with_parent else cmd
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
