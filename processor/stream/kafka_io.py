@@ -376,17 +376,25 @@ def end_offsets(conf: Mapping[str, str], topic: str,
     """partition -> (low, high) watermarks of `topic`."""
     consumer = _consumer(conf)
     try:
-        md = consumer.list_topics(topic, timeout=timeout_s)
-        t = md.topics.get(topic)
-        if t is None or t.error is not None:
-            raise RuntimeError(f"topic {topic!r} not found")
-        out: dict[int, tuple[int, int]] = {}
-        for p in sorted(t.partitions):
-            lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-            out[p] = (int(lo), int(hi))
-        return out
+        return _watermarks(consumer, topic, timeout_s)
     finally:
         consumer.close()
+
+
+def _partitions(consumer: Consumer, topic: str, timeout_s: float) -> list[int]:
+    t = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
+    if t is None or t.error is not None:
+        raise RuntimeError(f"topic {topic!r} not found")
+    return sorted(t.partitions)
+
+
+def _watermarks(consumer: Consumer, topic: str,
+                timeout_s: float) -> dict[int, tuple[int, int]]:
+    out: dict[int, tuple[int, int]] = {}
+    for p in _partitions(consumer, topic, timeout_s):
+        lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+        out[p] = (int(lo), int(hi))
+    return out
 
 
 #: Group-coordinator errors that pass (a broker just started, a coordinator moving).
@@ -417,15 +425,7 @@ def committed_offsets(conf: Mapping[str, str], group_id: str, topic: str,
                       timeout_s: float = _DEFAULT_TIMEOUT_S) -> dict[int, int]:
     """partition -> the offset consumer group `group_id` committed on `topic` (the next
     offset it will read; 0 where it committed nothing)."""
-    marks = end_offsets(conf, topic, timeout_s)
-    full = dict(conf)
-    full.update({"group.id": group_id, "enable.auto.commit": "false"})
-    consumer = Consumer(with_logger(full))
-    try:
-        got = _committed(consumer, [TopicPartition(topic, p) for p in marks], timeout_s)
-        return {int(tp.partition): max(0, int(tp.offset)) for tp in got}
-    finally:
-        consumer.close()
+    return snapshot_offsets(conf, group_id, topic, (), timeout_s)[0]
 
 
 def snapshot_offsets(conf: Mapping[str, str], group_id: str, committed_topic: str,
@@ -435,27 +435,14 @@ def snapshot_offsets(conf: Mapping[str, str], group_id: str, committed_topic: st
     `committed_topic` (partition -> next offset, 0 where none), then the (low, high)
     watermarks of each of `topics` in turn (replay's cut is defined by this order). The
     client never joins the group: it only reads the group's committed offsets."""
-    consumer = Consumer({**conf, "group.id": group_id, "enable.auto.commit": "false"})
-
-    def partitions(topic: str) -> list[int]:
-        t = consumer.list_topics(topic, timeout=timeout_s).topics.get(topic)
-        if t is None or t.error is not None:
-            raise RuntimeError(f"topic {topic!r} not found")
-        return sorted(t.partitions)
-
+    consumer = Consumer(with_logger({**conf, "group.id": group_id,
+                                     "enable.auto.commit": "false"}))
     try:
-        got = _committed(consumer, [TopicPartition(committed_topic, p)
-                                    for p in partitions(committed_topic)], timeout_s)
+        got = _committed(consumer, [TopicPartition(committed_topic, p) for p in
+                                    _partitions(consumer, committed_topic, timeout_s)],
+                         timeout_s)
         committed = {int(tp.partition): max(0, int(tp.offset)) for tp in got}
-        marks: list[dict[int, tuple[int, int]]] = []
-        for topic in topics:
-            found: dict[int, tuple[int, int]] = {}
-            for p in partitions(topic):
-                lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, p),
-                                                        timeout=timeout_s)
-                found[p] = (int(lo), int(hi))
-            marks.append(found)
-        return committed, marks
+        return committed, [_watermarks(consumer, topic, timeout_s) for topic in topics]
     finally:
         consumer.close()
 
