@@ -71,11 +71,9 @@ from processor.stream.operator import (
 from processor.stream.records import (
     LedgerEntry,
     Release,
-    TimelineFormatError,
-    TimelineMarker,
     announced_counters,
-    decode_timeline,
     encode_marker,
+    marker_tick,
 )
 from processor.stream.state import StateVersionError
 
@@ -582,22 +580,12 @@ def last_marker(conf: Mapping[str, str], topic: str) -> int:
         while end > lo:
             begin = max(lo, end - MARKER_LOOKBACK)
             found = [n for r in kafka_io.read_range(conf, topic, p, begin, end)
-                     if (n := _marker_tick(r.value)) is not None]
+                     if (n := marker_tick(r.value)) is not None]
             if found:
                 best = max(best, *found)
                 break
             end = begin
     return best
-
-
-def _marker_tick(value: bytes | None) -> int | None:
-    if not value or not value.startswith(b'{"v":2,"k":"m"'):  # batches can be large
-        return None
-    try:
-        rec = decode_timeline(value)
-    except TimelineFormatError:
-        return None
-    return rec.sealed_through if isinstance(rec, TimelineMarker) else None
 
 
 def changelog_topic(settings: Settings) -> str:

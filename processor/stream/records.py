@@ -375,6 +375,22 @@ def encode_marker(sealed_through_tick: int) -> bytes:
     return orjson.dumps({"v": TIMELINE_VERSION, "k": "m", "n": sealed_through_tick})
 
 
+#: How every marker's bytes begin (`encode_marker`: orjson keeps the dict's order).
+_MARKER_PREFIX: Final = b'{"v":%d,"k":"m"' % TIMELINE_VERSION
+
+
+def marker_tick(raw: bytes | None) -> int | None:
+    """n of a well-formed marker record, else None; event batches (which can be large)
+    are told apart by their first bytes, without decoding them."""
+    if not raw or not raw.startswith(_MARKER_PREFIX):
+        return None
+    try:
+        rec = decode_timeline(raw)
+    except TimelineFormatError:
+        return None
+    return rec.sealed_through if isinstance(rec, TimelineMarker) else None
+
+
 #: One validated event of a batch record, as decoded: [counter, ts_ms, units,
 #: src_partition, src_offset] (the fields of Event, in order).
 EventRow = list[Any]

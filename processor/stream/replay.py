@@ -123,6 +123,7 @@ from processor.stream.records import (
     TimelineFormatError,
     TimelineMarker,
     decode_timeline_rows,
+    marker_tick,
 )
 from processor.stream.state import CounterState, DictStore, PartitionState
 
@@ -418,11 +419,10 @@ def _late_declared(settings: Settings, key: NoiseKey, history: LedgerHistory,
     markers: list[tuple[int, int, int]] = []  # (offset, n, frontier before) sealing anew
     frontier = PartitionState().frontier
     for off, raw in records:
-        if raw is not None and len(raw) < 64:  # a marker record is short; a batch rarely
-            rec = _decoded(raw)
-            if isinstance(rec, TimelineMarker) and rec.sealed_through > frontier:
-                markers.append((off, rec.sealed_through, frontier))
-                frontier = rec.sealed_through
+        n = marker_tick(raw)
+        if n is not None and n > frontier:
+            markers.append((off, n, frontier))
+            frontier = n
     windows: dict[int, tuple[int, set[str]]] = {}
     for c in late:
         for i, (off, n, before) in enumerate(markers):

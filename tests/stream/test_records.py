@@ -37,6 +37,7 @@ from processor.stream.records import (
     decode_timeline_rows,
     encode_batch,
     encode_marker,
+    marker_tick,
     parse_input,
     partition_for,
     sealed_through,
@@ -140,6 +141,15 @@ def test_parse_input_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(records, "to_units", boom)
     got = parse_input(b'{"counter":"signups","ts":1767225600000}', S, NOW)
     assert got == Rejection("schema_violation", "not a valid event (RuntimeError)")
+
+
+def test_marker_tick_reads_markers_only() -> None:
+    """The prefilter the leader's restart and replay use: a marker's n; None for a batch
+    (even one whose first event names a counter "m"), a malformed marker and no value."""
+    assert marker_tick(encode_marker(7)) == 7
+    assert marker_tick(encode_batch([Event("m", 1, 0)])) is None
+    assert marker_tick(b'{"v":2,"k":"m","n":true}') is None
+    assert marker_tick(None) is None and marker_tick(b"") is None
 
 
 def test_timeline_roundtrip_and_errors() -> None:
