@@ -1147,6 +1147,12 @@ def client_files(state_file: Path) -> tuple[Path, Path]:
             state_file.with_name(f"{stem}-client.toml"))
 
 
+def remove_client_files(state_file: Path) -> None:
+    """Delete what ``write_client_files`` wrote next to ``state_file``, if anything."""
+    for path in client_files(state_file):
+        path.unlink(missing_ok=True)
+
+
 def _write_private(path: Path, text: str) -> None:
     path.unlink(missing_ok=True)  # a new file, so the mode below is its mode
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -1227,8 +1233,7 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
             return EXIT_FAILURE
         attached.stop()  # leftovers of a crashed run: clean them up
         state_file.unlink(missing_ok=True)
-    for path in client_files(state_file):
-        path.unlink(missing_ok=True)
+    remove_client_files(state_file)
     ports = [int(p) for p in args.ports.split(",")] if args.ports else None
     kafka = LocalKafka(
         nodes,
@@ -1263,8 +1268,7 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
             signal.sigwait({signal.SIGINT, signal.SIGTERM})
         finally:
             kafka.stop()
-            for path in client_files(state_file):
-                path.unlink(missing_ok=True)
+            remove_client_files(state_file)
         return EXIT_OK
     state_file.parent.mkdir(parents=True, exist_ok=True)
     state = {**kafka.state(), "security": args.security}
@@ -1281,8 +1285,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
         return EXIT_OK
     LocalKafka.attach(state, stop_timeout=args.timeout).stop()
     state_file.unlink(missing_ok=True)
-    for path in client_files(state_file):
-        path.unlink(missing_ok=True)
+    remove_client_files(state_file)
     print("stopped", file=sys.stderr)
     return EXIT_OK
 
