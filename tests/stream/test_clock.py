@@ -17,6 +17,7 @@ dead-lettered, and both workers raise the clock alarm in their logs.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -313,3 +314,29 @@ def test_the_leader_learns_broker_time_only_from_log_append_times(
     worker._observe([Meta(T0 + 3, 1), Meta(T0 + 5, 1), None], 0)
     r = guard.read()
     assert (r.broker_lo_ms, r.broker_hi_ms) == (T0 + 5, T0 + 15)
+
+
+def test_a_marker_round_before_the_producer_started_appends_nothing(tmp_path: Path) -> None:
+    """The timer can fire while Faust still starts its producer (a start rebuilding the
+    table from the changelog): that round sends nothing, raises nothing (it crashed the
+    worker), and leaves the probe and the last marker for the next round. Control: the
+    producer of a worker that was never run really refuses to send (NotReady)."""
+    from faust.exceptions import NotReady
+
+    from processor.core.rng import NoiseKey
+    from processor.stream.app import Worker
+    from processor.stream.clock import next_marker
+
+    clock = ManualClock(T0, 0)
+    guard = ClockGuard(clock)
+    s = with_overrides(S, state_dir=str(tmp_path), metrics_port=0, app_id="clock-notready")
+    worker = Worker(s, NoiseKey.from_seed(1), clock=guard)
+    worker._last_marker = 0
+    assert next_marker(guard.read(), 0, s) is not None  # a marker is due this round
+    with pytest.raises(NotReady):
+        asyncio.run(worker.app.producer.send(worker.timeline_name, None, b"x", 0, None, None))
+    asyncio.run(worker.append_markers())  # the probe round
+    assert not worker._probed
+    worker._probed = True
+    asyncio.run(worker.append_markers())  # the marker round
+    assert worker._last_marker == 0 and worker.metrics.counts["markers_appended"] == 0
