@@ -1,11 +1,20 @@
-"""The one commit protocol: apply a batch of timeline records, publish, then write state.
+"""The one commit protocol: apply timeline records in memory, publish their releases at
+once, and make the state durable at checkpoints, releases first.
 
-Used by the Faust worker (with its table and its producer) and by replay (with a
-`DictStore` and a collecting publisher) alike, so both run the very same steps.
+Used by the Faust worker (per-partition RocksDB stores with the changelog, a librdkafka
+publisher) and by replay and tests (one `DictStore`, a collecting publisher) alike, so
+both run the very same steps.
+
+Between checkpoints the applied state lives in one `BufferedStore` per partition (decoded
+values, each encoded once per checkpoint however many records touched it). A crash loses
+that state and nothing else: the worker acknowledges a timeline record to the consumer
+group only after the checkpoint that covers it, so the next owner re-applies it from the
+last checkpoint with the same keyed noise, and re-sends byte-identical releases.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -18,11 +27,15 @@ CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
 
 
 class Publisher(Protocol):
-    """Where the public records of a batch go (the ledger and private-count topics)."""
+    """Where the public records go (the ledger and private-count topics)."""
 
-    async def publish(self, ledger: Sequence[LedgerEntry],
-                      releases: Sequence[Release]) -> None:
-        """Send, and return only once the broker acknowledged every record."""
+    def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
+        """Hand the records over, ledger entries before releases, in order (the
+        publisher may buffer them; it must not drop or reorder them)."""
+
+    async def flush(self) -> None:
+        """Return only once the broker acknowledged every record sent so far; raise if
+        any was not."""
 
 
 class CollectingPublisher:
@@ -32,75 +45,143 @@ class CollectingPublisher:
         self.ledger: list[LedgerEntry] = []
         self.releases: list[Release] = []
 
-    async def publish(self, ledger: Sequence[LedgerEntry],
-                      releases: Sequence[Release]) -> None:
+    def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
         self.ledger.extend(ledger)
         self.releases.extend(releases)
 
+    async def flush(self) -> None:
+        return None
+
+
+class Stores(Protocol):
+    """Each partition's StateStore, and when what was written to them is durable."""
+
+    def of(self, partition: int) -> StateStore: ...
+
+    async def flush(self) -> None:
+        """Return only once every write made so far is durable (its changelog records
+        acknowledged); raise if one was not."""
+
+
+class SharedStore:
+    """One StateStore for every partition, durable as soon as written (replay, tests)."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def of(self, partition: int) -> StateStore:
+        return self.store
+
+    async def flush(self) -> None:
+        return None
+
 
 class BatchCommit:
-    """Applies batches of timeline records of one partition and makes them durable.
+    """Applies batches of timeline records and makes them durable at checkpoints.
 
-    `crash_point(name)` is a test hook: it is called "after_acks" once per batch, then
-    "between_state_writes" between every two state writes, then "after_state"; the worker
-    turns DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call. It has no other use.
+    `apply(partition, records)` applies records in offset order to the partition's
+    buffered state and hands the releases they produce to the publisher at once (their
+    existence, order and timing follow the markers, never the checkpoints).
+    `checkpoint()`:
 
-    `fence()` is called before the publish and before the first state write; it does not
-    return when this process may have lost its partitions meanwhile (the worker's
-    `fencing.SuspensionFence`: a suspension past the session timeout), so a worker that
-    another one has replaced neither publishes nor writes from its outdated state.
+    1. await the publisher's acknowledgement of every release and ledger entry sent;
+    2. write each changed value once per partition: counter states, then the partition
+       value (state.BufferedStore.writes);
+    3. await the stores' durability (changelog acknowledgements).
+
+    Only then may the caller acknowledge the records applied before it to the consumer
+    group. A crash anywhere re-applies from the last acknowledged record: before 2 with
+    identical noise (identical records: idempotent by (counter, tick)); inside 2 or 3
+    onto values that skip what they reflect already (their offset), so nothing is lost
+    or counted twice. `commit(partition, records)` is apply and checkpoint in one.
+
+    `crash_point(name)` is a test hook: called "after_acks" once per checkpoint, then
+    "between_state_writes" between every two state writes (each write made durable
+    first, so that a kill there leaves exactly a prefix of them), then "after_state";
+    the worker turns DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call.
+
+    `fence()` is called before a checkpoint publishes or writes; it does not return when
+    this process may have lost its partitions meanwhile (the worker's
+    `fencing.SuspensionFence`). Safety does not rest on it (a value never replaces a
+    newer one, and re-sent releases are identical: docs/state.md); it keeps a process
+    that knows it is stale from adding work.
     """
 
-    def __init__(self, operator: Operator, store: StateStore, publisher: Publisher,
+    def __init__(self, operator: Operator, store: StateStore | Stores, publisher: Publisher,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None) -> None:
         self.operator = operator
-        self.store = store
+        self.stores: Stores = _stores(store)
         self.publisher = publisher
         self.crash_point = crash_point
         self.fence = fence
+        self._buffers: dict[int, BufferedStore] = {}
+        #: Monotonic time of the first apply since the last checkpoint (None: clean).
+        self.dirty_since: float | None = None
 
-    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
-        """Apply one batch of timeline records of one partition and make it durable.
-
-        1. apply each record in offset order to a BufferedStore over `store` (nothing
-           written);
-        2. publish the ledger entries, then the releases, and await every ack;
-        3. write the due-index values (buckets, then the directory);
-        4. write each touched counter state once;
-        5. delete the consumed buckets, and write the partition value (frontier, marker
-           offset, duplicate filter) last.
-
-        A crash before 3 re-executes the batch with identical noise (identical records,
-        idempotent by (counter, tick)); a crash inside 3-5 leaves an index that is early,
-        never late (buckets are deleted only after the counters they name are written),
-        and counters that skip what they already applied (their last applied offset).
-        Returns the batch's releases, ledger entries and aggregate metrics.
-        """
+    async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
+        """Apply one batch of timeline records of one partition and send what it
+        publishes; nothing is durable until `checkpoint`. Returns the batch's releases,
+        ledger entries and aggregate metrics."""
         out = Output()
-        buf = BufferedStore(self.store)
+        buf = self._buffers.get(partition)
+        if buf is None:
+            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
         try:
             for offset, record in sorted(records, key=lambda r: r[0]):
                 self.operator.apply(buf, partition, offset, record, out)
             if out.ledger or out.releases:
                 self._fence()
-                await self.publisher.publish(out.ledger, out.releases)
+                self.publisher.send(out.ledger, out.releases)
+        except BaseException:
+            self.forget()
+            raise
+        if self.dirty_since is None:
+            self.dirty_since = time.monotonic()
+        return out
+
+    async def checkpoint(self) -> None:
+        """Make everything applied so far durable (see the class doc)."""
+        try:
+            self._fence()
+            await self.publisher.flush()
             self._crash("after_acks")
             self._fence()
-            store = self.store
-            for i, (key, value) in enumerate(buf.writes()):
-                if i:
-                    self._crash("between_state_writes")
-                if value is None:
-                    store.delete(key)
-                else:
-                    store.set(key, value)
+            first = True
+            for partition in sorted(self._buffers):
+                buf = self._buffers[partition]
+                if not buf:
+                    continue
+                store = self.stores.of(partition)
+                for key, value in buf.writes():
+                    if not first and self.crash_point is not None:
+                        await self.stores.flush()
+                        self._crash("between_state_writes")
+                    first = False
+                    if value is None:
+                        store.delete(key)
+                    else:
+                        store.set(key, value)
+            await self.stores.flush()
             self._crash("after_state")
         except BaseException:
-            # Whatever was not written must be decoded again from the store next time.
-            self.operator.forget()
+            self.forget()
             raise
+        self.dirty_since = None
+
+    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
+        """`apply` then `checkpoint`: one batch made durable on its own."""
+        out = await self.apply(partition, records)
+        await self.checkpoint()
         return out
+
+    def forget(self) -> None:
+        """Drop every applied but unwritten change and every decoded value: the next
+        record of a partition reloads it from its store (after a failure, or when the
+        partitions change hands)."""
+        self._buffers.clear()
+        self.operator.forget()
+        self.dirty_since = None
 
     def _fence(self) -> None:
         if self.fence is not None:
@@ -109,3 +190,10 @@ class BatchCommit:
     def _crash(self, name: str) -> None:
         if self.crash_point is not None:
             self.crash_point(name)
+
+
+def _stores(store: StateStore | Stores) -> Stores:
+    if isinstance(store, (SharedStore,)) or (
+            callable(getattr(store, "of", None)) and callable(getattr(store, "flush", None))):
+        return store  # type: ignore[return-value]
+    return SharedStore(store)  # type: ignore[arg-type]

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
@@ -72,25 +71,25 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream.config import Settings
 from processor.stream.records import (
-    EventRow,
+    EventRows,
     LedgerEntry,
     Release,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline_rows,
     partition_for,
+    source_label,
 )
 from processor.stream.state import (
+    COUNTER_PREFIX,
     BufferedStore,
     CounterFactory,
     CounterState,
-    DueBucket,
-    DueDirectory,
+    DueWheel,
     PartitionState,
     StateStore,
-    bucket_key,
+    counter_filed_due,
     counter_key,
-    directory_key,
     partition_key,
     write_all,
 )
@@ -301,11 +300,16 @@ class Operator:
         self._cache: OrderedDict[str, CounterState] = OrderedDict()
         self._cache_size = cache_size
         self._partitions: dict[int, PartitionState] = {}
-        self._directories: dict[int, DueDirectory] = {}
+        # The due wheel of each loaded partition (state.DueWheel: in memory, rebuilt from
+        # the stored counters when a partition is first touched after `forget`).
+        self._wheels: dict[int, DueWheel] = {}
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
         # Counter contract: public quantities), so a sweep over many counters at one tick
         # computes it once.
         self._bounds: dict[tuple[tuple[object, ...], float, int], float] = {}
+        # The timeline offset of the record being applied (a staged partition value
+        # reflects it: PartitionState.applied).
+        self._offset = -1
         # (mechanism, eps, delta) of a new counter: `_check_parameters`.
         self._configured: tuple[str, float, float] | None = None
 
@@ -325,6 +329,7 @@ class Operator:
         except TimelineFormatError:
             out.metrics["malformed_records"] += 1
             return out
+        self._offset = offset
         try:
             if isinstance(rec, TimelineMarker):
                 self._apply_marker(buf, partition, offset, rec.sealed_through, out)
@@ -339,11 +344,16 @@ class Operator:
             write_all(store, buf.writes())
         return out
 
+    def due_wheel(self, partition: int) -> DueWheel | None:
+        """The partition's due wheel as loaded now (None: not loaded): for tests and
+        metrics, never to change."""
+        return self._wheels.get(partition)
+
     def forget(self) -> None:
         """Drop every decoded state (after a failed batch, or to measure cold starts)."""
         self._cache.clear()
         self._partitions.clear()
-        self._directories.clear()
+        self._wheels.clear()
 
     # -- loading and staging
 
@@ -372,15 +382,7 @@ class Operator:
             ps.key_id = self.key_id
         self._partitions[partition] = ps
         if ps.config_fingerprint != self.fingerprint:
-            # First record of this partition, or a new configuration: file every declared
-            # counter of the partition that has no state yet at its start tick, so the
-            # first marker through it creates the counter and emits its ledger entry.
-            directory = self._directory(buf, partition)
-            for name, start in sorted(self._start_ticks.items()):
-                ckey = counter_key(name)
-                if (self._home[name] == partition and ckey not in buf.staged
-                        and buf.get(ckey) is None):
-                    self._file(buf, partition, directory, name, start)
+            # First record of this partition, or a new configuration.
             ps.config_fingerprint = self.fingerprint
             self._stage_partition(buf, partition, ps)
         return ps
@@ -388,6 +390,7 @@ class Operator:
     def _stage_partition(self, buf: BufferedStore, partition: int,
                          ps: PartitionState) -> None:
         ps.saved = None
+        ps.applied = max(ps.applied, self._offset)
         buf.stage(partition_key(partition), ps)
 
     def _counter(self, buf: BufferedStore, name: str) -> CounterState | None:
@@ -513,62 +516,41 @@ class Operator:
 
     # -- the due wheel
 
-    def _directory(self, buf: BufferedStore, partition: int) -> DueDirectory:
-        key = directory_key(partition)
-        staged = buf.staged.get(key)
-        if staged is not None:
-            assert isinstance(staged, DueDirectory)
-            return staged
-        raw = buf.get(key)
-        directory = self._directories.get(partition)
-        if raw is None:
-            directory = DueDirectory()
-        elif directory is None or directory.saved is None or not (
-                directory.saved is raw or directory.saved == raw):
+    def _wheel(self, buf: BufferedStore, partition: int) -> DueWheel:
+        """The partition's due wheel; built at the first touch after `forget`: every
+        counter of the partition with state at its `filed_due`, every declared one
+        without state at its start tick (the marker through it creates it)."""
+        wheel = self._wheels.get(partition)
+        if wheel is not None:
+            return wheel
+        wheel = self._wheels[partition] = DueWheel()
+        P = self.settings.partitions
+        home = self._home
+        have: set[str] = set()
+        for key, raw in buf.inner.scan(COUNTER_PREFIX):
+            name = key[len(COUNTER_PREFIX):]
+            if home.get(name, -1) != partition and (
+                    name in home or partition_for(name, P) != partition):
+                continue
+            have.add(name)
+            staged = buf.staged.get(key)
             try:
-                directory = DueDirectory.from_bytes(raw)
+                due = (staged.filed_due if isinstance(staged, CounterState)
+                       else counter_filed_due(raw))
             except StateFormatError as exc:
-                exc.key = key
+                exc.key = key if name in home else "c/(an undeclared counter)"
                 raise
-        self._directories[partition] = directory
-        return directory
-
-    def _stage_directory(self, buf: BufferedStore, partition: int,
-                         directory: DueDirectory) -> None:
-        directory.saved = None
-        buf.stage(directory_key(partition), directory)
-
-    def _bucket(self, buf: BufferedStore, partition: int, tick: int) -> DueBucket | None:
-        key = bucket_key(partition, tick)
-        staged = buf.staged.get(key)
-        if staged is not None:
-            assert isinstance(staged, DueBucket)
-            return staged
-        raw = buf.get(key)
-        if raw is None:
-            return None
-        try:
-            return DueBucket.from_bytes(raw)
-        except StateFormatError as exc:
-            exc.key = key
-            raise
-
-    def _file(self, buf: BufferedStore, partition: int, directory: DueDirectory,
-              name: str, tick: int) -> None:
-        """Put `name` in the bucket of `tick` (and the tick in the directory)."""
-        key = bucket_key(partition, tick)
-        bucket = buf.staged.get(key)  # _bucket's first look, without a second key
-        if bucket is None:
-            bucket = self._bucket(buf, partition, tick) or DueBucket()
-        assert isinstance(bucket, DueBucket)
-        if name not in bucket.names:
-            bucket.names[name] = None
-            buf.stage(key, bucket)
-            consumed = buf.consumed.get(partition)
-            if consumed is not None:
-                consumed.discard(tick)  # staged again: no longer a pending delete
-        if directory.add(tick):
-            self._stage_directory(buf, partition, directory)
+            if due is not None:
+                wheel.file(name, due)
+        for key, obj in buf.staged.items():
+            if isinstance(obj, CounterState) and key[len(COUNTER_PREFIX):] not in have:
+                have.add(key[len(COUNTER_PREFIX):])
+                if obj.filed_due is not None:
+                    wheel.file(key[len(COUNTER_PREFIX):], obj.filed_due)
+        for name, start in self._start_ticks.items():
+            if home[name] == partition and name not in have:
+                wheel.file(name, start)
+        return wheel
 
     def _due(self, cs: CounterState) -> int:
         """A global tick at or before the next one at which `cs` has anything to do."""
@@ -596,9 +578,10 @@ class Operator:
     # -- records
 
     def _apply_events(self, buf: BufferedStore, partition: int, offset: int,
-                      rows: list[EventRow], out: Output) -> None:
+                      rows: EventRows, out: Output) -> None:
         ps = self._partition(buf, partition)
         m = out.metrics
+        source = rows.source
         seen = ps.input_offsets
         seen_changed = False
         tick_ms = self._tick_ms
@@ -609,12 +592,16 @@ class Operator:
         done: set[str] = set()
         applied = late = 0
         # Rows, not Event objects: [counter, ts_ms, units, src_partition, src_offset].
+        labels: dict[int, str] = {}
         for name, ts_ms, units, src, src_offset in rows:
             if src >= 0:
-                if src_offset <= seen.get(src, -1):
+                label = labels.get(src)
+                if label is None:
+                    label = labels[src] = source_label(source, src)
+                if src_offset <= seen.get(label, -1):
                     m["duplicates_dropped"] += 1
                     continue
-                seen[src] = src_offset
+                seen[label] = src_offset
                 seen_changed = True
             n_event = ts_ms // tick_ms
             cs = applying.get(name)
@@ -666,7 +653,7 @@ class Operator:
         m["late_events"] += late
         m["counters_touched"] += len(applying)
         if applying:
-            directory = self._directory(buf, partition)
+            wheel = self._wheel(buf, partition)
             for name, cs in applying.items():
                 if cs.filed_due is None:
                     due = self._due(cs)
@@ -677,7 +664,7 @@ class Operator:
                     # pending tick is earlier still (no mechanism.next_due() call).
                     due = min(cs.pending) if cs.pending else cs.filed_due
                 if cs.filed_due is None or due < cs.filed_due:
-                    self._file(buf, partition, directory, name, due)
+                    wheel.file(name, due)
                     cs.filed_due = due
         if seen_changed:
             self._stage_partition(buf, partition, ps)
@@ -695,32 +682,8 @@ class Operator:
             m["markers_applied"] += 1
             out.sealed_through = max(n, out.sealed_through or n)
             return
-        directory = self._directory(buf, partition)
-        names: set[str] = set()
-        gone: list[int] = []
-        # Ticks whose buckets earlier markers of this batch consumed: they stay listed
-        # until the delete is saved, and a batch's markers would otherwise re-check each.
-        consumed = buf.consumed.setdefault(partition, set())
-        ticks = directory.ticks
-        for tick in ticks[:bisect_right(ticks, n)]:
-            if tick in consumed:
-                continue
-            key = bucket_key(partition, tick)
-            bucket = self._bucket(buf, partition, tick)
-            if bucket is None:
-                gone.append(tick)  # consumed by a marker of an earlier batch
-                continue
-            names.update(bucket.names)
-            # Deleted with the partition value, after the counters it names are written:
-            # until then a crash re-executes this marker and finds them here again.
-            buf.delete(key)
-            consumed.add(tick)
-        if gone:
-            # Only ticks <= n can be gone: rebuild that (short) prefix, not the directory.
-            dropped = set(gone)
-            end = bisect_right(ticks, n)
-            ticks[:end] = [t for t in ticks[:end] if t not in dropped]
-            self._stage_directory(buf, partition, directory)
+        wheel = self._wheel(buf, partition)
+        names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
             cs = self._counter(buf, name)
@@ -729,18 +692,24 @@ class Operator:
                 if start is None or self._home[name] != partition:
                     continue  # not declared (any more): nothing to do
                 if start > n:
-                    self._file(buf, partition, directory, name, start)
+                    wheel.file(name, start)
                     continue
                 cs = self._new_counter(name, start)
             elif cs.last_offset >= offset:
-                continue  # sealed by this marker before a crash (and filed then)
+                # Sealed by this marker before a crash, filed then; the wheel just gave
+                # up every entry <= n, so file it again where its state says.
+                if cs.filed_due is not None:
+                    wheel.file(name, cs.filed_due)
+                continue
             due = self._due(cs)
             if due > n:
-                # A stale entry: nothing to do yet. Re-file it only if the bucket it is
-                # filed under is one this marker consumed.
+                # A stale entry: nothing to do yet. Re-file it only if the entry it is
+                # filed under is one this marker took. The marker counts as applied to
+                # it (a value changes only with its offset: state.supersedes).
                 if cs.filed_due is None or cs.filed_due <= n:
-                    self._file(buf, partition, directory, name, due)
+                    wheel.file(name, due)
                     cs.filed_due = due
+                    cs.last_offset = offset
                     self._stage_counter(buf, name, cs)
                 continue
             if not cs.announced:
@@ -749,7 +718,7 @@ class Operator:
                 self._seal(name, cs, n, out)
             cs.last_offset = offset
             due = self._due(cs)
-            self._file(buf, partition, directory, name, due)
+            wheel.file(name, due)
             cs.filed_due = due
             self._stage_counter(buf, name, cs)
             touched += 1

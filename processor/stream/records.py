@@ -104,6 +104,10 @@ class TimelineBatch:
     """A timeline record carrying events of one partition, in the order ingest read them."""
 
     events: tuple[Event, ...]
+    #: The input topic's identity the events' input offsets belong to ("" if the record
+    #: does not name one): a topic deleted and recreated under the same name restarts its
+    #: offsets, and is a new source for the operator's duplicate filter.
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,12 +366,13 @@ def deadletter_record(rejection: Rejection, raw: bytes, topic: str, partition: i
 # ------------------------------------------------------------------------ timeline
 
 
-def encode_batch(events: Sequence[Event]) -> bytes:
-    """Timeline bytes of one batch of validated events (one timeline partition's)."""
-    return orjson.dumps({
-        "v": TIMELINE_VERSION, "k": "b",
-        "e": [[e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in events],
-    })
+def encode_batch(events: Sequence[Event], source: str = "") -> bytes:
+    """Timeline bytes of one batch of validated events (one timeline partition's), read
+    from the input topic whose identity is `source` ("" : not named)."""
+    rows = [[e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in events]
+    if source:
+        return orjson.dumps({"v": TIMELINE_VERSION, "k": "b", "i": source, "e": rows})
+    return orjson.dumps({"v": TIMELINE_VERSION, "k": "b", "e": rows})
 
 
 def encode_marker(sealed_through_tick: int) -> bytes:
@@ -396,15 +401,32 @@ def marker_tick(raw: bytes | None) -> int | None:
 EventRow = list[Any]
 
 
+class EventRows(list[EventRow]):
+    """The rows of one batch record, and the input topic identity they were read under
+    (`source`, "" if the record names none)."""
+
+    __slots__ = ("source",)
+
+    def __init__(self, rows: list[EventRow], source: str = "") -> None:
+        super().__init__(rows)
+        self.source = source
+
+
+def source_label(source: str, partition: int) -> str:
+    """The duplicate filter's name of input partition `partition` of the input topic
+    whose identity is `source`."""
+    return f"{source}/{partition}" if source else str(partition)
+
+
 def decode_timeline(raw: bytes) -> TimelineBatch | TimelineMarker:
     """Parse one timeline record; TimelineFormatError if it is not a well-formed v2 record."""
     rec = decode_timeline_rows(raw)
     if isinstance(rec, TimelineMarker):
         return rec
-    return TimelineBatch(tuple(Event(*row) for row in rec))
+    return TimelineBatch(tuple(Event(*row) for row in rec), rec.source)
 
 
-def decode_timeline_rows(raw: bytes) -> list[EventRow] | TimelineMarker:
+def decode_timeline_rows(raw: bytes) -> EventRows | TimelineMarker:
     """decode_timeline without an Event object per event (the operator's hot path): a
     batch record's validated rows, each [counter, ts_ms, units, src_partition, src_offset]."""
     try:
@@ -416,10 +438,13 @@ def decode_timeline_rows(raw: bytes) -> list[EventRow] | TimelineMarker:
     if obj.get("v") != TIMELINE_VERSION or type(obj.get("v")) is not int:
         raise TimelineFormatError("timeline record is not version 2")
     kind = obj.get("k")
-    if kind == "b" and len(obj) == 3:
+    source = obj.get("i", "")
+    if kind == "b" and len(obj) == 3 + ("i" in obj):
         rows = obj.get("e")
         if type(rows) is not list:
             raise TimelineFormatError("timeline batch lacks e")
+        if type(source) is not str or len(source) > 64 or ("i" in obj and not source):
+            raise TimelineFormatError("timeline batch has a malformed input identity")
         # Inline (no call per row): exact type checks, since bool is an int subclass and
         # orjson yields exact types only.
         for row in rows:
@@ -432,7 +457,7 @@ def decode_timeline_rows(raw: bytes) -> list[EventRow] | TimelineMarker:
                 raise TimelineFormatError("timeline event has a field of the wrong type")
             if ts < 0 or not 0 <= units <= UNIT or sp < -1 or so < -1:
                 raise TimelineFormatError("timeline event out of range")
-        return rows
+        return EventRows(rows, source)
     if kind == "m" and len(obj) == 3:
         n = obj.get("n")
         if type(n) is not int:

@@ -1,45 +1,49 @@
-"""What the operator stores, and where: the store protocol, the buffered overlay a batch
-is applied to, and the codecs of every stored value. No Kafka, no Faust.
+"""What the operator stores, and how a stored value says how new it is: the store
+protocol, the buffered overlay of a checkpoint, the codecs of every stored value, and the
+in-memory due wheel. No Kafka, no Faust.
 
 Key layout (all values bytes, each codec with its own magic and version):
 
-- `c/<counter>`       CounterState: the mechanism, its FIFO queue, pending arrivals, ...,
-                      the fingerprint of the noise key its mechanism draws from, and what
-                      its last ledger entry said (configuration fingerprint, creation tag).
-- `p/<partition>`     PartitionState: sealed frontier, last marker offset, the
-                      configuration fingerprint the declared counters were filed under,
-                      the duplicate filter (input partition -> highest input offset), and
-                      the noise key fingerprint the partition's state was made under.
-- `u/<partition>/<g>` DueBucket: counters that may have something to do at global tick g.
-- `w/<partition>`     DueDirectory: sorted ticks that may have a non-empty bucket.
+- `c/<counter>`   CounterState: the mechanism, its FIFO queue, pending arrivals, ...,
+                  the fingerprint of the noise key its mechanism draws from, and what
+                  its last ledger entry said (configuration fingerprint, creation tag).
+- `p/<partition>` PartitionState: sealed frontier, last marker offset, the duplicate
+                  filter (input source -> highest input offset applied), the noise key
+                  fingerprint the partition's state was made under.
 
-The buckets and the directory are the due wheel: a marker through n reads the buckets
-of the directory's ticks <= n, and nothing rewrites an O(counters) value. The directory
-is its own value, not part of `p/`, because it must be saved before the counters it
-indexes while `p/` is saved last; it may still list a tick whose bucket a marker
-consumed (the next marker drops it), never a bucket that is not saved yet.
+Monotone values. Every value of format 4 begins with the timeline offset it reflects
+(`stored_offset`): a counter's, the last timeline record applied to that counter; a
+partition's, the last timeline record applied to the partition. Applying the timeline is
+deterministic (keyed noise, positions in state), so two values of one key with the same
+offset are the same bytes, and a value with a higher offset is a later state of the same
+computation. `supersedes` is THE rule by which a store takes a value it did not compute
+itself (the changelog, at restore and on standbys): never a lower offset than the one it
+holds, never a deletion of a value that carries one. So a worker that lost its partitions
+without noticing (a network partition) may still write its state to the changelog after
+the new owner's: nobody restores or continues from it (docs/state.md).
 
-The noise key is bound to the state (issue 11 item 1): both the partition value (read
-first by every timeline record, so a wrong key is caught before any counter is touched)
-and each counter value (what the key actually keys: its mechanism's noise positions; it
-also covers a counter written before its partition value, a crash inside the first batch)
-carry the key's public fingerprint, and the operator refuses a key that is not the
-stored one (`operator.KeyMismatchError`). Values of version 2, written before the
-fingerprint was stored, are refused with `StateVersionError`: no key can be verified
-against them, and adopting whichever key comes first would let exactly the silent key
-change through that the binding exists to stop.
+The due wheel (which counters a marker must look at) is not stored: it is rebuilt from
+the counters' own `filed_due` when a partition is loaded (`counter_filed_due` reads it
+from the value's header without decoding the mechanism). A stored index would be one
+more value whose deletions a late writer could replay out of order.
 
-Write order of one batch (`BufferedStore.writes`; see commit.BatchCommit): the due-wheel
-values first (an index entry may be early, never late), then the counter states, then
-the deletions of consumed buckets and the partition value last.
+The noise key is bound to the state: both the partition value (read first by every
+timeline record, so a wrong key is caught before any counter is touched) and each counter
+value carry the key's public fingerprint, and the operator refuses a key that is not the
+stored one (`operator.KeyMismatchError`). Values of format 2, written before the
+fingerprint was stored, are refused with `StateVersionError`; values of format 3 (no
+offset header; the same fields) are read and written back as format 4.
+
+Write order of a checkpoint (`BufferedStore.writes`): counter states, then the partition
+values: a partition value never reflects more of the timeline than the counters it
+guards (its duplicate filter drops input the counters must already hold).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+import heapq
 from collections import deque
 from collections.abc import Iterable, Iterator
-from itertools import pairwise
 from typing import Final, Protocol
 
 import orjson
@@ -48,15 +52,28 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 
-_COUNTER_MAGIC: Final = b"DPC\x03"
-_PARTITION_MAGIC: Final = b"DPP\x03"
-#: Version 2 of both: the same values without the noise key's fingerprint.
+_COUNTER_MAGIC: Final = b"DPC\x04"
+_PARTITION_MAGIC: Final = b"DPP\x04"
+#: Format 3: the same fields, without the offset header (read, converted on write).
+_COUNTER_V3: Final = b"DPC\x03"
+_PARTITION_V3: Final = b"DPP\x03"
+#: Format 2: the same values without the noise key's fingerprint (refused).
 _COUNTER_V2: Final = b"DPC\x02"
 _PARTITION_V2: Final = b"DPP\x02"
-_BUCKET_MAGIC: Final = b"DPU\x01"
-_DIRECTORY_MAGIC: Final = b"DPW\x01"
+#: `filed_due` None in the header.
+_NOT_FILED: Final = -(1 << 63)
+#: Bytes before a format-4 counter's mechanism: magic, offset, filed_due, mechanism length.
+_COUNTER_HEAD: Final = 24
 
 _ORJSON_ERRORS = (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError)
+
+
+def _i64(value: int) -> bytes:
+    return value.to_bytes(8, "big", signed=True)
+
+
+def _read_i64(data: bytes, at: int) -> int:
+    return int.from_bytes(data[at:at + 8], "big", signed=True)
 
 
 class StateVersionError(StateFormatError):
@@ -76,6 +93,8 @@ class StateVersionError(StateFormatError):
 
 # ------------------------------------------------------------------------ keys
 
+COUNTER_PREFIX: Final = "c/"
+
 
 def counter_key(counter: str) -> str:
     return f"c/{counter}"
@@ -85,25 +104,66 @@ def partition_key(partition: int) -> str:
     return f"p/{partition}"
 
 
-def bucket_key(partition: int, tick: int) -> str:
-    return f"u/{partition}/{tick}"
+# ------------------------------------------------------------------------ monotone values
 
 
-def directory_key(partition: int) -> str:
-    return f"w/{partition}"
+def stored_offset(value: bytes | None) -> int | None:
+    """The timeline offset a stored value reflects; None for a value that carries none
+    (a deletion, a value of format 3 or older, a foreign value)."""
+    if value is None or len(value) < 12:
+        return None
+    magic = bytes(value[:4])
+    if magic in (_COUNTER_MAGIC, _PARTITION_MAGIC):
+        return _read_i64(value, 4)
+    return None
+
+
+def supersedes(new: bytes | None, old: bytes | None) -> bool:
+    """Whether a store holding `old` takes `new` (None: a deletion) from outside, the
+    changelog: unless `old` carries an offset, always; else only a value whose offset is
+    at least as high. THE monotone rule (docs/state.md)."""
+    held = stored_offset(old)
+    if held is None:
+        return True
+    got = stored_offset(new)
+    return got is not None and got >= held
+
+
+def counter_filed_due(value: bytes) -> int | None:
+    """The tick a stored counter is filed under in the due wheel (None: not filed), read
+    without decoding its mechanism. StateFormatError if the value is not a counter."""
+    data = bytes(value[:_COUNTER_HEAD]) if value[:4] == _COUNTER_MAGIC else bytes(value)
+    if data[:4] == _COUNTER_MAGIC and len(data) >= _COUNTER_HEAD:
+        due = _read_i64(data, 12)
+        return None if due == _NOT_FILED else due
+    if data[:4] == _COUNTER_V3 and len(data) >= 8:
+        n = int.from_bytes(data[4:8], "big")
+        try:
+            due = orjson.loads(data[8 + n:])[8]
+        except _ORJSON_ERRORS:
+            raise StateFormatError("operator counter state is corrupt") from None
+        return None if due is None else int(due)
+    if data[:4] == _COUNTER_V2:
+        raise StateVersionError("an operator counter state", 2, _COUNTER_MAGIC[3])
+    raise StateFormatError("not an operator counter state (magic/version)")
 
 
 # ------------------------------------------------------------------------ stores
 
 
 class StateStore(Protocol):
-    """The key-value store the operator keeps all its state in (a Faust table online)."""
+    """The key-value store of one partition's state (a partition's RocksDB database
+    online, a dict in replay and tests)."""
 
     def get(self, key: str) -> bytes | None: ...
 
     def set(self, key: str, value: bytes) -> None: ...
 
     def delete(self, key: str) -> None: ...
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+        """Every (key, value) whose key starts with `prefix`."""
+        ...
 
 
 class DictStore:
@@ -121,28 +181,28 @@ class DictStore:
     def delete(self, key: str) -> None:
         self.data.pop(key, None)
 
+    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+        return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
+
 
 class Encodable(Protocol):
-    """A decoded value that encodes itself (CounterState, PartitionState, ...)."""
+    """A decoded value that encodes itself (CounterState, PartitionState)."""
 
     def to_bytes(self) -> bytes: ...
 
 
 class BufferedStore:
-    """An overlay over a StateStore that writes nothing until the commit does.
+    """An overlay over a StateStore that writes nothing until a checkpoint does.
 
     `unsaved` holds encoded values (None: deleted); `staged` holds decoded values the
-    operator changed in this batch, encoded once, when the commit asks for `writes()`.
-    Reads see staged, then unsaved values, then the store below.
+    operator changed since the last checkpoint, encoded once, when the checkpoint asks
+    for `writes()`. Reads see staged, then unsaved values, then the store below.
     """
 
     def __init__(self, inner: StateStore) -> None:
         self.inner = inner
         self.unsaved: dict[str, bytes | None] = {}
         self.staged: dict[str, Encodable] = {}
-        #: partition -> ticks whose buckets this overlay deletes (the operator keeps it:
-        #: a marker skips them without building their keys).
-        self.consumed: dict[int, set[int]] = {}
 
     def get(self, key: str) -> bytes | None:
         obj = self.staged.get(key)
@@ -161,41 +221,44 @@ class BufferedStore:
         self.unsaved[key] = None
 
     def stage(self, key: str, obj: Encodable) -> None:
-        """`obj` is the new value of `key` (encoded at commit; later changes to it count)."""
+        """`obj` is the new value of `key` (encoded at the checkpoint; later changes to it
+        count)."""
         self.unsaved.pop(key, None)
         self.staged[key] = obj
 
-    def writes(self) -> list[tuple[str, bytes | None]]:
-        """Every unsaved value in the crash-safe write order (None: delete): due-wheel
-        values, then counter states, then deletions, then partition values. Encodes each
-        staged value once."""
-        for key, obj in self.staged.items():
-            self.unsaved[key] = obj.to_bytes()
-        self.staged.clear()
-        index: list[tuple[str, bytes | None]] = []
-        counters: list[tuple[str, bytes | None]] = []
-        last: list[tuple[str, bytes | None]] = []
-        deletes: list[tuple[str, bytes | None]] = []
-        directory: list[tuple[str, bytes | None]] = []
+    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+        found = dict(self.inner.scan(prefix))
         for key, value in self.unsaved.items():
-            if value is None:
-                deletes.append((key, None))
-            elif key[0] == "u":
-                index.append((key, value))
-            elif key[0] == "w":
-                directory.append((key, value))
-            elif key[0] == "c":
-                counters.append((key, value))
-            else:
-                last.append((key, value))
-        # Buckets before the directory that lists them, so a listed tick whose bucket is
-        # missing was consumed (a marker may drop it), never "not written yet".
-        return index + directory + counters + deletes + last
+            if key.startswith(prefix):
+                if value is None:
+                    found.pop(key, None)
+                else:
+                    found[key] = value
+        for key, obj in self.staged.items():
+            if key.startswith(prefix):
+                found[key] = obj.to_bytes()
+        return iter(found.items())
+
+    def __bool__(self) -> bool:
+        return bool(self.staged or self.unsaved)
+
+    def writes(self) -> list[tuple[str, bytes | None]]:
+        """Every unsaved value in the crash-safe write order (None: delete): counter
+        states and other values, then partition values last. Encodes each staged value
+        once, and leaves the overlay empty."""
+        first: list[tuple[str, bytes | None]] = []
+        last: list[tuple[str, bytes | None]] = []
+        for key, obj in self.staged.items():
+            (last if isinstance(obj, PartitionState) else first).append((key, obj.to_bytes()))
+        for key, value in self.unsaved.items():
+            (last if key.startswith("p/") else first).append((key, value))
+        self.staged.clear()
+        self.unsaved.clear()
+        return first + last
 
     def clear(self) -> None:
         self.unsaved.clear()
         self.staged.clear()
-        self.consumed.clear()
 
 
 def write_all(store: StateStore, writes: list[tuple[str, bytes | None]]) -> None:
@@ -223,17 +286,18 @@ class CounterState:
     """The value `c/<counter>`: one counter's mechanism and everything around it.
 
     `frontier` is the global tick through which this counter is sealed (its mechanism has
-    processed local ticks 1..frontier - start_tick + 1); `pending` maps a global tick not
-    yet sealed to its arrivals in timeline order; `queue` is the FIFO, run-length encoded
-    as [units, run]; `next_heartbeat` is a local tick; `announced` says whether its ledger
-    entry went out (at a marker, never at an event); `filed_due` is the earliest tick of
-    the due wheel it is filed under (None: not filed); `key_id` is the public fingerprint
-    of the noise key its mechanism was made with; `ledger_fingerprint` is the configuration
-    fingerprint its last ledger entry named ("" before its first), `creation` that entry's
-    creation tag ("" before it was announced); `saved` (not encoded) is the bytes
-    this object equals in the store, None once changed and not yet encoded;
-    `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for the
-    operator until the mechanism takes an input.
+    processed local ticks 1..frontier - start_tick + 1); `last_offset` the last timeline
+    offset applied to it (the value's offset, `stored_offset`); `pending` maps a global
+    tick not yet sealed to its arrivals in timeline order; `queue` is the FIFO, run-length
+    encoded as [units, run]; `next_heartbeat` is a local tick; `announced` says whether its
+    ledger entry went out (at a marker, never at an event); `filed_due` is the earliest
+    tick of the due wheel it is filed under (None: not filed); `key_id` is the public
+    fingerprint of the noise key its mechanism was made with; `ledger_fingerprint` is the
+    configuration fingerprint its last ledger entry named ("" before its first),
+    `creation` that entry's creation tag ("" before it was announced); `saved` (not
+    encoded) is the bytes this object equals in the store, None once changed and not yet
+    encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
+    the operator until the mechanism takes an input.
     """
 
     __slots__ = ("announced", "creation", "filed_due", "frontier", "key_id", "last_offset",
@@ -265,26 +329,36 @@ class CounterState:
     def to_bytes(self) -> bytes:
         mech = self.mechanism.to_bytes()
         meta = orjson.dumps([
-            self.start_tick, self.frontier, self.last_offset, list(self.queue),
+            self.start_tick, self.frontier, list(self.queue),
             sorted(self.pending.items()), self.last_published, self.next_heartbeat,
-            self.announced, self.filed_due, self.key_id, self.ledger_fingerprint,
-            self.creation])
-        raw = b"".join((_COUNTER_MAGIC, len(mech).to_bytes(4, "big"), mech, meta))
+            self.announced, self.key_id, self.ledger_fingerprint, self.creation])
+        due = _NOT_FILED if self.filed_due is None else self.filed_due
+        raw = b"".join((_COUNTER_MAGIC, _i64(self.last_offset), _i64(due),
+                        len(mech).to_bytes(4, "big"), mech, meta))
         self.saved = raw
         return raw
 
     @classmethod
     def from_bytes(cls, data: bytes, factory: CounterFactory, key: NoiseKey) -> CounterState:
         data = bytes(data)
-        if data[:4] == _COUNTER_V2:
+        magic = data[:4]
+        if magic == _COUNTER_V2:
             raise StateVersionError("an operator counter state", 2, _COUNTER_MAGIC[3])
-        if data[:4] != _COUNTER_MAGIC or len(data) < 8:
-            raise StateFormatError("not an operator counter state (magic/version)")
-        n = int.from_bytes(data[4:8], "big")
-        mech, rest = data[8:8 + n], data[8 + n:]
         try:
-            (start, frontier, last_offset, queue, pending, last_published, next_hb,
-             announced, filed_due, key_id, ledger_fp, creation) = orjson.loads(rest)
+            if magic == _COUNTER_MAGIC and len(data) >= _COUNTER_HEAD:
+                last_offset, due = _read_i64(data, 4), _read_i64(data, 12)
+                filed_due: int | None = None if due == _NOT_FILED else due
+                n = int.from_bytes(data[20:24], "big")
+                mech, rest = data[24:24 + n], data[24 + n:]
+                (start, frontier, queue, pending, last_published, next_hb, announced,
+                 key_id, ledger_fp, creation) = orjson.loads(rest)
+            elif magic == _COUNTER_V3 and len(data) >= 8:
+                n = int.from_bytes(data[4:8], "big")
+                mech, rest = data[8:8 + n], data[8 + n:]
+                (start, frontier, last_offset, queue, pending, last_published, next_hb,
+                 announced, filed_due, key_id, ledger_fp, creation) = orjson.loads(rest)
+            else:
+                raise StateFormatError("not an operator counter state (magic/version)")
             if not (type(key_id) is str and key_id and type(ledger_fp) is str
                     and type(creation) is str):
                 raise TypeError
@@ -304,7 +378,9 @@ class CounterState:
             raise StateFormatError("operator counter state is corrupt") from None
         if self.mechanism.t != self.frontier - self.start_tick + 1:
             raise StateFormatError("operator counter state: mechanism tick != frontier")
-        self.saved = data
+        # A format-3 value is not what this object encodes to: leave `saved` unset so
+        # that the cache re-reads, and a write converts it.
+        self.saved = data if magic == _COUNTER_MAGIC else None
         return self
 
     def push(self, units: int) -> None:
@@ -329,28 +405,32 @@ class CounterState:
 
 
 class PartitionState:
-    """The value `p/<partition>`: `frontier` (global tick through which the partition is
-    sealed), `marker_offset` (timeline offset of the last marker applied),
-    `config_fingerprint` (the configuration whose declared counters are filed in the due
-    wheel; None: none filed yet), `input_offsets` (the duplicate filter: input partition ->
-    highest input offset applied), `key_id` (the public fingerprint of the noise key the
-    partition's state was made under; None only before the operator first stages it)."""
+    """The value `p/<partition>`: `applied` (the last timeline offset applied to the
+    partition: the value's offset, `stored_offset`), `frontier` (global tick through
+    which the partition is sealed), `marker_offset` (timeline offset of the last marker
+    applied), `config_fingerprint` (the configuration the partition last ran under; None:
+    none yet), `input_offsets` (the duplicate filter: input source -> highest input offset
+    applied; a source is an input partition, under the input topic's identity when the
+    timeline record names it, so a recreated topic is a new source), `key_id` (the public
+    fingerprint of the noise key the partition's state was made under; None only before
+    the operator first stages it)."""
 
-    __slots__ = ("config_fingerprint", "frontier", "input_offsets", "key_id", "marker_offset",
-                 "saved")
+    __slots__ = ("applied", "config_fingerprint", "frontier", "input_offsets", "key_id",
+                 "marker_offset", "saved")
 
     def __init__(self) -> None:
+        self.applied = -1
         self.frontier = -(1 << 62)
         self.marker_offset = -1
         self.config_fingerprint: str | None = None
-        self.input_offsets: dict[int, int] = {}
+        self.input_offsets: dict[str, int] = {}
         self.key_id: str | None = None
         self.saved: bytes | None = None
 
     def to_bytes(self) -> bytes:
         if not self.key_id:
             raise ValueError("a partition state is bound to a noise key fingerprint")
-        raw = _PARTITION_MAGIC + orjson.dumps(
+        raw = _PARTITION_MAGIC + _i64(self.applied) + orjson.dumps(
             [self.frontier, self.marker_offset, self.config_fingerprint,
              sorted(self.input_offsets.items()), self.key_id])
         self.saved = raw
@@ -359,104 +439,70 @@ class PartitionState:
     @classmethod
     def from_bytes(cls, data: bytes) -> PartitionState:
         data = bytes(data)
-        if data[:4] == _PARTITION_V2:
+        magic = data[:4]
+        if magic == _PARTITION_V2:
             raise StateVersionError("an operator partition state", 2, _PARTITION_MAGIC[3])
-        if data[:4] != _PARTITION_MAGIC:
-            raise StateFormatError("not an operator partition state (magic/version)")
         self = cls()
         try:
-            frontier, marker_offset, fingerprint, offsets, key_id = orjson.loads(data[4:])
+            if magic == _PARTITION_MAGIC and len(data) >= 12:
+                self.applied = _read_i64(data, 4)
+                body = data[12:]
+            elif magic == _PARTITION_V3:
+                body = data[4:]
+            else:
+                raise StateFormatError("not an operator partition state (magic/version)")
+            frontier, marker_offset, fingerprint, offsets, key_id = orjson.loads(body)
             if type(key_id) is not str or not key_id:
                 raise TypeError
             self.key_id = key_id
             self.frontier = int(frontier)
             self.marker_offset = int(marker_offset)
+            if magic == _PARTITION_V3:
+                self.applied = self.marker_offset
             self.config_fingerprint = None if fingerprint is None else str(fingerprint)
-            self.input_offsets = {int(p): int(o) for p, o in offsets}
+            self.input_offsets = {str(p): int(o) for p, o in offsets}
+        except StateFormatError:
+            raise
         except _ORJSON_ERRORS:
             raise StateFormatError("operator partition state is corrupt") from None
-        self.saved = data
+        self.saved = data if magic == _PARTITION_MAGIC else None
         return self
 
 
-class DueBucket:
-    """The value `u/<partition>/<tick>`: names of counters that may be due at the tick
-    (insertion order, no repeats; a stale name is harmless, the marker re-checks it)."""
+class DueWheel:
+    """Which counters of one partition a marker through n must look at: names filed by
+    global tick, in memory only (rebuilt from the counters' `filed_due` at load). A name
+    may be filed at several ticks (a stale entry is harmless: the marker re-checks it)."""
 
-    __slots__ = ("names",)
+    __slots__ = ("_buckets", "_ticks")
 
-    def __init__(self, names: dict[str, None] | None = None) -> None:
-        self.names: dict[str, None] = names if names is not None else {}
+    def __init__(self) -> None:
+        self._buckets: dict[int, dict[str, None]] = {}
+        self._ticks: list[int] = []  # a heap of the keys of _buckets
 
-    def to_bytes(self) -> bytes:
-        return _BUCKET_MAGIC + orjson.dumps(list(self.names))
+    def file(self, name: str, tick: int) -> None:
+        bucket = self._buckets.get(tick)
+        if bucket is None:
+            self._buckets[tick] = {name: None}
+            heapq.heappush(self._ticks, tick)
+        else:
+            bucket[name] = None
 
-    @classmethod
-    def from_bytes(cls, data: bytes) -> DueBucket:
-        data = bytes(data)
-        if data[:4] != _BUCKET_MAGIC:
-            raise StateFormatError("not an operator due bucket (magic/version)")
-        try:
-            names = orjson.loads(data[4:])
-            if not all(isinstance(n, str) for n in names):
-                raise TypeError
-            return cls(dict.fromkeys(names))
-        except _ORJSON_ERRORS:
-            raise StateFormatError("operator due bucket is corrupt") from None
+    def take_through(self, n: int) -> set[str]:
+        """Remove and return every name filed at a tick <= n."""
+        names: set[str] = set()
+        ticks, buckets = self._ticks, self._buckets
+        while ticks and ticks[0] <= n:
+            names.update(buckets.pop(heapq.heappop(ticks)))
+        return names
 
+    def ticks(self) -> list[int]:
+        """The filed ticks, ascending."""
+        return sorted(self._ticks)
 
-class DueDirectory:
-    """The value `w/<partition>`: sorted ticks that may have a non-empty bucket; `saved`
-    as in CounterState (the operator caches the decoded directory)."""
+    def largest(self) -> int:
+        """The most names filed at one tick (0 if none)."""
+        return max(map(len, self._buckets.values()), default=0)
 
-    __slots__ = ("saved", "ticks")
-
-    def __init__(self, ticks: list[int] | None = None) -> None:
-        self.ticks: list[int] = ticks if ticks is not None else []
-        self.saved: bytes | None = None
-
-    def add(self, tick: int) -> bool:
-        """File `tick`; False if it was there already."""
-        ticks = self.ticks
-        if ticks:
-            last = ticks[-1]
-            if last < tick:
-                ticks.append(tick)
-                return True
-            if last == tick:  # the common refile: every counter a marker seals, at n + 1
-                return False
-        i = bisect_left(ticks, tick)
-        if i < len(ticks) and ticks[i] == tick:
-            return False
-        insort(ticks, tick)
-        return True
-
-    def through(self, n: int) -> Iterator[int]:
-        """The filed ticks <= n, ascending."""
-        for t in self.ticks:
-            if t > n:
-                return
-            yield t
-
-    def to_bytes(self) -> bytes:
-        raw = _DIRECTORY_MAGIC + orjson.dumps(self.ticks)
-        self.saved = raw
-        return raw
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> DueDirectory:
-        data = bytes(data)
-        if data[:4] != _DIRECTORY_MAGIC:
-            raise StateFormatError("not an operator due directory (magic/version)")
-        try:
-            ticks = orjson.loads(data[4:])
-        except orjson.JSONDecodeError:
-            raise StateFormatError("operator due directory is corrupt") from None
-        if type(ticks) is not list or not all(type(t) is int for t in ticks):
-            raise StateFormatError("operator due directory is corrupt")
-        if any(a >= b for a, b in pairwise(ticks)):
-            raise StateFormatError("operator due directory is not sorted")
-        self = cls(ticks)
-        self.saved = data
-        return self
-
+    def __len__(self) -> int:
+        return sum(len(b) for b in self._buckets.values())

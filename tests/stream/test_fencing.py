@@ -128,8 +128,10 @@ class SlowPublisher:
         self.jump_s = jump_s
         self.releases: list[Any] = []
 
-    async def publish(self, ledger: Any, releases: Any) -> None:
+    def send(self, ledger: Any, releases: Any) -> None:
         self.releases.extend(releases)
+
+    async def flush(self) -> None:
         self.clock.now += self.jump_s
 
 

@@ -102,8 +102,8 @@ def test_state_of_version_2_is_refused_naming_the_version() -> None:
     store = DictStore()
     run(Operator(s, KEY), store, range(3))
     raw = store.data[partition_key(0)]
-    assert raw[:4] == b"DPP\x03"
-    fields = orjson.loads(raw[4:])
+    assert raw[:4] == b"DPP\x04"
+    fields = orjson.loads(raw[12:])
     store.data[partition_key(0)] = b"DPP\x02" + orjson.dumps(fields[:-1])
     with pytest.raises(StateVersionError, match="version 2") as info:
         run(Operator(s, KEY), store, range(3, 4), offset=6)

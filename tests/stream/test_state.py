@@ -12,14 +12,14 @@ from processor.stream.state import (
     BufferedStore,
     CounterState,
     DictStore,
-    DueBucket,
-    DueDirectory,
+    DueWheel,
     PartitionState,
     StateVersionError,
-    bucket_key,
+    counter_filed_due,
     counter_key,
-    directory_key,
     partition_key,
+    stored_offset,
+    supersedes,
     write_all,
 )
 
@@ -79,32 +79,60 @@ def test_counter_state_rejects_foreign_or_corrupt_bytes() -> None:
         CounterState.from_bytes(cs.to_bytes(), registry, KEY)
 
 
-def test_partition_bucket_directory_roundtrip_and_errors() -> None:
+def test_partition_state_roundtrip_and_errors() -> None:
     ps = PartitionState()
     ps.frontier, ps.marker_offset, ps.config_fingerprint = 9, 33, "ab" * 32
-    ps.input_offsets = {0: 5, 7: 1 << 40}
+    ps.applied = 40
+    ps.input_offsets = {"0": 5, "7": 1 << 40, "topic-id/3": 2}
     ps.key_id = KID
     back = PartitionState.from_bytes(ps.to_bytes())
-    assert (back.frontier, back.marker_offset, back.config_fingerprint,
-            back.input_offsets, back.key_id) == (9, 33, "ab" * 32, {0: 5, 7: 1 << 40}, KID)
+    assert (back.applied, back.frontier, back.marker_offset, back.config_fingerprint,
+            back.input_offsets, back.key_id) == (
+                40, 9, 33, "ab" * 32, {"0": 5, "7": 1 << 40, "topic-id/3": 2}, KID)
     fresh = PartitionState()
     fresh.key_id = KID
     assert PartitionState.from_bytes(fresh.to_bytes()).config_fingerprint is None
-    b = DueBucket(dict.fromkeys(["x", "é", "a"]))
-    assert list(DueBucket.from_bytes(b.to_bytes()).names) == ["x", "é", "a"]
-    d = DueDirectory()
-    assert [d.add(t) for t in (5, 3, 9, 5, 4)] == [True, True, True, False, True]
-    assert d.ticks == [3, 4, 5, 9] and list(d.through(5)) == [3, 4, 5]
-    assert DueDirectory.from_bytes(d.to_bytes()).ticks == [3, 4, 5, 9]
-    for cls, raw in ((PartitionState, ps.to_bytes()), (DueBucket, b.to_bytes()),
-                     (DueDirectory, d.to_bytes())):
-        for bad in (b"XXXX" + raw[4:], raw[:-2], raw[:4] + b"7"):
-            with pytest.raises(StateFormatError):
-                cls.from_bytes(bad)
-    with pytest.raises(StateFormatError):
-        DueDirectory.from_bytes(b"DPW\x01[3,2]")
-    with pytest.raises(StateFormatError):
-        DueBucket.from_bytes(b"DPU\x01[1]")
+    raw = ps.to_bytes()
+    for bad in (b"XXXX" + raw[4:], raw[:-2], raw[:12] + b"7", raw[:6]):
+        with pytest.raises(StateFormatError):
+            PartitionState.from_bytes(bad)
+
+
+def test_due_wheel_files_and_takes_by_tick() -> None:
+    """Names come out of every tick <= n at once, each once, and stay out; a name filed
+    at two ticks comes out with the first of them (a stale entry is harmless). Control:
+    nothing above n comes out."""
+    w = DueWheel()
+    for name, tick in (("a", 5), ("b", 3), ("c", 9), ("a", 9), ("d", 5), ("e", 4)):
+        w.file(name, tick)
+    assert w.ticks() == [3, 4, 5, 9] and w.largest() == 2 and len(w) == 6
+    assert w.take_through(2) == set()
+    assert w.take_through(5) == {"a", "b", "d", "e"}
+    assert w.ticks() == [9] and w.take_through(5) == set()
+    w.file("b", 7)
+    assert w.take_through(100) == {"a", "b", "c"} and w.ticks() == []
+
+
+def test_values_carry_their_offset_and_never_go_back() -> None:
+    """Issue 14 item 1: every stored value of format 4 carries the timeline offset it
+    reflects; `supersedes` takes a value of an equal or higher offset and refuses a lower
+    one or a deletion of a value that has one; legacy values (no offset) are always
+    replaced. Controls: the lower offset and the deletion are refused."""
+    cs = _counter_state()
+    newer = cs.to_bytes()
+    cs.last_offset = 30
+    older = cs.to_bytes()
+    assert stored_offset(newer) == 41 and stored_offset(older) == 30
+    assert counter_filed_due(newer) == 103
+    ps = PartitionState()
+    ps.key_id, ps.applied = KID, 12
+    assert stored_offset(ps.to_bytes()) == 12
+    assert supersedes(newer, older) and supersedes(newer, newer)
+    assert not supersedes(older, newer)
+    assert not supersedes(None, newer)
+    assert supersedes(older, None) and supersedes(None, None)
+    assert supersedes(older, b"DPC\x03legacy") and supersedes(None, b"foreign")
+    assert stored_offset(b"DPC\x03" + newer[4:]) is None
 
 
 class Obj:
@@ -120,31 +148,28 @@ class Obj:
 def test_buffered_store_reads_its_own_writes_and_orders_them() -> None:
     """Reads see staged, then unsaved values, then the store; nothing reaches the store
     before `writes()` is applied; staged values are encoded once, at `writes()` (their
-    last state counts); the order is buckets, directory, counters, deletions, partition
-    values. Control: the store below is untouched until then."""
+    last state counts); the order is every other value, then the partition values.
+    Control: the store below is untouched until then."""
     inner = DictStore()
     inner.set("c/a", b"old-a")
-    inner.set("u/0/3", b"bucket-3")
+    inner.set("c/z", b"old-z")
     buf = BufferedStore(inner)
-    assert buf.get("c/a") == b"old-a"
+    assert buf.get("c/a") == b"old-a" and not buf
     buf.set(partition_key(0), b"p")
     buf.set(counter_key("a"), b"new-a")
     obj = Obj(b"b1")
     buf.stage(counter_key("b"), obj)
     obj.value = b"b2"
-    buf.set(directory_key(0), b"w")
-    buf.delete(bucket_key(0, 3))
-    buf.set(bucket_key(0, 9), b"bucket-9")
-    assert buf.get("c/a") == b"new-a" and buf.get("u/0/3") is None
-    assert inner.data == {"c/a": b"old-a", "u/0/3": b"bucket-3"}
+    buf.delete("c/z")
+    assert buf.get("c/a") == b"new-a" and buf.get("c/z") is None and buf
+    assert sorted(buf.scan("c/")) == [("c/a", b"new-a"), ("c/b", b"b2")]
+    assert inner.data == {"c/a": b"old-a", "c/z": b"old-z"}
     obj.encoded = 0
     writes = buf.writes()
-    assert obj.encoded == 1
-    assert writes == [("u/0/9", b"bucket-9"), ("w/0", b"w"), ("c/a", b"new-a"),
-                      ("c/b", b"b2"), ("u/0/3", None), ("p/0", b"p")]
+    assert obj.encoded == 1 and not buf
+    assert writes == [("c/b", b"b2"), ("c/a", b"new-a"), ("c/z", None), ("p/0", b"p")]
     write_all(inner, writes)
-    assert inner.data == {"c/a": b"new-a", "c/b": b"b2", "u/0/9": b"bucket-9",
-                          "w/0": b"w", "p/0": b"p"}
+    assert inner.data == {"c/a": b"new-a", "c/b": b"b2", "p/0": b"p"}
     # set after stage replaces the staged object, and vice versa.
     buf = BufferedStore(inner)
     buf.stage("c/x", Obj(b"x1"))
@@ -167,7 +192,7 @@ def test_state_is_bound_to_a_key_fingerprint_and_version_2_is_refused() -> None:
         CounterState(registry.make("ecc", 1.0, 1e-6, KEY, "test/c"), 1, 1, key_id="")
     ps.key_id = KID
     raw = ps.to_bytes()
-    assert raw[:4] == b"DPP\x03" and PartitionState.from_bytes(raw).key_id == KID
+    assert raw[:4] == b"DPP\x04" and PartitionState.from_bytes(raw).key_id == KID
     # Version 2: the same list without the key fingerprint.
     v2 = b"DPP\x02" + orjson.dumps([9, 33, None, []])
     with pytest.raises(StateVersionError, match="version 2") as info:
@@ -176,17 +201,27 @@ def test_state_is_bound_to_a_key_fingerprint_and_version_2_is_refused() -> None:
     for bad_kid in (None, "", 7):
         with pytest.raises(StateFormatError):
             PartitionState.from_bytes(b"DPP\x03" + orjson.dumps([9, 33, None, [], bad_kid]))
+    # Version 3 (no offset header) is read; its offset is its last marker's.
+    v3 = PartitionState.from_bytes(b"DPP\x03" + orjson.dumps([9, 33, None, [[0, 5]], KID]))
+    assert (v3.applied, v3.input_offsets, v3.saved) == (33, {"0": 5}, None)
 
     cs = _counter_state()
     raw = cs.to_bytes()
-    assert raw[:4] == b"DPC\x03"
-    n = int.from_bytes(raw[4:8], "big")
-    meta = orjson.loads(raw[8 + n:])
-    assert meta[-3:] == [KID, "fp" * 32, "cr" * 16]
-    v2 = b"DPC\x02" + raw[4:8 + n] + orjson.dumps(meta[:-3])
+    assert raw[:4] == b"DPC\x04"
+    # Format 3 of the same state: no header; offset and filed_due inside the list.
+    n = int.from_bytes(raw[20:24], "big")
+    mech, meta = raw[24:24 + n], orjson.loads(raw[24 + n:])
+    meta3 = [*meta[:2], 41, *meta[2:7], 103, *meta[7:]]
+    v3 = b"DPC\x03" + len(mech).to_bytes(4, "big") + mech + orjson.dumps(meta3)
+    back = CounterState.from_bytes(v3, registry, KEY)
+    assert back.saved is None and back.to_bytes() == raw and counter_filed_due(v3) == 103
+    assert meta3[-3:] == [KID, "fp" * 32, "cr" * 16]
+    v2 = b"DPC\x02" + len(mech).to_bytes(4, "big") + mech + orjson.dumps(meta3[:-3])
     with pytest.raises(StateVersionError, match="did not record the noise key") as cinfo:
         CounterState.from_bytes(v2, registry, KEY)
-    assert cinfo.value.version == 2 and cinfo.value.current == 3
+    assert cinfo.value.version == 2 and cinfo.value.current == 4
+    with pytest.raises(StateVersionError):
+        counter_filed_due(v2)
     for bad in ([*meta[:-3], "", "", ""], [*meta[:-3], None, "", ""], meta[:-1]):
         with pytest.raises(StateFormatError):
-            CounterState.from_bytes(raw[:8 + n] + orjson.dumps(bad), registry, KEY)
+            CounterState.from_bytes(raw[:24 + n] + orjson.dumps(bad), registry, KEY)
