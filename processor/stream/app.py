@@ -68,6 +68,7 @@ from processor.stream.operator import (
     Operator,
     ParameterChangeError,
 )
+from processor.stream.producer import AsyncProducer
 from processor.stream.records import (
     LedgerEntry,
     Release,
@@ -76,6 +77,7 @@ from processor.stream.records import (
     marker_tick,
 )
 from processor.stream.state import StateVersionError
+from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 
 log = logging.getLogger("processor.stream.app")
 
@@ -90,8 +92,12 @@ METRICS_LOG_S: Final = 30.0
 #: size. A small memtable is flushed (and its WAL dropped) often; flushing keeps only the
 #: latest value of each key, so the files stay near the live size.
 ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2}
-#: Pending changelog writes before Faust pauses the operator agent (its default is 100).
-PRODUCER_BUFFER_MESSAGES: Final = 50_000
+#: How long applied state may stay in memory before a checkpoint makes it durable (and
+#: lets the consumer group commit past the records it reflects): the most a crash makes
+#: the next owner re-apply. Releases are published at once, whatever this is.
+CHECKPOINT_S: Final = 0.5
+#: ... or this many timeline records, whichever comes first.
+CHECKPOINT_RECORDS: Final = 2000
 #: Timeline records per read when a worker looks back for the last marker appended.
 MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers before it gives up with an error.
@@ -155,61 +161,33 @@ class WorkerMetrics:
         return " ".join(f"{k}={v}" for k, v in sorted(merged.items()))
 
 
-class TableStore:
-    """The StateStore protocol on a Faust table (str keys, raw bytes values).
+class KafkaPublisher:
+    """commit.Publisher on the worker's librdkafka producer: ledger entries, then
+    releases, in order; `flush` returns once the broker acknowledged every one."""
 
-    Faust's RocksDB store picks the partition database from the event being processed, so
-    every call must happen inside the operator agent's iteration of that event.
-    """
-
-    def __init__(self, table: Any) -> None:
-        self._table = table
-
-    def get(self, key: str) -> bytes | None:
-        # The store directly: Table.get would look the key up twice (contains + get).
-        try:
-            value = self._table.data[key.encode("utf-8")]
-        except KeyError:
-            return None
-        return None if value is None else bytes(value)
-
-    def set(self, key: str, value: bytes) -> None:
-        self._table[key.encode("utf-8")] = value
-
-    def delete(self, key: str) -> None:
-        # A tombstone on the changelog; deleting an absent key is a no-op.
-        with contextlib.suppress(KeyError):
-            del self._table[key.encode("utf-8")]
-
-
-class FaustPublisher:
-    """commit.Publisher on Faust's producer: ledger entries, then releases; returns once
-    the broker acknowledged every record."""
-
-    def __init__(self, app: faust.App, settings: Settings, metrics: WorkerMetrics) -> None:
-        self._app = app
+    def __init__(self, producer: AsyncProducer, settings: Settings,
+                 metrics: WorkerMetrics) -> None:
+        self._producer = producer
         self._ledger = kafka_io.topic_name(settings, "ledger")
         self._counts = kafka_io.topic_name(settings, "counts")
         self._metrics = metrics
 
-    async def publish(self, ledger: Sequence[LedgerEntry],
-                      releases: Sequence[Release]) -> None:
-        producer = self._app.producer
+    def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
         # Headers (content type, schema/version) travel beside the value: replay compares
-        # values only, and a subscriber can route on them before decoding.
-        # Record timestamps from public fields, not the send time (records.py). Faust takes
-        # seconds and truncates ms * 1000: the half millisecond keeps float error from
-        # rounding an exact millisecond down.
-        acks = [await producer.send(self._ledger, e.key(), e.to_json(), None,
-                                    (e.timestamp_ms() + 0.5) / 1000, e.headers())
-                for e in ledger]
-        acks += [await producer.send(self._counts, r.key(), r.to_json(), None,
-                                     (r.timestamp_ms() + 0.5) / 1000, r.headers())
-                 for r in releases]
-        if acks:
-            await asyncio.gather(*acks)
-            self._metrics.add("releases_sent", len(releases))
-            self._metrics.add("ledger_entries_sent", len(ledger))
+        # values only, and a subscriber can route on them before decoding. Record
+        # timestamps come from public fields, not the send time (records.py).
+        produce = self._producer.produce
+        for e in ledger:
+            produce(self._ledger, e.to_json(), key=e.key(), timestamp_ms=e.timestamp_ms(),
+                    headers=e.headers())
+        for r in releases:
+            produce(self._counts, r.to_json(), key=r.key(), timestamp_ms=r.timestamp_ms(),
+                    headers=r.headers())
+        self._metrics.add("releases_sent", len(releases))
+        self._metrics.add("ledger_entries_sent", len(ledger))
+
+    async def flush(self) -> None:
+        await self._producer.flush()
 
 
 class GapGuard:
@@ -341,22 +319,37 @@ class Worker:
             broker_commit_every=1000,
             broker_commit_interval=1.0,
             producer_linger=0.005,
+            # Records are acknowledged at checkpoints (commit.py), not when the agent is
+            # done with them; the revocation handler checkpoints and acknowledges.
+            stream_wait_empty=False,
         )
         self.timeline_name = kafka_io.topic_name(settings, "timeline")
         timeline = _raw_topic(self.app, self.timeline_name, self.partitions)
-        # Raw bytes: the state codecs own their (versioned) encoding. Without
-        # use_partitioner, a write goes to the changelog partition of the timeline record
-        # being processed, which is the partition the counter lives in.
-        self.table = self.app.Table(STATE_TABLE, default=None, partitions=self.partitions,
-                                    key_type=bytes, value_type=bytes,
-                                    options=dict(ROCKSDB_OPTIONS))
+        # Raw bytes: the state codecs own their (versioned) encoding. The state of a
+        # counter lives in the changelog partition of its timeline partition
+        # (table.PartitionStore writes it there).
+        self.table = MonotoneTable(self.app, name=STATE_TABLE, default=None,
+                                   beacon=self.app.tables.beacon, partitions=self.partitions,
+                                   key_type=bytes, value_type=bytes,
+                                   options=dict(ROCKSDB_OPTIONS))
+        self.app.tables.add(self.table)
         self.fence = SuspensionFence(SUSPENSION_LIMIT_S, self.fenced)
+        self.changelog = changelog_topic(settings)
+        self.tracker = ChangelogTracker()
+        self.producer = AsyncProducer(kafka_io.base_config(settings),
+                                      on_delivered=self._delivered)
+        self.stores = WorkerStores(self.table, self.producer, self.changelog, self.tracker)
         # `announced` (the ledger read at start): the operator refuses to re-create a
         # counter the ledger announced under another creation (issue 8 item 4).
         self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
-                                        TableStore(self.table),
-                                        FaustPublisher(self.app, settings, self.metrics),
+                                        self.stores,
+                                        KafkaPublisher(self.producer, settings, self.metrics),
                                         crash_point=crash_point, fence=self.fence.check)
+        # One applier at a time: the agent, the checkpoint timer, the revocation handler.
+        self._lock = asyncio.Lock()
+        # Applied since the last checkpoint, acknowledged to the group by the next one.
+        self._unacked: list[Message] = []
+        self._unacked_gaps: dict[TP, list[int]] = {}
         self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
                              self.timeline_name, self.metrics)
         # One guard for the marker timer and ingest: both learn the brokers' time from
@@ -382,48 +375,98 @@ class Worker:
 
         self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
         self.app.on_partitions_assigned.connect(self.on_assigned)
+        self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
+        self.app.timer(interval=CHECKPOINT_S / 2,
+                       name=f"{settings.app_id}-checkpoint")(self.checkpoint_timer)
         interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
         self.app.timer(interval=interval, on_leader=True,
                        name=f"{settings.app_id}-markers")(self.append_markers)
         self.app.timer(interval=METRICS_LOG_S,
                        name=f"{settings.app_id}-metrics")(self.log_metrics)
         self.app.task(self.start_ingest)
-        # Table writes go through Faust's producer buffer, which pauses the agent (with a
-        # warning) whenever more than 100 are pending: a marker that touches thousands of
-        # counters writes that many values at once. A batch's writes are bounded anyway.
-        self.app.producer.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
 
     # -- the operator agent
 
     async def operate(self, stream: faust.StreamT[bytes]) -> None:
-        """Each timeline message: one batch commit (state reads and writes happen here,
-        inside the iteration of that message, where the table finds its partition)."""
-        async for event in stream.events():
+        """Each timeline message: applied in memory (its releases sent at once), and
+        acknowledged to the group by the next checkpoint (`_checkpoint`)."""
+        async for event in stream.noack().events():  # type: ignore[attr-defined]
             msg = event.message
-            # Records Faust skipped are committed first, in order, in the same batch: their
-            # state belongs to the same partition.
-            gap = await self.gaps.missing(msg.partition, msg.offset)
-            records = [(r.offset, r.value or b"") for r in gap]
-            records.append((msg.offset, msg.value if isinstance(msg.value, bytes) else b""))
-            # A clock probe changes nothing: not committing it keeps the batches (and the
-            # commit's crash points) those of the records that carry something.
-            records = [r for r in records if r[1] != PROBE_RECORD]
-            if records:
-                started = time.perf_counter()
-                try:
-                    out = await self.batch_commit.commit(msg.partition, records)
-                except (AnnouncedCounterError, ParameterChangeError, KeyMismatchError) as exc:
-                    self._refused(exc)
-                except StateFormatError as exc:
-                    self._refused(CorruptStateError(exc, self.settings))
-                except Exception as exc:
-                    self._operator_failed(exc)
-                self.metrics.add_operator(out.metrics)
-                self.surface.batch_committed(msg.partition, out.sealed_through, out.metrics,
-                                             time.perf_counter() - started)
-            # Only now, applied: Faust acks `msg` itself when this iteration ends.
-            ack_refetched(self.app.consumer, msg.tp, (r.offset for r in gap))
+            async with self._lock:
+                # Records Faust skipped are applied first, in order, in the same batch:
+                # their state belongs to the same partition.
+                gap = await self.gaps.missing(msg.partition, msg.offset)
+                records = [(r.offset, r.value or b"") for r in gap]
+                records.append((msg.offset,
+                                msg.value if isinstance(msg.value, bytes) else b""))
+                # A clock probe changes nothing: not applying it keeps the batches those
+                # of the records that carry something.
+                records = [r for r in records if r[1] != PROBE_RECORD]
+                if records:
+                    started = time.perf_counter()
+                    try:
+                        out = await self.batch_commit.apply(msg.partition, records)
+                    except (AnnouncedCounterError, ParameterChangeError,
+                            KeyMismatchError) as exc:
+                        self._refused(exc)
+                    except StateFormatError as exc:
+                        self._refused(CorruptStateError(exc, self.settings))
+                    except Exception as exc:
+                        self._operator_failed(exc)
+                    self.metrics.add_operator(out.metrics)
+                    self.surface.batch_committed(msg.partition, out.sealed_through,
+                                                 out.metrics, time.perf_counter() - started)
+                self._unacked.append(msg)
+                if gap:
+                    self._unacked_gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
+                if len(self._unacked) >= CHECKPOINT_RECORDS or (
+                        self.batch_commit.dirty_since is not None
+                        and time.monotonic() - self.batch_commit.dirty_since >= CHECKPOINT_S):
+                    await self._checkpoint()
+
+    async def checkpoint_timer(self) -> None:
+        """A checkpoint when applied state has waited CHECKPOINT_S (a quiet stream)."""
+        since = self.batch_commit.dirty_since
+        if (since is None and not self._unacked) or self._lock.locked():
+            return
+        if since is not None and time.monotonic() - since < CHECKPOINT_S:
+            return
+        async with self._lock:
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        """Make what was applied durable (commit.BatchCommit.checkpoint), then acknowledge
+        its timeline records, and only them, to the consumer group. Called holding the
+        lock."""
+        try:
+            await self.batch_commit.checkpoint()
+        except Exception as exc:
+            self._operator_failed(exc)
+        consumer = self.app.consumer
+        for msg in self._unacked:
+            consumer.ack(msg)
+        for tp, offsets in self._unacked_gaps.items():
+            ack_refetched(consumer, tp, offsets)
+        self._unacked.clear()
+        self._unacked_gaps.clear()
+        self.metrics.add("checkpoints")
+
+    async def on_revoked(self, sender: Any, /, *args: Any, signal: Any,
+                         **kwargs: Any) -> None:
+        """Faust's on_partitions_revoked: make what was applied durable and acknowledged,
+        then drop every decoded state. The partitions this worker gets back are read again
+        from their databases, restored by Faust from the changelog meanwhile
+        (table.MonotoneTable): another owner may have written them since."""
+        async with self._lock:
+            await self._checkpoint()
+            self.batch_commit.forget()
+            self.stores.release()
+
+    def _delivered(self, topic: str, partition: int, offset: int) -> None:
+        # In the producer's thread: where this worker's changelog writes landed.
+        if topic == self.changelog:
+            self.tracker.delivered(partition, offset)
 
     def _operator_failed(self, exc: BaseException) -> NoReturn:
         # The operator never raises on a well-formed record, so this is corrupt state or a

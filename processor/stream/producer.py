@@ -1,0 +1,155 @@
+"""The worker's librdkafka producer for everything the operator writes: releases, ledger
+entries and the state table's changelog records.
+
+Faust's producer is pure Python on the event loop, one send and one future per record;
+the operator's records through it cost more CPU than everything else per counted event.
+Here a `produce` call hands a record to librdkafka (C, batched, idempotent: acks=all,
+ordered per partition, retried without duplicates), a thread serves the delivery
+reports, and `flush()` lets a coroutine wait for all acknowledgements without blocking
+the event loop (Faust's heartbeats and the consumer keep running meanwhile).
+
+Delivery reports also tell at which offsets this process's records landed
+(`on_delivered`): table.ChangelogTracker uses them to know whether anything else wrote
+to a changelog partition between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
+
+from confluent_kafka import KafkaError, Message
+
+from processor.stream import kafka_io
+
+log = logging.getLogger("processor.stream.producer")
+
+#: How long librdkafka keeps retrying one record before it reports it failed. A worker
+#: cut off from the brokers for longer than this fails its checkpoint and exits; its
+#: restart rebuilds from the changelog (docs/state.md).
+MESSAGE_TIMEOUT_MS: Final = 60_000
+#: The poll thread's wait per round (also how soon `close` is noticed).
+POLL_S: Final = 0.05
+
+
+class DeliveryError(RuntimeError):
+    """A record the brokers did not acknowledge: nothing after it is durable."""
+
+
+Headers = Sequence[tuple[str, bytes]]
+OnDelivered = Callable[[str, int, int], None]
+
+
+class AsyncProducer:
+    """An idempotent librdkafka producer whose acknowledgements a coroutine can await.
+
+    `produce` never blocks (a full local queue is served by polling until it drains);
+    `flush()` returns once every record produced before it was acknowledged, and raises
+    DeliveryError if any of them failed since the last flush. `on_delivered(topic,
+    partition, offset)` is called (in the poll thread) for every acknowledged record.
+    """
+
+    def __init__(self, conf: Mapping[str, str], *, on_delivered: OnDelivered | None = None,
+                 linger_ms: int = 5) -> None:
+        self._producer = kafka_io.make_producer(
+            conf, **{"linger.ms": str(linger_ms),
+                     "message.timeout.ms": str(MESSAGE_TIMEOUT_MS),
+                     "queue.buffering.max.messages": "1000000"})
+        # No compression: Faust (aiokafka) reads the changelog back without lz4 or snappy.
+        self._on_delivered = on_delivered
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._failed: KafkaError | None = None
+        self._failures = 0
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="dpc-producer", daemon=True)
+        self._thread.start()
+        self.acked = 0
+
+    def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                partition: int | None = None, timestamp_ms: int | None = None,
+                headers: Headers | None = None) -> None:
+        kw: dict[str, Any] = {"value": value, "key": key, "on_delivery": self._delivered}
+        if partition is not None:
+            kw["partition"] = partition
+        if timestamp_ms is not None:
+            kw["timestamp"] = timestamp_ms
+        if headers:
+            kw["headers"] = list(headers)
+        with self._lock:
+            self._in_flight += 1
+        while True:
+            try:
+                self._producer.produce(topic, **kw)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # the local queue is full: let it drain
+            except BaseException:
+                with self._lock:
+                    self._in_flight -= 1
+                raise
+
+    async def flush(self) -> None:
+        """Wait until every record produced so far is acknowledged (or failed)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._in_flight:
+                fut: asyncio.Future[None] = loop.create_future()
+                self._waiters.append((loop, fut))
+            else:
+                fut = None  # type: ignore[assignment]
+        if fut is not None:
+            await fut
+        with self._lock:
+            failed, self._failed = self._failed, None
+        if failed is not None:
+            raise DeliveryError(f"a record was not acknowledged ({failed.name()})")
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    @property
+    def failures(self) -> int:
+        """Records the brokers did not acknowledge since this producer started."""
+        return self._failures
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+        self._producer.flush(timeout_s)
+
+    # -- the poll thread
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(POLL_S)
+
+    def _delivered(self, err: KafkaError | None, msg: Message) -> None:
+        if err is None and self._on_delivered is not None:
+            offset = msg.offset()
+            partition = msg.partition()
+            topic = msg.topic()
+            if offset is not None and partition is not None and topic is not None:
+                self._on_delivered(topic, partition, offset)
+        with self._lock:
+            self._in_flight -= 1
+            if err is not None:
+                self._failures += 1
+                if self._failed is None:
+                    self._failed = err
+            else:
+                self.acked += 1
+            if self._in_flight == 0 and self._waiters:
+                waiters, self._waiters = self._waiters, []
+                for loop, fut in waiters:
+                    loop.call_soon_threadsafe(_resolve, fut)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,196 @@
+"""The operator's state table on Faust: a RocksDB database per partition, restored and
+kept on standbys by Faust from a compacted changelog topic, written by the operator's
+checkpoints through librdkafka.
+
+Three things differ from a plain Faust table, each for one reason (docs/state.md):
+
+- `MonotoneTable.apply_changelog_batch` (restore and standby) keeps, per key, the value
+  `state.supersedes` picks: never one that reflects less of the timeline than the value
+  held. A worker cut off from the brokers while it keeps running may write its state
+  after the new owner's; nobody then restores or continues from it.
+- Checkpoints write the local database and produce the changelog records themselves
+  (`PartitionStore`), through the worker's `AsyncProducer`: one record per changed value
+  per checkpoint, in C, not one Faust send per write on the event loop.
+- Faust marks a database "up to date through offset X" (its persisted offset, where the
+  next restore starts reading) at every acknowledged write of its own. That is wrong
+  when another writer's records sit between this process's (the case above: this
+  process's late writes land after the new owner's, and the restore would skip the new
+  owner's). `ChangelogTracker` moves the persisted offset over this process's own writes
+  only while their acknowledged offsets follow each other without a gap; after any gap
+  it leaves it where the last read ended, so the next restore reads, and merges, every
+  record in between.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import faust
+from faust.types import TP
+from rocksdict import WriteBatch
+
+from processor.stream.producer import AsyncProducer
+from processor.stream.state import StateStore, supersedes
+
+
+class MonotoneTable(faust.Table[bytes, bytes]):
+    """A Faust table of raw bytes whose changelog apply never lets a value go back."""
+
+    #: Changelog records the monotone rule did not take (older than the value held).
+    stale_skipped = 0
+
+    def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        store: Any = self.data  # faust's RocksDB store: one database per partition
+        writes: dict[int, dict[bytes, bytes | None]] = defaultdict(dict)
+        offsets: dict[TP, int] = {}
+        skipped = 0
+        for event in batch:
+            msg = event.message
+            if msg.offset > offsets.get(msg.tp, -1):
+                offsets[msg.tp] = msg.offset
+            key = msg.key
+            if key is None:
+                continue
+            pending = writes[msg.partition]
+            held = (pending[key] if key in pending
+                    else store._db_for_partition(msg.partition).get(key))
+            if supersedes(msg.value, held):
+                pending[key] = msg.value
+            else:
+                skipped += 1
+        for partition, values in writes.items():
+            wb = WriteBatch(raw_mode=True)
+            for key, value in values.items():
+                if value is None:
+                    wb.delete(key)
+                else:
+                    wb.put(key, value)
+            store._db_for_partition(partition).write(wb)
+        for tp, offset in offsets.items():
+            store.set_persisted_offset(tp, offset)
+        MonotoneTable.stale_skipped += skipped
+
+
+class ChangelogTracker:
+    """Per changelog partition this process owns: the next offset at which its own next
+    write lands if nothing else writes in between (`expected`), or None once something
+    did (tainted until the partition is loaded again after a restore)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._expected: dict[int, int | None] = {}
+
+    def begin(self, partition: int, read_through: int | None) -> None:
+        """The partition's database reflects every changelog record <= `read_through`
+        (None: none): this process's next write should land right after it."""
+        with self._lock:
+            self._expected[partition] = (read_through if read_through is not None else -1) + 1
+
+    def tracks(self, partition: int) -> bool:
+        with self._lock:
+            return partition in self._expected
+
+    def delivered(self, partition: int, offset: int) -> None:
+        """A write of this process landed at `offset` (called in the producer's thread,
+        in offset order per partition)."""
+        with self._lock:
+            want = self._expected.get(partition, -2)
+            if want == -2:
+                return
+            self._expected[partition] = want + 1 if want == offset else None
+
+    def read_through(self, partition: int) -> int | None:
+        """The offset through which the changelog holds nothing but what the database
+        holds (None: unknown, after a gap)."""
+        with self._lock:
+            want = self._expected.get(partition)
+            return None if want is None else want - 1
+
+    def end(self, partition: int) -> None:
+        with self._lock:
+            self._expected.pop(partition, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._expected.clear()
+
+
+class PartitionStore:
+    """state.StateStore on one partition's RocksDB database: reads from it; a write goes
+    to it and, as a changelog record of the same partition, to the producer."""
+
+    def __init__(self, table: MonotoneTable, partition: int, producer: AsyncProducer,
+                 changelog: str) -> None:
+        self._table = table
+        self._partition = partition
+        self._producer = producer
+        self._changelog = changelog
+
+    def _db(self) -> Any:
+        store: Any = self._table.data
+        return store._db_for_partition(self._partition)
+
+    def get(self, key: str) -> bytes | None:
+        value = self._db().get(key.encode("utf-8"))
+        return None if value is None else bytes(value)
+
+    def set(self, key: str, value: bytes) -> None:
+        raw = key.encode("utf-8")
+        self._db().put(raw, value)
+        self._producer.produce(self._changelog, value, key=raw, partition=self._partition)
+
+    def delete(self, key: str) -> None:
+        raw = key.encode("utf-8")
+        self._db().delete(raw)
+        self._producer.produce(self._changelog, None, key=raw, partition=self._partition)
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+        start = prefix.encode("utf-8")
+        for key, value in self._db().items(from_key=start):
+            if not key.startswith(start):
+                return
+            yield key.decode("utf-8"), bytes(value)
+
+
+class WorkerStores:
+    """commit.Stores on the table: a PartitionStore per partition; `flush` awaits the
+    changelog acknowledgements, then moves each partition's persisted offset over this
+    process's own writes where the tracker saw no gap."""
+
+    def __init__(self, table: MonotoneTable, producer: AsyncProducer, changelog: str,
+                 tracker: ChangelogTracker) -> None:
+        self._table = table
+        self._producer = producer
+        self._changelog = changelog
+        self._tracker = tracker
+        self._stores: dict[int, PartitionStore] = {}
+
+    def of(self, partition: int) -> StateStore:
+        store = self._stores.get(partition)
+        if store is None:
+            tp = TP(self._changelog, partition)
+            self._tracker.begin(partition, self._table.persisted_offset(tp))
+            store = self._stores[partition] = PartitionStore(
+                self._table, partition, self._producer, self._changelog)
+        return store
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+        for partition in self._stores:
+            through = self._tracker.read_through(partition)
+            if through is None or through < 0:
+                continue
+            tp = TP(self._changelog, partition)
+            have = self._table.persisted_offset(tp)
+            if have is None or through > have:
+                self._table.data.set_persisted_offset(tp, through)
+
+    def release(self) -> None:
+        """Forget every partition (they changed hands, or the worker stops): the next use
+        of one starts tracking anew from its database's persisted offset."""
+        for partition in self._stores:
+            self._tracker.end(partition)
+        self._stores.clear()
