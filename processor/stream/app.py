@@ -37,7 +37,7 @@ import signal
 import sys
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -276,6 +276,18 @@ def ack_refetched(consumer: ConsumerT, tp: TP, offsets: Iterable[int]) -> None:
                              tp=tp))
 
 
+class WorkerApp(faust.App):
+    """faust.App with one hook, `before_stop`, awaited when the app stops, before Faust
+    stops its consumer and closes the tables: the worker's last checkpoint."""
+
+    before_stop: Callable[[], Awaitable[None]] | None = None
+
+    async def on_stop(self) -> None:
+        if self.before_stop is not None:
+            await self.before_stop()
+        await super().on_stop()
+
+
 def _raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
     """A topic of raw bytes keys and values (our records carry their own encoding)."""
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
@@ -299,7 +311,7 @@ class Worker:
         self.partitions = settings.partitions
         #: Why the worker stopped itself (an error type name), None while healthy.
         self.failure: str | None = None
-        self.app = faust.App(
+        self.app = WorkerApp(
             settings.app_id,
             broker=kafka_io.broker_urls(settings),
             broker_credentials=kafka_io.faust_credentials(settings),
@@ -374,6 +386,7 @@ class Worker:
         self._warned_create_time = False
 
         self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
+        self.app.before_stop = self.checkpoint
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
@@ -424,6 +437,12 @@ class Worker:
                         self.batch_commit.dirty_since is not None
                         and time.monotonic() - self.batch_commit.dirty_since >= CHECKPOINT_S):
                     await self._checkpoint()
+
+    async def checkpoint(self) -> None:
+        """A checkpoint now (at a clean stop: a restart then finds every counter's state,
+        under whatever configuration it is started with)."""
+        async with self._lock:
+            await self._checkpoint()
 
     async def checkpoint_timer(self) -> None:
         """A checkpoint when applied state has waited CHECKPOINT_S (a quiet stream)."""

@@ -141,7 +141,10 @@ class BatchCommit:
         return out
 
     async def checkpoint(self) -> None:
-        """Make everything applied so far durable (see the class doc)."""
+        """Make everything applied so far durable (see the class doc). With nothing
+        applied since the last one, there is nothing to do (and no crash point)."""
+        if self.dirty_since is None:
+            return
         try:
             self._fence()
             await self.publisher.flush()

@@ -45,6 +45,7 @@ from confluent_kafka import (
     Consumer,
     KafkaError,
     KafkaException,
+    TopicCollection,
     TopicPartition,
 )
 
@@ -153,8 +154,10 @@ class Routed:
 
 def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
           max_events: int = MAX_BATCH_EVENTS, max_bytes: int = MAX_BATCH_BYTES,
-          parse: Callable[..., Event | Rejection] = parse_input) -> Routed:
-    """Validate `records` and group the valid events into timeline batch records.
+          parse: Callable[..., Event | Rejection] = parse_input,
+          source: str = "") -> Routed:
+    """Validate `records` and group the valid events into timeline batch records, each
+    naming `source` (the input topic's identity, `InputIdentity`) if it is not empty.
 
     Per timeline partition, events keep the order of `records`; a partition's events are
     split into records of at most `max_events` events and `max_bytes` bytes. A record
@@ -187,7 +190,7 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
 
     def encode(tp: int, events: Sequence[Event]) -> None:
         try:
-            data = encode_batch(events)
+            data = encode_batch(events, source)
         except Exception as exc:
             if len(events) == 1:
                 ev = events[0]
@@ -240,6 +243,64 @@ class IngestError(RuntimeError):
     """The ingest stage cannot go on (a delivery failed, a fatal client error)."""
 
 
+class InputIdentity:
+    """The input topic's identity (its Kafka topic id), named in every timeline batch so
+    that the operator's duplicate filter tells a recreated topic, whose offsets start
+    again at 0, from a re-read of the same records.
+
+    Looked up at start, and again whenever a partition's offsets go back (a re-read after
+    a rebalance: the same id; a recreated topic: a new one, logged and counted). Where the
+    brokers refuse the look-up (no DESCRIBE permission), records name no identity, as
+    before, and a recreated topic's records below the old offsets would be dropped: the
+    warning says so."""
+
+    def __init__(self, describe: Callable[[], str]) -> None:
+        self._describe = describe
+        self.source = ""
+        self._seen: dict[int, int] = {}
+        self.recreated = 0
+
+    def refresh(self) -> None:
+        try:
+            found = self._describe()
+        except (KafkaException, TimeoutError, ValueError) as exc:
+            if not self.source:
+                log.warning("ingest: cannot look up the input topic's id (%s): a topic "
+                            "deleted and recreated under the same name would have its "
+                            "first records taken for duplicates; grant DESCRIBE on it",
+                            type(exc).__name__)
+            return
+        if self.source and found != self.source:
+            self.recreated += 1
+            log.warning("ingest: the input topic was deleted and recreated (a new topic "
+                        "id): its records are counted as a new source")
+        self.source = found
+
+    def observe(self, records: Sequence[InputRecord]) -> None:
+        """Look the identity up again if an offset of `records` went back."""
+        back = False
+        seen = self._seen
+        for rec in records:
+            last = seen.get(rec.partition)
+            if last is not None and rec.offset <= last:
+                back = True
+            seen[rec.partition] = rec.offset
+        if back:
+            self.refresh()
+
+
+def topic_id_lookup(conf: Mapping[str, str], topic: str,
+                    timeout_s: float = 10.0) -> Callable[[], str]:
+    """A function returning the topic id of `topic` (its base64 form)."""
+    admin = kafka_io.make_admin(conf)
+
+    def describe() -> str:
+        futures = admin.describe_topics(TopicCollection([topic]), request_timeout=timeout_s)
+        return str(futures[topic].result().topic_id)
+
+    return describe
+
+
 class Ingest:
     """The ingest loop (see the module docstring) in a thread of its own.
 
@@ -279,6 +340,8 @@ class Ingest:
         self._metrics: Tally[str] = Tally()
         self._timeline = kafka_io.topic_name(settings, "timeline")
         self._deadletter = kafka_io.topic_name(settings, "deadletter")
+        #: The input topic's identity (`run` looks it up on the brokers; none until then).
+        self.identity = InputIdentity(lambda: "")
 
     # -- lifecycle
 
@@ -323,7 +386,9 @@ class Ingest:
             "heartbeat.interval.ms": "1000",
         }))
         producer = kafka_io.make_producer(conf, **{"linger.ms": "2"})
+        self.identity = InputIdentity(topic_id_lookup(conf, self.settings.topics.input))
         try:
+            self.identity.refresh()
             self._probe_time(producer)
             consumer.subscribe([self.settings.topics.input])
             while not self._stop.is_set():
@@ -375,7 +440,12 @@ class Ingest:
                                        bytes(msg.value() or b"")))
         if not records:
             return
-        routed = route(records, self.settings, self._clock.read().future_ms)
+        identity = self.identity
+        identity.observe(records)
+        routed = route(records, self.settings, self._clock.read().future_ms,
+                       source=identity.source)
+        routed.metrics["input_topic_recreated"] += identity.recreated
+        identity.recreated = 0
         failed: list[str] = []
         stamps: list[int] = []
         on_delivery = self._delivery_callback(failed, stamps)

@@ -598,6 +598,15 @@ class Operator:
                 label = labels.get(src)
                 if label is None:
                     label = labels[src] = source_label(source, src)
+                    if source and label not in seen:
+                        # The first record that names its input topic's identity: the
+                        # partition's unnamed entry (written before records named one)
+                        # is this topic's, so re-sent events stay duplicates. A later
+                        # identity (the topic recreated) starts afresh.
+                        legacy = seen.pop(str(src), None)
+                        if legacy is not None:
+                            seen[label] = legacy
+                            seen_changed = True
                 if src_offset <= seen.get(label, -1):
                     m["duplicates_dropped"] += 1
                     continue

@@ -97,15 +97,23 @@ class _SkippingStream:
     the agent's iteration over it, as Faust's stream iterator does."""
 
     def __init__(self, consumer: Any, records: Sequence[kafka_io.KafkaRecord],
-                 offsets: Sequence[int]) -> None:
+                 offsets: Sequence[int], acks: bool = True) -> None:
         self._consumer = consumer
+        self._records = records
+        self._offsets = offsets
+        self._acks = acks
         self._messages = [_message(r.topic, r.offset, r.value) for r in records
                           if r.offset in offsets]
+
+    def noack(self) -> _SkippingStream:
+        """The same stream without acks (the agent acknowledges at its checkpoints)."""
+        return _SkippingStream(self._consumer, self._records, self._offsets, acks=False)
 
     async def events(self) -> AsyncIterator[_Event]:
         for m in self._messages:
             yield _Event(m)
-            self._consumer.ack(m)
+            if self._acks:
+                self._consumer.ack(m)
 
 
 def _commit_group(conf: dict[str, str], group: str, topic: str, offset: int) -> None:
@@ -153,11 +161,13 @@ def _run_agent(settings: Settings, records: list[Any], before: Sequence[int],
     async def run() -> None:
         await worker.gaps.reseed({0})
         await worker.operate(_SkippingStream(consumer, records, before))  # type: ignore[arg-type]
+        await worker.checkpoint()
         for bookkeeping in (consumer._acked, consumer._acked_index, consumer._gap):
             bookkeeping.pop(TP(topic, 0), None)  # what Faust's revocation does
         consumer._committed_offset[TP(topic, 0)] = 2  # and its seek at the assignment
         await worker.gaps.reseed({0})
         await worker.operate(_SkippingStream(consumer, records, after))  # type: ignore[arg-type]
+        await worker.checkpoint()
 
     asyncio.run(run())
     return worker, consumer

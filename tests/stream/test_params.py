@@ -62,9 +62,12 @@ def test_corrupt_state_names_the_key_and_the_remedy(
     with "operator failed (StateFormatError)", naming neither."""
     dep = _ran_and_stopped(deployment_factory, "corrupt")
     worker = dep.worker
-    # The newest changelog value of c/a is garbage; the local copy is gone, so the next
-    # start restores the table from the changelog.
-    kafka_io.produce_all(dep.conf, changelog_topic(dep.settings), [(b"c/a", b"garbage")],
+    # The newest changelog value of c/a is garbage behind a valid header that says it is
+    # newer than anything written (a value without one would not replace a newer one:
+    # state.supersedes); the local copy is gone, so the next start restores the table
+    # from the changelog.
+    garbage = b"DPC\x04" + (1 << 40).to_bytes(8, "big") + b"garbage"
+    kafka_io.produce_all(dep.conf, changelog_topic(dep.settings), [(b"c/a", garbage)],
                          partition=0)
     shutil.rmtree(Path(dep.settings.state_dir) / dep.settings.app_id, ignore_errors=True)
     worker.start()
