@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # One-shot setup for a fresh machine, safe to run again (it only does what is missing):
 #   1. creates .venv with python3.11 if there is none;
-#   2. installs the project and its dev tools into it (pip install -e '.[dev]'), again only
-#      when pyproject.toml changed since the last install or the install looks broken;
+#   2. installs the project and its dev tools into it (pip install -e '.[dev]'), pinned to
+#      the exact versions of deploy/constraints.txt (bash deploy/lock.sh regenerates it), again
+#      only when pyproject.toml or the constraints changed since the last install or the
+#      install looks broken;
 #   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
 #      deploy/.cache/kafka-libs), and the Java example subscriber's (examples/java);
 #   4. installs Debian's chromium and chromium-driver (the headless browser of the live
@@ -26,14 +28,16 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
-# The stamp records which pyproject.toml the venv was installed from, so a rerun skips pip.
+# The stamp records which pyproject.toml and constraints the venv was installed from, so a
+# rerun skips pip.
 stamp=.venv/.dp-setup-stamp
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml deploy/constraints.txt | sha256sum | cut -d' ' -f1)"
 have="$(cat "$stamp" 2>/dev/null || true)"
 if [ "${FORCE_SETUP:-0}" = 1 ] || [ "$have" != "$want" ] \
     || ! .venv/bin/python -c "import processor, confluent_kafka, faust, pytest, mypy" 2>/dev/null; then
     echo "setup: installing the project and dev tools into .venv"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        -c deploy/constraints.txt -e '.[dev]'
     echo "$want" > "$stamp"
 else
     echo "setup: .venv is up to date"
