@@ -232,6 +232,7 @@ _TYPED_ERRORS: dict[str, str] = {
     "processor.offline.TickSyntaxError": "",
     "processor.stream.replay.ReplayError": "replay: ",
     "processor.stream.app.StartError": "",
+    "processor.stream.kafka_io.BrokerUnavailable": "",
     "cimpl.KafkaException": "Kafka: ",
     "builtins.TimeoutError": "timed out: ",
     "builtins.OSError": "",
