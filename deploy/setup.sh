@@ -6,7 +6,9 @@
 #      only when pyproject.toml or the constraints changed since the last install or the
 #      install looks broken;
 #   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
-#      deploy/.cache/kafka-libs), and the Java example subscriber's (examples/java);
+#      deploy/.cache/kafka-libs), the kafka-tools jar of the same version for Kafka's
+#      command-line tools (deploy/.cache/kafka-tools; run them with deploy/kafka-tool.sh),
+#      and the Java example subscriber's (examples/java);
 #   4. installs Debian's chromium and chromium-driver (the headless browser of the live
 #      view's tests, tests/view) when they are missing and apt-get is there (as root or
 #      with sudo; SETUP_BROWSER=0 skips it). Without them those tests skip (fail in CI).
@@ -44,6 +46,17 @@ else
 fi
 
 .venv/bin/python deploy/kafka.py fetch "$@"
+# Kafka's command-line tools (kafka-topics, kafka-configs, kafka-consumer-groups, ...): the
+# kafka-tools jar alone, run on the broker's classpath by deploy/kafka-tool.sh. Not part of
+# the broker's own classpath (its dependencies would bring Connect, Jetty and Jersey).
+kafka_version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' deploy/kafka/pom.xml)"
+if [ ! -f "deploy/.cache/kafka-tools/kafka-tools-$kafka_version.jar" ]; then
+    echo "setup: fetching kafka-tools $kafka_version (Kafka's command-line tools)"
+    rm -rf deploy/.cache/kafka-tools
+    mvn -q -f deploy/kafka/pom.xml dependency:copy \
+        -Dartifact="org.apache.kafka:kafka-tools:$kafka_version" \
+        -DoutputDirectory="$PWD/deploy/.cache/kafka-tools" "$@"
+fi
 # The Java example subscriber's jars (examples/java/target/lib; its test is tests/examples).
 bash examples/java/fetch-deps.sh "$@"
 
