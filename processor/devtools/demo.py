@@ -645,5 +645,5 @@ class _Run:
             print(f"  {name:<10} largest |private - true| {err:.1f}, largest bound {bound:.1f}",
                   flush=True)
         saved = self.client_logs.save(self.deployment.directory / "demo-clients.log")
-        if saved is not None:
+        if saved is not None and not self.args.cleanup:  # --cleanup deletes it right after
             print(f"{len(self.client_logs.lines)} Kafka client log lines: {saved}", flush=True)
