@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # One-shot setup for a fresh machine, safe to run again (it only does what is missing):
 #   1. creates .venv with python3.11 if there is none;
-#   2. installs the project and its dev tools into it (pip install -e '.[dev]'), again only
-#      when pyproject.toml changed since the last install or the install looks broken;
+#   2. installs the project and its dev tools into it (pip install -e '.[dev]'), pinned to
+#      the exact versions of deploy/constraints.txt (bash deploy/lock.sh regenerates it), again
+#      only when pyproject.toml or the constraints changed since the last install or the
+#      install looks broken;
 #   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
-#      deploy/.cache/kafka-libs), and the Java example subscriber's (examples/java);
+#      deploy/.cache/kafka-libs), the kafka-tools jar of the same version for Kafka's
+#      command-line tools (deploy/.cache/kafka-tools; run them with deploy/kafka-tool.sh),
+#      and the Java example subscriber's (examples/java);
 #   4. installs Debian's chromium and chromium-driver (the headless browser of the live
 #      view's tests, tests/view) when they are missing and apt-get is there (as root or
 #      with sudo; SETUP_BROWSER=0 skips it). Without them those tests skip (fail in CI).
@@ -26,20 +30,33 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 
-# The stamp records which pyproject.toml the venv was installed from, so a rerun skips pip.
+# The stamp records which pyproject.toml and constraints the venv was installed from, so a
+# rerun skips pip.
 stamp=.venv/.dp-setup-stamp
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+want="$(cat pyproject.toml deploy/constraints.txt | sha256sum | cut -d' ' -f1)"
 have="$(cat "$stamp" 2>/dev/null || true)"
 if [ "${FORCE_SETUP:-0}" = 1 ] || [ "$have" != "$want" ] \
     || ! .venv/bin/python -c "import processor, confluent_kafka, faust, pytest, mypy" 2>/dev/null; then
     echo "setup: installing the project and dev tools into .venv"
-    .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+        -c deploy/constraints.txt -e '.[dev]'
     echo "$want" > "$stamp"
 else
     echo "setup: .venv is up to date"
 fi
 
 .venv/bin/python deploy/kafka.py fetch "$@"
+# Kafka's command-line tools (kafka-topics, kafka-configs, kafka-consumer-groups, ...): the
+# kafka-tools jar alone, run on the broker's classpath by deploy/kafka-tool.sh. Not part of
+# the broker's own classpath (its dependencies would bring Connect, Jetty and Jersey).
+kafka_version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' deploy/kafka/pom.xml)"
+if [ ! -f "deploy/.cache/kafka-tools/kafka-tools-$kafka_version.jar" ]; then
+    echo "setup: fetching kafka-tools $kafka_version (Kafka's command-line tools)"
+    rm -rf deploy/.cache/kafka-tools
+    mvn -q -f deploy/kafka/pom.xml dependency:copy \
+        -Dartifact="org.apache.kafka:kafka-tools:$kafka_version" \
+        -DoutputDirectory="$PWD/deploy/.cache/kafka-tools" "$@"
+fi
 # The Java example subscriber's jars (examples/java/target/lib; its test is tests/examples).
 bash examples/java/fetch-deps.sh "$@"
 

@@ -17,10 +17,14 @@ from importlib import import_module, metadata
 from pathlib import Path
 from typing import NoReturn, TextIO
 
-import orjson
+# Nothing heavy at import: `python -m processor <command> --help` and `keygen` must start
+# in a fraction of a second (numpy, scipy, Faust and aiohttp are imported by the commands
+# that need them; the help texts of the heavy commands come from processor/_help.py).
 
-from processor.core.errors import CoreError
-from processor.core.rng import KEY_FORMATS, NoiseKey
+#: How the commands name themselves in usage lines: `python -m processor`, or `dpcount`
+#: when run through the installed script (`main` swaps it in at dispatch).
+PROG = "python -m processor"
+
 
 # Every subcommand: name -> (module, entry function[, one-line summary]). The entry takes
 # the argument list after the command name and returns the exit code. Modules are imported
@@ -45,10 +49,11 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
 
 def _count_parser() -> argparse.ArgumentParser:
     from processor.core import registry
+    from processor.core.rng import KEY_FORMATS
     from processor.core.tight import CALIBRATIONS
 
     p = argparse.ArgumentParser(
-        prog="python -m processor count",
+        prog="python -m processor count", allow_abbrev=False,
         description="Run a private counter over ticks read one per line: a number in [0, 1], "
         "_ for a tick with no event, _*N for N such ticks. Writes {\"t\": t, \"y\": y} per tick.",
     )
@@ -80,7 +85,11 @@ def _count_parser() -> argparse.ArgumentParser:
 
 def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO) -> int:
     args = _count_parser().parse_args(argv)
+    import orjson
+
     from processor.core import registry
+    from processor.core.errors import CoreError
+    from processor.core.rng import NoiseKey
     from processor.offline import TickSyntaxError, parse_ticks, run_counter
 
     try:
@@ -139,6 +148,8 @@ def write_key(path: str | os.PathLike[str], secret: bytes | None = None, *,
     rename, so a reader sees the old key or the new one, never half of one.
     With `overwrite=False` an existing file raises FileExistsError and is left untouched.
     """
+    from processor.core.rng import NoiseKey
+
     target = Path(path)
     text = ((NoiseKey.generate() if secret is None else secret).hex() + "\n").encode("ascii")
     if not overwrite:
@@ -164,13 +175,31 @@ def _write_private(fd: int, data: bytes) -> None:
         os.fsync(fh.fileno())
 
 
+def make_private_dirs(directory: Path) -> list[Path]:
+    """Create `directory` and its missing parents with mode 0700 (whatever the umask);
+    directories that exist are left as they are. Returns the ones created, outermost first."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
+    for d in missing:
+        try:
+            d.mkdir(mode=0o700)
+        except FileExistsError:  # created meanwhile by someone else: theirs, untouched
+            continue
+        os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
+    return missing
+
+
 def cmd_keygen(argv: Sequence[str], stdout: TextIO, stderr: TextIO) -> int:
-    p = argparse.ArgumentParser(prog="python -m processor keygen",
-                                description="Write a fresh 256-bit noise key as hex (mode 0600).")
-    p.add_argument("path", help="the key file to write (mode 0600)")
+    p = argparse.ArgumentParser(prog="python -m processor keygen", allow_abbrev=False,
+                                description="Write a fresh 256-bit noise key as hex (mode 0600). "
+                                "Missing directories of the path are created with mode 0700.")
+    p.add_argument("path", help="the key file to write (mode 0600; e.g. secrets/noise.key, "
+                   "a directory the repository's .gitignore excludes)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     args = p.parse_args(argv)
     try:
+        # The README's `keygen secrets/noise.key` on a fresh clone: the directory is
+        # created, private to its owner like the key inside it.
+        make_private_dirs(Path(args.path).parent)
         write_key(args.path, overwrite=args.force)
     except FileExistsError:
         print(f"error: {args.path!r} exists (use --force to overwrite)", file=stderr)
@@ -203,6 +232,7 @@ _TYPED_ERRORS: dict[str, str] = {
     "processor.offline.TickSyntaxError": "",
     "processor.stream.replay.ReplayError": "replay: ",
     "processor.stream.app.StartError": "",
+    "processor.stream.kafka_io.BrokerUnavailable": "",
     "cimpl.KafkaException": "Kafka: ",
     "builtins.TimeoutError": "timed out: ",
     "builtins.OSError": "",
@@ -240,16 +270,115 @@ def _version() -> str:
         return __version__
 
 
-def _help() -> str:
+def _help(prog: str = PROG) -> str:
     width = max(len(c) for c in _DELEGATED)
     lines = [f"  {name:<{width}}  {entry[2] if len(entry) > 2 else ''}".rstrip()
              for name, entry in _DELEGATED.items()]
-    return ("usage: python -m processor [--version] <command> [options]\n\n"
+    return (f"usage: {prog} [--version] <command> [options]\n\n"
             "Differentially private running counts on Kafka.\n\ncommands:\n"
             + "\n".join(lines)
-            + "\n\n`python -m processor <command> --help` lists a command's options.\n"
+            + f"\n\n`{prog} <command> --help` lists a command's options.\n"
             "Exit codes: 0 success; 1 a negative verdict (replay: different, audit: "
             "failed);\n2 an error (one `error:` line on stderr).")
+
+
+def invoked_as(argv0: str) -> str:
+    """The command prefix for usage lines: `dpcount` when the script of that name runs."""
+    return "dpcount" if Path(argv0).name == "dpcount" else PROG
+
+
+def _renamed(text: str, prog: str) -> str:
+    """A help text rendered under PROG, renamed to `prog`: the usage line's continuation
+    lines are aligned under its options, so they move by the difference in length."""
+    if prog == PROG:
+        return text
+    shift = len(PROG) - len(prog)
+    lines = text.split("\n")
+    in_usage = True
+    for i, line in enumerate(lines):
+        if i == 0:
+            lines[0] = line.replace(PROG, prog, 1)
+        elif in_usage and line.startswith(" " * shift) and line.strip():
+            lines[i] = line[shift:]
+        else:
+            in_usage = False
+    return "\n".join(lines).replace(f"{PROG} ", f"{prog} ")
+
+
+def render_help(command: str, columns: int = 80) -> str:
+    """`python -m processor <command> --help` as the command itself prints it, at a fixed
+    width (what processor/_help.py caches; its test compares the two)."""
+    import contextlib
+    import io
+
+    entry = _DELEGATED[command]
+    out = io.StringIO()
+    saved = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(columns)  # argparse's width comes from the terminal size
+    try:
+        # --help exits 0 after printing: suppressed.
+        with (contextlib.redirect_stdout(out), _dispatch_patches(PROG),
+              contextlib.suppress(SystemExit)):
+            getattr(import_module(entry[0]), entry[1])(["--help"])
+    finally:
+        if saved is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = saved
+    return out.getvalue()
+
+
+def write_help_module(path: Path | None = None) -> Path:
+    """Regenerate processor/_help.py from the commands' own parsers
+    (`python deploy/update_help.py`; tests/test_cli.py fails while it is stale)."""
+    target = path or Path(__file__).with_name("_help.py")
+    body = "".join(f"    {name!r}: {render_help(name)!r},\n" for name in _DELEGATED)
+    target.write_text(
+        "# ruff: noqa: E501\n"
+        '"""GENERATED by `python deploy/update_help.py` (processor.cli.write_help_module):\n'
+        "the `--help` text of every command at 80 columns, so `python -m processor <command>\n"
+        "--help` prints it without importing the command's module (Faust, scipy, aiohttp take\n"
+        'about a second). tests/test_cli.py fails when a text differs from the parser\'s."""\n\n'
+        "HELP: dict[str, str] = {\n" + body + "}\n", encoding="utf-8")
+    return target
+
+
+def _cached_help(command: str, prog: str) -> str | None:
+    try:
+        from processor._help import HELP
+    except ImportError:  # not generated (a partial checkout): the live parser answers
+        return None
+    text = HELP.get(command)
+    return None if text is None else _renamed(text, prog)
+
+
+class _dispatch_patches:
+    """While a subcommand runs: argparse's error() raises UsageError (one line, not usage +
+    exit), every parser refuses abbreviations (`--conf` is not `--config`: a prefix that
+    happens to match one option today would silently change meaning when an option is
+    added), and usage lines name the command as it was invoked (`prog`)."""
+
+    def __init__(self, prog: str) -> None:
+        self.prog = prog
+
+    def __enter__(self) -> None:
+        prog = self.prog
+        self._error = argparse.ArgumentParser.error
+        self._init = init = argparse.ArgumentParser.__init__
+
+        def patched_init(parser: argparse.ArgumentParser, *args: object,
+                         **kwargs: object) -> None:
+            kwargs["allow_abbrev"] = False
+            init(parser, *args, **kwargs)  # type: ignore[arg-type]
+            if prog != PROG and parser.prog.startswith(PROG):
+                parser.prog = prog + parser.prog[len(PROG):]
+
+        argparse.ArgumentParser.error = _raise_usage  # type: ignore[method-assign]
+        argparse.ArgumentParser.__init__ = patched_init  # type: ignore[method-assign,assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        argparse.ArgumentParser.error = self._error  # type: ignore[method-assign]
+        argparse.ArgumentParser.__init__ = self._init  # type: ignore[method-assign]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -257,8 +386,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a usage error or any exception is one `error:` line on stderr and exit code 2 (usage
     errors raise SystemExit(2), as argparse does); Ctrl-C exits 130 without a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
+    prog = invoked_as(sys.argv[0]) if argv is None else PROG
     if not args or args[0] in ("-h", "--help"):
-        print(_help(), file=sys.stdout if args else sys.stderr)
+        print(_help(prog), file=sys.stdout if args else sys.stderr)
         return 0 if args else 2
     if args[0] == "--version":
         print(f"dp-stream-counts {_version()}")
@@ -267,15 +397,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = _DELEGATED.get(cmd)
     if entry is None:
         print(f"error: unknown command {cmd!r} (commands: {', '.join(_DELEGATED)}; "
-              "see python -m processor --help)", file=sys.stderr)
+              f"see {prog} --help)", file=sys.stderr)
         return 2
-    # argparse's error() prints the usage and exits; every subcommand's parser raises
-    # UsageError instead while it runs, so a usage error is one line like any other.
-    original = argparse.ArgumentParser.error
-    argparse.ArgumentParser.error = _raise_usage  # type: ignore[method-assign]
+    if rest in (["--help"], ["-h"]):
+        cached = _cached_help(cmd, prog)
+        if cached is not None:
+            sys.stdout.write(cached)
+            return 0
     try:
-        func: Callable[[list[str]], int | None] = getattr(import_module(entry[0]), entry[1])
-        return int(func(rest) or 0)
+        with _dispatch_patches(prog):
+            func: Callable[[list[str]], int | None] = getattr(import_module(entry[0]),
+                                                              entry[1])
+            return int(func(rest) or 0)
     except UsageError as exc:
         print(error_line(exc), file=sys.stderr)
         raise SystemExit(2) from None
@@ -287,5 +420,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         print(error_line(exc), file=sys.stderr)
         return 2
-    finally:
-        argparse.ArgumentParser.error = original  # type: ignore[method-assign]

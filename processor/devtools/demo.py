@@ -82,9 +82,12 @@ class TrafficPlan:
     """Per counter: a Poisson rate with bursts and idle gaps; a few late and bad records."""
 
     counters: tuple[str, ...] = ("signups", "purchases", "incidents")
-    rates: tuple[float, ...] = (2.0, 0.7, 0.15)  # events per second outside bursts
+    # Events per second outside bursts. With the demo's 50 ms ticks (at most 20 events/s
+    # leave a counter's queue) these keep the true counts in the hundreds within 30 s,
+    # well above SimECC's noise at eps = 10 (RMSE ~54 at 30 s: `plan`, see main_demo).
+    rates: tuple[float, ...] = (15.0, 10.0, 6.0)
     burst_every_s: float = 15.0
-    burst_size: int = 12
+    burst_size: int = 40
     idle_every_s: float = 20.0
     idle_for_s: float = 6.0
     late_fraction: float = 0.03
@@ -179,6 +182,21 @@ LEGEND = ("legend: private = the published noisy count · ± bound: |private −
           "with probability ≥ 1 − beta (beta {beta}), a worst case, usually far from reached "
           "· kind: change = the value moved, heartbeat = unchanged, re-sent on schedule "
           "· true = the demo's own count, never published")
+
+#: The one line that says what the viewer sees and which setting trades error for privacy.
+EXPLAIN = ("what you see: private = true count + noise, so no single event can be told from "
+           "the output (eps {eps} per event); the band ± bound holds the true count with "
+           "probability ≥ {conf}; {lag} Lower --epsilon: more privacy, more noise, later "
+           "steps (python -m processor plan --epsilon E --delta {delta} --tick-ms {tick} "
+           "--rate R shows the trade).")
+_LAG = {
+    "simecc": "the private line moves only at SimECC's checkpoints (a fixed gap of ticks "
+              "that does not depend on the data) and holds between them, so it lags the "
+              "truth and catches up in steps.",
+    "ecc": "the private line moves only when ECC's noisy test sees enough new events "
+           "(a threshold that grows as eps shrinks), so it lags the truth and catches up "
+           "in steps.",
+}
 
 
 class _ClientLogs(logging.Handler):
@@ -301,17 +319,26 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
         "private counts as they are released with the demo's own true count beside them. "
         "Ctrl-C stops it cleanly; the topics and the run directory are kept for replay.")
     p.add_argument("--seconds", type=float, default=60.0, help="how long to produce (s)")
-    # The queue lets at most one event through per tick, so a one-minute demo counts at
-    # most a few hundred events; a short tick and a large epsilon make the private count
-    # visibly move within that minute. Production settings come from the config file.
-    p.add_argument("--tick-ms", type=int, default=250, help="tick length (ms, default 250)")
+    # The defaults are chosen with `python -m processor plan --epsilon 10 --delta 1e-6
+    # --tick-ms 50 --rate 15 --horizon 10s 30s 60s`: SimECC with the tight calibration first
+    # changes after 2.6 s and then every 2.5 s, RMSE 34.6 / 54.3 / 54.9 events at 10 / 30 /
+    # 60 s (published bound 104 / 125 / 143) while the true count of the busiest counter
+    # reaches ~450 in 30 s (the queue lets at most one event through per 50 ms tick). ECC
+    # at the same eps first changes after 12 s (RMSE ~150), and the paper calibration is
+    # several times slower: both shown by the same plan command. eps = 10 per event is a
+    # level practitioners publish under; the old demo ran at eps = 400.
+    p.add_argument("--tick-ms", type=int, default=50, help="tick length (ms, default 50)")
     p.add_argument("--lateness-ms", type=int, default=1000,
                    help="allowed lateness before a tick is sealed (ms, default 1000)")
-    p.add_argument("--mechanism", choices=STREAM_MECHANISMS, default="ecc",
-                   help="the private counter (default ecc)")
-    p.add_argument("--epsilon", type=float, default=400.0,
-                   help="privacy parameter eps per event (default 400: a visible demo, not "
-                   "a production setting)")
+    p.add_argument("--mechanism", choices=STREAM_MECHANISMS, default="simecc",
+                   help="the private counter (default simecc: its checkpoints come on a "
+                   "fixed schedule, so it moves within seconds at a small eps)")
+    p.add_argument("--calibration", choices=("paper", "tight"), default="tight",
+                   help="the paper's constants or the tight analysis (default tight: the "
+                   "same eps and delta with less noise, docs/tight-calibration.md)")
+    p.add_argument("--epsilon", type=float, default=10.0,
+                   help="privacy parameter eps per event (default 10; smaller is more private "
+                   "and noisier)")
     p.add_argument("--delta", type=float, default=1e-6, help="privacy parameter delta")
     p.add_argument("--seed", type=int, default=7, help="seed of the demo traffic (not noise)")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
@@ -321,6 +348,9 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
                    help="port of the live view on 127.0.0.1 (default 8080, any free port if "
                    "taken; 0: any free port)")
     p.add_argument("--no-view", action="store_true", help="do not start the live view")
+    p.add_argument("--metrics-port", type=int, default=9464,
+                   help="port of the worker's operator metrics on 127.0.0.1 (default 9464, "
+                   "any free port if taken; 0: any free port)")
     p.add_argument("--runs-dir", default=str(RUNS_DIR),
                    help="where each run's directory (config, key, logs) is kept")
     p.add_argument("--cleanup", action="store_true",
@@ -344,8 +374,9 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
     deployment = isolated_deployment(
         bootstrap, dict.fromkeys(plan.counters, start_ms), parent=runs, name="dpc-demo",
         partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
-        mechanism=args.mechanism, epsilon=args.epsilon, delta=args.delta,
-        heartbeat_ticks=20)
+        mechanism=args.mechanism, calibration=args.calibration, epsilon=args.epsilon,
+        delta=args.delta, heartbeat_ticks=max(1, 5000 // tick),  # a heartbeat every ~5 s
+        metrics_host="127.0.0.1", metrics_port=_free_port(int(args.metrics_port)))
     # A demo never leaves its worker running, even killed; the worker stays in the demo's
     # process group, so the terminal's Ctrl-C reaches it too.
     deployment.worker.dies_with_parent = True
@@ -358,6 +389,20 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
     else:
         _print_kept(deployment, started_broker or not args.bootstrap)
     return code
+
+
+def _free_port(wanted: int) -> int:
+    """`wanted` if nothing listens there on 127.0.0.1, else (or for 0) a free port."""
+    import socket
+
+    for port in dict.fromkeys((wanted, 0)):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(sock.getsockname()[1])
+    raise RuntimeError("no free port for the worker's metrics")
 
 
 def _print_kept(deployment: Deployment, local_broker: bool) -> None:
@@ -455,6 +500,9 @@ class _Run:
         try:
             worker.start()
             self._write_overlay()
+            port = self.settings.metrics_port
+            print(f"worker metrics: http://127.0.0.1:{port}/metrics  (operator-only: "
+                  f"exact aggregate counts; /readyz, /healthz beside it)", flush=True)
             if not self.args.no_view:
                 view, url = _start_view(self.deployment.config, self.overlay,
                                         self.args.view_port,
@@ -483,8 +531,12 @@ class _Run:
         n_valid = sum(r.valid for r in self.records)
         print(f"worker started; producing {n_valid} events and "
               f"{len(self.records) - n_valid} bad records over {self.args.seconds:.0f}s "
-              f"({s.mechanism}, eps={s.epsilon}, delta={s.delta}, tick {self.tick} ms); "
+              f"({s.mechanism}, {s.calibration} calibration, eps={s.epsilon}, "
+              f"delta={s.delta}, tick {self.tick} ms); "
               "Ctrl-C stops", flush=True)
+        print(EXPLAIN.format(eps=f"{s.epsilon:g}", conf=f"{1 - s.beta:g}",
+                             lag=_LAG.get(s.mechanism, ""), delta=f"{s.delta:g}",
+                             tick=self.tick), flush=True)
         print(LEGEND.format(beta=s.beta), flush=True)
         print(f"{'time':<8} {'counter':<10} {'tick':>5} {'kind':<9} {'private':>9} "
               f"{'± bound':>9} {'true':>6}", flush=True)
@@ -593,5 +645,5 @@ class _Run:
             print(f"  {name:<10} largest |private - true| {err:.1f}, largest bound {bound:.1f}",
                   flush=True)
         saved = self.client_logs.save(self.deployment.directory / "demo-clients.log")
-        if saved is not None:
+        if saved is not None and not self.args.cleanup:  # --cleanup deletes it right after
             print(f"{len(self.client_logs.lines)} Kafka client log lines: {saved}", flush=True)

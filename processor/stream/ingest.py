@@ -38,8 +38,9 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, cast
 
+import orjson
 from confluent_kafka import (
     TIMESTAMP_LOG_APPEND_TIME,
     Consumer,
@@ -66,6 +67,8 @@ log = logging.getLogger("processor.stream.ingest")
 
 #: At most this many input records are consumed (and committed) as one batch.
 MAX_CONSUME: Final = 5000
+#: How often librdkafka reports its statistics for this stage's clients (ms).
+STATS_INTERVAL_MS: Final = 10_000
 #: A timeline batch record carries at most this many events ...
 MAX_BATCH_EVENTS: Final = 5000
 #: ... and at most this many bytes (under the 1 MB default record size limits of the
@@ -342,6 +345,10 @@ class Ingest:
         self._deadletter = kafka_io.topic_name(settings, "deadletter")
         #: The input topic's identity (`run` looks it up on the brokers; none until then).
         self.identity = InputIdentity(lambda: "")
+        #: librdkafka's latest statistics of this stage's clients, decoded, by client name
+        #: ("ingest-consumer", "ingest-producer"); replaced whole at every report (every
+        #: STATS_INTERVAL_MS), so a reader (the metrics surface) never sees half of one.
+        self.client_stats: dict[str, dict[str, Any]] = {}
 
     # -- lifecycle
 
@@ -360,6 +367,18 @@ class Ingest:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+
+    def _stats_sink(self, client: str) -> Callable[[str], None]:
+        """The `stats_cb` of one client: keeps its latest statistics (metrics.py exports
+        them). Called from the client's poll, in this stage's thread."""
+        def sink(raw: str) -> None:
+            try:
+                decoded = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                return
+            if isinstance(decoded, dict):
+                self.client_stats = {**self.client_stats, client: decoded}
+        return sink
 
     def metrics(self) -> dict[str, int]:
         """A snapshot of the aggregate counts (thread-safe)."""
@@ -384,8 +403,14 @@ class Ingest:
             # As Faust's: a killed worker's input partitions move after 10 s.
             "session.timeout.ms": "10000",
             "heartbeat.interval.ms": "1000",
+            # librdkafka's own statistics (queues, errors, retries, RTT, lag, rebalances),
+            # exported by the metrics surface (metrics.client_stats_families).
+            "statistics.interval.ms": str(STATS_INTERVAL_MS),
+            "stats_cb": self._stats_sink("ingest-consumer"),
         }))
-        producer = kafka_io.make_producer(conf, **{"linger.ms": "2"})
+        producer = kafka_io.make_producer(
+            cast(dict[str, str], {**conf, "stats_cb": self._stats_sink("ingest-producer")}),
+            **{"linger.ms": "2", "statistics.interval.ms": str(STATS_INTERVAL_MS)})
         self.identity = InputIdentity(topic_id_lookup(conf, self.settings.topics.input))
         try:
             self.identity.refresh()
@@ -393,6 +418,9 @@ class Ingest:
             consumer.subscribe([self.settings.topics.input])
             while not self._stop.is_set():
                 self.last_beat = time.monotonic()
+                # Serves the producer's statistics callback between batches too (it runs
+                # only inside poll/flush); no delivery is pending here: each batch flushed.
+                producer.poll(0)
                 msgs = self._consume(consumer)
                 if msgs:
                     self._handle(consumer, producer, msgs)

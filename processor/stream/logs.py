@@ -2,7 +2,12 @@
 
 `configure_logging(loglevel, log_format)` is the one place that decides what reaches the
 logs and how a line looks: "text" (one human-readable line) or "json" (one JSON object per
-line: ts, level, logger, msg, and exc when there is a traceback; for log shippers). The
+line: ts, level, logger, msg, exc when there is a traceback, and `fields` when the record
+carries structured fields; for log shippers). Structured fields are given as
+`log.info("metrics", extra={"fields": {"events_applied": 12, ...}})`: the JSON line has
+them as an object (`"fields": {"events_applied": 12, ...}`), the text line appends them as
+`k=v` after the message. The worker's periodic `metrics %s` line with its `k=v ...`
+summary is recognised too and its counts become `fields` in JSON (msg "metrics"). The
 processor's own loggers follow `loglevel`; the client libraries' loggers never go below
 the floors in CLIENT_LOG_FLOORS, whatever `loglevel` says, because below them they print
 secrets and private input (read in the installed packages):
@@ -34,6 +39,7 @@ import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from types import MappingProxyType
+from typing import Any
 
 import orjson
 
@@ -53,26 +59,76 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 LOG_FORMATS = ("text", "json")
 
 
+#: The LogRecord attribute that carries structured fields (`extra={FIELDS: {...}}`).
+FIELDS = "fields"
+#: The worker's metrics line as the worker writes it: "metrics %s" % "k=v k=v ...".
+_METRICS_MSG = "metrics %s"
+
+
+def _key_values(text: str) -> dict[str, int | str] | None:
+    """`k=v k=v ...` as a dict (integers as ints); None unless every token is k=v."""
+    out: dict[str, int | str] = {}
+    for token in text.split():
+        key, sep, val = token.partition("=")
+        if not sep or not key:
+            return None
+        try:
+            out[key] = int(val)
+        except ValueError:
+            out[key] = val
+    return out
+
+
+def record_fields(record: logging.LogRecord) -> tuple[str, dict[str, Any]] | None:
+    """(message, fields) of a record with structured fields: given in `extra={"fields":
+    {...}}`, or the worker's `metrics %s` summary line; None for any other record."""
+    given = getattr(record, FIELDS, None)
+    if isinstance(given, Mapping):
+        return record.getMessage(), dict(given)
+    if (record.msg == _METRICS_MSG and isinstance(record.args, tuple)
+            and len(record.args) == 1 and isinstance(record.args[0], str)):
+        parsed = _key_values(record.args[0])
+        if parsed is not None:
+            return "metrics", parsed
+    return None
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per record: ts (UTC, ISO 8601, milliseconds), level, logger, msg,
-    and exc (the formatted traceback) when the record carries one."""
+    exc (the formatted traceback) when the record carries one, and fields (an object) when
+    it carries structured fields (`record_fields`)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, str] = {
+        structured = record_fields(record)
+        line: dict[str, Any] = {
             "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
-            "msg": record.getMessage(),
+            "msg": record.getMessage() if structured is None else structured[0],
         }
+        if structured is not None:
+            line[FIELDS] = structured[1]
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return orjson.dumps(line).decode()
 
 
+class TextFormatter(logging.Formatter):
+    """LOG_FORMAT, with the structured fields given in `extra={"fields": ...}` appended as
+    `k=v` (sorted), so a line written for JSON reads the same as before in text."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        given = getattr(record, FIELDS, None)
+        if isinstance(given, Mapping) and given:
+            text += " " + " ".join(f"{k}={v}" for k, v in sorted(given.items()))
+        return text
+
+
 def make_formatter(log_format: str) -> logging.Formatter:
     """The formatter of `--log-format` ("text" or "json"); ValueError for anything else."""
     if log_format == "text":
-        return logging.Formatter(LOG_FORMAT)
+        return TextFormatter(LOG_FORMAT)
     if log_format == "json":
         return JsonFormatter()
     raise ValueError(f"unknown log format {log_format!r} (expected one of {LOG_FORMATS})")
@@ -118,10 +174,13 @@ def configure_logging(loglevel: str | int = "warning", log_format: str = "text")
     their floors; returns the level. Idempotent."""
     level = parse_level(loglevel)
     formatter = make_formatter(log_format)
-    logging.basicConfig(level=level, format=LOG_FORMAT)
     root = logging.getLogger()
+    if not root.handlers:  # basicConfig's handler, with our formatter (text or json)
+        stderr = logging.StreamHandler()
+        stderr.setFormatter(formatter)
+        root.addHandler(stderr)
     root.setLevel(level)
-    if log_format != "text":  # text is basicConfig's format; leave other handlers alone
+    if log_format != "text":  # other handlers keep their text format; json is for all
         for handler in root.handlers:
             handler.setFormatter(formatter)
     clamp_client_loggers(level)

@@ -99,6 +99,65 @@ _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 _SIZE_BUCKETS: Final = (1, 5, 10, 50, 100, 500, 1000, 2500, 5000, 10000)
 
 
+#: What each operator count (processor/stream/operator.py METRICS) means; its unit is the
+#: word after the semicolon. tests/stream/test_metrics.py fails when a count has none.
+OPERATOR_COUNT_HELP: Final[Mapping[str, str]] = {
+    "events_applied": "Events the operator put into a counter's queue (valid timeline "
+                      "events, each at its tick or the first open one); events",
+    "markers_applied": "Seal markers the operator applied (each seals the ticks through "
+                       "its tick on one timeline partition; re-applied ones included); "
+                       "markers",
+    "late_events": "Events that arrived for an already sealed tick and joined the earliest "
+                   "open tick instead (counted, never dropped); events",
+    "skipped_duplicates": "Timeline records (or their part for one counter) skipped because "
+                          "the operator's state shows them applied already (re-delivery "
+                          "after a restart or rebalance); records",
+    "duplicates_dropped": "Events dropped because an event from the same input partition "
+                          "and offset was applied already (the ingest stage re-sent a "
+                          "batch); events",
+    "malformed_records": "Timeline records that could not be decoded and changed nothing; "
+                         "records",
+    "undeclared_skipped": "Events of a counter that is not declared (allow_undeclared = "
+                          "false) skipped by the operator; events",
+    "before_start_skipped": "Events stamped before their counter's start skipped by the "
+                            "operator; events",
+    "misrouted_skipped": "Events on a timeline partition that is not their counter's home "
+                         "partition, skipped; events",
+    "counters_touched": "Counters whose state a committed batch changed, summed over "
+                        "batches; counter updates",
+    "events_queued": "Events that entered a counter's queue (equal to events_applied); "
+                     "events",
+    "events_dequeued": "Events that left a counter's queue into its mechanism (at most one "
+                       "per counter per tick); events",
+}
+
+
+def build_labels() -> dict[str, str]:
+    """The versions `dpc_build_info` reports: this package, Python, and the Kafka client
+    stacks (confluent-kafka and its librdkafka for ingest, Faust and aiokafka for the
+    operator). Missing packages are reported as "none"."""
+    import platform
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    try:
+        import confluent_kafka
+        librdkafka = str(confluent_kafka.libversion()[0])
+    except ImportError:  # pragma: no cover - a dependency of the worker
+        librdkafka = "none"
+    from processor import __version__
+    return {"version": version("dp-stream-counts") if version("dp-stream-counts") != "none"
+            else __version__,
+            "python": platform.python_version(), "librdkafka": librdkafka,
+            "confluent_kafka": version("confluent-kafka"),
+            "faust": version("faust-streaming"), "aiokafka": version("aiokafka")}
+
+
 class PublicMetricError(ValueError):
     """The public registry holds a metric family that is not on the allow-list."""
 
@@ -153,14 +212,15 @@ class _PublicCounts(_CountsCollector):
     def _families(c: Mapping[str, int]) -> Iterator[Metric]:
         yield CounterMetricFamily(
             "dpc_markers_appended", "Seal markers this worker appended to the timeline "
-            "(one per partition per sealed tick, leader only)",
-            value=c.get("markers_appended", 0))
+            "topic (one per timeline partition per sealing round, on the leader only); "
+            "markers", value=c.get("markers_appended", 0))
         yield CounterMetricFamily(
-            "dpc_releases_sent", "Releases sent to the private-count topic and acknowledged",
-            value=c.get("releases_sent", 0))
+            "dpc_releases_sent", "Releases (private counts: changes and heartbeats) sent to "
+            "the private-count topic and acknowledged by the brokers, re-sends after a "
+            "crash included; records", value=c.get("releases_sent", 0))
         yield CounterMetricFamily(
             "dpc_ledger_entries_sent", "Entries sent to the privacy ledger topic and "
-            "acknowledged", value=c.get("ledger_entries_sent", 0))
+            "acknowledged by the brokers; records", value=c.get("ledger_entries_sent", 0))
 
 
 class _OperatorCounts(_CountsCollector):
@@ -168,8 +228,9 @@ class _OperatorCounts(_CountsCollector):
 
     @staticmethod
     def _families(c: Mapping[str, int]) -> Iterator[Metric]:
-        dead = CounterMetricFamily("dpc_dead_letters", "Input records sent to the "
-                                   "dead-letter topic, by reason", labels=["reason"])
+        dead = CounterMetricFamily("dpc_dead_letters", "Input records the ingest stage "
+                                   "sent to the dead-letter topic instead of counting them, "
+                                   "by reason code; records", labels=["reason"])
         reasons = dict.fromkeys(REASONS, 0)
         for key, v in c.items():
             if key.startswith("deadletter_"):
@@ -178,30 +239,35 @@ class _OperatorCounts(_CountsCollector):
             dead.add_metric([reason], v)
         yield dead
         for key, help_ in (
-                ("input_records", "Input records consumed and committed by the ingest stage"),
-                ("ingested", "Valid events the ingest stage forwarded to the timeline"),
-                ("timeline_batches", "Timeline batch records the ingest stage sent"),
+                ("input_records", "Input records the ingest stage consumed and committed "
+                 "(valid and dead-lettered); records"),
+                ("ingested", "Valid events the ingest stage forwarded to the timeline topic; "
+                 "events"),
+                ("timeline_batches", "Timeline batch records the ingest stage sent (one per "
+                 "timeline partition per consumed batch); records"),
                 ("ingest_commits_lost_to_rebalance",
-                 "Ingest batches delivered but not committed because of a rebalance")):
+                 "Ingest batches delivered to the timeline but whose input offsets could not "
+                 "be committed because a rebalance took the partitions (re-read by the next "
+                 "owner, dropped as duplicates by the operator); batches")):
             yield CounterMetricFamily(f"dpc_{key}", help_, value=c.get(key, 0))
         for key in OPERATOR_COUNTS:
-            yield CounterMetricFamily(f"dpc_operator_{key}",
-                                      f"Operator count {key} (commit.Output metrics)",
-                                      value=c.get(f"operator_{key}", 0))
+            yield CounterMetricFamily(
+                f"dpc_operator_{key}", OPERATOR_COUNT_HELP.get(key, f"operator count {key}"),
+                value=c.get(f"operator_{key}", 0))
         yield CounterMetricFamily(
-            "dpc_timeline_records_refetched", "Timeline records the consumer skipped around "
-            "a rebalance and the worker re-read (GapGuard)",
+            "dpc_timeline_records_refetched", "Timeline records the Faust consumer skipped "
+            "around a rebalance and the worker re-read from the brokers (GapGuard); records",
             value=sum(v for k, v in c.items() if k.startswith("gap_records_refetched_")))
         # The clock cross-check (clock.ClockGuard, docs/time.md).
         yield CounterMetricFamily(
             "dpc_clock_alarms", "Episodes in which the local wall clock and the brokers' "
-            "(log-append time of the timeline) disagreed by more than the tolerance",
-            value=c.get("clock_alarms", 0))
+            "(log-append time of the timeline) disagreed by more than the tolerance; "
+            "episodes", value=c.get("clock_alarms", 0))
         skew = c.get("clock_skew_ms")
         yield GaugeMetricFamily(
             "dpc_clock_skew_seconds", "Local wall clock minus the brokers' clock, as last "
-            "estimated (0 within the estimate's uncertainty; NaN: no broker time yet)",
-            value=math.nan if skew is None else skew / 1000.0)
+            "estimated (0 within the estimate's uncertainty; NaN: no broker time yet); "
+            "seconds", value=math.nan if skew is None else skew / 1000.0)
 
 
 class _Status:
@@ -221,12 +287,129 @@ class _Status:
     @staticmethod
     def _families(up: float, ready: float, age: float) -> Iterator[Metric]:
         yield GaugeMetricFamily("dpc_up", "1 while /healthz passes (event loop and ingest "
-                                "thread alive)", value=up)
-        yield GaugeMetricFamily("dpc_ready", "1 while /readyz passes (assignment held, "
-                                "recent marker applied)", value=ready)
+                                "thread alive), else 0", value=up)
+        yield GaugeMetricFamily("dpc_ready", "1 while /readyz passes (partitions assigned, "
+                                "a recent marker applied on each), else 0", value=ready)
         yield GaugeMetricFamily(
-            "dpc_marker_age_seconds", "Seconds since the sealing time of the newest tick "
-            "sealed on every timeline partition of this worker (NaN: none yet)", value=age)
+            "dpc_marker_age_seconds", "Time since the sealing time (tick end + lateness) of "
+            "the newest tick sealed on every timeline partition of this worker: how stale "
+            "its published counts are (NaN: no marker applied yet); seconds", value=age)
+
+
+class _OperatorStatus:
+    """Operator-only gauges computed when scraped: build info, assigned partitions,
+    catch-up, and librdkafka's statistics of the ingest stage's clients."""
+
+    def __init__(self, surface: Surface) -> None:
+        self._surface = surface
+        self._build = build_labels()
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families({}, math.nan, {})
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._surface
+        stats = getattr(s.ingest, "client_stats", None) or {}
+        return self._families(s.assigned_partitions(), s.catchup_ticks_behind(), stats)
+
+    def _families(self, assigned: Mapping[str, int], behind: float,
+                  stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+        info = GaugeMetricFamily(
+            "dpc_build_info", "Always 1; the labels name the versions running: this package, "
+            "Python, librdkafka and confluent-kafka (ingest), Faust and aiokafka (operator)",
+            labels=sorted(self._build))
+        info.add_metric([self._build[k] for k in sorted(self._build)], 1.0)
+        yield info
+        parts = GaugeMetricFamily(
+            "dpc_assigned_partitions", "Partitions of the topic currently assigned to this "
+            "worker (timeline: the operator's Faust consumer; input: the ingest consumer, "
+            "from librdkafka's statistics); partitions", labels=["topic"])
+        for topic, n in sorted(assigned.items()):
+            parts.add_metric([topic], float(n))
+        yield parts
+        yield GaugeMetricFamily(
+            "dpc_catchup_ticks_behind", "Ticks whose sealing time has passed but that the "
+            "operator has not yet sealed on every timeline partition of this worker (0 in "
+            "steady state; large while catching up after a start or a stop; NaN: no "
+            "marker applied yet); ticks", value=behind)
+        yield from client_stats_families(stats)
+
+
+def _sum_brokers(stats: Mapping[str, Any], field_name: str) -> float:
+    brokers = stats.get("brokers") or {}
+    return float(sum(int(b.get(field_name, 0)) for b in brokers.values()
+                     if isinstance(b, Mapping)))
+
+
+def client_stats_families(stats: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """Prometheus families from librdkafka's statistics (the JSON its `stats_cb` gets
+    every `statistics.interval.ms`, decoded), by client name (`ingest-consumer`,
+    `ingest-producer`). Aggregates over brokers, plus per broker and per partition; never
+    a record, never a counter name (topic and partition names only)."""
+    def fam(kind: type[GaugeMetricFamily] | type[CounterMetricFamily], name: str,
+            help_: str, labels: list[str]) -> Any:
+        return kind(name, help_, labels=labels)
+
+    queued = fam(GaugeMetricFamily, "dpc_kafka_client_queued_messages",
+                 "Messages in the client's producer queue waiting for delivery "
+                 "(librdkafka msg_cnt); messages", ["client"])
+    tx_errors = fam(CounterMetricFamily, "dpc_kafka_client_tx_errors",
+                    "Requests the client failed to send, summed over brokers (librdkafka "
+                    "txerrs; for a producer: produce errors); requests", ["client"])
+    retries = fam(CounterMetricFamily, "dpc_kafka_client_tx_retries",
+                  "Requests the client re-sent, summed over brokers (librdkafka txretries; "
+                  "for a producer: produce retries); requests", ["client"])
+    timeouts = fam(CounterMetricFamily, "dpc_kafka_client_request_timeouts",
+                   "Requests that timed out, summed over brokers (librdkafka req_timeouts); "
+                   "requests", ["client"])
+    rx_errors = fam(CounterMetricFamily, "dpc_kafka_client_rx_errors",
+                    "Response errors the client received, summed over brokers (librdkafka "
+                    "rxerrs); responses", ["client"])
+    rtt = fam(GaugeMetricFamily, "dpc_kafka_client_broker_rtt_seconds",
+              "Average round-trip time of requests to the broker over the last statistics "
+              "interval (librdkafka rtt.avg; a consumer's includes the up to 500 ms a fetch "
+              "waits for data); seconds", ["client", "broker"])
+    up = fam(GaugeMetricFamily, "dpc_kafka_client_broker_up",
+             "1 while the client's connection to the broker is up (librdkafka state UP), "
+             "else 0", ["client", "broker"])
+    lag = fam(GaugeMetricFamily, "dpc_kafka_client_consumer_lag_records",
+              "The consumer's own view of its lag per assigned partition (high watermark "
+              "minus its position, librdkafka consumer_lag; the broker-read lag is "
+              "dpc_consumer_lag_records); records", ["client", "topic", "partition"])
+    rebalances = fam(CounterMetricFamily, "dpc_kafka_client_rebalances",
+                     "Rebalances of the client's consumer group seen by this client "
+                     "(librdkafka cgrp.rebalance_cnt); rebalances", ["client"])
+    age = fam(GaugeMetricFamily, "dpc_kafka_client_stats_age_seconds",
+              "Time since the client last reported its statistics (every 10 s while it "
+              "polls); seconds", ["client"])
+    now_s = time.time()
+    for client, st in sorted(stats.items()):
+        queued.add_metric([client], float(st.get("msg_cnt", 0)))
+        tx_errors.add_metric([client], _sum_brokers(st, "txerrs"))
+        retries.add_metric([client], _sum_brokers(st, "txretries"))
+        timeouts.add_metric([client], _sum_brokers(st, "req_timeouts"))
+        rx_errors.add_metric([client], _sum_brokers(st, "rxerrs"))
+        if isinstance(st.get("time"), int | float):  # wall clock, seconds
+            age.add_metric([client], max(0.0, now_s - float(st["time"])))
+        for b in (st.get("brokers") or {}).values():
+            if not isinstance(b, Mapping) or int(b.get("nodeid", -1)) < 0:
+                continue  # the bootstrap placeholders
+            broker = str(b.get("nodename") or b.get("name"))
+            up.add_metric([client, broker], 1.0 if b.get("state") == "UP" else 0.0)
+            avg = (b.get("rtt") or {}).get("avg", 0)
+            rtt.add_metric([client, broker], float(avg) / 1e6)
+        cgrp = st.get("cgrp")
+        if isinstance(cgrp, Mapping):
+            rebalances.add_metric([client], float(cgrp.get("rebalance_cnt", 0)))
+            for topic, t in (st.get("topics") or {}).items():
+                for pid, p in ((t or {}).get("partitions") or {}).items():
+                    if int(pid) < 0 or not isinstance(p, Mapping):
+                        continue
+                    value = int(p.get("consumer_lag", -1))
+                    if value >= 0:
+                        lag.add_metric([client, str(topic), str(pid)], float(value))
+    yield from (queued, tx_errors, retries, timeouts, rx_errors, rtt, up, lag, rebalances,
+                age)
 
 
 # ------------------------------------------------------------------- consumer lag
@@ -236,10 +419,13 @@ class LagProbe:
     """Consumer lag of the ingest group on the input topic and of the Faust group on the
     timeline topic, read from the brokers every LAG_REFRESH_S in a thread of its own.
 
-    Lag = sum over the topic's partitions of (end offset - committed offset): the group's
-    lag (what `kafka-consumer-groups --describe` shows), the same on every worker. Read from
-    the brokers rather than from the consumers in this process, so a stuck consumer still
-    shows its lag growing. NaN until the first read, and after a failed one.
+    Per partition: end offset - committed offset, what `kafka-consumer-groups --describe`
+    shows in its LAG column (`dpc_consumer_lag_records{group,topic,partition}`), and its
+    sum over the topic's partitions (`dpc_<input|timeline>_consumer_lag_records`), the same
+    on every worker. Read from the brokers rather than from the consumers in this process,
+    so a stuck consumer still shows its lag growing. The sums are NaN until the first read
+    and after a failed one; a partition's series is absent until its first read and keeps
+    its last value after a failed one (the sums and the failure counter say it is stale).
     """
 
     def __init__(self, settings: Settings, registry: CollectorRegistry) -> None:
@@ -250,14 +436,22 @@ class LagProbe:
         )
         self.gauges = {
             name: Gauge(f"dpc_{name}_consumer_lag_records",
-                        f"Records of the {name} topic not yet committed by group {group!r}",
+                        f"Records of the {name} topic not yet committed by group {group!r}, "
+                        "summed over its partitions (NaN: not read yet or the last read "
+                        "failed); records",
                         registry=registry)
             for name, group, _topic in self._targets}
         for g in self.gauges.values():
             g.set(math.nan)
         self.failures = Counter("dpc_lag_probe_failures",
-                                "Consumer lag reads that failed (the lag gauges are NaN)",
+                                "Consumer lag reads from the brokers that failed (the summed "
+                                "lag gauges are NaN until the next good read); a count",
                                 registry=registry)
+        self.per_partition = Gauge(
+            "dpc_consumer_lag_records", "Records of one partition not yet committed by the "
+            "consumer group (end offset minus committed offset, as kafka-consumer-groups "
+            "--describe shows it), read from the brokers every 10 s; records",
+            ["group", "topic", "partition"], registry=registry)
         self._consumers: dict[str, Consumer] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -294,7 +488,7 @@ class LagProbe:
         """Read both lags once (any error: NaN, counted, logged once by type)."""
         for name, group, topic in self._targets:
             try:
-                lag = self.lag_of(group, topic)
+                by_partition = self.lag_by_partition(group, topic)
             except Exception as exc:
                 self.gauges[name].set(math.nan)
                 self.failures.inc()
@@ -303,12 +497,18 @@ class LagProbe:
                                 type(exc).__name__, LAG_REFRESH_S)
                 self._failing = True
                 continue
-            self.gauges[name].set(lag)
+            for partition, lag in by_partition.items():
+                self.per_partition.labels(group, topic, str(partition)).set(lag)
+            self.gauges[name].set(sum(by_partition.values()))
             self._failing = False
 
     def lag_of(self, group: str, topic: str) -> int:
         """Records of `topic` that `group` has not committed (all of them if it committed
         nothing). Blocking: broker requests."""
+        return sum(self.lag_by_partition(group, topic).values())
+
+    def lag_by_partition(self, group: str, topic: str) -> dict[int, int]:
+        """Per partition of `topic`: records `group` has not committed. Blocking."""
         consumer = self._consumers.get(group)
         if consumer is None:
             # Never subscribes: a consumer with the group's id only to read its commits.
@@ -320,14 +520,14 @@ class LagProbe:
             raise LookupError("topic metadata")
         tps = [TopicPartition(topic, p) for p in sorted(md.partitions)]
         committed = consumer.committed(tps, timeout=LAG_TIMEOUT_S)
-        total = 0
+        out: dict[int, int] = {}
         for tp in committed:
             lo, hi = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition),
                                                     timeout=LAG_TIMEOUT_S)
             # Nothing committed yet: the group starts at the low watermark (reset earliest).
             start = tp.offset if tp.offset >= 0 else lo
-            total += max(0, int(hi) - int(start))
-        return total
+            out[int(tp.partition)] = max(0, int(hi) - int(start))
+        return out
 
 
 # ------------------------------------------------------------------- HTTP
@@ -420,23 +620,34 @@ class Surface:
             registry.register(status)
             registry.register(public_counts)
         self.operator.register(_OperatorCounts(counts))
+        self.operator.register(_OperatorStatus(self))
         # CPU time and memory follow the input volume: operator-only like the rest.
         ProcessCollector(registry=self.operator)
         PlatformCollector(registry=self.operator)
-        self.rebalances = Counter("dpc_rebalances", "Partition assignments this worker "
-                                  "received (one per rebalance)", registry=self.operator)
+        self.rebalances = Counter("dpc_rebalances", "Partition assignments this worker's "
+                                  "operator (Faust) consumer received, one per rebalance; "
+                                  "rebalances", registry=self.operator)
+        self.revocations = Counter("dpc_partitions_revocations", "Times the operator's "
+                                   "partitions were revoked (the start of a rebalance; the "
+                                   "worker is not ready until the next assignment); "
+                                   "revocations", registry=self.operator)
+        self.producer_errors = Counter(
+            "dpc_producer_errors", "Sends to Kafka that failed after the client's own "
+            "retries, by stage (operator: releases, ledger, markers, state changelog via "
+            "Faust/aiokafka; ingest: timeline and dead-letter records via librdkafka) and "
+            "error name; sends", ["stage", "error"], registry=self.operator)
         self.commit_seconds = Histogram(
-            "dpc_commit_seconds", "Time to apply, publish and persist one batch of timeline "
-            "records (kind: marker if it applied a marker, else events)", ["kind"],
-            buckets=_LATENCY_BUCKETS, registry=self.operator)
+            "dpc_commit_seconds", "Time to apply, publish (acknowledged) and persist one "
+            "batch of timeline records (kind: marker if it applied a marker, else events); "
+            "seconds", ["kind"], buckets=_LATENCY_BUCKETS, registry=self.operator)
         self.batch_events = Histogram(
             "dpc_timeline_batch_events", "Events applied per committed batch of timeline "
-            "records (batches without a marker)", buckets=_SIZE_BUCKETS,
+            "records (batches without a marker); events", buckets=_SIZE_BUCKETS,
             registry=self.operator)
         self.lag = LagProbe(settings, self.operator)
         self.ingest_batch_records = Histogram(
-            "dpc_ingest_batch_records", "Input records per batch the ingest stage consumed",
-            buckets=_SIZE_BUCKETS, registry=self.operator)
+            "dpc_ingest_batch_records", "Input records per batch the ingest stage consumed "
+            "and committed; records", buckets=_SIZE_BUCKETS, registry=self.operator)
         check_public(self.public)
 
     # -- events (called by the worker)
@@ -470,6 +681,41 @@ class Surface:
                          **kwargs: Any) -> None:
         """Faust's on_partitions_revoked: not ready until the next assignment."""
         self._has_assignment = False
+        self.revocations.inc()
+
+    def producer_error(self, stage: str, error: BaseException | str) -> None:
+        """A send to Kafka failed for good (after the client's own retries): counted by
+        `stage` ("operator" or "ingest") and the error's name (a KafkaError code name or
+        the exception type, never its message: client errors can quote topic data).
+        For the worker to call where it handles a failed send."""
+        if isinstance(error, BaseException):
+            code = error.args[0] if error.args else None
+            name_of = getattr(code, "name", None)
+            error = str(name_of()) if callable(name_of) else type(error).__name__
+        self.producer_errors.labels(stage, error).inc()
+
+    def assigned_partitions(self) -> dict[str, int]:
+        """Topic -> partitions this worker holds: the timeline's (operator, once assigned)
+        and the input's (the ingest consumer, from its librdkafka statistics)."""
+        out: dict[str, int] = {}
+        if self._has_assignment:
+            out[kafka_io.topic_name(self.settings, "timeline")] = len(self._timeline_partitions)
+        stats = (getattr(self.ingest, "client_stats", None) or {}).get("ingest-consumer")
+        cgrp = stats.get("cgrp") if isinstance(stats, Mapping) else None
+        if isinstance(cgrp, Mapping) and "assignment_size" in cgrp:
+            out[kafka_io.topic_name(self.settings, "input")] = int(cgrp["assignment_size"])
+        return out
+
+    def catchup_ticks_behind(self) -> float:
+        """Ticks whose sealing time (end + lateness) has passed but that are not yet sealed
+        on every timeline partition of this worker: 0 in steady state (up to 1 between two
+        markers), large while a start far behind catches up. NaN: no marker yet."""
+        owned, ticks = self._timeline_partitions, self._marker_tick
+        if not owned or any(p not in ticks for p in owned):
+            return math.nan
+        s = self.settings
+        due = (int(self._clock() * 1000) - s.lateness_ms) // s.tick_ms - 1
+        return float(max(0, due - min(ticks[p] for p in owned)))
 
     # -- state
 
@@ -524,7 +770,8 @@ class Surface:
             return False, "no marker applied yet on every owned timeline partition"
         limit = self.settings.tick_ms / 1000.0 + READY_SLACK_S
         if age > limit:
-            return False, f"marker age {age:.1f} s exceeds {limit:.1f} s"
+            return False, (f"catching up, {self.catchup_ticks_behind():.0f} ticks behind "
+                           f"(marker age {age:.1f} s exceeds {limit:.1f} s)")
         return True, f"marker age {age:.1f} s"
 
     # -- serving

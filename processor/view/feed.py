@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from processor.stream.kafka_io import TopicRole
+from processor.stream.kafka_io import TopicRole, broker_failure
 
 #: The topics the view reads, by role: the public ones, and only those.
 PUBLIC_ROLES: tuple[TopicRole, ...] = ("counts", "ledger")
@@ -178,9 +178,11 @@ class PublicFeed:
                     if roles is None:
                         self.log.set_status("waiting for the topics "
                                             + ", ".join(self.topics.values()))
-                except Exception as exc:  # broker not reachable yet: keep trying
-                    self.log.set_status(f"waiting for the broker ({exc})")
-                    log.warning("view: waiting for the broker: %s", exc)
+                except Exception as exc:  # broker not reachable (any more): keep trying
+                    # One readable line, never librdkafka's raw KafkaError{code=...} repr.
+                    why = broker_failure(self.conf, exc)
+                    self.log.set_status(f"waiting: {why}")
+                    log.warning("view: waiting: %s", why)
                 if roles is None:
                     self._stop.wait(1.0)
             if roles is not None:

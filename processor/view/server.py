@@ -172,7 +172,7 @@ class ViewServer:
 def build_parser() -> argparse.ArgumentParser:
     """The options of `python -m processor view`."""
     p = argparse.ArgumentParser(
-        prog="python -m processor view",
+        prog="python -m processor view", allow_abbrev=False,
         description="Serve a web page that plots each counter's private count with its "
         "error band, live. Reads only the public private-count and ledger topics.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides "
@@ -185,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll-ms", type=int, default=1000,
                    help="how often the page asks for new records (default 1000)")
     p.add_argument("--loglevel", default="warning", help="log level (default warning)")
+    p.add_argument("--broker-timeout", type=float, default=kafka_io.PROBE_TIMEOUT_S,
+                   help="seconds to wait at start for the brokers to answer before failing "
+                   f"(default {kafka_io.PROBE_TIMEOUT_S:g})")
     return p
 
 
@@ -195,6 +198,11 @@ def main_view(argv: Sequence[str] | None = None) -> int:
     # A bad configuration or a port in use raises: the dispatcher (processor.cli) makes
     # it one `error:` line and exit 2.
     settings = load_settings(args.config)
+    # Brokers that do not answer (or refuse this client) stop the view at its start, as
+    # they stop the worker and replay: one `error:` line naming the bootstrap servers and
+    # exit 2, rather than a page that shows a raw KafkaError while the view runs on.
+    kafka_io.require_brokers({**kafka_io.base_config(settings), "log_level": "0"},
+                             args.broker_timeout)
     server = ViewServer(settings, host=args.host, port=args.port,
                         demo_file=args.demo_file, poll_ms=max(100, args.poll_ms))
     # Block the stop signals before any thread starts (threads inherit the mask), so they

@@ -68,9 +68,15 @@ def test_ctrl_c_is_clean_and_the_run_is_kept(kafka_bootstrap: str, tmp_path: Pat
         text=True, start_new_session=True)  # its own process group: killpg = a terminal's ^C
     lines: list[str] = []
     try:
+        metrics = _read_until(proc, lines, re.compile(r"^worker metrics: "), 60).split()[2]
         url = _read_until(proc, lines, re.compile(r"^live view: "), 60).split()[2]
         with urllib.request.urlopen(url + "api/meta", timeout=10) as resp:
             assert b"signups" in resp.read()
+        # The demo's worker serves its operator metrics at the printed URL (once it runs:
+        # the line is printed when its process starts).
+        _read_until(proc, lines, ROW, 60)
+        with urllib.request.urlopen(metrics, timeout=10) as resp:
+            assert b"# HELP dpc_" in resp.read()
         _read_until(proc, lines, ROW, 60)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=90)
@@ -88,6 +94,12 @@ def test_ctrl_c_is_clean_and_the_run_is_kept(kafka_bootstrap: str, tmp_path: Pat
     assert legend and text.splitlines()[legend[0] + 1].startswith("time "), text
     for word in ("bound", "beta", "heartbeat", "change"):
         assert word in text.splitlines()[legend[0]]
+    # The line before it says what the viewer sees and what trades error for privacy, at
+    # the demo's default privacy level (eps 10, SimECC, tight).
+    explain = text.splitlines()[legend[0] - 1]
+    assert explain.startswith("what you see: ") and "lags the truth" in explain, explain
+    assert "--epsilon" in explain and "eps 10 per event" in explain, explain
+    assert "(simecc, tight calibration, eps=10.0," in text, text
     # No librdkafka line anywhere on the terminal; they went to the run's log file.
     assert not re.search(r"%\d\|\d+\.\d+\|", text + err), text + err
     run_dir = Path(re.search(r"--delete (\S+)", text).group(1))  # type: ignore[union-attr]

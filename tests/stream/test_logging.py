@@ -131,6 +131,31 @@ def test_json_log_format_is_one_object_per_line_and_keeps_the_floor(
     assert password not in isolated_logging.getvalue() and value not in isolated_logging.getvalue()
 
 
+def test_json_log_has_the_metrics_as_structured_fields(
+        isolated_logging: io.StringIO) -> None:
+    """The worker's metrics line: as the worker writes it today (`metrics %s` with a k=v
+    summary) and as `extra={"fields": ...}`, the JSON line has msg "metrics" and the counts
+    as an object of integers; in text the fields follow the message as k=v. Control: a
+    message that merely starts with "metrics" but is not k=v stays a plain msg."""
+    from processor.stream.logs import TextFormatter
+
+    configure_logging("info", "json")
+    own = logging.getLogger("processor.stream.app")
+    own.info("metrics %s", "events_applied=12 ingested=12 releases_sent=3")
+    own.info("metrics", extra={"fields": {"events_applied": 12, "releases_sent": 3}})
+    own.info("metrics %s", "of a strange kind")
+    lines = [orjson.loads(x) for x in isolated_logging.getvalue().splitlines()]
+    assert lines[0]["msg"] == "metrics" and lines[0]["fields"] == {
+        "events_applied": 12, "ingested": 12, "releases_sent": 3}
+    assert lines[1]["msg"] == "metrics" and lines[1]["fields"] == {
+        "events_applied": 12, "releases_sent": 3}
+    assert lines[2]["msg"] == "metrics of a strange kind" and "fields" not in lines[2]
+    record = logging.LogRecord("processor.stream.app", logging.INFO, __file__, 1, "metrics",
+                               None, None)
+    record.fields = {"b": 2, "a": 1}
+    assert TextFormatter("%(message)s").format(record) == "metrics a=1 b=2"
+
+
 def test_faust_sensor_noise_is_dropped_and_other_warnings_kept(
         isolated_logging: io.StringIO) -> None:
     faust_app = logging.getLogger("faust.app.base")

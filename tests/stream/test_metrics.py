@@ -37,7 +37,12 @@ from processor.stream.metrics import (
 #: Labels the operator registry may use: none of them can name a counter.
 ALLOWED_LABELS = {"reason", "kind", "le",
                   # python_info of prometheus_client's platform collector
-                  "implementation", "major", "minor", "patchlevel", "version"}
+                  "implementation", "major", "minor", "patchlevel", "version",
+                  # dpc_build_info: package versions
+                  "python", "librdkafka", "confluent_kafka", "faust", "aiokafka",
+                  # Kafka coordinates (topics of the deployment, partition numbers, consumer
+                  # groups, client and broker names) and producer error names
+                  "topic", "partition", "group", "client", "broker", "stage", "error"}
 
 
 def settings(**kw: Any) -> Settings:
@@ -399,8 +404,35 @@ def test_worker_serves_metrics_health_and_readiness(
         wait_until("input lag 0", lambda: probe.lag_of(f"{dep.settings.app_id}-ingest",
                                                        dep.topics.input) == 0, 30, dep)
         assert probe.lag_of(f"{dep.settings.app_id}-never", dep.topics.input) == 41
+        never = probe.lag_by_partition(f"{dep.settings.app_id}-never", dep.topics.input)
+        assert sum(never.values()) == 41 and set(never) == set(range(dep.settings.partitions))
     finally:
         probe.stop()
+    # What a Kafka operator looks for, on the real worker: per-partition lag, assigned
+    # partitions, build info, and librdkafka's statistics of the ingest clients (reported
+    # every 10 s).
+    assert value(after, "dpc_build_info") == 1
+    timeline = dep.topics.timeline
+    assert value(after, "dpc_assigned_partitions", topic=timeline) == dep.settings.partitions
+    assert value(after, "dpc_catchup_ticks_behind") <= 2 * READY_SLACK_S * 1000 / tick
+    for p in range(dep.settings.partitions):
+        value(after, "dpc_consumer_lag_records", topic=dep.topics.input, partition=str(p))
+
+    def client_stats() -> bool:
+        m = scrape(f"{base}/metrics")
+        try:
+            value(m, "dpc_kafka_client_tx_retries", client="ingest-producer")
+            value(m, "dpc_kafka_client_rebalances", client="ingest-consumer")
+            value(m, "dpc_assigned_partitions", topic=dep.topics.input)
+        except KeyError:
+            return False
+        return True
+
+    wait_until("librdkafka statistics", client_stats, 40, dep)
+    last = parsed(scrapes[-1])
+    assert value(last, "dpc_kafka_client_tx_errors", client="ingest-producer") == 0
+    assert value(last, "dpc_assigned_partitions", topic=dep.topics.input) == \
+        dep.settings.partitions
     public = scrape(f"http://127.0.0.1:{public_port}/metrics")
     assert set(public) == PUBLIC_METRICS
     assert value(public, "dpc_releases_sent") >= value(after, "dpc_releases_sent")
@@ -408,3 +440,169 @@ def test_worker_serves_metrics_health_and_readiness(
         for name in names:
             assert name not in text
     assert dep.worker.stop() == 0, dep.worker.log_tail()
+
+
+# ------------------------------------------------------------------- for Kafka operators
+
+#: Help texts that need no unit: 0/1 gauges and the info metric.
+_UNITLESS = ("1 while", "Always 1")
+
+
+def undocumented(registry: CollectorRegistry) -> list[str]:
+    """Families of ours whose help does not say its unit (the part after the last `; `)
+    or is too short to say what it measures."""
+    bad = []
+    for fam in registry.collect():
+        if not fam.name.startswith("dpc_"):
+            continue
+        doc = fam.documentation
+        if len(doc) < 40 or not (doc.startswith(_UNITLESS) or "; " in doc):
+            bad.append(f"{fam.name}: {doc!r}")
+    return bad
+
+
+def test_every_help_text_says_what_and_its_unit() -> None:
+    """Control: the help text the issue quoted (`Operator count events_applied
+    (commit.Output metrics)`) is caught by the same check."""
+    from processor.stream.metrics import OPERATOR_COUNT_HELP
+    from processor.stream.operator import METRICS
+
+    assert set(OPERATOR_COUNT_HELP) == set(METRICS)
+    sf = surface(ingest=StatsIngest(SAMPLE_STATS))
+    assert undocumented(sf.operator) == []
+    registry = CollectorRegistry()
+    Counter("dpc_operator_events_applied", "Operator count events_applied (commit.Output "
+            "metrics)", registry=registry)
+    assert len(undocumented(registry)) == 1
+
+
+def test_build_info_assignment_catchup_and_producer_errors() -> None:
+    s = settings(partitions=4)
+    clock = Clock(0.0)
+    sf = surface(s, clock=clock, ingest=StatsIngest(SAMPLE_STATS))
+    fams = parsed(generate_latest(sf.operator).decode())
+    info = next(iter(fams["dpc_build_info"].samples))
+    assert info.value == 1 and info.labels["python"].count(".") == 2
+    assert info.labels["librdkafka"][0].isdigit() and info.labels["faust"] != "none"
+    # Before any assignment only the ingest consumer's (from librdkafka) is known.
+    assert sf.assigned_partitions() == {"dpc-input": 3}
+    sf.assigned([0, 2])
+    assert sf.assigned_partitions() == {"dpc-input": 3, "dpc-timeline": 2}
+    # Catch-up: due tick minus the oldest sealed tick over the owned partitions.
+    assert math.isnan(sf.catchup_ticks_behind())
+    sf.batch_committed(0, 100, {"markers_applied": 1}, 0.01)
+    sf.batch_committed(2, 90, {"markers_applied": 1}, 0.01)
+    clock.t = (500 * s.tick_ms + s.lateness_ms) / 1000  # tick 499 is due (sealed at 500 s)
+    assert sf.catchup_ticks_behind() == 499 - 90
+    ok, why = sf.readiness()
+    assert not ok and why.startswith("catching up, 409 ticks behind"), why
+    clock.t = (91 * s.tick_ms + s.lateness_ms) / 1000 + 0.5  # tick 90 just sealed
+    assert sf.catchup_ticks_behind() == 0 and sf.readiness()[0]
+    # Producer errors by stage and error name (never the message).
+    from confluent_kafka import KafkaError, KafkaException
+
+    sf.producer_error("operator", KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT,
+                                                            "secret text")))
+    sf.producer_error("operator", TimeoutError("x"))
+    sf.producer_error("ingest", "NOT_ENOUGH_REPLICAS")
+    asyncio.run(sf.on_revoked(None, set(), signal=None))
+    text = generate_latest(sf.operator).decode()
+    fams = parsed(text)
+    assert value(fams, "dpc_producer_errors", stage="operator", error="_MSG_TIMED_OUT") == 1
+    assert value(fams, "dpc_producer_errors", stage="operator", error="TimeoutError") == 1
+    assert value(fams, "dpc_producer_errors", stage="ingest", error="NOT_ENOUGH_REPLICAS") == 1
+    assert value(fams, "dpc_partitions_revocations") == 1
+    assert "secret text" not in text
+
+
+class StatsIngest(FakeIngest):
+    def __init__(self, stats: dict[str, Any]) -> None:
+        super().__init__()
+        self.client_stats = stats
+
+
+#: A trimmed librdkafka statistics report of a consumer and a producer (the fields
+#: client_stats_families reads, as librdkafka 2.x names them; a real report is checked
+#: against the same code by test_real_librdkafka_statistics).
+SAMPLE_STATS: dict[str, Any] = {
+    "ingest-consumer": {
+        "name": "rdkafka#consumer-1", "type": "consumer", "time": time.time(), "msg_cnt": 0,
+        "brokers": {
+            "127.0.0.1:9092/bootstrap": {"nodeid": -1, "state": "UP", "txerrs": 9},
+            "127.0.0.1:9092/1": {"name": "127.0.0.1:9092/1", "nodeid": 1,
+                                 "nodename": "127.0.0.1:9092", "state": "UP", "txerrs": 0,
+                                 "txretries": 1, "req_timeouts": 0, "rxerrs": 0,
+                                 "rtt": {"avg": 2500}}},
+        "topics": {"dpc-input": {"partitions": {
+            "0": {"consumer_lag": 5}, "1": {"consumer_lag": 0}, "2": {"consumer_lag": -1},
+            "-1": {"consumer_lag": -1}}}},
+        "cgrp": {"state": "up", "rebalance_cnt": 2, "assignment_size": 3},
+    },
+    "ingest-producer": {
+        "name": "rdkafka#producer-1", "type": "producer", "time": time.time(), "msg_cnt": 4,
+        "brokers": {"127.0.0.1:9092/1": {"nodeid": 1, "nodename": "127.0.0.1:9092",
+                                         "state": "DOWN", "txerrs": 3, "txretries": 7,
+                                         "req_timeouts": 2, "rxerrs": 1,
+                                         "rtt": {"avg": 0}}},
+    },
+}
+
+
+def test_librdkafka_statistics_become_families() -> None:
+    from processor.stream.metrics import client_stats_families
+
+    registry = CollectorRegistry()
+
+    class C:
+        def collect(self) -> Iterable[Metric]:
+            return client_stats_families(SAMPLE_STATS)
+
+    registry.register(C())  # type: ignore[arg-type]
+    fams = parsed(generate_latest(registry).decode())
+    assert value(fams, "dpc_kafka_client_tx_errors", client="ingest-producer") == 3
+    # The sums include the bootstrap connections' (failed sends there are real); the
+    # per-broker families leave the placeholders out (below: one broker label only).
+    assert value(fams, "dpc_kafka_client_tx_errors", client="ingest-consumer") == 9
+    brokers = {smp.labels["broker"] for smp in fams["dpc_kafka_client_broker_up"].samples}
+    assert brokers == {"127.0.0.1:9092"}
+    assert value(fams, "dpc_kafka_client_tx_retries", client="ingest-producer") == 7
+    assert value(fams, "dpc_kafka_client_request_timeouts", client="ingest-producer") == 2
+    assert value(fams, "dpc_kafka_client_queued_messages", client="ingest-producer") == 4
+    assert value(fams, "dpc_kafka_client_broker_up", client="ingest-producer",
+                 broker="127.0.0.1:9092") == 0
+    assert value(fams, "dpc_kafka_client_broker_rtt_seconds", client="ingest-consumer",
+                 broker="127.0.0.1:9092") == pytest.approx(0.0025)
+    assert value(fams, "dpc_kafka_client_consumer_lag_records", client="ingest-consumer",
+                 topic="dpc-input", partition="0") == 5
+    with pytest.raises(KeyError):  # unknown lag (-1) and the internal partition: absent
+        value(fams, "dpc_kafka_client_consumer_lag_records", partition="2")
+    assert value(fams, "dpc_kafka_client_rebalances", client="ingest-consumer") == 2
+    # The sample's "time" is when this module was imported: the age is measured from it.
+    expected = time.time() - SAMPLE_STATS["ingest-consumer"]["time"]
+    assert value(fams, "dpc_kafka_client_stats_age_seconds",
+                 client="ingest-consumer") == pytest.approx(expected, abs=5)
+
+
+def test_real_librdkafka_statistics(kafka_bootstrap: str, unique_topic: Callable[[str], str]
+                                    ) -> None:
+    """A real producer's statistics report through the same code: its broker is up, the
+    queue drained, no errors (the field names above are librdkafka's)."""
+    from confluent_kafka import Producer
+
+    from processor.stream.metrics import client_stats_families
+
+    got: list[str] = []
+    producer = Producer({"bootstrap.servers": kafka_bootstrap,
+                         "statistics.interval.ms": "200", "stats_cb": got.append})
+    topic = unique_topic("stats")
+    producer.produce(topic, b"x")
+    producer.flush(30)
+    deadline = time.monotonic() + 30
+    while len(got) < 2 and time.monotonic() < deadline:
+        producer.poll(0.2)
+    assert got, "no statistics in 30 s"
+    fams = {f.name: f for f in client_stats_families({"p": orjson.loads(got[-1])})}
+    ups = [smp.value for smp in fams["dpc_kafka_client_broker_up"].samples]
+    assert ups and all(v == 1 for v in ups), ups
+    assert fams["dpc_kafka_client_queued_messages"].samples[0].value == 0
+    assert fams["dpc_kafka_client_tx_errors"].samples[0].value == 0

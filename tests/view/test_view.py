@@ -12,6 +12,7 @@ types produced straight to the public topics, which is all the view reads.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +30,26 @@ from processor.view.server import ViewServer
 ROOT = Path(__file__).resolve().parents[2]
 TICK_MS = 1000
 START_MS = 1_700_000_000_000  # a tick boundary
+FINGERPRINT = "0123456789abcdef" * 4
+#: Where the screenshot tests also leave their PNGs for a person to look at (optional).
+SCREENSHOT_DIR = os.environ.get("VIEW_SCREENSHOT_DIR")
+
+
+def record_canvas_text(browser: Any) -> None:
+    """From the next page load on, every text drawn on a canvas is recorded in
+    `window.__canvasText`: uPlot draws its axis titles and tick labels on the canvas, so
+    this is what the reader sees, read without OCR."""
+    browser.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": """
+        window.__canvasText = [];
+        const fill = CanvasRenderingContext2D.prototype.fillText;
+        CanvasRenderingContext2D.prototype.fillText = function (text, x, y, w) {
+          window.__canvasText.push(String(text));
+          return fill.apply(this, arguments);
+        };"""})
+
+
+def canvas_text(browser: Any) -> list[str]:
+    return list(browser.execute_script("return window.__canvasText || [];"))
 
 
 def _release(counter: str, tick: int, value: float, kind: str = "change") -> bytes:
@@ -88,10 +109,12 @@ def test_page_shows_counters_and_a_new_release_without_reload(
     deployment, url, overlay = view_process
     conf, topics = deployment.conf, deployment.topics
     kafka_io.produce_all(conf, topics.ledger, [
-        (b"signups", LedgerEntry("signups", "ecc", 1.0, 1e-6, TICK_MS, START_MS).to_json())])
+        (b"signups", LedgerEntry("signups", "ecc", 1.0, 1e-6, TICK_MS, START_MS,
+                                 fingerprint=FINGERPRINT).to_json())])
     kafka_io.produce_all(conf, topics.counts, [
         (b"signups", _release("signups", t, 10.0 * t)) for t in (1, 2, 3)])
 
+    record_canvas_text(browser)
     browser.get(url)
     browser.execute_script("window.__loadedOnce = true;")
 
@@ -106,8 +129,9 @@ def test_page_shows_counters_and_a_new_release_without_reload(
     _wait("the ledger entry", lambda: browser.find_elements(
         By.CSS_SELECTOR, '#ledger tbody tr[data-counter="signups"]'))
     assert "no release yet" in section("purchases").text
-    # The band and the line are drawn.
-    assert len(section("signups").find_elements(By.CSS_SELECTOR, "svg path")) >= 2
+    # The chart is uPlot's (a canvas in the section), the other one still waits.
+    assert section("signups").find_elements(By.CSS_SELECTOR, ".uplot canvas")
+    assert not section("purchases").find_elements(By.CSS_SELECTOR, ".uplot")
 
     # A new release while the page is open.
     kafka_io.produce_all(conf, topics.counts, [(b"purchases", _release("purchases", 7, 123.5))])
@@ -117,6 +141,17 @@ def test_page_shows_counters_and_a_new_release_without_reload(
     cells = _row_cells(browser, '#releases tbody tr[data-counter="purchases"]')
     assert cells[1:7] == ["purchases", "7", "change", "123.50", "40.0", "0.05"], cells
     assert cells[0].count(":") == 2, cells  # the wall-clock column, HH:MM:SS
+    # The ledger: the tick LENGTH under its own header, the fingerprint in full and not
+    # clipped by its cell.
+    header = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#ledger thead th'), h => h.textContent);")
+    ledger = dict(zip(header, _row_cells(browser, '#ledger tbody tr[data-counter="signups"]'),
+                      strict=True))
+    assert ledger["tick length"] == f"{TICK_MS} ms" and ledger["from tick"] == "1", ledger
+    assert ledger["configuration fingerprint"] == FINGERPRINT, ledger
+    assert browser.execute_script(
+        "const td = document.querySelector('#ledger td.fingerprint');"
+        "return td.scrollWidth <= td.clientWidth + 1;"), "fingerprint clipped"
 
     # Demo mode: the demo's overlay file (its own true count, dead letters by reason).
     write_overlay(overlay, {"truth": {"signups": [[1, 9], [3, 31]]},
@@ -126,12 +161,23 @@ def test_page_shows_counters_and_a_new_release_without_reload(
         By.CSS_SELECTOR, '#deadletters tbody tr[data-reason="unparsable"]'))
     assert _row_cells(browser, '#deadletters tr[data-reason="unparsable"]') == [
         "unparsable", "4"]
-    _wait("the true count line", lambda: section("signups").find_elements(
-        By.CSS_SELECTOR, 'path[stroke="#d9480f"]'))
-    legend = browser.find_element(By.ID, "legend").text
+    _wait("the true count line", lambda: int(
+        section("signups").get_attribute("data-truth-points") or 0) > 0)
+    _wait("the true count in the chart's legend", lambda: "true (demo only)" in section(
+        "signups").text)
+    legend = browser.find_element(By.ID, "legend")
+    # Closed, it is one line above the charts; opened, it explains every term.
+    assert legend.size["height"] < 80, legend.size
+    browser.execute_script("document.getElementById('legend').open = true;")
     for word in ("kind", "beta", "bound", "heartbeat"):
-        assert word in legend
+        assert word in legend.text
     assert browser.execute_script("return window.__loadedOnce === true;"), "page reloaded"
+    # Nothing wider than the window (the ledger's ten columns used to push the page).
+    assert browser.execute_script(
+        "return document.documentElement.scrollWidth <= window.innerWidth;")
+    if SCREENSHOT_DIR:
+        Path(SCREENSHOT_DIR).mkdir(parents=True, exist_ok=True)
+        browser.save_screenshot(str(Path(SCREENSHOT_DIR) / "view-demo-page.png"))
 
 
 def test_feed_reads_only_the_public_topics() -> None:
@@ -231,3 +277,105 @@ def test_compose_view_service_matches_the_command() -> None:
     assert f"127.0.0.1:{args.port}/healthz" in health, health
     assert view.get("image") == doc["services"]["worker"]["image"]
     ViewServer(settings, host=args.host, port=args.port)  # builds from that config
+
+
+def test_charts_have_dated_axes_titles_hover_and_zoom(
+        view_process: tuple[Any, str, Path], browser: Any, tmp_path: Path) -> None:
+    """A 50-hour window of releases (the window the issue saw labelled with two clock
+    times): the time axis carries dates and a title with its time zone, the count axis a
+    title with its unit (read from what is drawn on the canvas); hovering shows the values
+    under the cursor in the chart's legend; dragging zooms in and a double-click zooms
+    out; a screenshot is taken (and kept in $VIEW_SCREENSHOT_DIR when set). Control: the
+    same canvas reading finds no axis title on a page that has no chart yet."""
+    import datetime as dt
+
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    deployment, url, overlay = view_process
+    conf, topics = deployment.conf, deployment.topics
+    record_canvas_text(browser)
+    browser.set_window_size(1280, 1000)
+    browser.get(url)
+    _wait("the page's charts area", lambda: browser.find_elements(
+        By.CSS_SELECTOR, 'section.counter[data-counter="signups"]'))
+    before = canvas_text(browser)
+    assert not any("count (events)" in t for t in before), before  # control: no chart yet
+
+    hours = 50
+    step = hours * 3600 // 200  # ticks between releases
+    kafka_io.produce_all(conf, topics.counts, [
+        (b"signups", _release("signups", 1 + k * step, 5.0 * k + (k % 7) - 3,
+                              kind="heartbeat" if k % 5 == 0 else "change"))
+        for k in range(201)])
+    write_overlay(overlay, {"truth": {"signups": [[1 + k * step, 5 * k] for k in range(201)]},
+                            "start_ms": {"signups": START_MS}, "tick_ms": TICK_MS,
+                            "dead_letters": {}})
+
+    def section() -> Any:
+        return browser.find_element(By.CSS_SELECTOR, 'section.counter[data-counter="signups"]')
+
+    _wait("the 201 releases", lambda: section().get_attribute("data-releases") == "201")
+    _wait("the truth overlay", lambda: int(section().get_attribute("data-truth-points")) > 0)
+    texts = canvas_text(browser)
+    assert "count (events)" in texts, texts
+    x_title = [t for t in texts if t.startswith("wall-clock time at the end of each tick (UTC")]
+    assert x_title, texts
+    # Dated: the date of every day the window enters is drawn under the clock time of its
+    # first tick mark (local time of the browser, which is this machine's).
+    first = dt.datetime.fromtimestamp(START_MS / 1000).date()
+    last = dt.datetime.fromtimestamp((START_MS + hours * 3600_000) / 1000).date()
+    drawn = " ".join(texts)
+    days = [first + dt.timedelta(days=n) for n in range(1, (last - first).days + 1)]
+    assert len(days) >= 2
+    for day in days:
+        assert day.isoformat() in drawn, (day, texts)
+    # Hover: the legend shows the values at the cursor.
+    over = section().find_element(By.CSS_SELECTOR, ".u-over")
+    ActionChains(browser).move_to_element_with_offset(over, 40, 20).perform()
+    values = _wait("hover values", lambda: [v for v in browser.execute_script(
+        "return Array.from(arguments[0].querySelectorAll('.u-legend .u-value'),"
+        " v => v.textContent);", section()) if v not in ("", "–", "--")])
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", values[0]), values
+    # Zoom: drag across the middle fifth; the x range shrinks; double-click restores it.
+    scale = ("const p = window.dpcView.counters.get('signups').plot;"
+             "return [p.scales.x.min, p.scales.x.max];")
+    full = browser.execute_script(scale)
+    w = over.size["width"]
+    ActionChains(browser).move_to_element_with_offset(over, -w // 10, 0).click_and_hold() \
+        .move_by_offset(w // 5, 0).release().perform()
+    zoomed = _wait("the zoom", lambda: (lambda z: z if z[1] - z[0] < 0.5 * (full[1] - full[0])
+                                        else None)(browser.execute_script(scale)))
+    assert full[0] < zoomed[0] < zoomed[1] < full[1], (full, zoomed)
+    shot = tmp_path / "view-zoomed.png"
+    browser.save_screenshot(str(shot))
+    ActionChains(browser).double_click(over).perform()
+    _wait("the zoom reset", lambda: browser.execute_script(scale) == full)
+    browser.execute_script("window.scrollTo(0, 0);")
+    full_shot = tmp_path / "view.png"
+    browser.save_screenshot(str(full_shot))
+    for png in (shot, full_shot):
+        assert png.stat().st_size > 10_000  # a rendered page, not a blank one
+        if SCREENSHOT_DIR:
+            Path(SCREENSHOT_DIR).mkdir(parents=True, exist_ok=True)
+            (Path(SCREENSHOT_DIR) / png.name).write_bytes(png.read_bytes())
+
+
+def test_view_without_brokers_is_one_error_line(tmp_path: Path) -> None:
+    """`python -m processor view` fails like the other commands when the brokers do not
+    answer: one `error:` line naming them, exit 2, no page left running."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "unreachable.toml"
+    cfg.write_text('allow_undeclared = true\nbootstrap_servers = "127.0.0.1:9"\n')
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("DPC_") and k != "KAFKA_BOOTSTRAP_SERVERS"}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run([sys.executable, "-m", "processor", "view", "--config", str(cfg),
+                           "--port", "0", "--broker-timeout", "2"], env=env, text=True,
+                          capture_output=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("error: the Kafka brokers at 127.0.0.1:9 do not answer")
+    assert done.stderr.count("\n") == 1 and "KafkaError{" not in done.stderr, done.stderr
+    assert "view: http" not in done.stdout

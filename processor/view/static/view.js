@@ -1,15 +1,18 @@
 // The live view's page: polls /api/updates for the records after the ones it has, keeps
-// them per counter and redraws each counter's chart as inline SVG (no library, no CDN).
+// them per counter and draws each counter's chart with uPlot (vendored next to this file:
+// uPlot.iife.min.js, MIT; no CDN). Time axis: the end of each release's tick, in this
+// browser's time zone, dated; hover shows the values; drag zooms, double-click zooms out.
 "use strict";
 
-const SVG_NS = "http://www.w3.org/2000/svg";
-const W = 640, H = 230, ML = 64, MR = 12, MT = 10, MB = 26;
 const KEEP_POINTS = 3000;   // per counter, for drawing
 const TABLE_ROWS = 25;
+const CHART_H = 240;
+const BLUE = "#2f6fdb", BAND = "rgba(47,111,219,0.14)", BAND_EDGE = "rgba(47,111,219,0.35)";
+const TRUE_COLOR = "#d9480f";
 
 const state = {
   meta: null, cursor: { r: 0, l: 0, d: 0 },
-  counters: new Map(),      // name -> {name, releases: [], el, svg, latest}
+  counters: new Map(),      // name -> {name, releases: [], el, box, latest, plot, zoomed}
   recent: [], ledger: [], demo: null, dirty: new Set(),
   fit: false,               // y axis fitted to the values (the band clipped) or to the band
 };
@@ -21,40 +24,42 @@ function el(tag, attrs, text) {
   if (text !== undefined) e.textContent = text;
   return e;
 }
-function svg(tag, attrs) {
-  const e = document.createElementNS(SVG_NS, tag);
-  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, v);
-  return e;
+function pad2(n) { return String(n).padStart(2, "0"); }
+function dateOf(d) { return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())}`; }
+function clockOf(d, seconds) {
+  return `${pad2(d.getHours())}:${pad2(d.getMinutes())}` + (seconds ? `:${pad2(d.getSeconds())}` : "");
 }
-function clock(ms) {
-  return new Date(ms).toLocaleTimeString([], { hour12: false });
+function clock(ms) { return clockOf(new Date(ms), true); }
+function stamp(ms) { const d = new Date(ms); return `${dateOf(d)} ${clockOf(d, true)}`; }
+function zone() {
+  const off = -new Date().getTimezoneOffset(), a = Math.abs(off);
+  return `UTC${off < 0 ? "−" : "+"}${pad2(Math.floor(a / 60))}:${pad2(a % 60)}`;
 }
 function num(v, digits) { return Number(v).toFixed(digits); }
-
-// x of a release: the end of its tick in wall-clock time (the tick number without it).
-function relX(r) {
-  return typeof r.tick_start_ms === "number" && typeof r.tick_ms === "number"
-    ? r.tick_start_ms + r.tick_ms : r.tick;
+function fmtCount(v) {
+  if (v == null) return "–";
+  return Math.abs(v) >= 1e5 ? v.toExponential(2) : String(Math.round(v * 100) / 100);
 }
 
-function counterBox(name) {
-  let c = state.counters.get(name);
-  if (c) return c;
-  const section = el("section", { class: "counter", "data-counter": name,
-    "data-releases": "0", "data-last-tick": "" });
-  section.append(el("h3", {}, name));
-  const latest = el("p", { class: "latest" }, "no release yet");
-  const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img",
-    "aria-label": `private count of ${name} over time` });
-  const key = el("div", { class: "key" });
-  key.innerHTML = '<span><i class="sw" style="background:#2f6fdb"></i>private</span>' +
-    '<span><i class="sw" style="background:#2f6fdb33"></i>± bound (prob. ≥ 1 − beta)</span>' +
-    '<span class="demo-only"><i class="sw" style="background:#d9480f"></i>true count (demo only)</span>';
-  section.append(latest, chart, key);
-  $("#counters").append(section);
-  c = { name, releases: [], el: section, svg: chart, latest };
-  state.counters.set(name, c);
-  return c;
+// x of a release: the end of its tick in wall-clock ms (null without a tick time).
+function relX(r) {
+  return typeof r.tick_start_ms === "number" && typeof r.tick_ms === "number"
+    ? r.tick_start_ms + r.tick_ms : null;
+}
+
+// The time axis' labels: the time of day at each tick mark, with the date under the first
+// mark and under every mark where the day changes (a 50-hour window shows its dates).
+function timeLabels(u, splits, _axis, _space, incr) {
+  let day = null;
+  return splits.map(s => {
+    const d = new Date(s * 1000);
+    let t = clockOf(d, incr < 60);
+    if (incr < 1) t += "." + String(d.getMilliseconds()).padStart(3, "0");
+    const today = dateOf(d);
+    const label = today !== day ? `${t}\n${today}` : t;
+    day = today;
+    return label;
+  });
 }
 
 function truthOf(name) {
@@ -65,76 +70,135 @@ function truthOf(name) {
   return d.truth[name].map(([t, s]) => [start + t * tick, s]);
 }
 
-function niceTicks(lo, hi, n) {
-  const span = hi - lo || 1;
-  const step0 = span / n, mag = Math.pow(10, Math.floor(Math.log10(step0)));
-  const step = [1, 2, 5, 10].map(m => m * mag).find(s => span / s <= n) || 10 * mag;
-  const out = [];
-  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) out.push(v);
+// The chart's columns: x (seconds), private, upper and lower edge of the band, heartbeat
+// dots, and (demo) the true count. A release holds until the next one (nothing is
+// published while y stays put), so the value, the band and the truth are carried forward.
+function columns(c) {
+  const rel = c.releases.filter(r => relX(r) !== null).sort((a, b) => relX(a) - relX(b));
+  const truth = truthOf(c.name);
+  const xs = Array.from(new Set(rel.map(relX).concat(truth.map(p => p[0])))).sort((a, b) => a - b);
+  const out = { x: [], priv: [], up: [], lo: [], hb: [], tru: [], change: [] };
+  let ri = 0, ti = 0, cur = null, curT = null;
+  let lo = Infinity, hi = -Infinity;
+  xs.forEach((x, i) => {
+    let at = null;
+    while (ri < rel.length && relX(rel[ri]) <= x) { cur = rel[ri]; if (relX(cur) === x) at = cur; ri++; }
+    while (ti < truth.length && truth[ti][0] <= x) { curT = truth[ti][1]; ti++; }
+    out.x.push(x / 1000);
+    out.priv.push(cur ? cur.value : null);
+    out.up.push(cur ? cur.value + cur.error_bound : null);
+    out.lo.push(cur ? cur.value - cur.error_bound : null);
+    out.hb.push(at && at.kind === "heartbeat" ? at.value : null);
+    out.tru.push(curT);
+    if (at && at.kind !== "heartbeat") out.change.push(i);
+    for (const v of [cur ? cur.value : null, curT]) {
+      if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
+    }
+  });
+  // One point alone gives uPlot an empty time range, which it widens to years: hold the
+  // value for one more tick (it holds until the next release anyway), without a dot.
+  if (out.x.length === 1) {
+    const tick = rel.length ? rel[0].tick_ms / 1000 : 1;
+    out.x.push(out.x[0] + tick);
+    for (const k of ["priv", "up", "lo", "tru"]) out[k].push(out[k][0]);
+    out.hb.push(null);
+  }
+  out.fit = lo <= hi ? [lo, hi] : null;
   return out;
 }
 
-function draw(c) {
-  const rel = c.releases, truth = truthOf(c.name);
-  const g = c.svg;
-  while (g.firstChild) g.removeChild(g.firstChild);
-  if (!rel.length && !truth.length) {
-    const t = svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", fill: "#888" });
-    t.textContent = "waiting for the first release…";
-    g.append(t);
-    return;
-  }
-  const xs = rel.map(relX).concat(truth.map(p => p[0]));
-  let x0 = Math.min(...xs), x1 = Math.max(...xs);
-  if (x1 === x0) x1 = x0 + 1;
-  let lo = Infinity, hi = -Infinity;
-  const reach = state.fit ? 0 : 1;  // fitted: the values decide the axis, the band is clipped
-  for (const r of rel) { lo = Math.min(lo, r.value - reach * r.error_bound); hi = Math.max(hi, r.value + reach * r.error_bound); }
-  for (const [, s] of truth) { lo = Math.min(lo, s); hi = Math.max(hi, s); }
-  const pad = (hi - lo) * 0.05 || 1; lo -= pad; hi += pad;
-  const X = x => ML + (x - x0) / (x1 - x0) * (W - ML - MR);
-  const Y = y => Math.min(H - MB, Math.max(MT, MT + (hi - y) / (hi - lo) * (H - MT - MB)));
+function yRange(c) {
+  return (u, min, max) => {
+    if (state.fit && c.cols && c.cols.fit) [min, max] = c.cols.fit;
+    if (min == null || max == null || !isFinite(min) || !isFinite(max)) return [0, 1];
+    const pad = (max - min) * 0.06 || Math.max(1, Math.abs(max) * 0.1);
+    return [min - pad, max + pad];
+  };
+}
 
-  for (const v of niceTicks(lo, hi, 5)) {
-    g.append(svg("line", { x1: ML, x2: W - MR, y1: Y(v), y2: Y(v), stroke: "#eee" }));
-    const t = svg("text", { x: ML - 6, y: Y(v) + 4, "text-anchor": "end", "font-size": 11, fill: "#666" });
-    t.textContent = Math.abs(v) >= 1000 ? v.toExponential(1) : String(Math.round(v * 100) / 100);
-    g.append(t);
+function makePlot(c) {
+  const demo = !!(state.meta && state.meta.demo);
+  const stepped = uPlot.paths.stepped({ align: 1 });
+  const value = (u, v) => fmtCount(v);
+  const series = [
+    { label: "time", value: (u, v) => v == null ? "–" : stamp(v * 1000) },
+    { label: "private", stroke: BLUE, width: 2, paths: stepped, value,
+      points: { show: true, size: 6, fill: BLUE, stroke: BLUE,
+                filter: () => (c.cols ? c.cols.change : []) } },
+    { label: "private + bound", stroke: BAND_EDGE, width: 1, paths: stepped, value,
+      points: { show: false } },
+    { label: "private − bound", stroke: BAND_EDGE, width: 1, paths: stepped, value,
+      points: { show: false } },
+    { label: "heartbeat", stroke: BLUE, width: 0, paths: () => null, value,
+      points: { show: true, size: 6, fill: "#fff", stroke: BLUE, width: 1.5 } },
+  ];
+  if (demo) {
+    series.push({ label: "true (demo only)", stroke: TRUE_COLOR, width: 1.5, dash: [6, 3],
+                  paths: stepped, value, points: { show: false } });
   }
-  const timeAxis = rel.length && typeof rel[0].tick_start_ms === "number";
-  for (const [x, anchor] of [[x0, "start"], [x1, "end"]]) {
-    const t = svg("text", { x: X(x), y: H - 6, "text-anchor": anchor, "font-size": 11, fill: "#666" });
-    t.textContent = timeAxis ? clock(x) : `tick ${x}`;
-    g.append(t);
-  }
-  g.append(svg("line", { x1: ML, x2: ML, y1: MT, y2: H - MB, stroke: "#bbb" }));
+  const opts = {
+    width: Math.max(300, c.box.clientWidth || 500), height: CHART_H,
+    padding: [10, 40, 0, 0],  // room on the right for the last time label and its date
+    series,
+    bands: [{ series: [2, 3], fill: BAND }],
+    scales: { x: { time: true }, y: { range: yRange(c) } },
+    axes: [
+      { label: `wall-clock time at the end of each tick (${zone()})`, values: timeLabels,
+        space: 70, size: 46, labelSize: 18, labelFont: "12px system-ui, sans-serif",
+        font: "11px system-ui, sans-serif" },
+      { label: "count (events)", values: (u, splits) => splits.map(fmtCount), size: 58,
+        labelSize: 18, labelFont: "12px system-ui, sans-serif",
+        font: "11px system-ui, sans-serif" },
+    ],
+    cursor: { drag: { x: true, y: false, setScale: true } },
+    legend: { live: true },
+    hooks: {
+      setSelect: [u => { if (u.select.width > 0) c.zoomed = true; }],
+    },
+  };
+  const plot = new uPlot(opts, data(c), c.box);
+  plot.over.addEventListener("dblclick", () => { c.zoomed = false; });
+  return plot;
+}
 
-  if (rel.length) {
-    // A release holds until the next one (nothing is published while y stays put), so
-    // the value and the band are steps.
-    const pts = rel.map(r => [X(relX(r)), r.value, r.error_bound]);
-    const end = X(x1);
-    let up = "", down = "", line = "";
-    pts.forEach(([x, v, b], i) => {
-      const nx = i + 1 < pts.length ? pts[i + 1][0] : end;
-      up += `${i ? "L" : "M"}${x},${Y(v + b)} L${nx},${Y(v + b)} `;
-      down = `L${nx},${Y(v - b)} L${x},${Y(v - b)} ` + down;
-      line += `${i ? "L" : "M"}${x},${Y(v)} L${nx},${Y(v)} `;
-    });
-    g.append(svg("path", { d: up + down + "Z", fill: "#2f6fdb", "fill-opacity": 0.15, stroke: "none" }));
-    g.append(svg("path", { d: line, fill: "none", stroke: "#2f6fdb", "stroke-width": 1.6 }));
-    for (const r of rel.slice(-150)) {
-      g.append(svg("circle", { cx: X(relX(r)), cy: Y(r.value), r: 2.4,
-        fill: r.kind === "heartbeat" ? "#fff" : "#2f6fdb", stroke: "#2f6fdb" }));
+function data(c) {
+  const k = c.cols;
+  const cols = [k.x, k.priv, k.up, k.lo, k.hb];
+  if (state.meta && state.meta.demo) cols.push(k.tru);
+  return cols;
+}
+
+function counterBox(name) {
+  let c = state.counters.get(name);
+  if (c) return c;
+  const section = el("section", { class: "counter", "data-counter": name,
+    "data-releases": "0", "data-last-tick": "", "data-truth-points": "0" });
+  section.append(el("h3", {}, name));
+  const latest = el("p", { class: "latest" }, "no release yet");
+  const box = el("div", { class: "chart", role: "img",
+    "aria-label": `private count of ${name} over time, with its error band` });
+  box.append(el("p", { class: "waiting" }, "waiting for the first release…"));
+  section.append(latest, box);
+  $("#counters").append(section);
+  c = { name, releases: [], el: section, box, latest, plot: null, zoomed: false, cols: null };
+  state.counters.set(name, c);
+  new ResizeObserver(() => {
+    if (c.plot && c.box.clientWidth > 0 && Math.abs(c.plot.width - c.box.clientWidth) > 2) {
+      c.plot.setSize({ width: c.box.clientWidth, height: CHART_H });
     }
-  }
-  if (truth.length) {
-    let d = "";
-    truth.forEach(([x, s], i) => {
-      const nx = i + 1 < truth.length ? truth[i + 1][0] : x1;
-      d += `${i ? "L" : "M"}${X(x)},${Y(s)} L${X(nx)},${Y(s)} `;
-    });
-    g.append(svg("path", { d, fill: "none", stroke: "#d9480f", "stroke-width": 1.4, "stroke-dasharray": "4 2" }));
+  }).observe(box);
+  return c;
+}
+
+function draw(c) {
+  c.cols = columns(c);
+  c.el.dataset.truthPoints = String(c.cols.tru.filter(v => v !== null).length);
+  if (!c.cols.x.length) return;
+  if (!c.plot) {
+    c.box.replaceChildren();
+    c.plot = makePlot(c);
+  } else {
+    c.plot.setData(data(c), !c.zoomed);  // a zoomed chart keeps its window
   }
 }
 
@@ -150,21 +214,23 @@ function renderTables() {
   const body = $("#releases tbody");
   body.replaceChildren(...state.recent.slice(-TABLE_ROWS).reverse().map(r => {
     const tr = el("tr", { "data-counter": r.counter, "data-tick": String(r.tick) });
-    const cells = [timeAxisLabel(r), r.counter, r.tick, r.kind || "", num(r.value, 2),
+    const x = relX(r);
+    const cells = [x !== null ? clock(x) : "", r.counter, r.tick, r.kind || "", num(r.value, 2),
       num(r.error_bound, 1), r.beta !== undefined ? r.beta : ""];
     for (const v of cells) tr.append(el("td", {}, String(v)));
+    if (x !== null) tr.cells[0].title = stamp(x);
     tr.append(el("td", { class: "demo-only" }, String(trueAt(r.counter, r.tick))));
     return tr;
   }));
   $("#ledger tbody").replaceChildren(...state.ledger.map(e => {
     const tr = el("tr", { "data-counter": e.counter,
-      title: `privacy unit: ${e.privacy_unit || "?"}; fingerprint ${e.fingerprint || "?"}` });
-    for (const v of [e.counter, e.mechanism, e.epsilon, e.delta,
-      e.tick_ms !== undefined ? `${e.tick_ms} ms` : "",
-      typeof e.start_ms === "number" ? new Date(e.start_ms).toISOString().slice(0, 19) : "",
-      (e.fingerprint || "").slice(0, 10)]) {
-      tr.append(el("td", {}, String(v)));
-    }
+      title: `privacy unit: ${e.privacy_unit || "?"}; noise key id ${e.key_id || "?"}` });
+    const cells = [e.counter, e.entry || "created", e.mechanism, e.calibration || "paper",
+      e.epsilon, e.delta, typeof e.tick_ms === "number" ? `${e.tick_ms} ms` : "",
+      typeof e.start_ms === "number" ? new Date(e.start_ms).toISOString().slice(0, 19).replace("T", " ") : "",
+      e.since_tick !== undefined ? e.since_tick : ""];
+    for (const v of cells) tr.append(el("td", {}, String(v)));
+    tr.append(el("td", { class: "fingerprint" }, e.fingerprint || ""));
     return tr;
   }));
   const dead = (state.demo && state.demo.dead_letters) || {};
@@ -175,20 +241,17 @@ function renderTables() {
   }));
 }
 
-function timeAxisLabel(r) {
-  return typeof r.tick_start_ms === "number" ? clock(relX(r)) : "";
-}
-
 function updateLatest(c) {
   const r = c.releases[c.releases.length - 1];
   if (!r) return;
   c.el.dataset.releases = String(c.releases.length);
   c.el.dataset.lastTick = String(r.tick);
   c.el.dataset.lastValue = String(r.value);
+  const x = relX(r);
   c.latest.textContent = `private ${num(r.value, 2)} ± ${num(r.error_bound, 1)}` +
     (r.beta !== undefined ? ` (beta ${r.beta})` : "") +
     ` · tick ${r.tick} (${r.kind || "?"})` +
-    (typeof r.tick_start_ms === "number" ? ` · ${clock(relX(r))}` : "") +
+    (x !== null ? ` · ${stamp(x)}` : "") +
     (r.mechanism ? ` · ${r.mechanism}, eps ${r.epsilon}, delta ${r.delta}` : "");
 }
 
@@ -219,7 +282,7 @@ function apply(u) {
   const status = $("#status");
   status.dataset.status = u.status;
   status.textContent = `status: ${u.more ? "catching up" : u.status} · ${state.cursor.r} releases · ` +
-    `${state.ledger.length} ledger entries · updated ${clock(Date.now())}` +
+    `${state.ledger.length} ledger entries · updated ${stamp(Date.now())}` +
     (u.unreadable ? ` · ${u.unreadable} unreadable records skipped` : "");
 }
 
@@ -252,9 +315,11 @@ async function start() {
   for (const d of meta.declared) draw(counterBox(d.counter));
   $("#fit").addEventListener("change", ev => {
     state.fit = ev.target.checked;
-    for (const c of state.counters.values()) draw(c);
+    for (const c of state.counters.values()) if (c.plot) c.plot.setData(data(c), true);
   });
   poll();
 }
 
+// For the browser tests (and the curious): the page's state, read-only by convention.
+window.dpcView = state;
 start();
