@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -45,6 +47,8 @@ import faust
 from confluent_kafka import KafkaError, KafkaException
 from faust.exceptions import NotReady
 from faust.types import TP, ConsumerT, Message
+from rocksdict import Options as RdictOptions
+from rocksdict import Rdict
 
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
@@ -68,7 +72,7 @@ from processor.stream.operator import (
     Operator,
     ParameterChangeError,
 )
-from processor.stream.producer import AsyncProducer
+from processor.stream.producer import AsyncProducer, DeliveryError
 from processor.stream.records import (
     LedgerEntry,
     Release,
@@ -112,6 +116,66 @@ SUSPENSION_LIMIT_S: Final = SESSION_TIMEOUT_S / 2
 
 class StartError(RuntimeError):
     """Why the worker cannot start: printed as one `error:` line, exit code 2."""
+
+
+class StorageError(RuntimeError):
+    """A local state file the worker cannot use: one `error:` line, exit code 1 (a
+    supervisor restarts it; the restart rebuilds the local state from the changelog)."""
+
+
+#: Free space the state directory's disk must keep: RocksDB stalls, not fails, when a
+#: flush finds no room, so the worker checks before it writes (at start and at every
+#: checkpoint) and stops with a clear line instead of hanging.
+MIN_FREE_BYTES: Final = 64 << 20
+
+_CORRUPT_FILE = re.compile(r"(/[^\s]+?\.(?:sst|log|ldb)|MANIFEST-\d+|CURRENT)\b")
+
+
+def storage_failure(exc: BaseException, settings: Settings) -> str | None:
+    """One line for a failure of the local state directory: the cause, the path and the
+    remedy; None if `exc` is not one. RocksDB reports as `Exception("IO error: ...")` or
+    `("Corruption: ...")`; only the kind and a file name are quoted (never the text,
+    which could carry a key)."""
+    where = Path(settings.state_dir).resolve() / settings.app_id
+    rebuild = (f"the restart rebuilds the local state from the changelog topic "
+               f"{changelog_topic(settings)!r} and loses nothing")
+    err = exc.errno if isinstance(exc, OSError) else None
+    text = "" if isinstance(exc, OSError) else str(exc)
+    if err == errno.ENOSPC or "No space left on device" in text:
+        free = _free_mib(where)
+        return (f"the disk of the state directory {str(where)!r} is full ({free} free). "
+                f"Remedy: free space on it (keep at least {MIN_FREE_BYTES >> 20} MiB) or "
+                f"set state_dir to another disk, then restart: {rebuild}.")
+    if err in (errno.EROFS, errno.EACCES, errno.EPERM) or any(
+            m in text for m in ("Read-only file system", "Permission denied")):
+        return (f"the state directory {str(where)!r} cannot be written (read-only or "
+                "permission denied). Remedy: make it writable by the worker's user or set "
+                f"state_dir to a writable directory, then restart: {rebuild}.")
+    if text.startswith("Corruption:") or "Corruption:" in text:
+        found = _CORRUPT_FILE.search(text)
+        name = f" ({Path(found.group(1)).name})" if found else ""
+        return (f"a local state file under {str(where)!r}{name} is corrupt. Remedy: "
+                f"restart: {rebuild} (it discards the local files after this stop); if it "
+                "happens again, check that disk.")
+    return None
+
+
+def _free_mib(path: Path) -> str:
+    for p in (path, *path.parents):
+        with contextlib.suppress(OSError):
+            return f"{shutil.disk_usage(p).free >> 20} MiB"
+    return "unknown"
+
+
+def check_free_space(settings: Settings) -> None:
+    """Raise OSError(ENOSPC) when the state directory's disk has less than MIN_FREE_BYTES."""
+    path = Path(settings.state_dir)
+    try:
+        free = shutil.disk_usage(path).free
+    except OSError:
+        return  # not there yet: _prepare_state_dir makes it, and says why if it cannot
+    if free < MIN_FREE_BYTES:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
 
 class CorruptStateError(RuntimeError):
@@ -459,8 +523,11 @@ class Worker:
         its timeline records, and only them, to the consumer group. Called holding the
         lock."""
         try:
+            check_free_space(self.settings)
             await self.batch_commit.checkpoint()
         except Exception as exc:
+            if isinstance(exc, DeliveryError):
+                self.surface.producer_error("operator", exc)
             self._operator_failed(exc)
         consumer = self.app.consumer
         for msg in self._unacked:
@@ -488,12 +555,18 @@ class Worker:
             self.tracker.delivered(partition, offset)
 
     def _operator_failed(self, exc: BaseException) -> NoReturn:
-        # The operator never raises on a well-formed record, so this is corrupt state or a
-        # bug. Skipping the record would fork the published stream from the log, and a
-        # clean Faust stop would commit past it (Faust acks an event whose processing
-        # raised), so the process exits at once, like a crash: the record is retried at
-        # the next start. Only the error type is logged: a message might name a counter.
-        log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
+        # The operator never raises on a well-formed record, so this is the local disk,
+        # corrupt state or a bug. Skipping the record would fork the published stream from
+        # the log, so the process exits at once, like a crash: the record is retried at
+        # the next start, which rebuilds the local state from the changelog (the running
+        # flag stays). Only the error type or a storage_failure line is logged: a message
+        # might name a counter.
+        storage = storage_failure(exc, self.settings)
+        if storage is not None:
+            log.critical("stopping the worker: %s", storage)
+            print(f"error: {storage}", file=sys.stderr, flush=True)
+        else:
+            log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
         logging.shutdown()
         os._exit(1)
 
@@ -603,7 +676,12 @@ class Worker:
 
     def run(self, loglevel: str = "warning") -> int:
         """Run until SIGTERM/SIGINT (or a failure); returns the exit code."""
-        flag = _prepare_state_dir(self.settings, self.app)
+        try:
+            flag = _prepare_state_dir(self.settings, self.app)
+        except StorageError as exc:
+            log.critical("the worker stopped: %s", exc)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+            return 1
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
                               override_logging=False, redirect_stdouts=False)
         # No progress spinner: it writes terminal escape codes ("\x1b[?25h") into whatever
@@ -618,6 +696,12 @@ class Worker:
         except SystemExit as exc:
             code = int(exc.code or 0) if not isinstance(exc.code, str) else 1
         finally:
+            crash = self.app.crash_reason
+            storage = None if crash is None else storage_failure(crash, self.settings)
+            if storage is not None:  # Faust crashed on it (opening a partition's database)
+                log.critical("the worker stopped: %s", storage)
+                print(f"error: {storage}", file=sys.stderr, flush=True)
+                code = code or 1
             self.fence.stop()
             self.stop_ingest()
             self.surface.close()
@@ -760,19 +844,45 @@ def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:
 
 
 def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
-    """Discard local table files after an unclean stop; mark this run as running."""
+    """Discard local table files after an unclean stop; mark this run as running.
+    StartError (one line: cause, path, remedy) when the directory cannot be written or
+    its disk is full."""
     state_dir = Path(settings.state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True)
-    flag = state_dir / f"{settings.app_id}.{RUNNING_FLAG}"
-    if flag.exists():
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        check_free_space(settings)
+        flag = state_dir / f"{settings.app_id}.{RUNNING_FLAG}"
         tabledir = Path(app.conf.tabledir)
         if not tabledir.is_absolute():
             tabledir = state_dir / tabledir
-        log.warning("previous worker did not stop cleanly: rebuilding table state from "
-                    "the changelog")
-        shutil.rmtree(tabledir, ignore_errors=True)
-    flag.write_text(str(os.getpid()))
+        if flag.exists():
+            log.warning("previous worker did not stop cleanly: rebuilding table state from "
+                        "the changelog")
+            shutil.rmtree(tabledir, ignore_errors=True)
+        flag.write_text(str(os.getpid()))
+        # The flag stays if this fails: the next start discards the local files.
+        _check_databases(tabledir, settings)
+    except OSError as exc:
+        raise StartError(storage_failure(exc, settings) or (
+            f"the state directory {str(state_dir)!r} cannot be prepared "
+            f"({type(exc).__name__}): check the path and its permissions")) from None
     return flag
+
+
+def _check_databases(tabledir: Path, settings: Settings) -> None:
+    """Open each local partition database once before Faust does: a corrupt one is one
+    StorageError line here, not a crash inside Faust's rebalance."""
+    if not tabledir.is_dir():
+        return
+    for path in sorted(tabledir.glob("*.db")):
+        try:
+            db = Rdict(str(path), options=RdictOptions(raw_mode=True))
+            db.close()
+        except Exception as exc:  # rocksdict raises plain Exception("Corruption: ...")
+            raise StorageError(storage_failure(exc, settings) or (
+                f"the local state database {str(path)!r} cannot be opened "
+                f"({type(exc).__name__}). Remedy: restart: the restart rebuilds the local "
+                "state from the changelog and loses nothing")) from None
 
 
 def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
