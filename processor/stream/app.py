@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import math
 import os
 import re
 import shutil
@@ -79,6 +80,7 @@ from processor.stream.records import (
     announced_counters,
     encode_marker,
     marker_tick,
+    sealed_through,
 )
 from processor.stream.state import StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
@@ -340,6 +342,21 @@ def ack_refetched(consumer: ConsumerT, tp: TP, offsets: Iterable[int]) -> None:
                              tp=tp))
 
 
+#: How far behind what the clocks allow a non-leader lets its partitions' seal fall
+#: before it appends markers itself (`backup_due`).
+BACKUP_SEAL_S: Final = 2.0
+
+
+def backup_due(frontiers: Mapping[int, int], allowed: int, settings: Settings) -> bool:
+    """Whether a worker that is not the group's leader should append markers: it holds
+    timeline partitions, markers were applied on each, and the least sealed of them is
+    more than BACKUP_SEAL_S of ticks behind `allowed` (what the clocks allow sealing)."""
+    if not frontiers:
+        return False
+    behind = max(1, math.ceil(BACKUP_SEAL_S * 1000 / settings.tick_ms))
+    return min(frontiers.values()) < allowed - behind
+
+
 class WorkerApp(faust.App):
     """faust.App with one hook, `before_stop`, awaited when the app stops, before Faust
     stops its consumer and closes the tables: the worker's last checkpoint."""
@@ -423,6 +440,9 @@ class Worker:
                                         crash_point=crash_point, fence=self.fence.check)
         # One applier at a time: the agent, the checkpoint timer, the revocation handler.
         self._lock = asyncio.Lock()
+        # Timeline partition -> the tick its markers seal through, as applied here (what
+        # `backup_due` watches); emptied when the partitions change hands.
+        self._frontiers: dict[int, int] = {}
         # Applied since the last checkpoint, acknowledged to the group by the next one.
         self._unacked: list[Message] = []
         self._unacked_gaps: dict[TP, list[int]] = {}
@@ -457,7 +477,7 @@ class Worker:
         self.app.timer(interval=CHECKPOINT_S / 2,
                        name=f"{settings.app_id}-checkpoint")(self.checkpoint_timer)
         interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
-        self.app.timer(interval=interval, on_leader=True,
+        self.app.timer(interval=interval, on_leader=False,
                        name=f"{settings.app_id}-markers")(self.append_markers)
         self.app.timer(interval=METRICS_LOG_S,
                        name=f"{settings.app_id}-metrics")(self.log_metrics)
@@ -477,13 +497,16 @@ class Worker:
                 records = [(r.offset, r.value or b"") for r in gap]
                 records.append((msg.offset,
                                 msg.value if isinstance(msg.value, bytes) else b""))
+                # Log-append times: a marker ahead of them is refused (Operator.apply).
+                stamps = {r.offset: r.timestamp_ms for r in gap}
+                stamps[msg.offset] = round(msg.timestamp * 1000)
                 # A clock probe changes nothing: not applying it keeps the batches those
                 # of the records that carry something.
                 records = [r for r in records if r[1] != PROBE_RECORD]
                 if records:
                     started = time.perf_counter()
                     try:
-                        out = await self.batch_commit.apply(msg.partition, records)
+                        out = await self.batch_commit.apply(msg.partition, records, stamps)
                     except (AnnouncedCounterError, ParameterChangeError,
                             KeyMismatchError) as exc:
                         self._refused(exc)
@@ -492,6 +515,17 @@ class Worker:
                     except Exception as exc:
                         self._operator_failed(exc)
                     self.metrics.add_operator(out.metrics)
+                    if out.sealed_through is not None:
+                        self._frontiers[msg.partition] = max(
+                            out.sealed_through, self._frontiers.get(msg.partition,
+                                                                    out.sealed_through))
+                    if out.metrics["markers_refused"]:
+                        log.error("ALARM: refused %d marker(s) on timeline partition %d "
+                                  "that seal ticks the brokers' clock had not reached "
+                                  "(written by a worker with a clock far ahead, or by "
+                                  "someone else with write access to the timeline; "
+                                  "docs/time.md)", out.metrics["markers_refused"],
+                                  msg.partition)
                     self.surface.batch_committed(msg.partition, out.sealed_through,
                                                  out.metrics, time.perf_counter() - started)
                 self._unacked.append(msg)
@@ -548,6 +582,7 @@ class Worker:
             await self._checkpoint()
             self.batch_commit.forget()
             self.stores.release()
+            self._frontiers.clear()
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         # In the producer's thread: where this worker's changelog writes landed.
@@ -601,10 +636,20 @@ class Worker:
     # -- timers
 
     async def append_markers(self) -> None:
-        """Leader only: 'sealed through n' on every timeline partition (idempotent), n by
-        the earlier of the local and the brokers' clocks (`clock.next_marker`): a clock
-        that runs ahead seals nothing of the future, one that runs behind raises the clock
-        alarm and delays the seal (docs/time.md)."""
+        """'Sealed through n' on every timeline partition (idempotent), n by the earlier of
+        the local and the brokers' clocks (`clock.next_marker`): a clock that runs ahead
+        seals nothing of the future, one that runs behind raises the clock alarm and
+        delays the seal (docs/time.md). The group's leader appends them; any other worker
+        appends them too once the partitions it holds are sealed BACKUP_SEAL_S behind what
+        the clocks allow (`backup_due`): a leader cut off from the brokers (its session
+        not yet expired, so no other leader) does not stop the sealing."""
+        if not self.app.is_leader():
+            allowed = sealed_through(self.clock.read().seal_ms, self.settings)
+            if not backup_due(self._frontiers, allowed, self.settings):
+                return
+            # A stalled leader: start from the timeline's last marker, whoever wrote it.
+            self._last_marker = None
+            self.metrics.add("backup_marker_rounds")
         if self._last_marker is None:
             # Never a second marker through a tick the timeline already has one for (say
             # after a restart within one tick): a counter's creation is identified by its

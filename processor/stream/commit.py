@@ -15,7 +15,7 @@ last checkpoint with the same keyed noise, and re-sends byte-identical releases.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from processor.stream.operator import Operator, Output
@@ -119,9 +119,11 @@ class BatchCommit:
         #: Monotonic time of the first apply since the last checkpoint (None: clean).
         self.dirty_since: float | None = None
 
-    async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
+    async def apply(self, partition: int, records: Sequence[tuple[int, bytes]],
+                    stamps: Mapping[int, int] | None = None) -> Output:
         """Apply one batch of timeline records of one partition and send what it
-        publishes; nothing is durable until `checkpoint`. Returns the batch's releases,
+        publishes; nothing is durable until `checkpoint`. `stamps`: offset -> the record's
+        Kafka timestamp, where known (Operator.apply). Returns the batch's releases,
         ledger entries and aggregate metrics."""
         out = Output()
         buf = self._buffers.get(partition)
@@ -129,7 +131,8 @@ class BatchCommit:
             buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
         try:
             for offset, record in sorted(records, key=lambda r: r[0]):
-                self.operator.apply(buf, partition, offset, record, out)
+                self.operator.apply(buf, partition, offset, record, out,
+                                    None if stamps is None else stamps.get(offset))
             if out.ledger or out.releases:
                 self._fence()
                 self.publisher.send(out.ledger, out.releases)
@@ -172,9 +175,10 @@ class BatchCommit:
             raise
         self.dirty_since = None
 
-    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
+    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
+                     stamps: Mapping[int, int] | None = None) -> Output:
         """`apply` then `checkpoint`: one batch made durable on its own."""
-        out = await self.apply(partition, records)
+        out = await self.apply(partition, records, stamps)
         await self.checkpoint()
         return out
 

@@ -518,14 +518,20 @@ _BULK_FETCH = {"fetch.max.bytes": str(64 << 20), "max.partition.fetch.bytes": st
 def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[int, int]],
                 *, timeout_s: float = 60.0,
                 progress: Callable[[int], None] | None = None,
+                stamps: dict[int, dict[int, int]] | None = None,
+                stamp_if: Callable[[bytes | None], bool] | None = None,
                 ) -> dict[int, list[tuple[int, bytes | None]]]:
     """(offset, value) of every record of `topic` from the low to the high watermark given
     in `marks` (`end_offsets`, taken by the caller when its snapshot requires), per
     partition in offset order. The bulk path (replay): no KafkaRecord per message;
-    `progress(records read so far)` after each batch."""
+    `progress(records read so far)` after each batch. With `stamps`, the timestamp of
+    each record whose value passes `stamp_if` goes into stamps[partition][offset]."""
     out: dict[int, list[tuple[int, bytes | None]]] = {p: [] for p in marks}
     for msg in _messages(conf, topic, marks, timeout_s, progress):
-        out[msg.partition()].append((msg.offset(), msg.value()))
+        value = msg.value()
+        out[msg.partition()].append((msg.offset(), value))
+        if stamps is not None and (stamp_if is None or stamp_if(value)):
+            stamps.setdefault(msg.partition(), {})[msg.offset()] = int(msg.timestamp()[1])
     return out
 
 

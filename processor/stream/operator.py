@@ -69,6 +69,7 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
+from processor.stream.clock import TOLERANCE_MS
 from processor.stream.config import Settings
 from processor.stream.records import (
     EventRows,
@@ -111,6 +112,7 @@ METRICS: Final = (
     "counters_touched",
     "events_queued",
     "events_dequeued",
+    "markers_refused",
 )
 
 
@@ -316,11 +318,17 @@ class Operator:
     # -- public entry points
 
     def apply(self, store: StateStore, partition: int, offset: int, record: bytes,
-              out: Output | None = None) -> Output:
+              out: Output | None = None, stamp_ms: int | None = None) -> Output:
         """Apply the timeline record at (`partition`, `offset`) and add what it produced
         to `out` (a new Output if None). On a `BufferedStore` the changes stay in it for
         the commit; on any other store they are written before this returns. Never raises
-        on a well-formed record; a malformed one is counted and changes nothing."""
+        on a well-formed record; a malformed one is counted and changes nothing.
+
+        `stamp_ms` is the record's Kafka timestamp (the brokers' log-append time on the
+        timeline topic): a marker that seals a tick whose end plus the lateness is later
+        than it, beyond the clocks' tolerance, is refused (counted in markers_refused,
+        nothing changes): no legitimate worker writes one (clock.next_marker), so it
+        came from a clock far ahead or from someone else with write access."""
         if out is None:
             out = Output()
         buf = store if isinstance(store, BufferedStore) else BufferedStore(store)
@@ -332,6 +340,9 @@ class Operator:
         self._offset = offset
         try:
             if isinstance(rec, TimelineMarker):
+                if stamp_ms is not None and self._ahead_of(rec.sealed_through, stamp_ms):
+                    out.metrics["markers_refused"] += 1
+                    return out
                 self._apply_marker(buf, partition, offset, rec.sealed_through, out)
             else:
                 self._apply_events(buf, partition, offset, rec, out)
@@ -348,6 +359,11 @@ class Operator:
         """The partition's due wheel as loaded now (None: not loaded): for tests and
         metrics, never to change."""
         return self._wheels.get(partition)
+
+    def _ahead_of(self, n: int, stamp_ms: int) -> bool:
+        """Whether sealing through tick n was not yet allowed at `stamp_ms`."""
+        s = self.settings
+        return (n + 1) * s.tick_ms + s.lateness_ms > stamp_ms + TOLERANCE_MS
 
     def forget(self) -> None:
         """Drop every decoded state (after a failed batch, or to measure cold starts)."""

@@ -509,11 +509,13 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
                        settled_below: Mapping[int, int], *,
                        operator: Operator | None = None,
                        progress: Progress | None = None, jobs: int = 1,
-                       history: LedgerHistory | None = None) -> Recomputed:
+                       history: LedgerHistory | None = None,
+                       stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
     """Run BatchCommit over each partition's (offset, value) records in offset order on a
     DictStore (with `operator`, default the registry's mechanisms: a HistoryOperator with
     `history`, else an Operator); what records at offsets >= settled_below[p] produce is
-    reported apart.
+    reported apart. `stamps[p][offset]`: the Kafka timestamps of (at least) the markers,
+    which the operator checks as the worker did (Operator.apply).
 
     With jobs > 1 (no `operator` given, and no other thread running) the partitions are
     recomputed in that many forked processes, each with its own Operator and store. The
@@ -525,10 +527,10 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     # would stay held in the child forever.
     if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
         return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs,
-                                   history)
+                                   history, stamps)
     if operator is not None or history is None:
         op = operator if operator is not None else Operator(settings, key)
-        return asyncio.run(_recompute(op, timeline, settled_below, progress))
+        return asyncio.run(_recompute(op, timeline, settled_below, progress, stamps=stamps))
     total = sum(len(v) for v in timeline.values())
     parts: dict[int, Recomputed] = {}
     for p in sorted(timeline):
@@ -539,7 +541,7 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
                 progress(stage, before + done, total)
 
         parts[p] = _recompute_one(settings, key, history, p, timeline[p], settled_below,
-                                  step)
+                                  step, stamps)
     return _merged(parts)
 
 
@@ -565,7 +567,8 @@ def single_threaded() -> bool:
 async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                      settled_below: Mapping[int, int],
                      progress: Progress | None,
-                     switches: Sequence[tuple[int, Operator]] = ()) -> Recomputed:
+                     switches: Sequence[tuple[int, Operator]] = (),
+                     stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
     """Records from offset o of `switches` (o, op) on go through op, as after a worker's
     restart under another configuration (`_late_declared`)."""
     settled = CollectingPublisher()
@@ -591,7 +594,7 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
             commit = BatchCommit(op, store, sink)
             for i in range(0, len(part), REPLAY_BATCH):
                 batch = [(off, v or b"") for off, v in part[i:i + REPLAY_BATCH]]
-                out = await commit.commit(p, batch)
+                out = await commit.commit(p, batch, None if stamps is None else stamps.get(p))
                 records += len(batch)
                 dups += out.metrics["duplicates_dropped"]
                 if progress is not None:
@@ -602,15 +605,16 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
 
 def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | None,
                    partition: int, records: TimelinePart, settled_below: Mapping[int, int],
-                   progress: Progress | None) -> Recomputed:
+                   progress: Progress | None,
+                   stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
     """One partition: with `history`, by HistoryOperators, switching configuration where
     the ledger shows the worker did (`_late_declared`)."""
     timeline = {partition: records}
     if history is None:
         return asyncio.run(_recompute(Operator(settings, key), timeline, settled_below,
-                                      progress))
+                                      progress, stamps=stamps))
     got = asyncio.run(_recompute(HistoryOperator(settings, key, history), timeline,
-                                 settled_below, progress))
+                                 settled_below, progress, stamps=stamps))
     groups = _late_declared(settings, key, history, sorted(records), got)
     if not groups:
         return got
@@ -620,7 +624,8 @@ def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | N
         ops = [HistoryOperator(_without(settings, {n for _c, g in groups[i:] for n in g}),
                                key, history) for i in range(len(groups) + 1)]
         return asyncio.run(_recompute(ops[0], timeline, settled_below, None,
-                                      [(at, ops[i + 1]) for i, at in enumerate(ats)]))
+                                      [(at, ops[i + 1]) for i, at in enumerate(ats)],
+                                      stamps))
 
     # Where the restart was in a window is not on the timeline: try each position that
     # changes which of the new counters' events count, keep the one whose records were
@@ -638,26 +643,27 @@ def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | N
 #: The job of the forked recomputation processes (set before the fork, read after it:
 #: the timeline is inherited, never pickled).
 _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
-            LedgerHistory | None] | None = None
+            LedgerHistory | None, Mapping[int, Mapping[int, int]] | None] | None = None
 
 
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
-    settings, key, timeline, settled_below, history = _JOB
+    settings, key, timeline, settled_below, history, stamps = _JOB
     return _recompute_one(settings, key, history, partition, timeline[partition],
-                          settled_below, None)
+                          settled_below, None, stamps)
 
 
 def _recompute_parallel(settings: Settings, key: NoiseKey,
                         timeline: Mapping[int, TimelinePart],
                         settled_below: Mapping[int, int], progress: Progress | None,
-                        jobs: int, history: LedgerHistory | None) -> Recomputed:
+                        jobs: int, history: LedgerHistory | None,
+                        stamps: Mapping[int, Mapping[int, int]] | None) -> Recomputed:
     global _JOB
     total = sum(len(v) for v in timeline.values())
     # Largest partitions first, so no process is left with a big one at the end.
     order = sorted(timeline, key=lambda p: -len(timeline[p]))
     parts: dict[int, Recomputed] = {}
-    _JOB = (settings, key, timeline, settled_below, history)
+    _JOB = (settings, key, timeline, settled_below, history, stamps)
     try:
         with multiprocessing.get_context("fork").Pool(min(jobs, len(order))) as pool:
             for p, got in zip(order, pool.imap(_recompute_partition, order), strict=True):
@@ -929,8 +935,10 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
         if progress is not None:
             progress("read", n, total)
 
+    stamps: dict[int, dict[int, int]] = {}
     timeline = kafka_io.read_values(conf, tl_topic, tl_marks, timeout_s=timeout_s,
-                                    progress=read_progress)
+                                    progress=read_progress, stamps=stamps,
+                                    stamp_if=lambda v: marker_tick(v) is not None)
     # The published topics first: the ledger says what each counter ran under
     # (LedgerHistory), the releases place a restart the timeline does not record.
     ledger = [v for recs in kafka_io.read_values(conf, ledger_topic, ledger_marks,
@@ -942,7 +950,7 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
     history = ledger_history(settings, key, ledger, published)
     result = recompute_timeline(settings, key, timeline, committed, progress=progress,
                                 jobs=default_jobs(settings) if jobs is None else jobs,
-                                history=history)
+                                history=history, stamps=stamps)
     releases, entries, diffs = compare(result, published, ledger, history)
     if settle_s > 0 and any(d.problem == "missing" for d in diffs):
         diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),
