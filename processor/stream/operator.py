@@ -95,6 +95,11 @@ from processor.stream.state import (
     write_all,
 )
 
+#: A marker that seals more ticks of a counter than this at once (a start in the past, a
+#: long outage) publishes heartbeats for its last max(heartbeat_ticks, this) ticks only;
+#: every change is published (docs/downstream.md, catch-up).
+CATCHUP_HEARTBEAT_TICKS: Final = 1000
+
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 16_384
 
@@ -817,6 +822,12 @@ class Operator:
         pending = cs.pending
         queue = cs.queue
         dequeued = 0
+        h = self.settings.heartbeat_ticks
+        oldest = n - cs.start_tick + 1 - max(h, CATCHUP_HEARTBEAT_TICKS)
+        if cs.next_heartbeat <= oldest:
+            # Catch-up: heartbeats repeat what the changes already say, so a marker that
+            # seals a long past at once publishes those of its last ticks only.
+            cs.next_heartbeat = next_heartbeat(oldest, self._phase(name), h)
         while cs.frontier < n:
             g = cs.frontier + 1
             if pending:
