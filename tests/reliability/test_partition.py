@@ -162,8 +162,8 @@ def test_a_worker_blackholed_past_the_session_timeout_publishes_nothing_wrong(
     the recomputation, no (counter, tick) with two values, no changelog value going back,
     and `python -m processor replay` identical."""
     out = partition_phase(proxied_kafka, tmp_path, random.Random(14),
-                          plan=["blackhole_long"], counters=400, rate=100.0, settle_s=15.0,
-                          durations={"blackhole_long": (13.0, 15.0)})
+                          plan=["blackhole_long"], counters=400, rate=200.0, settle_s=15.0,
+                          durations={"blackhole_long": (16.0, 18.0)})
     print("partition run:", out)
     assert out["driver"]["faults_blackhole_long"] == 1
     assert out["proxy"]["accepted"] > 0  # A's connections really went through the proxy
