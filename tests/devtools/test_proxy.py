@@ -134,3 +134,31 @@ def test_a_closed_proxy_refuses_calls(echo_port: int) -> None:
     p.close()
     with pytest.raises(ProxyError):
         p.blackhole()
+
+
+def test_proxied_kafka_advertises_the_proxy_to_clients_that_bootstrap_there(
+        local_kafka_available: None) -> None:
+    """A client bootstrapped at the proxied listener is told the proxy's address for the
+    broker (so all its connections go through it), a client of the ordinary listener the
+    broker's own; in a blackhole only the proxied client loses the broker. Control: the
+    ordinary client still answers during the blackhole."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    from processor.devtools.proxy import ProxiedKafka
+
+    with ProxiedKafka(1, start_timeout=180.0) as kafka:
+        assert kafka.proxy is not None
+        proxied = AdminClient({"bootstrap.servers": kafka.proxied_bootstrap, "log_level": "0"})
+        direct = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, "log_level": "0"})
+        via = [f"{b.host}:{b.port}" for b in proxied.list_topics(timeout=30).brokers.values()]
+        own = [f"{b.host}:{b.port}" for b in direct.list_topics(timeout=30).brokers.values()]
+        assert via == [kafka.proxied_bootstrap] and own == [kafka.bootstrap_servers]
+        assert kafka.proxy.stats.bytes_down > 0
+        kafka.proxy.blackhole()
+        fresh = AdminClient({"bootstrap.servers": kafka.proxied_bootstrap, "log_level": "0"})
+        with pytest.raises(KafkaException):
+            fresh.list_topics(timeout=3)
+        assert direct.list_topics(timeout=30).brokers  # control
+        kafka.proxy.heal()
+        assert fresh.list_topics(timeout=30).brokers
