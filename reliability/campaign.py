@@ -207,10 +207,11 @@ def phase_d(parent: Path, rng: random.Random, records: int, outages: int,
 
 
 def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
-            rate: float) -> list[dict[str, Any]]:
-    """Network partitions of one of two workers, one run per seed on one proxied node."""
+            rate: float, nodes: int) -> list[dict[str, Any]]:
+    """Network partitions of one of two workers, one run per seed, on one proxied
+    LocalKafka of `nodes` nodes (each node's proxied listener behind the one proxy)."""
     out: list[dict[str, Any]] = []
-    kafka = ProxiedKafka(1, heap="512m", start_timeout=300.0)
+    kafka = ProxiedKafka(nodes, heap="512m", start_timeout=300.0)
     kafka.start()
     try:
         for seed in seeds:
@@ -220,6 +221,7 @@ def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
             result = partition_phase(kafka, parent, rng, plan=plan, counters=counters,
                                      rate=rate, name=f"campE{seed}")
             result["seed"] = seed
+            result["broker_nodes"] = nodes
             say(f"E: seed {seed}: ok={result['ok']} "
                 f"violations={result['published']['violations']} "
                 f"conflicting={result['published']['conflicting_ticks']} "
@@ -270,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase E: declared counters (default %(default)s)")
     p.add_argument("--partition-rate", type=float, default=200.0,
                    help="phase E: valid events a second (default %(default)s)")
+    p.add_argument("--partition-nodes", type=int, default=1,
+                   help="phase E: broker nodes, 1 or 3 (default %(default)s)")
     p.add_argument("--phases", default="ABCD",
                    help="which phases to run (default ABCD; E: network partitions)")
     p.add_argument("--seed", type=int, default=20261130)
@@ -307,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             say("phase E")
             results.extend(phase_e(parent, args.partition_seeds or [args.seed],
                                    args.partitions_faults, args.partition_counters,
-                                   args.partition_rate))
+                                   args.partition_rate, args.partition_nodes))
             save(args.out, results)
     kills: Counter[str] = Counter()
     for r in results:

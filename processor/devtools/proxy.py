@@ -86,6 +86,7 @@ class TcpProxy:
         self._thread: threading.Thread | None = None
         self._servers: list[asyncio.Server] = []
         self._conns: set[_Conn] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         self._flowing: asyncio.Event | None = None
 
     @property
@@ -205,8 +206,12 @@ class TcpProxy:
         await self._unlisten()
         for conn in list(self._conns):
             self._abort(conn)
-        if self._flowing is not None:
-            self._flowing.set()  # let every pump see its closed socket and end
+        # End every connection handler before the loop stops (one waiting for a heal
+        # would otherwise be destroyed pending).
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
 
     def _abort(self, conn: _Conn) -> None:
         for w in (conn.client, conn.target):
@@ -219,6 +224,10 @@ class TcpProxy:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       target: int) -> None:
         assert self._flowing is not None
+        me = asyncio.current_task()
+        if me is not None:
+            self._handlers.add(me)
+            me.add_done_callback(self._handlers.discard)
         if self._mode == "reset":  # accepted just before the listener closed
             self.stats.refused_in_reset += 1
             _rst(writer)
@@ -244,7 +253,14 @@ class TcpProxy:
                 return
             conn.tasks = [asyncio.create_task(self._pump(reader, up_writer, "up")),
                           asyncio.create_task(self._pump(up_reader, writer, "down"))]
+            for t in conn.tasks:
+                self._handlers.add(t)
+                t.add_done_callback(self._handlers.discard)
             await asyncio.wait(conn.tasks, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # Cancelled by close(): end quietly (asyncio's server callback would report
+            # a cancelled handler as an error).
+            pass
         finally:
             if conn in self._conns:
                 self._conns.discard(conn)
@@ -272,7 +288,7 @@ class TcpProxy:
                     self.stats.bytes_up += len(data)
                 else:
                     self.stats.bytes_down += len(data)
-        except (OSError, asyncio.IncompleteReadError):
+        except (OSError, asyncio.IncompleteReadError, asyncio.CancelledError):
             return
 
 
