@@ -748,7 +748,7 @@ PARTITION_SETTLE_S: Final = 20.0
 #: Worker log lines counted as figures (how the cut-off worker learnt it was out).
 _LOG_SIGNS: Final = {"unknown_member": "UnknownMemberId",
                      "member_not_recognized": "member_id was not recognized",
-                     "fenced": "CRITICAL"}
+                     "critical": "CRITICAL"}
 
 
 def partition_plan(faults: int, rng: random.Random,
