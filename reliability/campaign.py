@@ -15,11 +15,18 @@ C. a three-node LocalKafka cluster: brokers SIGKILLed and restarted (`--broker-k
    while one worker runs and records flow;
 D. a three-node LocalKafka cluster (min ISR 2): two brokers SIGKILLed at once for
    `--outage-s` seconds (`--outages` times) while one worker runs and records are fed:
-   producers, ingest and the worker can only wait.
+   producers, ingest and the worker can only wait;
+E. network partitions (issue 14, item 5): two workers of one deployment (4 timeline
+   partitions, `--partition-counters` counters, `--partition-rate` events/s), worker A
+   reaching its own single-node broker only through a TCP proxy; `--partitions-faults`
+   faults per seed (blackholes of 12-20 s and 6-8 s with the connections kept open,
+   resets of 12-20 s), for each of `--partition-seeds` (default: `--seed`); checked also
+   against a recomputation of the published stream and the changelog.
 
 Phases A and B use `--bootstrap` or, by default, a single local node this script starts;
-phases C and D always start their own cluster. Every broker and worker started here is stopped at
-the end. Prints one JSON document of figures; exit code 0 when every phase passed.
+phases C and D always start their own cluster, phase E its own proxied node. Every broker
+and worker started here is stopped at the end. Prints one JSON document of figures; exit
+code 0 when every phase passed.
 """
 
 from __future__ import annotations
@@ -46,9 +53,12 @@ from processor.devtools.campaign import (  # noqa: E402
     campaign_counters,
     check,
     kill_plan,
+    partition_phase,
+    partition_plan,
 )
 from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
 from processor.devtools.local_kafka import LocalKafka  # noqa: E402
+from processor.devtools.proxy import ProxiedKafka  # noqa: E402
 
 #: Share of bad records in the fed corpus (the earlier campaign: 100,020 bad, 2,500 valid).
 BAD_SHARE = 0.975
@@ -196,6 +206,33 @@ def phase_d(parent: Path, rng: random.Random, records: int, outages: int,
             dep.close()
 
 
+def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
+            rate: float, nodes: int) -> list[dict[str, Any]]:
+    """Network partitions of one of two workers, one run per seed, on one proxied
+    LocalKafka of `nodes` nodes (each node's proxied listener behind the one proxy)."""
+    out: list[dict[str, Any]] = []
+    kafka = ProxiedKafka(nodes, heap="512m", start_timeout=300.0)
+    kafka.start()
+    try:
+        for seed in seeds:
+            rng = random.Random(seed)
+            plan = partition_plan(faults, rng)
+            say(f"E: seed {seed}: {', '.join(plan)}")
+            result = partition_phase(kafka, parent, rng, plan=plan, counters=counters,
+                                     rate=rate, name=f"campE{seed}")
+            result["seed"] = seed
+            result["broker_nodes"] = nodes
+            say(f"E: seed {seed}: ok={result['ok']} "
+                f"violations={result['published']['violations']} "
+                f"conflicting={result['published']['conflicting_ticks']} "
+                f"changelog_back={result['changelog']['went_back']} "
+                f"replay={result['replay_summary']}")
+            out.append(result)
+    finally:
+        kafka.stop()
+    return out
+
+
 def save(path: str | None, results: list[dict[str, Any]]) -> None:
     """The phases done so far, so an interrupted run keeps what it measured."""
     if path:
@@ -227,7 +264,18 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase D: how long they stay down (default %(default)s)")
     p.add_argument("--phase-records", type=int, default=5000,
                    help="records fed in phases B, C and D each (default %(default)s)")
-    p.add_argument("--phases", default="ABCD", help="which phases to run (default ABCD)")
+    p.add_argument("--partitions-faults", type=int, default=4,
+                   help="phase E: network partition faults per seed (default %(default)s)")
+    p.add_argument("--partition-seeds", type=int, nargs="+",
+                   help="phase E: one run per seed (default: --seed)")
+    p.add_argument("--partition-counters", type=int, default=400,
+                   help="phase E: declared counters (default %(default)s)")
+    p.add_argument("--partition-rate", type=float, default=200.0,
+                   help="phase E: valid events a second (default %(default)s)")
+    p.add_argument("--partition-nodes", type=int, default=1,
+                   help="phase E: broker nodes, 1 or 3 (default %(default)s)")
+    p.add_argument("--phases", default="ABCD",
+                   help="which phases to run (default ABCD; E: network partitions)")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--bootstrap", help="broker of phases A and B (default: start one)")
     p.add_argument("--out", help="also write the JSON figures to this file")
@@ -259,9 +307,16 @@ def main(argv: list[str] | None = None) -> int:
             results.append(phase_d(parent, rng, args.phase_records, args.outages,
                                    args.outage_s))
             save(args.out, results)
+        if "E" in args.phases:
+            say("phase E")
+            results.extend(phase_e(parent, args.partition_seeds or [args.seed],
+                                   args.partitions_faults, args.partition_counters,
+                                   args.partition_rate, args.partition_nodes))
+            save(args.out, results)
     kills: Counter[str] = Counter()
     for r in results:
-        kills.update({k: v for k, v in r["driver"].items() if k.startswith("kills_")})
+        kills.update({k: v for k, v in r["driver"].items()
+                      if k.startswith(("kills_", "faults_"))})
     summary = {"ok": all(r["ok"] for r in results), "seed": args.seed,
                "wall_s": round(time.monotonic() - started, 1),
                "kills": dict(sorted(kills.items())), "phases": results}

@@ -15,6 +15,13 @@ driver and the checkers (issue 11, item 5).
   valid records lost or counted twice, (counter, tick, kind) published with two values,
   bad records not dead-lettered, dead-lettered with another reason or counted, and whether
   replay finds the published stream identical.
+- The network-partition phase (issue 14, item 5): `partition_phase` runs two workers of
+  one deployment, one of them reaching the brokers only through a `proxy.TcpProxy`
+  (`proxy.ProxiedKafka`), and cuts it off (blackholes and resets, `PARTITION_FAULTS`);
+  `check_published` compares every published release with a recomputation from the
+  timeline (values short of it, ahead of it, unexpected, missing; (counter, tick) with two
+  values) and `check_changelog` flags state values whose timeline offset goes back
+  (`value_offset`).
 
 The test suite runs it small (tests/reliability/); reliability/campaign.py at full size.
 Nothing here logs a record's content: the figures are counts.
@@ -28,33 +35,44 @@ import contextlib
 import random
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from processor.core.errors import StateFormatError
 from processor.core.grid import to_units
-from processor.devtools.deployment import Deployment, WorkerProcess
+from processor.devtools.deployment import (
+    ROOT,
+    Deployment,
+    WorkerProcess,
+    isolated_deployment,
+    worker_env,
+)
 from processor.devtools.local_kafka import LocalKafka
+from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import MAX_COUNTER_NAME, Settings
 from processor.stream.fencing import FENCED_EXIT
 from processor.stream.operator import Operator
 from processor.stream.records import (
+    Release,
     TimelineBatch,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline,
 )
-from processor.stream.replay import replay
-from processor.stream.state import DictStore
+from processor.stream.replay import recompute_timeline, replay
+from processor.stream.state import _COUNTER_MAGIC, DictStore, PartitionState
 
 # ------------------------------------------------------------------------ the corpus
 
@@ -712,3 +730,354 @@ def kill_plan(kills: int, rng: random.Random) -> list[str]:
     rng.shuffle(plan)
     return plan
 
+
+
+# ------------------------------------------------------------ the network-partition phase
+
+
+#: Faults of the network-partition phase: kind -> range of its duration (s). The long
+#: blackhole and the reset outlast the 10 s session timeout (the group moves the cut-off
+#: worker's partitions to the other), the short blackhole does not.
+PARTITION_FAULTS: Final[dict[str, tuple[float, float]]] = {
+    "blackhole_long": (12.0, 20.0), "blackhole_short": (6.0, 8.0), "reset": (12.0, 20.0)}
+#: Settings of its deployment: the campaign's, with four timeline partitions.
+PARTITION_SETTINGS: Final[dict[str, Any]] = {**CAMPAIGN_SETTINGS, "partitions": 4}
+#: After a heal: time for the cut-off worker to notice, rejoin and get partitions back
+#: before the next fault (a rebalance takes a few seconds; its session 10 s).
+PARTITION_SETTLE_S: Final = 20.0
+#: Worker log lines counted as figures (how the cut-off worker learnt it was out).
+_LOG_SIGNS: Final = {"unknown_member": "UnknownMemberId",
+                     "member_not_recognized": "member_id was not recognized",
+                     "critical": "CRITICAL"}
+
+
+def partition_plan(faults: int, rng: random.Random,
+                   kinds: Sequence[str] = tuple(PARTITION_FAULTS)) -> list[str]:
+    """`faults` fault kinds, as even a spread over `kinds` as the count allows, shuffled."""
+    plan = [kinds[i % len(kinds)] for i in range(faults)]
+    rng.shuffle(plan)
+    return plan
+
+
+@dataclass
+class PublishedReport:
+    """The published private-count stream against a recomputation from the timeline
+    (`check_published`). Keys are (counter, tick, kind); a key is counted once per
+    problem however many copies were published."""
+
+    releases: int = 0
+    #: Distinct published keys compared with a recomputed value.
+    compared: int = 0
+    #: Published below / above the recomputed value (a key published with two values can
+    #: be both).
+    short: int = 0
+    ahead: int = 0
+    #: Published but not recomputed at all.
+    unexpected: int = 0
+    #: Recomputed and due (its timeline record committed, or a later tick of its counter
+    #: published: replay's cut) but not published.
+    missing: int = 0
+    #: (counter, tick) published with two or more different values (any kind).
+    conflicting_ticks: int = 0
+    #: Counters with at least one violation.
+    counters_affected: int = 0
+    max_abs_error: float = 0.0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        return self.short + self.ahead + self.unexpected + self.missing
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.conflicting_ticks
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**vars(self), "violations": self.violations, "ok": self.ok}
+
+
+#: How many examples a report keeps.
+EXAMPLES: Final = 5
+
+
+def compare_published(recomputed: Iterable[Release], due_keys: Iterable[tuple[str, int, str]],
+                      published: Iterable[Mapping[str, Any]]) -> PublishedReport:
+    """The comparison behind `check_published`: `recomputed` releases (all of the
+    timeline), the keys among them that are due whatever was published (`due_keys`: those
+    of committed timeline records) and the published releases, decoded."""
+    rep = PublishedReport()
+    mine: dict[tuple[str, int, str], float] = {}
+    for r in recomputed:
+        mine.setdefault((r.counter, r.tick, r.kind), float(r.value))
+    theirs: dict[tuple[str, int, str], set[float]] = {}
+    by_tick: dict[tuple[str, int], set[float]] = {}
+    top: dict[str, int] = {}  # the highest published tick of each counter
+    for d in published:
+        k = (str(d["counter"]), int(d["tick"]), str(d["kind"]))
+        v = float(d["value"])
+        rep.releases += 1
+        theirs.setdefault(k, set()).add(v)
+        by_tick.setdefault(k[:2], set()).add(v)
+        top[k[0]] = max(top.get(k[0], k[1]), k[1])
+    bad_counters: set[str] = set()
+
+    def note(text: str, counter: str) -> None:
+        bad_counters.add(counter)
+        if len(rep.examples) < EXAMPLES:
+            rep.examples.append(text)
+
+    for k, values in sorted(theirs.items()):
+        want = mine.get(k)
+        if want is None:
+            rep.unexpected += 1
+            note(f"{k}: published {sorted(values)}, not recomputed", k[0])
+            continue
+        rep.compared += 1
+        low = any(v < want for v in values)
+        high = any(v > want for v in values)
+        rep.short += low
+        rep.ahead += high
+        if low or high:
+            rep.max_abs_error = max(rep.max_abs_error, *(abs(v - want) for v in values))
+            note(f"{k}: published {sorted(values)}, recomputed {want}", k[0])
+    due = set(due_keys)
+    for k in sorted(mine):
+        if k not in theirs and (k in due or k[1] <= top.get(k[0], -1)):
+            rep.missing += 1
+            note(f"{k}: recomputed {mine[k]}, due, not published", k[0])
+    rep.conflicting_ticks = sum(1 for vs in by_tick.values() if len(vs) > 1)
+    rep.counters_affected = len(bad_counters)
+    return rep
+
+
+def check_published(dep: Deployment) -> PublishedReport:
+    """Recompute the whole timeline (the worker's own commit code, `replay.
+    recompute_timeline`) and compare every published release with it, value by value:
+    the published stream of a correct system is a prefix of the recomputation (replay's
+    cut), so any published value short of or ahead of the recomputed one, any published
+    key not recomputed, and any due key not published is a violation."""
+    conf, topics = dep.conf, dep.topics
+    committed = kafka_io.committed_offsets(conf, dep.settings.app_id, topics.timeline)
+    timeline = kafka_io.read_topic(conf, topics.timeline, timeout_s=300)
+    parts = {p: [(r.offset, r.value) for r in recs] for p, recs in timeline.items()}
+    result = recompute_timeline(dep.settings, dep.key, parts, committed, jobs=1)
+    return compare_published([*result.settled, *result.unsettled],
+                             ((r.counter, r.tick, r.kind) for r in result.settled),
+                             dep.releases())
+
+
+def value_offset(key: bytes, value: bytes | None) -> int | None:
+    """The timeline offset a stored state value reflects, or None when it carries none
+    (the one place that knows: adapt it when the stored values change). Today: a counter
+    value `c/...` its `last_offset` (the last timeline record applied to it), the
+    partition value `p/...` its `marker_offset`; the due wheel's values carry none."""
+    if value is None:
+        return None
+    try:
+        if key.startswith(b"c/"):
+            if value[:4] != _COUNTER_MAGIC or len(value) < 8:
+                return None
+            n = int.from_bytes(value[4:8], "big")
+            # CounterState.to_bytes: magic, mechanism length, mechanism, then the JSON list
+            # whose third field is last_offset.
+            return int(orjson.loads(value[8 + n:])[2])
+        if key.startswith(b"p/"):
+            return PartitionState.from_bytes(value).marker_offset
+    except (StateFormatError, orjson.JSONDecodeError, IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+@dataclass
+class ChangelogReport:
+    """The state changelog read in offset order (`check_changelog`)."""
+
+    records: int = 0
+    keys: int = 0
+    #: Values `value_offset` could read / could not (tombstones and due-wheel values
+    #: carry no offset and are in neither).
+    decoded: int = 0
+    undecoded: int = 0
+    #: Writes whose offset is below the highest earlier one of their key, and the keys.
+    went_back: int = 0
+    keys_went_back: int = 0
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.went_back
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**vars(self), "ok": self.ok}
+
+
+def changelog_went_back(records: Iterable[kafka_io.KafkaRecord]) -> ChangelogReport:
+    """Per key, in each partition's offset order: a write whose `value_offset` is below
+    the highest one written before it went back (a stale owner's write, or a restore that
+    continued from older state)."""
+    rep = ChangelogReport()
+    high: dict[bytes, tuple[int, int, int]] = {}  # key -> (offset, partition, log offset)
+    back: set[bytes] = set()
+    keys: set[bytes] = set()
+    for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+        rep.records += 1
+        if r.key is None:
+            continue
+        keys.add(r.key)
+        if r.value is None:
+            continue
+        off = value_offset(r.key, r.value)
+        if off is None:
+            if r.key.startswith((b"c/", b"p/")):
+                rep.undecoded += 1
+            continue
+        rep.decoded += 1
+        seen = high.get(r.key)
+        if seen is not None and off < seen[0]:
+            rep.went_back += 1
+            back.add(r.key)
+            if len(rep.examples) < EXAMPLES:
+                rep.examples.append(
+                    f"{r.key.decode(errors='replace')}: timeline offset {seen[0]} at "
+                    f"changelog {seen[1]}:{seen[2]}, then {off} at {r.partition}:{r.offset}")
+        if seen is None or off > seen[0]:
+            high[r.key] = (off, r.partition, r.offset)
+    rep.keys = len(keys)
+    rep.keys_went_back = len(back)
+    return rep
+
+
+def check_changelog(dep: Deployment) -> ChangelogReport:
+    """`changelog_went_back` over the deployment's state changelog topic."""
+    from processor.stream.app import changelog_topic  # Faust: only when needed
+
+    return changelog_went_back(kafka_io.iter_topic(dep.conf, changelog_topic(dep.settings),
+                                                   timeout_s=300))
+
+
+def replay_cli(config: str | Path, timeout_s: float = 900.0) -> dict[str, Any]:
+    """`python -m processor replay --config F --json` as the operator runs it: its exit
+    code, verdict and number of differences."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "processor", "replay", "--config", str(config), "--json",
+         "--quiet", "--jobs", "1"],
+        capture_output=True, cwd=str(ROOT), env=worker_env(), timeout=timeout_s, check=False)
+    out: dict[str, Any] = {"exit": proc.returncode}
+    try:
+        doc = orjson.loads(proc.stdout.strip().splitlines()[-1])
+        out["verdict"] = doc["verdict"]
+        out["differences"] = int(doc["differences"]["total"])
+        out["first"] = [f"{d['key']}: {d['problem']}: {d['detail']}"
+                        for d in doc["differences"]["first"][:EXAMPLES]]
+    except (IndexError, KeyError, TypeError, orjson.JSONDecodeError):
+        out["error"] = proc.stderr.decode(errors="replace")[-500:]
+    return out
+
+
+class Feeder:
+    """Feeds a `KillDriver`'s corpus at about `rate` records a second from a thread of its
+    own (its own random stream), until stop()."""
+
+    def __init__(self, driver: KillDriver, rate: float, every_s: float = 0.5) -> None:
+        self.driver = driver
+        self.per_call = max(1, round(rate * every_s))
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="partition-feeder", daemon=True)
+
+    def start(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                began = time.monotonic()
+                self.driver.feed(self.per_call)
+                self._stop.wait(max(0.0, self.every_s - (time.monotonic() - began)))
+        except BaseException as exc:  # raised again by stop()
+            self._failed.append(exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(120.0)
+        if self._failed:
+            raise self._failed[0]
+
+
+def _log_signs(worker: WorkerProcess) -> dict[str, int]:
+    try:
+        text = worker.log_path.read_text(errors="replace")
+    except OSError:
+        return {}
+    return {name: text.count(sign) for name, sign in _LOG_SIGNS.items()}
+
+
+def partition_phase(kafka: ProxiedKafka, parent: Path, rng: random.Random, *,
+                    plan: Sequence[str], counters: int = 400, rate: float = 200.0,
+                    settle_s: float = PARTITION_SETTLE_S, name: str = "campE",
+                    durations: Mapping[str, tuple[float, float]] | None = None,
+                    ) -> dict[str, Any]:
+    """Two workers of one deployment on `kafka`, worker A through its proxy, valid records
+    fed at `rate` a second; each fault of `plan` (PARTITION_FAULTS kinds) cuts A off for a
+    random duration of its range, heals and leaves `settle_s`; then drain, clean stop and
+    every checker: `check` (lost, counted twice, conflicting, bad records),
+    `check_published`, `check_changelog` and the replay command. Returns the figures;
+    "ok" is every checker's verdict."""
+    assert kafka.proxy is not None
+    proxy = kafka.proxy
+    proxy.stats = ProxyStats()  # this phase's figures alone
+    ranges = {**PARTITION_FAULTS, **(durations or {})}
+    started = time.monotonic()
+    dep = isolated_deployment(kafka.bootstrap_servers,
+                              campaign_counters(counters, int(time.time() * 1000)),
+                              parent=parent, name=name, **PARTITION_SETTINGS)
+    try:
+        worker_b = dep.worker
+        worker_a = dep.add_worker("worker-a", bootstrap_servers=kafka.proxied_bootstrap)
+        driver = KillDriver(dep, random.Random(rng.getrandbits(64)), bad_share=0.0)
+        worker_a.start()
+        worker_b.start()
+        feeder = Feeder(driver, rate).start()
+        try:
+            dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
+            _pause(settle_s)  # both joined, partitions shared
+            cut_s: dict[str, float] = {}
+            for kind in plan:
+                lo, hi = ranges[kind]
+                seconds = rng.uniform(lo, hi)
+                if kind == "reset":
+                    proxy.reset()
+                else:
+                    proxy.blackhole()
+                _pause(seconds)
+                proxy.heal()
+                driver.counts[f"faults_{kind}"] += 1
+                cut_s[kind] = round(cut_s.get(kind, 0.0) + seconds, 1)
+                _pause(settle_s)
+                for label, w in (("a", worker_a), ("b", worker_b)):
+                    if not w.alive():  # a worker that gave up: counted, restarted
+                        driver.counts[f"worker_{label}_exit_{w.stop()}"] += 1
+                        w.start()
+        finally:
+            feeder.stop()
+        caught_up = driver.drain_and_stop(dep.workers)
+        report = check(dep, driver.expected, with_replay=False)
+        published = check_published(dep)
+        changelog = check_changelog(dep)
+        cli = replay_cli(dep.config)
+        report.replay_identical = cli.get("verdict") == "identical"
+        report.replay_summary = f"{cli.get('verdict')}: {cli.get('differences')} differences"
+        ok = report.ok and published.ok and changelog.ok and caught_up
+        return {"phase": "E: two workers, one behind a proxy, network partitions",
+                "faults": list(plan), "cut_s": dict(cut_s), "counters": counters,
+                "rate": rate, "caught_up": caught_up,
+                "driver": dict(sorted(driver.counts.items())),
+                "proxy": vars(proxy.stats).copy(),
+                "worker_a_log": _log_signs(worker_a), "worker_b_log": _log_signs(worker_b),
+                **report.as_dict(), "published": published.as_dict(),
+                "changelog": changelog.as_dict(), "replay_cli": cli, "ok": ok,
+                "wall_s": round(time.monotonic() - started, 1)}
+    finally:
+        dep.close()

@@ -234,11 +234,14 @@ class Deployment:
         return self.workers[0]
 
     def add_worker(self, label: str, *, loglevel: str = "warning",
-                   env: Mapping[str, str] | None = None) -> WorkerProcess:
+                   env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerProcess:
         """Another worker of the same app (same group, topics and key) with its own state
-        dir `<label>-state`, config `<label>.toml` and log `<label>.log`; not started."""
+        dir `<label>-state`, config `<label>.toml` and log `<label>.log`; not started.
+        `overrides` change further settings of this worker alone (e.g. the network
+        partition campaign's `bootstrap_servers`, a proxy's address)."""
         settings = with_overrides(self.settings,
-                                  state_dir=str(self.directory / f"{label}-state"))
+                                  state_dir=str(self.directory / f"{label}-state"),
+                                  **overrides)
         config = write_config(settings, self.directory / f"{label}.toml")
         worker = WorkerProcess(config, self.directory / f"{label}.log", loglevel=loglevel,
                                env=env)
