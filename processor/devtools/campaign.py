@@ -48,7 +48,6 @@ from typing import Any, Final
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
-from processor.core.errors import StateFormatError
 from processor.core.grid import to_units
 from processor.devtools.deployment import (
     ROOT,
@@ -72,7 +71,7 @@ from processor.stream.records import (
     decode_timeline,
 )
 from processor.stream.replay import recompute_timeline, replay
-from processor.stream.state import _COUNTER_MAGIC, DictStore, PartitionState
+from processor.stream.state import DictStore, stored_offset
 
 # ------------------------------------------------------------------------ the corpus
 
@@ -867,25 +866,9 @@ def check_published(dep: Deployment) -> PublishedReport:
 
 
 def value_offset(key: bytes, value: bytes | None) -> int | None:
-    """The timeline offset a stored state value reflects, or None when it carries none
-    (the one place that knows: adapt it when the stored values change). Today: a counter
-    value `c/...` its `last_offset` (the last timeline record applied to it), the
-    partition value `p/...` its `marker_offset`; the due wheel's values carry none."""
-    if value is None:
-        return None
-    try:
-        if key.startswith(b"c/"):
-            if value[:4] != _COUNTER_MAGIC or len(value) < 8:
-                return None
-            n = int.from_bytes(value[4:8], "big")
-            # CounterState.to_bytes: magic, mechanism length, mechanism, then the JSON list
-            # whose third field is last_offset.
-            return int(orjson.loads(value[8 + n:])[2])
-        if key.startswith(b"p/"):
-            return PartitionState.from_bytes(value).marker_offset
-    except (StateFormatError, orjson.JSONDecodeError, IndexError, TypeError, ValueError):
-        return None
-    return None
+    """The timeline offset a stored state value reflects, or None when it carries none:
+    state.stored_offset, the worker's own rule (a value of format 4 begins with it)."""
+    return stored_offset(value)
 
 
 @dataclass
@@ -898,7 +881,12 @@ class ChangelogReport:
     #: carry no offset and are in neither).
     decoded: int = 0
     undecoded: int = 0
-    #: Writes whose offset is below the highest earlier one of their key, and the keys.
+    #: Writes whose offset is below the highest earlier one of their key (a late write of
+    #: a worker that had lost the partition): harmless while a newer value follows, since
+    #: no store takes them (state.supersedes). Not a violation by itself.
+    stale_writes: int = 0
+    #: Keys whose LAST record, the one compaction keeps and a restore from scratch reads,
+    #: is older than an earlier one: the state would go back. The violation.
     went_back: int = 0
     keys_went_back: int = 0
     examples: list[str] = field(default_factory=list)
@@ -913,10 +901,12 @@ class ChangelogReport:
 
 def changelog_went_back(records: Iterable[kafka_io.KafkaRecord]) -> ChangelogReport:
     """Per key, in each partition's offset order: a write whose `value_offset` is below
-    the highest one written before it went back (a stale owner's write, or a restore that
-    continued from older state)."""
+    the highest one written before it is a stale write; a key whose last such write is
+    one went back (compaction keeps it, a restore from scratch reads it: a stale owner's
+    write that nobody wrote over, or a restore that continued from older state)."""
     rep = ChangelogReport()
     high: dict[bytes, tuple[int, int, int]] = {}  # key -> (offset, partition, log offset)
+    last: dict[bytes, int] = {}  # key -> the offset of its last decoded write
     back: set[bytes] = set()
     keys: set[bytes] = set()
     for r in sorted(records, key=lambda r: (r.partition, r.offset)):
@@ -933,17 +923,20 @@ def changelog_went_back(records: Iterable[kafka_io.KafkaRecord]) -> ChangelogRep
             continue
         rep.decoded += 1
         seen = high.get(r.key)
+        last[r.key] = off
         if seen is not None and off < seen[0]:
-            rep.went_back += 1
-            back.add(r.key)
+            rep.stale_writes += 1
             if len(rep.examples) < EXAMPLES:
                 rep.examples.append(
                     f"{r.key.decode(errors='replace')}: timeline offset {seen[0]} at "
                     f"changelog {seen[1]}:{seen[2]}, then {off} at {r.partition}:{r.offset}")
         if seen is None or off > seen[0]:
             high[r.key] = (off, r.partition, r.offset)
+    for key, off in last.items():
+        if off < high[key][0]:
+            back.add(key)
     rep.keys = len(keys)
-    rep.keys_went_back = len(back)
+    rep.went_back = rep.keys_went_back = len(back)
     return rep
 
 

@@ -19,6 +19,12 @@ Three things differ from a plain Faust table, each for one reason (docs/state.md
   only while their acknowledged offsets follow each other without a gap; after any gap
   it leaves it where the last read ended, so the next restore reads, and merges, every
   record in between.
+- Compaction keeps the LAST record of each key, not the newest state: a late, older
+  write that lands after the owner's newer value would survive compaction and become
+  what a restore from scratch reads. So the owner writes its values again wherever an
+  older one may have landed last: every value of a partition after a gap among its own
+  writes (it cannot see what landed), and each key a restore found stale
+  (`MonotoneTable.stale`), at the end of the next checkpoint (`WorkerStores.flush`).
 """
 
 from __future__ import annotations
@@ -35,12 +41,22 @@ from rocksdict import WriteBatch
 from processor.stream.producer import AsyncProducer
 from processor.stream.state import StateStore, supersedes
 
+#: Rounds of rewriting per checkpoint while foreign writes keep landing among them (the
+#: rest waits for the next checkpoint).
+REWRITE_ROUNDS = 3
+
 
 class MonotoneTable(faust.Table[bytes, bytes]):
     """A Faust table of raw bytes whose changelog apply never lets a value go back."""
 
     #: Changelog records the monotone rule did not take (older than the value held).
     stale_skipped = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: partition -> keys whose last changelog record read here was older than the
+        #: value held: the owner writes them again (WorkerStores.flush).
+        self.stale: dict[int, set[bytes]] = defaultdict(set)
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
         store: Any = self.data  # faust's RocksDB store: one database per partition
@@ -59,8 +75,10 @@ class MonotoneTable(faust.Table[bytes, bytes]):
                     else store._db_for_partition(msg.partition).get(key))
             if supersedes(msg.value, held):
                 pending[key] = msg.value
+                self.stale[msg.partition].discard(key)
             else:
                 skipped += 1
+                self.stale[msg.partition].add(key)
         for partition, values in writes.items():
             wb = WriteBatch(raw_mode=True)
             for key, value in values.items():
@@ -75,19 +93,23 @@ class MonotoneTable(faust.Table[bytes, bytes]):
 
 
 class ChangelogTracker:
-    """Per changelog partition this process owns: the next offset at which its own next
-    write lands if nothing else writes in between (`expected`), or None once something
-    did (tainted until the partition is loaded again after a restore)."""
+    """Per changelog partition this process owns: where its own next write lands if
+    nothing else writes in between (`expected`), whether that held since the partition
+    was loaded (`clean`: only then may the persisted offset move over its writes), and
+    the partitions where something else wrote since the last `take_gaps`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._expected: dict[int, int | None] = {}
+        self._expected: dict[int, int] = {}
+        self._clean: dict[int, bool] = {}
+        self._gaps: set[int] = set()
 
     def begin(self, partition: int, read_through: int | None) -> None:
         """The partition's database reflects every changelog record <= `read_through`
         (None: none): this process's next write should land right after it."""
         with self._lock:
             self._expected[partition] = (read_through if read_through is not None else -1) + 1
+            self._clean[partition] = True
 
     def tracks(self, partition: int) -> bool:
         with self._lock:
@@ -97,25 +119,41 @@ class ChangelogTracker:
         """A write of this process landed at `offset` (called in the producer's thread,
         in offset order per partition)."""
         with self._lock:
-            want = self._expected.get(partition, -2)
-            if want == -2:
+            want = self._expected.get(partition)
+            if want is None:
                 return
-            self._expected[partition] = want + 1 if want == offset else None
+            if want != offset:
+                self._gaps.add(partition)
+                self._clean[partition] = False
+            self._expected[partition] = offset + 1
+
+    def take_gaps(self) -> set[int]:
+        """The partitions where something else wrote between this process's writes since
+        the last call."""
+        with self._lock:
+            gaps, self._gaps = self._gaps, set()
+            return gaps
 
     def read_through(self, partition: int) -> int | None:
         """The offset through which the changelog holds nothing but what the database
-        holds (None: unknown, after a gap)."""
+        holds (None: unknown, after a gap since the partition was loaded)."""
         with self._lock:
             want = self._expected.get(partition)
-            return None if want is None else want - 1
+            if want is None or not self._clean.get(partition, False):
+                return None
+            return want - 1
 
     def end(self, partition: int) -> None:
         with self._lock:
             self._expected.pop(partition, None)
+            self._clean.pop(partition, None)
+            self._gaps.discard(partition)
 
     def clear(self) -> None:
         with self._lock:
             self._expected.clear()
+            self._clean.clear()
+            self._gaps.clear()
 
 
 class PartitionStore:
@@ -129,27 +167,28 @@ class PartitionStore:
         self._producer = producer
         self._changelog = changelog
 
-    def _db(self) -> Any:
+    def db(self) -> Any:
+        """The partition's rocksdict database (raw bytes keys and values)."""
         store: Any = self._table.data
         return store._db_for_partition(self._partition)
 
     def get(self, key: str) -> bytes | None:
-        value = self._db().get(key.encode("utf-8"))
+        value = self.db().get(key.encode("utf-8"))
         return None if value is None else bytes(value)
 
     def set(self, key: str, value: bytes) -> None:
         raw = key.encode("utf-8")
-        self._db().put(raw, value)
+        self.db().put(raw, value)
         self._producer.produce(self._changelog, value, key=raw, partition=self._partition)
 
     def delete(self, key: str) -> None:
         raw = key.encode("utf-8")
-        self._db().delete(raw)
+        self.db().delete(raw)
         self._producer.produce(self._changelog, None, key=raw, partition=self._partition)
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         start = prefix.encode("utf-8")
-        for key, value in self._db().items(from_key=start):
+        for key, value in self.db().items(from_key=start):
             if not key.startswith(start):
                 return
             yield key.decode("utf-8"), bytes(value)
@@ -167,6 +206,8 @@ class WorkerStores:
         self._changelog = changelog
         self._tracker = tracker
         self._stores: dict[int, PartitionStore] = {}
+        #: Values written again over older ones that may have landed last (_rewrite).
+        self.rewritten = 0
 
     def of(self, partition: int) -> StateStore:
         store = self._stores.get(partition)
@@ -179,6 +220,10 @@ class WorkerStores:
 
     async def flush(self) -> None:
         await self._producer.flush()
+        for _ in range(REWRITE_ROUNDS):
+            if not self._rewrite():
+                break
+            await self._producer.flush()
         for partition in self._stores:
             through = self._tracker.read_through(partition)
             if through is None or through < 0:
@@ -187,6 +232,31 @@ class WorkerStores:
             have = self._table.persisted_offset(tp)
             if have is None or through > have:
                 self._table.data.set_persisted_offset(tp, through)
+
+    def _rewrite(self) -> int:
+        """Write again, as they are now, every value of each owned partition where a
+        foreign write landed among this process's, and each key a restore found stale;
+        returns how many records that produced."""
+        gaps = self._tracker.take_gaps()
+        n = 0
+        for partition, store in self._stores.items():
+            if partition in gaps:
+                keys: list[bytes] = [k.encode("utf-8") for k, _v in store.scan("c/")]
+                keys += [k.encode("utf-8") for k, _v in store.scan("p/")]
+            else:
+                keys = sorted(self._table.stale.get(partition, ()))
+            if not keys:
+                continue
+            db = store.db()
+            for key in keys:
+                value = db.get(key)
+                if value is not None:
+                    self._producer.produce(self._changelog, bytes(value), key=key,
+                                           partition=partition)
+                    n += 1
+            self._table.stale.pop(partition, None)
+        self.rewritten += n
+        return n
 
     def release(self) -> None:
         """Forget every partition (they changed hands, or the worker stops): the next use

@@ -83,21 +83,26 @@ def _cl(partition: int, offset: int, key: bytes, value: bytes | None) -> kafka_i
 
 def _pvalue(marker_offset: int) -> bytes:
     ps = PartitionState()
-    ps.marker_offset = marker_offset
+    ps.marker_offset = ps.applied = marker_offset
     ps.key_id = "k"
     return ps.to_bytes()
 
 
 def test_changelog_checker_flags_a_value_that_goes_back() -> None:
-    """Offsets that only grow pass (tombstones and due-wheel values carry none); a
-    partition value with an older marker offset written after a newer one is flagged."""
+    """Offsets that only grow pass (tombstones and legacy values carry none); a partition
+    value with an older offset written after a newer one, and left last (what compaction
+    keeps), is flagged; written over again by a newer one, it is a stale write only."""
     ok = [_cl(0, 0, b"p/0", _pvalue(3)), _cl(0, 1, b"u/0/5", b"DPU\x01[]"),
           _cl(0, 2, b"p/0", _pvalue(3)), _cl(0, 3, b"p/0", _pvalue(9)),
           _cl(1, 0, b"p/1", _pvalue(1)), _cl(0, 4, b"u/0/5", None)]
     rep = changelog_went_back(ok)
     assert rep.ok and rep.decoded == 4 and rep.keys == 3, rep.as_dict()
     back = changelog_went_back([*ok, _cl(0, 5, b"p/0", _pvalue(4))])
-    assert (back.went_back, back.keys_went_back) == (1, 1), back.as_dict()
+    assert (back.went_back, back.keys_went_back, back.stale_writes) == (1, 1, 1), \
+        back.as_dict()
+    over = changelog_went_back([*ok, _cl(0, 5, b"p/0", _pvalue(4)), _cl(0, 6, b"p/0",
+                                                                        _pvalue(9))])
+    assert over.ok and over.stale_writes == 1, over.as_dict()
     assert "p/0: timeline offset 9 at changelog 0:3, then 4 at 0:5" in back.examples[0]
     assert value_offset(b"c/x", b"garbage") is None
     assert value_offset(b"p/0", _pvalue(7)) == 7
@@ -152,7 +157,6 @@ def proxied_kafka(local_kafka_available: None) -> Iterator[ProxiedKafka]:
         kafka.stop()
 
 
-@pytest.mark.xfail(strict=False, reason="fixed by the state-layer change")
 def test_a_worker_blackholed_past_the_session_timeout_publishes_nothing_wrong(
         proxied_kafka: ProxiedKafka, tmp_path: Path) -> None:
     """Two workers of one deployment (4 timeline partitions, 400 counters, 100 events/s),
