@@ -21,6 +21,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,9 @@ from processor.core.audit import (
     ecc_partition_check,
     judge,
     make_streams,
+    plan_check,
     plan_for,
+    simecc_partition_check,
 )
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
@@ -94,21 +97,28 @@ def sim_backend(mechanism: str, eps: float, delta: float, seed: int,
 CHUNK_CELLS = 20_000_000
 
 
-def scores(releases: Releases, plan: Plan, xs: Stream, runs: int, label: str) -> FloatArray:
+def scores(releases: Releases, plan: Plan, xs: Stream, runs: int, label: str
+           ) -> tuple[FloatArray, FloatArray | None]:
     """The scores of `runs` runs on xs, computed chunk by chunk (distinct labels per chunk,
-    so every run is independently keyed)."""
+    so every run is independently keyed), and the plan's shift per run (None if none)."""
     chunk = max(1, min(runs, CHUNK_CELLS // max(1, len(xs))))
-    parts = [plan.score(releases(xs, min(chunk, runs - i), f"{label}/{i}"))
-             for i in range(0, runs, chunk)]
-    return np.concatenate(parts) if parts else np.zeros(0)
+    parts, shifts = [], []
+    for i in range(0, runs, chunk):
+        y = releases(xs, min(chunk, runs - i), f"{label}/{i}")
+        parts.append(plan.score(y))
+        if plan.shift is not None:
+            shifts.append(plan.shift(y))
+    z = np.concatenate(parts) if parts else np.zeros(0)
+    return z, (np.concatenate(shifts) if shifts else None)
 
 
 def run_audit(releases: Releases, plan: Plan, runs: int, *, eps: float, delta: float,
               alpha: float) -> AuditResult:
     """Score `runs` runs on each stream and judge them."""
-    s0 = scores(releases, plan, plan.x0, runs, "x")
-    s1 = scores(releases, plan, plan.x1, runs, "x'")
-    return judge(s0, s1, eps=eps, delta=delta, alpha=alpha, known_null=plan.known_null)
+    s0, _ = scores(releases, plan, plan.x0, runs, "x")
+    s1, m1 = scores(releases, plan, plan.x1, runs, "x'")
+    return judge(s0, s1, eps=eps, delta=delta, alpha=alpha, known_null=plan.known_null,
+                 m1=m1, pair_law=plan.pair_law)
 
 
 def report(res: AuditResult, args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
@@ -180,6 +190,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class Check:
+    """One white-box check beside the bounds: an exact recomputation ("plan") or a law
+    test ("partition law", KS at the law level). passed False fails the audit."""
+
+    name: str
+    passed: bool
+    detail: str
+    p_value: float | None = None
+
+
 def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
@@ -189,7 +210,7 @@ def main_audit(argv: Sequence[str]) -> int:
     args.gap = gap if args.gap is None else args.gap
     args.feature = args.feature or feature
     if args.runs is None:
-        args.runs = 400 if args.feature == "lr" else 2000
+        args.runs = 400 if args.feature in ("lr", "leaves") else 2000
     if args.runs < 4 or args.events < 0 or args.gap < 1 or not 0 < args.alpha < 1:
         p.error("need --runs >= 4, --events >= 0, --gap >= 1 and 0 < --alpha < 1")
     params: dict[str, Any] = {}
@@ -209,49 +230,88 @@ def main_audit(argv: Sequence[str]) -> int:
         releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
         res = run_audit(releases, plan, args.runs, eps=args.epsilon, delta=args.delta,
                         alpha=args.alpha)
-        part_p = partition_check(args)
+        checks = white_box_checks(args, res.law_alpha)
     except (AuditError, CoreError, ValueError) as exc:
         print(f"audit error: {exc}", file=sys.stderr)
         return 2
-    part_ok = part_p is None or part_p >= res.law_alpha
-    passed = res.passed and part_ok
+    passed = res.passed and all(c.passed for c in checks)
     if args.json:
         rep = report(res, args, plan)
-        rep.update(passed=passed, partition_law_p=part_p)
+        rep.update(passed=passed, checks=[
+            {"check": c.name, "passed": c.passed, "detail": c.detail, "p": c.p_value}
+            for c in checks])
+        part = [c.p_value for c in checks if c.name == "partition law"]
+        rep["partition_law_p"] = part[0] if part else None
+        rep["caught_by"] = caught_by(res, checks)
         print(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode())
+    print(f"pair: {args.pattern}, {args.events} events then {args.gap} empty ticks, and "
+          "its insertion neighbour at tick 1", file=sys.stderr)
     for b in res.bounds:
         print(f"{b.method:>10} bound: eps >= {b.eps_lb:.3f} ({b.event}, c = {b.threshold:.4g}, "
               f"{b.order}, p_low {b.p_low:.4g}, p_high {b.p_high:.4g})", file=sys.stderr)
     if res.null_law_p is not None:
-        print(f"noise law (KS against N(0, 1) on x): p = {res.null_law_p:.3g} "
-              f"({'ok' if res.null_law_ok else 'REJECTED'} at {res.law_alpha})", file=sys.stderr)
+        print(f"noise law (KS of the scores on x against their claimed law): "
+              f"p = {res.null_law_p:.3g} ({'ok' if res.null_law_ok else 'REJECTED'} at "
+              f"{res.law_alpha})", file=sys.stderr)
+    for c in checks:
+        print(f"{c.name}: {'ok' if c.passed else 'FAILED'} ({c.detail})", file=sys.stderr)
     if res.attainable <= args.epsilon:
-        tail = ("only the known-null bound or a law check can fail this audit"
-                if plan.known_null or part_p is not None
-                else "this audit cannot fail (more runs raise the cap)")
+        exact = [b.method for b in res.bounds if b.method != "empirical"] + [
+            c.name for c in checks]
+        tail = (f"what can fail it here: {', '.join(exact)}" if exact else
+                "nothing else applies with this feature: use the mechanism's default "
+                "--feature, or more --runs")
         print(f"note: with {args.runs} runs the assumption-free bound cannot exceed "
-              f"{res.attainable:.2f} <= eps: {tail}", file=sys.stderr)
-    if part_p is not None:
-        print(f"partition law (KS of the first checkpoint against Algorithm 1's law): "
-              f"p = {part_p:.3g} ({'ok' if part_ok else 'REJECTED'} at {res.law_alpha})",
-              file=sys.stderr)
+              f"{res.attainable:.2f} <= eps; {tail}", file=sys.stderr)
     verdict = "PASSED" if passed else "FAILED"
-    laws = (res.null_law_p is not None) + (part_p is not None)
+    laws = (res.null_law_p is not None) + sum(c.p_value is not None for c in checks)
     rate = f"{args.alpha:g}" + (f" + {laws} x {res.law_alpha:g}" if laws else "")
+    by = caught_by(res, checks)
     print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs configured eps "
-          f"{args.epsilon} (false-alarm rate <= {rate})", file=sys.stderr)
+          f"{args.epsilon}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
+          f"{rate})", file=sys.stderr)
     return 0 if passed else 1
 
 
-def partition_check(args: argparse.Namespace) -> float | None:
-    """ECC on the core backend: the law check of its partition (Part), on min(runs, 400)
-    fresh counters; None for other mechanisms or the simulator."""
-    if args.mechanism != "ecc" or args.backend != "core" or args.calibration == "tight":
-        return None
+def caught_by(res: AuditResult, checks: list[Check]) -> str:
+    """Which bounds and checks failed the mechanism ("" if none)."""
+    out = [f"{b.method} bound" for b in res.bounds if b.eps_lb > res.eps]
+    if not res.null_law_ok:
+        out.append("noise law")
+    out += [c.name for c in checks if not c.passed]
+    return ", ".join(out)
+
+
+def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
+    """ECC and SimECC (either calibration, either backend: the checks read fresh core
+    counters): the plan check (exact: the guarantee their parameters and noise scales
+    deliver, recomputed independently of the planner) and the law check of the partition
+    on min(runs, 400) fresh partitions (ECC: Part's first checkpoint on one event per
+    tick; SimECC: SimPart's first checkpoint). Other mechanisms: none."""
+    if args.mechanism not in ("ecc", "simecc"):
+        return []
     key = NoiseKey.from_seed(args.seed)
+    cal = args.calibration or "paper"
 
-    def part(counter_id: str) -> Any:
-        # white box: the partition of a fresh counter, fed directly
-        return registry.make("ecc", args.epsilon, args.delta, key, counter_id)._part  # type: ignore[attr-defined]
+    def fresh(counter_id: str) -> Any:
+        return registry.make(args.mechanism, args.epsilon, args.delta, key, counter_id,
+                             calibration=cal)
 
-    return ecc_partition_check(part, args.epsilon, args.delta, min(args.runs, 400), args.seed)
+    pc = plan_check(fresh("plan-check"), args.epsilon, args.delta)
+    detail = (f"tight plan recomputed: a = {pc.part_loss:.4g}, mu_tot = {pc.mu_total:.4g}, "
+              f"delivers delta = {pc.delta_delivered:.4g}" if cal == "tight" else
+              "paper plan: partition, CC and BCC at least as private as the paper's "
+              "constants, noise scales as Algorithm 1/5 ask")
+    checks = [Check("plan", pc.passed, "; ".join(pc.problems) or detail)]
+    runs = min(args.runs, 400)
+    if args.mechanism == "ecc":
+        p_law = ecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
+                                    runs, args.seed, calibration=cal)
+        what = "first checkpoint of Part against Algorithm 1's law"
+    else:
+        p_law = simecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
+                                       runs, args.seed, calibration=cal)
+        what = "first checkpoint of SimPart against Algorithm 5's law"
+    checks.append(Check("partition law", p_law >= law_alpha,
+                        f"KS of the {what}: p = {p_law:.3g} at {law_alpha}", p_law))
+    return checks
