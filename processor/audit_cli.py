@@ -146,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     fixed = "; ".join(f"{m}: {p}, {e}, {g}, {f}"
                       for m, (p, e, g, f) in sorted(DEFAULTS.items()) if e)
     doc = (f"{__doc__ or ''}{fixed}; basecc, partitioncc: alternating, lr, with enough "
-           "events for the queue shift to show at this eps (capped: 20,000 and 50,000); ecc: "
+           "events for the queue shift to show at this eps (capped: 20,000 and 150,000); ecc: "
            "alternating, first, with enough events for its partition to fire and a gap for "
            "the BCC delay; simecc: empty, values, eight blocks and the delay (all sized from "
            "--epsilon, --delta). Runs: 400 per stream for the lr feature, else 2000.")

@@ -653,7 +653,7 @@ SIMECC_BLOCKS = 8
 
 def default_streams(mechanism: str, eps: float, delta: float) -> tuple[str, int, int, str]:
     """(pattern, events, gap, feature) for this mechanism. BaseCC, PartitionCC: enough
-    alternating events for the shift to show (below, capped at 20,000 and 50,000). ECC: enough
+    alternating events for the shift to show (below, capped at 20,000 and 150,000). ECC: enough
     alternating events
     that Part's first checkpoint comes with probability >= 0.99 (ecc_part_term), then a gap
     that holds BCC's delay of the first release with probability >= 0.999. SimECC:
@@ -664,7 +664,9 @@ def default_streams(mechanism: str, eps: float, delta: float) -> tuple[str, int,
         # k = 0.04 (BaseCC) and 0.003 (PartitionCC, measured for eps 5 to 80). The
         # known-null bound exceeds eps once that mean is about sqrt(2.4 eps) and at least
         # 1.5: n = max(2.4 eps, 1.5^2) / (k eps)^2, doubled for margin, within a cost cap.
-        k, lo, hi = (0.04, 200, 20_000) if mechanism == "basecc" else (0.003, 1000, 50_000)
+        # PartitionCC's cap: at eps = 1 the exact-pair bound needs the shift of ~150,000
+        # events (the pair's mu ~0.33; run it with --backend sim).
+        k, lo, hi = (0.04, 200, 20_000) if mechanism == "basecc" else (0.003, 1000, 150_000)
         want = 2.0 * max(2.4 * eps, 2.25) / (k * eps) ** 2
         events = 2 * math.ceil(min(max(want, lo), hi) / 2)
         return pattern, events, gap, feature
@@ -971,35 +973,70 @@ def ecc_partition_check(parts: Callable[[str], Partition], eps: float, delta: fl
 
 
 class DataIndependentPartition(Protocol):
-    """What the SimPart law check needs: the tick of the next checkpoint."""
+    """What the SimPart law check needs: the next checkpoint, and moving to it."""
 
-    def next_due(self, limit: int | None = None) -> int | None: ...
+    t: int
+
+    def next_due(self, limit: int | None = None) -> int: ...
+
+    def advance(self, k: int) -> None: ...
+
+    def step(self, u: int = 0) -> bool: ...
 
 
-def reference_simpart_first(eps_p: float, mu: int, runs: int,
-                            rng: np.random.Generator) -> npt.NDArray[np.int64]:
-    """The first checkpoint of Algorithm 5 sampled independently of the core:
-    t_1 = max(1, mu + Z), Z ~ DLap(2/eps_p) on the integers (P(Z = z) ~ e^(-|z| eps_p/2)),
-    as the difference of two geometric variables. The core's scale is rounded up to the
-    2^-16 grid, far below what the test resolves."""
+#: gaps read per fresh SimPart by the law check (they are independent draws)
+SIMPART_GAPS = 16
+
+
+def simpart_offsets(eps_p: float, mu: int, gaps: int) -> npt.NDArray[np.int64]:
+    """mu + ceil(4 ln(l) / eps_p) for l = 1..gaps: gap l is max(1, offset_l + Z_l)."""
+    return np.array([mu + math.ceil(4.0 * math.log(i) / eps_p) for i in range(1, gaps + 1)],
+                    dtype=np.int64)
+
+
+def simpart_residuals(part: DataIndependentPartition, offsets: npt.NDArray[np.int64]
+                      ) -> npt.NDArray[np.int64]:
+    """The first len(offsets) gaps of a fresh SimPart minus their offsets (= Z_l where
+    the gap is not clamped at 1)."""
+    out = np.zeros(offsets.size, dtype=np.int64)
+    prev = 0
+    for i in range(offsets.size):
+        nxt = part.next_due()
+        part.advance(nxt - 1 - part.t)
+        if not part.step(0):
+            raise AuditError("the partition did not fire at its next_due tick")
+        out[i] = nxt - prev - offsets[i]
+        prev = nxt
+    return out
+
+
+def reference_simpart_residuals(eps_p: float, offsets: npt.NDArray[np.int64], runs: int,
+                                rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """The same under Algorithm 5's law, sampled independently of the core:
+    max(1 - offset_l, Z_l), Z_l ~ DLap(2/eps_p) on the integers (P(Z = z) ~
+    e^(-|z| eps_p/2)), the difference of two geometric variables. The core's scale is
+    rounded up to the 2^-16 grid, far below what the test resolves."""
     p = -math.expm1(-eps_p / 2.0)  # success probability of each geometric
-    z = rng.geometric(p, runs) - rng.geometric(p, runs)
-    return np.asarray(np.maximum(1, mu + z), dtype=np.int64)
+    z = rng.geometric(p, (runs, offsets.size)) - rng.geometric(p, (runs, offsets.size))
+    return np.asarray(np.maximum(1 - offsets[None, :], z), dtype=np.int64)
 
 
 def simecc_partition_check(parts: Callable[[str], DataIndependentPartition], eps: float,
                            delta: float, runs: int, seed: int, label: str = "simpart",
                            calibration: str = "paper") -> float:
-    """The law check of SimECC's partition (white box): the first checkpoint of `runs`
-    fresh SimParts (data-independent: no input needed) against 20,000 draws of Algorithm
-    5's law (two-sample KS, conservative on integer ticks). SimECC's releases hide the
-    partition as ECC's do, so no bound on them catches a SimPart with too little noise."""
+    """The law check of SimECC's partition (white box): the first SIMPART_GAPS gaps of
+    `runs` fresh SimParts (data-independent: no input needed), minus their offsets,
+    against Algorithm 5's law sampled independently (20,000 x SIMPART_GAPS draws;
+    two-sample KS, conservative on integers). SimECC's releases hide the partition as
+    ECC's do, so no bound on them catches a SimPart with too little noise."""
     from processor.core.ecc import simecc_parameters
 
     p = simecc_parameters(eps, delta, calibration)
-    impl = np.array([parts(f"{label}/{r}").next_due() for r in range(runs)], dtype=np.int64)
-    ref = reference_simpart_first(p.eps_part, p.mu, 20_000, np.random.default_rng(seed))
-    return partition_law_check(impl, ref)
+    off = simpart_offsets(p.eps_part, p.mu, SIMPART_GAPS)
+    impl = np.concatenate([simpart_residuals(parts(f"{label}/{r}"), off)
+                           for r in range(runs)])
+    ref = reference_simpart_residuals(p.eps_part, off, 20_000, np.random.default_rng(seed))
+    return partition_law_check(impl, ref.ravel())
 
 
 # ------------------------------------------------------------------ Section 8 attack
