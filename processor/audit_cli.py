@@ -33,9 +33,11 @@ from processor.core.audit import (
     DEFAULTS,
     FEATURES,
     PATTERNS,
+    SIMPART_GAPS,
     AuditError,
     AuditResult,
     FloatArray,
+    PairChoice,
     Plan,
     Stream,
     core_releases,
@@ -43,8 +45,10 @@ from processor.core.audit import (
     ecc_partition_check,
     judge,
     make_streams,
+    pair_objective,
     plan_check,
     plan_for,
+    search_pair,
     simecc_partition_check,
 )
 from processor.core.errors import CoreError
@@ -165,6 +169,15 @@ def _parser() -> argparse.ArgumentParser:
                    "x' is one event at tick 1); default per mechanism")
     p.add_argument("--events", type=int, default=None,
                    help="ticks of the pattern before the gap (default per mechanism)")
+    p.add_argument("--at", type=int, default=None,
+                   help="the insertion tick of the neighbour (default 1); giving --pattern "
+                   "or --at fixes the pair (no search)")
+    p.add_argument("--search", action=argparse.BooleanOptionalAction, default=None,
+                   help="search the candidate pairs (every pattern; insertion at tick 1, 2 "
+                   "or a third of the way in) for the one the attack separates best: "
+                   "exactly where the law is known, else on a pilot keyed apart from the "
+                   "audit (simulator where it has the mechanism); default on unless "
+                   "--pattern or --at is given")
     p.add_argument("--gap", type=int, default=None,
                    help="empty ticks after them, >= 1 (default per mechanism)")
     p.add_argument("--feature", choices=FEATURES, default=None,
@@ -205,6 +218,7 @@ def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
     pattern, events, gap, feature = default_streams(args.mechanism, args.epsilon, args.delta)
+    args.pattern_given = args.pattern
     args.pattern = args.pattern or pattern
     args.events = events if args.events is None else args.events
     args.gap = gap if args.gap is None else args.gap
@@ -222,8 +236,16 @@ def main_audit(argv: Sequence[str]) -> int:
         if args.mechanism not in ("ecc", "simecc"):
             p.error("--calibration applies to ecc and simecc only")
         params["calibration"] = args.calibration
+    if args.search is None:
+        args.search = args.pattern_given is None and args.at is None
+    args.at = args.at or 1
+    choice: PairChoice | None = None
+    tried: list[PairChoice] = []
     try:
-        x0, x1 = make_streams(args.pattern, args.events, args.gap)
+        if args.search:
+            choice, tried = choose_pair(args, params)
+            args.pattern, args.at = choice.pattern, choice.at
+        x0, x1 = make_streams(args.pattern, args.events, args.gap, args.at)
         plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
                         **params)
         backend = core_backend if args.backend == "core" else sim_backend
@@ -243,9 +265,18 @@ def main_audit(argv: Sequence[str]) -> int:
         part = [c.p_value for c in checks if c.name == "partition law"]
         rep["partition_law_p"] = part[0] if part else None
         rep["caught_by"] = caught_by(res, checks)
+        rep["at"] = args.at
+        rep["pair_search"] = None if choice is None else {
+            "pattern": choice.pattern, "at": choice.at, "objective": choice.objective,
+            "how": choice.how, "candidates": [
+                {"pattern": c.pattern, "at": c.at, "objective": c.objective, "how": c.how}
+                for c in tried]}
         print(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode())
+    if choice is not None:
+        print(f"pair search: {len(tried)} candidates; best {choice.pattern} at tick "
+              f"{choice.at} ({choice.how}: eps >= {choice.objective:.3f})", file=sys.stderr)
     print(f"pair: {args.pattern}, {args.events} events then {args.gap} empty ticks, and "
-          "its insertion neighbour at tick 1", file=sys.stderr)
+          f"its insertion neighbour at tick {args.at}", file=sys.stderr)
     for b in res.bounds:
         print(f"{b.method:>10} bound: eps >= {b.eps_lb:.3f} ({b.event}, c = {b.threshold:.4g}, "
               f"{b.order}, p_low {b.p_low:.4g}, p_high {b.p_high:.4g})", file=sys.stderr)
@@ -271,6 +302,30 @@ def main_audit(argv: Sequence[str]) -> int:
           f"{args.epsilon}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
           f"{rate})", file=sys.stderr)
     return 0 if passed else 1
+
+
+#: the pilot of the pair search is keyed apart from the audit's runs (seed + this)
+PILOT_SEED_OFFSET = 7919
+
+
+def choose_pair(args: argparse.Namespace, params: dict[str, Any]
+                ) -> tuple[PairChoice, list[PairChoice]]:
+    """The pair search (processor.core.audit.search_pair) for this command's mechanism,
+    stream length and feature. The pilot, where one is needed, runs on the simulator when
+    it has the mechanism (same laws, much faster; PartitionCC at horizon = the stream
+    length), else on the core, with another seed than the audit's runs."""
+    from processor.experiments.simulate import MECHANISMS as SIMULATED
+
+    seed = args.seed + PILOT_SEED_OFFSET
+    sim_params = {k: v for k, v in params.items() if k == "calibration"}
+    pilot = (sim_backend(args.mechanism, args.epsilon, args.delta, seed, sim_params)
+             if args.mechanism in SIMULATED and set(params) <= {"calibration"}
+             else core_backend(args.mechanism, args.epsilon, args.delta, seed, params))
+    runs = {"partitioncc": 8}.get(args.mechanism, 1000 if args.mechanism in SIMULATED
+                                  else 100)
+    objective = pair_objective(args.mechanism, args.epsilon, args.delta, args.feature,
+                               params, pilot, runs, args.alpha)
+    return search_pair(args.events, args.gap, objective)
 
 
 def caught_by(res: AuditResult, checks: list[Check]) -> str:
@@ -311,7 +366,7 @@ def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
     else:
         p_law = simecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
                                        runs, args.seed, calibration=cal)
-        what = "first checkpoint of SimPart against Algorithm 5's law"
+        what = f"first {SIMPART_GAPS} gaps of SimPart against Algorithm 5's law"
     checks.append(Check("partition law", p_law >= law_alpha,
                         f"KS of the {what}: p = {p_law:.3g} at {law_alpha}", p_law))
     return checks

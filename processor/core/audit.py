@@ -594,27 +594,34 @@ def audit(factory: Factory, x0: Stream, x1: Stream, runs: int, *, eps: float, de
 
 
 #: the event patterns a plan can put before the gap: "alternating" 1, 0, 1, 0, ... (the
-#: shift moves the prefix sum at every other tick), "ones" (all 1), "empty" (no event:
-#: the neighbour is one event at tick 1, the prefix sums differ by 1 at every tick)
-PATTERNS = ("alternating", "ones", "empty")
+#: shift moves the prefix sum at every other tick), "alternating0" 0, 1, 0, 1, ... (the
+#: other phase), "pairs" 1, 1, 0, 0, "sparse" 1, 0, 0, "dense" 1, 1, 0, "ones" (all 1),
+#: "empty" (no event: the neighbour is one event at tick 1, the prefix sums differ by 1 at
+#: every tick)
+PATTERNS = ("alternating", "alternating0", "pairs", "sparse", "dense", "ones", "empty")
+_PERIODS: dict[str, tuple[float, ...]] = {
+    "alternating": (1.0, 0.0), "alternating0": (0.0, 1.0), "pairs": (1.0, 1.0, 0.0, 0.0),
+    "sparse": (1.0, 0.0, 0.0), "dense": (1.0, 1.0, 0.0), "ones": (1.0,)}
 
 
-def make_streams(pattern: str, events: int, gap: int) -> tuple[list[float | None],
-                                                                list[float | None]]:
+def make_streams(pattern: str, events: int, gap: int, at: int = 1
+                 ) -> tuple[list[float | None], list[float | None]]:
     """(x, x'): `events` events of the pattern then `gap` ⊥ ticks, and its insertion
-    neighbour at tick 1 (a 1 is queued first; the first ⊥ absorbs the shift)."""
+    neighbour at tick `at` (a 1 is queued there; the events from `at` on shift one tick
+    later and the first ⊥ absorbs the shift, so the shift run covers ticks at..events)."""
     if pattern not in PATTERNS:
         raise AuditError(f"unknown pattern {pattern!r}; known: {', '.join(PATTERNS)}")
     if events < 0 or gap < 1:
         raise AuditError("need events >= 0 and gap >= 1")
-    if pattern == "alternating":
-        vals: list[float | None] = [1.0 - (i % 2) for i in range(events)]
-    elif pattern == "ones":
-        vals = [1.0] * events
+    if not 1 <= at <= events + 1:
+        raise AuditError("the insertion tick must lie in 1..events + 1")
+    if pattern == "empty":
+        vals: list[float | None] = [None] * events
     else:
-        vals = [None] * events
+        per = _PERIODS[pattern]
+        vals = [per[i % len(per)] for i in range(events)]
     x0 = [*vals, *([None] * gap)]
-    return x0, insertion_neighbour(x0, 1)
+    return x0, insertion_neighbour(x0, at)
 
 
 @dataclass(frozen=True)
@@ -1222,3 +1229,102 @@ def _paper_problems(mech: str, eps: float, delta: float, eps_p: float, part: obj
         if part.mu < mu:  # type: ignore[attr-defined]
             out.append(f"SimPart's mu {part.mu} below the paper's {mu}")  # type: ignore[attr-defined]
     return out
+
+
+# ------------------------------------------------------------ worst-case pair search
+
+
+@dataclass(frozen=True)
+class PairChoice:
+    """One candidate pair (pattern, insertion tick) and how strongly it separates under
+    the mechanism's attack: `objective` is an eps lower bound (exact where the law is
+    known, from a pilot sample otherwise; -inf: nothing to test on this pair)."""
+
+    pattern: str
+    at: int
+    objective: float
+    how: str
+
+
+def candidate_pairs(events: int) -> list[tuple[str, int]]:
+    """The pairs searched: every pattern, the shift run starting at tick 1, 2 (the other
+    phase against the tree's and the partition's blocks) or a third of the way in (a
+    shorter run at another position)."""
+    ats = sorted({1, 2, max(1, events // 3)})
+    return [(p, a) for p in PATTERNS for a in ats if a <= events]
+
+
+#: releases of `runs` runs on a stream, for a pilot: (stream, runs, label) -> runs x T
+Pilot = Callable[[Stream, int, str], FloatArray]
+
+
+def pair_objective(mechanism: str, eps: float, delta: float, feature: str,
+                   params: dict[str, int], pilot: Pilot | None, pilot_runs: int,
+                   alpha: float = 0.05) -> Callable[[list[float | None], list[float | None]],
+                                                    tuple[float, str]]:
+    """How strongly a pair separates under this mechanism's audit, for the search:
+
+    - GaussianCC, BaseCC (lr): the exact profile of the pair's mu |d|_C (no sampling);
+    - the tree (leaves): the exact-pair bound of the leaf score's computed laws;
+    - PartitionCC (lr): the exact-pair profile at the 10% quantile of mu over the release
+      ticks of a pilot's runs on x';
+    - anything else (ECC, SimECC, other features): the assumption-free bound on a pilot.
+
+    The pilot must be keyed apart from the audit's own runs (the CLI uses another seed), so
+    the choice is independent of the runs that are then judged."""
+    cache: dict[int, GaussianLaw] = {}
+
+    def f(x0: list[float | None], x1: list[float | None]) -> tuple[float, str]:
+        n = len(x0)
+        if mechanism == "basecc" and feature == "lr":
+            law = cache.get(n)
+            if law is None:
+                law = cache[n] = GaussianLaw(cc_noise_cov(eps, delta, n))
+            wd = _solve_lower(law.chol, shift_profile(x0, x1))
+            return gauss_pair_eps(math.sqrt(float(wd @ wd)), delta)[0], "exact mu"
+        plan = plan_for(mechanism, eps, delta, x0, x1, feature, **params)
+        if plan.pair_law is not None:
+            return pmf_pair_bound(plan.pair_law[0], plan.pair_law[1], delta)[0], "exact law"
+        if plan.shift is not None and mechanism == "gaussiancc":
+            m = float(plan.shift(np.zeros((1, n)))[0])
+            return gauss_pair_eps(m, delta)[0], "exact mu"
+        if pilot is None:
+            raise AuditError("this mechanism's pair search needs a pilot backend")
+        if plan.shift is not None:
+            m1 = plan.shift(pilot(x1, pilot_runs, "pilot/x'"))
+            q = float(np.quantile(m1, 0.1))
+            return gauss_pair_eps(q, delta, 0.9)[0], f"pilot of {pilot_runs} runs (ticks)"
+        s0 = plan.score(pilot(x0, pilot_runs, "pilot/x"))
+        s1 = plan.score(pilot(x1, pilot_runs, "pilot/x'"))
+        check_spread(s0, s1)
+        return empirical_bound(s0, s1, delta, alpha).eps_lb, f"pilot of {pilot_runs} runs"
+
+    return f
+
+
+def search_pair(events: int, gap: int,
+                objective: Callable[[list[float | None], list[float | None]],
+                                    tuple[float, str]]
+                ) -> tuple[PairChoice, list[PairChoice]]:
+    """The candidate pair with the largest objective (ties: the first), and every
+    candidate's result. Candidates on which the score cannot vary (the streams' prefix
+    sums agree, or nothing is released) score -inf."""
+    tried: list[PairChoice] = []
+    seen: set[tuple[tuple[float | None, ...], tuple[float | None, ...]]] = set()
+    for pattern, at in candidate_pairs(events):
+        x0, x1 = make_streams(pattern, events, gap, at)
+        key = (tuple(x0), tuple(x1))
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            val, how = objective(x0, x1)
+        except AuditError as exc:
+            val, how = -math.inf, f"skipped: {exc}"
+        tried.append(PairChoice(pattern, at, val, how))
+    if not tried or max(c.objective for c in tried) == -math.inf:
+        why = "; ".join(f"{c.pattern} at {c.at}: {c.how}" for c in tried[:2])
+        raise AuditError(f"no candidate pair separates the streams ({why}; ...): "
+                         "lengthen them")
+    best = max(tried, key=lambda c: c.objective)
+    return best, tried
