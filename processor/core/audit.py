@@ -27,11 +27,18 @@ Two bounds, each a valid lower bound with confidence 1 - alpha/2 (so the verdict
   half). Its validity rests on the claimed law, so `null_law_check` tests the scores on x
   against N(0, 1) (Kolmogorov-Smirnov); a mismatch is itself a failure.
 
-ECC hides its partition behind BCC's noise and leaks far less than eps on any testable
-pair, so no bound on its releases can catch a partition with too little noise;
-`ecc_partition_check` (white box) compares the first checkpoint of fresh Parts with an
-independent sampler of Algorithm 1's law instead. `plan_for` and `default_streams` say
-which streams and which score each mechanism gets (docs/audit.md).
+- `exact_pair_bound` / `pmf_pair_bound` (known laws): the claimed law's exact privacy
+  profile on the pair (Gaussian: the pair's mu |d|_C; PartitionCC: only its release ticks
+  are sampled; the Laplace tree: the computed laws of its leaf score). Not capped by runs.
+
+ECC and SimECC hide their partition behind BCC's noise and leak far less than eps on any
+testable pair, so no bound on their releases can catch a partition with too little noise
+or a plan that under-charges the shift; `plan_check` (exact: what the counter's parameters
+and noise scales deliver, recomputed independently of processor.core.tight) and
+`ecc_partition_check` / `simecc_partition_check` (the partition's law against independent
+samplers of Algorithms 1 and 5) do, under both calibrations. `plan_for`,
+`default_streams` and `search_pair` say which streams and which score each mechanism gets
+(docs/audit.md).
 
 `AuditError` is raised when the audit cannot say anything: a score that is constant over
 all runs (typically: the mechanism released nothing in the window) gives no test at all.
