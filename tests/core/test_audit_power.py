@@ -139,7 +139,7 @@ def test_the_command_names_the_plan_check(steps: Any,
     steps(1, 2)
     rc = main_audit(["--mechanism", "simecc", "--epsilon", "3", "--delta", "1e-3",
                      "--calibration", "tight", "--backend", "sim", "--runs", "1000",
-                     "--json"])
+                     "--no-search", "--json"])
     out = capsys.readouterr()
     assert rc == 1 and "caught by: plan" in out.err, out.err
     assert "cannot fail" not in out.err
@@ -239,9 +239,11 @@ def test_partition_noise_divided_by_2_and_4_fails(mechanism: str, calibration: s
 def test_ecc_and_simecc_pass_every_check(mechanism: str, calibration: str,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """The command at eps = 150 (sim backend for the releases; the plan and law checks
-    read core counters): PASS, and it names what could have failed it."""
+    read core counters; the default pair, the search is tested below): PASS, and it names
+    what could have failed it."""
     rc = main_audit(["--mechanism", mechanism, "--epsilon", "150", "--delta", "1e-6",
-                     "--calibration", calibration, "--backend", "sim", "--runs", "2000"])
+                     "--calibration", calibration, "--backend", "sim", "--runs", "2000",
+                     "--no-search"])
     err = capsys.readouterr().err
     assert rc == 0, err
     assert "plan: ok" in err and "partition law: ok" in err
