@@ -323,8 +323,11 @@ def choose_pair(args: argparse.Namespace, params: dict[str, Any]
     pilot = (sim_backend(args.mechanism, args.epsilon, args.delta, seed, sim_params)
              if args.mechanism in SIMULATED and set(params) <= {"calibration"}
              else core_backend(args.mechanism, args.epsilon, args.delta, seed, params))
-    runs = {"partitioncc": 8}.get(args.mechanism, 500 if args.mechanism in SIMULATED
-                                  else 100)
+    # a pilot of at most ~4 million ticks per stream and candidate (ECC at small eps runs
+    # tens of thousands of ticks)
+    n = args.events + args.gap
+    runs = {"partitioncc": 8}.get(args.mechanism, min(500 if args.mechanism in SIMULATED
+                                                      else 100, max(50, 4_000_000 // n)))
     objective = pair_objective(args.mechanism, args.epsilon, args.delta, args.feature,
                                params, pilot, runs, args.alpha)
     return search_pair(args.events, args.gap, objective)
