@@ -1,18 +1,20 @@
-"""`python -m processor audit`: an empirical privacy audit of a mechanism on edit neighbours.
+"""`python -m processor audit`: a privacy audit of a mechanism on edit neighbours.
 
 Runs the mechanism many times (independently keyed, reproducible from --seed) on a stream x
 (--events events of --pattern, then --gap empty ticks) and on its insertion neighbour x' (a 1
-queued at tick 1: every event shifts one tick later until the first empty tick absorbs the
-shift), reduces each run's whole release stream to one score (--feature), and bounds epsilon
-from below (processor.core.audit): an assumption-free Clopper-Pearson bound with thresholds
-chosen on a held-out half, and, for the Gaussian mechanisms with the "lr" feature, a
-known-null likelihood-ratio bound that is not capped by the number of runs, with a
-Kolmogorov-Smirnov check of the claimed noise law; for ECC (core backend) also a check of
-its partition's law (the first checkpoint of fresh Parts against Algorithm 1's law), which
-no bound on its releases can replace. The audit FAILS (exit 1) when a bound exceeds
---epsilon or a law check rejects; false-alarm rate at most --alpha (+ 0.001 for
-the law check) for a correct mechanism. Exit 2: the audit could not run (for example the score
-is constant: nothing was released in the window; lengthen the stream).
+queued at tick --at: every event from there shifts one tick later until the first empty tick
+absorbs the shift); by default the pair is searched among every pattern and three insertion
+ticks for the one the mechanism's attack separates best (exactly where the law is known, on
+a pilot keyed apart otherwise). Each run's releases are reduced to one score (--feature)
+and judged (processor.core.audit): an assumption-free Clopper-Pearson bound; for known
+laws a known-null bound and an exact-pair bound (the claimed law's privacy profile on the
+pair), with a Kolmogorov-Smirnov check of that law; for ECC and SimECC, under either
+calibration, the plan check (exact: the guarantee the counter's parameters and noise scales
+deliver, recomputed independently of the planner) and a law check of the partition, which
+no bound on their releases can replace. The audit FAILS (exit 1) when a bound exceeds
+--epsilon or a check fails, and names what caught it; false-alarm rate at most --alpha
+(+ 0.001 per law check) for a correct mechanism. Exit 2: the audit could not run (for
+example the score is constant: nothing was released in the window; lengthen the stream).
 Defaults per mechanism (pattern, events, gap, feature): """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import argparse
 import math
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,9 +35,11 @@ from processor.core.audit import (
     DEFAULTS,
     FEATURES,
     PATTERNS,
+    SIMPART_GAPS,
     AuditError,
     AuditResult,
     FloatArray,
+    PairChoice,
     Plan,
     Stream,
     core_releases,
@@ -42,7 +47,11 @@ from processor.core.audit import (
     ecc_partition_check,
     judge,
     make_streams,
+    pair_objective,
+    plan_check,
     plan_for,
+    search_pair,
+    simecc_partition_check,
 )
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
@@ -94,21 +103,28 @@ def sim_backend(mechanism: str, eps: float, delta: float, seed: int,
 CHUNK_CELLS = 20_000_000
 
 
-def scores(releases: Releases, plan: Plan, xs: Stream, runs: int, label: str) -> FloatArray:
+def scores(releases: Releases, plan: Plan, xs: Stream, runs: int, label: str
+           ) -> tuple[FloatArray, FloatArray | None]:
     """The scores of `runs` runs on xs, computed chunk by chunk (distinct labels per chunk,
-    so every run is independently keyed)."""
+    so every run is independently keyed), and the plan's shift per run (None if none)."""
     chunk = max(1, min(runs, CHUNK_CELLS // max(1, len(xs))))
-    parts = [plan.score(releases(xs, min(chunk, runs - i), f"{label}/{i}"))
-             for i in range(0, runs, chunk)]
-    return np.concatenate(parts) if parts else np.zeros(0)
+    parts, shifts = [], []
+    for i in range(0, runs, chunk):
+        y = releases(xs, min(chunk, runs - i), f"{label}/{i}")
+        parts.append(plan.score(y))
+        if plan.shift is not None:
+            shifts.append(plan.shift(y))
+    z = np.concatenate(parts) if parts else np.zeros(0)
+    return z, (np.concatenate(shifts) if shifts else None)
 
 
 def run_audit(releases: Releases, plan: Plan, runs: int, *, eps: float, delta: float,
               alpha: float) -> AuditResult:
     """Score `runs` runs on each stream and judge them."""
-    s0 = scores(releases, plan, plan.x0, runs, "x")
-    s1 = scores(releases, plan, plan.x1, runs, "x'")
-    return judge(s0, s1, eps=eps, delta=delta, alpha=alpha, known_null=plan.known_null)
+    s0, _ = scores(releases, plan, plan.x0, runs, "x")
+    s1, m1 = scores(releases, plan, plan.x1, runs, "x'")
+    return judge(s0, s1, eps=eps, delta=delta, alpha=alpha, known_null=plan.known_null,
+                 m1=m1, pair_law=plan.pair_law)
 
 
 def report(res: AuditResult, args: argparse.Namespace, plan: Plan) -> dict[str, Any]:
@@ -136,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     fixed = "; ".join(f"{m}: {p}, {e}, {g}, {f}"
                       for m, (p, e, g, f) in sorted(DEFAULTS.items()) if e)
     doc = (f"{__doc__ or ''}{fixed}; basecc, partitioncc: alternating, lr, with enough "
-           "events for the queue shift to show at this eps (capped: 20,000 and 50,000); ecc: "
+           "events for the queue shift to show at this eps (capped: 20,000 and 150,000); ecc: "
            "alternating, first, with enough events for its partition to fire and a gap for "
            "the BCC delay; simecc: empty, values, eight blocks and the delay (all sized from "
            "--epsilon, --delta). Runs: 400 per stream for the lr feature, else 2000.")
@@ -155,6 +171,15 @@ def _parser() -> argparse.ArgumentParser:
                    "x' is one event at tick 1); default per mechanism")
     p.add_argument("--events", type=int, default=None,
                    help="ticks of the pattern before the gap (default per mechanism)")
+    p.add_argument("--at", type=int, default=None,
+                   help="the insertion tick of the neighbour (default 1); giving --pattern "
+                   "or --at fixes the pair (no search)")
+    p.add_argument("--search", action=argparse.BooleanOptionalAction, default=None,
+                   help="search the candidate pairs (every pattern; insertion at tick 1, 2 "
+                   "or a third of the way in) for the one the attack separates best: "
+                   "exactly where the law is known, else on a pilot keyed apart from the "
+                   "audit (simulator where it has the mechanism); default on unless "
+                   "--pattern or --at is given")
     p.add_argument("--gap", type=int, default=None,
                    help="empty ticks after them, >= 1 (default per mechanism)")
     p.add_argument("--feature", choices=FEATURES, default=None,
@@ -166,8 +191,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="partitioncc's horizon parameter T (core backend; default 10000)")
     p.add_argument("--calibration", choices=CALIBRATIONS, default=None,
                    help="ecc, simecc: the paper's constants (default) or the "
-                   "tight analysis (docs/tight-calibration.md); ecc's partition law check "
-                   "assumes the paper's Part and is skipped under tight")
+                   "tight analysis (docs/tight-calibration.md); the plan and partition law "
+                   "checks run under both")
     p.add_argument("--backend", choices=("core", "sim"), default="core",
                    help="core: the real counters (default); sim: the vectorised simulator "
                    "of processor.experiments (same laws, tree base, much faster; values in "
@@ -180,16 +205,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclass(frozen=True)
+class Check:
+    """One white-box check beside the bounds: an exact recomputation ("plan") or a law
+    test ("partition law", KS at the law level). passed False fails the audit."""
+
+    name: str
+    passed: bool
+    detail: str
+    p_value: float | None = None
+
+
 def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
     pattern, events, gap, feature = default_streams(args.mechanism, args.epsilon, args.delta)
+    args.pattern_given = args.pattern
     args.pattern = args.pattern or pattern
     args.events = events if args.events is None else args.events
     args.gap = gap if args.gap is None else args.gap
     args.feature = args.feature or feature
     if args.runs is None:
-        args.runs = 400 if args.feature == "lr" else 2000
+        args.runs = 400 if args.feature in ("lr", "leaves") else 2000
     if args.runs < 4 or args.events < 0 or args.gap < 1 or not 0 < args.alpha < 1:
         p.error("need --runs >= 4, --events >= 0, --gap >= 1 and 0 < --alpha < 1")
     params: dict[str, Any] = {}
@@ -201,57 +238,140 @@ def main_audit(argv: Sequence[str]) -> int:
         if args.mechanism not in ("ecc", "simecc"):
             p.error("--calibration applies to ecc and simecc only")
         params["calibration"] = args.calibration
+    if args.search is None:
+        args.search = args.pattern_given is None and args.at is None
+    args.at = args.at or 1
+    choice: PairChoice | None = None
+    tried: list[PairChoice] = []
     try:
-        x0, x1 = make_streams(args.pattern, args.events, args.gap)
+        if args.search:
+            choice, tried = choose_pair(args, params)
+            args.pattern, args.at = choice.pattern, choice.at
+        x0, x1 = make_streams(args.pattern, args.events, args.gap, args.at)
         plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
                         **params)
         backend = core_backend if args.backend == "core" else sim_backend
         releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
         res = run_audit(releases, plan, args.runs, eps=args.epsilon, delta=args.delta,
                         alpha=args.alpha)
-        part_p = partition_check(args)
+        checks = white_box_checks(args, res.law_alpha)
     except (AuditError, CoreError, ValueError) as exc:
         print(f"audit error: {exc}", file=sys.stderr)
         return 2
-    part_ok = part_p is None or part_p >= res.law_alpha
-    passed = res.passed and part_ok
+    passed = res.passed and all(c.passed for c in checks)
     if args.json:
         rep = report(res, args, plan)
-        rep.update(passed=passed, partition_law_p=part_p)
+        rep.update(passed=passed, checks=[
+            {"check": c.name, "passed": c.passed, "detail": c.detail, "p": c.p_value}
+            for c in checks])
+        part = [c.p_value for c in checks if c.name == "partition law"]
+        rep["partition_law_p"] = part[0] if part else None
+        rep["caught_by"] = caught_by(res, checks)
+        rep["at"] = args.at
+        rep["pair_search"] = None if choice is None else {
+            "pattern": choice.pattern, "at": choice.at, "objective": choice.objective,
+            "how": choice.how, "candidates": [
+                {"pattern": c.pattern, "at": c.at, "objective": c.objective, "how": c.how}
+                for c in tried]}
         print(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode())
+    if choice is not None:
+        print(f"pair search: {len(tried)} candidates; best {choice.pattern} at tick "
+              f"{choice.at} ({choice.how}: eps >= {choice.objective:.3f})", file=sys.stderr)
+    print(f"pair: {args.pattern}, {args.events} events then {args.gap} empty ticks, and "
+          f"its insertion neighbour at tick {args.at}", file=sys.stderr)
     for b in res.bounds:
         print(f"{b.method:>10} bound: eps >= {b.eps_lb:.3f} ({b.event}, c = {b.threshold:.4g}, "
               f"{b.order}, p_low {b.p_low:.4g}, p_high {b.p_high:.4g})", file=sys.stderr)
     if res.null_law_p is not None:
-        print(f"noise law (KS against N(0, 1) on x): p = {res.null_law_p:.3g} "
-              f"({'ok' if res.null_law_ok else 'REJECTED'} at {res.law_alpha})", file=sys.stderr)
+        print(f"noise law (KS of the scores on x against their claimed law): "
+              f"p = {res.null_law_p:.3g} ({'ok' if res.null_law_ok else 'REJECTED'} at "
+              f"{res.law_alpha})", file=sys.stderr)
+    for c in checks:
+        print(f"{c.name}: {'ok' if c.passed else 'FAILED'} ({c.detail})", file=sys.stderr)
     if res.attainable <= args.epsilon:
-        tail = ("only the known-null bound or a law check can fail this audit"
-                if plan.known_null or part_p is not None
-                else "this audit cannot fail (more runs raise the cap)")
+        exact = [b.method for b in res.bounds if b.method != "empirical"] + [
+            c.name for c in checks]
+        tail = (f"what can fail it here: {', '.join(exact)}" if exact else
+                "nothing else applies with this feature: use the mechanism's default "
+                "--feature, or more --runs")
         print(f"note: with {args.runs} runs the assumption-free bound cannot exceed "
-              f"{res.attainable:.2f} <= eps: {tail}", file=sys.stderr)
-    if part_p is not None:
-        print(f"partition law (KS of the first checkpoint against Algorithm 1's law): "
-              f"p = {part_p:.3g} ({'ok' if part_ok else 'REJECTED'} at {res.law_alpha})",
-              file=sys.stderr)
+              f"{res.attainable:.2f} <= eps; {tail}", file=sys.stderr)
     verdict = "PASSED" if passed else "FAILED"
-    laws = (res.null_law_p is not None) + (part_p is not None)
+    laws = (res.null_law_p is not None) + sum(c.p_value is not None for c in checks)
     rate = f"{args.alpha:g}" + (f" + {laws} x {res.law_alpha:g}" if laws else "")
+    by = caught_by(res, checks)
     print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs configured eps "
-          f"{args.epsilon} (false-alarm rate <= {rate})", file=sys.stderr)
+          f"{args.epsilon}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
+          f"{rate})", file=sys.stderr)
     return 0 if passed else 1
 
 
-def partition_check(args: argparse.Namespace) -> float | None:
-    """ECC on the core backend: the law check of its partition (Part), on min(runs, 400)
-    fresh counters; None for other mechanisms or the simulator."""
-    if args.mechanism != "ecc" or args.backend != "core" or args.calibration == "tight":
-        return None
+#: the pilot of the pair search is keyed apart from the audit's runs (seed + this)
+PILOT_SEED_OFFSET = 7919
+
+
+def choose_pair(args: argparse.Namespace, params: dict[str, Any]
+                ) -> tuple[PairChoice, list[PairChoice]]:
+    """The pair search (processor.core.audit.search_pair) for this command's mechanism,
+    stream length and feature. The pilot, where one is needed, runs on the simulator when
+    it has the mechanism (same laws, much faster; PartitionCC at horizon = the stream
+    length), else on the core, with another seed than the audit's runs."""
+    from processor.experiments.simulate import MECHANISMS as SIMULATED
+
+    seed = args.seed + PILOT_SEED_OFFSET
+    sim_params = {k: v for k, v in params.items() if k == "calibration"}
+    pilot = (sim_backend(args.mechanism, args.epsilon, args.delta, seed, sim_params)
+             if args.mechanism in SIMULATED and set(params) <= {"calibration"}
+             else core_backend(args.mechanism, args.epsilon, args.delta, seed, params))
+    # a pilot of at most ~4 million ticks per stream and candidate (ECC at small eps runs
+    # tens of thousands of ticks)
+    n = args.events + args.gap
+    runs = {"partitioncc": 8}.get(args.mechanism, min(500 if args.mechanism in SIMULATED
+                                                      else 100, max(50, 4_000_000 // n)))
+    objective = pair_objective(args.mechanism, args.epsilon, args.delta, args.feature,
+                               params, pilot, runs, args.alpha)
+    return search_pair(args.events, args.gap, objective)
+
+
+def caught_by(res: AuditResult, checks: list[Check]) -> str:
+    """Which bounds and checks failed the mechanism ("" if none)."""
+    out = [f"{b.method} bound" for b in res.bounds if b.eps_lb > res.eps]
+    if not res.null_law_ok:
+        out.append("noise law")
+    out += [c.name for c in checks if not c.passed]
+    return ", ".join(out)
+
+
+def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
+    """ECC and SimECC (either calibration, either backend: the checks read fresh core
+    counters): the plan check (exact: the guarantee their parameters and noise scales
+    deliver, recomputed independently of the planner) and the law check of the partition
+    on min(runs, 400) fresh partitions (ECC: Part's first checkpoint on one event per
+    tick; SimECC: SimPart's first checkpoint). Other mechanisms: none."""
+    if args.mechanism not in ("ecc", "simecc"):
+        return []
     key = NoiseKey.from_seed(args.seed)
+    cal = args.calibration or "paper"
 
-    def part(counter_id: str) -> Any:
-        # white box: the partition of a fresh counter, fed directly
-        return registry.make("ecc", args.epsilon, args.delta, key, counter_id)._part  # type: ignore[attr-defined]
+    def fresh(counter_id: str) -> Any:
+        return registry.make(args.mechanism, args.epsilon, args.delta, key, counter_id,
+                             calibration=cal)
 
-    return ecc_partition_check(part, args.epsilon, args.delta, min(args.runs, 400), args.seed)
+    pc = plan_check(fresh("plan-check"), args.epsilon, args.delta)
+    detail = (f"tight plan recomputed: a = {pc.part_loss:.4g}, mu_tot = {pc.mu_total:.4g}, "
+              f"delivers delta = {pc.delta_delivered:.4g}" if cal == "tight" else
+              "paper plan: partition, CC and BCC at least as private as the paper's "
+              "constants, noise scales as Algorithm 1/5 ask")
+    checks = [Check("plan", pc.passed, "; ".join(pc.problems) or detail)]
+    runs = min(args.runs, 400)
+    if args.mechanism == "ecc":
+        p_law = ecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
+                                    runs, args.seed, calibration=cal)
+        what = "first checkpoint of Part against Algorithm 1's law"
+    else:
+        p_law = simecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
+                                       runs, args.seed, calibration=cal)
+        what = f"first {SIMPART_GAPS} gaps of SimPart against Algorithm 5's law"
+    checks.append(Check("partition law", p_law >= law_alpha,
+                        f"KS of the {what}: p = {p_law:.3g} at {law_alpha}", p_law))
+    return checks

@@ -33,8 +33,10 @@ def test_gaussiancc_passes_with_json_verdict(capsys: pytest.CaptureFixture[str])
     cap = capsys.readouterr()
     rep = orjson.loads(cap.out)
     assert rc == 0 and rep["passed"] is True
-    assert [b["method"] for b in rep["bounds"]] == ["empirical", "known-null"]
+    assert [b["method"] for b in rep["bounds"]] == ["empirical", "known-null", "exact-pair"]
     assert 0 < rep["eps_lower_bound"] <= 10 and rep["null_law_p"] >= 0.001
+    # the pair exercises mu ~1.8 of GaussianCC's ~1.85: its exact profile is just below 10
+    assert rep["bounds"][2]["eps_lower_bound"] > 9 and rep["caught_by"] == ""
     assert rep["feature"] == "lr" and rep["pattern"] == "empty"
     assert "audit PASSED" in cap.err
 
@@ -87,3 +89,44 @@ def test_bad_combinations_are_refused(capsys: pytest.CaptureFixture[str]) -> Non
     assert main_audit(["--mechanism", "ecc", "--epsilon", "1", "--delta", "1e-6",
                        "--feature", "lr", "--runs", "4"]) == 2
     assert "no likelihood-ratio score" in capsys.readouterr().err
+
+
+def test_the_issue_tree_command_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 16: `--mechanism tree --epsilon 1 --delta 1e-6 --seed 3` passed (0.731). The
+    leaf score's exact law gives ~9.7 on the default pair (2,000 alternating events);
+    fewer runs than the default keep the test short (the exact bound needs none; the law
+    check and the empirical bound use them)."""
+    rc = main_audit(["--mechanism", "tree", "--epsilon", "1", "--delta", "1e-6",
+                     "--seed", "3", "--runs", "150", "--json"])
+    cap = capsys.readouterr()
+    rep = orjson.loads(cap.out)
+    assert rc == 1 and "exact-pair bound" in rep["caught_by"], cap.err
+    assert rep["null_law_p"] >= 0.001 and rep["eps_lower_bound"] > 5
+
+
+def test_partitioncc_fails_at_eps_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """PartitionCC at eps = 1 (default stream: 150,000 alternating events, simulator):
+    the pair's mu is ~0.33 given the release ticks, whose law the runs sample; the
+    exact-pair bound (~1.4) exceeds 1 where the sampling bounds stay below it."""
+    rc = main_audit(["--mechanism", "partitioncc", "--epsilon", "1", "--delta", "1e-6",
+                     "--backend", "sim", "--runs", "100", "--seed", "4", "--json"])
+    cap = capsys.readouterr()
+    rep = orjson.loads(cap.out)
+    assert rc == 1 and rep["caught_by"] == "exact-pair bound", cap.err
+
+
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+def test_ecc_with_quiet_svt_fails_under_both_calibrations(
+        calibration: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 16: ECC with SVT noise / 4 failed under paper but passed under tight (the
+    partition law check was skipped). Now both the plan check (the SVT's scale) and the
+    partition law check fail it, under both calibrations."""
+    from tests.core.test_audit_power import quiet_ecc
+
+    cls = quiet_ecc(4)
+    monkeypatch.setattr(registry, "make", lambda _m, e, d, k, c="", **p: cls(e, d, k, c, **p))
+    rc = main_audit(["--mechanism", "ecc", "--epsilon", "150", "--delta", "1e-6",
+                     "--calibration", calibration, "--runs", "200"])
+    err = capsys.readouterr().err
+    assert rc == 1 and "caught by:" in err and "partition law" in err.split("caught by:")[1]

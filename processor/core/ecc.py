@@ -10,7 +10,12 @@ from processor.core.api import Change, Counter, check_skip
 from processor.core.bounded import check_eps_delta
 from processor.core.bounds import ecc_bound, simecc_bound
 from processor.core.cc import BCC, UnboundedCC
-from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
+from processor.core.errors import (
+    InvalidParameterError,
+    StateFormatError,
+    StateParameterError,
+    state_error_detail,
+)
 from processor.core.grid import UNIT, from_units, to_units
 from processor.core.partition import Part, SimPart, part_tau, simpart_scale
 from processor.core.rng import NoiseKey
@@ -175,6 +180,26 @@ class _EccBase(Counter):
             self._part = self._new_part(key, base + "/part", st["part"])
             self._cc = UnboundedCC.from_state(st["cc"], key)
             self._bcc = BCC.from_state(st["bcc"], key)
+            self._check_plan(base, cc_eps, cc_delta, bcc_eps, bcc_delta)
+
+    def _check_plan(self, base: str, cc_eps: float, cc_delta: float, bcc_eps: float,
+                    bcc_delta: float) -> None:
+        """A restored CC and BCC carry their own (eps, delta); they must be exactly the
+        plan's for the stored (eps, delta, calibration), else the counter would run under
+        a guarantee nobody configured (a CC restored at 100 eps adds a tenth of the noise
+        and says nothing): StateParameterError. The bases may differ from today's default
+        (older tree states) but not from each other (one construction in _setup)."""
+        m = self.mechanism
+        for field, stored, planned in (
+                ("cc eps", self._cc.eps, cc_eps), ("cc delta", self._cc.delta, cc_delta),
+                ("cc label", self._cc.label, base + "/cc"),
+                ("cc sensitivity", self._cc.sensitivity, UNIT),
+                ("bcc eps", self._bcc.eps, bcc_eps), ("bcc delta", self._bcc.delta, bcc_delta),
+                ("bcc label", self._bcc.label, base + "/bcc"),
+                ("bcc sensitivity", self._bcc.sensitivity, UNIT),
+                ("bcc base", self._bcc.base, self._cc.base)):
+            if stored != planned:
+                raise StateParameterError(m, field, stored, planned)
 
     # -- hooks for the two variants --------------------------------------------------------
 

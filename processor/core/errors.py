@@ -43,6 +43,22 @@ class StateFormatError(CoreError, ValueError):
     key: str | None = None
 
 
+class StateParameterError(StateFormatError):
+    """A restored state whose inner mechanism parameters (for ECC and SimECC: the (eps,
+    delta) of CC and BCC, their labels) are not the ones the plan of its stored (eps, delta,
+    calibration) gives. The state would continue under a privacy guarantee nobody
+    configured, so it is refused, never silently continued. `field` names the parameter;
+    the values in the message are public parameters (never noise or sums)."""
+
+    def __init__(self, mechanism: str, field: str, stored: object, planned: object) -> None:
+        self.mechanism = mechanism
+        self.field = field
+        self.stored = stored
+        self.planned = planned
+        super().__init__(f"{mechanism} state does not match its plan: {field} is "
+                         f"{stored!r} in the state, {planned!r} in the plan")
+
+
 def state_error_detail(exc: BaseException) -> str:
     """Why restoring a state failed, without quoting any value of the state.
 
