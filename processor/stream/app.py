@@ -46,7 +46,7 @@ from typing import Any, Final, NoReturn
 
 import faust
 from confluent_kafka import KafkaError, KafkaException
-from faust.exceptions import NotReady
+from faust.exceptions import ConsumerNotStarted, NotReady
 from faust.types import TP, ConsumerT, Message
 from rocksdict import Options as RdictOptions
 from rocksdict import Rdict
@@ -643,7 +643,11 @@ class Worker:
         appends them too once the partitions it holds are sealed BACKUP_SEAL_S behind what
         the clocks allow (`backup_due`): a leader cut off from the brokers (its session
         not yet expired, so no other leader) does not stop the sealing."""
-        if not self.app.is_leader():
+        try:
+            leader = self.app.is_leader()
+        except ConsumerNotStarted:
+            return  # the timer fired before the group was joined: the next round decides
+        if not leader:
             allowed = sealed_through(self.clock.read().seal_ms, self.settings)
             if not backup_due(self._frontiers, allowed, self.settings):
                 return

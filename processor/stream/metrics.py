@@ -129,6 +129,9 @@ OPERATOR_COUNT_HELP: Final[Mapping[str, str]] = {
                      "events",
     "events_dequeued": "Events that left a counter's queue into its mechanism (at most one "
                        "per counter per tick); events",
+    "markers_refused": "Seal markers refused because they seal ticks the brokers' clock had "
+                       "not reached when they were appended (an alarm: a clock far ahead, "
+                       "or a writer that is not a worker); markers",
 }
 
 

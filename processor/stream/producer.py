@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, Message, Producer
 
 from processor.stream import kafka_io
 
@@ -54,11 +54,13 @@ class AsyncProducer:
 
     def __init__(self, conf: Mapping[str, str], *, on_delivered: OnDelivered | None = None,
                  linger_ms: int = 5) -> None:
-        self._producer = kafka_io.make_producer(
-            conf, **{"linger.ms": str(linger_ms),
-                     "message.timeout.ms": str(MESSAGE_TIMEOUT_MS),
-                     "queue.buffering.max.messages": "1000000"})
         # No compression: Faust (aiokafka) reads the changelog back without lz4 or snappy.
+        self._conf = {**conf, "linger.ms": str(linger_ms),
+                      "message.timeout.ms": str(MESSAGE_TIMEOUT_MS),
+                      "queue.buffering.max.messages": "1000000"}
+        # Made at the first produce: a worker that never publishes (tests, a refused
+        # start) opens no connection.
+        self._client: Producer | None = None
         self._on_delivered = on_delivered
         self._lock = threading.Lock()
         self._in_flight = 0
@@ -66,9 +68,17 @@ class AsyncProducer:
         self._failures = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="dpc-producer", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
         self.acked = 0
+
+    @property
+    def _producer(self) -> Producer:
+        if self._client is None:
+            self._client = kafka_io.make_producer(self._conf)
+            self._thread = threading.Thread(target=self._poll, name="dpc-producer",
+                                            daemon=True)
+            self._thread.start()
+        return self._client
 
     def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                 partition: int | None = None, timestamp_ms: int | None = None,
@@ -120,14 +130,17 @@ class AsyncProducer:
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
-        self._thread.join(timeout=2.0)
-        self._producer.flush(timeout_s)
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self._client is not None:
+            self._client.flush(timeout_s)
 
     # -- the poll thread
 
     def _poll(self) -> None:
+        client = self._producer
         while not self._stop.is_set():
-            self._producer.poll(POLL_S)
+            client.poll(POLL_S)
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         if err is None and self._on_delivered is not None:

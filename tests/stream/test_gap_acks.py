@@ -49,8 +49,10 @@ def _consumer(app: faust.App, topic: str, committed: int) -> Any:
     return consumer
 
 
-def _message(topic: str, offset: int, value: bytes | None = None) -> Message:
-    return Message(topic, 0, offset, 0.0, 0, None, None, value, None, tp=TP(topic, 0))
+def _message(topic: str, offset: int, value: bytes | None = None,
+             timestamp_ms: int = 0) -> Message:
+    return Message(topic, 0, offset, timestamp_ms / 1000, 0, None, None, value, None,
+                   tp=TP(topic, 0))
 
 
 def _next_commit(consumer: Any, topic: str) -> int | None:
@@ -102,8 +104,9 @@ class _SkippingStream:
         self._records = records
         self._offsets = offsets
         self._acks = acks
-        self._messages = [_message(r.topic, r.offset, r.value) for r in records
-                          if r.offset in offsets]
+        # With the records' own log-append times: the operator checks markers by them.
+        self._messages = [_message(r.topic, r.offset, r.value, r.timestamp_ms)
+                          for r in records if r.offset in offsets]
 
     def noack(self) -> _SkippingStream:
         """The same stream without acks (the agent acknowledges at its checkpoints)."""
