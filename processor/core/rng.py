@@ -94,7 +94,7 @@ class NoiseKey:
         out = self._derived.get(label)
         if out is None:
             msg = b"dp-stream-counts/v1/" + label.encode()
-            out = hmac.new(self._secret, msg, hashlib.sha256).digest()
+            out = hmac.digest(self._secret, msg, "sha256")  # hmac.new(...).digest(), in C
             if len(self._derived) >= self._DERIVED_MAX:
                 self._derived.clear()
             self._derived[label] = out
@@ -125,18 +125,24 @@ def _decode_key(data: bytes, key_format: str, what: str) -> bytes:
 
 
 class KeyedStream:
-    """ChaCha20 words for one label: `words(lane, start, n)` is a pure function of its arguments."""
+    """ChaCha20 words for one label: `words(lane, start, n)` is a pure function of its arguments.
 
-    __slots__ = ("_key", "label")
+    The label's key is derived at the first draw: a restored counter that only skips
+    (a heartbeat) draws nothing and pays for no derivation."""
+
+    __slots__ = ("_key", "_noise_key", "label")
 
     def __init__(self, key: NoiseKey, label: str) -> None:
-        self._key = key.derive(label)
+        self._noise_key = key
+        self._key: bytes | None = None
         self.label = label
 
     def words(self, lane: int, start: int, n: int) -> np.ndarray:
         """n uint64 words of lane `lane` from word index `start`."""
         if n <= 0:
             return np.empty(0, dtype=np.uint64)
+        if self._key is None:
+            self._key = self._noise_key.derive(self.label)
         if lane < 0 or lane >= 1 << 96 or start < 0:
             raise ValueError("lane or position out of range")
         block, offset = divmod(start, _WORDS_PER_BLOCK)

@@ -437,7 +437,8 @@ class Worker:
         self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
                                         self.stores,
                                         KafkaPublisher(self.producer, settings, self.metrics),
-                                        crash_point=crash_point, fence=self.fence.check)
+                                        crash_point=crash_point, fence=self.fence.check,
+                                        offload=True)
         # One applier at a time: the agent, the checkpoint timer, the revocation handler.
         self._lock = asyncio.Lock()
         # Timeline partition -> the tick its markers seal through, as applied here (what

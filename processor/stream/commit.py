@@ -14,13 +14,14 @@ last checkpoint with the same keyed noise, and re-sends byte-identical releases.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from processor.stream.operator import Operator, Output
-from processor.stream.records import LedgerEntry, Release
-from processor.stream.state import BufferedStore, StateStore
+from processor.stream.records import LedgerEntry, Release, marker_tick
+from processor.stream.state import BufferedStore, StateStore, write_all
 
 #: The names `crash_point` is called with, in order (a test hook; see BatchCommit).
 CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
@@ -109,8 +110,13 @@ class BatchCommit:
 
     def __init__(self, operator: Operator, store: StateStore | Stores, publisher: Publisher,
                  crash_point: Callable[[str], None] | None = None,
-                 fence: Callable[[], None] | None = None) -> None:
+                 fence: Callable[[], None] | None = None, offload: bool = False) -> None:
         self.operator = operator
+        #: Run the heavy steps (a batch with a marker: it may create or seal thousands of
+        #: counters; a checkpoint's encoding and writes) in a thread, so that the event
+        #: loop of a worker keeps its group heartbeats going meanwhile. One step at a time
+        #: still: the caller awaits each.
+        self.offload = offload
         self.stores: Stores = _stores(store)
         self.publisher = publisher
         self.crash_point = crash_point
@@ -130,9 +136,10 @@ class BatchCommit:
         if buf is None:
             buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
         try:
-            for offset, record in sorted(records, key=lambda r: r[0]):
-                self.operator.apply(buf, partition, offset, record, out,
-                                    None if stamps is None else stamps.get(offset))
+            if self.offload and any(marker_tick(r) is not None for _o, r in records):
+                await asyncio.to_thread(self._apply_all, buf, partition, records, stamps, out)
+            else:
+                self._apply_all(buf, partition, records, stamps, out)
             if out.ledger or out.releases:
                 self._fence()
                 self.publisher.send(out.ledger, out.releases)
@@ -142,6 +149,39 @@ class BatchCommit:
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
         return out
+
+    def _apply_all(self, buf: BufferedStore, partition: int,
+                   records: Sequence[tuple[int, bytes]], stamps: Mapping[int, int] | None,
+                   out: Output) -> None:
+        for offset, record in sorted(records, key=lambda r: r[0]):
+            self.operator.apply(buf, partition, offset, record, out,
+                                None if stamps is None else stamps.get(offset))
+
+    def _write_all(self) -> None:
+        """Step 2 without crash points: every buffer's writes, in order."""
+        for partition in sorted(self._buffers):
+            buf = self._buffers[partition]
+            if buf:
+                write_all(self.stores.of(partition), buf.writes())
+
+    async def _write_each(self) -> None:
+        """Step 2 in test mode: each write acknowledged before the next, a crash point
+        between any two (a kill there leaves exactly a prefix of them)."""
+        first = True
+        for partition in sorted(self._buffers):
+            buf = self._buffers[partition]
+            if not buf:
+                continue
+            store = self.stores.of(partition)
+            for key, value in buf.writes():
+                if not first:
+                    await self.stores.flush()
+                    self._crash("between_state_writes")
+                first = False
+                if value is None:
+                    store.delete(key)
+                else:
+                    store.set(key, value)
 
     async def checkpoint(self) -> None:
         """Make everything applied so far durable (see the class doc). With nothing
@@ -153,21 +193,12 @@ class BatchCommit:
             await self.publisher.flush()
             self._crash("after_acks")
             self._fence()
-            first = True
-            for partition in sorted(self._buffers):
-                buf = self._buffers[partition]
-                if not buf:
-                    continue
-                store = self.stores.of(partition)
-                for key, value in buf.writes():
-                    if not first and self.crash_point is not None:
-                        await self.stores.flush()
-                        self._crash("between_state_writes")
-                    first = False
-                    if value is None:
-                        store.delete(key)
-                    else:
-                        store.set(key, value)
+            if self.crash_point is not None:
+                await self._write_each()
+            elif self.offload:
+                await asyncio.to_thread(self._write_all)
+            else:
+                self._write_all()
             await self.stores.flush()
             self._crash("after_state")
         except BaseException:

@@ -101,7 +101,7 @@ from processor.stream.state import (
 CATCHUP_HEARTBEAT_TICKS: Final = 1000
 
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
-DEFAULT_CACHE_SIZE: Final = 16_384
+DEFAULT_CACHE_SIZE: Final = 1 << 18
 
 #: The metric names an Output reports (aggregates only, never per counter).
 METRICS: Final = (
