@@ -137,6 +137,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--no-restore", action="store_true", help="idle: skip the restore")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     p.add_argument("--json", help="also write the results to this file")
+    # Test-only: the metric that ends a processor stage (tests/bench's control counts
+    # queued events with it and must see the tick-capacity bound broken).
+    p.add_argument("--processor-metric", default=stream_counted.DEQUEUED,
+                   help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
@@ -216,7 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp_s, \
                 broker(a.bootstrap) as bootstrap, contextlib.closing(children):
             ctx = stream_counted.Ctx(client_config(bootstrap), bootstrap, Path(tmp_s),
-                                     children, quix_python(a.quix_python), a.standby)
+                                     children, quix_python(a.quix_python), a.standby,
+                                     a.processor_metric)
             lines = run_phases(a, ctx, results)
     except KeyboardInterrupt:
         print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)

@@ -144,6 +144,9 @@ class Ctx:
     children: Children
     quix_python: str | None
     standby: int = 1
+    #: The operator metric whose growth by N ends a processor stage. Only the tests change
+    #: it (to events_queued: the control that a bench counting queued events is caught).
+    processor_metric: str = DEQUEUED
 
 
 @dataclass
@@ -275,7 +278,7 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
     def dequeued() -> float:
         if not dep.worker.alive():
             raise RuntimeError("worker exited: " + dep.worker.log_tail())
-        v = scrape_counter(port, DEQUEUED)
+        v = scrape_counter(port, ctx.processor_metric)
         return -1.0 if v is None else v
 
     try:
