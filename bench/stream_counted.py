@@ -119,7 +119,8 @@ class Load:
 
     def expected(self, warm: str) -> dict[str, int]:
         """Each counter's count once the N events and the warm-up event are in."""
-        per = collections.Counter(self.names[i % self.counters] for i in range(self.events))
+        names = self.names
+        per = collections.Counter(names[i % self.counters] for i in range(self.events))
         per[warm] += 1
         return dict(per)
 

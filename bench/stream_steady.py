@@ -1,12 +1,54 @@
-"""Phases 2-5 of `bench_stream.py`: one deployment with many counters under a paced load
-(`many`), the same with 1, 2 and 3 workers of one group (`scaleout`), many declared
-counters with no input and the restore of their state on a fresh worker (`idle`).
+"""Phases many, scaleout and idle of `bench_stream.py`.
 
-A run is a sequence of steps on one `SteadyRun`: create the counters (first worker, until
-the ledger holds them all), let further workers join (until the group's assignment is
-stable), an idle window (the workers' CPU with no input), the paced load (a warm-up, then
-the measured window), then what the topics say about that window. bench_stream's module
-docstring and bench/README.md define every figure.
+A run is a sequence of steps on one `SteadyRun` (one deployment, the README configuration:
+tick 1 s, lateness 2 s, heartbeat every 60 ticks, 4 partitions, ECC): create the counters
+(the first worker, until the ledger holds them all), let further workers join (until the
+group's assignment is stable), a settle pause and an idle window (the workers' CPU with no
+input), the paced load (a warm-up, then the measured window), then what the topics say.
+Every time is a broker append time (LogAppendTime on every topic, the state changelog too).
+
+many (--counters C, --rate R, --seconds S), one worker. After the ledger holds every
+counter, a paced producer sends R events/s, each stamped with the wall clock, cycling over
+the counters, for a warm-up then a measured window of S seconds. Reported:
+- kept up: per marker appended in the window, the time to the commit that applied it (the
+  first changelog record `p/<p>` whose marker offset reaches it), p50/p95/max and p50/p95
+  per first and last third of the window; kept up = its p95 within one tick (otherwise
+  markers queue behind the operator);
+- caught up after the load: every event on the timeline and sealed and committed within 5
+  minutes, with the delay from the last input record to its timeline batch and to that
+  commit (an event stamped now waits lateness + the rest of its tick for the seal);
+- seal-to-release latency p50/p95/max: for each release whose sealing marker was appended
+  inside the window, release append time - append time of the first marker that sealed
+  its tick; also per first and last third of the window (growth means falling behind);
+- CPU over the window (user + system of every thread of the worker processes and their
+  children, psutil; per thread group from /proc/<pid>/task/*/stat) per event produced in
+  it; the idle rate before the load; timeline batch records and events per record;
+  changelog records per event;
+- RSS at the end, its peak sampled every second under load, and before the load; the
+  RocksDB directory size at the end (SST / WAL / other, and the blocks allocated) against
+  the state table's live size (latest non-tombstone value per key in the changelog, key +
+  value bytes) and their ratio (target <= 3); the machine's CPU busy fraction and load
+  average (the machine is shared); warning/error lines of the worker logs.
+
+scaleout (--workers 1 2 3, --repeat K sets): the run of `many` with each worker count (one
+app id, one consumer group, a state dir and a metrics port each), in an order rotated
+between sets: the first worker starts alone and creates the counters, the others then
+join, and the load starts once the group's assignment is stable, after a 10 s pause
+(standby restore) and the 15 s idle window. Total CPU per event = the window's CPU / the
+events produced in it; marginal = (the window's CPU - each worker's idle rate x the
+window) / the same events; both also against the events the operator committed in the
+window (from the partition values' duplicate filters). The ratio to 1 worker per set and
+its range (target: within 20%); the timeline partitions each worker held (the broker's
+group description) before and after the joins, with the per-partition RocksDB directories
+each worker's state dir holds. The 2-core machine cannot show a wall-clock speed-up with
+the broker and the load on it: CPU per event is the figure.
+
+idle (--counters C, --seconds S): one worker, C declared counters, no input: after the
+ledger holds them and a 10 s pause, its CPU-s per second over S seconds (per thread group)
+and RSS; then every worker stopped and a fresh one (empty state dir, same group) started:
+the restore time is from its start to its /readyz answering 200 (it holds every timeline
+partition and applied a marker within a tick of now on each, so its state came back from
+the changelog and the operator is live).
 """
 
 from __future__ import annotations
