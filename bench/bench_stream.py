@@ -123,6 +123,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", choices=sorted(stream_counted.SYSTEMS),
                    help="throughput: systems to run (default: "
                    + " ".join(stream_counted.DEFAULT_SYSTEMS) + ")")
+    p.add_argument("--heartbeat-ticks", type=int, default=stream_counted.HEARTBEAT_TICKS,
+                   help="throughput: the processor's heartbeat_ticks (default "
+                   f"{stream_counted.HEARTBEAT_TICKS}, 60 s of 100 ms ticks)")
     p.add_argument("--quix-python", help="the Python with quixstreams for the Quix peer "
                    "(default $BENCH_QUIX_PYTHON, or this one if it has quixstreams)")
     p.add_argument("--counters", type=int, help="many/scaleout/idle counters (default 10,000)")
@@ -221,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 broker(a.bootstrap) as bootstrap, contextlib.closing(children):
             ctx = stream_counted.Ctx(client_config(bootstrap), bootstrap, Path(tmp_s),
                                      children, quix_python(a.quix_python), a.standby,
-                                     a.processor_metric)
+                                     a.processor_metric, a.heartbeat_ticks)
             lines = run_phases(a, ctx, results)
     except KeyboardInterrupt:
         print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)

@@ -24,8 +24,12 @@ start = the broker append time of the first of the N input records (the same for
 events/s = N / (end - start). CPU = user + system seconds of the system's whole process
 tree (psutil, /proc) from just before the N events are produced to the moment the bench
 saw the end (it polls every 50 ms, so a few ms of the system's idle work are in it);
-CPU-ms per counted event = that / N. The broker's and the load generator's CPU are in no
-system's figure. The processor's end is a wall-clock reading on the broker's host, the
+CPU-ms per counted event = that / N. "+flush": the same through the moment the system's
+state changelog for the stage is written (`flushed`: Quix writes it at its next checkpoint,
+a busy Faust event loop may still be sending the processor's, whose batch commit returns
+once the state is in Faust's producer buffer), less the system's idle CPU rate (measured
+over 3 s before the stage) times that wait. The broker's and the load generator's CPU are
+in no system's figure. The processor's end is a wall-clock reading on the broker's host, the
 peers' a broker append time: one machine, one clock.
 
 Loads (same for every system; the bench produces the N events in one burst, as fast as
@@ -37,9 +41,10 @@ one confluent-kafka producer goes, after the system is warm):
 - sparse: N / 2 counters, 2 events each: a counter steps its 2 events in the first two
   open ticks and is ⊥ at every other tick; the tick capacity does not bind.
 
-The processor runs tick 100 ms, lateness 100 ms, heartbeat every 600 ticks (60 s, the
-README configuration's heartbeat period), 4 partitions, epsilon 1, one worker, standby
-replicas as configured. Its events are stamped lateness + 2 ticks before production, so
+The processor runs tick 100 ms, lateness 100 ms, heartbeats off (see HEARTBEAT_TICKS), 4
+partitions, epsilon 1, one worker, standby replicas as configured. Before the burst it must
+be quiet (`quiesce`: the changelog of its counters' creation sent) and its idle rates are
+measured over 3 s. Its events are stamped lateness + 2 ticks before production, so
 each is late and joins the first open tick: the bench never waits for the wall clock to
 reach an event's own tick. Warm-up: the ledger holds every counter and one warm-up event
 was stepped (the peers: its output appeared), then the N events.
@@ -79,7 +84,11 @@ BENCH = Path(__file__).resolve().parent
 #: Processor timing of this phase (see the module docstring).
 TICK_MS = 100
 LATENESS_MS = 100
-HEARTBEAT_TICKS = 600
+#: Heartbeats off (as in bench_operator): this phase measures events; what heartbeats cost
+#: is per counter and per second, phase idle's figure (10,000 counters beating every 60 s
+#: write thousands of changelog records a second in bursts, which would swamp the sparse
+#: stage's own). `--heartbeat-ticks 600` (60 s of 100 ms ticks) puts them back.
+HEARTBEAT_TICKS = 1_000_000
 #: How often the bench looks for a stage's end (bounds the CPU of idle work in a figure).
 POLL_S = 0.05
 DEQUEUED = "dpc_operator_events_dequeued_total"
@@ -88,6 +97,13 @@ DEQUEUED = "dpc_operator_events_dequeued_total"
 #: within milliseconds). The changelog count, and the "with flush" CPU, are read then.
 FLUSH_S = {"quix": 6.0}
 FLUSH_DEFAULT_S = 0.5
+#: ... and after that pause, until its changelog grows in a second by at most its idle rate
+#: (measured before the stage) + this many records, for at most FLUSH_MAX_S: a loaded
+#: event loop may still be sending the stage's changelog.
+FLUSH_QUIET_PER_S = 30
+#: The idle window before each stage (the system warm, no input).
+IDLE_S = 3.0
+FLUSH_MAX_S = 20.0
 
 #: Every system this phase knows: label, and whether it counts per counter.
 SYSTEMS: dict[str, str] = {
@@ -148,6 +164,7 @@ class Ctx:
     #: The operator metric whose growth by N ends a processor stage. Only the tests change
     #: it (to events_queued: the control that a bench counting queued events is caught).
     processor_metric: str = DEQUEUED
+    heartbeat_ticks: int = HEARTBEAT_TICKS
 
 
 @dataclass
@@ -239,6 +256,7 @@ def run_peer(kind: str, ctx: Ctx, load: Load) -> StageResult:
         wait_until(lambda: alive() and bool(tail.catch_up()), 300, f"{kind}: warm-up output")
         watch = OutputWatch(tail, kind, load.expected(warm), load.events)
         changelogs = topics_matching(ctx.conf, uid, "changelog")
+        idle = idle_rates(ctx.conf, changelogs, proc.pid)
         chl0 = records_in(ctx.conf, changelogs)
         cpu0 = cpu_seconds(proc.pid)
         sent = produce_burst(ctx.conf, src, load.values(int(time.time() * 1000)))
@@ -246,17 +264,20 @@ def run_peer(kind: str, ctx: Ctx, load: Load) -> StageResult:
                    interval_s=POLL_S)
         cpu1 = cpu_seconds(proc.pid)
         rss = rss_bytes(proc.pid)
-        time.sleep(FLUSH_S.get(kind, FLUSH_DEFAULT_S))
-        changelog = records_in(ctx.conf, changelogs) - chl0
+        chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_S.get(kind, FLUSH_DEFAULT_S),
+                                idle[1])
         cpu2 = cpu_seconds(proc.pid)
     finally:
         ctx.children.stop(proc)
         tail.close()
     assert sent.first_ts is not None and watch.end is not None
     return StageResult(kind, load.name, load.events, (watch.end - sent.first_ts) / 1000,
-                       cpu1 - cpu0, os.getloadavg()[0], changelog, len(watch.records),
+                       cpu1 - cpu0, os.getloadavg()[0],
+                       round(chl1 - chl0 - idle[1] * flush_s), len(watch.records),
                        (sent.last_ts - sent.first_ts) / 1000, rss,
-                       {"changelog_topics": len(changelogs), "cpu_flush_s": cpu2 - cpu0,
+                       {"changelog_topics": len(changelogs), "flush_s": flush_s,
+                        "cpu_flush_s": cpu2 - cpu0 - idle[0] * flush_s,
+                        "idle_cpu_per_s": idle[0], "idle_changelog_per_s": idle[1],
                         "not_log_append": sent.not_log_append + tail.not_log_append})
 
 
@@ -268,7 +289,7 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
     port = free_port()
     dep = isolated_deployment(ctx.bootstrap, dict.fromkeys(load.names, start), parent=ctx.tmp,
                               name=f"bench-{load.name}", create_topics=False, tick_ms=tick,
-                              lateness_ms=LATENESS_MS, heartbeat_ticks=HEARTBEAT_TICKS,
+                              lateness_ms=LATENESS_MS, heartbeat_ticks=ctx.heartbeat_ticks,
                               partitions=4, mechanism=mechanism, epsilon=1.0, delta=1e-6,
                               metrics_port=port, standby_replicas=ctx.standby)
     ctx.children.deployments.append(dep)
@@ -296,20 +317,21 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
         wait_until(lambda: dequeued() >= 1, 300, "processor: the warm-up event stepped")
         d0 = dequeued()
         changelogs = topics_matching(ctx.conf, uid, "changelog")
+        pid = dep.worker.proc.pid if dep.worker.proc else 0
+        settle_s = quiesce(ctx.conf, changelogs, load.counters / 10 + 100)
+        idle = idle_rates(ctx.conf, changelogs, pid)
         chl0 = records_in(ctx.conf, changelogs)
         rel0 = records_in(ctx.conf, [dep.topics.counts])
-        cpu0 = cpu_seconds(dep.worker.proc.pid) if dep.worker.proc else 0.0
+        cpu0 = cpu_seconds(pid)
         # Late at the worker: lateness + 2 ticks before now (see the module docstring).
         stamp = int(time.time() * 1000) - LATENESS_MS - 2 * tick
         sent = produce_burst(ctx.conf, dep.topics.input, load.values(stamp))
         wait_until(lambda: dequeued() >= d0 + load.events, 900,
                    "processor: every event stepped", interval_s=POLL_S)
         end_ms = time.time() * 1000
-        pid = dep.worker.proc.pid if dep.worker.proc else 0
         cpu1, rss = cpu_seconds(pid), rss_bytes(pid)
-        time.sleep(FLUSH_DEFAULT_S)
+        chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_DEFAULT_S, idle[1])
         releases = records_in(ctx.conf, [dep.topics.counts]) - rel0
-        changelog = records_in(ctx.conf, changelogs) - chl0
         cpu2 = cpu_seconds(pid)
     finally:
         ledger.close()
@@ -317,9 +339,60 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
     assert sent.first_ts is not None
     return StageResult(f"processor-{mechanism}", load.name, load.events,
                        (end_ms - sent.first_ts) / 1000, cpu1 - cpu0, os.getloadavg()[0],
-                       changelog, releases, (sent.last_ts - sent.first_ts) / 1000, rss,
-                       {"created_s": created_s, "logs": logs, "cpu_flush_s": cpu2 - cpu0,
+                       round(chl1 - chl0 - idle[1] * flush_s), releases,
+                       (sent.last_ts - sent.first_ts) / 1000, rss,
+                       {"created_s": created_s, "settle_s": settle_s, "logs": logs,
+                        "flush_s": flush_s,
+                        "cpu_flush_s": cpu2 - cpu0 - idle[0] * flush_s,
+                        "idle_cpu_per_s": idle[0], "idle_changelog_per_s": idle[1],
                         "not_log_append": sent.not_log_append})
+
+
+def quiesce(conf: Mapping[str, str], changelogs: Sequence[str], per_s: float,
+            timeout_s: float = 300.0) -> float:
+    """Wait until the changelog grows by at most `per_s` records in a second; seconds
+    waited. A worker that just created its counters is still sending their state for a
+    while (thousands of records per second at 10,000 counters); the stage must not be
+    charged with it. `per_s` (counters / 10 + 100) is above the worker's steady idle rate
+    (markers' partition values, 40/s, and heartbeats: counters / 60 per second, a state
+    write or two each) and far below that drain."""
+    t0 = time.monotonic()
+    last = records_in(conf, changelogs)
+    while time.monotonic() - t0 < timeout_s:
+        time.sleep(1.0)
+        now = records_in(conf, changelogs)
+        if now - last <= per_s:
+            break
+        last = now
+    return time.monotonic() - t0
+
+
+def idle_rates(conf: Mapping[str, str], changelogs: Sequence[str], pid: int,
+               seconds: float = IDLE_S) -> tuple[float, float]:
+    """(CPU-s per second, changelog records per second) of a warm system with no input,
+    over `seconds` just before its stage: the processor's markers, partition values and
+    heartbeats; a peer's polling."""
+    c0, r0, t0 = cpu_seconds(pid), records_in(conf, changelogs), time.monotonic()
+    time.sleep(seconds)
+    dt = time.monotonic() - t0
+    return (cpu_seconds(pid) - c0) / dt, (records_in(conf, changelogs) - r0) / dt
+
+
+def flushed(conf: Mapping[str, str], topics: Sequence[str], pause_s: float,
+            idle_per_s: float) -> tuple[int, float]:
+    """(records in `topics`, seconds waited) once the system is done writing its changelog
+    for the stage: after `pause_s`, when a second adds at most its idle rate +
+    FLUSH_QUIET_PER_S records (at most FLUSH_MAX_S in all)."""
+    t0 = time.monotonic()
+    time.sleep(pause_s)
+    last = records_in(conf, topics)
+    while time.monotonic() - t0 < FLUSH_MAX_S:
+        time.sleep(1.0)
+        now = records_in(conf, topics)
+        if now - last <= idle_per_s + FLUSH_QUIET_PER_S:
+            return now, time.monotonic() - t0
+        last = now
+    return last, time.monotonic() - t0
 
 
 def run_stage(system: str, ctx: Ctx, load: Load) -> StageResult:
@@ -351,6 +424,11 @@ def phase_counted(ctx: Ctx, systems: Sequence[str], load_list: Sequence[Load], r
 
 # ------------------------------------------------------------------------ report
 
+def flush_ms(r: StageResult) -> float:
+    """CPU-ms per event through the changelog flush (see `flushed`)."""
+    return 1e3 * float(r.extra["cpu_flush_s"]) / max(1, r.events)
+
+
 def _span(xs: Sequence[float], fmt: str) -> str:
     lo, hi = min(xs), max(xs)
     return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
@@ -365,7 +443,8 @@ def report_counted(results: Sequence[StageResult], systems: Sequence[str],
         lines.append(f"  {load.name}: {load.events:,} events over {load.counters:,} counters "
                      f"({load.events // load.counters} each)")
         lines.append(f"    {'system':<44}{'events/s':>17}{'CPU-ms/event':>15}"
-                     f"{'+flush':>13}{'chlog/ev':>11}{'out/ev':>9}{'load avg':>11}")
+                     f"{'+flush':>13}{'flush s':>10}{'chlog/ev':>11}{'out/ev':>11}"
+                     f"{'load avg':>12}{'idle CPU-s/s':>14}{'idle chlog/s':>14}")
         for system in systems:
             rs = [r for r in results if r.system == system and r.load == load.name]
             if not rs:
@@ -373,24 +452,32 @@ def report_counted(results: Sequence[StageResult], systems: Sequence[str],
             lines.append(
                 f"    {SYSTEMS[system]:<44}{_span([r.rate for r in rs], ',.0f'):>17}"
                 f"{_span([r.cpu_ms_per_event for r in rs], '.3f'):>15}"
-                f"{_span([1e3 * r.extra['cpu_flush_s'] / r.events for r in rs], '.3f'):>13}"
+                f"{_span([flush_ms(r) for r in rs], '.3f'):>13}"
+                f"{_span([r.extra['flush_s'] for r in rs], '.1f'):>10}"
                 f"{_span([r.changelog / r.events for r in rs], '.2f'):>11}"
-                f"{_span([r.outputs / r.events for r in rs], '.2f'):>9}"
-                f"{_span([r.loadavg for r in rs], '.2f'):>11}")
+                f"{_span([r.outputs / r.events for r in rs], '.2f'):>11}"
+                f"{_span([r.loadavg for r in rs], '.1f'):>12}"
+                f"{_span([r.extra['idle_cpu_per_s'] for r in rs], '.3f'):>14}"
+                f"{_span([r.extra['idle_changelog_per_s'] for r in rs], '.0f'):>14}")
         base = [r for r in results if r.system == "quix" and r.load == load.name]
         for system in (s for s in systems if s.startswith("processor-")):
             own = [r for r in results if r.system == system and r.load == load.name]
             pairs = [(p, q) for p in own for q in base
                      if p.extra.get("repeat") == q.extra.get("repeat")]
             if pairs:
+                cpu = [p.cpu_ms_per_event / q.cpu_ms_per_event for p, q in pairs]
+                cpu_flush = [flush_ms(p) / flush_ms(q) for p, q in pairs]
                 lines.append(f"    {system} / Quix, per repeat: CPU per event "
-                             f"{_span([p.cpu_ms_per_event / q.cpu_ms_per_event for p, q in pairs], '.2f')}"  # noqa: E501
-                             f"x, events/s {_span([p.rate / q.rate for p, q in pairs], '.2f')}x")
+                             f"{_span(cpu, '.2f')}x (+flush {_span(cpu_flush, '.2f')}x), "
+                             f"events/s {_span([p.rate / q.rate for p, q in pairs], '.2f')}x")
     lines.append("  CPU-ms/event: the system's CPU from the burst to its end / N; +flush: the "
-                 "same through the changelog flush after the end (Quix: its next checkpoint, "
-                 f"{FLUSH_S['quix']:.0f} s later; others {FLUSH_DEFAULT_S} s); chlog/ev: state "
-                 "changelog records per event by then; out/ev: output (processor: release) "
-                 "records per event")
+                 "same until its changelog for the stage is written (flush s after the end: "
+                 f"Quix's next checkpoint, at least {FLUSH_S['quix']:.0f} s; the others at "
+                 f"least {FLUSH_DEFAULT_S} s; then until a second adds <= its idle rate + "
+                 f"{FLUSH_QUIET_PER_S} changelog records), less its idle CPU rate (measured "
+                 f"over {IDLE_S:.0f} s before the stage) x that wait; chlog/ev: state "
+                 "changelog records per event by then, less the idle rate x the wait; "
+                 "out/ev: output (processor: release) records per event")
     produce = [r.produce_s for r in results]
     lines.append(f"  producing the N events took {_span(produce, '.2f')} s (in every "
                  f"system's window alike); {psutil.cpu_count()} CPUs; load average = the "
