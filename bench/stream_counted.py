@@ -1,4 +1,4 @@
-"""Phase 1 of `bench_stream.py`: counted events per second and CPU per counted event, the
+"""Phase throughput of `bench_stream.py`: counted events per second and CPU per counted event, the
 processor beside its peers, on one broker, in one run.
 
 What "counted" means, per system (the same N input events, JSON, unkeyed, 4 partitions):
@@ -6,8 +6,9 @@ What "counted" means, per system (the same N input events, JSON, unkeyed, 4 part
 - processor: an event is counted when its counter's mechanism has STEPPED it (taken it out
   of the counter's queue as x_t of some tick, the operator's `events_dequeued`) inside a
   batch commit that has returned. A batch commit returns after the releases it produced
-  are acknowledged by the broker and its state is written (processor/stream/commit.py), so
-  a counted event's release, if its tick made one, is on the private-count topic. The
+  are acknowledged by the broker and its state is written to the table (RocksDB; the
+  changelog record queued in Faust's producer) (processor/stream/commit.py), so a
+  counted event's release, if its tick made one, is on the private-count topic. The
   bench reads the worker's operator metric `dpc_operator_events_dequeued_total` (an
   operator channel, /metrics) every 50 ms; end = the first reading at or above the
   warm-up's value + N. An event merely accepted, on the timeline, or sealed is NOT
@@ -437,7 +438,7 @@ def _span(xs: Sequence[float], fmt: str) -> str:
 def report_counted(results: Sequence[StageResult], systems: Sequence[str],
                    load_list: Sequence[Load]) -> list[str]:
     repeats = len({r.extra.get("repeat") for r in results})
-    lines = [f"Phase 1: counted events, {repeats} repeat(s), one broker, stages one after "
+    lines = [f"Phase throughput: counted events, {repeats} repeat(s), one broker, stages one after "
              "another, order rotated per repeat (ranges over the repeats)"]
     for load in load_list:
         lines.append(f"  {load.name}: {load.events:,} events over {load.counters:,} counters "

@@ -531,7 +531,7 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str
     then the ranges over the sets."""
     counts = sorted(sets[0])
     first = sets[0][counts[0]]
-    lines = [f"Phase 3: scale-out, CPU-ms per event (user + system of the worker processes "
+    lines = [f"Phase scaleout: CPU-ms per event (user + system of the worker processes "
              f"and all their threads; standby_replicas = {first.get('standby_replicas', 1)}; "
              f"{len(sets)} set(s) of {', '.join(map(str, counts))} worker(s), order rotated)",
              f"  {'set':<4}{'workers':>8}{'total':>8}{'ratio':>7}{'marginal':>10}{'ratio':>7}"
