@@ -225,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ctx = stream_counted.Ctx(client_config(bootstrap), bootstrap, Path(tmp_s),
                                      children, quix_python(a.quix_python), a.standby,
                                      a.processor_metric, a.heartbeat_ticks)
+            if a.quick:  # a smoke run: shorter idle windows and flush waits
+                ctx.idle_s, ctx.flush_max_s = 1.0, 5.0
             lines = run_phases(a, ctx, results)
     except KeyboardInterrupt:
         print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)

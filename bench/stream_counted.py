@@ -166,6 +166,9 @@ class Ctx:
     #: it (to events_queued: the control that a bench counting queued events is caught).
     processor_metric: str = DEQUEUED
     heartbeat_ticks: int = HEARTBEAT_TICKS
+    #: The idle window before each stage and the longest flush wait (--quick shortens them).
+    idle_s: float = IDLE_S
+    flush_max_s: float = FLUSH_MAX_S
 
 
 @dataclass
@@ -257,7 +260,7 @@ def run_peer(kind: str, ctx: Ctx, load: Load) -> StageResult:
         wait_until(lambda: alive() and bool(tail.catch_up()), 300, f"{kind}: warm-up output")
         watch = OutputWatch(tail, kind, load.expected(warm), load.events)
         changelogs = topics_matching(ctx.conf, uid, "changelog")
-        idle = idle_rates(ctx.conf, changelogs, proc.pid)
+        idle = idle_rates(ctx.conf, changelogs, proc.pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
         cpu0 = cpu_seconds(proc.pid)
         sent = produce_burst(ctx.conf, src, load.values(int(time.time() * 1000)))
@@ -266,7 +269,7 @@ def run_peer(kind: str, ctx: Ctx, load: Load) -> StageResult:
         cpu1 = cpu_seconds(proc.pid)
         rss = rss_bytes(proc.pid)
         chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_S.get(kind, FLUSH_DEFAULT_S),
-                                idle[1])
+                                idle[1], ctx.flush_max_s)
         cpu2 = cpu_seconds(proc.pid)
     finally:
         ctx.children.stop(proc)
@@ -320,7 +323,7 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
         changelogs = topics_matching(ctx.conf, uid, "changelog")
         pid = dep.worker.proc.pid if dep.worker.proc else 0
         settle_s = quiesce(ctx.conf, changelogs, load.counters / 10 + 100)
-        idle = idle_rates(ctx.conf, changelogs, pid)
+        idle = idle_rates(ctx.conf, changelogs, pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
         rel0 = records_in(ctx.conf, [dep.topics.counts])
         cpu0 = cpu_seconds(pid)
@@ -331,7 +334,8 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
                    "processor: every event stepped", interval_s=POLL_S)
         end_ms = time.time() * 1000
         cpu1, rss = cpu_seconds(pid), rss_bytes(pid)
-        chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_DEFAULT_S, idle[1])
+        chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_DEFAULT_S, idle[1],
+                                ctx.flush_max_s)
         releases = records_in(ctx.conf, [dep.topics.counts]) - rel0
         cpu2 = cpu_seconds(pid)
     finally:
@@ -380,14 +384,14 @@ def idle_rates(conf: Mapping[str, str], changelogs: Sequence[str], pid: int,
 
 
 def flushed(conf: Mapping[str, str], topics: Sequence[str], pause_s: float,
-            idle_per_s: float) -> tuple[int, float]:
+            idle_per_s: float, max_s: float = FLUSH_MAX_S) -> tuple[int, float]:
     """(records in `topics`, seconds waited) once the system is done writing its changelog
     for the stage: after `pause_s`, when a second adds at most its idle rate +
-    FLUSH_QUIET_PER_S records (at most FLUSH_MAX_S in all)."""
+    FLUSH_QUIET_PER_S records (at most `max_s` in all)."""
     t0 = time.monotonic()
     time.sleep(pause_s)
     last = records_in(conf, topics)
-    while time.monotonic() - t0 < FLUSH_MAX_S:
+    while time.monotonic() - t0 < max_s:
         time.sleep(1.0)
         now = records_in(conf, topics)
         if now - last <= idle_per_s + FLUSH_QUIET_PER_S:
@@ -476,7 +480,7 @@ def report_counted(results: Sequence[StageResult], systems: Sequence[str],
                  f"Quix's next checkpoint, at least {FLUSH_S['quix']:.0f} s; the others at "
                  f"least {FLUSH_DEFAULT_S} s; then until a second adds <= its idle rate + "
                  f"{FLUSH_QUIET_PER_S} changelog records), less its idle CPU rate (measured "
-                 f"over {IDLE_S:.0f} s before the stage) x that wait; chlog/ev: state "
+                 "before the stage) x that wait; chlog/ev: state "
                  "changelog records per event by then, less the idle rate x the wait; "
                  "out/ev: output (processor: release) records per event")
     produce = [r.produce_s for r in results]
