@@ -55,16 +55,18 @@ import numpy as np
 
 from processor.core.bounded import (
     UnitCounter,
-    _get,
     check_eps_delta,
     check_positive_int,
     check_units,
+)
+from processor.core.bounded import (
+    state_field as _get,
 )
 from processor.core.calibration import analytic_gaussian_sigma
 from processor.core.errors import InvalidInputError, InvalidParameterError, StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import rounded_gaussian
+from processor.core.samplers.scalar import rounded_gaussian
 
 #: Version of the constants below; a stored state names it (a refit bumps it).
 BLT_VERSION = 1

@@ -44,12 +44,8 @@ from typing import Any, ClassVar
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import (
-    LaplaceBank,
-    bernoulli_exp,
-    discrete_laplace,
-    laplace_scale_units,
-)
+from processor.core.samplers.block import LaplaceBank
+from processor.core.samplers.scalar import bernoulli_exp, discrete_laplace, laplace_scale_units
 
 #: Local steps beyond this are "never": no stream reaches 2^62 ticks.
 HORIZON = 1 << 62
