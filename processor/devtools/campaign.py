@@ -56,7 +56,7 @@ from processor.devtools.deployment import (
     isolated_deployment,
     worker_env,
 )
-from processor.devtools.local_kafka import LocalKafka
+from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher

@@ -37,7 +37,7 @@ import orjson
 
 from processor.cli import write_key
 from processor.core.rng import NoiseKey
-from processor.devtools.local_kafka import die_with_parent
+from processor.devtools.kafka.tools import die_with_parent
 from processor.stream import kafka_io
 from processor.stream.config import (
     SETTINGS_ENV_VARS,
