@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from importlib import import_module, metadata
 from pathlib import Path
@@ -90,10 +89,11 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
     from processor.core import registry
     from processor.core.errors import CoreError
     from processor.core.rng import NoiseKey
+    from processor.keyfile import read_key
     from processor.offline import TickSyntaxError, parse_ticks, run_counter
 
     try:
-        key = (NoiseKey.from_file(args.key_file, args.key_format) if args.key_file
+        key = (read_key(args.key_file, args.key_format) if args.key_file
                else NoiseKey.from_seed(args.seed))
         params: dict[str, object] = {}
         if args.horizon is not None:
@@ -137,57 +137,6 @@ def cmd_count(argv: Sequence[str], stdin: TextIO, stdout: TextIO, stderr: TextIO
     return 0
 
 
-def write_key(path: str | os.PathLike[str], secret: bytes | None = None, *,
-              overwrite: bool = True) -> Path:
-    """Write a noise key file as `NoiseKey.from_file` reads it: hex text, mode 0600.
-
-    The one key writer (`keygen`, the demo, the tests and the benchmarks). A fresh random
-    key unless `secret` is given. The file is mode 0600 whatever existed before: an existing
-    file is never truncated in place (it would keep its old, maybe world-readable, mode);
-    the key goes to a new 0600 file in the same directory that then replaces it in one
-    rename, so a reader sees the old key or the new one, never half of one.
-    With `overwrite=False` an existing file raises FileExistsError and is left untouched.
-    """
-    from processor.core.rng import NoiseKey
-
-    target = Path(path)
-    text = ((NoiseKey.generate() if secret is None else secret).hex() + "\n").encode("ascii")
-    if not overwrite:
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        _write_private(fd, text)
-        return target
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        _write_private(fd, text)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
-
-
-def _write_private(fd: int, data: bytes) -> None:
-    # fchmod: os.open's mode is filtered by the umask; the key file is exactly 0600.
-    with os.fdopen(fd, "wb") as fh:
-        os.fchmod(fh.fileno(), 0o600)
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-
-
-def make_private_dirs(directory: Path) -> list[Path]:
-    """Create `directory` and its missing parents with mode 0700 (whatever the umask);
-    directories that exist are left as they are. Returns the ones created, outermost first."""
-    missing = [d for d in (directory, *directory.parents) if not d.exists()][::-1]
-    for d in missing:
-        try:
-            d.mkdir(mode=0o700)
-        except FileExistsError:  # created meanwhile by someone else: theirs, untouched
-            continue
-        os.chmod(d, 0o700)  # mkdir's mode is filtered by the umask
-    return missing
-
-
 def cmd_keygen(argv: Sequence[str], stdout: TextIO, stderr: TextIO) -> int:
     p = argparse.ArgumentParser(prog="python -m processor keygen", allow_abbrev=False,
                                 description="Write a fresh 256-bit noise key as hex (mode 0600). "
@@ -195,6 +144,8 @@ def cmd_keygen(argv: Sequence[str], stdout: TextIO, stderr: TextIO) -> int:
     p.add_argument("path", help="the key file to write (mode 0600; e.g. secrets/noise.key, "
                    "a directory the repository's .gitignore excludes)")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    from processor.keyfile import make_private_dirs, write_key
+
     args = p.parse_args(argv)
     try:
         # The README's `keygen secrets/noise.key` on a fresh clone: the directory is

@@ -44,8 +44,8 @@ import yaml
 
 import processor.stream.app as worker_app
 from processor.cli import main as cli_main
-from processor.cli import write_key
 from processor.core.rng import NoiseKey
+from processor.keyfile import write_key
 from processor.stream.config import (
     SETTINGS_ENV_VARS,
     Settings,

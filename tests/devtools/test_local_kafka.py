@@ -328,7 +328,7 @@ def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> No
     login to the missing topics. `status` answers over the secured listener; `stop`
     removes the broker, its directory and the client files. Control: the same
     configuration with a wrong password is refused."""
-    from processor.cli import write_key
+    from processor.keyfile import write_key
     from processor.stream import kafka_io
     from processor.stream.config import load_settings
 
