@@ -44,6 +44,7 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from processor.commandline import CommandParser
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
 from processor.devtools.kafka.tools import die_with_parent
@@ -314,7 +315,7 @@ def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> Non
 
 def main_demo(argv: Sequence[str] | None = None) -> int:
     """`python -m processor demo [--seconds 60] [--tick-ms 250] [--mechanism ecc] ...`."""
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m processor demo",
         description="Local broker + processor + bursty demo producer + live view; prints the "
         "private counts as they are released with the demo's own true count beside them. "
