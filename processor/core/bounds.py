@@ -410,16 +410,7 @@ class SimEccBound:
                 total += count * (min(lag, q) + _gauss_sf(b / sd_e))
             return total
 
-        lo, hi = 0.0, 1.0
-        while failure(hi) > left:
-            lo, hi = hi, 2.0 * hi
-        while hi - lo > 0.25:
-            mid = 0.5 * (lo + hi)
-            if failure(mid) > left:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        return _least_bound(failure, left)
 
     def _inversion(self, j: int, i: int) -> float:
         return _inversion(self, j, i)
@@ -491,6 +482,21 @@ class SimEccBound:
         return sd * (log_tail_factor(self.log_eta, top) + z) + 1.0
 
 
+def _least_bound(failure: Callable[[float], float], left: float) -> float:
+    """The smallest b found by doubling then bisection (to 1/4) with failure(b) <= left;
+    failure is non-increasing in b."""
+    lo, hi = 0.0, 1.0
+    while failure(hi) > left:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 0.25:
+        mid = 0.5 * (lo + hi)
+        if failure(mid) > left:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
 @lru_cache(maxsize=65536)
 def _shift(bcc_eps: float, bcc_delta: float, base: str, l: int) -> float:  # noqa: E741
     if l <= 0:
@@ -549,12 +555,6 @@ def _dlap_over(scale_units: int, p: float) -> float:
     r = math.exp(-1.0 / scale_units)
     k = math.ceil(scale_units * math.log(1.0 / (p * (1.0 + r))))
     return max(0, k - 1) / UNIT
-
-
-def _dlap_over_prob(scale_units: int, w: float) -> float:
-    """P(Z > w UNIT) for Z ~ DLap(scale_units), w >= 0 (events): r^(floor(w UNIT) + 1)/(1 + r)."""
-    r = math.exp(-1.0 / scale_units)
-    return math.exp(-(math.floor(w * UNIT) + 1) / scale_units) / (1.0 + r)
 
 
 @dataclass(frozen=True)

@@ -236,14 +236,6 @@ class SVT:
         Z_0 - v, computed with the same float operations."""
         return math.floor((self.tau + self._b8 * math.log(s + self._c)) * UNIT) + self.z0 - v
 
-    def fire_probability(self, v: int, s: int) -> float:
-        """q_s: the probability that local step s fires on input v, given Z_0 (float;
-        the same operations as dlap_sf)."""
-        k = self._k(v, s)
-        if k >= 0:
-            return math.exp(-(k + 1) * self._lam - self._log1pq)
-        return -math.expm1(k * self._lam - self._log1pq)
-
     # -- the per-step draws Z_t -------------------------------------------------------------
 
     def _peek(self, i: int) -> int:
