@@ -20,8 +20,9 @@ import numpy.typing as npt
 
 from processor.core.bounds import ecc_bound
 from processor.core.cc import DEFAULT_BASE, bcc_alpha_max, cc_alpha_max
-from processor.core.ecc import ecc_parameters, ecc_part_term
+from processor.core.ecc import ecc_part_term
 from processor.core.grid import UNIT
+from processor.core.params import ecc_parameters
 from processor.experiments import attack
 from processor.experiments.simulate import simulate
 

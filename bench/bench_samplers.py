@@ -16,11 +16,10 @@ import time
 from collections.abc import Callable
 
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import (
-    LaplaceBank,
+from processor.core.samplers.block import LaplaceBank, discrete_laplace_block
+from processor.core.samplers.scalar import (
     discrete_gaussian,
     discrete_laplace,
-    discrete_laplace_block,
     gaussian_sigma2_units,
     laplace_scale_units,
 )

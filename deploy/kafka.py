@@ -4,7 +4,7 @@
 Commands: fetch, start, start-cluster, stop, status (``--help`` describes each).
 
 A thin wrapper kept where deploy/setup.sh, the README and the tests call it; the logic
-(and ``LocalKafka``, its Python API) is ``processor.devtools.local_kafka``. The checkout's
+(and ``LocalKafka``, its Python API) is ``processor.devtools.kafka``. The checkout's
 root is put on ``sys.path`` first, so this runs with any Python 3.11, before or without the
 venv: fetching needs only the standard library. Every other command asks the brokers for
 metadata with confluent-kafka; run by an interpreter without it (the system ``python3``, as
@@ -42,6 +42,6 @@ def _reexec_in_venv(argv: list[str]) -> None:
 if __name__ == "__main__":
     _reexec_in_venv(sys.argv[1:])
     sys.path.insert(0, str(ROOT))
-    from processor.devtools.local_kafka import main
+    from processor.devtools.kafka.cli import main
 
     sys.exit(main())

@@ -22,9 +22,9 @@ step() {
     fi
 }
 
-step .venv/bin/ruff check processor tests bench deploy
+step .venv/bin/ruff check processor tests bench deploy reliability
 step .venv/bin/mypy
-# deploy/ and the test fixtures are outside the mypy `packages` setting; check them too.
+# deploy/ and the test fixtures are outside the mypy `files` setting; check them too.
 step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/devtools
 # One broker for the whole run, shared by the test processes (each test makes its own
 # topics): started here unless KAFKA_BOOTSTRAP_SERVERS names a cluster already, stopped on

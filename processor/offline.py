@@ -12,6 +12,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from processor.core.api import Counter
+from processor.errors import ProcessorError
 
 Tick = float | None
 
@@ -23,7 +24,7 @@ class Skip:
     n: int
 
 
-class TickSyntaxError(ValueError):
+class TickSyntaxError(ProcessorError, ValueError):
     """A line of the tick file that is not a number in [0, 1], `_` or `_*N`."""
 
     def __init__(self, line_no: int, reason: str) -> None:

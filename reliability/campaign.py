@@ -57,7 +57,7 @@ from processor.devtools.campaign import (  # noqa: E402
     partition_plan,
 )
 from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
-from processor.devtools.local_kafka import LocalKafka  # noqa: E402
+from processor.devtools.kafka.cluster import LocalKafka  # noqa: E402
 from processor.devtools.proxy import ProxiedKafka  # noqa: E402
 
 #: Share of bad records in the fed corpus (the earlier campaign: 100,020 bad, 2,500 valid).

@@ -5,7 +5,7 @@ Where the broker comes from (fixture ``kafka_bootstrap``, once per test session)
 1. ``KAFKA_BOOTSTRAP_SERVERS`` if set: an existing cluster, used as is (never stopped);
 2. else a testcontainers Kafka, if a Docker engine answers a quick ping (about a second at
    most; set ``KAFKA_TEST_DOCKER=0`` to skip the probe);
-3. else ``LocalKafka`` (``processor.devtools.local_kafka``): the real Apache Kafka jars from
+3. else ``LocalKafka`` (``processor.devtools.kafka``): the real Apache Kafka jars from
    Maven Central, one combined broker+controller node on 127.0.0.1.
 
 If Java or Maven is missing for (3), the fixture fails with a clear message when ``CI`` is
@@ -37,14 +37,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
-from processor.devtools.local_kafka import (
-    LocalKafka,
-    StartError,
-    ToolMissingError,
-    is_fetched,
-    require_tool,
-    wait_for_metadata,
-)
+from processor.devtools.kafka.cluster import LocalKafka, wait_for_metadata
+from processor.devtools.kafka.fetch import is_fetched
+from processor.devtools.kafka.tools import BrokerStartError, ToolMissingError, require_tool
 
 if TYPE_CHECKING:
     from processor.devtools.deployment import Deployment
@@ -224,7 +219,7 @@ def kafka_bootstrap() -> Iterator[str]:
     if env:
         try:
             wait_for_metadata(env, timeout=30.0)
-        except StartError as exc:
+        except BrokerStartError as exc:
             pytest.fail(f"KAFKA_BOOTSTRAP_SERVERS={env} does not answer: {exc}", pytrace=False)
         yield env
         return

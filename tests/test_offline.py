@@ -12,6 +12,7 @@ from processor.cli import main
 from processor.core.api import Counter, check_skip
 from processor.core.grid import from_units, to_units
 from processor.core.rng import NoiseKey
+from processor.keyfile import read_key
 from processor.offline import Skip, TickSyntaxError, parse_tick_line, parse_ticks, run_counter
 
 
@@ -108,7 +109,7 @@ def test_keygen_writes_private_file(tmp_path: pytest.TempPathFactory) -> None:
     path = os.path.join(str(tmp_path), "key")
     assert main(["keygen", path]) == 0
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-    key = NoiseKey.from_file(path)
+    key = read_key(path)
     assert repr(key) == "NoiseKey(<secret>)"
     assert main(["keygen", path]) == 2  # never overwrites a key by accident
 

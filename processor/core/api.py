@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import ClassVar, Self
 
+from processor.core.errors import InvalidInputError
 from processor.core.rng import NoiseKey
 
 Change = tuple[int, float]
@@ -94,8 +95,6 @@ class Counter(ABC):
 
 
 def check_skip(n: object) -> int:
-    from processor.core.errors import InvalidInputError
-
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise InvalidInputError(n, "skip needs a non-negative integer")
     return n

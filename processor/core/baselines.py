@@ -23,19 +23,25 @@ from typing import Any, ClassVar, Self
 from processor.core import state as state_codec
 from processor.core.api import Counter
 from processor.core.bounded import (
-    _get,
     check_eps_delta,
     check_positive_int,
     dlap_variance,
     laplace_tree_scale,
 )
+from processor.core.bounded import (
+    state_field as _get,
+)
 from processor.core.calibration import gdp_mu
-from processor.core.cc import UnboundedCC, _psum_laplace_scale
+from processor.core.cc import UnboundedCC, cc_sigma, psum_laplace_scale
 from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import discrete_gaussian, discrete_laplace, gaussian_sigma2_units
-from processor.core.samplers import laplace_scale_units as _lap_units
+from processor.core.samplers.scalar import (
+    discrete_gaussian,
+    discrete_laplace,
+    gaussian_sigma2_units,
+)
+from processor.core.samplers.scalar import laplace_scale_units as _lap_units
 
 STATE_VERSION = 1
 
@@ -195,7 +201,7 @@ class LaplaceTree(_GridCounter):
         if t == 0:
             return 0.0
         k_done = (t + 1).bit_length() - 1
-        scales = [_psum_laplace_scale(self.eps, UNIT)] * k_done
+        scales = [psum_laplace_scale(self.eps, UNIT)] * k_done
         start = 1 << k_done
         if t != start - 1:
             node = laplace_tree_scale(self.eps / 2, start - 1, UNIT)
@@ -439,8 +445,6 @@ class PartitionCC(_GridCounter):
 
 def laplace_tree_sigma_units(eps: float, t: int) -> float:
     """Exact std (units) of y_t - s_t of LaplaceTree(eps) (for the simulator)."""
-    from processor.core.cc import cc_sigma
-
     return cc_sigma(eps, 0.0, t, "laplace", UNIT)
 
 

@@ -23,7 +23,7 @@ Exactness on the lattice (the privacy argument, `docs/privacy-notes.md`):
    unit and floor rounding; every w~_t is an integer number of 2^-FRAC_BITS units with
    |w~_t - (C x)_t| <= ENC_ERR_ULPS ulps, for every input stream.
 2. The released vector is v_t = round(w~_t + sigma G_t) on that fine lattice, G_t ~ N(0, 1)
-   i.i.d., drawn exactly (`samplers.rounded_gaussian`: Karney's algorithm, rounding decided
+   i.i.d., drawn exactly (`samplers.scalar.rounded_gaussian`: Karney's algorithm, rounding decided
    on lazily drawn digits). That is post-processing of the continuous Gaussian mechanism
    on w~, whose L2 sensitivity for one input changed by `sensitivity` units is at most
    sensitivity * ||column 1 of C|| + 2 ENC_ERR_ULPS 2^-FRAC_BITS sqrt(n) (`blt_l2`), so
@@ -55,16 +55,18 @@ import numpy as np
 
 from processor.core.bounded import (
     UnitCounter,
-    _get,
     check_eps_delta,
     check_positive_int,
     check_units,
+)
+from processor.core.bounded import (
+    state_field as _get,
 )
 from processor.core.calibration import analytic_gaussian_sigma
 from processor.core.errors import InvalidInputError, InvalidParameterError, StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import rounded_gaussian
+from processor.core.samplers.scalar import rounded_gaussian
 
 #: Version of the constants below; a stored state names it (a refit bumps it).
 BLT_VERSION = 1

@@ -30,7 +30,7 @@ from processor.core.calibration import analytic_gaussian_sigma
 from processor.core.errors import InvalidInputError, InvalidParameterError, StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import (
+from processor.core.samplers.scalar import (
     discrete_gaussian,
     discrete_laplace,
     gaussian_sigma2_units,
@@ -222,7 +222,7 @@ class UnitCounter(ABC):
     def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self: ...
 
 
-def _get(d: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
+def state_field(d: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
     """Read one typed field of a state dict or raise StateFormatError."""
     if not isinstance(d, dict) or name not in d:
         raise StateFormatError(f"state lacks field {name!r}")
@@ -230,6 +230,9 @@ def _get(d: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
     if (isinstance(v, bool) and typ is not bool) or not isinstance(v, typ):
         raise StateFormatError(f"state field {name!r} has the wrong type")
     return v
+
+
+_get = state_field  # the short local name the from_state methods read best with
 
 
 # ---------------------------------------------------------------------------------------------

@@ -88,10 +88,12 @@ import numpy.typing as npt
 from scipy.special import log_ndtr, ndtr, ndtri
 
 from processor.core.bounded import tree_node_sigma2
-from processor.core.cc import _psum_var, bcc_eta, bcc_offset, cc_sigma
+from processor.core.cc import bcc_eta, bcc_offset, cc_sigma, cc_sigma_max, psum_var
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
+from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.partition import simpart_scale
+from processor.core.svt import svt_scales
 
 __all__ = ["EccBound", "SimEccBound", "ecc_bound", "gaussian_upper", "log_tail_factor",
            "simecc_bound"]
@@ -256,7 +258,7 @@ def _tree_atoms(eps: float, delta: float, tag: str, l: int  # noqa: E741
     if l <= 0:
         return out
     done = (l + 1).bit_length() - 1  # intervals complete at l
-    pv = _psum_var(eps, delta, "tree", UNIT) / UNIT**2
+    pv = psum_var(eps, delta, "tree", UNIT) / UNIT**2
     for k in range(1, done + 1):
         out[(tag, k, -1, 0)] = pv
     start = 1 << done
@@ -408,16 +410,7 @@ class SimEccBound:
                 total += count * (min(lag, q) + _gauss_sf(b / sd_e))
             return total
 
-        lo, hi = 0.0, 1.0
-        while failure(hi) > left:
-            lo, hi = hi, 2.0 * hi
-        while hi - lo > 0.25:
-            mid = 0.5 * (lo + hi)
-            if failure(mid) > left:
-                lo = mid
-            else:
-                hi = mid
-        return hi
+        return _least_bound(failure, left)
 
     def _inversion(self, j: int, i: int) -> float:
         return _inversion(self, j, i)
@@ -485,10 +478,23 @@ class SimEccBound:
     def _d_max_coarse(self, top: int, z: float) -> float:
         # sd and shift grow at most like sqrt(log) between dyadic points; bound them on
         # each [2^k - 1, 2^{k+1} - 2] by the interval's largest sigma (cc_sigma_max logic).
-        from processor.core.cc import cc_sigma_max
-
         sd = cc_sigma_max(self.bcc.eps, self.bcc.delta, top, self.bcc.base, UNIT) / UNIT
         return sd * (log_tail_factor(self.log_eta, top) + z) + 1.0
+
+
+def _least_bound(failure: Callable[[float], float], left: float) -> float:
+    """The smallest b found by doubling then bisection (to 1/4) with failure(b) <= left;
+    failure is non-increasing in b."""
+    lo, hi = 0.0, 1.0
+    while failure(hi) > left:
+        lo, hi = hi, 2.0 * hi
+    while hi - lo > 0.25:
+        mid = 0.5 * (lo + hi)
+        if failure(mid) > left:
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 @lru_cache(maxsize=65536)
@@ -511,8 +517,6 @@ def _inversion(model: SimEccBound, j: int, i: int) -> float:
 
 @lru_cache(maxsize=256)
 def _model(eps: float, delta: float, base: str, calibration: str) -> SimEccBound:
-    from processor.core.ecc import simecc_parameters
-
     p = simecc_parameters(eps, delta, calibration)
     ts, ss = simpart_scale(p.eps_part)
     # ln(eta) = ln(delta / 2) - ln(1 + e^eps), in log space: eta itself underflows for
@@ -551,12 +555,6 @@ def _dlap_over(scale_units: int, p: float) -> float:
     r = math.exp(-1.0 / scale_units)
     k = math.ceil(scale_units * math.log(1.0 / (p * (1.0 + r))))
     return max(0, k - 1) / UNIT
-
-
-def _dlap_over_prob(scale_units: int, w: float) -> float:
-    """P(Z > w UNIT) for Z ~ DLap(scale_units), w >= 0 (events): r^(floor(w UNIT) + 1)/(1 + r)."""
-    r = math.exp(-1.0 / scale_units)
-    return math.exp(-(math.floor(w * UNIT) + 1) / scale_units) / (1.0 + r)
 
 
 @dataclass(frozen=True)
@@ -656,8 +654,6 @@ class EccBound:
         z = gaussian_upper(p / top)
         if top <= 512:
             return max(self.shift(n) + z * self.bcc.sd(n) + 1.0 for n in range(1, top + 1))
-        from processor.core.cc import cc_sigma_max
-
         sd = cc_sigma_max(self.bcc.eps, self.bcc.delta, top, self.bcc.base, UNIT) / UNIT
         return sd * (log_tail_factor(self.log_eta, top) + z) + 1.0
 
@@ -726,8 +722,6 @@ class EccBound:
             sds = np.array([self.cc.sd(j) for j in range(1, n_hi + 1)])
             mult = 1
         else:
-            from processor.core.cc import cc_sigma_max
-
             sds = np.array([cc_sigma_max(self.cc.eps, self.cc.delta, n_hi, self.cc.base,
                                          UNIT) / UNIT])
             mult = n_hi
@@ -761,7 +755,7 @@ def _diff_sd(cc: _CC, j: int, l: int) -> float:  # noqa: E741
     running counters, all independent (exact). In the same interval the p_k cancel and the
     two values of one bounded counter remain: variance <= v_j + v_l where its covariances
     are >= 0 (_NONNEG_COV), else (sd_j + sd_l)^2."""
-    pv = _psum_var(cc.eps, cc.delta, cc.base, UNIT) / UNIT**2
+    pv = psum_var(cc.eps, cc.delta, cc.base, UNIT) / UNIT**2
     kj, kl = (j + 1).bit_length() - 1, (l + 1).bit_length() - 1
     vj = max(0.0, cc.sd(j) ** 2 - kj * pv)
     vl = max(0.0, cc.sd(l) ** 2 - kl * pv)
@@ -809,9 +803,6 @@ def _ecc_upto(model: EccBound, t: int, beta: float) -> float:
 
 @lru_cache(maxsize=256)
 def _ecc_model(eps: float, delta: float, base: str, calibration: str) -> EccBound:
-    from processor.core.ecc import ecc_parameters
-    from processor.core.svt import svt_scales
-
     p = ecc_parameters(eps, delta, calibration)
     t0, t1 = svt_scales(p.eps_part)
     if bcc_eta(p.bcc_eps, p.bcc_delta) <= 0.0:

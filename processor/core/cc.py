@@ -28,7 +28,6 @@ from processor.core.bounded import (
     LaplaceTreeBounded,
     SqrtFactor,
     UnitCounter,
-    _get,
     check_eps_delta,
     check_positive_int,
     check_units,
@@ -39,10 +38,13 @@ from processor.core.bounded import (
     tail_factor,
     tree_sigma,
 )
+from processor.core.bounded import (
+    state_field as _get,
+)
 from processor.core.errors import InvalidParameterError, StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import discrete_gaussian, discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import discrete_gaussian, discrete_laplace, laplace_scale_units
 
 #: Base counters inside the running interval. "blt" (BLTCounter, O(1) state, within 1.1x
 #: of the square root's sigma; blt.py) is the default; "tree" (GaussianTree, O(log) state)
@@ -59,16 +61,16 @@ def _check_base(base: object) -> str:
     return str(base)
 
 
-def _psum_laplace_scale(eps: float, sensitivity: int) -> int:
+def psum_laplace_scale(eps: float, sensitivity: int) -> int:
     """Interval-sum scale in units for the pure-DP variant: Lap(sensitivity / (eps/2))."""
     return laplace_scale_units(2.0 * sensitivity / (eps * UNIT))
 
 
 @lru_cache(maxsize=4096)
-def _psum_var(eps: float, delta: float, base: str, sensitivity: int) -> float:
+def psum_var(eps: float, delta: float, base: str, sensitivity: int) -> float:
     """Variance (units^2) of one interval-sum release p_k."""
     if base == "laplace":
-        return dlap_variance(_psum_laplace_scale(eps, sensitivity))
+        return dlap_variance(psum_laplace_scale(eps, sensitivity))
     num, den = gaussian_sigma2(eps / 2, delta / 2, float(sensitivity))
     return num / den
 
@@ -99,7 +101,7 @@ def cc_sigma(eps: float, delta: float, t: int, base: str = DEFAULT_BASE,
     if t <= 0:
         return 0.0
     k_done = (t + 1).bit_length() - 1
-    var = k_done * _psum_var(eps, delta, base, sensitivity)
+    var = k_done * psum_var(eps, delta, base, sensitivity)
     start = 1 << k_done
     if t != start - 1:
         s = _inner_sigma(eps, delta, base, start - 1, t - start + 1, sensitivity)
@@ -216,7 +218,7 @@ class UnboundedCC(UnitCounter):
         self.label = label
         self._cur = WordCursor(KeyedStream(key, f"{label}/psum"))
         if self.base == "laplace":
-            self._psum: tuple[int, int] = (_psum_laplace_scale(self.eps, self.sensitivity), 1)
+            self._psum: tuple[int, int] = (psum_laplace_scale(self.eps, self.sensitivity), 1)
         else:
             self._psum = gaussian_sigma2(self.eps / 2, self.delta / 2, float(self.sensitivity))
         self._t = 0

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
-from processor.core.bounded import check_eps_delta
 from processor.core.bounds import ecc_bound, simecc_bound
 from processor.core.cc import BCC, UnboundedCC
 from processor.core.errors import (
@@ -17,69 +15,17 @@ from processor.core.errors import (
     state_error_detail,
 )
 from processor.core.grid import UNIT, from_units, to_units
+
+# Re-exported (`X as X`) for processor/plan.py and processor/core/audit.py, which import
+# them from here; every other importer takes them from processor.core.params.
+from processor.core.params import ecc_parameters as ecc_parameters
+from processor.core.params import simecc_parameters as simecc_parameters
 from processor.core.partition import Part, SimPart, part_tau, simpart_scale
 from processor.core.rng import NoiseKey
 from processor.core.schedule import SchedList
 from processor.core.state import pack, unpack
 from processor.core.svt import svt_scales, svt_threshold
-from processor.core.tight import CALIBRATIONS, check_calibration, tight_plan
-
-
-@dataclass(frozen=True)
-class EccParams:
-    """The constants of Algorithm 2 for (eps, delta): Part(eps/51, tau), CC and BCC."""
-
-    eps_part: float
-    tau: float
-    cc_eps: float
-    cc_delta: float
-    bcc_eps: float
-    bcc_delta: float
-
-
-@dataclass(frozen=True)
-class SimEccParams:
-    """The constants of SimECC for (eps, delta): SimPart(eps/51, mu), CC and BCC."""
-
-    eps_part: float
-    mu: int
-    cc_eps: float
-    cc_delta: float
-    bcc_eps: float
-    bcc_delta: float
-
-
-def _cc_constants(eps: float, delta: float) -> tuple[float, float, float, float]:
-    shrink = math.exp(-19.0 * eps / 27.0) * delta
-    return 4.0 * eps / 27.0, shrink / 16.0, 4.0 * eps / 27.0, shrink / 8.0
-
-
-def ecc_parameters(eps: float, delta: float, calibration: str = "paper") -> EccParams:
-    """Part with (eps/51, 1 + 408 ln(pi^2/(2 delta))/eps); CC with (4eps/27,
-    e^{-19eps/27} delta/16); BCC with (4eps/27, e^{-19eps/27} delta/8).
-    calibration="tight": the parameters of processor.core.tight instead."""
-    check_eps_delta(eps, delta)
-    if check_calibration(calibration) == "tight":
-        t = tight_plan("ecc", eps, delta)
-        return EccParams(t.eps_part, t.part_param, t.cc_eps, t.cc_delta, t.bcc_eps,
-                         t.bcc_delta)
-    cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
-    tau = 1.0 + 408.0 * math.log(math.pi**2 / (2.0 * delta)) / eps
-    return EccParams(eps / 51.0, tau, cc_eps, cc_delta, bcc_eps, bcc_delta)
-
-
-def simecc_parameters(eps: float, delta: float, calibration: str = "paper") -> SimEccParams:
-    """SimPart with (eps/51, mu = 3 + ceil(102 ln(2 pi^2/(3 delta))/eps)); CC, BCC as ECC.
-    calibration="tight": the parameters of processor.core.tight instead."""
-    check_eps_delta(eps, delta)
-    if check_calibration(calibration) == "tight":
-        t = tight_plan("simecc", eps, delta)
-        return SimEccParams(t.eps_part, int(t.part_param), t.cc_eps, t.cc_delta, t.bcc_eps,
-                            t.bcc_delta)
-    cc_eps, cc_delta, bcc_eps, bcc_delta = _cc_constants(eps, delta)
-    mu = 3 + math.ceil(102.0 * math.log(2.0 * math.pi**2 / (3.0 * delta)) / eps)
-    return SimEccParams(eps / 51.0, mu, cc_eps, cc_delta, bcc_eps, bcc_delta)
-
+from processor.core.tight import CALIBRATIONS, check_calibration
 
 # ---------------------------------------------------------------------------------------
 # The counters

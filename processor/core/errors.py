@@ -1,9 +1,11 @@
-"""Typed errors of the privacy core."""
+"""Typed errors of the privacy core: the core branch of processor.errors' hierarchy."""
 
 from __future__ import annotations
 
+from processor.errors import ProcessorError
 
-class CoreError(Exception):
+
+class CoreError(ProcessorError):
     """Base class of every error the core raises on purpose."""
 
 
@@ -40,6 +42,7 @@ class StateFormatError(CoreError, ValueError):
     knows it has set it (the stream operator does), None before: the core decodes bytes
     without knowing where they were stored."""
 
+    error_prefix = "state: "
     key: str | None = None
 
 
@@ -73,3 +76,5 @@ def state_error_detail(exc: BaseException) -> str:
 
 class NoiseKeyError(CoreError):
     """A noise key that is missing, unreadable or too short. Never a silent weak default."""
+
+    error_prefix = "noise key: "

@@ -14,7 +14,7 @@ from typing import Any
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import discrete_laplace, laplace_scale_units
 from processor.core.svt import SVT
 
 

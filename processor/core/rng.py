@@ -23,7 +23,7 @@ from processor.core.errors import NoiseKeyError
 
 MIN_KEY_BYTES = 32
 
-#: Key file formats, the one rule every key reader applies (`NoiseKey.from_file`):
+#: Key file formats, the one rule every key reader applies (`NoiseKey.from_bytes`):
 #: "hex" (the default, what `keygen` writes): exactly 2 * MIN_KEY_BYTES hex digits, then at
 #: most one "\n", nothing else (no spaces, no comment); "raw": exactly MIN_KEY_BYTES bytes.
 #: Both sizes are exact, so a hex file read as "raw" (or the reverse) is refused too.
@@ -57,19 +57,28 @@ class NoiseKey:
         self._derived: dict[str, bytes] = {}
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str], key_format: str = "hex") -> NoiseKey:
-        """Read a key file in `key_format` (KEY_FORMATS; "hex" is what `keygen` writes).
+    def from_bytes(cls, data: bytes, key_format: str = "hex",
+                   what: str = "noise key") -> NoiseKey:
+        """A key from the content of a key file in `key_format` (KEY_FORMATS; "hex" is
+        what `keygen` writes). Reading the file is processor.keyfile's job: the core does
+        no I/O.
 
         The format is stated, never guessed from the content: a hex file with a typo must
-        not become a different key read as raw bytes. Errors name the file and the rule,
+        not become a different key read as raw bytes. Errors name `what` and the rule,
         never the content.
         """
+        return cls(_decode_key(data, key_format, what))
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], key_format: str = "hex") -> NoiseKey:
+        """Compatibility only, for processor/stream/config.py (being edited elsewhere):
+        `processor.keyfile.read_key` is the key reader. Delete once config.py calls it."""
         p = Path(path)
         try:
             raw = p.read_bytes()
         except OSError as exc:
             raise NoiseKeyError(f"cannot read noise key file {str(p)!r}: {exc.strerror}") from None
-        return cls(_decode_key(raw, key_format, f"noise key file {str(p)!r}"))
+        return cls.from_bytes(raw, key_format, f"noise key file {str(p)!r}")
 
     @classmethod
     def from_hex(cls, text: str) -> NoiseKey:

@@ -44,12 +44,8 @@ from typing import Any, ClassVar
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import (
-    LaplaceBank,
-    bernoulli_exp,
-    discrete_laplace,
-    laplace_scale_units,
-)
+from processor.core.samplers.block import LaplaceBank
+from processor.core.samplers.scalar import bernoulli_exp, discrete_laplace, laplace_scale_units
 
 #: Local steps beyond this are "never": no stream reaches 2^62 ticks.
 HORIZON = 1 << 62
@@ -239,14 +235,6 @@ class SVT:
         """Step s fires iff Z_s > k_s (all integers, units); k_s = svt_threshold_units +
         Z_0 - v, computed with the same float operations."""
         return math.floor((self.tau + self._b8 * math.log(s + self._c)) * UNIT) + self.z0 - v
-
-    def fire_probability(self, v: int, s: int) -> float:
-        """q_s: the probability that local step s fires on input v, given Z_0 (float;
-        the same operations as dlap_sf)."""
-        k = self._k(v, s)
-        if k >= 0:
-            return math.exp(-(k + 1) * self._lam - self._log1pq)
-        return -math.expm1(k * self._lam - self._log1pq)
 
     # -- the per-step draws Z_t -------------------------------------------------------------
 

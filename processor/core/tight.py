@@ -33,6 +33,7 @@ from functools import lru_cache
 
 from scipy.special import zeta
 
+from processor.core.bounded import check_eps_delta
 from processor.core.calibration import (
     LATTICE_FLOAT_SLACK,
     analytic_gaussian_sigma,
@@ -324,8 +325,6 @@ def _plan(mechanism: str, eps: float, delta: float) -> TightPlan:
 def tight_plan(mechanism: str, eps: float, delta: float) -> TightPlan:
     """The tight parameters of `mechanism` ("ecc" or "simecc") for (eps, delta), checked by
     `account` to deliver (eps, delta)."""
-    from processor.core.bounded import check_eps_delta
-
     m = _check_mechanism(mechanism)
     e, d = check_eps_delta(eps, delta)
     return _plan(m, e, d)

@@ -31,11 +31,12 @@ import math
 from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
-from processor.core.ecc import ECC, ecc_parameters
+from processor.core.ecc import ECC
 from processor.core.errors import InvalidInputError, StateFormatError, state_error_detail
 from processor.core.grid import UNIT, to_units
+from processor.core.params import ecc_parameters
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import discrete_laplace, laplace_scale_units
 from processor.core.state import pack, unpack
 
 _VERSION = 1

@@ -56,7 +56,7 @@ from processor.devtools.deployment import (
     isolated_deployment,
     worker_env,
 )
-from processor.devtools.local_kafka import LocalKafka
+from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
@@ -364,6 +364,66 @@ def events_applied(settings: Settings, key: Any,
     return asyncio.run(run())
 
 
+def _timeline_events(timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]]
+                     ) -> dict[tuple[int, int], tuple[str, int]]:
+    """(input partition, input offset) -> (counter, units) of every event on the timeline."""
+    seen: dict[tuple[int, int], tuple[str, int]] = {}
+    for recs in timeline.values():
+        for r in recs:
+            try:
+                rec = decode_timeline(r.value or b"")
+            except TimelineFormatError:
+                continue
+            if isinstance(rec, TimelineBatch):
+                for ev in rec.events:
+                    seen[(ev.src_partition, ev.src_offset)] = (ev.counter, ev.units)
+    return seen
+
+
+def _check_dead_letters(dep: Deployment, want: Mapping[tuple[int, int], FuzzRecord],
+                        rep: CampaignReport) -> dict[tuple[int, int], set[str]]:
+    """The dead-letter topic: reasons per input record, re-sends, by reason; a dead letter
+    that is not its input record counts as a wrong reason."""
+    dead: dict[tuple[int, int], set[str]] = {}
+    copies: Tally[tuple[int, int]] = Tally()
+    by_reason: Tally[str] = Tally()
+    for r in kafka_io.iter_topic(dep.conf, dep.topics.deadletter, timeout_s=300):
+        d = orjson.loads(r.value or b"{}")
+        where = (int(d["partition"]), int(d["offset"]))
+        dead.setdefault(where, set()).add(str(d["reason"]))
+        copies[where] += 1
+        by_reason[str(d["reason"])] += 1
+        if base64.b64decode(d["raw"]) != want.get(where, FuzzRecord("", b"", None)).raw[:4096]:
+            rep.bad_wrong_reason += 1  # a dead letter that is not its input record
+    rep.dead_letter_resends = sum(n - 1 for n in copies.values())
+    rep.dead_letters_by_reason = dict(sorted(by_reason.items()))
+    return dead
+
+
+def _check_records(want: Mapping[tuple[int, int], FuzzRecord],
+                   seen: Mapping[tuple[int, int], tuple[str, int]],
+                   dead: Mapping[tuple[int, int], set[str]], rep: CampaignReport) -> None:
+    """Each input record's fate: a valid one on the timeline once, as itself, never dead
+    lettered; a bad one dead lettered for its reason, never counted."""
+    for where, exp in want.items():
+        if exp.reason is None:
+            got = seen.get(where)
+            if got is None:
+                rep.lost += 1
+            elif got != (exp.counter, exp.units):
+                rep.misrouted += 1
+            if where in dead:
+                rep.valid_dead_lettered += 1
+        else:
+            reasons = dead.get(where)
+            if not reasons:
+                rep.bad_not_dead_lettered += 1
+            elif reasons != {exp.reason}:
+                rep.bad_wrong_reason += 1
+            if where in seen:
+                rep.bad_counted += 1
+
+
 def check(dep: Deployment, expected: Mapping[bytes, FuzzRecord], *,
           with_replay: bool = True) -> CampaignReport:
     """Read a stopped deployment's topics and check them against `expected` (every input
@@ -383,46 +443,9 @@ def check(dep: Deployment, expected: Mapping[bytes, FuzzRecord], *,
     rep.bad_records = rep.input_records - rep.valid_records
 
     timeline = kafka_io.read_topic(conf, topics.timeline, timeout_s=300)
-    seen: dict[tuple[int, int], tuple[str, int]] = {}
-    for recs in timeline.values():
-        for r in recs:
-            try:
-                rec = decode_timeline(r.value or b"")
-            except TimelineFormatError:
-                continue
-            if isinstance(rec, TimelineBatch):
-                for ev in rec.events:
-                    seen[(ev.src_partition, ev.src_offset)] = (ev.counter, ev.units)
-    dead: dict[tuple[int, int], set[str]] = {}
-    copies: Tally[tuple[int, int]] = Tally()
-    by_reason: Tally[str] = Tally()
-    for r in kafka_io.iter_topic(conf, topics.deadletter, timeout_s=300):
-        d = orjson.loads(r.value or b"{}")
-        where = (int(d["partition"]), int(d["offset"]))
-        dead.setdefault(where, set()).add(str(d["reason"]))
-        copies[where] += 1
-        by_reason[str(d["reason"])] += 1
-        if base64.b64decode(d["raw"]) != want.get(where, FuzzRecord("", b"", None)).raw[:4096]:
-            rep.bad_wrong_reason += 1  # a dead letter that is not its input record
-    rep.dead_letter_resends = sum(n - 1 for n in copies.values())
-    rep.dead_letters_by_reason = dict(sorted(by_reason.items()))
-    for where, exp in want.items():
-        if exp.reason is None:
-            got = seen.get(where)
-            if got is None:
-                rep.lost += 1
-            elif got != (exp.counter, exp.units):
-                rep.misrouted += 1
-            if where in dead:
-                rep.valid_dead_lettered += 1
-        else:
-            reasons = dead.get(where)
-            if not reasons:
-                rep.bad_not_dead_lettered += 1
-            elif reasons != {exp.reason}:
-                rep.bad_wrong_reason += 1
-            if where in seen:
-                rep.bad_counted += 1
+    seen = _timeline_events(timeline)
+    dead = _check_dead_letters(dep, want, rep)
+    _check_records(want, seen, dead, rep)
     rep.events_applied = events_applied(dep.settings, dep.key, timeline)
     on_timeline = sum(1 for w, e in want.items() if e.reason is None and w in seen)
     rep.counted_twice = max(0, rep.events_applied - on_timeline)

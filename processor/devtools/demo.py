@@ -16,7 +16,7 @@ exit 0. At exit the topics and the run directory (config, key, logs) are KEPT, a
 demo prints how to look at them again, audit them (`replay`) and delete them
 (`python -m processor demo --delete RUN_DIR`); `--cleanup` deletes them at exit instead.
 Killed (even SIGKILL), the demo still takes its worker and view along: the kernel sends
-each SIGTERM when the demo goes (`local_kafka.die_with_parent`).
+each SIGTERM when the demo goes (`kafka.tools.die_with_parent`).
 librdkafka's log lines of the demo's own clients go through Python logging into the run
 directory (`demo-clients.log`), never into the table.
 """
@@ -44,9 +44,10 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, TopicPartition
 
+from processor.commandline import CommandParser
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
-from processor.devtools.local_kafka import die_with_parent
+from processor.devtools.kafka.tools import die_with_parent
 from processor.stream import kafka_io
 from processor.stream.config import STREAM_MECHANISMS
 from processor.view.overlay import write_overlay
@@ -245,7 +246,8 @@ def _local_broker() -> tuple[str, bool]:
 
 def _read_broker_state() -> str | None:
     """The bootstrap servers of a running `deploy/kafka.py start` broker, or None."""
-    from processor.devtools.local_kafka import DEFAULT_STATE_FILE, LocalKafka
+    from processor.devtools.kafka.cluster import LocalKafka
+    from processor.devtools.kafka.tools import DEFAULT_STATE_FILE
 
     try:
         state = json.loads(DEFAULT_STATE_FILE.read_text(encoding="utf-8"))
@@ -313,7 +315,7 @@ def _stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15.0) -> Non
 
 def main_demo(argv: Sequence[str] | None = None) -> int:
     """`python -m processor demo [--seconds 60] [--tick-ms 250] [--mechanism ecc] ...`."""
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m processor demo",
         description="Local broker + processor + bursty demo producer + live view; prints the "
         "private counts as they are released with the demo's own true count beside them. "

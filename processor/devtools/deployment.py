@@ -6,7 +6,7 @@ any other run shares:
 - an app id and five topic names with a random suffix (so consumer groups, changelogs and
   topics never collide with another run on the same broker);
 - a directory holding the noise key file (mode 0600, written by the one key writer,
-  `processor.cli.write_key`), the worker's state dir, its config file (rendered from the
+  `processor.keyfile.write_key`), the worker's state dir, its config file (rendered from the
   `Settings`, so the worker reads exactly what the caller built) and its log;
 - the topics, created with the configured partition count (optional);
 - a `WorkerProcess` handle: `python -m processor worker --config F` as a child process,
@@ -35,9 +35,9 @@ from typing import IO, Any
 
 import orjson
 
-from processor.cli import write_key
 from processor.core.rng import NoiseKey
-from processor.devtools.local_kafka import die_with_parent
+from processor.devtools.kafka.tools import die_with_parent
+from processor.keyfile import read_key, write_key
 from processor.stream import kafka_io
 from processor.stream.config import (
     SETTINGS_ENV_VARS,
@@ -332,5 +332,5 @@ def isolated_deployment(bootstrap: str, counters: Mapping[str, int], *,
         shutil.rmtree(root, ignore_errors=True)  # a new directory: nothing of the caller's
         raise
     return Deployment(settings=settings, directory=root, config=config,
-                      key=NoiseKey.from_file(key_file), conf=kafka_io.base_config(settings),
+                      key=read_key(key_file), conf=kafka_io.base_config(settings),
                       workers=[worker], owns_directory=parent is None)

@@ -38,7 +38,9 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 
-from processor.devtools.local_kafka import LocalKafka, _Node, free_port
+from processor.devtools.kafka.cluster import LocalKafka
+from processor.devtools.kafka.node import Node
+from processor.devtools.kafka.tools import free_port
 
 HOST: Final = "127.0.0.1"
 #: How much one read moves (Kafka fetch responses are larger; any size works).
@@ -322,7 +324,7 @@ class ProxiedKafka(LocalKafka):
         self.proxy_ports: dict[int, tuple[int, int]] = {}
         self.proxy: TcpProxy | None = None
 
-    def _properties(self, node: _Node, voters: str) -> str:
+    def _properties(self, node: Node, voters: str) -> str:
         # Called once per node at each start attempt (a retry picks new ports), before the
         # node is launched: the ports are chosen here.
         front, back = free_port(), free_port()

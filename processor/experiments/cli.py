@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from processor.commandline import CommandParser
 from processor.core.cc import DEFAULT_BASE
 from processor.core.tight import CALIBRATIONS
 from processor.experiments import figures as F
@@ -19,8 +20,8 @@ from processor.experiments.attack import threshold
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m processor experiment",
-                                description="Reproduce the paper's Section 8 experiments.")
+    p = CommandParser(prog="python -m processor experiment",
+                      description="Reproduce the paper's Section 8 experiments.")
     p.add_argument("command", choices=["fig1a", "fig1b", "fig2", "fig3", "table1", "bounds"],
                    help="the figure or table to reproduce")
     p.add_argument("--runs", type=int, default=None,

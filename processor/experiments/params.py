@@ -21,11 +21,11 @@ from processor.core import baselines as _bl
 from processor.core import blt as _blt
 from processor.core import bounded as _bd
 from processor.core import cc as _cc
-from processor.core import ecc as _ecc
+from processor.core import params as _params
 from processor.core import partition as _part
 from processor.core import svt as _svt
 from processor.core.grid import UNIT
-from processor.core.samplers import laplace_scale_units
+from processor.core.samplers.scalar import laplace_scale_units
 
 #: the bounded counter inside CC: the square-root factorization, as in the paper's
 #: experiments ("blt", the stream's default base, and "tree", the default before it, are
@@ -118,7 +118,7 @@ class SvtPlan:
 def part_plan(eps: float, delta: float, horizon: int, max_instances: int,
               calibration: str = "paper") -> SvtPlan:
     """ECC's Part: SVT_l with (eps_p, part_tau(tau, l, eps_p)), threshold growth of svt.py."""
-    p = _ecc.ecc_parameters(eps, delta, calibration)
+    p = _params.ecc_parameters(eps, delta, calibration)
     eps_p = float(p.eps_part)
     tau = float(p.tau)
     tau_l = np.array([_part.part_tau(tau, l, eps_p) for l in range(1, max_instances + 1)])  # noqa: E741
@@ -158,18 +158,18 @@ class SchedPlan:
 
 
 def ecc_sched(eps: float, delta: float, calibration: str = "paper") -> SchedPlan:
-    p = _ecc.ecc_parameters(eps, delta, calibration)
+    p = _params.ecc_parameters(eps, delta, calibration)
     return SchedPlan(float(p.cc_eps), float(p.cc_delta), float(p.bcc_eps), float(p.bcc_delta))
 
 
 def simecc_sched(eps: float, delta: float, calibration: str = "paper") -> SchedPlan:
-    p = _ecc.simecc_parameters(eps, delta, calibration)
+    p = _params.simecc_parameters(eps, delta, calibration)
     return SchedPlan(float(p.cc_eps), float(p.cc_delta), float(p.bcc_eps), float(p.bcc_delta))
 
 
 def simpart(eps: float, delta: float, calibration: str = "paper") -> tuple[float, int]:
     """(eps_p, mu) of SimECC's SimPart."""
-    p = _ecc.simecc_parameters(eps, delta, calibration)
+    p = _params.simecc_parameters(eps, delta, calibration)
     return float(p.eps_part), int(p.mu)
 
 

@@ -22,6 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 
+from processor.errors import StreamError
 from processor.stream.config import Settings
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def check_access(conf: Mapping[str, str], timeout_s: float) -> None:
 PROBE_TIMEOUT_S = 10.0
 
 
-class BrokerUnavailable(RuntimeError):
+class BrokerUnavailable(StreamError, RuntimeError):
     """The brokers do not answer or refuse this client: one line naming the bootstrap
     servers and the cause (never a credential)."""
 

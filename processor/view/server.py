@@ -25,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from processor.commandline import CommandParser
 from processor.stream import kafka_io
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.logs import configure_logging
@@ -171,7 +172,7 @@ class ViewServer:
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of `python -m processor view`."""
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m processor view", allow_abbrev=False,
         description="Serve a web page that plots each counter's private count with its "
         "error band, live. Reads only the public private-count and ledger topics.")

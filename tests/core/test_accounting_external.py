@@ -26,8 +26,8 @@ from dp_accounting.pld import accountant, common
 from dp_accounting.pld import privacy_loss_distribution as pld
 
 from processor.core import tight
-from processor.core.ecc import ecc_parameters, simecc_parameters
 from processor.core.grid import UNIT
+from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.partition import simpart_scale
 from processor.core.svt import svt_scales
 

@@ -52,7 +52,7 @@ from processor.core.ecc import ECC, SimECC
 from processor.core.grid import UNIT
 from processor.core.partition import Part, part_tau
 from processor.core.rng import NoiseKey
-from processor.core.samplers import discrete_gaussian
+from processor.core.samplers.scalar import discrete_gaussian
 from processor.core.svt import SVT
 
 ALPHA = 0.05

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.special import ndtr
 
-from processor.core import blt, samplers
+from processor.core import blt
 from processor.core.blt import (
     BLTCounter,
     blt_col_norm2,
@@ -30,6 +30,7 @@ from processor.core.cc import BCC, DEFAULT_BASE, UnboundedCC, cc_sigma
 from processor.core.errors import StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
+from processor.core.samplers import scalar as samplers
 
 KEY = NoiseKey.from_seed(7)
 KS_CRIT = 1.949  # sqrt(-ln(1e-3 / 2) / 2): P(sqrt(N) D > 1.949) ~ 1e-3 under the null

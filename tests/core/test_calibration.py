@@ -24,10 +24,10 @@ from processor.core.calibration import (
     gdp_delta,
     gdp_mu,
 )
-from processor.core.ecc import ecc_parameters
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
-from processor.core.samplers import gaussian_sigma2_units
+from processor.core.params import ecc_parameters
+from processor.core.samplers.scalar import gaussian_sigma2_units
 
 GRID = [(eps, delta) for eps in (0.01, 0.1, 0.5, 1.0, 4.0, 20.0, 150.0)
         for delta in (0.1, 1e-5, 1e-9, 1e-12)]

@@ -16,16 +16,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from processor.core.ecc import (
-    ECC,
-    SimECC,
-    ecc_parameters,
-    ecc_part_term,
-    simecc_gap_bound,
-    simecc_parameters,
-)
+from processor.core.ecc import ECC, SimECC, ecc_part_term, simecc_gap_bound
 from processor.core.errors import InvalidInputError, StateFormatError
 from processor.core.grid import UNIT, to_units
+from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.partition import Part, SimPart, part_tau
 from processor.core.rng import NoiseKey
 from processor.core.svt import svt_threshold

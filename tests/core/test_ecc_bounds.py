@@ -17,8 +17,9 @@ from scipy import stats
 
 from processor.core.bounds import _ecc_model, _ecc_windows, ecc_bound, gaussian_upper
 from processor.core.cc import DEFAULT_BASE
-from processor.core.ecc import ECC, ecc_parameters
+from processor.core.ecc import ECC
 from processor.core.errors import InvalidParameterError
+from processor.core.params import ecc_parameters
 from processor.core.rng import NoiseKey
 from processor.core.wrapper import W
 from processor.experiments.simulate import simulate

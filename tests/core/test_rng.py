@@ -17,6 +17,7 @@ from scipy.stats import binomtest, chisquare
 
 from processor.core.errors import NoiseKeyError
 from processor.core.rng import KEY_FORMATS, MIN_KEY_BYTES, KeyedStream, NoiseKey, WordCursor
+from processor.keyfile import read_key, write_key
 
 ALPHA = 1e-3
 
@@ -116,18 +117,16 @@ def test_from_file_hex_and_raw(tmp_path: Path) -> None:
     bare_hex.write_text(secret.hex().upper())  # no newline, upper case: still 64 hex digits
     raw_file = tmp_path / "key.bin"
     raw_file.write_bytes(secret)
-    keys = [NoiseKey.from_file(hex_file), NoiseKey.from_file(bare_hex, "hex"),
-            NoiseKey.from_file(raw_file, "raw"), NoiseKey.from_hex(secret.hex()),
+    keys = [read_key(hex_file), read_key(bare_hex, "hex"),
+            read_key(raw_file, "raw"), NoiseKey.from_hex(secret.hex()),
             NoiseKey(secret)]
     assert all(_words(k) == _words(keys[-1]) for k in keys)
-    assert NoiseKey.from_file(hex_file).fingerprint() == NoiseKey(secret).fingerprint()
+    assert read_key(hex_file).fingerprint() == NoiseKey(secret).fingerprint()
 
 
 def test_keygen_output_reads_back_and_is_0600(tmp_path: Path) -> None:
     """The one key writer and the strict reader agree, and the file is 0600 even under a
     permissive umask and over an existing world-readable file."""
-    from processor.cli import write_key
-
     old = os.umask(0)
     try:
         fresh = write_key(tmp_path / "fresh.key", overwrite=False)
@@ -139,7 +138,7 @@ def test_keygen_output_reads_back_and_is_0600(tmp_path: Path) -> None:
         os.umask(old)
     for path in (fresh, existing):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert len(NoiseKey.from_file(path).fingerprint()) == 16
+        assert len(read_key(path).fingerprint()) == 16
 
 
 def _bad_hex_files(secret: bytes) -> dict[str, bytes]:
@@ -168,14 +167,14 @@ def test_bad_hex_key_files_are_refused_naming_file_and_rule(tmp_path: Path) -> N
         path = tmp_path / f"{label.replace(' ', '_')}.key"
         path.write_bytes(data)
         with pytest.raises(NoiseKeyError) as info:
-            NoiseKey.from_file(path)
+            read_key(path)
         msg = str(info.value)
         assert str(path) in msg and "64 hex digits" in msg, label
         assert secret.hex()[:16] not in msg.lower() and "production" not in msg, label
     # control: the same bytes with the typo and the comment fixed are a valid key file
     good = tmp_path / "good.key"
     good.write_bytes(secret.hex().encode() + b"\n")
-    assert NoiseKey.from_file(good).fingerprint() == NoiseKey(secret).fingerprint()
+    assert read_key(good).fingerprint() == NoiseKey(secret).fingerprint()
 
 
 def test_raw_format_is_exact_and_explicit(tmp_path: Path) -> None:
@@ -184,14 +183,14 @@ def test_raw_format_is_exact_and_explicit(tmp_path: Path) -> None:
     hex_file.write_text(secret.hex() + "\n")
     # a hex file read as raw is refused (65 bytes), not taken as a 65-byte key
     with pytest.raises(NoiseKeyError, match="exactly 32 bytes"):
-        NoiseKey.from_file(hex_file, "raw")
+        read_key(hex_file, "raw")
     for n in (31, 33, 64):
         path = tmp_path / f"raw{n}"
         path.write_bytes(bytes(n))
         with pytest.raises(NoiseKeyError, match=str(path)):
-            NoiseKey.from_file(path, "raw")
+            read_key(path, "raw")
     with pytest.raises(NoiseKeyError, match="unknown noise key format"):
-        NoiseKey.from_file(hex_file, "guess")
+        read_key(hex_file, "guess")
     assert KEY_FORMATS == ("hex", "raw")
 
 
@@ -199,9 +198,9 @@ def test_short_missing_or_bad_keys(tmp_path: Path) -> None:
     short = tmp_path / "short.hex"
     short.write_text("ab" * 31)
     with pytest.raises(NoiseKeyError):
-        NoiseKey.from_file(short)
+        read_key(short)
     with pytest.raises(NoiseKeyError):
-        NoiseKey.from_file(tmp_path / "missing")
+        read_key(tmp_path / "missing")
     for text in ("zz" * 32, "ab" * 32 + " ", "é" * 64):
         with pytest.raises(NoiseKeyError):
             NoiseKey.from_hex(text)

@@ -17,23 +17,22 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, chi2_contingency, chisquare
 
-from processor.core import samplers as smp
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers import (
-    LaplaceBank,
+from processor.core.samplers import block as smp_block
+from processor.core.samplers import scalar as smp_scalar
+from processor.core.samplers.block import LaplaceBank, discrete_laplace_block
+from processor.core.samplers.scalar import (
     bernoulli_exp,
     bernoulli_frac,
     discrete_gaussian,
     discrete_laplace,
-    discrete_laplace_block,
-    dlap_log_sf,
-    dlap_sf,
     gaussian_sigma2_units,
     laplace_scale_units,
     uniform_below,
 )
+from processor.core.samplers.tails import dlap_log_sf, dlap_sf
 
 ALPHA = 1e-3
 N = 20_000
@@ -254,7 +253,7 @@ def test_block_scalar_completion_is_exact(monkeypatch: pytest.MonkeyPatch,
     Neumann loop; parked at every stage; no vectorised attempts at all): same exact law.
     Chi-square, false-alarm rate ALPHA = 1e-3; the control (15% larger scale) is rejected."""
     for name, value in knobs.items():
-        monkeypatch.setattr(smp, name, value)
+        monkeypatch.setattr(smp_block, name, value)
     xs = _block_samples(13, 3, 1, 4 * 4096)
     assert _chi2_p(xs, _dlap_pmf(3), -8, 8) > ALPHA
     assert _chi2_p(xs, _dlap_pmf(3 * 1.15), -8, 8) < ALPHA  # control
@@ -265,7 +264,7 @@ def test_resume_deep_von_neumann_state() -> None:
     keeps its successes: the result is at least U + t v in magnitude."""
     cur = _cursor(14)
     for _ in range(200):
-        y = smp._resume_attempt(cur, 10, 1, smp._P_V, 3, False, 19, 2)
+        y = smp_block._resume_attempt(cur, 10, 1, smp_block._P_V, 3, False, 19, 2)
         assert y is not None and y >= 3 + 10 * 2
 
 
@@ -287,7 +286,7 @@ def test_block_is_deterministic_and_keyed() -> None:
 
 def test_block_large_t_falls_back_to_scalar() -> None:
     st = KeyedStream(NoiseKey.from_seed(17), "big")
-    t = smp.BLOCK_MAX_T + 1
+    t = smp_block.BLOCK_MAX_T + 1
     got = discrete_laplace_block(st, 3, t, 1, 5)
     cur = WordCursor(st, 3, 0)
     assert got.tolist() == [discrete_laplace(cur, t, 1) for _ in range(5)]
@@ -399,15 +398,16 @@ def test_exp_minus_one_beyond_one_word() -> None:
     the acceptance limit is redrawn."""
     top5 = 1 << 59  # uniform_below(19) reads the top 5 bits of a word
     # r = 0, then Bernoulli(1/19) fails (x = 1): K = 19, odd -> True
-    assert smp._bernoulli_exp_minus_one(_ScriptedCursor([0, 1 * top5])) is True
+    assert smp_scalar.bernoulli_exp_minus_one(_ScriptedCursor([0, 1 * top5])) is True
     # r = 0, Bernoulli(1/19) succeeds (x = 0), Bernoulli(1/20) fails: K = 20 -> False
-    assert smp._bernoulli_exp_minus_one(_ScriptedCursor([0, 0, 1 << 60])) is False
+    assert smp_scalar.bernoulli_exp_minus_one(_ScriptedCursor([0, 0, 1 << 60])) is False
     # a rejected word (above the limit) is skipped; r = 18!/2 gives K = 2 -> False
     cur = _ScriptedCursor([(1 << 64) - 1, math.factorial(18) // 2])
-    assert smp._bernoulli_exp_minus_one(cur) is False
+    assert smp_scalar.bernoulli_exp_minus_one(cur) is False
     assert cur.position == 2
     # r = 18!/2 - 1 < 18!/2 and >= 18!/6: K = 3 -> True
-    assert smp._bernoulli_exp_minus_one(_ScriptedCursor([math.factorial(18) // 2 - 1])) is True
+    one = _ScriptedCursor([math.factorial(18) // 2 - 1])
+    assert smp_scalar.bernoulli_exp_minus_one(one) is True
 
 
 def test_scalar_draws_are_reproducible_from_a_position() -> None:

@@ -19,8 +19,9 @@ import pytest
 
 from processor.core import tight
 from processor.core.calibration import discrete_gaussian_delta, gaussian_delta
-from processor.core.ecc import ECC, SimECC, ecc_parameters, simecc_parameters
+from processor.core.ecc import ECC, SimECC
 from processor.core.errors import InvalidParameterError
+from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.partition import simpart_scale
 from processor.core.rng import NoiseKey
 

@@ -24,8 +24,8 @@ import pytest
 
 from processor.core import tight
 from processor.core.audit import gauss_delta
-from processor.core.ecc import ecc_parameters
 from processor.core.grid import UNIT
+from processor.core.params import ecc_parameters
 from processor.core.svt import svt_scales
 
 TAU = 2.0           # smoothing parameter, lattice units

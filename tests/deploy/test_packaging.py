@@ -44,8 +44,8 @@ import yaml
 
 import processor.stream.app as worker_app
 from processor.cli import main as cli_main
-from processor.cli import write_key
 from processor.core.rng import NoiseKey
+from processor.keyfile import write_key
 from processor.stream.config import (
     SETTINGS_ENV_VARS,
     Settings,
@@ -485,6 +485,45 @@ def _git_ignored(path: Path) -> bool:
                           capture_output=True).returncode == 0
 
 
+def _compose_port_problems(worker: Mapping[str, Any], settings: Settings,
+                           image: Image) -> list[str]:
+    """The metrics ports are published, EXPOSEd by the image, on loopback only."""
+    problems: list[str] = []
+    published = {}
+    for p in worker.get("ports", []):
+        parts = str(p).split(":")
+        # "HOST_PORT:CONTAINER_PORT" alone publishes on every interface of the host.
+        host_ip = parts[0] if len(parts) == 3 else "0.0.0.0"
+        published[int(parts[-1])] = host_ip
+    for port in (settings.metrics_port, settings.public_metrics_port):
+        if port not in published:
+            problems.append(f"port {port} is not published")
+        elif port not in image.exposed:
+            problems.append(f"published port {port} is not EXPOSEd by the image")
+    problems += [f"port {port} published beyond the host's loopback"
+                 for port, ip in published.items() if ip != "127.0.0.1"]
+    return problems
+
+
+def _compose_producer_problems(producer: Mapping[str, Any], worker: Mapping[str, Any],
+                               configs: Mapping[str, Any]) -> list[str]:
+    """The demo producer runs the worker's image and config, without the noise key."""
+    problems: list[str] = []
+    p_configs = {c["target"]: (COMPOSE.parent / configs[c["source"]]["file"]).resolve()
+                 for c in producer["configs"]}
+    script = producer["entrypoint"][1]
+    if p_configs.get(script) != DEMO_PRODUCER:
+        problems.append(f"demo producer script {script} is not {DEMO_PRODUCER}")
+    if p_configs.get(CONFIG_PATH) != COMPOSE_CONFIG:
+        problems.append("demo producer does not read the worker's config")
+    if producer.get("image") != worker.get("image") or \
+            producer.get("build") != worker["build"]:
+        problems.append("the demo producer does not run the worker's image")
+    if producer.get("secrets"):
+        problems.append("the demo producer must not get the noise key")
+    return problems
+
+
 def check_compose(doc: Mapping[str, Any], image: Image) -> list[str]:
     problems: list[str] = []
     services = doc["services"]
@@ -521,36 +560,13 @@ def check_compose(doc: Mapping[str, Any], image: Image) -> list[str]:
         source = str(v).split(":")[0]
         if not source.startswith((".", "/")) and source not in (doc.get("volumes") or {}):
             problems.append(f"volume {source} is not defined")
-    published = {}
-    for p in worker.get("ports", []):
-        parts = str(p).split(":")
-        # "HOST_PORT:CONTAINER_PORT" alone publishes on every interface of the host.
-        host_ip = parts[0] if len(parts) == 3 else "0.0.0.0"
-        published[int(parts[-1])] = host_ip
-    for port in (settings.metrics_port, settings.public_metrics_port):
-        if port not in published:
-            problems.append(f"port {port} is not published")
-        elif port not in image.exposed:
-            problems.append(f"published port {port} is not EXPOSEd by the image")
-    problems += [f"port {port} published beyond the host's loopback"
-                 for port, ip in published.items() if ip != "127.0.0.1"]
+    problems += _compose_port_problems(worker, settings, image)
     host, _, port_s = settings.bootstrap_servers.partition(":")
     if host not in services or f"PLAINTEXT://{host}:{port_s}" not in \
             env["KAFKA_ADVERTISED_LISTENERS"]:
         problems.append(f"bootstrap_servers {settings.bootstrap_servers} is not the broker "
                         "service's advertised listener")
-    p_configs = {c["target"]: (COMPOSE.parent / configs[c["source"]]["file"]).resolve()
-                 for c in producer["configs"]}
-    script = producer["entrypoint"][1]
-    if p_configs.get(script) != DEMO_PRODUCER:
-        problems.append(f"demo producer script {script} is not {DEMO_PRODUCER}")
-    if p_configs.get(CONFIG_PATH) != COMPOSE_CONFIG:
-        problems.append("demo producer does not read the worker's config")
-    if producer.get("image") != worker.get("image") or producer.get("build") != build:
-        problems.append("the demo producer does not run the worker's image")
-    if producer.get("secrets"):
-        problems.append("the demo producer must not get the noise key")
-    return problems
+    return problems + _compose_producer_problems(producer, worker, configs)
 
 
 def test_compose_references(image: Image) -> None:
@@ -649,6 +665,47 @@ def _port_number(container: Mapping[str, Any], port: int | str) -> int | None:
     return named.get(port)
 
 
+def _k8s_probe_problems(container: Mapping[str, Any], served: Mapping[str, bool],
+                        settings: Settings) -> list[str]:
+    """Each probe gets the path metrics.py serves for it, on metrics_port."""
+    problems: list[str] = []
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"),
+                        ("startupProbe", "/healthz")):
+        get = container.get(probe, {}).get("httpGet")
+        if get is None:
+            problems.append(f"{probe} missing")
+            continue
+        if get["path"] != path or not served.get(get["path"], False):
+            problems.append(f"{probe} path {get['path']} is not {path} served by metrics.py")
+        if _port_number(container, get["port"]) != settings.metrics_port:
+            problems.append(f"{probe} port {get['port']} is not metrics_port "
+                            f"{settings.metrics_port}")
+    return problems
+
+
+def _k8s_service_problems(docs: Mapping[tuple[str, str], Mapping[str, Any]],
+                          sts: Mapping[str, Any], container: Mapping[str, Any],
+                          settings: Settings) -> list[str]:
+    """The Services select the worker pods and target the ports the config serves."""
+    problems: list[str] = []
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    services = {name: d for (kind, name), d in docs.items() if kind == "Service"}
+    if sts["spec"]["serviceName"] not in services:
+        problems.append(f"serviceName {sts['spec']['serviceName']} is not a listed Service")
+    targets = set()
+    for name, svc in services.items():
+        if any(labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
+            problems.append(f"Service {name} selects no worker pod")
+        for p in svc["spec"]["ports"]:
+            number = _port_number(container, p.get("targetPort", p["port"]))
+            if number is None:
+                problems.append(f"Service {name} targets an unknown port {p.get('targetPort')}")
+            targets.add(number)
+    if {settings.metrics_port, settings.public_metrics_port} - targets:
+        problems.append("a metrics port has no Service")
+    return problems
+
+
 def check_k8s(docs: Mapping[tuple[str, str], Mapping[str, Any]], image: Image,
               served: Mapping[str, bool], workdir: Path) -> list[str]:
     """`served`: probe path -> whether the metrics listener serves it; `workdir`: where
@@ -706,33 +763,9 @@ def check_k8s(docs: Mapping[tuple[str, str], Mapping[str, Any]], image: Image,
     for port in (settings.metrics_port, settings.public_metrics_port):
         if port not in ports or port not in image.exposed:
             problems.append(f"port {port} is not a container port EXPOSEd by the image")
-    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz"),
-                        ("startupProbe", "/healthz")):
-        get = container.get(probe, {}).get("httpGet")
-        if get is None:
-            problems.append(f"{probe} missing")
-            continue
-        if get["path"] != path or not served.get(get["path"], False):
-            problems.append(f"{probe} path {get['path']} is not {path} served by metrics.py")
-        if _port_number(container, get["port"]) != settings.metrics_port:
-            problems.append(f"{probe} port {get['port']} is not metrics_port "
-                            f"{settings.metrics_port}")
+    problems += _k8s_probe_problems(container, served, settings)
     # services: select the pods, target the ports the config serves
-    labels = pod["metadata"]["labels"]
-    services = {name: d for (kind, name), d in docs.items() if kind == "Service"}
-    if sts["spec"]["serviceName"] not in services:
-        problems.append(f"serviceName {sts['spec']['serviceName']} is not a listed Service")
-    targets = set()
-    for name, svc in services.items():
-        if any(labels.get(k) != v for k, v in svc["spec"]["selector"].items()):
-            problems.append(f"Service {name} selects no worker pod")
-        for p in svc["spec"]["ports"]:
-            number = _port_number(container, p.get("targetPort", p["port"]))
-            if number is None:
-                problems.append(f"Service {name} targets an unknown port {p.get('targetPort')}")
-            targets.add(number)
-    if {settings.metrics_port, settings.public_metrics_port} - targets:
-        problems.append("a metrics port has no Service")
+    problems += _k8s_service_problems(docs, sts, container, settings)
     # the pod's user is the image's
     uid = pod["spec"]["securityContext"]["runAsUser"]
     if str(uid) != image.user.split(":")[0]:

@@ -1,5 +1,5 @@
 """Process checks for the tests that kill a parent and expect its children to go with it
-(`local_kafka.die_with_parent`): liveness that counts a zombie as gone, a wrapped child's
+(`kafka.tools.die_with_parent`): liveness that counts a zombie as gone, a wrapped child's
 exec, a process's descendants, and a poll with a deadline for the survivors."""
 
 from __future__ import annotations

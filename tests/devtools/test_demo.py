@@ -184,7 +184,7 @@ def test_the_survivor_check_sees_an_unwrapped_child() -> None:
     """Control for the test above: of two `sleep`s, one wrapped with die_with_parent and
     one not, the unwrapped one is found below the parent and outlives it."""
     script = ("import subprocess, sys\n"
-              "from processor.devtools.local_kafka import die_with_parent\n"
+              "from processor.devtools.kafka.tools import die_with_parent\n"
               "subprocess.Popen(die_with_parent(['sleep', '60'], 'TERM'))\n"
               "subprocess.Popen(['sleep', '61'])\n"
               "print('ok', flush=True)\n"

@@ -1,5 +1,5 @@
 """The isolated-deployment helper and the one key writer (processor.devtools.deployment,
-processor.cli.write_key).
+processor.keyfile.write_key).
 
 Without a broker: config files read back as the settings they were rendered from, key files
 are mode 0600 however they are written (fresh, over a world-readable file, by `keygen
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from processor.cli import main, write_key
+from processor.cli import main
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import (
     Deployment,
@@ -27,6 +27,7 @@ from processor.devtools.deployment import (
     worker_env,
     write_config,
 )
+from processor.keyfile import read_key, write_key
 from processor.stream import kafka_io
 from processor.stream.config import (
     SETTINGS_ENV_VARS,
@@ -57,10 +58,10 @@ def no_broker(tmp_path: Path, **kw: Any) -> Deployment:
 def test_key_file_is_0600_and_reads_back(tmp_path: Path) -> None:
     path = write_key(tmp_path / "k", SECRET)
     assert mode(path) == 0o600
-    assert NoiseKey.from_file(path).fingerprint() == NoiseKey(SECRET).fingerprint()
+    assert read_key(path).fingerprint() == NoiseKey(SECRET).fingerprint()
     fresh = write_key(tmp_path / "k2")
     assert mode(fresh) == 0o600
-    assert NoiseKey.from_file(fresh).fingerprint() != NoiseKey(SECRET).fingerprint()
+    assert read_key(fresh).fingerprint() != NoiseKey(SECRET).fingerprint()
 
 
 def test_overwriting_a_readable_file_leaves_a_0600_key(tmp_path: Path) -> None:
@@ -70,7 +71,7 @@ def test_overwriting_a_readable_file_leaves_a_0600_key(tmp_path: Path) -> None:
     path.chmod(0o644)
     write_key(path, SECRET)
     assert mode(path) == 0o600
-    assert NoiseKey.from_file(path).fingerprint() == NoiseKey(SECRET).fingerprint()
+    assert read_key(path).fingerprint() == NoiseKey(SECRET).fingerprint()
     assert [p.name for p in tmp_path.iterdir()] == ["k"]  # no temporary file left
 
 
@@ -92,7 +93,7 @@ def test_keygen_force_rewrites_a_readable_file_as_0600(tmp_path: Path,
     assert main(["keygen", "--force", str(path)]) == 0
     assert mode(path) == 0o600
     assert path.read_text() != "0" * 64 + "\n"
-    NoiseKey.from_file(path)  # a valid key
+    read_key(path)  # a valid key
     out = capsys.readouterr()
     assert path.read_text().strip() not in out.out + out.err  # the key is never printed
 

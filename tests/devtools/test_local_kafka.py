@@ -1,4 +1,4 @@
-"""The local Apache Kafka broker really works (processor.devtools.local_kafka, its command
+"""The local Apache Kafka broker really works (processor.devtools.kafka, its command
 line deploy/kafka.py, and the conftest fixtures).
 
 Broker tests (marked ``kafka``): 1,000 keyed messages through a 3-partition topic come back
@@ -33,8 +33,14 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient
 
-from processor.devtools import local_kafka as lk
-from processor.devtools.local_kafka import LocalKafka, LocalKafkaError, StartError
+from processor.devtools.kafka import cli as lk_cli
+from processor.devtools.kafka import cluster as lk_cluster
+from processor.devtools.kafka import fetch as lk_fetch
+from processor.devtools.kafka import node as lk_node
+from processor.devtools.kafka import tls as lk_tls
+from processor.devtools.kafka import tools as lk_tools
+from processor.devtools.kafka.cluster import LocalKafka
+from processor.devtools.kafka.tools import BrokerStartError, LocalKafkaError
 from tests.conftest import ROOT, docker_answers
 from tests.devtools.procs import exec_done, running
 
@@ -252,7 +258,7 @@ def test_three_node_cluster_loses_a_leader_and_no_message(
 @pytest.mark.kafka
 @pytest.mark.usefixtures("local_kafka_available")
 def test_failed_start_names_the_cause_and_leaves_nothing_behind() -> None:
-    """A node that cannot bind its port: StartError quoting the log's cause, nothing left.
+    """A node that cannot bind its port: BrokerStartError quoting the log's cause, nothing left.
 
     The port is given explicitly, so LocalKafka must not retry on other ports.
     """
@@ -261,7 +267,7 @@ def test_failed_start_names_the_cause_and_leaves_nothing_behind() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         kafka = LocalKafka(1, ports=[port], start_timeout=120.0)
-        with pytest.raises(StartError) as info:
+        with pytest.raises(BrokerStartError) as info:
             kafka.start()
     message = str(info.value)
     assert "exited during startup" in message
@@ -288,7 +294,7 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
         info = json.loads(state.read_text())
         bootstrap = started.stdout.strip()
         assert bootstrap == info["bootstrap_servers"]
-        assert lk.broker_ids(bootstrap, timeout=10.0) == {1}
+        assert lk_cluster.broker_ids(bootstrap, timeout=10.0) == {1}
         status = subprocess.run(
             [*base, "status", "--state-file", str(state)], capture_output=True, text=True
         )
@@ -322,7 +328,7 @@ def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> No
     login to the missing topics. `status` answers over the secured listener; `stop`
     removes the broker, its directory and the client files. Control: the same
     configuration with a wrong password is refused."""
-    from processor.cli import write_key
+    from processor.keyfile import write_key
     from processor.stream import kafka_io
     from processor.stream.config import load_settings
 
@@ -331,7 +337,7 @@ def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> No
     started = subprocess.run([*base, "start", "--security", "sasl_ssl", "--heap", "256m",
                               "--state-file", str(state)],
                              capture_output=True, text=True, timeout=180)
-    props_file, toml_file = lk.client_files(state)
+    props_file, toml_file = lk_cluster.client_files(state)
     try:
         assert started.returncode == 0, started.stderr
         info = json.loads(state.read_text())
@@ -340,7 +346,7 @@ def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> No
         assert line == f"client properties: {props_file}"
         for path in (props_file, toml_file):
             assert path.stat().st_mode & 0o777 == 0o600, path
-        conf = lk.read_client_properties(props_file)
+        conf = lk_cluster.read_client_properties(props_file)
         password = conf["sasl.password"]
         assert password and password not in started.stdout + started.stderr
         assert conf["bootstrap.servers"] == bootstrap
@@ -454,7 +460,7 @@ def test_missing_java_or_maven_exits_3_with_a_clear_message(tmp_path: Path) -> N
         text=True,
         env=env,
     )
-    assert start.returncode == lk.EXIT_MISSING_TOOL == 3
+    assert start.returncode == lk_cli.EXIT_MISSING_TOOL == 3
     assert "`java` was not found on PATH" in start.stderr
     fetch = subprocess.run(
         [*base, "fetch", "--libs-dir", str(tmp_path / "libs")],
@@ -474,7 +480,7 @@ def test_command_line_runs_on_a_bare_interpreter(tmp_path: Path) -> None:
     libs = tmp_path / "libs"
     libs.mkdir()
     (libs / "kafka_2.13-3.9.2.jar").write_bytes(b"")
-    (libs / ".fetched").write_text(lk._pom_fingerprint() + "\n")
+    (libs / ".fetched").write_text(lk_fetch.pom_fingerprint() + "\n")
     run = subprocess.run(
         [base, "-I", str(KAFKA_SCRIPT), "fetch", "--libs-dir", str(libs)],
         capture_output=True,
@@ -497,21 +503,21 @@ def test_cached_download_is_reused_and_a_stale_one_is_not(
     libs = tmp_path / "libs"
     libs.mkdir()
     (libs / "kafka_2.13-3.9.2.jar").write_bytes(b"")
-    (libs / ".fetched").write_text(lk._pom_fingerprint() + "\n")
-    assert lk.is_fetched(libs)
-    assert lk.fetch(libs) == libs.resolve()
+    (libs / ".fetched").write_text(lk_fetch.pom_fingerprint() + "\n")
+    assert lk_fetch.is_fetched(libs)
+    assert lk_fetch.fetch(libs) == libs.resolve()
 
     (libs / ".fetched").write_text("0" * 64 + "\n")  # made from another pom.xml
-    assert not lk.is_fetched(libs)
-    with pytest.raises(lk.ToolMissingError):
-        lk.fetch(libs)
+    assert not lk_fetch.is_fetched(libs)
+    with pytest.raises(lk_tools.ToolMissingError):
+        lk_fetch.fetch(libs)
 
 
 def test_cluster_ids_are_valid_kraft_uuids() -> None:
     """Cluster ids are 22 URL-safe base64 characters (16 bytes), never starting with '-'."""
     import base64
 
-    ids = {lk.new_cluster_id() for _ in range(200)}
+    ids = {lk_tools.new_cluster_id() for _ in range(200)}
     assert len(ids) == 200
     for cid in ids:
         assert len(cid) == 22 and not cid.startswith("-")
@@ -587,13 +593,13 @@ def test_sweep_deletes_only_dirs_whose_owner_and_nodes_are_gone(tmp_path: Path) 
         assert time.monotonic() < deadline, "the stand-in node process did not start"
         time.sleep(0.01)  # polling interval of a deadline loop
     try:
-        assert lk.sweep_stale_dirs(tmp_path) == [abandoned]
+        assert lk_tools.sweep_stale_dirs(tmp_path) == [abandoned]
     finally:
         assert node.stdin is not None
         node.stdin.close()
         node.wait(timeout=30)
     assert not abandoned.exists() and live_owner.exists() and detached.exists()
-    assert lk.sweep_stale_dirs(tmp_path) == [detached]  # once its process is gone
+    assert lk_tools.sweep_stale_dirs(tmp_path) == [detached]  # once its process is gone
 
 
 def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
@@ -610,8 +616,8 @@ def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
     from cryptography import x509
     from cryptography.hazmat.primitives.serialization import pkcs12
 
-    tls = lk.make_tls_files(tmp_path / "tls")
-    node = lk._Node(0, 1, 9092, 9093, tmp_path / "node")
+    tls = lk_tls.make_tls_files(tmp_path / "tls")
+    node = lk_node.Node(0, 1, 9092, 9093, tmp_path / "node")
     voters = "1@127.0.0.1:9093"
     sasl = LocalKafka(security="sasl_ssl", scram_users={"dpc": "pw-1"})
     sasl._tls = tls
@@ -622,7 +628,7 @@ def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
     assert props["sasl.enabled.mechanisms"] == "SCRAM-SHA-512"
     assert props["ssl.keystore.type"] == "PKCS12" and props["ssl.keystore.location"] == str(
         tls.keystore)
-    assert f'username="{lk.BROKER_USER}"' in props[
+    assert f'username="{lk_tls.BROKER_USER}"' in props[
         "listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config"]
     scram = sasl._scram_args()
     assert scram.count("--add-scram") == 2 and "SCRAM-SHA-512=[name=dpc,password=pw-1]" in scram
@@ -634,7 +640,7 @@ def test_secured_modes_write_the_listener_the_ssl_stores_and_the_scram_users(
                  if line and not line.startswith("#"))
     assert props["ssl.client.auth"] == "required" and props["listeners"].startswith("SSL://")
     assert mtls._scram_args() == [] and "sasl.enabled.mechanisms" not in props
-    assert lk.librdkafka_security(mtls.client_security()) == {
+    assert lk_tls.librdkafka_security(mtls.client_security()) == {
         "security.protocol": "ssl", "ssl.ca.location": str(tls.ca_cert),
         "ssl.certificate.location": str(tls.client_cert),
         "ssl.key.location": str(tls.client_key)}
@@ -663,7 +669,7 @@ def _orphan_survives(wrap: bool) -> bool:
     the child runs `sleep`, SIGKILL the parent, and say whether the sleep is still running
     5 s later."""
     script = ("import subprocess, sys\n"
-              "from processor.devtools.local_kafka import die_with_parent\n"
+              "from processor.devtools.kafka.tools import die_with_parent\n"
               "cmd = ['sleep', '60']\n"
               f"cmd = die_with_parent(cmd, 'TERM') if {wrap} else cmd\n"
               "p = subprocess.Popen(cmd, start_new_session=True)\n"

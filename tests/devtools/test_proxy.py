@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from processor.devtools.local_kafka import free_port
+from processor.devtools.kafka.tools import free_port
 from processor.devtools.proxy import ProxyError, TcpProxy
 
 #: How long a read waits to conclude nothing is coming through a blackhole.

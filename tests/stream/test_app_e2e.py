@@ -30,11 +30,11 @@ from typing import Any, Final
 import orjson
 import pytest
 
-from processor.cli import write_key
 from processor.core import registry
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import Deployment, write_config
+from processor.keyfile import read_key, write_key
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import counter_id_for, is_heartbeat_tick
@@ -160,7 +160,7 @@ def count_cli_changes(settings: Settings, key_file: str, counter: str,
         [sys.executable, "-m", "processor", "count", "--mechanism", settings.mechanism,
          "--epsilon", repr(settings.epsilon), "--delta", repr(settings.delta),
          "--key-file", key_file,
-         "--counter-id", counter_id_for(settings, NoiseKey.from_file(key_file), counter),
+         "--counter-id", counter_id_for(settings, read_key(key_file), counter),
          "--changes", "--input", str(ticks)],
         capture_output=True, check=True, cwd=str(Path(__file__).resolve().parents[2]))
     rows = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]

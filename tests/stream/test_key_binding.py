@@ -24,10 +24,10 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.cli import write_key
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
+from processor.keyfile import read_key, write_key
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import KeyMismatchError, Operator, Output
@@ -140,7 +140,7 @@ def test_restart_with_a_fresh_key_file_is_refused(
     counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
 
     fresh = write_key(dep.directory / "fresh.key")
-    given = NoiseKey.from_file(str(fresh), "hex").fingerprint()
+    given = read_key(str(fresh), "hex").fingerprint()
     stored = dep.key.fingerprint()
     assert given != stored
     write_config(with_overrides(dep.settings, noise_key_file=str(fresh)), dep.config)

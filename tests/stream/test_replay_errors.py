@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from processor.cli import write_key
 from processor.devtools.deployment import worker_env, write_config
+from processor.keyfile import write_key
 from processor.stream import kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
 

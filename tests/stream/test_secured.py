@@ -35,7 +35,8 @@ from processor.devtools.deployment import (
     worker_env,
     write_config,
 )
-from processor.devtools.local_kafka import LocalKafka, make_tls_files
+from processor.devtools.kafka.cluster import LocalKafka
+from processor.devtools.kafka.tls import make_tls_files
 from processor.stream import kafka_io
 from processor.stream.config import SecuritySettings, Settings, with_overrides
 from tests.stream.test_app_e2e import TEST_SECRET, now_ms, published_map

@@ -1,0 +1,366 @@
+"""Scalar exact samplers: one draw at a time from a WordCursor (conventions in the package
+docstring), and the calibration of a real scale to integer grid units."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+from processor.core.errors import InvalidParameterError
+from processor.core.grid import UNIT
+from processor.core.rng import WordCursor
+
+__all__ = [
+    "F18",
+    "F18_LIMIT_INT",
+    "U64_MAX",
+    "VN_THRESHOLDS",
+    "bern_frac",
+    "bernoulli_exp",
+    "bernoulli_exp_minus_one",
+    "bernoulli_frac",
+    "check_int",
+    "discrete_gaussian",
+    "discrete_laplace",
+    "gaussian_sigma2_units",
+    "laplace_scale_units",
+    "rounded_gaussian",
+    "uniform_below",
+]
+
+U64_MAX = (1 << 64) - 1
+
+
+def check_int(name: str, v: object, minimum: int) -> int:
+    """Validate an integer parameter (bool rejected) that must be >= minimum."""
+    if isinstance(v, bool) or not isinstance(v, int | np.integer):
+        raise InvalidParameterError(f"{name} must be an integer, got {type(v).__name__}")
+    iv = int(v)
+    if iv < minimum:
+        raise InvalidParameterError(f"{name} must be >= {minimum}, got {iv}")
+    return iv
+
+
+# --------------------------------------------------------------------------- exact, scalar
+
+
+def _uniform_below(cur: WordCursor, m: int) -> int:
+    """uniform_below without argument checks (m >= 2); the fast path reads one word."""
+    k = (m - 1).bit_length()
+    if k <= 64:
+        shift = 64 - k
+        next_word = cur.next_word
+        while True:
+            x = next_word() >> shift
+            if x < m:
+                return x
+    while True:
+        x = cur.next_bits(k)
+        if x < m:
+            return x
+
+
+def uniform_below(cur: WordCursor, m: int) -> int:
+    """An exactly uniform integer in {0, ..., m-1}, m >= 1 (any size, also > 2^64).
+
+    Rejection on whole bits: read k = bitlen(m-1) bits (the top k bits of one word, or
+    whole words when k > 64, see WordCursor.next_bits) and retry while the value is >= m;
+    each try succeeds with probability > 1/2. m == 1 returns 0 and consumes nothing.
+    """
+    m = check_int("m", m, 1)
+    if m == 1:
+        return 0
+    return _uniform_below(cur, m)
+
+
+def bern_frac(cur: WordCursor, num: int, den: int) -> bool:
+    """bernoulli_frac without argument checks (0 <= num <= den)."""
+    if num == 0:
+        return False
+    if num >= den:
+        return True
+    return _uniform_below(cur, den) < num
+
+
+def bernoulli_frac(cur: WordCursor, num: int, den: int) -> bool:
+    """True with probability exactly num/den (0 <= num <= den, den >= 1)."""
+    den = check_int("den", den, 1)
+    num = check_int("num", num, 0)
+    if num > den:
+        raise InvalidParameterError("bernoulli_frac needs num <= den")
+    return bern_frac(cur, num, den)
+
+
+def _von_neumann_table(den: int, levels: int) -> tuple[int, int, list[int]]:
+    """For Bernoulli(exp(-1/den)) from one word: von Neumann's K (the first k with
+    Bernoulli(1/(den k)) false) has P(K > k) = den^-k / k!, so with r uniform on
+    [0, M), M = den^levels levels!, K > k iff r < M / (den^k k!) for k <= levels. Returns
+    M, the largest word accepted for r = w mod M (larger words are rejected: exact, see
+    _limit), and the thresholds in ascending order."""
+    modulus = den ** levels * math.factorial(levels)
+    thresholds = [modulus // (den ** k * math.factorial(k)) for k in range(levels, 0, -1)]
+    return modulus, U64_MAX - (1 << 64) % modulus, thresholds
+
+
+def _one_word_bernoulli_exp(den: int, levels: int) -> Callable[[WordCursor], bool]:
+    """A sampler of Bernoulli(exp(-1/den)), exact, decided from one word in all but
+    ~den^-levels / levels! of cases; r == 0 (K > levels) goes on exactly at k = levels + 1."""
+    modulus, limit, thresholds = _von_neumann_table(den, levels)
+
+    def draw(cur: WordCursor) -> bool:
+        while True:
+            w = cur.next_word()
+            if w <= limit:  # else: rejected word, draw again
+                break
+        nle = bisect.bisect_right(thresholds, w % modulus)  # K = levels + 1 - nle
+        if nle > 0:
+            return (levels + 1 - nle) % 2 == 1
+        k = levels + 1
+        while bern_frac(cur, 1, den * k):
+            k += 1
+        return k % 2 == 1
+
+    return draw
+
+
+F18, F18_LIMIT_INT, VN_THRESHOLDS = _von_neumann_table(1, 18)
+#: True with probability exactly exp(-1), usually from a single word.
+bernoulli_exp_minus_one = _one_word_bernoulli_exp(1, 18)
+
+
+def _bernoulli_exp_le1(cur: WordCursor, num: int, den: int) -> bool:
+    """Bernoulli(exp(-num/den)) for 0 <= num/den <= 1 (CKS Algorithm 1, von Neumann).
+
+    K = 1; while Bernoulli(gamma/K): K += 1; return K odd. P(K > k) = gamma^k / k!, so
+    P(K odd) = sum over odd k of (gamma^(k-1)/(k-1)! - gamma^k/k!) = exp(-gamma).
+    """
+    if num == den:
+        return bernoulli_exp_minus_one(cur)
+    k = 1
+    while bern_frac(cur, num, den * k):
+        k += 1
+    return k % 2 == 1
+
+
+def _bern_exp(cur: WordCursor, num: int, den: int) -> bool:
+    """bernoulli_exp without argument checks."""
+    whole, rem = divmod(num, den)
+    for _ in range(whole):
+        if not bernoulli_exp_minus_one(cur):
+            return False
+    return _bernoulli_exp_le1(cur, rem, den)
+
+
+def bernoulli_exp(cur: WordCursor, num: int, den: int) -> bool:
+    """True with probability exactly exp(-num/den), num >= 0, den >= 1.
+
+    For gamma = num/den > 1: floor(gamma) independent Bernoulli(exp(-1)) trials must all
+    succeed, then one Bernoulli(exp(-frac(gamma))) (CKS Algorithm 1).
+    """
+    den = check_int("den", den, 1)
+    num = check_int("num", num, 0)
+    return _bern_exp(cur, num, den)
+
+
+def _discrete_laplace(cur: WordCursor, t: int, s: int) -> int:
+    """discrete_laplace without argument checks."""
+    while True:
+        u = _uniform_below(cur, t) if t > 1 else 0
+        if not _bernoulli_exp_le1(cur, u, t):
+            continue
+        v = 0
+        while bernoulli_exp_minus_one(cur):
+            v += 1
+        y = (u + t * v) // s
+        negative = cur.next_word() >> 63 == 1
+        if negative and y == 0:
+            continue
+        return -y if negative else y
+
+
+def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
+    """One sample Z with P(Z = z) proportional to exp(-|z| * s / t) (scale b = t/s).
+
+    CKS Algorithm 2: U uniform in [0, t) accepted with probability exp(-U/t) gives the
+    remainder, V (geometric: P(V >= v) = e^-v) the number of whole t's; X = U + t V has
+    P(X = x) proportional to exp(-x/t); Y = floor(X / s) then has P(Y = y) proportional to
+    exp(-y s/t); a fair sign, rejecting "minus zero", makes it two-sided.
+    """
+    if type(t) is not int or type(s) is not int or t < 1 or s < 1:
+        # The common case (exact ints in range) skips the checks' calls: hot in SVT steps.
+        t = check_int("t", t, 1)
+        s = check_int("s", s, 1)
+    return _discrete_laplace(cur, t, s)
+
+
+def discrete_gaussian(cur: WordCursor, sigma2_num: int, sigma2_den: int) -> int:
+    """One sample Z with P(Z = z) proportional to exp(-z^2 / (2 sigma^2)), exactly.
+
+    sigma^2 = sigma2_num / sigma2_den > 0. CKS Algorithm 3: propose Y ~ DLap(t) with
+    t = floor(sigma) + 1 and accept with probability exp(-(|Y| - sigma^2/t)^2 / (2 sigma^2)).
+    With sigma^2 = n/d the exponent is (|Y| d t - n)^2 / (2 n d t^2), a ratio of integers.
+    """
+    n = check_int("sigma2_num", sigma2_num, 1)
+    d = check_int("sigma2_den", sigma2_den, 1)
+    t = math.isqrt(n // d) + 1  # floor(sqrt(n/d)) == isqrt(floor(n/d))
+    den = 2 * n * d * t * t
+    while True:
+        y = _discrete_laplace(cur, t, 1)
+        diff = abs(y) * d * t - n
+        if _bern_exp(cur, diff * diff, den):
+            return y
+
+
+# --------------------------------------------------------------------------- rounded normal
+
+
+class _LazyUniform:
+    """A uniform real in [0, 1) whose base-2^64 digits are drawn only when needed.
+
+    Digit i is one fresh word; comparing two lazy uniforms reads digits until they differ
+    (ties of a whole word have probability 2^-64 and just read one more digit). So every
+    comparison is exact and the value is, at any time, uniform on the interval its known
+    digits define.
+    """
+
+    __slots__ = ("cur", "digits")
+
+    def __init__(self, cur: WordCursor) -> None:
+        self.cur = cur
+        self.digits: list[int] = []
+
+    def digit(self, i: int) -> int:
+        while len(self.digits) <= i:
+            self.digits.append(self.cur.next_word())
+        return self.digits[i]
+
+    def less(self, other: _LazyUniform) -> bool:
+        i = 0
+        while True:
+            a, b = self.digit(i), other.digit(i)
+            if a != b:
+                return a < b
+            i += 1
+
+
+#: True with probability exactly exp(-1/2), usually from a single word (Karney's sampler).
+_bernoulli_exp_minus_half = _one_word_bernoulli_exp(2, 16)
+
+
+def _karney_b(cur: WordCursor, k: int, x: _LazyUniform) -> bool:
+    """True with probability exactly exp(-x (2k + x) / (2k + 2)) (Karney 2016, Algorithm B).
+
+    n counts the steps of a decreasing chain x > z_1 > z_2 > ... in which each step also
+    passes a test of probability (2k + x) / (2k + 2); P(n >= j) = (p x)^j / j! with
+    p = (2k + x) / (2k + 2), so P(n even) = exp(-p x). The test draws j uniform in
+    [0, 2k + 2): j < 2k passes, j = 2k passes iff a fresh uniform is below x, else fails.
+    """
+    y = x
+    n = 0
+    m = 2 * k + 2
+    while True:
+        z = _LazyUniform(cur)
+        if not z.less(y):
+            break
+        j = _uniform_below(cur, m)
+        if j == 2 * k + 1 or (j == 2 * k and not _LazyUniform(cur).less(x)):
+            break
+        y = z
+        n += 1
+    return n % 2 == 0
+
+
+def rounded_gaussian(cur: WordCursor, scale: int) -> int:
+    """round(scale * G) for G ~ N(0, 1), exactly: the continuous Gaussian N(0, scale^2)
+    rounded to the nearest integer (halves away from zero; a tie has probability 0).
+
+    G is drawn by Karney's exact algorithm ("Sampling exactly from the normal
+    distribution", 2016, Algorithm N), with exact integer Bernoulli(exp(-r)) trials
+    (CKS Algorithm 1) and lazy uniforms:
+    N1 k >= 0 with P(k) = exp(-k/2) (1 - exp(-1/2)) (successes of Bernoulli(exp(-1/2)));
+    N2 accept with probability exp(-k (k - 1) / 2); N3 x uniform in [0, 1);
+    N4 accept with probability exp(-x (2k + x) / 2) (Algorithm B, k + 1 times);
+    N5 a fair sign. The density of s (k + x) is proportional to exp(-(k + x)^2 / 2).
+    The output needs only floor(scale (k + x) + 1/2): the digits of x are read until the
+    interval they leave for x maps into one integer. Unlike the discrete Gaussian, this is
+    a deterministic function of a continuous Gaussian draw, so whatever it feeds is
+    post-processing of the continuous Gaussian mechanism. `scale` >= 1 is an integer
+    (callers round their sigma up to the lattice they round on).
+    """
+    scale = check_int("scale", scale, 1)
+    while True:
+        k = 0
+        while _bernoulli_exp_minus_half(cur):
+            k += 1
+        if k > 1 and not _bern_exp(cur, k * (k - 1), 2):
+            continue
+        x = _LazyUniform(cur)
+        if all(_karney_b(cur, k, x) for _ in range(k + 1)):
+            break
+    negative = cur.next_word() >> 63 == 1
+    # x in [a / 2^(64 m), (a + 1) / 2^(64 m)); f(x) = scale (k + x) + 1/2 is increasing,
+    # so floor(f) is decided once f(upper end) <= floor(f(lower end)) + 1.
+    a, m = 0, 0
+    while True:
+        a = (a << 64) | x.digit(m)
+        m += 1
+        den = 2 << (64 * m)  # f = (2 scale (k 2^(64m) + a) + 2^(64m)) / den
+        lo = (2 * scale * ((k << (64 * m)) + a) + (1 << (64 * m))) // den
+        hi_num = 2 * scale * ((k << (64 * m)) + a + 1) + (1 << (64 * m))
+        if hi_num <= (lo + 1) * den:
+            return -lo if negative else lo
+
+
+# --------------------------------------------------------------------------- calibration to units
+
+
+def laplace_scale_units(b: float) -> int:
+    """The Laplace scale b (in counts) as an integer number of grid units: ceil(b * UNIT).
+
+    Rounded up, so the noise is never smaller than asked: DLap(ceil(b UNIT)) for a
+    sensitivity of UNIT units is at least as private as Lap(b) for sensitivity 1. The
+    product is exact (UNIT is a power of two), so the only rounding is the ceil.
+    """
+    if isinstance(b, bool) or not isinstance(b, int | float) or not math.isfinite(b) or b <= 0:
+        raise InvalidParameterError(f"Laplace scale must be a finite number > 0, got {b!r}")
+    return _scale_units(b)
+
+
+@lru_cache(maxsize=1024)
+def _scale_units(b: float) -> int:
+    # cached: every restored SVT and counter asks for the same few scales
+    return max(1, math.ceil(Fraction(b) * UNIT))
+
+
+_SIGMA2_BITS = 42  # numerator precision: relative rounding < 2^-41 <= 2^-40
+
+
+def gaussian_sigma2_units(sigma_units: float) -> tuple[int, int]:
+    """sigma^2 (sigma given in grid units) as a rational (num, den) for discrete_gaussian.
+
+    den is a power of two; num/den >= sigma_units^2 (rounded up: never less noise) and
+    num/den - sigma_units^2 <= 2^-40 * sigma_units^2. The square of the float is formed
+    exactly with Fractions, so the ceil is the only rounding.
+    """
+    if (isinstance(sigma_units, bool) or not isinstance(sigma_units, int | float)
+            or not math.isfinite(sigma_units) or sigma_units <= 0):
+        raise InvalidParameterError(f"sigma must be a finite number > 0, got {sigma_units!r}")
+    x = Fraction(sigma_units) ** 2
+    # x >= 2^(e-1); scaling by 2^k with k = bits - e makes x * 2^k >= 2^(bits-1), so one
+    # unit of rounding in the numerator is a relative error < 2^-(bits-1).
+    e = x.numerator.bit_length() - x.denominator.bit_length()
+    k = max(0, _SIGMA2_BITS - e)
+    scaled = x * (1 << k)
+    num = -((-scaled.numerator) // scaled.denominator)  # ceil
+    den = 1 << k
+    # Keep the representation small when it is exact (e.g. integer sigma).
+    while k > 0 and num % 2 == 0:
+        num //= 2
+        den //= 2
+        k -= 1
+    return num, den
