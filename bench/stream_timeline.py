@@ -152,8 +152,13 @@ class TimelineView:
             self.live[(r.partition, r.key)] = len(r.key or b"") + len(r.value)
             if r.key is not None and r.key.startswith(b"p/"):
                 ps = PartitionState.from_bytes(r.value)
+                # The duplicate filter names sources "<input topic id>/<partition>".
+                seen: dict[int, int] = {}
+                for label, offset in ps.input_offsets.items():
+                    src = int(label.rsplit("/", 1)[-1])
+                    seen[src] = max(offset, seen.get(src, -1))
                 self.commits[int(r.key[2:])].append((r.ts, r.log_append, ps.marker_offset,
-                                                     dict(ps.input_offsets)))
+                                                     seen))
 
     def close(self) -> None:
         self.timeline.close()
