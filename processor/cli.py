@@ -192,7 +192,6 @@ _PENDING_ERRORS: tuple[tuple[str, str, str], ...] = (
     ("processor.stream.config", "ConfigError", "configuration: "),
     ("processor.core.audit", "AuditError", "audit: "),
     ("processor.stream.replay", "ReplayError", "replay: "),
-    ("processor.stream.app", "StartError", ""),
     ("confluent_kafka", "KafkaException", "Kafka: "),
 )
 

@@ -53,6 +53,7 @@ from rocksdict import Rdict
 
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
+from processor.errors import RefusedError, StreamError
 from processor.stream import kafka_io
 from processor.stream.clock import (
     PROBE_RECORD,
@@ -68,10 +69,7 @@ from processor.stream.ingest import Ingest, crash_point_from_env
 from processor.stream.logs import LOG_FORMATS, configure_logging
 from processor.stream.metrics import Surface
 from processor.stream.operator import (
-    AnnouncedCounterError,
-    KeyMismatchError,
     Operator,
-    ParameterChangeError,
 )
 from processor.stream.producer import AsyncProducer, DeliveryError
 from processor.stream.records import (
@@ -116,11 +114,11 @@ SESSION_TIMEOUT_S: Final = 10.0
 SUSPENSION_LIMIT_S: Final = SESSION_TIMEOUT_S / 2
 
 
-class StartError(RuntimeError):
+class StartError(StreamError, RuntimeError):
     """Why the worker cannot start: printed as one `error:` line, exit code 2."""
 
 
-class StorageError(RuntimeError):
+class StorageError(StreamError, RuntimeError):
     """A local state file the worker cannot use: one `error:` line, exit code 1 (a
     supervisor restarts it; the restart rebuilds the local state from the changelog)."""
 
@@ -508,8 +506,7 @@ class Worker:
                     started = time.perf_counter()
                     try:
                         out = await self.batch_commit.apply(msg.partition, records, stamps)
-                    except (AnnouncedCounterError, ParameterChangeError,
-                            KeyMismatchError) as exc:
+                    except RefusedError as exc:
                         self._refused(exc)
                     except StateFormatError as exc:
                         self._refused(CorruptStateError(exc, self.settings))

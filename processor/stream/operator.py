@@ -69,6 +69,7 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
+from processor.errors import RefusedError
 from processor.stream.clock import TOLERANCE_MS
 from processor.stream.config import Settings
 from processor.stream.records import (
@@ -198,7 +199,7 @@ def counter_id_for(settings: Settings, key: NoiseKey, counter: str) -> str:
     return counter_id(noise_identity(settings, key), counter)
 
 
-class AnnouncedCounterError(RuntimeError):
+class AnnouncedCounterError(RefusedError):
     """A counter whose ledger entry was already published but whose state is gone: making
     it again would publish a second, differently noised value for ticks already released.
 
@@ -215,7 +216,7 @@ class AnnouncedCounterError(RuntimeError):
             "deployment with a new app_id and new private-count and ledger topics.")
 
 
-class KeyMismatchError(RuntimeError):
+class KeyMismatchError(RefusedError):
     """Stored state made under another noise key than the configured one: its counters'
     noise would continue under a key unrelated to the one it began with (the stream could
     no longer be audited, and fresh noise would mix with old). Raised before anything of
@@ -234,7 +235,7 @@ class KeyMismatchError(RuntimeError):
             "under existing state.")
 
 
-class ParameterChangeError(RuntimeError):
+class ParameterChangeError(RefusedError):
     """A counter restored from state whose mechanism, epsilon or delta differs from the
     settings, while on_parameter_change = "refuse". Raised before anything of the record
     is published. The counter is declared or on the ledger (a restored counter was
