@@ -51,6 +51,13 @@ from confluent_kafka import (
 )
 
 from processor.stream import kafka_io
+from processor.stream.bounding import (
+    UnitRow,
+    encode_units,
+    unit_hash,
+    unit_partition,
+    unit_row,
+)
 from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, system_clock
 from processor.stream.config import ConfigError, Settings, load_settings
 from processor.stream.logs import configure_logging
@@ -153,12 +160,15 @@ class Routed:
     timeline: list[tuple[int, bytes]] = field(default_factory=list)
     deadletters: list[bytes] = field(default_factory=list)
     metrics: Tally[str] = field(default_factory=Tally)
+    #: privacy_unit = "user": units-topic records (units partition, bytes) instead of
+    #: timeline records; the bounding stage forwards what it keeps (bounding.py).
+    units: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
           max_events: int = MAX_BATCH_EVENTS, max_bytes: int = MAX_BATCH_BYTES,
           parse: Callable[..., Event | Rejection] = parse_input,
-          source: str = "") -> Routed:
+          source: str = "", unit_key: bytes | None = None) -> Routed:
     """Validate `records` and group the valid events into timeline batch records, each
     naming `source` (the input topic's identity, `InputIdentity`) if it is not empty.
 
@@ -210,11 +220,53 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
         encode(tp, events[:half])
         encode(tp, events[half:])
 
+    if settings.privacy_unit == "user":
+        return _route_units(out, by_partition, raw_of, settings, unit_key, source,
+                            max_events, max_bytes, dead)
     for tp in sorted(by_partition):
         events = by_partition[tp]
         for i in range(0, len(events), max_events):
             encode(tp, events[i:i + max_events])
     out.metrics["timeline_batches"] += len(out.timeline)
+    return out
+
+
+def _route_units(out: Routed, by_partition: dict[int, list[Event]],
+                 raw_of: dict[tuple[int, int], bytes], settings: Settings,
+                 unit_key: bytes | None, source: str, max_events: int, max_bytes: int,
+                 dead: Callable[[Rejection, InputRecord], None]) -> Routed:
+    """privacy_unit = "user": the valid events, their unit ids replaced by the keyed hash,
+    grouped by units partition in the order read (the bounding stage decides by that
+    order), into units records split like timeline records."""
+    if unit_key is None:
+        raise IngestError('privacy_unit = "user" needs the unit key (the noise key)')
+    events = sorted((ev for evs in by_partition.values() for ev in evs),
+                    key=lambda e: (e.src_partition, e.src_offset))
+    by_unit: dict[int, list[UnitRow]] = {}
+    for ev in events:
+        if ev.unit is None:  # parse_input rejects these in user mode: never counted
+            dead(Rejection("unit_missing", "user is required (privacy_unit = user)"),
+                 InputRecord(ev.src_partition, ev.src_offset,
+                             raw_of[(ev.src_partition, ev.src_offset)]))
+            continue
+        h = unit_hash(unit_key, ev.unit)
+        by_unit.setdefault(unit_partition(h, settings.partitions), []).append(unit_row(h, ev))
+
+    def encode(up: int, rows: list[UnitRow]) -> None:
+        data = encode_units(rows, source)
+        if len(data) <= max_bytes or len(rows) == 1:
+            out.units.append((up, data))
+            out.metrics["ingested"] += len(rows)
+            return
+        half = len(rows) // 2
+        encode(up, rows[:half])
+        encode(up, rows[half:])
+
+    for up in sorted(by_unit):
+        rows = by_unit[up]
+        for i in range(0, len(rows), max_events):
+            encode(up, rows[i:i + max_events])
+    out.metrics["units_batches"] += len(out.units)
     return out
 
 
