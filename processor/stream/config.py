@@ -237,7 +237,10 @@ _SECTIONS = {"security", "topics", "counters", "unit"}
 _ENV: dict[str, tuple[str, str]] = {f"DPC_{k.upper()}": ("", k) for k in _TOP_KEYS}
 _ENV.update({f"DPC_{f.name.upper()}": ("security", f.name) for f in fields(SecuritySettings)})
 _ENV.update({f"DPC_TOPIC_{f.name.upper()}": ("topics", f.name) for f in fields(TopicSettings)})
-_ENV.update({f"DPC_UNIT_{k.upper()}": ("unit", k) for k in _UNIT_KEYS})
+# Named after the Settings fields: DPC_UNIT_EPSILON, DPC_UNIT_DELTA,
+# DPC_MAX_EVENTS_PER_COUNTER, DPC_MAX_COUNTERS_PER_UNIT.
+_ENV.update({f"DPC_{k.upper() if k.startswith('max_') else 'UNIT_' + k.upper()}": ("unit", k)
+             for k in _UNIT_KEYS})
 #: Every environment variable `load_settings` reads (the development tooling strips them
 #: from a worker's environment so that its config file alone decides its settings).
 SETTINGS_ENV_VARS = frozenset({*_ENV, "DPC_COUNTERS", "KAFKA_BOOTSTRAP_SERVERS"})

@@ -50,16 +50,19 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from processor.core.errors import NoiseKeyError
 from processor.stream import kafka_io
 from processor.stream.bounding import (
     UnitRow,
     encode_units,
     unit_hash,
+    unit_key,
     unit_partition,
     unit_row,
+    units_topic,
 )
 from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, system_clock
-from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
 from processor.stream.logs import configure_logging
 from processor.stream.records import (
     Event,
@@ -372,8 +375,13 @@ class Ingest:
                  crash_point: Callable[[str], None] | None = None,
                  on_batch: Callable[[int], None] | None = None,
                  max_consume: int = MAX_CONSUME, poll_s: float = 0.2,
-                 delivery_timeout_s: float = 60.0, clock: ClockGuard | None = None) -> None:
+                 delivery_timeout_s: float = 60.0, clock: ClockGuard | None = None,
+                 unit_key: bytes | None = None) -> None:
         self.settings = settings
+        #: privacy_unit = "user": the HMAC key of unit ids (bounding.unit_key); events go
+        #: to the units topic, keyed by it, never with the raw id.
+        self._unit_key = unit_key
+        self._units = units_topic(settings)
         self._clock = clock if clock is not None else ClockGuard(system_clock())
         self.group_id = f"{settings.app_id}-ingest"
         self.failure: BaseException | None = None
@@ -523,7 +531,7 @@ class Ingest:
         identity = self.identity
         identity.observe(records)
         routed = route(records, self.settings, self._clock.read().future_ms,
-                       source=identity.source)
+                       source=identity.source, unit_key=self._unit_key)
         routed.metrics["input_topic_recreated"] += identity.recreated
         identity.recreated = 0
         failed: list[str] = []
@@ -533,6 +541,8 @@ class Ingest:
 
         for tp, data in routed.timeline:
             self._produce(producer, self._timeline, data, tp, on_delivery)
+        for up, data in routed.units:
+            self._produce(producer, self._units, data, up, on_delivery)
         for data in routed.deadletters:
             self._produce(producer, self._deadletter, data, None, on_delivery)
         remaining = producer.flush(self._delivery_timeout_s)
@@ -573,7 +583,7 @@ class Ingest:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
                 failed.append(err.name())
-            elif msg.topic() == self._timeline:
+            elif msg.topic() in (self._timeline, self._units):  # both log-append time
                 kind, ts = msg.timestamp()
                 if kind == TIMESTAMP_LOG_APPEND_TIME:
                     stamps.append(int(ts))
@@ -624,10 +634,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         crash_point = crash_point_from_env()
-    except ConfigError as exc:
+        # privacy_unit = "user": unit ids are hashed under a key derived from the noise key.
+        ukey = (unit_key(load_noise_key(settings)) if settings.privacy_unit == "user"
+                else None)
+    except (ConfigError, NoiseKeyError) as exc:
         print(f"error: configuration: {exc}", file=sys.stderr)
         return 2
-    ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume)
+    ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume,
+                    unit_key=ukey)
 
     def on_signal(_signum: int, _frame: object) -> None:
         ingest.stop(timeout_s=0)

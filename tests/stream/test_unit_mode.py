@@ -68,7 +68,7 @@ def test_user_mode_derives_the_counters_parameters(tmp_path: Path) -> None:
     assert (s.privacy_unit, s.epsilon, s.delta) == ("user", p.event_epsilon, p.event_delta)
     assert s.unit_parameters() == p
     # Environment overrides reach the [unit] fields.
-    s2 = load_settings(_write(tmp_path, USER_TOML), env={"DPC_UNIT_MAX_EVENTS_PER_COUNTER": "1"})
+    s2 = load_settings(_write(tmp_path, USER_TOML), env={"DPC_MAX_EVENTS_PER_COUNTER": "1"})
     assert s2.max_events_per_counter == 1
     assert s2.epsilon == unit.derive(4.0, 1e-6, 1, 2).event_epsilon
 
