@@ -51,6 +51,7 @@ from processor.stream.records import (
     Event,
     Rejection,
     TimelineBatch,
+    TimelineFormatError,
     deadletter_record,
     decode_timeline,
     encode_batch,
@@ -450,3 +451,65 @@ def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]
             for ev in batch.events:
                 kept.add(by_seq[(ev.src_partition, ev.src_offset)])
     return kept
+
+
+def forwarded_inputs(units_log: Iterable[tuple[int, int, bytes]],
+                     timeline: Iterable[bytes | None]) -> list[tuple[int, int]]:
+    """The input coordinates of every event the timeline records (bytes) carry from the
+    bounding stage (source UNITS_SOURCE), in order, deduplicated as the operator's filter
+    does (per units partition, strictly increasing seq). Events whose units record is not
+    in `units_log` are returned as (-1, seq): nothing the stage could have kept."""
+    # Copies share (units partition, seq): a set, since one units partition's events are
+    # spread over several timeline partitions and their order across them is not kept.
+    seq_to_input: dict[tuple[int, int], tuple[int, int]] = {}
+    for p, off, raw in units_log:
+        try:
+            rows = decode_units(raw)[1]
+        except UnitsFormatError:
+            continue
+        for i, row in enumerate(rows):
+            seq_to_input[(p, off << SEQ_BITS | i)] = (row[4], row[5])
+    sent: set[tuple[int, int]] = set()
+    out: list[tuple[int, int]] = []
+    for value in timeline:
+        if not value:
+            continue
+        try:
+            rec = decode_timeline(value)
+        except TimelineFormatError:
+            continue
+        if not isinstance(rec, TimelineBatch) or rec.source != UNITS_SOURCE:
+            continue
+        for ev in rec.events:
+            if (ev.src_partition, ev.src_offset) in sent:
+                continue  # a re-sent copy (the operator's filter drops it)
+            sent.add((ev.src_partition, ev.src_offset))
+            out.append(seq_to_input.get((ev.src_partition, ev.src_offset),
+                                        (-1, ev.src_offset)))
+    return out
+
+
+def check_kept_set(settings: Settings, units_log: Sequence[tuple[int, int, bytes]],
+                   timeline: Iterable[bytes | None], committed: dict[int, int]
+                   ) -> list[tuple[str, tuple[int, int]]]:
+    """What replay reports about the bounding stage: ("unexpected", input) for a forwarded
+    event the recomputed kept set does not hold (counted beyond a bound), and
+    ("missing", input) for a kept event of a units record the stage committed (offset <
+    committed[p]: its forwards were acknowledged before) that the timeline lacks."""
+    kept = kept_inputs(settings, units_log)
+    forwarded = forwarded_inputs(units_log, timeline)
+    out: list[tuple[str, tuple[int, int]]] = []
+    seen: set[tuple[int, int]] = set()
+    for coord in forwarded:
+        if coord not in kept or coord in seen:
+            out.append(("unexpected", coord))
+        seen.add(coord)
+    due: set[tuple[int, int]] = set()
+    for p, off, raw in units_log:
+        if off < committed.get(p, 0):
+            try:
+                due.update((r[4], r[5]) for r in decode_units(raw)[1])
+            except UnitsFormatError:
+                continue
+    out += [("missing", c) for c in sorted((kept & due) - seen)]
+    return out

@@ -286,3 +286,32 @@ def test_ingest_routes_user_events_to_the_units_topic_by_hash() -> None:
     assert [r[5] for r in rows if r[0] == ha] == [0, 2]
     # Event mode routes to the timeline exactly as before.
     assert route(recs[:1], BASE, NOW).units == []
+
+
+def test_replay_check_of_the_kept_set_and_its_controls() -> None:
+    """bounding.check_kept_set (what replay runs): no difference on a live run's
+    timeline; controls: a forged forward of a dead-lettered event is "unexpected", a
+    dropped forward of a committed units record is "missing"."""
+    from processor.stream.bounding import check_kept_set
+    from processor.stream.records import Event, encode_batch
+
+    log = _log(6)
+    fw, _ = _run(log)
+    timeline = [data for _, data in fw.timeline]
+    committed = {0: 10**9, 1: 10**9}
+    assert check_kept_set(S, log, timeline, committed) == []
+    # Control 1: forge a forward of a dead-lettered event (its seq, after every other).
+    dead = orjson.loads(fw.deadletters[0])
+    p, off, raw = next((p, off, raw) for p, off, raw in log
+                       for r in decode_units(raw)[1] if r[5] == dead["offset"])
+    i = next(i for i, r in enumerate(decode_units(raw)[1]) if r[5] == dead["offset"])
+    row = decode_units(raw)[1][i]
+    forged = encode_batch([Event(row[1], row[2], row[3], p, off << SEQ_BITS | i)],
+                          bounding.UNITS_SOURCE)
+    got = check_kept_set(S, log, [forged, *timeline], committed)
+    assert ("unexpected", (dead["partition"], dead["offset"])) in got
+    # Control 2: the last forward lost, its units record committed.
+    got = check_kept_set(S, log, timeline[:-1], committed)
+    assert got and all(problem == "missing" for problem, _ in got)
+    # ... and not reported while its units record is not committed.
+    assert check_kept_set(S, log, timeline[:-1], {0: 0, 1: 0}) == []

@@ -32,6 +32,7 @@ from processor.stream.bounding import (
     units_topic,
 )
 from processor.stream.records import TimelineBatch, TimelineFormatError, decode_timeline
+from processor.stream.replay import replay
 from tests.stream.test_app_e2e import (
     Live,
     live_factory,  # noqa: F401  (fixture)
@@ -120,6 +121,9 @@ class Snapshot:
         for counters in per.values():
             assert len(counters) <= M and max(counters.values()) <= K
         assert kept == kept_inputs(live.settings, self.units_log)
+        # Replay (python -m processor replay): the kept set and the counts recompute.
+        report = replay(live.settings, live.key, timeout_s=60, jobs=1)
+        assert report.identical, report.summary()
         blob = b"".join(raw for _, _, raw in self.units_log) + b"".join(self.changelog)
         assert not any(u.encode() in blob for u in self.raw_units if u != "None")
 
