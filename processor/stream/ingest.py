@@ -53,9 +53,9 @@ from confluent_kafka import (
 from processor.core.errors import NoiseKeyError
 from processor.stream import kafka_io
 from processor.stream.bounding import (
+    UnitHasher,
     UnitRow,
     encode_units,
-    unit_hash,
     unit_key,
     unit_partition,
     unit_row,
@@ -234,6 +234,18 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
     return out
 
 
+_HASHERS: dict[bytes, UnitHasher] = {}
+
+
+def _hasher(unit_key: bytes) -> UnitHasher:
+    """One UnitHasher per key for the process (ingest's thread is the only caller)."""
+    h = _HASHERS.get(unit_key)
+    if h is None:
+        _HASHERS.clear()
+        h = _HASHERS[unit_key] = UnitHasher(unit_key)
+    return h
+
+
 def _route_units(out: Routed, by_partition: dict[int, list[Event]],
                  raw_of: dict[tuple[int, int], bytes], settings: Settings,
                  unit_key: bytes | None, source: str, max_events: int, max_bytes: int,
@@ -243,6 +255,7 @@ def _route_units(out: Routed, by_partition: dict[int, list[Event]],
     order), into units records split like timeline records."""
     if unit_key is None:
         raise IngestError('privacy_unit = "user" needs the unit key (the noise key)')
+    hasher = _hasher(unit_key)
     events = sorted((ev for evs in by_partition.values() for ev in evs),
                     key=lambda e: (e.src_partition, e.src_offset))
     by_unit: dict[int, list[UnitRow]] = {}
@@ -252,7 +265,7 @@ def _route_units(out: Routed, by_partition: dict[int, list[Event]],
                  InputRecord(ev.src_partition, ev.src_offset,
                              raw_of[(ev.src_partition, ev.src_offset)]))
             continue
-        h = unit_hash(unit_key, ev.unit)
+        h = hasher(ev.unit)
         by_unit.setdefault(unit_partition(h, settings.partitions), []).append(unit_row(h, ev))
 
     def encode(up: int, rows: list[UnitRow]) -> None:

@@ -315,3 +315,14 @@ def test_replay_check_of_the_kept_set_and_its_controls() -> None:
     assert got and all(problem == "missing" for problem, _ in got)
     # ... and not reported while its units record is not committed.
     assert check_kept_set(S, log, timeline[:-1], {0: 0, 1: 0}) == []
+
+
+def test_unit_hasher_is_the_hmac() -> None:
+    """The prepared, caching hasher ingest uses gives unit_hash exactly (and keeps doing
+    so across its cache's reset)."""
+    from processor.stream.bounding import UnitHasher
+
+    hasher = UnitHasher(UKEY, cache=3)
+    for uid in ["a", "b", "a", "é", "c", "d", "a", "x" * 256]:
+        assert hasher(uid) == unit_hash(UKEY, uid)
+    assert UnitHasher(b"other key " * 4)("a") != unit_hash(UKEY, "a")  # control
