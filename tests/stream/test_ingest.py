@@ -163,10 +163,10 @@ def test_a_record_whose_handling_raises_is_dead_lettered_not_lost(
 
     real_encode = ingest.encode_batch
 
-    def picky_encode(events: Any) -> bytes:
+    def picky_encode(events: Any, source: str = "") -> bytes:
         if any(e.src_offset == 9 for e in events):
             raise ValueError("cannot encode")
-        return real_encode(events)
+        return real_encode(events, source)
 
     monkeypatch.setattr(ingest, "encode_batch", picky_encode)
     routed = route(recs, s, NOW, parse=flaky_parse)
