@@ -77,6 +77,26 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU-seconds per part of the worker (as bench_stream.thread_cpu): main (Faust's
+    loop: the operator and bounding agents), librdkafka, rocksdb, other python (ingest)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            raw = (task / "stat").read_text()
+            comm = raw[raw.index("(") + 1:raw.rindex(")")]
+            fields = raw[raw.rindex(")") + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) * _TICK_S
+            group = ("main" if int(task.name) == pid else "librdkafka"
+                     if comm.startswith("rdk:") else "rocksdb"
+                     if comm.startswith("rocksdb") else "other python")
+            out[group] = out.get(group, 0.0) + cpu
+    return out
+
+
 def deployment(bootstrap: str, tmp: Path, mode: str) -> Deployment:
     start = (int(time.time() * 1000) // 100) * 100 - 3_600_000
     kw: dict[str, Any] = dict(tick_ms=100, lateness_ms=100, max_future_ms=60_000,
@@ -152,7 +172,7 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         warm_tl, _ = timeline_state(dep, mode)
         warm_dead = deadletters(dep)
         values = events(n, users, seed)
-        c0, t0 = cpu_seconds(pid), time.monotonic()
+        c0, t0, th0 = cpu_seconds(pid), time.monotonic(), thread_cpu(pid)
         dep.produce(values)
         # The first input record of the N (the warm-up one is older; the input topic's
         # timestamps are the producer's create times, on this machine's clock).
@@ -167,6 +187,8 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
             time.sleep(0.5)
         time.sleep(SETTLE_S)
         cpu = cpu_seconds(pid) - c0
+        th1 = thread_cpu(pid)
+        by_thread = {k: round(th1.get(k, 0.0) - th0.get(k, 0.0), 3) for k in th1}
         window = time.monotonic() - t0
         counted = got - warm_tl
         out: dict[str, Any] = {
@@ -174,7 +196,7 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
             "events_per_s": n / max(1e-3, (last - first_in) / 1000.0),
             "cpu_s": cpu, "idle_cpu_per_s": idle_rate, "window_s": window,
             "cpu_ms_per_counted_event": 1000.0 * (cpu - idle_rate * window) / max(1, counted),
-            "complete": got - warm_tl + dead >= n}
+            "complete": got - warm_tl + dead >= n, "cpu_s_by_thread": by_thread}
         if mode == "user":
             out["state_bytes_per_unit"], out["units_in_state"] = state_bytes_per_unit(dep)
         return out
