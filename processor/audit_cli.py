@@ -52,10 +52,13 @@ from processor.core.audit import (
     plan_for,
     search_pair,
     simecc_partition_check,
+    unit_derivation_check,
+    unit_neighbour,
 )
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
 from processor.core.tight import CALIBRATIONS
+from processor.core.unit import derive
 
 Releases = Callable[[Stream, int, str], FloatArray]
 
@@ -160,8 +163,18 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mechanism", required=True, choices=registry.names(),
                    help="the registered mechanism to audit")
-    p.add_argument("--epsilon", type=float, required=True, help="the configured epsilon")
-    p.add_argument("--delta", type=float, required=True, help="the configured delta")
+    p.add_argument("--epsilon", type=float, help="the configured epsilon (per event)")
+    p.add_argument("--delta", type=float, help="the configured delta (per event)")
+    unit = p.add_argument_group(
+        "per-unit mode (privacy_unit = user, docs/privacy-unit.md): the pair is x and x "
+        "with k events of one unit inserted at --at; the claim is the unit's share of one "
+        "counter, (unit eps / m, unit delta / m); --epsilon/--delta default to the "
+        "parameters derived from the target, and the unit derivation check (exact) fails "
+        "the audit when they do not deliver it")
+    unit.add_argument("--unit-epsilon", type=float, help="the target epsilon per unit")
+    unit.add_argument("--unit-delta", type=float, help="the target delta per unit")
+    unit.add_argument("--max-events-per-counter", type=int, help="k")
+    unit.add_argument("--max-counters-per-unit", type=int, default=1, help="m (default 1)")
     p.add_argument("--runs", type=int, default=None,
                    help="runs per stream (default 400 with --feature lr, else 2000); half "
                    "select, half estimate; the "
@@ -219,6 +232,21 @@ class Check:
 def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
+    derived = None
+    if args.unit_epsilon is not None:
+        if args.unit_delta is None or args.max_events_per_counter is None:
+            p.error("per-unit mode needs --unit-epsilon, --unit-delta and "
+                    "--max-events-per-counter")
+        try:
+            derived = derive(args.unit_epsilon, args.unit_delta, args.max_events_per_counter,
+                             args.max_counters_per_unit)
+        except CoreError as exc:
+            p.error(str(exc))
+        if args.epsilon is None and args.delta is None:
+            args.epsilon, args.delta = derived.event_epsilon, derived.event_delta
+        args.search = False  # the pair is fixed: k insertions at --at
+    if args.epsilon is None or args.delta is None:
+        p.error("--epsilon and --delta are required (or the per-unit target)")
     pattern, events, gap, feature = default_streams(args.mechanism, args.epsilon, args.delta)
     args.pattern_given = args.pattern
     args.pattern = args.pattern or pattern
@@ -248,13 +276,23 @@ def main_audit(argv: Sequence[str]) -> int:
             choice, tried = choose_pair(args, params)
             args.pattern, args.at = choice.pattern, choice.at
         x0, x1 = make_streams(args.pattern, args.events, args.gap, args.at)
+        claim_eps, claim_delta = args.epsilon, args.delta
+        if derived is not None:
+            x1 = unit_neighbour(x0, args.at, derived.max_events_per_counter)
+            m = derived.max_counters_per_unit
+            claim_eps, claim_delta = derived.unit_epsilon / m, derived.unit_delta / m
         plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
                         **params)
         backend = core_backend if args.backend == "core" else sim_backend
         releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
-        res = run_audit(releases, plan, args.runs, eps=args.epsilon, delta=args.delta,
+        res = run_audit(releases, plan, args.runs, eps=claim_eps, delta=claim_delta,
                         alpha=args.alpha)
         checks = white_box_checks(args, res.law_alpha)
+        if derived is not None:
+            ok, detail = unit_derivation_check(
+                args.epsilon, args.delta, derived.unit_epsilon, derived.unit_delta,
+                derived.max_events_per_counter, derived.max_counters_per_unit)
+            checks.append(Check("unit derivation", ok, detail))
     except (AuditError, CoreError, ValueError) as exc:
         print(f"audit error: {exc}", file=sys.stderr)
         return 2
@@ -268,6 +306,9 @@ def main_audit(argv: Sequence[str]) -> int:
         rep["partition_law_p"] = part[0] if part else None
         rep["caught_by"] = caught_by(res, checks)
         rep["at"] = args.at
+        if derived is not None:
+            rep["unit"] = {**derived.as_record(), "claim_epsilon": claim_eps,
+                           "claim_delta": claim_delta}
         rep["pair_search"] = None if choice is None else {
             "pattern": choice.pattern, "at": choice.at, "objective": choice.objective,
             "how": choice.how, "candidates": [
@@ -288,7 +329,11 @@ def main_audit(argv: Sequence[str]) -> int:
               f"{res.law_alpha})", file=sys.stderr)
     for c in checks:
         print(f"{c.name}: {'ok' if c.passed else 'FAILED'} ({c.detail})", file=sys.stderr)
-    if res.attainable <= args.epsilon:
+    if derived is not None:
+        print(f"per-unit mode: {derived.max_events_per_counter} events of one unit "
+              f"inserted at tick {args.at}; claim per counter: eps {claim_eps:.6g}, delta "
+              f"{claim_delta:.3g} (unit target / m)", file=sys.stderr)
+    if res.attainable <= claim_eps:
         exact = [b.method for b in res.bounds if b.method != "empirical"] + [
             c.name for c in checks]
         tail = (f"what can fail it here: {', '.join(exact)}" if exact else
@@ -300,8 +345,9 @@ def main_audit(argv: Sequence[str]) -> int:
     laws = (res.null_law_p is not None) + sum(c.p_value is not None for c in checks)
     rate = f"{args.alpha:g}" + (f" + {laws} x {res.law_alpha:g}" if laws else "")
     by = caught_by(res, checks)
-    print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs configured eps "
-          f"{args.epsilon}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
+    print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs "
+          f"{'claimed eps per counter (unit)' if derived else 'configured eps'} "
+          f"{claim_eps:g}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
           f"{rate})", file=sys.stderr)
     return 0 if passed else 1
 

@@ -43,6 +43,7 @@ from processor.core.grid import UNIT
 from processor.core.partition import part_tau
 from processor.core.svt import svt_scales, svt_threshold
 from processor.core.tight import CALIBRATIONS
+from processor.core.unit import derive
 
 MECHANISMS = ("ecc", "simecc")
 #: Default moments (seconds): a minute, an hour, a day, a week.
@@ -228,8 +229,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m processor plan",
         description="Expected error, time to the first change and time between changes of "
         "each stream mechanism and calibration, before deploying (closed forms, < 1 s).")
-    p.add_argument("--epsilon", type=float, required=True, help="privacy parameter epsilon")
-    p.add_argument("--delta", type=float, required=True, help="privacy parameter delta")
+    p.add_argument("--epsilon", type=float, help="privacy parameter epsilon (per event)")
+    p.add_argument("--delta", type=float, help="privacy parameter delta (per event)")
+    unit = p.add_argument_group(
+        "privacy_unit = user (docs/privacy-unit.md): the target per unit and the bounds, "
+        "instead of --epsilon/--delta; the per-event parameters are derived, and the "
+        "table's error is compared with a per-event deployment at the unit's target")
+    unit.add_argument("--unit-epsilon", type=float, help="epsilon per unit")
+    unit.add_argument("--unit-delta", type=float, help="delta per unit")
+    unit.add_argument("--max-events-per-counter", type=int, help="k")
+    unit.add_argument("--max-counters-per-unit", type=int, help="m")
     p.add_argument("--tick-ms", type=float, required=True, help="tick length in ms")
     p.add_argument("--rate", type=float, required=True, help="events per second")
     p.add_argument("--horizon", nargs="+", type=_parse_duration, default=None,
@@ -249,9 +258,26 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     if any(not h > 0 for h in horizons):
         print("error: every --horizon must be > 0", file=sys.stderr)
         return 2
+    unit_args = (args.unit_epsilon, args.unit_delta, args.max_events_per_counter,
+                 args.max_counters_per_unit)
+    user = any(a is not None for a in unit_args)
+    if user == (args.epsilon is not None or args.delta is not None) or (
+            not user and (args.epsilon is None or args.delta is None)) or (
+            user and any(a is None for a in unit_args)):
+        print("error: give --epsilon and --delta, or all four of --unit-epsilon, "
+              "--unit-delta, --max-events-per-counter and --max-counters-per-unit",
+              file=sys.stderr)
+        return 2
     start = time.perf_counter()
     try:
+        derived = derive(*unit_args) if user else None
+        if derived is not None:
+            args.epsilon, args.delta = derived.event_epsilon, derived.event_delta
         p, rows = plan(args.epsilon, args.delta, args.tick_ms, args.rate, horizons)
+        # The cost of the bounds: the same target spent per event (k = m = 1).
+        ref = (None if derived is None else
+               plan(derived.unit_epsilon, derived.unit_delta, args.tick_ms, args.rate,
+                    horizons)[1])
     except CoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -260,8 +286,16 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
         doc = {"epsilon": args.epsilon, "delta": args.delta, "tick_ms": args.tick_ms,
                "rate": args.rate, "p_event_per_tick": p, "saturated": saturated,
                "beta": BETA, "rows": [asdict(r) for r in rows]}
+        if derived is not None and ref is not None:
+            doc["unit"] = {**derived.as_record(),
+                           "rows_at_unit_target_per_event": [asdict(r) for r in ref]}
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")
         return 0
+    if derived is not None:
+        print(f"privacy unit: epsilon {derived.unit_epsilon:g}, delta "
+              f"{derived.unit_delta:g} per unit, at most {derived.max_events_per_counter} "
+              f"events per counter and {derived.max_counters_per_unit} counters per unit "
+              f"-> per event (derived, {derived.method}):")
     print(f"epsilon {args.epsilon:g}, delta {args.delta:g}, ticks of {args.tick_ms:g} ms, "
           f"{args.rate:g} events/s: an event in {p:.3g} of the ticks")
     if saturated:
@@ -277,4 +311,11 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     print(f"RMSE in events (simulated up to {SIM_TICKS} ticks, closed form beyond); in "
           f"parentheses SimECC's published bound, which holds with probability >= "
           f"{1 - BETA:g} at each tick. ({time.perf_counter() - start:.1f} s)")
+    if ref is not None:
+        print("error cost of the bounds (RMSE / RMSE of a per-event deployment at the "
+              "unit's target):")
+        for r, r0 in zip(rows, ref, strict=True):
+            cells = "".join(f"{'x' + format(e / e0, '.2f') if e0 > 0 else '-':>16s}"
+                            for (_, e, _), (_, e0, _) in zip(r.error, r0.error, strict=True))
+            print(f"{r.mechanism:10s}{r.calibration:12s}{'':24s}{cells}")
     return 0

@@ -130,3 +130,48 @@ def test_ecc_with_quiet_svt_fails_under_both_calibrations(
                      "--calibration", calibration, "--runs", "200"])
     err = capsys.readouterr().err
     assert rc == 1 and "caught by:" in err and "partition law" in err.split("caught by:")[1]
+
+
+UNIT_ARGS = ["--unit-epsilon", "8", "--unit-delta", "1e-6", "--max-events-per-counter", "8",
+             "--runs", "400", "--json"]
+
+
+def test_per_unit_mode_passes_when_derived_and_fails_when_not(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Per-unit mode (docs/privacy-unit.md): 8 events of one unit inserted; with the
+    per-event parameters derived from the unit target (eps 8 / 8 = 1) the audit passes;
+    the control, per-event eps = the unit's 8 (not derived), fails, caught by the exact
+    unit derivation check AND by the black-box bounds (known-null, exact-pair: the 8
+    insertions move GaussianCC's law about 8 times as far). Fixed seed; false-alarm rate
+    0.05 + 0.001 for the passing run."""
+    rc = main_audit(["--mechanism", "gaussiancc", *UNIT_ARGS])
+    rep = orjson.loads(capsys.readouterr().out)
+    assert rc == 0 and rep["passed"] is True, rep
+    assert rep["epsilon"] == 1.0 and rep["unit"]["claim_epsilon"] == 8.0
+    assert [c["check"] for c in rep["checks"]] == ["unit derivation"]
+    rc = main_audit(["--mechanism", "gaussiancc", *UNIT_ARGS, "--epsilon", "8",
+                     "--delta", "1e-6"])
+    rep = orjson.loads(capsys.readouterr().out)
+    assert rc == 1 and rep["passed"] is False
+    caught = rep["caught_by"].split(", ")
+    assert "unit derivation" in caught and "known-null bound" in caught, caught
+
+
+def test_per_unit_mode_on_simecc_checks_the_derivation(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """SimECC (simulator backend): derived parameters pass; eps_unit per event fails on
+    the exact derivation check (its black-box bounds cannot reach 8 with 400 runs)."""
+    args = ["--mechanism", "simecc", "--backend", "sim", *UNIT_ARGS]
+    assert main_audit(args) == 0
+    capsys.readouterr()
+    assert main_audit([*args, "--epsilon", "8", "--delta", "1e-6"]) == 1
+    rep = orjson.loads(capsys.readouterr().out)
+    assert "unit derivation" in rep["caught_by"]
+
+
+def test_per_unit_mode_needs_its_arguments() -> None:
+    with pytest.raises(SystemExit) as exc:
+        main_audit(["--mechanism", "gaussiancc", "--unit-epsilon", "8"])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit):
+        main_audit(["--mechanism", "gaussiancc"])

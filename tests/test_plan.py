@@ -81,3 +81,41 @@ def test_plan_refuses_bad_arguments(bad: list[str], capsys: pytest.CaptureFixtur
 def test_plan_bad_privacy_parameters(capsys: pytest.CaptureFixture[str]) -> None:
     assert main_plan(["--epsilon", "1", "--delta", "2", "--tick-ms", "100", "--rate", "1"]) == 2
     assert "delta" in capsys.readouterr().err
+
+
+def test_plan_in_user_mode_derives_and_shows_the_cost_of_the_bounds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """privacy_unit = user: the per-event parameters are unit.derive's, and the error is
+    compared with a per-event deployment at the unit's target (k = m = 1 gives x1.00:
+    the control, the same parameters on both sides)."""
+    from processor.core.unit import derive
+
+    args = ["--unit-epsilon", "4", "--unit-delta", "1e-6", "--tick-ms", "1000", "--rate",
+            "0.5", "--horizon", "1h", "--json"]
+    assert main_plan([*args, "--max-events-per-counter", "3",
+                      "--max-counters-per-unit", "2"]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    p = derive(4.0, 1e-6, 3, 2)
+    assert (doc["epsilon"], doc["delta"]) == (p.event_epsilon, p.event_delta)
+    assert doc["unit"]["max_events_per_counter"] == 3
+    cost = [r["error"][0][1] / r0["error"][0][1]
+            for r, r0 in zip(doc["rows"], doc["unit"]["rows_at_unit_target_per_event"],
+                             strict=True)]
+    # 6 events per unit: several times the noise, except where neither has released yet
+    # (the error is then the count itself: ECC with the paper's constants at 1 h).
+    assert all(c >= 1 for c in cost) and all(
+        c > 2 for c, r in zip(cost, doc["rows"], strict=True) if r["mechanism"] == "simecc")
+    assert main_plan([*args, "--max-events-per-counter", "1",
+                      "--max-counters-per-unit", "1"]) == 0
+    doc = orjson.loads(capsys.readouterr().out)
+    for r, r0 in zip(doc["rows"], doc["unit"]["rows_at_unit_target_per_event"], strict=True):
+        assert r["error"][0][1] == pytest.approx(r0["error"][0][1], rel=0.02), (r, r0)
+
+
+@pytest.mark.parametrize("argv", [
+    ["--epsilon", "1", "--delta", "1e-6", "--unit-epsilon", "4"],
+    ["--unit-epsilon", "4", "--unit-delta", "1e-6", "--max-events-per-counter", "3"],
+    ["--delta", "1e-6"],
+])
+def test_plan_unit_arguments_are_all_or_nothing(argv: list[str]) -> None:
+    assert main_plan([*argv, "--tick-ms", "1000", "--rate", "1"]) == 2

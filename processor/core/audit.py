@@ -355,6 +355,32 @@ def insertion_neighbour(xs: Stream, i: int, value: float = 1.0) -> list[float | 
     return out[: len(xs)]
 
 
+def unit_neighbour(xs: Stream, i: int, k: int, value: float = 1.0) -> list[float | None]:
+    """k events of one privacy unit inserted at tick i (docs/privacy-unit.md): the
+    insertion neighbour applied k times, each intermediate stream a valid one, so the pair
+    is a k-step chain of edit neighbours (Lemma 1 there)."""
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    out: list[float | None] = list(xs)
+    for _ in range(k):
+        out = insertion_neighbour(out, i, value)
+    return out
+
+
+def unit_derivation_check(eps: float, delta: float, unit_eps: float, unit_delta: float,
+                          k: int, m: int) -> tuple[bool, str]:
+    """Exact (white box): do counters at the per-event (eps, delta) give every unit with at
+    most k events per counter in at most m counters at most (unit_eps, unit_delta)?
+    Recomputed forward (group privacy over the edit relation, basic composition), so a
+    per-event epsilon not derived from the unit target fails it."""
+    from processor.core.unit import unit_guarantee
+
+    got_eps, got_delta = unit_guarantee(eps, delta, k, m)
+    ok = got_eps <= unit_eps * (1 + 1e-12) and got_delta <= unit_delta * (1 + 1e-12)
+    return ok, (f"k = {k}, m = {m}: per event ({eps:.6g}, {delta:.3g}) gives a unit "
+                f"({got_eps:.6g}, {got_delta:.3g}); target ({unit_eps:.6g}, {unit_delta:.3g})")
+
+
 def prefix_sums(xs: Stream) -> FloatArray:
     """s_1..s_T (⊥ counts as 0)."""
     return np.cumsum([0.0 if v is None else float(v) for v in xs], dtype=np.float64)

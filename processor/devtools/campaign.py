@@ -224,6 +224,15 @@ BAD: Final[dict[str, tuple[str, BadMaker]]] = {
     "ts_zero": ("before_start", lambda x, r, c: _j({"counter": c, "ts": 0})),
     "ts_iso_before_start": ("before_start", lambda x, r, c: _j(
         {"counter": c, "ts": _iso(x.start_ms - 1000)})),
+    # The privacy unit's field (validated in every mode; docs/privacy-unit.md).
+    "unit_empty": ("invalid_unit", lambda x, r, c: _j({"counter": c, "ts": _ts(x, r),
+                                                        "user": ""})),
+    "unit_not_string": ("invalid_unit", lambda x, r, c: _j(
+        {"counter": c, "ts": _ts(x, r), "user": r.choice([7, True, ["u"], {"u": 1}])})),
+    "unit_too_long": ("invalid_unit", lambda x, r, c: _j(
+        {"counter": c, "ts": _ts(x, r), "user": "u" * r.randint(257, 400)})),
+    "unit_lone_surrogate": ("invalid_unit", lambda x, r, c: b'{"counter": "%s", "ts": %d, '
+                            b'"user": "a\\ud800"}' % (c.encode(), _ts(x, r))),
 }
 
 #: Valid but awkward categories: each must be counted once per record.

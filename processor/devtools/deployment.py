@@ -62,15 +62,30 @@ def _toml_value(v: object) -> str:
     return orjson.dumps(str(v)).decode()
 
 
+#: Settings fields of privacy_unit = "user" -> their names in the [unit] section.
+_UNIT_FIELDS = {"unit_epsilon": "epsilon", "unit_delta": "delta",
+                "max_events_per_counter": "max_events_per_counter",
+                "max_counters_per_unit": "max_counters_per_unit"}
+
+
 def render_toml(settings: Settings) -> str:
     """A TOML configuration that `load_settings` reads back as `settings`."""
     lines: list[str] = []
+    user = settings.privacy_unit == "user"
+    # The unit target lives in a [unit] section; in user mode epsilon/delta are derived
+    # from it and must not be written (docs/privacy-unit.md).
+    skip = {"security", "topics", "counters", *_UNIT_FIELDS} | (
+        {"epsilon", "delta"} if user else set())
     for f in fields(Settings):
-        if f.name in ("security", "topics", "counters"):
+        if f.name in skip:
             continue
         v = getattr(settings, f.name)
         if v is not None:
             lines.append(f"{f.name} = {_toml_value(v)}")
+    if user:
+        lines.append("[unit]")
+        for name, toml_name in _UNIT_FIELDS.items():
+            lines.append(f"{toml_name} = {_toml_value(getattr(settings, name))}")
     lines.append("[security]")
     for f in fields(SecuritySettings):
         v = getattr(settings.security, f.name)

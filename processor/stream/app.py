@@ -55,6 +55,7 @@ from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.errors import RefusedError, StreamError
 from processor.stream import kafka_io
+from processor.stream.bounding import unit_key, units_changelog_topic, units_topic
 from processor.stream.clock import (
     PROBE_RECORD,
     ClockGuard,
@@ -82,6 +83,7 @@ from processor.stream.records import (
 )
 from processor.stream.state import StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
+from processor.stream.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
 
@@ -452,7 +454,9 @@ class Worker:
         self.clock = clock if clock is not None else ClockGuard(system_clock())
         self.ingest = Ingest(settings, on_failure=self._ingest_failed, crash_point=crash_point,
                              on_batch=lambda n: self.surface.ingest_batch(n),
-                             clock=self.clock)
+                             clock=self.clock,
+                             unit_key=(unit_key(key) if settings.privacy_unit == "user"
+                                       else None))
         # The operator surface (metrics, /healthz, /readyz; processor/stream/metrics.py).
         # Marker age by the later clock: a seal held back by a local clock that runs
         # behind shows as stale (and not ready), as it is in the brokers' time.
@@ -469,6 +473,9 @@ class Worker:
         self._warned_create_time = False
 
         self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
+        # privacy_unit = "user": the bounding stage, a second agent (unit_stage.py).
+        self.units = (UnitStage(self, crash_point) if settings.privacy_unit == "user"
+                      else None)
         self.app.before_stop = self.checkpoint
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
@@ -539,6 +546,8 @@ class Worker:
         under whatever configuration it is started with)."""
         async with self._lock:
             await self._checkpoint()
+        if self.units is not None:
+            await self.units.checkpoint()
 
     async def checkpoint_timer(self) -> None:
         """A checkpoint when applied state has waited CHECKPOINT_S (a quiet stream)."""
@@ -581,11 +590,15 @@ class Worker:
             self.batch_commit.forget()
             self.stores.release()
             self._frontiers.clear()
+        if self.units is not None:
+            await self.units.on_revoked()
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         # In the producer's thread: where this worker's changelog writes landed.
         if topic == self.changelog:
             self.tracker.delivered(partition, offset)
+        elif self.units is not None:
+            self.units.delivered(topic, partition, offset)
 
     def _operator_failed(self, exc: BaseException) -> NoReturn:
         # The operator never raises on a well-formed record, so this is the local disk,
@@ -630,6 +643,8 @@ class Worker:
                               if tp.topic == self.timeline_name)
         await self.gaps.reseed({tp.partition for tp in assigned
                                 if tp.topic == self.timeline_name})
+        if self.units is not None:
+            await self.units.on_assigned(assigned)
 
     # -- timers
 
@@ -802,6 +817,10 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     partitions = settings.partitions
     keyed = [kafka_io.topic_name(settings, "timeline"), changelog_topic(settings)]
+    if settings.privacy_unit == "user":
+        # The units topic (log-append time, the timeline's retention: replay recomputes
+        # the kept set from it) and the bounding stage's changelog.
+        keyed += [units_topic(settings), units_changelog_topic(settings)]
     try:
         kafka_io.require_brokers(conf, BROKER_WAIT_S)
     except kafka_io.BrokerUnavailable as exc:
@@ -815,14 +834,16 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
                                replication=replication, timeout_s=BROKER_WAIT_S)
         # Timeline records carry the brokers' log-append time: the clock cross-check of
         # the leader and of ingest reads it off their acknowledgements (clock.py).
-        extra = {keyed[0]: {"message.timestamp.type": "LogAppendTime"}}
+        extra = {t: {"message.timestamp.type": "LogAppendTime"}
+                 for t in (keyed[0], units_topic(settings))}
         for topic, retention_ms in retention_required(settings).items():
             kafka_io.create_topics(conf, [topic], partitions, replication=replication,
                                    config={**extra.get(topic, {}), "cleanup.policy": "delete",
                                            "retention.ms": str(retention_ms),
                                            "retention.bytes": "-1"},
                                    timeout_s=BROKER_WAIT_S)
-        kafka_io.create_topics(conf, keyed[1:], partitions, replication=replication,
+        kafka_io.create_topics(conf, [t for t in keyed[1:] if t != units_topic(settings)],
+                               partitions, replication=replication,
                                config={"cleanup.policy": "compact"}, timeout_s=BROKER_WAIT_S)
         have = {t: kafka_io.partitions_with_leaders(conf, t, partitions, BROKER_WAIT_S)
                 for t in keyed}
@@ -845,10 +866,13 @@ def retention_required(settings: Settings) -> dict[str, int]:
     kept forever: it records every (epsilon, delta) spent, and a restarted worker refuses
     to re-create a counter it announced (operator.AnnouncedCounterError), which it can
     only while the entry is there."""
-    return {kafka_io.topic_name(settings, "timeline"): settings.timeline_retention_ms,
-            kafka_io.topic_name(settings, "counts"): settings.counts_retention_ms,
-            kafka_io.topic_name(settings, "deadletter"): settings.deadletter_retention_ms,
-            kafka_io.topic_name(settings, "ledger"): -1}
+    out = {kafka_io.topic_name(settings, "timeline"): settings.timeline_retention_ms,
+           kafka_io.topic_name(settings, "counts"): settings.counts_retention_ms,
+           kafka_io.topic_name(settings, "deadletter"): settings.deadletter_retention_ms,
+           kafka_io.topic_name(settings, "ledger"): -1}
+    if settings.privacy_unit == "user":
+        out[units_topic(settings)] = settings.timeline_retention_ms
+    return out
 
 
 def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:

@@ -31,6 +31,7 @@ from processor.core.errors import InvalidParameterError, NoiseKeyError
 from processor.core.grid import GRID_BITS
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.core.tight import CALIBRATIONS
+from processor.core.unit import UnitParameters, derive
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -41,6 +42,11 @@ PARAMETER_CHANGE_POLICIES = ("refuse", "keep")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: Longest accepted counter name (bytes of UTF-8); keeps state keys and records small.
 MAX_COUNTER_NAME = 200
+#: Values of privacy_unit: "event" (each event is the unit; today's behaviour) or "user"
+#: (the input's `user` field names the unit; contributions bounded, docs/privacy-unit.md).
+PRIVACY_UNITS = ("event", "user")
+#: The [unit] section's fields (privacy_unit = "user" only).
+_UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit")
 
 
 class ConfigError(ValueError):
@@ -148,6 +154,29 @@ class Settings:
     counts_retention_ms: int = -1
     #: Raw rejected input (a private topic): kept a week for an operator to look at.
     deadletter_retention_ms: int = 604_800_000
+    #: "event" (default: every guarantee is per event, exactly as before) or "user": the
+    #: guarantee is per unit named by each event's `user` field, the stream bounds each
+    #: unit's contributions and epsilon/delta above are DERIVED from the [unit] target
+    #: (docs/privacy-unit.md). Only with "user" are the four fields below set.
+    privacy_unit: str = "event"
+    #: The target per unit (eps_unit, delta_unit) and the lifetime contribution bounds k
+    #: (kept events of one unit per counter) and m (counters per unit).
+    unit_epsilon: float | None = None
+    unit_delta: float | None = None
+    max_events_per_counter: int = 1
+    max_counters_per_unit: int = 1
+
+    def unit_parameters(self) -> UnitParameters | None:
+        """The derivation behind epsilon/delta in "user" mode (None in "event" mode)."""
+        if self.privacy_unit != "user":
+            return None
+        cached: UnitParameters | None = self.__dict__.get("_unit_parameters")
+        if cached is None:
+            assert self.unit_epsilon is not None and self.unit_delta is not None
+            cached = derive(self.unit_epsilon, self.unit_delta, self.max_events_per_counter,
+                            self.max_counters_per_unit)
+            object.__setattr__(self, "_unit_parameters", cached)
+        return cached
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -169,6 +198,13 @@ class Settings:
             # Only when set: the fingerprints (and noise identities) of existing
             # deployments, all "paper", stay what they were.
             relevant["calibration"] = self.calibration
+        if self.privacy_unit != "event":
+            # Likewise only when set: event-mode fingerprints are unchanged.
+            relevant["privacy_unit"] = self.privacy_unit
+            relevant["unit_epsilon"] = self.unit_epsilon
+            relevant["unit_delta"] = self.unit_delta
+            relevant["contribution_bound"] = [self.max_events_per_counter,
+                                              self.max_counters_per_unit]
         fp = hashlib.sha256(orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS)).hexdigest()
         # Memoised (the settings are frozen): with 10^4 counters hashing costs milliseconds,
         # and the operator asks once per new counter.
@@ -192,14 +228,19 @@ _TOP_KEYS = {
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
     "standby_replicas", "on_parameter_change",
     "timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms",
+    "privacy_unit",
 }
-_SECTIONS = {"security", "topics", "counters"}
+_SECTIONS = {"security", "topics", "counters", "unit"}
 
 # Environment overrides: variable -> (section or "", field). DPC_* wins over the legacy
 # KAFKA_BOOTSTRAP_SERVERS, which is honoured because the deploy scripts and CI export it.
 _ENV: dict[str, tuple[str, str]] = {f"DPC_{k.upper()}": ("", k) for k in _TOP_KEYS}
 _ENV.update({f"DPC_{f.name.upper()}": ("security", f.name) for f in fields(SecuritySettings)})
 _ENV.update({f"DPC_TOPIC_{f.name.upper()}": ("topics", f.name) for f in fields(TopicSettings)})
+# Named after the Settings fields: DPC_UNIT_EPSILON, DPC_UNIT_DELTA,
+# DPC_MAX_EVENTS_PER_COUNTER, DPC_MAX_COUNTERS_PER_UNIT.
+_ENV.update({f"DPC_{k.upper() if k.startswith('max_') else 'UNIT_' + k.upper()}": ("unit", k)
+             for k in _UNIT_KEYS})
 #: Every environment variable `load_settings` reads (the development tooling strips them
 #: from a worker's environment so that its config file alone decides its settings).
 SETTINGS_ENV_VARS = frozenset({*_ENV, "DPC_COUNTERS", "KAFKA_BOOTSTRAP_SERVERS"})
@@ -312,21 +353,79 @@ def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) 
         if k not in topic_names:
             raise ConfigError(f"topics.{k}", "unknown setting (typo?)")
     counters: dict[str, Any] = dict(raw.get("counters", {}))
+    unit: dict[str, Any] = dict(raw.get("unit", {}))
+    for k in unit:
+        if k not in _UNIT_KEYS:
+            raise ConfigError(f"unit.{k}", "unknown setting (typo?)")
 
     if "KAFKA_BOOTSTRAP_SERVERS" in env and "DPC_BOOTSTRAP_SERVERS" not in env:
         top["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
     for var, (section, name) in _ENV.items():
         if var in env:
-            target = top if section == "" else sec if section == "security" else topics
+            target = {"": top, "security": sec, "topics": topics, "unit": unit}[section]
             target[name] = env[var]
     if "DPC_COUNTERS" in env:
         counters = _parse_counters_env(env["DPC_COUNTERS"])
 
-    return _build(top, sec, topics, counters)
+    return _build(top, sec, topics, counters, unit)
+
+
+def _unit_fields(top: dict[str, Any], unit: dict[str, Any]) -> dict[str, Any]:
+    """privacy_unit and the [unit] fields, checked; in "user" mode also the DERIVED
+    epsilon and delta (which must then not be configured: they would contradict the
+    target). ConfigError names the field."""
+    mode = _as_str("privacy_unit", top.get("privacy_unit", "event"))
+    if mode not in PRIVACY_UNITS:
+        raise ConfigError("privacy_unit", f"must be one of {', '.join(PRIVACY_UNITS)}")
+    out: dict[str, Any] = {"privacy_unit": mode}
+    if mode == "event":
+        if unit:
+            raise ConfigError("unit", 'the [unit] section needs privacy_unit = "user"')
+        return out
+    for name in ("epsilon", "delta"):
+        if name in top:
+            raise ConfigError(name, 'is derived from unit.epsilon and unit.delta when '
+                              'privacy_unit = "user" (docs/privacy-unit.md): remove it')
+    for name in ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit"):
+        if name not in unit:
+            raise ConfigError(f"unit.{name}", 'is required when privacy_unit = "user"')
+    out["unit_epsilon"] = _as_float("unit.epsilon", unit["epsilon"])
+    out["unit_delta"] = _as_float("unit.delta", unit["delta"])
+    out["max_events_per_counter"] = _as_int(
+        "unit.max_events_per_counter", unit["max_events_per_counter"], 1)
+    out["max_counters_per_unit"] = _as_int(
+        "unit.max_counters_per_unit", unit["max_counters_per_unit"], 1)
+    p = _derive(out["unit_epsilon"], out["unit_delta"], out["max_events_per_counter"],
+                out["max_counters_per_unit"])
+    out["epsilon"], out["delta"] = p.event_epsilon, p.event_delta
+    return out
+
+
+def _derive(eps: float, delta: float, k: int, m: int) -> UnitParameters:
+    """unit.derive with its error as a ConfigError naming the [unit] field."""
+    try:
+        return derive(eps, delta, k, m)
+    except InvalidParameterError as exc:
+        text = str(exc)
+        name = next((f"unit.{f}" for f in ("max_events_per_counter", "max_counters_per_unit")
+                     if f in text), "unit.delta" if "delta" in text else "unit.epsilon")
+        raise ConfigError(name, text) from None
+
+
+def with_unit(s: Settings, unit_epsilon: float, unit_delta: float,
+              max_events_per_counter: int, max_counters_per_unit: int) -> Settings:
+    """A validated copy of `s` in privacy_unit = "user" mode, epsilon/delta derived
+    (tests, the bench, the audit)."""
+    p = _derive(unit_epsilon, unit_delta, max_events_per_counter, max_counters_per_unit)
+    return validate_settings(replace(
+        s, privacy_unit="user", unit_epsilon=float(unit_epsilon),
+        unit_delta=float(unit_delta), max_events_per_counter=max_events_per_counter,
+        max_counters_per_unit=max_counters_per_unit, epsilon=p.event_epsilon,
+        delta=p.event_delta))
 
 
 def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
-           counters: dict[str, Any]) -> Settings:
+           counters: dict[str, Any], unit: dict[str, Any] | None = None) -> Settings:
     d = Settings()
     s: dict[str, Any] = {}
     s["app_id"] = _as_str("app_id", top.get("app_id", d.app_id))
@@ -340,6 +439,7 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
     s["calibration"] = _as_str("calibration", top.get("calibration", d.calibration))
     s["epsilon"] = _as_float("epsilon", top.get("epsilon", d.epsilon))
     s["delta"] = _as_float("delta", top.get("delta", d.delta))
+    s.update(_unit_fields(top, unit or {}))
     s["beta"] = _as_float("beta", top.get("beta", d.beta))
     s["heartbeat_ticks"] = _as_int(
         "heartbeat_ticks", top.get("heartbeat_ticks", d.heartbeat_ticks), 1)
@@ -387,6 +487,7 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
 
 def validate_settings(s: Settings) -> Settings:
     """Check every cross-field rule; return `s` unchanged or raise ConfigError."""
+    _check_unit(s)
     if s.mechanism not in STREAM_MECHANISMS:
         raise ConfigError("mechanism", f"must be one of {', '.join(STREAM_MECHANISMS)} "
                           "(the mechanisms private under the queue shift)")
@@ -401,7 +502,15 @@ def validate_settings(s: Settings) -> Settings:
         raise ConfigError("beta", "must be in (0, 1)")
     if s.calibration not in CALIBRATIONS:
         raise ConfigError("calibration", f"must be one of {', '.join(CALIBRATIONS)}")
-    _check_mechanism(s.mechanism, s.epsilon, s.delta, s.beta, s.calibration)
+    try:
+        _check_mechanism(s.mechanism, s.epsilon, s.delta, s.beta, s.calibration)
+    except ConfigError as exc:
+        if s.privacy_unit != "user":
+            raise
+        raise ConfigError("unit", f"the per-event parameters derived from the unit target "
+                          f"(epsilon {s.epsilon!r}, delta {s.delta!r}) are unusable: "
+                          f"{exc.message}; raise unit.epsilon or unit.delta, or lower "
+                          "the bounds") from None
     if s.on_parameter_change not in PARAMETER_CHANGE_POLICIES:
         raise ConfigError("on_parameter_change",
                           f"must be one of {', '.join(PARAMETER_CHANGE_POLICIES)}")
@@ -529,6 +638,29 @@ def _check_retention(s: Settings) -> None:
     if forever(s.counts_retention_ms) < forever(s.timeline_retention_ms):
         raise ConfigError("counts_retention_ms", "must be at least timeline_retention_ms "
                           "(-1 is forever): replay compares every release it recomputes")
+
+
+def _check_unit(s: Settings) -> None:
+    """privacy_unit and the [unit] fields: "event" with none of them set; "user" with all
+    of them valid, declared counters only, and epsilon/delta equal to the derivation."""
+    if s.privacy_unit not in PRIVACY_UNITS:
+        raise ConfigError("privacy_unit", f"must be one of {', '.join(PRIVACY_UNITS)}")
+    if s.privacy_unit == "event":
+        if (s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
+                s.max_counters_per_unit) != (None, None, 1, 1):
+            raise ConfigError("unit", 'the [unit] fields need privacy_unit = "user"')
+        return
+    if s.unit_epsilon is None or s.unit_delta is None:
+        raise ConfigError("unit.epsilon", 'is required when privacy_unit = "user"')
+    p = _derive(s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
+                s.max_counters_per_unit)
+    if (s.epsilon, s.delta) != (p.event_epsilon, p.event_delta):
+        raise ConfigError("epsilon", "must be the per-event epsilon and delta derived from "
+                          f"the unit target ({p.event_epsilon!r}, {p.event_delta!r})")
+    if s.allow_undeclared:
+        # A counter created at its first event reveals that event; no per-event
+        # guarantee covers it, so no per-unit one does (docs/privacy-unit.md).
+        raise ConfigError("allow_undeclared", 'must be false when privacy_unit = "user"')
 
 
 def _core_accepts(eps: float, delta: float) -> bool:

@@ -50,9 +50,19 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from processor.core.errors import NoiseKeyError
 from processor.stream import kafka_io
+from processor.stream.bounding import (
+    UnitHasher,
+    UnitRow,
+    encode_units,
+    unit_key,
+    unit_partition,
+    unit_row,
+    units_topic,
+)
 from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, system_clock
-from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
 from processor.stream.logs import configure_logging
 from processor.stream.records import (
     Event,
@@ -153,12 +163,15 @@ class Routed:
     timeline: list[tuple[int, bytes]] = field(default_factory=list)
     deadletters: list[bytes] = field(default_factory=list)
     metrics: Tally[str] = field(default_factory=Tally)
+    #: privacy_unit = "user": units-topic records (units partition, bytes) instead of
+    #: timeline records; the bounding stage forwards what it keeps (bounding.py).
+    units: list[tuple[int, bytes]] = field(default_factory=list)
 
 
 def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
           max_events: int = MAX_BATCH_EVENTS, max_bytes: int = MAX_BATCH_BYTES,
           parse: Callable[..., Event | Rejection] = parse_input,
-          source: str = "") -> Routed:
+          source: str = "", unit_key: bytes | None = None) -> Routed:
     """Validate `records` and group the valid events into timeline batch records, each
     naming `source` (the input topic's identity, `InputIdentity`) if it is not empty.
 
@@ -210,11 +223,66 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
         encode(tp, events[:half])
         encode(tp, events[half:])
 
+    if settings.privacy_unit == "user":
+        return _route_units(out, by_partition, raw_of, settings, unit_key, source,
+                            max_events, max_bytes, dead)
     for tp in sorted(by_partition):
         events = by_partition[tp]
         for i in range(0, len(events), max_events):
             encode(tp, events[i:i + max_events])
     out.metrics["timeline_batches"] += len(out.timeline)
+    return out
+
+
+_HASHERS: dict[bytes, UnitHasher] = {}
+
+
+def _hasher(unit_key: bytes) -> UnitHasher:
+    """One UnitHasher per key for the process (ingest's thread is the only caller)."""
+    h = _HASHERS.get(unit_key)
+    if h is None:
+        _HASHERS.clear()
+        h = _HASHERS[unit_key] = UnitHasher(unit_key)
+    return h
+
+
+def _route_units(out: Routed, by_partition: dict[int, list[Event]],
+                 raw_of: dict[tuple[int, int], bytes], settings: Settings,
+                 unit_key: bytes | None, source: str, max_events: int, max_bytes: int,
+                 dead: Callable[[Rejection, InputRecord], None]) -> Routed:
+    """privacy_unit = "user": the valid events, their unit ids replaced by the keyed hash,
+    grouped by units partition in the order read (the bounding stage decides by that
+    order), into units records split like timeline records."""
+    if unit_key is None:
+        raise IngestError('privacy_unit = "user" needs the unit key (the noise key)')
+    hasher = _hasher(unit_key)
+    events = sorted((ev for evs in by_partition.values() for ev in evs),
+                    key=lambda e: (e.src_partition, e.src_offset))
+    by_unit: dict[int, list[UnitRow]] = {}
+    for ev in events:
+        if ev.unit is None:  # parse_input rejects these in user mode: never counted
+            dead(Rejection("unit_missing", "user is required (privacy_unit = user)"),
+                 InputRecord(ev.src_partition, ev.src_offset,
+                             raw_of[(ev.src_partition, ev.src_offset)]))
+            continue
+        h = hasher(ev.unit)
+        by_unit.setdefault(unit_partition(h, settings.partitions), []).append(unit_row(h, ev))
+
+    def encode(up: int, rows: list[UnitRow]) -> None:
+        data = encode_units(rows, source)
+        if len(data) <= max_bytes or len(rows) == 1:
+            out.units.append((up, data))
+            out.metrics["ingested"] += len(rows)
+            return
+        half = len(rows) // 2
+        encode(up, rows[:half])
+        encode(up, rows[half:])
+
+    for up in sorted(by_unit):
+        rows = by_unit[up]
+        for i in range(0, len(rows), max_events):
+            encode(up, rows[i:i + max_events])
+    out.metrics["units_batches"] += len(out.units)
     return out
 
 
@@ -320,8 +388,13 @@ class Ingest:
                  crash_point: Callable[[str], None] | None = None,
                  on_batch: Callable[[int], None] | None = None,
                  max_consume: int = MAX_CONSUME, poll_s: float = 0.2,
-                 delivery_timeout_s: float = 60.0, clock: ClockGuard | None = None) -> None:
+                 delivery_timeout_s: float = 60.0, clock: ClockGuard | None = None,
+                 unit_key: bytes | None = None) -> None:
         self.settings = settings
+        #: privacy_unit = "user": the HMAC key of unit ids (bounding.unit_key); events go
+        #: to the units topic, keyed by it, never with the raw id.
+        self._unit_key = unit_key
+        self._units = units_topic(settings)
         self._clock = clock if clock is not None else ClockGuard(system_clock())
         self.group_id = f"{settings.app_id}-ingest"
         self.failure: BaseException | None = None
@@ -471,7 +544,7 @@ class Ingest:
         identity = self.identity
         identity.observe(records)
         routed = route(records, self.settings, self._clock.read().future_ms,
-                       source=identity.source)
+                       source=identity.source, unit_key=self._unit_key)
         routed.metrics["input_topic_recreated"] += identity.recreated
         identity.recreated = 0
         failed: list[str] = []
@@ -481,6 +554,8 @@ class Ingest:
 
         for tp, data in routed.timeline:
             self._produce(producer, self._timeline, data, tp, on_delivery)
+        for up, data in routed.units:
+            self._produce(producer, self._units, data, up, on_delivery)
         for data in routed.deadletters:
             self._produce(producer, self._deadletter, data, None, on_delivery)
         remaining = producer.flush(self._delivery_timeout_s)
@@ -521,7 +596,7 @@ class Ingest:
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
             if err is not None:
                 failed.append(err.name())
-            elif msg.topic() == self._timeline:
+            elif msg.topic() in (self._timeline, self._units):  # both log-append time
                 kind, ts = msg.timestamp()
                 if kind == TIMESTAMP_LOG_APPEND_TIME:
                     stamps.append(int(ts))
@@ -572,10 +647,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         crash_point = crash_point_from_env()
-    except ConfigError as exc:
+        # privacy_unit = "user": unit ids are hashed under a key derived from the noise key.
+        ukey = (unit_key(load_noise_key(settings)) if settings.privacy_unit == "user"
+                else None)
+    except (ConfigError, NoiseKeyError) as exc:
         print(f"error: configuration: {exc}", file=sys.stderr)
         return 2
-    ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume)
+    ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume,
+                    unit_key=ukey)
 
     def on_signal(_signum: int, _frame: object) -> None:
         ingest.stop(timeout_s=0)

@@ -81,6 +81,7 @@ from processor.stream.records import (
     decode_timeline_rows,
     partition_for,
     source_label,
+    unit_ledger_fields,
 )
 from processor.stream.state import (
     COUNTER_PREFIX,
@@ -795,7 +796,8 @@ class Operator:
             delta=c.delta, tick_ms=s.tick_ms,
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
-            parameters="configured" if same else "stored", calibration=_calibration(c))
+            parameters="configured" if same else "stored", calibration=_calibration(c),
+            **unit_ledger_fields(s))
 
     def _creation_tag(self, name: str, n: int, frontier: int) -> str:
         """The public tag of ONE creation of a counter (sha256, 32 hex digits): the noise

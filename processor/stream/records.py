@@ -48,7 +48,18 @@ REASONS: Final = (
     "timestamp_missing",
     "timestamp_too_far_in_future",
     "before_start",
+    # privacy_unit = "user" (docs/privacy-unit.md): no unit id, a bad one, and an event
+    # beyond a contribution bound (the bounding stage's, processor/stream/bounding.py).
+    "unit_missing",
+    "invalid_unit",
+    "contribution_bound_exceeded",
 )
+#: The reasons only a privacy_unit = "user" deployment gives (an event-mode record is
+#: never rejected for them).
+USER_MODE_REASONS: Final = ("unit_missing", "contribution_bound_exceeded")
+#: The input field naming the privacy unit, and its longest accepted value (UTF-8 bytes).
+UNIT_FIELD: Final = "user"
+MAX_UNIT_ID: Final = 256
 #: The dead-letter record keeps at most this many bytes of the original record.
 DEADLETTER_RAW_LIMIT = 4096
 #: The version of the timeline records this module writes (and the only one it reads).
@@ -58,6 +69,9 @@ TIMELINE_VERSION: Final = 2
 #: policy is in docs/downstream.md.
 RELEASE_SCHEMA_VERSION: Final = 1
 LEDGER_SCHEMA_VERSION: Final = 1
+#: Ledger entries of a privacy_unit = "user" deployment: version 1 plus the unit fields.
+#: Event-mode entries stay version 1, byte for byte.
+LEDGER_UNIT_SCHEMA_VERSION: Final = 2
 #: Kafka headers of every public record: what a subscriber reads before the value.
 Headers = list[tuple[str, bytes]]
 
@@ -69,7 +83,8 @@ def _headers(schema: str, version: int) -> tuple[tuple[str, bytes], ...]:
 
 RELEASE_HEADERS: Final = _headers("private-count", RELEASE_SCHEMA_VERSION)
 LEDGER_HEADERS: Final = _headers("ledger-entry", LEDGER_SCHEMA_VERSION)
-_INPUT_FIELDS = frozenset({"counter", "ts", "value"})
+LEDGER_UNIT_HEADERS: Final = _headers("ledger-entry", LEDGER_UNIT_SCHEMA_VERSION)
+_INPUT_FIELDS = frozenset({"counter", "ts", "value", UNIT_FIELD})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -88,6 +103,9 @@ class Event:
     units: int
     src_partition: int = -1
     src_offset: int = -1
+    #: The privacy unit's id (the input's "user" field) in privacy_unit = "user" mode,
+    #: else None. Raw: ingest replaces it by its keyed hash before anything is written.
+    unit: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,20 +211,54 @@ class LedgerEntry:
     #: Which analysis calibrates the counter's noise: "paper" or "tight" (the project's
     #: own, docs/tight-calibration.md); the same (epsilon, delta) either way.
     calibration: str = "paper"
+    #: privacy_unit = "user" only (schema version 2; None and absent from the JSON in
+    #: event mode): the input field naming the unit, the bound on counters per unit
+    #: (contribution_bound above is then the bound on events per counter), the guarantee
+    #: per unit, and how epsilon/delta (per event) were derived from it.
+    unit_field: str | None = None
+    max_counters_per_unit: int | None = None
+    unit_epsilon: float | None = None
+    unit_delta: float | None = None
+    unit_derivation: str | None = None
 
     def key(self) -> bytes:
         return self.counter.encode("utf-8")
 
     def to_json(self) -> bytes:
+        if self.unit_field is None:
+            # Event mode: exactly the version-1 bytes (the unit fields left out).
+            return orjson.dumps({k: getattr(self, k) for k in _LEDGER_V1_FIELDS})
         return orjson.dumps(self)
 
     def headers(self) -> Headers:
+        if self.schema_version >= LEDGER_UNIT_SCHEMA_VERSION:
+            return list(LEDGER_UNIT_HEADERS)
         return list(LEDGER_HEADERS)
 
     def timestamp_ms(self) -> int:
         """The Kafka record timestamp: the end of tick `since_tick` (for a created entry,
         of the counter's first tick), a function of public fields as for releases."""
         return self.start_ms + self.since_tick * self.tick_ms
+
+
+_LEDGER_UNIT_FIELDS: Final = ("unit_field", "max_counters_per_unit", "unit_epsilon",
+                               "unit_delta", "unit_derivation")
+_LEDGER_V1_FIELDS: Final = tuple(f for f in LedgerEntry.__dataclass_fields__
+                                 if f not in _LEDGER_UNIT_FIELDS)
+
+
+def unit_ledger_fields(settings: Settings) -> dict[str, Any]:
+    """The LedgerEntry keyword arguments of the privacy unit: none in event mode (the
+    entry is what it always was), the unit, both bounds and the guarantee per unit in
+    user mode (epsilon/delta of the entry are the derived per-event ones)."""
+    p = settings.unit_parameters()
+    if p is None:
+        return {}
+    return {"schema_version": LEDGER_UNIT_SCHEMA_VERSION, "privacy_unit": "user",
+            "contribution_bound": p.max_events_per_counter, "unit_field": UNIT_FIELD,
+            "max_counters_per_unit": p.max_counters_per_unit,
+            "unit_epsilon": p.unit_epsilon, "unit_delta": p.unit_delta,
+            "unit_derivation": p.method}
 
 
 def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, frozenset[str]]:
@@ -322,6 +374,16 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
         return Rejection("schema_violation", "counter is not valid Unicode text")
     if name_bytes > MAX_COUNTER_NAME:
         return Rejection("schema_violation", f"counter longer than {MAX_COUNTER_NAME} bytes")
+    unit = obj.get(UNIT_FIELD)
+    if unit is None:
+        if settings.privacy_unit == "user":
+            return Rejection("unit_missing", f"{UNIT_FIELD} is required (privacy_unit = user)")
+    else:
+        problem = unit_id_problem(unit)
+        if problem is not None:
+            return Rejection("invalid_unit", problem)
+        if settings.privacy_unit != "user":
+            unit = None  # event mode: accepted by the schema, not used
     if "ts" not in obj or obj["ts"] is None:
         return Rejection("timestamp_missing", "ts is required")
     ts = _parse_ts(obj["ts"])
@@ -345,7 +407,23 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
     units = to_units(value)
     if not 0 <= units <= UNIT:
         return Rejection("value_out_of_range", "value must be in [0, 1]")
-    return Event(counter, ts, units, partition, offset)
+    return Event(counter, ts, units, partition, offset, unit)
+
+
+def unit_id_problem(unit: object) -> str | None:
+    """Why `unit` cannot name a privacy unit (the rule, never the value), or None: a
+    non-empty string of at most MAX_UNIT_ID bytes of UTF-8 (no lone surrogates)."""
+    if not isinstance(unit, str):
+        return f"{UNIT_FIELD} must be a string"
+    if not unit:
+        return f"{UNIT_FIELD} must not be empty"
+    try:
+        n = len(unit.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{UNIT_FIELD} is not valid Unicode text"
+    if n > MAX_UNIT_ID:
+        return f"{UNIT_FIELD} longer than {MAX_UNIT_ID} bytes"
+    return None
 
 
 def deadletter_record(rejection: Rejection, raw: bytes, topic: str, partition: int,

@@ -100,6 +100,7 @@ from processor.core import registry
 from processor.core.api import Counter
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.stream import kafka_io
+from processor.stream.bounding import check_kept_set, units_topic
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import (
     ConfigError,
@@ -921,6 +922,11 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
     tl_topic = kafka_io.topic_name(settings, "timeline")
     counts_topic = kafka_io.topic_name(settings, "counts")
     ledger_topic = kafka_io.topic_name(settings, "ledger")
+    # privacy_unit = "user": the bounding stage's committed offsets come before the
+    # timeline's snapshot (its forwards were acknowledged before it committed).
+    units_committed = (None if settings.privacy_unit != "user" else
+                       kafka_io.committed_offsets(conf, settings.app_id,
+                                                  units_topic(settings), timeout_s))
     # 1. committed offsets, 2. the public snapshot, 3. the timeline: this order is the cut.
     committed, (counts_marks, ledger_marks, tl_marks) = kafka_io.snapshot_offsets(
         conf, settings.app_id, tl_topic, [counts_topic, ledger_topic, tl_topic], timeout_s)
@@ -956,9 +962,31 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
         diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),
                                                        "ledger": (ledger_topic, ledger_marks)},
                                  settle_s, timeout_s)
+    if units_committed is not None:
+        diffs += _kept_set_differences(settings, conf, timeline, units_committed, timeout_s)
     cut = {p: (committed.get(p, 0), hi) for p, (_lo, hi) in tl_marks.items()}
     return ReplayReport(result.records, result.duplicates_dropped, releases, entries, cut,
                         diffs)
+
+
+def _kept_set_differences(settings: Settings, conf: Mapping[str, str],
+                          timeline: Mapping[int, Sequence[tuple[int, bytes | None]]],
+                          committed: dict[int, int], timeout_s: float) -> list[Difference]:
+    """privacy_unit = "user": recompute the bounding stage's kept set from the units topic
+    (read after the timeline: every forwarded event's units record is in it) and compare
+    it with the events the timeline carries from the stage (bounding.check_kept_set)."""
+    topic = units_topic(settings)
+    marks = kafka_io.end_offsets(conf, topic, timeout_s)
+    log = [(p, o, v or b"") for p, recs in sorted(kafka_io.read_values(
+        conf, topic, {p: (0, hi) for p, (_lo, hi) in marks.items()},
+        timeout_s=timeout_s).items()) for o, v in recs]
+    values = [v for _p, recs in sorted(timeline.items()) for _o, v in recs]
+    return [Difference("units", ("kept", p, str(o)), problem,
+                       "forwarded to the timeline but not in the kept set recomputed from "
+                       "the units topic" if problem == "unexpected" else
+                       "in the recomputed kept set of a committed units record, not on "
+                       "the timeline")
+            for problem, (p, o) in check_kept_set(settings, log, values, committed)]
 
 
 class _StderrProgress:

@@ -54,6 +54,8 @@ from processor.core.rng import NoiseKey
 
 _COUNTER_MAGIC: Final = b"DPC\x04"
 _PARTITION_MAGIC: Final = b"DPP\x04"
+#: A privacy unit's value (processor/stream/bounding.py): magic, offset, then its kept set.
+UNIT_MAGIC: Final = b"DPU\x04"
 #: Format 3: the same fields, without the offset header (read, converted on write).
 _COUNTER_V3: Final = b"DPC\x03"
 _PARTITION_V3: Final = b"DPP\x03"
@@ -113,7 +115,7 @@ def stored_offset(value: bytes | None) -> int | None:
     if value is None or len(value) < 12:
         return None
     magic = bytes(value[:4])
-    if magic in (_COUNTER_MAGIC, _PARTITION_MAGIC):
+    if magic in (_COUNTER_MAGIC, _PARTITION_MAGIC, UNIT_MAGIC):
         return _read_i64(value, 4)
     return None
 

@@ -40,6 +40,7 @@ from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import counter_id_for, is_heartbeat_tick
 from processor.stream.records import (
     REASONS,
+    USER_MODE_REASONS,
     Event,
     TimelineBatch,
     TimelineMarker,
@@ -210,6 +211,7 @@ def bad_records(counter: str, start_ms: int, now: int) -> dict[str, bytes]:
         "timestamp_missing": orjson.dumps({"counter": counter, "value": 1}),
         "timestamp_too_far_in_future": orjson.dumps({"counter": counter, "ts": now + 600_000}),
         "before_start": orjson.dumps({"counter": counter, "ts": start_ms - 5_000}),
+        "invalid_unit": orjson.dumps({"counter": counter, "ts": now, "user": 5}),
     }
 
 
@@ -289,7 +291,7 @@ def test_known_sequence_matches_operator_spec_and_dead_letters(
     inputs = {r.value: r for r in kafka_io.iter_topic(live.conf, live.topics.input)}
     dead = [orjson.loads(r.value or b"") for r in
             kafka_io.iter_topic(live.conf, live.topics.deadletter)]
-    assert sorted(d["reason"] for d in dead) == sorted(REASONS)
+    assert sorted(d["reason"] for d in dead) == sorted(set(REASONS) - set(USER_MODE_REASONS))
     for d in dead:
         raw = base64.b64decode(d["raw"])
         assert raw == bad[d["reason"]]

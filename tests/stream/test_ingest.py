@@ -31,6 +31,7 @@ from processor.stream.config import Settings, TopicSettings, with_overrides
 from processor.stream.ingest import InputRecord, committable, crash_point_from_env, route
 from processor.stream.records import (
     REASONS,
+    USER_MODE_REASONS,
     Event,
     Rejection,
     TimelineBatch,
@@ -67,6 +68,7 @@ def _bad(now: int) -> dict[str, bytes]:
         "timestamp_missing": orjson.dumps({"counter": "a", "value": 1}),
         "timestamp_too_far_in_future": orjson.dumps({"counter": "a", "ts": now + 600_000}),
         "before_start": orjson.dumps({"counter": "a", "ts": START - 5_000}),
+        "invalid_unit": orjson.dumps({"counter": "a", "ts": now, "user": ["x"]}),
     }
 
 
@@ -130,7 +132,8 @@ def test_every_bad_record_is_dead_lettered_with_its_reason_and_bytes() -> None:
     recs = [InputRecord(0, i, raw) for i, raw in enumerate(raws)]
     routed = route(recs, s, NOW)
     dead = [orjson.loads(d) for d in routed.deadletters]
-    assert sorted(d["reason"] for d in dead) == sorted([*REASONS, "schema_violation"])
+    assert sorted(d["reason"] for d in dead) == sorted(
+        [*(set(REASONS) - set(USER_MODE_REASONS)), "schema_violation"])
     for d in dead:
         raw = base64.b64decode(d["raw"])
         assert (d["topic"], d["partition"], d["offset"]) == (s.topics.input, 0,

@@ -670,7 +670,10 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
     assert {f.name for f in dataclasses.fields(LedgerEntry)} == {
         "schema_version", "counter", "mechanism", "epsilon", "delta", "tick_ms", "start_ms",
         "privacy_unit", "contribution_bound", "fingerprint", "grid_bits", "key_id",
-        "creation", "entry", "since_tick", "parameters", "calibration"}
+        "creation", "entry", "since_tick", "parameters", "calibration",
+        # privacy_unit = "user" only: public configuration (docs/privacy-unit.md).
+        "unit_field", "max_counters_per_unit", "unit_epsilon", "unit_delta",
+        "unit_derivation"}
 
     class Sentinel(StepCounter):
         @property

@@ -23,8 +23,11 @@ from processor.stream.operator import Operator
 from processor.stream.records import (
     DEADLETTER_RAW_LIMIT,
     LEDGER_SCHEMA_VERSION,
+    LEDGER_UNIT_SCHEMA_VERSION,
+    MAX_UNIT_ID,
     REASONS,
     RELEASE_SCHEMA_VERSION,
+    USER_MODE_REASONS,
     Event,
     LedgerEntry,
     Rejection,
@@ -84,6 +87,9 @@ BAD: list[tuple[str, bytes]] = [
     ("timestamp_too_far_in_future", b'{"counter": "signups", "ts": "2026-01-02T00:00:00Z"}'),
     ("before_start", b'{"counter": "signups", "ts": 1767221999999}'),
     ("before_start", b'{"counter": "late", "ts": 1767225600000}'),
+    # The unit field is validated in every mode (it is part of the schema).
+    ("invalid_unit", b'{"counter": "signups", "ts": 1767225600000, "user": 7}'),
+    ("invalid_unit", b'{"counter": "signups", "ts": 1767225600000, "user": ""}'),
 ]
 
 
@@ -96,7 +102,7 @@ def test_every_rejection_reason(reason: str, raw: bytes) -> None:
 
 
 def test_all_reasons_are_exercised() -> None:
-    assert {r for r, _ in BAD} == set(REASONS)
+    assert {r for r, _ in BAD} == set(REASONS) - set(USER_MODE_REASONS)
 
 
 def test_rejection_detail_never_echoes_the_value() -> None:
@@ -361,13 +367,24 @@ def test_schema_version_is_the_records_and_the_schemas() -> None:
                                ("ledger-entry.schema.json", LedgerEntry,
                                 LEDGER_SCHEMA_VERSION)):
         schema = json.loads((SCHEMAS / name).read_text())
+        fields = [f.name for f in dataclasses.fields(cls)]
+        assert fields[0] == "schema_version"
+        assert schema["required"][0] == "schema_version"
+        if cls is LedgerEntry:
+            # Version 2 (privacy_unit = "user") adds the unit fields; event-mode entries
+            # stay version 1 without them (records.LedgerEntry.to_json).
+            assert schema["properties"]["schema_version"]["enum"] == [
+                version, LEDGER_UNIT_SCHEMA_VERSION]
+            assert f"schema_version {LEDGER_UNIT_SCHEMA_VERSION}" in schema["title"]
+            unit_fields = {f for f in fields if f.startswith("unit_")} | {
+                "max_counters_per_unit"}
+            assert set(schema["properties"]) == set(fields)
+            assert set(schema["required"]) == set(fields) - unit_fields
+            continue
         assert schema["properties"]["schema_version"] == {
             "const": version, "description": schema["properties"]["schema_version"][
                 "description"]}
-        assert schema["required"][0] == "schema_version"
         assert f"schema_version {version}" in schema["title"]
-        fields = [f.name for f in dataclasses.fields(cls)]
-        assert fields[0] == "schema_version"
         # The schema lists exactly the fields the code writes (no more, no fewer).
         assert set(schema["properties"]) == set(fields) == set(schema["required"])
 
@@ -386,7 +403,8 @@ def test_release_schema_states_the_unit_and_how_to_rebuild_y() -> None:
 def test_schema_file_matches_parser() -> None:
     """The JSON schema documents the same fields and bounds as parse_input."""
     schema = json.loads((SCHEMAS / "input-event.schema.json").read_text())
-    assert set(schema["properties"]) == {"counter", "ts", "value"}
+    assert set(schema["properties"]) == {"counter", "ts", "value", "user"}
+    assert schema["properties"]["user"]["maxLength"] == MAX_UNIT_ID
     assert schema["required"] == ["counter", "ts"]
     assert schema["additionalProperties"] is False
     v = schema["properties"]["value"]

@@ -1,0 +1,242 @@
+"""Cost of privacy_unit = "user" (the bounding stage, docs/privacy-unit.md) against
+"event", in one run on one broker.
+
+    python bench/bench_unit.py [--events 20000] [--repeat 2] [--users 20000]
+        [--bootstrap HOST:PORT] [--json FILE]
+
+Per repeat, two isolated deployments (same counters, tick 100 ms, lateness 100 ms, ECC),
+one per mode, in an order rotated between repeats. Each worker is started, fed one
+warm-up event and waited for until it released something; then its idle CPU is measured
+for IDLE_S, then the N events are produced as fast as one producer goes: 100 counters,
+each event naming one of --users units (user mode: target eps 4, delta 1e-6 per unit,
+k = 3 events per counter, m = 2 counters per unit, so part of the events exceed a bound
+and are dead-lettered).
+
+    counted = events that reach the operator (event mode: all N; user mode: the kept ones)
+    start   = append time of the first input record (LogAppendTime)
+    end     = append time of the last timeline batch that carries one of the N events
+              (event mode: ingest's; user mode: the bounding stage's forward)
+    events/s            = N / (end - start)   (input events through to the timeline)
+    CPU per counted event = (worker tree CPU over [produce, end + SETTLE_S]
+                             - idle CPU rate x that window) / counted
+    state bytes per unit = mean (key + value) bytes of the live values of the units
+                           table (latest record per key of its changelog)
+
+The operator's own work (applying the batches and the markers) follows the timeline by
+at most a tick and is inside the CPU window (SETTLE_S after `end`). Target (issue 17):
+CPU per counted event in user mode at most 1.5x event mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from processor.core.unit import derive
+from processor.devtools.deployment import Deployment, isolated_deployment
+from processor.stream import kafka_io
+from processor.stream.bounding import (
+    UNITS_SOURCE,
+    units_changelog_topic,
+)
+from processor.stream.records import (
+    TimelineBatch,
+    TimelineFormatError,
+    decode_timeline,
+)
+
+IDLE_S = 3.0
+SETTLE_S = 2.0
+COUNTERS = [f"c{i:03d}" for i in range(100)]
+K, M, UNIT_EPS, UNIT_DELTA = 3, 2, 4.0, 1e-6
+
+
+def cpu_seconds(pid: int) -> float:
+    total = 0.0
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
+
+
+_TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU-seconds per part of the worker (as bench_stream.thread_cpu): main (Faust's
+    loop: the operator and bounding agents), librdkafka, rocksdb, other python (ingest)."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            raw = (task / "stat").read_text()
+            comm = raw[raw.index("(") + 1:raw.rindex(")")]
+            fields = raw[raw.rindex(")") + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) * _TICK_S
+            group = ("main" if int(task.name) == pid else "librdkafka"
+                     if comm.startswith("rdk:") else "rocksdb"
+                     if comm.startswith("rocksdb") else "other python")
+            out[group] = out.get(group, 0.0) + cpu
+    return out
+
+
+def deployment(bootstrap: str, tmp: Path, mode: str) -> Deployment:
+    start = (int(time.time() * 1000) // 100) * 100 - 3_600_000
+    kw: dict[str, Any] = dict(tick_ms=100, lateness_ms=100, max_future_ms=60_000,
+                              heartbeat_ticks=60, partitions=4)
+    if mode == "user":
+        p = derive(UNIT_EPS, UNIT_DELTA, K, M)
+        kw.update(privacy_unit="user", unit_epsilon=UNIT_EPS, unit_delta=UNIT_DELTA,
+                  max_events_per_counter=K, max_counters_per_unit=M,
+                  epsilon=p.event_epsilon, delta=p.event_delta)
+    else:
+        kw.update(epsilon=1.0, delta=1e-6)
+    return isolated_deployment(bootstrap, dict.fromkeys(COUNTERS, start), parent=tmp,
+                               name=f"bu-{mode}", **kw)
+
+
+def events(n: int, users: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    now = int(time.time() * 1000) - 300  # late: joins the first open tick at once
+    return [orjson.dumps({"counter": rng.choice(COUNTERS), "ts": now,
+                          "user": f"user-{rng.randrange(users)}"}) for _ in range(n)]
+
+
+def timeline_state(dep: Deployment, mode: str) -> tuple[int, int]:
+    """(events on the timeline (user mode: forwarded, deduplicated), append time of the
+    last batch carrying any)."""
+    n, last = 0, 0
+    seen: set[tuple[int, int]] = set()
+    for r in kafka_io.iter_topic(dep.conf, dep.topics.timeline):
+        try:
+            rec = decode_timeline(r.value or b"")
+        except TimelineFormatError:
+            continue
+        if not isinstance(rec, TimelineBatch) or not rec.events:
+            continue
+        if (mode == "user") != (rec.source == UNITS_SOURCE):
+            continue
+        fresh = 0
+        for ev in rec.events:
+            if (ev.src_partition, ev.src_offset) not in seen:
+                seen.add((ev.src_partition, ev.src_offset))
+                fresh += 1
+        if fresh:
+            n += fresh
+            last = max(last, r.timestamp_ms)
+    return n, last
+
+
+def deadletters(dep: Deployment) -> int:
+    return sum(1 for _ in kafka_io.iter_topic(dep.conf, dep.topics.deadletter))
+
+
+def state_bytes_per_unit(dep: Deployment) -> tuple[float, int]:
+    latest: dict[bytes, bytes] = {}
+    for r in kafka_io.iter_topic(dep.conf, units_changelog_topic(dep.settings)):
+        if r.key is not None and r.key.startswith(b"u/"):
+            latest[r.key] = r.value or b""
+    sizes = [len(k) + len(v) for k, v in latest.items() if v]
+    return (statistics.fmean(sizes) if sizes else 0.0), len(sizes)
+
+
+def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
+             ) -> dict[str, Any]:
+    dep = deployment(bootstrap, tmp, mode)
+    try:
+        dep.worker.start()
+        dep.produce(events(1, users, seed + 1))
+        dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=120)
+        time.sleep(1.0)
+        pid = dep.worker.proc.pid  # type: ignore[union-attr]
+        c0 = cpu_seconds(pid)
+        time.sleep(IDLE_S)
+        idle_rate = (cpu_seconds(pid) - c0) / IDLE_S
+        warm_tl, _ = timeline_state(dep, mode)
+        warm_dead = deadletters(dep)
+        values = events(n, users, seed)
+        c0, t0, th0 = cpu_seconds(pid), time.monotonic(), thread_cpu(pid)
+        dep.produce(values)
+        # The first input record of the N (the warm-up one is older; the input topic's
+        # timestamps are the producer's create times, on this machine's clock).
+        ins = sorted(r.timestamp_ms for r in kafka_io.iter_topic(dep.conf, dep.topics.input))
+        first_in = ins[1] if len(ins) > 1 else ins[0]
+        deadline = time.monotonic() + 300
+        while True:
+            got, last = timeline_state(dep, mode)
+            dead = deadletters(dep) - warm_dead
+            if got - warm_tl + dead >= n or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        time.sleep(SETTLE_S)
+        cpu = cpu_seconds(pid) - c0
+        th1 = thread_cpu(pid)
+        by_thread = {k: round(th1.get(k, 0.0) - th0.get(k, 0.0), 3) for k in th1}
+        window = time.monotonic() - t0
+        counted = got - warm_tl
+        out: dict[str, Any] = {
+            "mode": mode, "events": n, "counted": counted, "dead_lettered": dead,
+            "events_per_s": n / max(1e-3, (last - first_in) / 1000.0),
+            "cpu_s": cpu, "idle_cpu_per_s": idle_rate, "window_s": window,
+            "cpu_ms_per_counted_event": 1000.0 * (cpu - idle_rate * window) / max(1, counted),
+            "complete": got - warm_tl + dead >= n, "cpu_s_by_thread": by_thread}
+        if mode == "user":
+            out["state_bytes_per_unit"], out["units_in_state"] = state_bytes_per_unit(dep)
+        return out
+    finally:
+        dep.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=20_000)
+    ap.add_argument("--users", type=int, default=20_000)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
+    ap.add_argument("--json", help="write the results as JSON to this file")
+    args = ap.parse_args(argv)
+    if not args.bootstrap:
+        print("error: --bootstrap or KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
+        return 2
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-unit-") as d:
+        for i in range(args.repeat):
+            order = ("event", "user") if i % 2 == 0 else ("user", "event")
+            for mode in order:
+                r = run_mode(args.bootstrap, Path(d), mode, args.events, args.users, 1000 + i)
+                runs.append(r)
+                print(orjson.dumps(r).decode(), flush=True)
+    ev = [r for r in runs if r["mode"] == "event"]
+    us = [r for r in runs if r["mode"] == "user"]
+    cpu_ratio = [u["cpu_ms_per_counted_event"] / e["cpu_ms_per_counted_event"]
+                 for e, u in zip(ev, us, strict=True)]
+    rate_ratio = [u["events_per_s"] / e["events_per_s"] for e, u in zip(ev, us, strict=True)]
+    summary = {"cpu_per_counted_event_ratio_user_over_event": cpu_ratio,
+               "events_per_s_ratio_user_over_event": rate_ratio,
+               "state_bytes_per_unit": [u.get("state_bytes_per_unit") for u in us]}
+    print(orjson.dumps(summary).decode())
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps({"runs": runs, "summary": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

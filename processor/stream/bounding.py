@@ -1,0 +1,545 @@
+"""The bounding stage of privacy_unit = "user": contribution bounds enforced before any
+event reaches the timeline (docs/privacy-unit.md).
+
+    input --ingest--> units topic (partitioned by HMAC(unit key, unit id))
+          --bounding stage (this module; a Faust agent in app.py)--> timeline | dead letters
+
+- Ingest replaces each event's unit id by `unit_hash` (HMAC-SHA256 under a key derived
+  from the deployment's noise key; 128 bits, hex) and writes batches of rows to the
+  units topic partition `unit_partition(hash)`. The raw id never reaches a topic, the
+  state or the changelog.
+- The stage keeps, per unit, the kept set: counter -> the sequence numbers of its kept
+  events (at most k per counter, at most m counters, in first-touch order). An event is
+  kept iff its counter is already in the set with fewer than k events, or is new and the
+  set has fewer than m counters; otherwise it is dead-lettered
+  (`contribution_bound_exceeded`), never counted, never lost (the dead letter names the
+  input record's topic, partition and offset).
+- **Deterministic and crash-safe.** Decisions follow the units topic's log order (a
+  sequence number seq = offset * 2^16 + index in the record). Each unit value records
+  the last seq applied to it; an event at or before that seq is *looked up* (kept iff
+  its seq is in the set), never re-decided. So re-applying any prefix of the log to any
+  state a checkpoint wrote (older or newer, after a kill between a state write and a
+  forward, a rebalance, a zombie's late write, replay from scratch) yields the same
+  decisions: the kept set is a function of the log alone.
+- **Forwarding is idempotent.** Kept events go to the timeline with source "units", input
+  partition = the units partition and input offset = seq, strictly increasing per units
+  partition: the operator's existing duplicate filter drops every re-sent copy.
+- The commit protocol is the operator's (`BoundCommit`, as commit.BatchCommit): apply in
+  memory and send the forwards at once; at a checkpoint await their acknowledgements,
+  write each changed unit value once (monotone: it carries the units offset it
+  reflects, state.UNIT_MAGIC), await the changelog, then acknowledge to the group.
+
+Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol, cast
+
+import orjson
+
+from processor.core.rng import NoiseKey
+from processor.stream.commit import SharedStore, Stores
+from processor.stream.config import Settings
+from processor.stream.records import (
+    Event,
+    Rejection,
+    TimelineBatch,
+    TimelineFormatError,
+    deadletter_record,
+    decode_timeline,
+    encode_batch,
+    partition_for,
+    source_label,
+)
+from processor.stream.state import (
+    UNIT_MAGIC,
+    BufferedStore,
+    DictStore,
+    StateStore,
+    stored_offset,
+)
+
+#: Version of the units topic's records.
+UNITS_VERSION: Final = 1
+#: The label of the unit-id HMAC key under the noise key (NoiseKey.derive).
+UNIT_KEY_LABEL: Final = "privacy-unit/id-hmac"
+#: Hex digits of a unit hash kept (128 bits: collisions among 2^40 units ~ 2^-49).
+UNIT_HASH_HEX: Final = 32
+#: seq = offset << SEQ_BITS | index: a units record holds fewer than 2^16 events.
+SEQ_BITS: Final = 16
+MAX_EVENTS_PER_RECORD: Final = 1 << SEQ_BITS
+#: The source identity of forwarded batches (the operator's duplicate filter's label
+#: prefix); distinct from any input topic identity (those are topic ids).
+UNITS_SOURCE: Final = "units"
+UNIT_PREFIX: Final = "u/"
+#: Crash points of the kill tests, in order.
+CRASH_POINTS: Final = ("unit_after_forward", "unit_between_state_writes", "unit_after_state")
+
+#: One row of a units record: [unit hash, counter, ts_ms, units, in_partition, in_offset].
+UnitRow = list[Any]
+
+
+#: The bounding stage's state table (its changelog: `units_changelog_topic`).
+UNITS_TABLE: Final = "units-state"
+
+
+def units_topic(settings: Settings) -> str:
+    """The units topic: the timeline's name + "-units" (internal, like the timeline; no
+    setting of its own, so that event-mode configurations are unchanged)."""
+    return f"{settings.topics.timeline}-units"
+
+
+def units_changelog_topic(settings: Settings) -> str:
+    """The name Faust gives the units table's changelog topic."""
+    return f"{settings.app_id}-{UNITS_TABLE}-changelog"
+
+
+class UnitsFormatError(ValueError):
+    """A units-topic record this module did not write."""
+
+
+def unit_key(key: NoiseKey) -> bytes:
+    """The HMAC key of unit ids, derived from the deployment's noise key (no new secret)."""
+    return key.derive(UNIT_KEY_LABEL)
+
+
+def unit_hash(ukey: bytes, uid: str) -> str:
+    """HMAC-SHA256(ukey, uid), the first 128 bits in hex: what stands for the unit
+    everywhere after ingest (key, state, changelog, dead letters)."""
+    return hmac.new(ukey, uid.encode("utf-8"), hashlib.sha256).hexdigest()[:UNIT_HASH_HEX]
+
+
+class UnitHasher:
+    """unit_hash with the key's HMAC state prepared once (copied per id: about half the
+    cost of hmac.new) and the most recent ids remembered (a unit's events come in runs).
+    The cache lives in ingest's memory only, like the raw ids it maps."""
+
+    def __init__(self, ukey: bytes, cache: int = 65_536) -> None:
+        self._base = hmac.new(ukey, digestmod=hashlib.sha256)
+        self._cache: dict[str, str] = {}
+        self._max = cache
+
+    def __call__(self, uid: str) -> str:
+        h = self._cache.get(uid)
+        if h is None:
+            mac = self._base.copy()
+            mac.update(uid.encode("utf-8"))
+            h = mac.hexdigest()[:UNIT_HASH_HEX]
+            if len(self._cache) >= self._max:
+                self._cache.clear()
+            self._cache[uid] = h
+        return h
+
+
+def unit_partition(h: str, partitions: int) -> int:
+    """The units partition of unit hash `h` (its first 64 bits mod P)."""
+    return int(h[:16], 16) % partitions
+
+
+def unit_row(h: str, ev: Event) -> UnitRow:
+    return [h, ev.counter, ev.ts_ms, ev.units, ev.src_partition, ev.src_offset]
+
+
+def encode_units(rows: Sequence[UnitRow], source: str = "") -> bytes:
+    """A units-topic record: rows of one units partition, in the order ingest read them."""
+    if len(rows) >= MAX_EVENTS_PER_RECORD:
+        raise ValueError("a units record holds fewer than 2^16 events")
+    return orjson.dumps({"v": UNITS_VERSION, "k": "u", "i": source, "e": list(rows)})
+
+
+def decode_units(raw: bytes) -> tuple[str, list[UnitRow]]:
+    """(input identity, rows) of a units record; UnitsFormatError if it is not one."""
+    try:
+        obj = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        raise UnitsFormatError("units record is not JSON") from None
+    if (type(obj) is not dict or obj.get("v") != UNITS_VERSION or obj.get("k") != "u"
+            or type(obj.get("i")) is not str or type(obj.get("e")) is not list):
+        raise UnitsFormatError("not a units record of version 1")
+    rows = obj["e"]
+    if len(rows) >= MAX_EVENTS_PER_RECORD:
+        raise UnitsFormatError("units record too long")
+    for row in rows:
+        if type(row) is not list or len(row) != 6:
+            raise UnitsFormatError("units row is not [unit, c, ts, units, p, o]")
+        h, c, ts, u, p, o = row
+        if (type(h) is not str or len(h) != UNIT_HASH_HEX or type(c) is not str or not c
+                or type(ts) is not int or type(u) is not int or type(p) is not int
+                or type(o) is not int or ts < 0 or u < 0):
+            raise UnitsFormatError("units row has a field of the wrong type")
+    return obj["i"], rows
+
+
+# ---------------------------------------------------------------------- the unit's state
+
+
+@dataclass
+class UnitState:
+    """One unit's kept set: counter -> seqs of its kept events (first-touch order), the
+    last seq applied to this unit, and the units offset that seq belongs to (the offset
+    the stored value reflects: the monotone rule of docs/state.md)."""
+
+    last_seq: int = -1
+    kept: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def offset(self) -> int:
+        return self.last_seq >> SEQ_BITS if self.last_seq >= 0 else -1
+
+    def to_bytes(self) -> bytes:
+        body = orjson.dumps([self.last_seq, [[c, s] for c, s in self.kept.items()]])
+        return UNIT_MAGIC + self.offset.to_bytes(8, "big", signed=True) + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnitState:
+        if stored_offset(data) is None or bytes(data[:4]) != UNIT_MAGIC:
+            raise UnitsFormatError("not a unit value")
+        last_seq, pairs = orjson.loads(data[12:])
+        return cls(int(last_seq), {str(c): [int(x) for x in s] for c, s in pairs})
+
+
+@dataclass
+class UnitsPartitionState:
+    """One units partition's value: the last units offset applied and the input duplicate
+    filter (input partition label -> highest input offset forwarded or dropped). Ingest is
+    at-least-once: a batch re-read after a crash is written to the units topic again, and
+    without the filter its copies would count against (and be kept within) the bounds
+    twice. Within a units partition the input offsets of one input partition only grow
+    apart from such re-sent copies (ingest writes each batch in input order), exactly as
+    on the timeline for the operator's filter."""
+
+    last_offset: int = -1
+    inputs: dict[str, int] = field(default_factory=dict)
+
+    def to_bytes(self) -> bytes:
+        return (UNIT_MAGIC + self.last_offset.to_bytes(8, "big", signed=True)
+                + orjson.dumps({"i": self.inputs}))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> UnitsPartitionState:
+        off = stored_offset(data)
+        if off is None or bytes(data[:4]) != UNIT_MAGIC:
+            raise UnitsFormatError("not a units partition value")
+        body = orjson.loads(data[12:])
+        return cls(off, {str(k): int(v) for k, v in body["i"].items()})
+
+
+def partition_value_key(partition: int) -> str:
+    return f"p/{partition}"
+
+
+def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
+    """Keep the event at `seq` of this unit for `counter`? Updates `st`. An event at or
+    before the unit's last applied seq is looked up, never re-decided (crash safety)."""
+    if seq <= st.last_seq:
+        return seq in st.kept.get(counter, ())
+    st.last_seq = seq
+    seqs = st.kept.get(counter)
+    if seqs is None:
+        if len(st.kept) >= m:
+            return False
+        st.kept[counter] = [seq]
+        return True
+    if len(seqs) >= k:
+        return False
+    seqs.append(seq)
+    return True
+
+
+# ---------------------------------------------------------------------- the stage
+
+
+@dataclass
+class BoundOutput:
+    """What applying units records gives: timeline batch records (partition, bytes),
+    dead-letter values, aggregate metrics (never per unit)."""
+
+    timeline: list[tuple[int, bytes]] = field(default_factory=list)
+    deadletters: list[bytes] = field(default_factory=list)
+    metrics: Tally[str] = field(default_factory=Tally)
+
+
+class Bounder:
+    """Applies units records to the per-unit state of one partition's store."""
+
+    def __init__(self, settings: Settings) -> None:
+        p = settings.unit_parameters()
+        if p is None:
+            raise ValueError('the bounding stage runs with privacy_unit = "user" only')
+        self.settings = settings
+        self.k = p.max_events_per_counter
+        self.m = p.max_counters_per_unit
+        #: counter -> its timeline partition (sha256 per counter once, not per event)
+        self._tp: dict[str, int] = {}
+
+    def apply(self, buf: BufferedStore, partition: int,
+              records: Sequence[tuple[int, bytes]], out: BoundOutput) -> None:
+        """Apply units records (offset, bytes) of `partition`, in offset order."""
+        forward: dict[int, list[Event]] = {}
+        states: dict[str, UnitState] = {}
+        staged: set[str] = set()
+        k, m, parts = self.k, self.m, self.settings.partitions
+        tp_of = self._tp
+        pkey = partition_value_key(partition)
+        raw_ps = buf.get(pkey)
+        ps = UnitsPartitionState() if raw_ps is None else UnitsPartitionState.from_bytes(raw_ps)
+        seen = ps.inputs
+        for offset, raw in sorted(records, key=lambda r: r[0]):
+            if offset <= ps.last_offset:
+                # Applied, forwarded and acknowledged before the state was written.
+                out.metrics["unit_records_skipped_duplicates"] += 1
+                continue
+            ps.last_offset = offset
+            buf.stage(pkey, ps)
+            try:
+                source, rows = decode_units(raw)
+            except UnitsFormatError:
+                # Ingest writes only well-formed records: a foreign one counts nothing.
+                out.metrics["units_records_malformed"] += 1
+                continue
+            base = offset << SEQ_BITS
+            for i, row in enumerate(rows):
+                h, counter = row[0], row[1]
+                if row[4] >= 0:
+                    label = source_label(source, row[4])
+                    if row[5] <= seen.get(label, -1):
+                        out.metrics["unit_duplicates_dropped"] += 1
+                        continue
+                    seen[label] = row[5]
+                st = states.get(h)
+                if st is None:
+                    raw_st = buf.get(UNIT_PREFIX + h)
+                    st = states[h] = (UnitState() if raw_st is None
+                                      else UnitState.from_bytes(raw_st))
+                seq = base | i
+                if seq > st.last_seq and h not in staged:
+                    # A new decision changes the value (a look-up does not): written at
+                    # the next checkpoint, once however many events touched it.
+                    buf.stage(UNIT_PREFIX + h, st)
+                    staged.add(h)
+                if decide(st, seq, counter, k, m):
+                    tp = tp_of.get(counter)
+                    if tp is None:
+                        tp = tp_of[counter] = partition_for(counter, parts)
+                    forward.setdefault(tp, []).append(
+                        Event(counter, row[2], row[3], partition, seq))
+                    out.metrics["unit_events_kept"] += 1
+                else:
+                    out.deadletters.append(deadletter_record(
+                        Rejection("contribution_bound_exceeded",
+                                  f"beyond max_events_per_counter={k} or "
+                                  f"max_counters_per_unit={m} for its unit"),
+                        orjson.dumps(row), self.settings.topics.input, row[4], row[5]))
+                    out.metrics["deadletter_contribution_bound_exceeded"] += 1
+            out.metrics["unit_records"] += 1
+        for tp in sorted(forward):
+            out.timeline.append((tp, encode_batch(forward[tp], UNITS_SOURCE)))
+
+    def forget(self) -> None:
+        """Nothing is cached between batches (the overlay holds it)."""
+
+
+class Forwarder(Protocol):
+    """Where the stage's output goes (the timeline and dead-letter topics)."""
+
+    def send(self, out: BoundOutput) -> None: ...
+
+    async def flush(self) -> None: ...
+
+
+class CollectingForwarder:
+    """A Forwarder that keeps what it is given (replay, tests, the bench)."""
+
+    def __init__(self) -> None:
+        self.timeline: list[tuple[int, bytes]] = []
+        self.deadletters: list[bytes] = []
+
+    def send(self, out: BoundOutput) -> None:
+        self.timeline.extend(out.timeline)
+        self.deadletters.extend(out.deadletters)
+
+    async def flush(self) -> None:
+        return None
+
+
+class BoundCommit:
+    """commit.BatchCommit's protocol for the bounding stage: `apply` applies in memory and
+    sends the forwards at once; `checkpoint` awaits their acknowledgements, writes each
+    changed unit value once, awaits the stores, and only then may the caller acknowledge
+    the units records to the group. `crash_point` names: CRASH_POINTS."""
+
+    def __init__(self, bounder: Bounder, store: StateStore | Stores, forwarder: Forwarder,
+                 crash_point: Callable[[str], None] | None = None,
+                 fence: Callable[[], None] | None = None) -> None:
+        self.bounder = bounder
+        self.stores: Stores = (cast(Stores, store) if callable(getattr(store, "of", None))
+                               else SharedStore(cast(StateStore, store)))
+        self.forwarder = forwarder
+        self.crash_point = crash_point
+        self.fence = fence
+        self._buffers: dict[int, BufferedStore] = {}
+        self.dirty_since: float | None = None
+
+    async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
+        out = BoundOutput()
+        buf = self._buffers.get(partition)
+        if buf is None:
+            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
+        try:
+            self.bounder.apply(buf, partition, records, out)
+            if out.timeline or out.deadletters:
+                if self.fence is not None:
+                    self.fence()
+                self.forwarder.send(out)
+        except BaseException:
+            self.forget()
+            raise
+        if self.dirty_since is None:
+            self.dirty_since = time.monotonic()
+        return out
+
+    async def checkpoint(self) -> None:
+        if self.dirty_since is None:
+            return
+        try:
+            if self.fence is not None:
+                self.fence()
+            await self.forwarder.flush()
+            self._crash("unit_after_forward")
+            first = True
+            for partition in sorted(self._buffers):
+                buf = self._buffers[partition]
+                if not buf:
+                    continue
+                store = self.stores.of(partition)
+                # The partition value (its filter and last offset) last, after every
+                # unit value it guards (a kill between two writes leaves it older).
+                writes = sorted(buf.writes(), key=lambda kv: kv[0].startswith("p/"))
+                for key, value in writes:
+                    if not first and self.crash_point is not None:
+                        await self.stores.flush()
+                        self._crash("unit_between_state_writes")
+                    first = False
+                    if value is None:
+                        store.delete(key)
+                    else:
+                        store.set(key, value)
+            await self.stores.flush()
+            self._crash("unit_after_state")
+        except BaseException:
+            self.forget()
+            raise
+        self.dirty_since = None
+
+    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
+        out = await self.apply(partition, records)
+        await self.checkpoint()
+        return out
+
+    def forget(self) -> None:
+        self._buffers.clear()
+        self.bounder.forget()
+        self.dirty_since = None
+
+    def _crash(self, name: str) -> None:
+        if self.crash_point is not None:
+            self.crash_point(name)
+
+
+def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]
+                ) -> set[tuple[int, int]]:
+    """The kept set recomputed from the units topic alone: the (input partition, input
+    offset) of every kept event, applying `units_log` ((partition, offset, bytes), any
+    interleaving of partitions, each partition in offset order) to empty state. What
+    replay compares the timeline's forwarded events with."""
+    bounder = Bounder(settings)
+    stores: dict[int, BufferedStore] = {}
+    by_seq: dict[tuple[int, int], tuple[int, int]] = {}
+    kept: set[tuple[int, int]] = set()
+    for partition, offset, raw in units_log:
+        buf = stores.get(partition)
+        if buf is None:
+            buf = stores[partition] = BufferedStore(DictStore())
+        out = BoundOutput()
+        try:
+            _, rows = decode_units(raw)
+        except UnitsFormatError:
+            continue
+        for i, row in enumerate(rows):
+            by_seq[(partition, offset << SEQ_BITS | i)] = (row[4], row[5])
+        bounder.apply(buf, partition, [(offset, raw)], out)
+        for _, data in out.timeline:
+            batch = decode_timeline(data)
+            assert isinstance(batch, TimelineBatch)
+            for ev in batch.events:
+                kept.add(by_seq[(ev.src_partition, ev.src_offset)])
+    return kept
+
+
+def forwarded_inputs(units_log: Iterable[tuple[int, int, bytes]],
+                     timeline: Iterable[bytes | None]) -> list[tuple[int, int]]:
+    """The input coordinates of every event the timeline records (bytes) carry from the
+    bounding stage (source UNITS_SOURCE), in order, deduplicated as the operator's filter
+    does (per units partition, strictly increasing seq). Events whose units record is not
+    in `units_log` are returned as (-1, seq): nothing the stage could have kept."""
+    # Copies share (units partition, seq): a set, since one units partition's events are
+    # spread over several timeline partitions and their order across them is not kept.
+    seq_to_input: dict[tuple[int, int], tuple[int, int]] = {}
+    for p, off, raw in units_log:
+        try:
+            rows = decode_units(raw)[1]
+        except UnitsFormatError:
+            continue
+        for i, row in enumerate(rows):
+            seq_to_input[(p, off << SEQ_BITS | i)] = (row[4], row[5])
+    sent: set[tuple[int, int]] = set()
+    out: list[tuple[int, int]] = []
+    for value in timeline:
+        if not value:
+            continue
+        try:
+            rec = decode_timeline(value)
+        except TimelineFormatError:
+            continue
+        if not isinstance(rec, TimelineBatch) or rec.source != UNITS_SOURCE:
+            continue
+        for ev in rec.events:
+            if (ev.src_partition, ev.src_offset) in sent:
+                continue  # a re-sent copy (the operator's filter drops it)
+            sent.add((ev.src_partition, ev.src_offset))
+            out.append(seq_to_input.get((ev.src_partition, ev.src_offset),
+                                        (-1, ev.src_offset)))
+    return out
+
+
+def check_kept_set(settings: Settings, units_log: Sequence[tuple[int, int, bytes]],
+                   timeline: Iterable[bytes | None], committed: dict[int, int]
+                   ) -> list[tuple[str, tuple[int, int]]]:
+    """What replay reports about the bounding stage: ("unexpected", input) for a forwarded
+    event the recomputed kept set does not hold (counted beyond a bound), and
+    ("missing", input) for a kept event of a units record the stage committed (offset <
+    committed[p]: its forwards were acknowledged before) that the timeline lacks."""
+    kept = kept_inputs(settings, units_log)
+    forwarded = forwarded_inputs(units_log, timeline)
+    out: list[tuple[str, tuple[int, int]]] = []
+    seen: set[tuple[int, int]] = set()
+    for coord in forwarded:
+        if coord not in kept or coord in seen:
+            out.append(("unexpected", coord))
+        seen.add(coord)
+    due: set[tuple[int, int]] = set()
+    for p, off, raw in units_log:
+        if off < committed.get(p, 0):
+            try:
+                due.update((r[4], r[5]) for r in decode_units(raw)[1])
+            except UnitsFormatError:
+                continue
+    out += [("missing", c) for c in sorted((kept & due) - seen)]
+    return out

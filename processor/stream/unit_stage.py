@@ -1,0 +1,172 @@
+"""The bounding stage on Faust (privacy_unit = "user"): a second agent of the worker, over
+the units topic, with its own monotone state table and changelog, batched and
+checkpointed exactly as the operator (app.Worker.operate), through the worker's producer.
+The pure rules are in bounding.py; this is the shell around them.
+
+Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
+(BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
+the group only by the next checkpoint (every CHECKPOINT_S or CHECKPOINT_RECORDS, at a
+revocation and at a clean stop): forwards acknowledged, unit values written, changelog
+acknowledged, then the acks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import faust
+from faust.types import TP, Message
+
+from processor.stream import kafka_io
+from processor.stream.bounding import (
+    UNITS_TABLE,
+    BoundCommit,
+    Bounder,
+    BoundOutput,
+    units_changelog_topic,
+    units_topic,
+)
+from processor.stream.producer import AsyncProducer
+from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
+
+if TYPE_CHECKING:
+    from processor.stream.app import Worker
+
+log = logging.getLogger("processor.stream.unit_stage")
+
+
+class KafkaForwarder:
+    """bounding.Forwarder on the worker's producer: kept events to the timeline (their
+    partition by counter), bound-exceeding events to the dead-letter topic."""
+
+    def __init__(self, producer: AsyncProducer, timeline: str, deadletter: str,
+                 add_metric: Callable[[str, int], None]) -> None:
+        self._producer = producer
+        self._timeline = timeline
+        self._deadletter = deadletter
+        self._add = add_metric
+
+    def send(self, out: BoundOutput) -> None:
+        produce = self._producer.produce
+        for tp, data in out.timeline:
+            produce(self._timeline, data, partition=tp)
+        for data in out.deadletters:
+            produce(self._deadletter, data)
+        self._add("unit_forward_batches", len(out.timeline))
+
+    async def flush(self) -> None:
+        await self._producer.flush()
+
+
+class UnitStage:
+    """The bounding agent, its table and its checkpoints, inside one `Worker`."""
+
+    def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
+        from processor.stream.app import (
+            CHECKPOINT_RECORDS,
+            CHECKPOINT_S,
+            ROCKSDB_OPTIONS,
+            GapGuard,
+            _raw_topic,
+        )
+
+        self._checkpoint_s = CHECKPOINT_S
+        self._checkpoint_records = CHECKPOINT_RECORDS
+        s = worker.settings
+        self.worker = worker
+        self.topic_name = units_topic(s)
+        topic = _raw_topic(worker.app, self.topic_name, s.partitions)
+        self.table = MonotoneTable(worker.app, name=UNITS_TABLE, default=None,
+                                   beacon=worker.app.tables.beacon, partitions=s.partitions,
+                                   key_type=bytes, value_type=bytes,
+                                   options=dict(ROCKSDB_OPTIONS))
+        worker.app.tables.add(self.table)
+        self.changelog = units_changelog_topic(s)
+        self.tracker = ChangelogTracker()
+        self.stores = WorkerStores(self.table, worker.producer, self.changelog, self.tracker)
+        self.commit = BoundCommit(
+            Bounder(s), self.stores,
+            KafkaForwarder(worker.producer, kafka_io.topic_name(s, "timeline"),
+                           kafka_io.topic_name(s, "deadletter"), worker.metrics.add),
+            crash_point=crash_point, fence=worker.fence.check)
+        self.gaps = GapGuard(kafka_io.base_config(s), s.app_id, self.topic_name,
+                             worker.metrics)
+        self._lock = asyncio.Lock()
+        self._unacked: list[Message] = []
+        self._unacked_gaps: dict[TP, list[int]] = {}
+        worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
+        worker.app.timer(interval=CHECKPOINT_S / 2,
+                         name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
+
+    async def bound(self, stream: faust.StreamT[bytes]) -> None:
+        """Each units message: applied in memory (its forwards sent at once), acknowledged
+        to the group by the next checkpoint."""
+        async for event in stream.noack().events():  # type: ignore[attr-defined]
+            msg = event.message
+            async with self._lock:
+                gap = await self.gaps.missing(msg.partition, msg.offset)
+                records = [(r.offset, r.value or b"") for r in gap]
+                records.append((msg.offset,
+                                msg.value if isinstance(msg.value, bytes) else b""))
+                try:
+                    out = await self.commit.apply(msg.partition, records)
+                except Exception as exc:
+                    self.worker._operator_failed(exc)
+                self.worker.metrics.add_operator(out.metrics)
+                self._unacked.append(msg)
+                if gap:
+                    self._unacked_gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
+                if len(self._unacked) >= self._checkpoint_records or (
+                        self.commit.dirty_since is not None
+                        and time.monotonic() - self.commit.dirty_since
+                        >= self._checkpoint_s):
+                    await self._checkpoint()
+
+    async def checkpoint(self) -> None:
+        async with self._lock:
+            await self._checkpoint()
+
+    async def checkpoint_timer(self) -> None:
+        since = self.commit.dirty_since
+        if (since is None and not self._unacked) or self._lock.locked():
+            return
+        if since is not None and time.monotonic() - since < self._checkpoint_s:
+            return
+        async with self._lock:
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        from processor.stream.app import ack_refetched
+
+        try:
+            await self.commit.checkpoint()
+        except Exception as exc:
+            self.worker._operator_failed(exc)
+        consumer = self.worker.app.consumer
+        for msg in self._unacked:
+            consumer.ack(msg)
+        for tp, offsets in self._unacked_gaps.items():
+            ack_refetched(consumer, tp, offsets)
+        self._unacked.clear()
+        self._unacked_gaps.clear()
+        self.worker.metrics.add("unit_checkpoints")
+
+    async def on_revoked(self) -> None:
+        """Checkpoint and acknowledge, then drop every decoded value (another owner may
+        write the partitions before they come back: they are read again from the table)."""
+        async with self._lock:
+            await self._checkpoint()
+            self.commit.forget()
+            self.stores.release()
+
+    async def on_assigned(self, assigned: Any) -> None:
+        await self.gaps.reseed({tp.partition for tp in assigned
+                                if tp.topic == self.topic_name})
+
+    def delivered(self, topic: str, partition: int, offset: int) -> None:
+        if topic == self.changelog:
+            self.tracker.delivered(partition, offset)

@@ -1,0 +1,328 @@
+"""The bounding stage (processor/stream/bounding.py): contribution bounds per unit, a
+deterministic kept set, crash safety, replay. Pure: no Kafka (the broker tests are in
+test_bounding_kafka.py when present).
+
+Randomised schedules use fixed seeds (no statistical claim, so no false-alarm rate): each
+asserts an exact equality. Controls: a stage that re-decides looked-up events (instead of
+looking them up) and a stage without the input duplicate filter are each caught by the
+same assertions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+
+import orjson
+import pytest
+
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
+from processor.stream import bounding
+from processor.stream.bounding import (
+    SEQ_BITS,
+    BoundCommit,
+    Bounder,
+    CollectingForwarder,
+    UnitState,
+    decode_units,
+    encode_units,
+    kept_inputs,
+    unit_hash,
+    unit_key,
+    unit_partition,
+)
+from processor.stream.config import Settings, with_overrides, with_unit
+from processor.stream.ingest import InputRecord, route
+from processor.stream.records import TimelineBatch, decode_timeline
+from processor.stream.state import DictStore, supersedes
+
+NOW = 1_767_225_600_000
+K, M = 3, 2
+BASE = with_overrides(Settings(), counters={c: NOW - 3_600_000 for c in "abcd"},
+                      partitions=2)
+S = with_unit(BASE, 4.0, 1e-6, K, M)
+UKEY = unit_key(NoiseKey.from_seed(7))
+
+
+def _row(uid: str, counter: str, in_offset: int, in_partition: int = 0) -> list[object]:
+    return [unit_hash(UKEY, uid), counter, NOW, UNIT, in_partition, in_offset]
+
+
+def _kept(fw: CollectingForwarder) -> list[tuple[int, int]]:
+    """(units partition, seq) of every forwarded event, deduplicated as the operator's
+    filter does (per source label, strictly increasing offsets), in forward order."""
+    hw: dict[tuple[int, int], int] = {}
+    out: list[tuple[int, int]] = []
+    for tp, data in fw.timeline:
+        batch = decode_timeline(data)
+        assert isinstance(batch, TimelineBatch) and batch.source == bounding.UNITS_SOURCE
+        for ev in batch.events:
+            if ev.src_offset <= hw.get((tp, ev.src_partition), -1):
+                continue
+            hw[(tp, ev.src_partition)] = ev.src_offset
+            out.append((ev.src_partition, ev.src_offset))
+    return sorted(out)
+
+
+def _run(records: Sequence[tuple[int, int, bytes]], settings: Settings = S,
+         ) -> tuple[CollectingForwarder, DictStore]:
+    fw, store = CollectingForwarder(), DictStore()
+    bc = BoundCommit(Bounder(settings), store, fw)
+    for p, off, raw in records:
+        asyncio.run(bc.commit(p, [(off, raw)]))
+    return fw, store
+
+
+def test_bounds_enforced_exactly_at_the_bound() -> None:
+    """k events per counter kept, the (k+1)-th dropped; m counters, the (m+1)-th dropped;
+    another unit untouched by the first one's excess. Nothing lost: kept + dead = all."""
+    rows = ([_row("alice", "a", i) for i in range(K + 1)]            # k kept, 1 over
+            + [_row("alice", "b", 10 + i) for i in range(K)]          # 2nd counter: k kept
+            + [_row("alice", "c", 20)]                                 # 3rd counter: over m
+            + [_row("bob", "c", 30 + i) for i in range(K)])            # bob: all kept
+    fw, _ = _run([(0, 0, encode_units(rows))])
+    kept = _kept(fw)
+    assert len(kept) == 3 * K
+    dead = [orjson.loads(d) for d in fw.deadletters]
+    assert [(d["reason"], d["offset"]) for d in dead] == [
+        ("contribution_bound_exceeded", K), ("contribution_bound_exceeded", 20)]
+    assert len(kept) + len(dead) == len(rows)
+    # Dead letters carry the input coordinates and the hash, never the raw id.
+    assert all(b"alice" not in d and b"bob" not in d for d in fw.deadletters)
+    # Control: one more allowed event per counter keeps the (k+1)-th.
+    fw2, _ = _run([(0, 0, encode_units(rows))], with_unit(BASE, 4.0, 1e-6, K + 1, M))
+    assert len(_kept(fw2)) == 3 * K + 1
+
+
+def _log(seed: int, n_records: int = 30, partitions: int = 2
+         ) -> list[tuple[int, int, bytes]]:
+    """A units log: records of random units / counters per units partition, as ingest
+    writes them (rows of one input partition in offset order), with one re-sent batch."""
+    rng = random.Random(seed)
+    units = [f"user-{i}" for i in range(12)]
+    offsets = [0] * partitions
+    next_in = 0
+    log: list[tuple[int, int, bytes]] = []
+    for _ in range(n_records):
+        by_p: dict[int, list[list[object]]] = {}
+        for _ in range(rng.randint(1, 12)):
+            uid = rng.choice(units)
+            h = unit_hash(UKEY, uid)
+            by_p.setdefault(unit_partition(h, partitions), []).append(
+                [h, rng.choice("abcd"), NOW, UNIT, 0, next_in])
+            next_in += 1
+        for p, rows in sorted(by_p.items()):
+            log.append((p, offsets[p], encode_units(rows)))
+            offsets[p] += 1
+    # Ingest re-sends a batch after a crash before its commit: the same input offsets.
+    p, _, raw = log[len(log) // 2]
+    log.append((p, offsets[p], raw))
+    return log
+
+
+class Killed(Exception):
+    pass
+
+
+def _crashing(point: str, nth: int) -> Callable[[str], None]:
+    calls = {"n": 0}
+
+    def crash(name: str) -> None:
+        if name == point:
+            calls["n"] += 1
+            if calls["n"] == nth:
+                raise Killed(point)
+    return crash
+
+
+def _dead(fw: CollectingForwarder) -> set[tuple[int, int]]:
+    return {(d["partition"], d["offset"]) for d in map(orjson.loads, fw.deadletters)}
+
+
+def _inputs(log: Sequence[tuple[int, int, bytes]], kept: list[tuple[int, int]]
+            ) -> set[tuple[int, int]]:
+    """The input coordinates of forwarded (units partition, seq)."""
+    of: dict[tuple[int, int], tuple[int, int]] = {}
+    for p, off, raw in log:
+        for i, row in enumerate(decode_units(raw)[1]):
+            of[(p, off << SEQ_BITS | i)] = (row[4], row[5])
+    return {of[k] for k in kept}
+
+
+def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int
+               ) -> tuple[CollectingForwarder, DictStore, bool]:
+    """Run `log` with a kill at the nth passage of `point`, a checkpoint every two records,
+    the restarted stage re-applying from the last acknowledged record."""
+    fw, store = CollectingForwarder(), DictStore()
+    acked = 0  # records acknowledged to the group (after a checkpoint)
+    bc = BoundCommit(Bounder(S), store, fw, crash_point=_crashing(point, nth))
+    killed = False
+    i = 0
+    while i < len(log):
+        p, off, raw = log[i]
+        try:
+            asyncio.run(bc.apply(p, [(off, raw)]))
+            if i % 2 == 1 or i == len(log) - 1:
+                asyncio.run(bc.checkpoint())
+                acked = i + 1
+            i += 1
+        except Killed:
+            killed = True
+            bc = BoundCommit(Bounder(S), store, fw)  # the restarted worker
+            i = acked
+    return fw, store, killed
+
+
+@pytest.mark.parametrize("point", bounding.CRASH_POINTS)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_kept_set_is_the_same_after_a_kill_anywhere(point: str, seed: int) -> None:
+    """Kill at the n-th passage of each crash point (forwards acknowledged, before any
+    state write / between two state writes / state durable, group not acknowledged),
+    restart on the stored state and re-apply from the last acknowledged record: the same
+    kept set and dead letters as without a kill, no event both kept and dead-lettered,
+    none lost, and the same final state."""
+    log = _log(seed)
+    ref, ref_store = _run(log)
+    n_events = len({(r[4], r[5]) for _, _, raw in log for r in decode_units(raw)[1]})
+    assert len(_inputs(log, _kept(ref))) + len(_dead(ref)) == n_events
+    for nth in (1, 3, 7):
+        fw, store, killed = _crash_run(log, point, nth)
+        assert killed
+        assert _kept(fw) == _kept(ref), (point, nth)
+        assert _dead(fw) == _dead(ref) and not _dead(fw) & _inputs(log, _kept(fw))
+        assert store.data == ref_store.data
+
+
+def test_rebalance_and_a_zombies_late_write_change_nothing() -> None:
+    """Worker A applies and checkpoints part of the log, B takes over from the stored
+    state and re-applies from A's last acknowledged record; A's late write of an older
+    value is refused by the monotone rule (state.supersedes). Same kept set and state as
+    one worker."""
+    log = _log(9)
+    ref, ref_store = _run(log)
+    shared = DictStore()
+    fw = CollectingForwarder()
+    a = BoundCommit(Bounder(S), shared, fw)
+    half = len(log) // 2
+    for p, off, raw in log[:half]:
+        asyncio.run(a.commit(p, [(off, raw)]))
+    stale = dict(shared.data)  # what A holds when it is cut off
+    # A applies two more records it never acknowledges (cut off); B re-applies them.
+    for p, off, raw in log[half:half + 2]:
+        asyncio.run(a.apply(p, [(off, raw)]))
+    b = BoundCommit(Bounder(S), shared, fw)
+    for p, off, raw in log[half:]:
+        asyncio.run(b.commit(p, [(off, raw)]))
+    for key, old in stale.items():  # the zombie's late writes
+        if supersedes(old, shared.data.get(key)):
+            shared.data[key] = old
+    assert shared.data == ref_store.data
+    assert _kept(fw) == _kept(ref)
+
+
+def test_controls_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control 1: re-deciding instead of looking up changes the kept set after a kill
+    between state writes. Control 2: without the input filter a re-sent ingest batch
+    counts twice."""
+    log = _log(2)
+    ref, _ = _run(log)
+
+    def redecide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
+        st.last_seq = -1  # forget what was decided: every event decided afresh
+        return real(st, seq, counter, k, m)
+
+    real = bounding.decide
+    monkeypatch.setattr(bounding, "decide", redecide)
+    caught = 0
+    for nth in (1, 3, 7):
+        fw, _, _ = _crash_run(log, "unit_between_state_writes", nth)
+        caught += _kept(fw) != _kept(ref) or _dead(fw) != _dead(ref)
+    assert caught
+    monkeypatch.setattr(bounding, "decide", real)
+    # Control 2: the filter off (every row gets a fresh input label).
+    p, off, raw = log[-1]
+    source, rows = decode_units(raw)
+    fresh = encode_units([[*r[:4], -1, r[5]] for r in rows], source)
+    fw2, _ = _run([*log[:-1], (p, off, fresh)])
+    assert len(_kept(fw2)) + len(fw2.deadletters) > len(_kept(ref)) + len(ref.deadletters)
+
+
+def test_replay_recomputes_the_kept_set() -> None:
+    log = _log(4)
+    fw, _ = _run(log)
+    seq_to_input: dict[tuple[int, int], tuple[int, int]] = {}
+    for p, off, raw in log:
+        for i, row in enumerate(decode_units(raw)[1]):
+            seq_to_input[(p, off << SEQ_BITS | i)] = (row[4], row[5])
+    live = {seq_to_input[k] for k in _kept(fw)}
+    assert kept_inputs(S, log) == live
+    # Control: replay under other bounds disagrees.
+    assert kept_inputs(with_unit(BASE, 4.0, 1e-6, 1, 1), log) != live
+
+
+def test_state_is_keyed_by_hash_and_small() -> None:
+    _fw, store = _run(_log(5))
+    assert all(k.startswith(("u/", "p/")) for k in store.data)
+    assert not any(b"user-" in v or "user-" in k for k, v in store.data.items())
+    sizes = [len(k) + len(v) for k, v in store.data.items() if k.startswith("u/")]
+    assert max(sizes) < 34 + 12 + 2 * (20 + K * 16)
+
+
+def test_ingest_routes_user_events_to_the_units_topic_by_hash() -> None:
+    raws = [orjson.dumps({"counter": "a", "ts": NOW, "user": u}) for u in
+            ("alice", "bob", "alice")] + [orjson.dumps({"counter": "a", "ts": NOW})]
+    recs = [InputRecord(0, i, r) for i, r in enumerate(raws)]
+    routed = route(recs, S, NOW, unit_key=UKEY)
+    assert routed.timeline == [] and len(routed.deadletters) == 1
+    assert orjson.loads(routed.deadletters[0])["reason"] == "unit_missing"
+    rows = [r for _, data in routed.units for r in decode_units(data)[1]]
+    assert sorted(r[5] for r in rows) == [0, 1, 2]
+    for up, data in routed.units:
+        assert b"alice" not in data and b"bob" not in data
+        assert all(unit_partition(r[0], S.partitions) == up for r in decode_units(data)[1])
+    ha = unit_hash(UKEY, "alice")
+    assert [r[5] for r in rows if r[0] == ha] == [0, 2]
+    # Event mode routes to the timeline exactly as before.
+    assert route(recs[:1], BASE, NOW).units == []
+
+
+def test_replay_check_of_the_kept_set_and_its_controls() -> None:
+    """bounding.check_kept_set (what replay runs): no difference on a live run's
+    timeline; controls: a forged forward of a dead-lettered event is "unexpected", a
+    dropped forward of a committed units record is "missing"."""
+    from processor.stream.bounding import check_kept_set
+    from processor.stream.records import Event, encode_batch
+
+    log = _log(6)
+    fw, _ = _run(log)
+    timeline = [data for _, data in fw.timeline]
+    committed = {0: 10**9, 1: 10**9}
+    assert check_kept_set(S, log, timeline, committed) == []
+    # Control 1: forge a forward of a dead-lettered event (its seq, after every other).
+    dead = orjson.loads(fw.deadletters[0])
+    p, off, raw = next((p, off, raw) for p, off, raw in log
+                       for r in decode_units(raw)[1] if r[5] == dead["offset"])
+    i = next(i for i, r in enumerate(decode_units(raw)[1]) if r[5] == dead["offset"])
+    row = decode_units(raw)[1][i]
+    forged = encode_batch([Event(row[1], row[2], row[3], p, off << SEQ_BITS | i)],
+                          bounding.UNITS_SOURCE)
+    got = check_kept_set(S, log, [forged, *timeline], committed)
+    assert ("unexpected", (dead["partition"], dead["offset"])) in got
+    # Control 2: the last forward lost, its units record committed.
+    got = check_kept_set(S, log, timeline[:-1], committed)
+    assert got and all(problem == "missing" for problem, _ in got)
+    # ... and not reported while its units record is not committed.
+    assert check_kept_set(S, log, timeline[:-1], {0: 0, 1: 0}) == []
+
+
+def test_unit_hasher_is_the_hmac() -> None:
+    """The prepared, caching hasher ingest uses gives unit_hash exactly (and keeps doing
+    so across its cache's reset)."""
+    from processor.stream.bounding import UnitHasher
+
+    hasher = UnitHasher(UKEY, cache=3)
+    for uid in ["a", "b", "a", "é", "c", "d", "a", "x" * 256]:
+        assert hasher(uid) == unit_hash(UKEY, uid)
+    assert UnitHasher(b"other key " * 4)("a") != unit_hash(UKEY, "a")  # control
