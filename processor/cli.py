@@ -189,9 +189,7 @@ def _foreign_errors() -> list[tuple[type[BaseException], str]]:
 #: table when its class subclasses a family of processor.errors with `error_prefix` set.
 #: librdkafka's KafkaException is not ours and stays.
 _PENDING_ERRORS: tuple[tuple[str, str, str], ...] = (
-    ("processor.stream.config", "ConfigError", "configuration: "),
     ("processor.core.audit", "AuditError", "audit: "),
-    ("processor.stream.replay", "ReplayError", "replay: "),
     ("confluent_kafka", "KafkaException", "Kafka: "),
 )
 

@@ -369,7 +369,7 @@ class WorkerApp(faust.App):
         await super().on_stop()
 
 
-def _raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
+def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
     """A topic of raw bytes keys and values (our records carry their own encoding)."""
     return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                      value_serializer="raw", partitions=partitions)
@@ -417,7 +417,7 @@ class Worker:
             stream_wait_empty=False,
         )
         self.timeline_name = kafka_io.topic_name(settings, "timeline")
-        timeline = _raw_topic(self.app, self.timeline_name, self.partitions)
+        timeline = raw_topic(self.app, self.timeline_name, self.partitions)
         # Raw bytes: the state codecs own their (versioned) encoding. The state of a
         # counter lives in the changelog partition of its timeline partition
         # (table.PartitionStore writes it there).

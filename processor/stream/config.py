@@ -32,6 +32,7 @@ from processor.core.grid import GRID_BITS
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.core.tight import CALIBRATIONS
 from processor.core.unit import UnitParameters, derive
+from processor.errors import ProcessorError
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -49,12 +50,14 @@ PRIVACY_UNITS = ("event", "user")
 _UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit")
 
 
-class ConfigError(ValueError):
+class ConfigError(ProcessorError, ValueError):
     """A configuration value that is missing, of the wrong type or outside its domain.
 
     `field` is the dotted name of the offending setting (e.g. "topics.input",
     "counters.signups"), so the message points at the line to fix.
     """
+
+    error_prefix = "configuration: "
 
     def __init__(self, field_name: str, message: str) -> None:
         self.field = field_name

@@ -99,6 +99,7 @@ from confluent_kafka import KafkaException
 from processor.core import registry
 from processor.core.api import Counter
 from processor.core.rng import KEY_FORMATS, NoiseKey
+from processor.errors import StreamError
 from processor.stream import kafka_io
 from processor.stream.bounding import check_kept_set, units_topic
 from processor.stream.commit import BatchCommit, CollectingPublisher
@@ -147,9 +148,11 @@ RecordKey = tuple[str, int | str, str]
 Progress = Callable[[str, int, int], None]
 
 
-class ReplayError(RuntimeError):
+class ReplayError(StreamError, RuntimeError):
     """Replay cannot reach a verdict (exit 2): the brokers do not answer or refuse this
     client, a topic does not exist, or the timeline no longer starts at offset 0."""
+
+    error_prefix = "replay: "
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class UnitStage:
             CHECKPOINT_S,
             ROCKSDB_OPTIONS,
             GapGuard,
-            _raw_topic,
+            raw_topic,
         )
 
         self._checkpoint_s = CHECKPOINT_S
@@ -79,7 +79,7 @@ class UnitStage:
         s = worker.settings
         self.worker = worker
         self.topic_name = units_topic(s)
-        topic = _raw_topic(worker.app, self.topic_name, s.partitions)
+        topic = raw_topic(worker.app, self.topic_name, s.partitions)
         self.table = MonotoneTable(worker.app, name=UNITS_TABLE, default=None,
                                    beacon=worker.app.tables.beacon, partitions=s.partitions,
                                    key_type=bytes, value_type=bytes,
