@@ -956,8 +956,49 @@ def _check_databases(tabledir: Path, settings: Settings) -> None:
                 "state from the changelog and loses nothing")) from None
 
 
+#: A counter declared this long before the worker starts gets a warning with its error
+#: bound (`far_starts`): its count carries the error of every tick since its start.
+FAR_START_S: Final = 86_400
+
+
+def far_starts(settings: Settings, now_ms: int) -> list[str]:
+    """One line per start older than FAR_START_S: how many ticks back, and the error
+    bound (beta of the settings, the planner's per-tick bound, core.bounds) at the present
+    tick against a counter one day old. Only public quantities."""
+    from processor.core.bounds import ecc_bound, simecc_bound
+    from processor.core.cc import DEFAULT_BASE
+
+    bound = simecc_bound if settings.mechanism == "simecc" else ecc_bound
+    if settings.mechanism not in ("ecc", "simecc"):
+        return []
+    day = max(1, FAR_START_S * 1000 // settings.tick_ms)
+    by_start: dict[int, list[str]] = {}
+    for name, start in settings.counters.items():
+        by_start.setdefault(start, []).append(name)
+    lines = []
+    for start, names in sorted(by_start.items()):
+        ticks = (now_ms - start) // settings.tick_ms
+        if ticks * settings.tick_ms < FAR_START_S * 1000:
+            continue
+        args = (settings.epsilon, settings.delta, settings.beta)
+        now_b = bound(*args, ticks, DEFAULT_BASE, settings.calibration)
+        day_b = bound(*args, day, DEFAULT_BASE, settings.calibration)
+        shown = ", ".join(sorted(names)[:3]) + (f" and {len(names) - 3} more"
+                                                if len(names) > 3 else "")
+        days = ticks * settings.tick_ms / 86_400_000
+        lines.append(f"counter(s) {shown} start {ticks:,} ticks ({days:.1f} days) before "
+                     "now: at the present tick the error "
+                     f"bound (probability {1 - settings.beta:g}) is +/-{now_b:,.1f} events, "
+                     f"against +/-{day_b:,.1f} for a counter started a day ago; the first "
+                     "marker publishes the catch-up (docs/downstream.md), and `python -m "
+                     "processor plan` shows the error by horizon")
+    return lines
+
+
 def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
     """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
+    for line in far_starts(settings, int(time.time() * 1000)):
+        log.warning("%s", line)
     replication = ensure_topics(settings)
     return Worker(settings, key, replication=replication, crash_point=crash_point_from_env(),
                   announced=read_announced(settings)).run(loglevel)

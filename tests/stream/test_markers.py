@@ -80,3 +80,22 @@ def test_a_forged_future_marker_is_refused_with_an_alarm_and_replay_agrees(
     assert "ALARM: refused" in dep.worker.log_tail(400)
     report = replay(dep.settings, dep.key)
     assert report.identical, report.summary()
+
+
+def test_a_start_far_in_the_past_is_warned_with_its_bound() -> None:
+    """Counters declared 100 days back get one line with the ticks, days and the error
+    bound at the present tick next to a day-old counter's; a start an hour back none.
+    Control: the bound quoted is the core's (larger for the older start)."""
+    from processor.core.bounds import ecc_bound
+    from processor.core.cc import DEFAULT_BASE
+    from processor.stream.app import far_starts
+
+    now = 1_800_000_000_000
+    s = settings({"old": now - 100 * 86_400_000, "new": now - 3_600_000}, tick_ms=1000,
+                 mechanism="ecc", epsilon=1.0, delta=1e-6)
+    [line] = far_starts(s, now)
+    assert line.startswith("counter(s) old start 8,640,000 ticks (100.0 days)"), line
+    b = ecc_bound(1.0, 1e-6, s.beta, 8_640_000, DEFAULT_BASE, s.calibration)
+    assert f"+/-{b:,.1f} events" in line
+    assert b > ecc_bound(1.0, 1e-6, s.beta, 86_400, DEFAULT_BASE, s.calibration)
+    assert far_starts(settings({"new": now - 3_600_000}, tick_ms=1000), now) == []
