@@ -191,21 +191,28 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
     seconds = a.seconds or (6.0 if q else 60.0)
     lines: list[str] = []
     if a.phase in ("throughput", "all"):
-        lines += run_throughput(a, ctx, results)
+        lines += _shown(run_throughput(a, ctx, results))
     if a.phase == "many":
         print("phase many: 1 worker", flush=True)
         r = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, 1, counters, rate, seconds,
                        ctx.children, ctx.standby)
         results["many"] = r
-        lines += report_steady(r, "Phase many counters")
+        lines += _shown(report_steady(r, "Phase many counters"))
     if a.phase in ("scaleout", "all"):
-        lines += run_scaleout(a, ctx, counters, rate, seconds, results)
+        lines += _shown(run_scaleout(a, ctx, counters, rate, seconds, results))
     if a.phase == "idle":
         print("phase idle: declared counters, no input", flush=True)
         r = idle_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
                      ctx.standby, restore=not a.no_restore)
         results["idle"] = r
-        lines += report_idle(r)
+        lines += _shown(report_idle(r))
+    return lines
+
+
+def _shown(lines: list[str]) -> list[str]:
+    """Print a phase's report as soon as it is done (a later phase may fail or be
+    interrupted); the whole report is printed again at the end."""
+    print("\n".join(lines), flush=True)
     return lines
 
 

@@ -46,9 +46,9 @@ the broker and the load on it: CPU per event is the figure.
 idle (--counters C, --seconds S): one worker, C declared counters, no input: after the
 ledger holds them and a 10 s pause, its CPU-s per second over S seconds (per thread group)
 and RSS; then every worker stopped and a fresh one (empty state dir, same group) started:
-the restore time is from its start to its /readyz answering 200 (it holds every timeline
-partition and applied a marker within a tick of now on each, so its state came back from
-the changelog and the operator is live).
+restore = from its start to its first commit on every timeline partition (its state came
+back from the changelog and the operator applies the timeline again); ready = to its
+/readyz answering 200 (it also caught up with the ticks sealed while no worker ran).
 """
 
 from __future__ import annotations
@@ -321,26 +321,46 @@ class SteadyRun:
         self.res["state"] = {w: dir_sizes(d) for w, d in dirs.items()}
         self.res["dbs"] = {w: partition_dbs(d) for w, d in dirs.items()}
 
-    def restore(self, timeout_s: float = 1800) -> None:
-        """Stop every worker; start a fresh one with an empty state dir in the same group;
-        the restore time is from its start until its /readyz answers 200 (it holds every
-        timeline partition and applied a marker within a tick of now on each: its state
-        came back from the changelog and the operator is live again)."""
+    def restore(self, timeout_s: float = 900, ready_s: float = 120) -> None:
+        """Stop every worker; start a fresh one with an empty state dir in the same group.
+        restore_s = from its start until it committed a batch on every timeline partition
+        (the first partition value `p/<p>` appended after its start: its table came back
+        from the changelog and the operator applies the timeline again); ready_s = until
+        its /readyz answers 200 (it also caught up with the ticks sealed while no worker
+        ran: a marker applied within a tick of now on each partition), at most `ready_s`
+        more."""
         for w in self.procs:
             w.stop()
+        self.view.update()
         fresh = self.new_worker("fresh")
         port = load_settings(fresh.config_path, env={}).metrics_port
         self.procs.append(fresh)
+        t0_ms = int(time.time() * 1000)
+        t0 = time.monotonic()
         fresh.start()
 
-        def ready() -> bool:
+        def alive() -> bool:
             if not fresh.alive():
                 raise RuntimeError("fresh worker exited: " + fresh.log_tail())
-            return _http_ok(f"http://127.0.0.1:{port}/readyz")
-        self.res["restore_s"] = wait_until(ready, timeout_s, "the fresh worker ready",
-                                           interval_s=0.1)
-        self.res["restore_rss"] = rss_bytes(fresh.proc.pid) if fresh.proc else 0
-        self.res["restore_changelog_records"] = records_in(self.conf, self._changelogs())
+            return True
+
+        def committed() -> bool:
+            self.view.update()
+            return alive() and all(any(c[0] >= t0_ms for c in cs)
+                                   for cs in self.view.commits.values())
+        r = self.res
+        try:
+            wait_until(committed, timeout_s, "the fresh worker's first commits", 0.5)
+            firsts = [min(c[0] for c in cs if c[0] >= t0_ms) for cs in self.view.commits.values()]
+            r["restore_s"] = (max(firsts) - t0_ms) / 1000
+            r["restore_rss"] = rss_bytes(fresh.proc.pid) if fresh.proc else 0
+            wait_until(lambda: alive() and _http_ok(f"http://127.0.0.1:{port}/readyz"),
+                       ready_s, "the fresh worker ready", 0.5)
+            r["ready_s"] = time.monotonic() - t0
+        except TimeoutError:
+            r.setdefault("restore_rss", rss_bytes(fresh.proc.pid) if fresh.proc else 0)
+            r["restore_waited_s"] = time.monotonic() - t0
+        r["restore_changelog_records"] = records_in(self.conf, self._changelogs())
 
     def close(self) -> None:
         self.ledger.close()
@@ -597,11 +617,15 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
                  f"{os.getloadavg()[0]:.2f} at the end")
     d = r["state"]["worker1"]
     lines.append(f"  RocksDB dir {_mib(d['sst'] + d['wal'] + d['other'])}")
-    if "restore_s" in r:
-        lines.append(f"  restore on a fresh worker (empty state dir, same group): ready "
-                     f"{r['restore_s']:.1f} s after its start (process start, group join, "
-                     f"changelog restore, a marker applied on every timeline partition); "
-                     f"changelog {r['restore_changelog_records']:,} records; its RSS then "
+    if "restore_s" in r or "restore_waited_s" in r:
+        first = (f"first commit on every timeline partition {r['restore_s']:.1f} s after "
+                 "its start (process start, group join, changelog restore)"
+                 if "restore_s" in r else "no commit on every partition yet")
+        ready = (f"ready (/readyz: caught up with the ticks sealed while no worker ran) "
+                 f"{r['ready_s']:.1f} s after its start" if "ready_s" in r else
+                 f"NOT ready {r.get('restore_waited_s', 0):.0f} s after its start")
+        lines.append(f"  restore on a fresh worker (empty state dir, same group): {first}; "
+                     f"{ready}; changelog {r['restore_changelog_records']:,} records; its RSS "
                      f"{_mib(r['restore_rss'])}")
     lines += _log_lines([r["logs"]])
     return lines
