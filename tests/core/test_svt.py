@@ -291,8 +291,7 @@ class _TopWordStream(KeyedStream):
     __slots__ = ("first",)
 
     def __init__(self, inner: KeyedStream, first: int) -> None:
-        self._key = inner._key
-        self.label = inner.label
+        super().__init__(inner._noise_key, inner.label)
         self.first = first
 
     def words(self, lane: int, start: int, n: int) -> npt.NDArray[np.uint64]:
