@@ -274,10 +274,12 @@ def test_input_event_schema_agrees_with_the_parser() -> None:
 def test_timeline_schema_validates_what_the_encoders_write() -> None:
     v = _validator("timeline-record.schema.json")
     for raw in (encode_batch([Event("a", 123, 7, 0, 5), Event("b", 0, UNIT)]),
+                encode_batch([Event("a", 123, 7, 0, 5)], "S0HGxR0dScOoLSj8DILRYA"),
                 encode_batch([]), encode_marker(99), encode_marker(-1)):
         v.validate(orjson.loads(raw))
-    # Control: a v1 event record is valid for neither branch.
+    # Control: a v1 event record is valid for neither branch, nor an empty source.
     assert not v.is_valid({"k": "e", "c": "a", "ts": 1, "v": 1})
+    assert not v.is_valid({"v": 2, "k": "b", "i": "", "e": []})
     assert not v.is_valid({"v": 2, "k": "b", "e": [["a", 1, 65537, 0, 0]]})
 
 
