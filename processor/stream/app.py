@@ -997,9 +997,10 @@ def far_starts(settings: Settings, now_ms: int) -> list[str]:
 
 def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
     """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
+    replication = ensure_topics(settings)
+    # After the brokers answered: a start that fails says only why (one line).
     for line in far_starts(settings, int(time.time() * 1000)):
         log.warning("%s", line)
-    replication = ensure_topics(settings)
     return Worker(settings, key, replication=replication, crash_point=crash_point_from_env(),
                   announced=read_announced(settings)).run(loglevel)
 
