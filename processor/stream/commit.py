@@ -231,7 +231,6 @@ class BatchCommit:
 
 
 def _stores(store: StateStore | Stores) -> Stores:
-    if isinstance(store, (SharedStore,)) or (
-            callable(getattr(store, "of", None)) and callable(getattr(store, "flush", None))):
+    if callable(getattr(store, "of", None)) and callable(getattr(store, "flush", None)):
         return store  # type: ignore[return-value]
     return SharedStore(store)  # type: ignore[arg-type]

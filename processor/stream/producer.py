@@ -65,11 +65,9 @@ class AsyncProducer:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._failed: KafkaError | None = None
-        self._failures = 0
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.acked = 0
 
     @property
     def _producer(self) -> Producer:
@@ -119,15 +117,6 @@ class AsyncProducer:
         if failed is not None:
             raise DeliveryError(f"a record was not acknowledged ({failed.name()})")
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    @property
-    def failures(self) -> int:
-        """Records the brokers did not acknowledge since this producer started."""
-        return self._failures
-
     def close(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -151,12 +140,8 @@ class AsyncProducer:
                 self._on_delivered(topic, partition, offset)
         with self._lock:
             self._in_flight -= 1
-            if err is not None:
-                self._failures += 1
-                if self._failed is None:
-                    self._failed = err
-            else:
-                self.acked += 1
+            if err is not None and self._failed is None:
+                self._failed = err
             if self._in_flight == 0 and self._waiters:
                 waiters, self._waiters = self._waiters, []
                 for loop, fut in waiters:

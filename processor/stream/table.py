@@ -49,9 +49,6 @@ REWRITE_ROUNDS = 3
 class MonotoneTable(faust.Table[bytes, bytes]):
     """A Faust table of raw bytes whose changelog apply never lets a value go back."""
 
-    #: Changelog records the monotone rule did not take (older than the value held).
-    stale_skipped = 0
-
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: partition -> keys whose last changelog record read here was older than the
@@ -62,7 +59,6 @@ class MonotoneTable(faust.Table[bytes, bytes]):
         store: Any = self.data  # faust's RocksDB store: one database per partition
         writes: dict[int, dict[bytes, bytes | None]] = defaultdict(dict)
         offsets: dict[TP, int] = {}
-        skipped = 0
         for event in batch:
             msg = event.message
             if msg.offset > offsets.get(msg.tp, -1):
@@ -77,7 +73,6 @@ class MonotoneTable(faust.Table[bytes, bytes]):
                 pending[key] = msg.value
                 self.stale[msg.partition].discard(key)
             else:
-                skipped += 1
                 self.stale[msg.partition].add(key)
         for partition, values in writes.items():
             wb = WriteBatch(raw_mode=True)
@@ -89,7 +84,6 @@ class MonotoneTable(faust.Table[bytes, bytes]):
             store._db_for_partition(partition).write(wb)
         for tp, offset in offsets.items():
             store.set_persisted_offset(tp, offset)
-        MonotoneTable.stale_skipped += skipped
 
 
 class ChangelogTracker:
@@ -148,12 +142,6 @@ class ChangelogTracker:
             self._expected.pop(partition, None)
             self._clean.pop(partition, None)
             self._gaps.discard(partition)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._expected.clear()
-            self._clean.clear()
-            self._gaps.clear()
 
 
 class PartitionStore:
