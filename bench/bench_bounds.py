@@ -2,7 +2,7 @@
 
 `python bench/bench_bounds.py [--eps 1 10 150] [--delta 1e-5] [--horizon 10000]
 [--runs 1000] [--calibration paper|tight] [--base blt]` runs the vectorised simulator
-(processor/experiments/simulate.py, the core's distributions) on the Figure 1a stream
+(processor/simulator/simulate.py, the core's distributions) on the Figure 1a stream
 (rates 0.1/0.9 in blocks of 10) and on the all-ones stream, and prints per eps:
 the per-tick bound (processor/core/bounds.ecc_bound) over the empirical (1 - beta)
 quantile of |y_t - s_t| at the end and the worst over t >= 100, the same ratio for the
@@ -24,7 +24,7 @@ from processor.core.ecc import ecc_part_term
 from processor.core.grid import UNIT
 from processor.core.params import ecc_parameters
 from processor.experiments import attack
-from processor.experiments.simulate import simulate
+from processor.simulator.simulate import simulate
 
 FloatArray = npt.NDArray[np.float64]
 

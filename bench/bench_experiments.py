@@ -22,7 +22,7 @@ import numpy as np
 
 from processor.experiments import attack, figures
 from processor.experiments.cli import main_experiment
-from processor.experiments.simulate import simulate
+from processor.simulator.simulate import simulate
 
 
 def _time_sim(name: str, runs: int, horizon: int, eps: float, rate: float | None) -> float:

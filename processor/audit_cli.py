@@ -79,10 +79,10 @@ def core_backend(mechanism: str, eps: float, delta: float, seed: int,
 
 def sim_backend(mechanism: str, eps: float, delta: float, seed: int,
                 params: dict[str, Any]) -> Releases:
-    """Releases of the vectorised simulator (processor.experiments.simulate, tree base as
+    """Releases of the vectorised simulator (processor.simulator.simulate, tree base as
     in the core): the same laws, much faster; ⊥ is fed as 0 (same law for these counters).
     PartitionCC runs at the simulator's horizon T = the stream length."""
-    from processor.experiments.simulate import MECHANISMS, simulate
+    from processor.simulator.simulate import MECHANISMS, simulate
 
     if mechanism not in MECHANISMS:
         raise AuditError(f"the simulator has no {mechanism!r}; known: {', '.join(MECHANISMS)}")
@@ -362,7 +362,7 @@ def choose_pair(args: argparse.Namespace, params: dict[str, Any]
     stream length and feature. The pilot, where one is needed, runs on the simulator when
     it has the mechanism (same laws, much faster; PartitionCC at horizon = the stream
     length), else on the core, with another seed than the audit's runs."""
-    from processor.experiments.simulate import MECHANISMS as SIMULATED
+    from processor.simulator.simulate import MECHANISMS as SIMULATED
 
     seed = args.seed + PILOT_SEED_OFFSET
     sim_params = {k: v for k, v in params.items() if k == "calibration"}

@@ -160,7 +160,7 @@ def _simulated(mech: str, eps: float, delta: float, cal: str, p: float, ticks: i
                ) -> tuple[np.ndarray, float | None, float | None]:
     """(per-tick RMSE, median first change, median time between changes), in ticks, from
     the vectorised simulator (processor/experiments) on the stream's base."""
-    from processor.experiments.simulate import simulate
+    from processor.simulator.simulate import simulate
 
     rng = np.random.default_rng(1729)
     x = (rng.random((SIM_RUNS, ticks)) < p).astype(np.int8)

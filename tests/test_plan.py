@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from processor.core.cc import DEFAULT_BASE
-from processor.experiments.simulate import simulate
 from processor.plan import _model, main_plan
+from processor.simulator.simulate import simulate
 
 
 def _simulated_rmse(mech: str, eps: float, p: float, horizon: int, at: list[int]) -> list[float]:

@@ -1,5 +1,5 @@
-"""Section 8 of the paper, reproduced fast: a vectorised simulator of the counters
-(simulate.py), the distinguishing attack (attack.py), the sweeps, figures and Table 1
+"""Section 8 of the paper, reproduced fast on the vectorised simulator of the counters
+(processor/simulator): the distinguishing attack (attack.py), the sweeps, figures and Table 1
 (figures.py) and the command line (cli.py, `main_experiment(argv)`)."""
 
 from processor.experiments.cli import main_experiment

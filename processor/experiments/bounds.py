@@ -19,7 +19,7 @@ import numpy.typing as npt
 
 from processor.core.bounds import simecc_bound
 from processor.experiments import attack
-from processor.experiments.simulate import simulate
+from processor.simulator.simulate import simulate
 
 FloatArray = npt.NDArray[np.float64]
 

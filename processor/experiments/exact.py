@@ -36,8 +36,9 @@ import numpy.typing as npt
 from scipy.special import ndtr
 from scipy.stats import binom
 
-from processor.experiments import attack, params
-from processor.experiments.simulate import cc_scales
+from processor.experiments import attack
+from processor.simulator import params
+from processor.simulator.simulate import cc_scales
 
 FloatArray = npt.NDArray[np.float64]
 

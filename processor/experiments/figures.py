@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from processor.experiments import attack, exact
-from processor.experiments.simulate import (
+from processor.simulator.simulate import (
     MECHANISMS,
     cc_parts,
     cc_scales,

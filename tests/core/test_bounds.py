@@ -20,7 +20,7 @@ from processor.core.ecc import SimECC
 from processor.core.errors import InvalidParameterError
 from processor.core.rng import NoiseKey
 from processor.experiments.figures import Setup, _stream_key, _trials
-from processor.experiments.simulate import simulate
+from processor.simulator.simulate import simulate
 
 BETA = 0.05
 EPS, DELTA = 10.0, 1e-5

@@ -22,7 +22,7 @@ from processor.core.errors import InvalidParameterError
 from processor.core.params import ecc_parameters
 from processor.core.rng import NoiseKey
 from processor.core.wrapper import W
-from processor.experiments.simulate import simulate
+from processor.simulator.simulate import simulate
 
 BETA = 0.05
 DELTA = 1e-5

@@ -34,8 +34,9 @@ from scipy import stats
 from processor.core import registry
 from processor.core.cc import DEFAULT_BASE
 from processor.core.rng import NoiseKey
-from processor.experiments import attack, params
-from processor.experiments import simulate as sim
+from processor.experiments import attack
+from processor.simulator import params
+from processor.simulator import simulate as sim
 
 ALPHA = 1e-3
 R_CORE = 300

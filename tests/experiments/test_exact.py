@@ -18,7 +18,7 @@ from scipy.special import ndtr
 from scipy.stats import binom
 
 from processor.experiments import attack, exact, figures
-from processor.experiments.simulate import cc_noise, gaussiancc_sigma_vector
+from processor.simulator.simulate import cc_noise, gaussiancc_sigma_vector
 
 Z_CRIT = 4.42  # two-sided normal tail 1e-5
 

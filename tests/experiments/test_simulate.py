@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from processor.experiments import params
-from processor.experiments import simulate as sim
+from processor.simulator import params
+from processor.simulator import simulate as sim
 
 ALPHA = 1e-3
 

@@ -3,9 +3,9 @@
 The vectorised simulator must draw from exactly the distributions of the step-wise core
 (processor/core), so it never restates a constant or a calibration: it asks the core's
 pure functions (calibration.py, cc.py, baselines.py, ecc.py, svt.py, partition.py).
-This module is the one place where those imports happen, so the rest of
-processor/experiments reads like the paper and a change in the core reaches the
-experiments automatically.
+This module is the one place where those imports happen, so the simulator and the
+experiments built on it (processor/experiments) read like the paper and a change in the
+core reaches them automatically.
 """
 
 from __future__ import annotations

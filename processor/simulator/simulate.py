@@ -30,7 +30,7 @@ import numpy as np
 import numpy.typing as npt
 from scipy import fft as sfft
 
-from processor.experiments import params
+from processor.simulator import params
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
