@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Regenerate processor/_help.py, the cached `--help` text of every command
-(processor.cli.write_help_module). Run after changing any command's options:
+(processor.commands.main.write_help_module). Run after changing any command's options:
 
     .venv/bin/python deploy/update_help.py
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from processor.cli import write_help_module
+from processor.commands.main import write_help_module
 
 if __name__ == "__main__":
     print(f"wrote {write_help_module()}")

@@ -1,3 +1,3 @@
-from processor.cli import main
+from processor.commands.main import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """`CommandParser`: the argument parser of every `python -m processor <command>`.
 
-What the dispatcher (processor.cli) needs of a parser, in the parser itself rather than
+What the dispatcher (processor.commands.main) needs of a parser, in the parser itself rather than
 patched into argparse for the whole process. While the dispatcher runs a command
 (`dispatching`): a refused command line raises UsageError (one `error:` line, exit 2)
 instead of printing usage and exiting; abbreviations are refused (`--conf` is not

@@ -8,13 +8,17 @@ ProcessorError                       root: every error raised on purpose
 │                                    announced counter whose state is gone, a noise key
 │                                    that differs from the state's, a parameter change
 ├── UsageError                       a command line the parser refused
-└── TickSyntaxError (offline.py)     a malformed tick file of `count`
+├── AuditError (processor.audit)     the audit cannot run or cannot conclude
+└── TickSyntaxError                  a malformed tick file of `count`
+    (processor.commands.offline)
 ```
 
 Each class carries the prefix of its one `error:` line (`error_prefix`) and the exit code
-of the command that stops on it (`exit_code`); `processor.cli` prints that line, choosing
-by `isinstance`, never by a class's dotted name. Messages never carry a secret (no key
-bytes, no raw private input): they are printed as they are.
+of the command that stops on it (`exit_code`). `error_line` makes that line, choosing by
+`isinstance`, never by a class's dotted name, and `print_error` is the one place that
+prints an `error:` line (the dispatcher, and the commands that report an error and go on
+to exit with their own code). Messages never carry a secret (no key bytes, no raw private
+input): they are printed as they are.
 
 Dependency-free on purpose: the core imports it, and the core imports nothing outside
 itself but this module.
@@ -22,9 +26,12 @@ itself but this module.
 
 from __future__ import annotations
 
-from typing import ClassVar
+import sys
+from collections.abc import Sequence
+from typing import ClassVar, TextIO
 
-__all__ = ["ProcessorError", "RefusedError", "StreamError", "UsageError"]
+__all__ = ["ProcessorError", "RefusedError", "StreamError", "UsageError", "error_line",
+           "print_error"]
 
 #: The exit code of a command that stops on an error (a usage error included).
 EXIT_ERROR = 2
@@ -55,3 +62,30 @@ class UsageError(ProcessorError):
 
     def __init__(self, prog: str, message: str) -> None:
         super().__init__(f"{prog}: {message} (see {prog} --help)")
+
+
+def error_line(exc: BaseException,
+               foreign: Sequence[tuple[type[BaseException], str]] = ()) -> str:
+    """The one `error: ...` line of an exception: a ProcessorError under its
+    `error_prefix`, an error of another library under the prefix `foreign` gives its class
+    (most specific first), a timeout or an OS error as such, any other exception named by
+    its type. Never a traceback, never more than one line."""
+    text = str(exc).strip().replace("\n", " ") or type(exc).__name__
+    if isinstance(exc, UsageError):
+        return f"error: {exc}"
+    if isinstance(exc, ProcessorError):
+        return f"error: {exc.error_prefix}{text}"
+    builtin: tuple[tuple[type[BaseException], str], ...] = (
+        (TimeoutError, "timed out: "), (OSError, ""))
+    for cls, prefix in (*foreign, *builtin):
+        if isinstance(exc, cls):
+            return f"error: {prefix}{text}"
+    return f"error: {type(exc).__name__}: {text}"
+
+
+def print_error(what: str | BaseException, file: TextIO | None = None, *,
+                flush: bool = False) -> None:
+    """Print one `error:` line on `file` (default: standard error): an exception's line
+    (`error_line`), or `error: ` and a message a command wrote itself."""
+    line = error_line(what) if isinstance(what, BaseException) else f"error: {what}"
+    print(line, file=sys.stderr if file is None else file, flush=flush)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from processor.audit_cli import main_audit
+from processor.audit.plans import DEFAULTS, FEATURES, PATTERNS
+from processor.commands.audit import main_audit
 from processor.core import registry
-from processor.core.audit import DEFAULTS, FEATURES, PATTERNS
 from tests.test_offline import ExactCounter
 
 
@@ -122,7 +122,7 @@ def test_ecc_with_quiet_svt_fails_under_both_calibrations(
     """Issue 16: ECC with SVT noise / 4 failed under paper but passed under tight (the
     partition law check was skipped). Now both the plan check (the SVT's scale) and the
     partition law check fail it, under both calibrations."""
-    from tests.core.test_audit_power import quiet_ecc
+    from tests.audit.test_audit_power import quiet_ecc
 
     cls = quiet_ecc(4)
     monkeypatch.setattr(registry, "make", lambda _m, e, d, k, c="", **p: cls(e, d, k, c, **p))

@@ -8,12 +8,18 @@ from typing import Self
 import orjson
 import pytest
 
-from processor.cli import main
+from processor.commands.main import main
+from processor.commands.offline import (
+    Skip,
+    TickSyntaxError,
+    parse_tick_line,
+    parse_ticks,
+    run_counter,
+)
 from processor.core.api import Counter, check_skip
 from processor.core.grid import from_units, to_units
 from processor.core.rng import NoiseKey
 from processor.keyfile import read_key
-from processor.offline import Skip, TickSyntaxError, parse_tick_line, parse_ticks, run_counter
 
 
 class ExactCounter(Counter):
@@ -117,10 +123,10 @@ def test_keygen_writes_private_file(tmp_path: pytest.TempPathFactory) -> None:
 def test_cli_count_offers_exactly_the_registered_mechanisms(
         capsys: pytest.CaptureFixture[str]) -> None:
     """The choices come from the registry: every registered mechanism runs, nothing else."""
-    from processor.cli import _count_parser
+    from processor.commands.count import count_parser
     from processor.core import registry
 
-    action = next(a for a in _count_parser()._actions if a.dest == "mechanism")
+    action = next(a for a in count_parser()._actions if a.dest == "mechanism")
     assert list(action.choices or ()) == registry.names()
     for name in registry.names():
         params = ["--horizon", "8"] if name == "partitioncc" else []

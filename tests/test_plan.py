@@ -1,4 +1,4 @@
-"""`python -m processor plan`: the operator's planner (processor/plan.py)."""
+"""`python -m processor plan`: the operator's planner (processor/commands/plan.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import numpy as np
 import orjson
 import pytest
 
+from processor.commands.plan import _model, main_plan
 from processor.core.cc import DEFAULT_BASE
-from processor.plan import _model, main_plan
 from processor.simulator.simulate import simulate
 
 

@@ -16,7 +16,7 @@ from processor.core.errors import (
 )
 from processor.core.grid import UNIT, from_units, to_units
 
-# Re-exported (`X as X`) for processor/plan.py and processor/core/audit.py, which import
+# Re-exported (`X as X`) for processor/commands/plan.py and processor/audit/, which import
 # them from here; every other importer takes them from processor.core.params.
 from processor.core.params import ecc_parameters as ecc_parameters
 from processor.core.params import simecc_parameters as simecc_parameters

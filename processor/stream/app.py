@@ -27,7 +27,6 @@ private topic, like the input. The private-count and ledger topics are public.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import errno
@@ -51,9 +50,10 @@ from faust.types import TP, ConsumerT, Message
 from rocksdict import Options as RdictOptions
 from rocksdict import Rdict
 
+from processor.commandline import CommandParser
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
-from processor.errors import RefusedError, StreamError
+from processor.errors import RefusedError, StreamError, print_error
 from processor.stream import kafka_io
 from processor.stream.bounding import unit_key, units_changelog_topic, units_topic
 from processor.stream.clock import (
@@ -610,7 +610,7 @@ class Worker:
         storage = storage_failure(exc, self.settings)
         if storage is not None:
             log.critical("stopping the worker: %s", storage)
-            print(f"error: {storage}", file=sys.stderr, flush=True)
+            print_error(storage, flush=True)
         else:
             log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
         logging.shutdown()
@@ -632,7 +632,7 @@ class Worker:
         # error) keeps Faust from committing past it. The messages name only public
         # things (declared or announced counters, parameters, store keys), with the remedy.
         log.critical("refused: %s", exc)
-        print(f"error: {exc}", file=sys.stderr, flush=True)
+        print_error(str(exc), flush=True)
         logging.shutdown()
         os._exit(2)
 
@@ -742,7 +742,7 @@ class Worker:
             flag = _prepare_state_dir(self.settings, self.app)
         except StorageError as exc:
             log.critical("the worker stopped: %s", exc)
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+            print_error(str(exc), flush=True)
             return 1
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
                               override_logging=False, redirect_stdouts=False)
@@ -762,7 +762,7 @@ class Worker:
             storage = None if crash is None else storage_failure(crash, self.settings)
             if storage is not None:  # Faust crashed on it (opening a partition's database)
                 log.critical("the worker stopped: %s", storage)
-                print(f"error: {storage}", file=sys.stderr, flush=True)
+                print_error(storage, flush=True)
                 code = code or 1
             self.fence.stop()
             self.stop_ingest()
@@ -1020,8 +1020,8 @@ def read_announced(settings: Settings) -> dict[str, frozenset[str]]:
 
 def main_worker(argv: Sequence[str] | None = None) -> int:
     """`python -m processor worker --config F [--key-file K] [--loglevel L]`."""
-    p = argparse.ArgumentParser(prog="python -m processor worker",
-                                description="Run the private-count stream processor.")
+    p = CommandParser(prog="python -m processor worker",
+                      description="Run the private-count stream processor.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (overrides noise_key_file)")
     p.add_argument("--key-format", choices=KEY_FORMATS,
@@ -1039,12 +1039,8 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)
         return run_worker(settings, key, loglevel=args.loglevel)
-    except ConfigError as exc:
-        print(f"error: configuration: {exc}", file=sys.stderr)
-    except NoiseKeyError as exc:
-        print(f"error: noise key: {exc}", file=sys.stderr)
-    except StartError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ConfigError, NoiseKeyError, StartError) as exc:
+        print_error(exc)
     return 2
 
 

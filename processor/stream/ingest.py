@@ -51,6 +51,7 @@ from confluent_kafka import (
 )
 
 from processor.core.errors import NoiseKeyError
+from processor.errors import print_error
 from processor.stream import kafka_io
 from processor.stream.bounding import (
     UnitHasher,
@@ -651,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ukey = (unit_key(load_noise_key(settings)) if settings.privacy_unit == "user"
                 else None)
     except (ConfigError, NoiseKeyError) as exc:
-        print(f"error: configuration: {exc}", file=sys.stderr)
+        print_error(f"configuration: {exc}")
         return 2
     ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume,
                     unit_key=ukey)

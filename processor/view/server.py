@@ -196,7 +196,7 @@ def main_view(argv: Sequence[str] | None = None) -> int:
     """`python -m processor view --config F`: serve the live view until SIGINT/SIGTERM."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     configure_logging(args.loglevel)
-    # A bad configuration or a port in use raises: the dispatcher (processor.cli) makes
+    # A bad configuration or a port in use raises: the dispatcher (processor.commands.main) makes
     # it one `error:` line and exit 2.
     settings = load_settings(args.config)
     # Brokers that do not answer (or refuse this client) stop the view at its start, as

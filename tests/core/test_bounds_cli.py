@@ -6,7 +6,7 @@ import io
 
 import orjson
 
-from processor.cli import cmd_count
+from processor.commands.count import cmd_count
 from processor.core.bounds import simecc_bound
 from processor.core.cc import DEFAULT_BASE
 

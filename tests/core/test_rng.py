@@ -245,7 +245,7 @@ def test_entry_points_refuse_a_bad_key_file_naming_it(
         capsys: pytest.CaptureFixture[str]) -> None:
     """`count` and `worker` stop with exit 2 and the rule, never the content; with the
     format stated, the same entry point reads a raw file (control)."""
-    from processor.cli import main
+    from processor.commands.main import main
     from processor.stream import app
 
     secret = bytes(range(7, 39))

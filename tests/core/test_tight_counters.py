@@ -1,5 +1,5 @@
 """ECC and SimECC with calibration="tight": construction, state, registry, and the
-empirical audit (processor/core/audit.py) with an under-noised control.
+empirical audit (processor/audit/) with an under-noised control.
 
 False-alarm rate: the audit verdicts are tests at alpha = 0.05 (assumption-free
 Clopper-Pearson bound, thresholds chosen on a held-out half): a correct (eps, delta)-DP
@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from processor.audit.plans import make_streams, plan_for
+from processor.audit.runs import audit
 from processor.core import registry, tight
-from processor.core.audit import audit, make_streams, plan_for
 from processor.core.cc import UnboundedCC
 from processor.core.ecc import ECC, SimECC
 from processor.core.errors import InvalidParameterError, StateFormatError
@@ -111,8 +112,8 @@ def test_audit_of_tight_simecc(cls: type[SimECC], passes: bool) -> None:
 def test_count_and_audit_take_the_calibration() -> None:
     import io
 
-    from processor.audit_cli import main_audit
-    from processor.cli import cmd_count
+    from processor.commands.audit import main_audit
+    from processor.commands.count import cmd_count
 
     ticks = "1\n_\n" * 200
     outs = {}

@@ -22,8 +22,8 @@ import math
 import numpy as np
 import pytest
 
+from processor.audit.diagnostics import gauss_delta
 from processor.core import tight
-from processor.core.audit import gauss_delta
 from processor.core.grid import UNIT
 from processor.core.params import ecc_parameters
 from processor.core.svt import svt_scales

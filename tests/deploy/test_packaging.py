@@ -43,7 +43,7 @@ import pytest
 import yaml
 
 import processor.stream.app as worker_app
-from processor.cli import main as cli_main
+from processor.commands.main import main as cli_main
 from processor.core.rng import NoiseKey
 from processor.keyfile import write_key
 from processor.stream.config import (
@@ -251,7 +251,7 @@ def _rooted_argv(entry: list[str], root: Path) -> list[str]:
 def run_entry_in_process(entry: list[str], config_text: str, root: Path,
                          monkeypatch: pytest.MonkeyPatch
                          ) -> tuple[int, list[tuple[Settings, NoiseKey]]]:
-    """Run the entry command through processor.cli.main, with the broker-facing part
+    """Run the entry command through processor.commands.main.main, with the broker-facing part
     (run_worker) replaced by a recorder: everything before it (argument parsing, config
     loading and validation, key reading) runs as in the container."""
     _staged_config(config_text, root)

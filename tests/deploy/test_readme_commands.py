@@ -108,7 +108,7 @@ def test_keygen_as_written_makes_a_private_dir_and_key(tmp_path: Path) -> None:
 
 
 def test_every_help_and_the_cheap_commands(tmp_path: Path) -> None:
-    from processor.cli import _DELEGATED
+    from processor.commands.main import _DELEGATED
 
     env = env_here()
     for name in ["", *_DELEGATED]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from processor.cli import main
+from processor.commands.main import main
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import (
     Deployment,

@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import pytest
 
-from processor import cli
+from processor.commands import main as cli
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher

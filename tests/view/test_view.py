@@ -229,7 +229,7 @@ def test_demo_overlay_only_on_loopback() -> None:
 
 def test_cli_bad_config_is_one_error_line(tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from processor.cli import main
+    from processor.commands.main import main
 
     assert main(["view", "--config", str(tmp_path / "missing.toml")]) == 2
     err = capsys.readouterr().err

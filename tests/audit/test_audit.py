@@ -1,4 +1,4 @@
-"""The empirical privacy audit (processor/core/audit.py) and its controls.
+"""The empirical privacy audit (processor/audit/) and its controls.
 
 False-alarm rates. Every verdict below is a test at alpha = 0.05: for a correct
 (eps, delta)-DP mechanism P(some bound > eps) <= 0.05 (alpha/2 per bound), plus 0.001 for
@@ -21,30 +21,28 @@ from typing import Any
 import numpy as np
 import pytest
 
-from processor.audit_cli import core_backend, run_audit, sim_backend
-from processor.core.api import Counter
-from processor.core.audit import (
-    NO_RELEASE,
-    AuditError,
-    advantage,
-    attainable_bound,
+from processor.audit.diagnostics import advantage, ecc_partition_check, section8_guess
+from processor.audit.plans import default_streams, make_streams, plan_for
+from processor.audit.runs import (
     audit,
     cc_noise_cov,
-    check_spread,
-    clopper_pearson,
     core_releases,
-    default_streams,
-    ecc_partition_check,
-    empirical_bound,
     increment_weights,
     insertion_neighbour,
+)
+from processor.audit.statistics import (
+    NO_RELEASE,
+    AuditError,
+    attainable_bound,
+    check_spread,
+    clopper_pearson,
+    empirical_bound,
     judge,
     known_null_bound,
-    make_streams,
     null_law_check,
-    plan_for,
-    section8_guess,
 )
+from processor.commands.audit import core_backend, run_audit, sim_backend
+from processor.core.api import Counter
 from processor.core.baselines import GaussianCC, gaussiancc_sigma2_units
 from processor.core.calibration import gdp_mu
 from processor.core.cc import cc_sigma

@@ -6,7 +6,7 @@ queued at tick --at: every event from there shifts one tick later until the firs
 absorbs the shift); by default the pair is searched among every pattern and three insertion
 ticks for the one the mechanism's attack separates best (exactly where the law is known, on
 a pilot keyed apart otherwise). Each run's releases are reduced to one score (--feature)
-and judged (processor.core.audit): an assumption-free Clopper-Pearson bound; for known
+and judged (processor.audit): an assumption-free Clopper-Pearson bound; for known
 laws a known-null bound and an exact-pair bound (the claimed law's privacy profile on the
 pair), with a Kolmogorov-Smirnov check of that law; for ECC and SimECC, under either
 calibration, the plan check (exact: the guarantee the counter's parameters and noise scales
@@ -29,32 +29,29 @@ from typing import Any
 import numpy as np
 import orjson
 
-from processor.core import registry
-from processor.core.api import Counter
-from processor.core.audit import (
+from processor.audit.diagnostics import (
+    SIMPART_GAPS,
+    ecc_partition_check,
+    plan_check,
+    simecc_partition_check,
+)
+from processor.audit.plans import (
     DEFAULTS,
     FEATURES,
     PATTERNS,
-    SIMPART_GAPS,
-    AuditError,
-    AuditResult,
-    FloatArray,
     PairChoice,
     Plan,
-    Stream,
-    core_releases,
     default_streams,
-    ecc_partition_check,
-    judge,
     make_streams,
     pair_objective,
-    plan_check,
     plan_for,
     search_pair,
-    simecc_partition_check,
-    unit_derivation_check,
-    unit_neighbour,
 )
+from processor.audit.runs import core_releases, unit_derivation_check, unit_neighbour
+from processor.audit.statistics import AuditError, AuditResult, FloatArray, Stream, judge
+from processor.commandline import CommandParser
+from processor.core import registry
+from processor.core.api import Counter
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
 from processor.core.tight import CALIBRATIONS
@@ -159,8 +156,8 @@ def _parser() -> argparse.ArgumentParser:
            "alternating, first, with enough events for its partition to fire and a gap for "
            "the BCC delay; simecc: empty, values, eight blocks and the delay (all sized from "
            "--epsilon, --delta). Runs: 400 per stream for the lr feature, else 2000.")
-    p = argparse.ArgumentParser(prog="python -m processor audit", description=doc,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = CommandParser(prog="python -m processor audit", description=doc,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mechanism", required=True, choices=registry.names(),
                    help="the registered mechanism to audit")
     p.add_argument("--epsilon", type=float, help="the configured epsilon (per event)")
@@ -208,7 +205,7 @@ def _parser() -> argparse.ArgumentParser:
                    "checks run under both")
     p.add_argument("--backend", choices=("core", "sim"), default="core",
                    help="core: the real counters (default); sim: the vectorised simulator "
-                   "of processor.experiments (same laws, tree base, much faster; values in "
+                   "of processor.simulator (same laws, tree base, much faster; values in "
                    "{0, 1}; partitioncc at horizon = the stream length)")
     p.add_argument("--alpha", type=float, default=0.05,
                    help="false-alarm rate of the verdict for a correct mechanism (default "
@@ -358,7 +355,7 @@ PILOT_SEED_OFFSET = 7919
 
 def choose_pair(args: argparse.Namespace, params: dict[str, Any]
                 ) -> tuple[PairChoice, list[PairChoice]]:
-    """The pair search (processor.core.audit.search_pair) for this command's mechanism,
+    """The pair search (processor.audit.plans.search_pair) for this command's mechanism,
     stream length and feature. The pilot, where one is needed, runs on the simulator when
     it has the mechanism (same laws, much faster; PartitionCC at horizon = the stream
     length), else on the core, with another seed than the audit's runs."""

@@ -4,7 +4,7 @@ For each stream mechanism (ECC, SimECC) and calibration (paper, tight) at the gi
 delta, tick length and event rate: the expected error (RMSE, in events) at a few moments,
 the public 95% error bound SimECC publishes there, the time to the first change of the
 released count and the typical time between changes. Up to SIM_TICKS ticks these come from
-a quick run of the vectorised simulator (processor/experiments: the core's distributions,
+a quick run of the vectorised simulator (processor/simulator: the core's distributions,
 32 runs on Bernoulli input, the stream's base); beyond, from the closed forms below, built
 on the core's own constants. Seconds in all; tests/test_plan.py checks the closed forms
 against the simulator.
@@ -35,6 +35,7 @@ from functools import lru_cache
 import numpy as np
 import orjson
 
+from processor.commandline import CommandParser
 from processor.core.bounds import simecc_bound
 from processor.core.cc import DEFAULT_BASE, bcc_offset, cc_sigma
 from processor.core.ecc import ecc_parameters, simecc_parameters
@@ -44,6 +45,7 @@ from processor.core.partition import part_tau
 from processor.core.svt import svt_scales, svt_threshold
 from processor.core.tight import CALIBRATIONS
 from processor.core.unit import derive
+from processor.errors import print_error
 
 MECHANISMS = ("ecc", "simecc")
 #: Default moments (seconds): a minute, an hour, a day, a week.
@@ -159,7 +161,7 @@ SIM_RUNS = 32
 def _simulated(mech: str, eps: float, delta: float, cal: str, p: float, ticks: int
                ) -> tuple[np.ndarray, float | None, float | None]:
     """(per-tick RMSE, median first change, median time between changes), in ticks, from
-    the vectorised simulator (processor/experiments) on the stream's base."""
+    the vectorised simulator (processor/simulator) on the stream's base."""
     from processor.simulator.simulate import simulate
 
     rng = np.random.default_rng(1729)
@@ -225,7 +227,7 @@ def _parse_duration(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandParser(
         prog="python -m processor plan",
         description="Expected error, time to the first change and time between changes of "
         "each stream mechanism and calibration, before deploying (closed forms, < 1 s).")
@@ -252,11 +254,11 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     """Entry point of `python -m processor plan`; returns the exit code."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     if not (args.tick_ms > 0 and args.rate >= 0 and math.isfinite(args.rate)):
-        print("error: --tick-ms must be > 0 and --rate >= 0", file=sys.stderr)
+        print_error("--tick-ms must be > 0 and --rate >= 0")
         return 2
     horizons = tuple(args.horizon or DEFAULT_HORIZONS)
     if any(not h > 0 for h in horizons):
-        print("error: every --horizon must be > 0", file=sys.stderr)
+        print_error("every --horizon must be > 0")
         return 2
     unit_args = (args.unit_epsilon, args.unit_delta, args.max_events_per_counter,
                  args.max_counters_per_unit)
@@ -264,9 +266,8 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     if user == (args.epsilon is not None or args.delta is not None) or (
             not user and (args.epsilon is None or args.delta is None)) or (
             user and any(a is None for a in unit_args)):
-        print("error: give --epsilon and --delta, or all four of --unit-epsilon, "
-              "--unit-delta, --max-events-per-counter and --max-counters-per-unit",
-              file=sys.stderr)
+        print_error("give --epsilon and --delta, or all four of --unit-epsilon, "
+                    "--unit-delta, --max-events-per-counter and --max-counters-per-unit")
         return 2
     start = time.perf_counter()
     try:
@@ -279,7 +280,7 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
                plan(derived.unit_epsilon, derived.unit_delta, args.tick_ms, args.rate,
                     horizons)[1])
     except CoreError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return 2
     saturated = args.rate * args.tick_ms / 1000.0 > 1.0
     if args.json:

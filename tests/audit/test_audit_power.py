@@ -24,16 +24,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from processor.audit_cli import core_backend, main_audit, run_audit, sim_backend
+from processor.audit.diagnostics import ecc_partition_check, plan_check, simecc_partition_check
+from processor.audit.plans import make_streams, plan_for
+from processor.audit.runs import audit
+from processor.commands.audit import core_backend, main_audit, run_audit, sim_backend
 from processor.core import tight
-from processor.core.audit import (
-    audit,
-    ecc_partition_check,
-    make_streams,
-    plan_check,
-    plan_for,
-    simecc_partition_check,
-)
 from processor.core.baselines import GaussianCC, gaussiancc_sigma2_units
 from processor.core.ecc import ECC, SimECC
 from processor.core.grid import UNIT
@@ -268,7 +263,7 @@ def test_pair_search_finds_a_stronger_pair_for_basecc() -> None:
     """Exact objective (the pair's mu under BaseCC's law): the search ranks every
     candidate and picks the maximum; on 600 events the best pair beats the former fixed
     pair (alternating at tick 1). Deterministic."""
-    from processor.core.audit import pair_objective, search_pair
+    from processor.audit.plans import pair_objective, search_pair
 
     obj = pair_objective("basecc", 1.0, DELTA, "lr", {}, None, 0)
     best, tried = search_pair(600, 1, obj)
