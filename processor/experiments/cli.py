@@ -7,7 +7,6 @@ short summary; a tqdm progress bar goes to stderr. The same seed gives the same 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 from processor.commandline import CommandParser
 from processor.core.cc import DEFAULT_BASE
 from processor.core.tight import CALIBRATIONS
+from processor.errors import print_error
 from processor.experiments import figures as F
 from processor.experiments.attack import threshold
 
@@ -63,7 +63,7 @@ def main_experiment(argv: Sequence[str] | None = None) -> int:
     try:
         return _run(args)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return 2
 
 

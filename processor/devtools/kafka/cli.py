@@ -28,6 +28,7 @@ from processor.devtools.kafka.tools import (
     LocalKafkaError,
     ToolMissingError,
 )
+from processor.errors import print_error
 
 # Exit codes of the command line.
 EXIT_OK = 0
@@ -227,10 +228,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_stop(args)
         return _cmd_status(args)
     except ToolMissingError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return EXIT_MISSING_TOOL
     except LocalKafkaError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print_error(str(exc))
         return EXIT_FAILURE
 
 
