@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import random
 import signal
@@ -39,7 +40,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -394,8 +394,8 @@ def _check_dead_letters(dep: Deployment, want: Mapping[tuple[int, int], FuzzReco
     """The dead-letter topic: reasons per input record, re-sends, by reason; a dead letter
     that is not its input record counts as a wrong reason."""
     dead: dict[tuple[int, int], set[str]] = {}
-    copies: Tally[tuple[int, int]] = Tally()
-    by_reason: Tally[str] = Tally()
+    copies: collections.Counter[tuple[int, int]] = collections.Counter()
+    by_reason: collections.Counter[str] = collections.Counter()
     for r in kafka_io.iter_topic(dep.conf, dep.topics.deadletter, timeout_s=300):
         d = orjson.loads(r.value or b"{}")
         where = (int(d["partition"]), int(d["offset"]))
@@ -508,7 +508,7 @@ class KillDriver:
         #: How many records a backlog kill produces while the worker is down (range).
         self.backlog = backlog
         self.expected: dict[bytes, FuzzRecord] = {}
-        self.counts: Tally[str] = Tally()
+        self.counts: collections.Counter[str] = collections.Counter()
         self._first = True
         self._start_ms = min(dep.settings.counters.values())
 
