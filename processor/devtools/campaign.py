@@ -1,5 +1,5 @@
 """The fault and bad-input campaign as code: a fuzz corpus, a kill-at-random-moments
-driver and the checkers (issue 11, item 5).
+driver and the checkers.
 
 - `fuzz_corpus` makes input records of every `CATEGORIES` entry: bad ones (each names the
   dead-letter reason ingest must give it: malformed JSON, wrong types, NaN and infinities,
@@ -15,7 +15,7 @@ driver and the checkers (issue 11, item 5).
   valid records lost or counted twice, (counter, tick, kind) published with two values,
   bad records not dead-lettered, dead-lettered with another reason or counted, and whether
   replay finds the published stream identical.
-- The network-partition phase (issue 14, item 5): `partition_phase` runs two workers of
+- The network-partition phase: `partition_phase` runs two workers of
   one deployment, one of them reaching the brokers only through a `proxy.TcpProxy`
   (`proxy.ProxiedKafka`), and cuts it off (blackholes and resets, `PARTITION_FAULTS`);
   `check_published` compares every published release with a recomputation from the

@@ -433,7 +433,7 @@ class Worker:
                                       on_delivered=self._delivered)
         self.stores = WorkerStores(self.table, self.producer, self.changelog, self.tracker)
         # `announced` (the ledger read at start): the operator refuses to re-create a
-        # counter the ledger announced under another creation (issue 8 item 4).
+        # counter the ledger announced under another creation.
         self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
                                         self.stores,
                                         KafkaPublisher(self.producer, settings, self.metrics),

@@ -179,7 +179,8 @@ class Release:
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """The privacy ledger record of one counter, written by the marker that creates its
-    state (never at an event: the ledger is public, see issue 8 item 1)."""
+    state (never at an event: the ledger is public, and an entry written at a counter's
+    first event would reveal that event's time)."""
 
     #: First in the JSON, keyword-only (as in Release).
     schema_version: int = field(default=LEDGER_SCHEMA_VERSION, kw_only=True)

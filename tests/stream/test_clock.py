@@ -1,4 +1,4 @@
-"""Wall-clock faults (issue 11 item 3, reported problem 7): the policy of clock.py.
+"""Wall-clock faults: the policy of clock.py.
 
 Pure tests with a controllable clock (no sleeps): a simulated leader appends markers the
 way `app.Worker.append_markers` does (probe, read, decide, append, learn the brokers'

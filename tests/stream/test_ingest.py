@@ -123,7 +123,7 @@ def test_route_splits_by_count_and_by_size_without_reordering() -> None:
 
 
 def test_every_bad_record_is_dead_lettered_with_its_reason_and_bytes() -> None:
-    """Every reason, plus a counter named by a lone surrogate (issue 11 item 1): one dead
+    """Every reason, plus a counter named by a lone surrogate: one dead
     letter each, with its reason, raw bytes and input coordinates; valid events around
     them are routed. Nothing is lost: events + dead letters = records."""
     s = _settings(allow_undeclared=False)
