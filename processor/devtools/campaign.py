@@ -61,6 +61,7 @@ from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import MAX_COUNTER_NAME, Settings
+from processor.stream.faults import CRASH_ENV, INGEST_DELIVERED
 from processor.stream.fencing import FENCED_EXIT
 from processor.stream.operator import Operator
 from processor.stream.records import (
@@ -489,7 +490,7 @@ FENCE_WAIT_S: Final = 10.0
 RESTART_SETTLE_S: Final = 12.0
 #: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
 MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
-                           ("after_state", 5, 60), ("ingest_delivered", 1, 8))
+                           ("after_state", 5, 60), (INGEST_DELIVERED, 1, 8))
 
 
 class KillDriver:
@@ -576,7 +577,7 @@ class KillDriver:
         elif moment == "mid_batch":
             point, lo, hi = self.rng.choice(MID_BATCH_POINTS)
             w.kill()
-            w.env["DPC_TEST_CRASH_AT"] = f"{point}:{self.rng.randint(lo, hi)}"
+            w.env[CRASH_ENV] = f"{point}:{self.rng.randint(lo, hi)}"
             w.start()
             assert w.proc is not None
             # Records keep flowing until the worker kills itself (ingest_delivered counts
@@ -590,7 +591,7 @@ class KillDriver:
                 except subprocess.TimeoutExpired:
                     self.feed(50)
             w.kill()  # reaps, closes the log
-            del w.env["DPC_TEST_CRASH_AT"]
+            del w.env[CRASH_ENV]
             if code == -signal.SIGKILL:
                 self.counts[f"mid_batch_point_{point}"] += 1
                 self.counts["kills_mid_batch"] += 1
