@@ -117,10 +117,6 @@ class FaultPlan:
         return cls(crash_at=CrashAt.parse(crash) if crash else None,
                    clock_offset_ms=parse_clock_offset(offset) if offset else None)
 
-    @property
-    def inert(self) -> bool:
-        return self.crash_at is None and self.clock_offset_ms is None
-
     def crash_point(self) -> CrashPoint | None:
         """A fresh crash hook for the stages of one process, or None without DPC_TEST_CRASH_AT
         (the stages then skip the calls)."""

@@ -3,7 +3,8 @@
 Unset, the plan is inert (no crash hook, the system's clock unshifted); a crash hook
 fires at exactly the k-th call of its point, by SIGKILL (in a child process here) or by
 InjectedFault; the clock offset shifts the wall clock only; every malformed value is a
-ConfigError naming its variable; and no deployment file sets any of the variables.
+ConfigError naming its variable; a worker shares one hook among its stages; and no
+deployment file sets any of the variables.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def test_the_default_plan_is_inert() -> None:
     for plan in (NO_FAULTS, FaultPlan(), FaultPlan.from_env({}),
                  FaultPlan.from_env({CRASH_ENV: " ", CLOCK_OFFSET_ENV: ""}),
                  FaultPlan.from_env({"DPC_TEST_OTHER": "x", "DPC_TICK_MS": "10"})):
-        assert plan == NO_FAULTS and plan.inert
+        assert plan == NO_FAULTS
         assert plan.crash_point() is None
         clock = plan.clock()
         assert clock.offset_ms == 0
@@ -45,7 +46,7 @@ def test_crash_at_parsing() -> None:
     assert FaultPlan.from_env({CRASH_ENV: "after_acks:3"}).crash_at == CrashAt("after_acks", 3)
     assert (FaultPlan.from_env({CRASH_ENV: " ingest_delivered:12:raise "}).crash_at
             == CrashAt("ingest_delivered", 12, raise_fault=True))
-    assert not FaultPlan.from_env({CRASH_ENV: "after_acks:3"}).inert
+    assert FaultPlan.from_env({CRASH_ENV: "after_acks:3"}) != NO_FAULTS
     for bad in ("after_acks", "after_acks:0", ":2", "after_acks:x", "after_acks:1:boom",
                 "after_acks:-1", "after_acks:1:raise:raise", "a:b:c"):
         with pytest.raises(ConfigError, match=CRASH_ENV) as err:
@@ -91,7 +92,7 @@ def test_the_clock_offset_hook(caplog: pytest.LogCaptureFixture) -> None:
     clock), is off unless set, warns when set, and a malformed value stops the start
     naming the variable."""
     plan = FaultPlan.from_env({CLOCK_OFFSET_ENV: "-60000"})
-    assert plan.clock_offset_ms == -60_000 and not plan.inert and plan.crash_point() is None
+    assert plan.clock_offset_ms == -60_000 and plan.crash_point() is None
     with caplog.at_level("WARNING", logger="processor.stream.faults"):
         shifted = plan.clock()
     assert shifted.offset_ms == -60_000
@@ -112,3 +113,27 @@ def test_no_deployment_file_sets_a_test_hook() -> None:
     assert len(files) > 5
     assert [p for p in files for name in ENV_NAMES
             if name in p.read_text(errors="replace")] == []
+
+
+def test_the_worker_shares_one_hook_between_its_stages_and_shifts_its_clock(
+        tmp_path: Path) -> None:
+    """A worker builds ONE crash hook from its plan (the k-th call counts the calls of
+    every stage) and its clock from the plan's offset; without a plan it has neither."""
+    from processor.core.rng import NoiseKey
+    from processor.stream.app import Worker
+    from processor.stream.config import Settings, with_overrides
+
+    s = with_overrides(Settings(), counters={"a": 0}, state_dir=str(tmp_path),
+                       metrics_port=0, app_id="faults-wiring")
+    plan = FaultPlan(crash_at=CrashAt("after_acks", 2, raise_fault=True),
+                     clock_offset_ms=-60_000)
+    worker = Worker(s, NoiseKey.from_seed(1), faults=plan)
+    hook = worker.batch_commit.crash_point
+    assert hook is not None and worker.ingest._crash_point is hook
+    assert abs(worker.clock.clock.wall_ms() + 60_000 - int(time.time() * 1000)) < 1_000
+    hook("after_acks")
+    with pytest.raises(InjectedFault):
+        worker.ingest._crash_point("after_acks")
+    plain = Worker(with_overrides(s, app_id="faults-none"), NoiseKey.from_seed(1))
+    assert plain.batch_commit.crash_point is None and plain.ingest._crash_point is None
+    assert abs(plain.clock.clock.wall_ms() - int(time.time() * 1000)) < 1_000
