@@ -1,4 +1,4 @@
-"""ECC's published error bound against its actual error (issue 9, item 3 for ECC and W).
+"""ECC's published error bound against its actual error (ECC and W).
 
 `python bench/bench_bounds.py [--eps 1 10 150] [--delta 1e-5] [--horizon 10000]
 [--runs 1000] [--calibration paper|tight] [--base blt]` runs the vectorised simulator

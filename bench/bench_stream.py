@@ -5,7 +5,7 @@
         [--counters 10000] [--rate 1000] [--seconds 60] [--workers 1 2]
         [--quix-python PY] [--bootstrap HOST:PORT] [--json FILE]
 
-Starts a local single-node broker (processor.devtools.local_kafka) unless --bootstrap or
+Starts a local single-node broker (processor.devtools.kafka) unless --bootstrap or
 KAFKA_BOOTSTRAP_SERVERS names one. Every deployment (app id, topics, key, config, state
 dirs, logs) lives in one temporary directory outside the repository; workers, child
 processes and the broker are stopped on exit, error, Ctrl-C or SIGTERM.
@@ -84,7 +84,7 @@ def broker(bootstrap: str) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from processor.devtools.local_kafka import LocalKafka
+    from processor.devtools.kafka.cluster import LocalKafka
 
     print("starting a local Kafka broker ...", flush=True)
     kafka = LocalKafka(1)

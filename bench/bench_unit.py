@@ -23,7 +23,7 @@ and are dead-lettered).
                            table (latest record per key of its changelog)
 
 The operator's own work (applying the batches and the markers) follows the timeline by
-at most a tick and is inside the CPU window (SETTLE_S after `end`). Target (issue 17):
+at most a tick and is inside the CPU window (SETTLE_S after `end`). Target:
 CPU per counted event in user mode at most 1.5x event mode.
 """
 

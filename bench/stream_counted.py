@@ -79,7 +79,7 @@ from stream_io import (
 from stream_procs import Children, cpu_seconds, rss_bytes, scrape_counter
 
 from processor.devtools.deployment import isolated_deployment
-from processor.devtools.local_kafka import free_port
+from processor.devtools.kafka.tools import free_port
 
 BENCH = Path(__file__).resolve().parent
 #: Processor timing of this phase (see the module docstring).

@@ -91,7 +91,7 @@ from processor.devtools.deployment import (
     isolated_deployment,
     write_config,
 )
-from processor.devtools.local_kafka import free_port
+from processor.devtools.kafka.tools import free_port
 from processor.stream import kafka_io
 from processor.stream.config import load_settings, with_overrides
 

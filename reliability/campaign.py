@@ -1,4 +1,4 @@
-"""The full-size fault and bad-input campaign (issue 11, item 5); see reliability/README.md.
+"""The full-size fault and bad-input campaign; see reliability/README.md.
 
     nice python reliability/campaign.py --records 100000 --kills 52
 
@@ -16,7 +16,7 @@ C. a three-node LocalKafka cluster: brokers SIGKILLed and restarted (`--broker-k
 D. a three-node LocalKafka cluster (min ISR 2): two brokers SIGKILLed at once for
    `--outage-s` seconds (`--outages` times) while one worker runs and records are fed:
    producers, ingest and the worker can only wait;
-E. network partitions (issue 14, item 5): two workers of one deployment (4 timeline
+E. network partitions: two workers of one deployment (4 timeline
    partitions, `--partition-counters` counters, `--partition-rate` events/s), worker A
    reaching its own single-node broker only through a TCP proxy; `--partitions-faults`
    faults per seed (blackholes of 12-20 s and 6-8 s with the connections kept open,

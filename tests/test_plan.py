@@ -53,7 +53,7 @@ def test_plan_json_covers_every_mechanism_and_calibration(capsys: pytest.Capture
         assert [e[0] for e in r["error"]] == [60.0, 600.0]
         assert all(e[1] > 0 for e in r["error"])
         assert all((e[2] is None) == (mech == "ecc") for e in r["error"])
-    # the tight calibration moves sooner and errs less (issue 9 item 2)
+    # the tight calibration moves sooner and errs less
     for mech in ("ecc", "simecc"):
         assert rows[(mech, "tight")]["first_change_s"] < rows[(mech, "paper")]["first_change_s"]
         assert rows[(mech, "tight")]["error"][1][1] < rows[(mech, "paper")]["error"][1][1]

@@ -334,26 +334,26 @@ class BLTCounter(UnitCounter):
                 "wd": [str(v) for v in self._dec], "ys": str(self._ysum)}
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
-        if _get(d, "k", str) != cls.kind:
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a BLTCounter state")
-        version = _get(d, "v", int)
+        version = _get(state, "v", int)
         if version != BLT_VERSION:
             raise StateFormatError(f"BLT state version {version} is not the supported "
                                    f"version {BLT_VERSION}")
         try:
-            obj = cls(_get(d, "e", float), _get(d, "d", float), _get(d, "n", int), key,
-                      _get(d, "lab", str), _get(d, "sen", int))
+            obj = cls(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int), key,
+                      _get(state, "lab", str), _get(state, "sen", int))
         except InvalidParameterError as exc:
             raise StateFormatError(f"bad BLTCounter parameters: {exc}") from None
-        t, p = _get(d, "t", int), _get(d, "p", int)
-        we, wd = _get(d, "we", list), _get(d, "wd", list)
+        t, p = _get(state, "t", int), _get(state, "p", int)
+        we, wd = _get(state, "we", list), _get(state, "wd", list)
         if not 0 <= t <= obj.horizon or p < 0 or len(we) != len(THETA_NUM) or len(wd) != len(
                 THETA_NUM):
             raise StateFormatError("BLTCounter state out of range")
         obj._enc = [_big(v, "we") for v in we]
         obj._dec = [_big(v, "wd") for v in wd]
-        obj._ysum = _big(_get(d, "ys", str), "ys")
+        obj._ysum = _big(_get(state, "ys", str), "ys")
         obj._t, obj._cur.position = t, p
         return obj
 

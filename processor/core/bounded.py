@@ -219,14 +219,14 @@ class UnitCounter(ABC):
 
     @classmethod
     @abstractmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self: ...
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self: ...
 
 
-def state_field(d: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
+def state_field(state: dict[str, Any], name: str, typ: type | tuple[type, ...]) -> Any:
     """Read one typed field of a state dict or raise StateFormatError."""
-    if not isinstance(d, dict) or name not in d:
+    if not isinstance(state, dict) or name not in state:
         raise StateFormatError(f"state lacks field {name!r}")
-    v = d[name]
+    v = state[name]
     if (isinstance(v, bool) and typ is not bool) or not isinstance(v, typ):
         raise StateFormatError(f"state field {name!r} has the wrong type")
     return v
@@ -300,11 +300,11 @@ class _BinaryTree(UnitCounter):
         return {"n": self.horizon, "sen": self.sensitivity, "lab": self.label, "t": self._t,
                 "s": self._s, "p": self._cur.position, "z": list(self._noise)}
 
-    def _restore_base(self, d: dict[str, Any]) -> None:
-        t = _get(d, "t", int)
-        s = _get(d, "s", int)
-        p = _get(d, "p", int)
-        z = _get(d, "z", list)
+    def _restore_base(self, state: dict[str, Any]) -> None:
+        t = _get(state, "t", int)
+        s = _get(state, "s", int)
+        p = _get(state, "p", int)
+        z = _get(state, "z", list)
         if not 0 <= t <= self.horizon or s < 0 or p < 0 or len(z) != len(self._noise):
             raise StateFormatError("tree state out of range")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in z):
@@ -343,15 +343,15 @@ class GaussianTree(_BinaryTree):
         return d
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
-        if _get(d, "k", str) != cls.kind:
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a GaussianTree state")
         try:
-            obj = cls(_get(d, "e", float), _get(d, "d", float), _get(d, "n", int), key,
-                      _get(d, "lab", str), _get(d, "sen", int))
+            obj = cls(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int), key,
+                      _get(state, "lab", str), _get(state, "sen", int))
         except InvalidParameterError as exc:
             raise StateFormatError(f"bad GaussianTree parameters: {exc}") from None
-        obj._restore_base(d)
+        obj._restore_base(state)
         return obj
 
 
@@ -380,15 +380,15 @@ class LaplaceTreeBounded(_BinaryTree):
         return d
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
-        if _get(d, "k", str) != cls.kind:
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a LaplaceTreeBounded state")
         try:
-            obj = cls(_get(d, "e", float), _get(d, "n", int), key, _get(d, "lab", str),
-                      _get(d, "sen", int))
+            obj = cls(_get(state, "e", float), _get(state, "n", int), key, _get(state, "lab", str),
+                      _get(state, "sen", int))
         except InvalidParameterError as exc:
             raise StateFormatError(f"bad LaplaceTreeBounded parameters: {exc}") from None
-        obj._restore_base(d)
+        obj._restore_base(state)
         return obj
 
 
@@ -486,15 +486,16 @@ class SqrtFactor(UnitCounter):
                 "p": self._cur.position, "z": [int(v) for v in self._z[: self._t]]}
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
-        if _get(d, "k", str) != cls.kind:
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a SqrtFactor state")
         try:
-            obj = cls(_get(d, "e", float), _get(d, "d", float), _get(d, "n", int), key,
-                      _get(d, "lab", str), _get(d, "sen", int))
+            obj = cls(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int), key,
+                      _get(state, "lab", str), _get(state, "sen", int))
         except InvalidParameterError as exc:
             raise StateFormatError(f"bad SqrtFactor parameters: {exc}") from None
-        t, s, p, z = _get(d, "t", int), _get(d, "s", int), _get(d, "p", int), _get(d, "z", list)
+        t, s, p = _get(state, "t", int), _get(state, "s", int), _get(state, "p", int)
+        z = _get(state, "z", list)
         if not 0 <= t <= obj.horizon or len(z) != t or s < 0 or p < 0:
             raise StateFormatError("SqrtFactor state out of range")
         if not all(isinstance(v, int) and not isinstance(v, bool) for v in z):

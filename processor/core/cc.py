@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from processor.core.blt import BLTCounter, blt_sigma
 from processor.core.bounded import (
@@ -195,6 +195,10 @@ def bcc_alpha_max(eps: float, delta: float, t: int, beta: float = 0.05, base: st
 #: The running interval's counter class per base (see UnboundedCC._new_inner).
 _INNER_CLASS: dict[str, type[UnitCounter]] = {
     "tree": GaussianTree, "sqrt": SqrtFactor, "laplace": LaplaceTreeBounded, "blt": BLTCounter}
+#: The stored keys of the running counter's parameters, which a restore compares with the
+#: ones its interval implies: kind, epsilon, delta, horizon, sensitivity, noise label
+#: (core/state.py lists every short key).
+_INNER_PARAMETER_KEYS: Final = ("k", "e", "d", "n", "sen", "lab")
 
 
 class UnboundedCC(UnitCounter):
@@ -237,19 +241,19 @@ class UnboundedCC(UnitCounter):
         return self._y
 
     def _new_inner(self, k: int, horizon: int) -> UnitCounter:
-        lab = f"{self.label}/i{k}"
-        e, d = self.eps / 2, self.delta / 2
+        label = f"{self.label}/i{k}"
+        eps, delta = self.eps / 2, self.delta / 2
         if self.base == "tree":
-            return GaussianTree(e, d, horizon, self.key, lab, self.sensitivity)
+            return GaussianTree(eps, delta, horizon, self.key, label, self.sensitivity)
         if self.base == "sqrt":
-            return SqrtFactor(e, d, horizon, self.key, lab, self.sensitivity)
+            return SqrtFactor(eps, delta, horizon, self.key, label, self.sensitivity)
         if self.base == "blt":
-            return BLTCounter(e, d, horizon, self.key, lab, self.sensitivity)
-        return LaplaceTreeBounded(e, horizon, self.key, lab, self.sensitivity)
+            return BLTCounter(eps, delta, horizon, self.key, label, self.sensitivity)
+        return LaplaceTreeBounded(eps, horizon, self.key, label, self.sensitivity)
 
     def _inner_fixed(self, k: int, horizon: int) -> dict[str, Any]:
         """The fixed fields of _new_inner(k, horizon).to_state(), without building it (a
-        restore checks them; building a counter twice per restore was half its cost)."""
+        restore checks them; building the counter would double the restore's cost)."""
         out: dict[str, Any] = {"k": _INNER_CLASS[self.base].kind, "e": self.eps / 2,
                                "n": horizon, "sen": self.sensitivity,
                                "lab": f"{self.label}/i{k}"}
@@ -304,22 +308,22 @@ class UnboundedCC(UnitCounter):
                 "in": None if self._inner is None else self._inner.to_state()}
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
-        if _get(d, "k", str) != cls.kind:
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not an UnboundedCC state")
         try:
-            obj = cls(_get(d, "e", float), _get(d, "d", float), key, _get(d, "lab", str),
-                      _get(d, "sen", int), _get(d, "b", str))
+            obj = cls(_get(state, "e", float), _get(state, "d", float), key,
+                      _get(state, "lab", str), _get(state, "sen", int), _get(state, "b", str))
         except InvalidParameterError as exc:
             raise StateFormatError(f"bad UnboundedCC parameters: {exc}") from None
-        t = _get(d, "t", int)
-        p = _get(d, "p", int)
-        isum = _get(d, "is", int)
+        t = _get(state, "t", int)
+        p = _get(state, "p", int)
+        isum = _get(state, "is", int)
         if t < 0 or p < 0 or isum < 0:
             raise StateFormatError("UnboundedCC state out of range")
-        obj._t, obj._l, obj._isum, obj._y = t, _get(d, "l", int), isum, _get(d, "y", int)
+        obj._t, obj._l, obj._isum, obj._y = t, _get(state, "l", int), isum, _get(state, "y", int)
         obj._cur.position = p
-        inner = d.get("in")
+        inner = state.get("in")
         k = (t + 1).bit_length()     # the interval tick t + 1 falls in
         start = 1 << (k - 1)
         expect_inner = t >= start and start > 1   # inside I_k with ticks already consumed
@@ -331,7 +335,7 @@ class UnboundedCC(UnitCounter):
                 raise StateFormatError("UnboundedCC state has an unexpected running counter")
             restored = _INNER_CLASS[obj.base].from_state(inner, key)
             a, b = restored.to_state(), obj._inner_fixed(k, start - 1)
-            if (any(a.get(f) != b.get(f) for f in ("k", "e", "d", "n", "sen", "lab"))
+            if (any(a.get(f) != b.get(f) for f in _INNER_PARAMETER_KEYS)
                     or restored.t != t - start + 1):
                 raise StateFormatError("UnboundedCC running counter does not match")
             obj._inner = restored
@@ -410,18 +414,18 @@ class BCC(UnitCounter):
                 "y": self._y, "cc": self._cc.to_state()}
 
     @classmethod
-    def from_state(cls, d: dict[str, Any], key: NoiseKey) -> Self:
-        if _get(d, "k", str) != cls.kind:
+    def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
+        if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a BCC state")
-        cc = UnboundedCC.from_state(_get(d, "cc", dict), key)
+        cc = UnboundedCC.from_state(_get(state, "cc", dict), key)
         try:
-            obj = cls(_get(d, "e", float), _get(d, "d", float), key, _get(d, "lab", str),
-                      cc.sensitivity, cc.base)
+            obj = cls(_get(state, "e", float), _get(state, "d", float), key,
+                      _get(state, "lab", str), cc.sensitivity, cc.base)
         except InvalidParameterError as exc:
             raise StateFormatError(f"bad BCC parameters: {exc}") from None
         if cc.label != f"{obj.label}/cc" or cc.eps != obj.eps or cc.delta != obj.delta / 2:
             raise StateFormatError("BCC inner counter does not match")
-        s, y = _get(d, "s", int), _get(d, "y", int)
+        s, y = _get(state, "s", int), _get(state, "y", int)
         if s < 0 or y < s:
             raise StateFormatError("BCC state out of range")
         obj._cc, obj._s, obj._y = cc, s, y

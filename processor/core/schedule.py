@@ -44,5 +44,5 @@ class SchedList:
         return [[k, v] for k, v in sorted(self._at.items())]
 
     @classmethod
-    def from_state(cls, d: Any) -> SchedList:
-        return cls({int(k): int(v) for k, v in d})
+    def from_state(cls, state: Any) -> SchedList:
+        return cls({int(k): int(v) for k, v in state})

@@ -3,6 +3,13 @@
 Layout: b"DPS" + one version byte + orjson payload. The payload is a dict that always
 holds "m" (the mechanism name) and the parameters needed to rebuild the instance, so a
 state can never be restored into a mechanism with other parameters.
+
+The counters' state dicts use short keys (stored bytes: never renamed). Those several
+share: "k" the counter's kind, "e" epsilon, "d" delta, "n" horizon (ticks), "sen"
+sensitivity (units), "lab" the noise label its KeyedStream is keyed by, "b" the base
+counter of a CC, "t" ticks stepped, "p" the noise cursor's position, "s" the running sum
+(units), "y" the last release (units), "z" the tree's noise, "l" and "is" CC's released
+sum and its running interval's sum, "in" and "cc" a nested counter's state.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The fault and bad-input campaign as code: a fuzz corpus, a kill-at-random-moments
-driver and the checkers (issue 11, item 5).
+driver and the checkers.
 
 - `fuzz_corpus` makes input records of every `CATEGORIES` entry: bad ones (each names the
   dead-letter reason ingest must give it: malformed JSON, wrong types, NaN and infinities,
@@ -15,7 +15,7 @@ driver and the checkers (issue 11, item 5).
   valid records lost or counted twice, (counter, tick, kind) published with two values,
   bad records not dead-lettered, dead-lettered with another reason or counted, and whether
   replay finds the published stream identical.
-- The network-partition phase (issue 14, item 5): `partition_phase` runs two workers of
+- The network-partition phase: `partition_phase` runs two workers of
   one deployment, one of them reaching the brokers only through a `proxy.TcpProxy`
   (`proxy.ProxiedKafka`), and cuts it off (blackholes and resets, `PARTITION_FAULTS`);
   `check_published` compares every published release with a recomputation from the
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import random
 import signal
@@ -39,7 +40,6 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +61,7 @@ from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream import kafka_io
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import MAX_COUNTER_NAME, Settings
+from processor.stream.faults import CRASH_ENV, INGEST_DELIVERED
 from processor.stream.fencing import FENCED_EXIT
 from processor.stream.operator import Operator
 from processor.stream.records import (
@@ -394,8 +395,8 @@ def _check_dead_letters(dep: Deployment, want: Mapping[tuple[int, int], FuzzReco
     """The dead-letter topic: reasons per input record, re-sends, by reason; a dead letter
     that is not its input record counts as a wrong reason."""
     dead: dict[tuple[int, int], set[str]] = {}
-    copies: Tally[tuple[int, int]] = Tally()
-    by_reason: Tally[str] = Tally()
+    copies: collections.Counter[tuple[int, int]] = collections.Counter()
+    by_reason: collections.Counter[str] = collections.Counter()
     for r in kafka_io.iter_topic(dep.conf, dep.topics.deadletter, timeout_s=300):
         d = orjson.loads(r.value or b"{}")
         where = (int(d["partition"]), int(d["offset"]))
@@ -489,7 +490,7 @@ FENCE_WAIT_S: Final = 10.0
 RESTART_SETTLE_S: Final = 12.0
 #: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
 MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
-                           ("after_state", 5, 60), ("ingest_delivered", 1, 8))
+                           ("after_state", 5, 60), (INGEST_DELIVERED, 1, 8))
 
 
 class KillDriver:
@@ -508,7 +509,7 @@ class KillDriver:
         #: How many records a backlog kill produces while the worker is down (range).
         self.backlog = backlog
         self.expected: dict[bytes, FuzzRecord] = {}
-        self.counts: Tally[str] = Tally()
+        self.counts: collections.Counter[str] = collections.Counter()
         self._first = True
         self._start_ms = min(dep.settings.counters.values())
 
@@ -576,7 +577,7 @@ class KillDriver:
         elif moment == "mid_batch":
             point, lo, hi = self.rng.choice(MID_BATCH_POINTS)
             w.kill()
-            w.env["DPC_TEST_CRASH_AT"] = f"{point}:{self.rng.randint(lo, hi)}"
+            w.env[CRASH_ENV] = f"{point}:{self.rng.randint(lo, hi)}"
             w.start()
             assert w.proc is not None
             # Records keep flowing until the worker kills itself (ingest_delivered counts
@@ -590,7 +591,7 @@ class KillDriver:
                 except subprocess.TimeoutExpired:
                     self.feed(50)
             w.kill()  # reaps, closes the log
-            del w.env["DPC_TEST_CRASH_AT"]
+            del w.env[CRASH_ENV]
             if code == -signal.SIGKILL:
                 self.counts[f"mid_batch_point_{point}"] += 1
                 self.counts["kills_mid_batch"] += 1

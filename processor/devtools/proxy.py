@@ -1,5 +1,5 @@
 """A loopback TCP proxy that can cut a client off from its brokers, and a LocalKafka whose
-brokers advertise it (issue 14, item 5: the campaign's network-partition phase).
+brokers advertise it (the campaign's network-partition phase).
 
 `TcpProxy` forwards each of its routes (a listening port on 127.0.0.1 -> a target port on
 127.0.0.1) and can fail them the two ways an operator's network does:

@@ -1,5 +1,5 @@
 """`python -m processor.experiments bounds`: SimECC's published error bound against the
-actual error (issue 9 item 3), on the vectorised simulator.
+actual error, on the vectorised simulator.
 
 Two streams: the Figure 1a stream (rates 0.1/0.9 in blocks of 10), where the ratio of the
 bound to the 95th percentile of |y_t - s_t| is measured at every tick, and the all-ones

@@ -28,6 +28,7 @@ private topic, like the input. The private-count and ledger topics are public.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import logging
@@ -38,7 +39,6 @@ import shutil
 import signal
 import sys
 import time
-from collections import Counter as Tally
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
@@ -61,12 +61,12 @@ from processor.stream.clock import (
     ClockGuard,
     Stamp,
     next_marker,
-    system_clock,
 )
 from processor.stream.commit import BatchCommit
 from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.faults import NO_FAULTS, FaultPlan
 from processor.stream.fencing import FENCED_EXIT, SuspensionFence
-from processor.stream.ingest import Ingest, crash_point_from_env
+from processor.stream.ingest import Ingest
 from processor.stream.logs import LOG_FORMATS, configure_logging
 from processor.stream.metrics import Surface
 from processor.stream.operator import (
@@ -108,12 +108,9 @@ CHECKPOINT_RECORDS: Final = 2000
 MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
-#: The consumer group's session timeout: a worker killed without leaving the group is
-#: noticed after this long (Faust's default is 60 s); its partitions then move.
-SESSION_TIMEOUT_S: Final = 10.0
 #: A process suspended longer than this may have lost its partitions (the session
 #: timeout less heartbeats and margin): it exits before it publishes or writes state.
-SUSPENSION_LIMIT_S: Final = SESSION_TIMEOUT_S / 2
+SUSPENSION_LIMIT_S: Final = kafka_io.SESSION_TIMEOUT_S / 2
 
 
 class StartError(StreamError, RuntimeError):
@@ -210,7 +207,7 @@ class WorkerMetrics:
     """Aggregate counters of one worker process. Never per counter, never values."""
 
     def __init__(self) -> None:
-        self.counts: Tally[str] = Tally()
+        self.counts: collections.Counter[str] = collections.Counter()
 
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -222,7 +219,7 @@ class WorkerMetrics:
                 self.counts[f"operator_{k}"] += v
 
     def summary(self, extra: Mapping[str, int] | None = None) -> str:
-        merged = Tally(self.counts)
+        merged = collections.Counter(self.counts)
         merged.update(extra or {})
         return " ".join(f"{k}={v}" for k, v in sorted(merged.items()))
 
@@ -378,16 +375,19 @@ def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust
 class Worker:
     """The Faust app of one worker process and what runs in it (see the module doc).
 
-    Built from Settings; `run()` runs it until SIGTERM/SIGINT. `crash_point` is the test
-    hook of the kill -9 tests (`ingest.crash_point_from_env`), None in production; `clock`
-    the clocks the marker timer and ingest read (default: the system's, `system_clock`).
+    Built from Settings; `run()` runs it until SIGTERM/SIGINT. `faults` are the test
+    hooks (faults.py: the crash points of the kill -9 tests, a shifted wall clock), none
+    by default; `clock` the clocks the marker timer and ingest read (default: the
+    system's, shifted as `faults` says).
     """
 
     def __init__(self, settings: Settings, key: NoiseKey, *, replication: int = 1,
-                 crash_point: Callable[[str], None] | None = None,
+                 faults: FaultPlan = NO_FAULTS,
                  announced: Mapping[str, frozenset[str]] | None = None,
                  clock: ClockGuard | None = None) -> None:
         self.settings = settings
+        # One hook for every stage: its call counts span the process.
+        crash_point = faults.crash_point()
         self.metrics = WorkerMetrics()
         self.partitions = settings.partitions
         #: Why the worker stopped itself (an error type name), None while healthy.
@@ -407,7 +407,7 @@ class Worker:
             # so a failed worker's counters move with little changelog to replay.
             table_standby_replicas=settings.standby_replicas,
             topic_replication_factor=replication,
-            broker_session_timeout=SESSION_TIMEOUT_S,
+            broker_session_timeout=kafka_io.SESSION_TIMEOUT_S,
             broker_heartbeat_interval=1.0,
             broker_commit_every=1000,
             broker_commit_interval=1.0,
@@ -433,7 +433,7 @@ class Worker:
                                       on_delivered=self._delivered)
         self.stores = WorkerStores(self.table, self.producer, self.changelog, self.tracker)
         # `announced` (the ledger read at start): the operator refuses to re-create a
-        # counter the ledger announced under another creation (issue 8 item 4).
+        # counter the ledger announced under another creation.
         self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
                                         self.stores,
                                         KafkaPublisher(self.producer, settings, self.metrics),
@@ -451,7 +451,7 @@ class Worker:
                              self.timeline_name, self.metrics)
         # One guard for the marker timer and ingest: both learn the brokers' time from
         # the timeline records they write, and both decide by it (clock.py).
-        self.clock = clock if clock is not None else ClockGuard(system_clock())
+        self.clock = clock if clock is not None else ClockGuard(faults.clock())
         self.ingest = Ingest(settings, on_failure=self._ingest_failed, crash_point=crash_point,
                              on_batch=lambda n: self.surface.ingest_batch(n),
                              clock=self.clock,
@@ -997,11 +997,12 @@ def far_starts(settings: Settings, now_ms: int) -> list[str]:
 
 def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
     """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
+    faults = FaultPlan.from_env()
     replication = ensure_topics(settings)
     # After the brokers answered: a start that fails says only why (one line).
     for line in far_starts(settings, int(time.time() * 1000)):
         log.warning("%s", line)
-    return Worker(settings, key, replication=replication, crash_point=crash_point_from_env(),
+    return Worker(settings, key, replication=replication, faults=faults,
                   announced=read_announced(settings)).run(loglevel)
 
 

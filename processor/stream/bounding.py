@@ -34,10 +34,10 @@ Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhe
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import hmac
 import time
-from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, cast
@@ -263,7 +263,7 @@ class BoundOutput:
 
     timeline: list[tuple[int, bytes]] = field(default_factory=list)
     deadletters: list[bytes] = field(default_factory=list)
-    metrics: Tally[str] = field(default_factory=Tally)
+    metrics: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
 class Bounder:

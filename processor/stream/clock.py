@@ -2,12 +2,12 @@
 
 The wall clock decides two things: which ticks the leader seals (the marker through
 `records.sealed_through(now)`) and which events ingest rejects as too far in the future.
-A fault of that one clock used to publish the future (a +120 s step sealed 117 ticks
-ahead at once) or drop the present (a -120 s step dead-lettered most valid events). Here
-the local clock is checked against the brokers' own time, learned from the log-append
-timestamps of the timeline records this process writes (the timeline topic is created
-with message.timestamp.type = LogAppendTime), extrapolated with the monotonic clock,
-which no wall-clock step moves. While the two disagree, each decision takes the side
+Trusted alone, a fault of that one clock would publish the future (a +120 s step seals
+117 ticks ahead at once) or drop the present (a -120 s step dead-letters most valid
+events). So the local clock is checked against the brokers' own time, learned from the
+log-append timestamps of the timeline records this process writes (the timeline topic is
+created with message.timestamp.type = LogAppendTime), extrapolated with the monotonic
+clock, which no wall-clock step moves. While the two disagree, each decision takes the side
 that loses nothing:
 
 - a tick is sealed only once BOTH clocks say its end plus the lateness has passed
@@ -19,22 +19,21 @@ that loses nothing:
   when it ends, an episode count and the estimated skew (`ClockGuard.counts`, exported as
   metrics).
 
-Pure: no Kafka, no Faust, no sleeps. The worker's clock is `system_clock()`; tests inject
-a `ManualClock`. Only the wall clock is ever shifted by the test hook: the operator and
-replay decide from the timeline alone, never from a clock.
+Pure: no Kafka, no Faust, no sleeps. The worker's clock is a `SystemClock` (shifted only
+by the test hook DPC_TEST_CLOCK_OFFSET_MS: `faults.FaultPlan.clock`); tests inject a
+`ManualClock`. Only the wall clock is ever shifted: the operator and replay decide from
+the timeline alone, never from a clock.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from processor.stream.config import ConfigError, Settings
+from processor.stream.config import Settings
 from processor.stream.records import encode_batch, sealed_through
 
 log = logging.getLogger("processor.stream.clock")
@@ -43,11 +42,6 @@ log = logging.getLogger("processor.stream.clock")
 #: in alarm. NTP keeps clocks within milliseconds; the estimate of the brokers' time is
 #: uncertain by one produce round trip, which is accounted separately (`Stamp`).
 TOLERANCE_MS: Final = 1000
-#: Test hook only: shifts the worker's wall clock by this many milliseconds (a clock that
-#: runs ahead or behind), never the process's own time (Faust, the Kafka clients). Never
-#: set in production; should it be, the brokers' clock still bounds what is sealed, the
-#: clock alarm fires, and the worker logs a warning at start.
-OFFSET_ENV: Final = "DPC_TEST_CLOCK_OFFSET_MS"
 #: The record a worker appends to timeline partition 0 to learn the brokers' time: an
 #: empty event batch, which changes nothing in the operator or in replay (the worker does
 #: not even commit it: `app.Worker.operate`).
@@ -65,7 +59,7 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The process's clocks; `offset_ms` shifts the wall clock (the test hook)."""
+    """The process's clocks; `offset_ms` shifts the wall clock (the test hook: faults.py)."""
 
     def __init__(self, offset_ms: int = 0) -> None:
         self.offset_ms = offset_ms
@@ -97,21 +91,6 @@ class ManualClock:
 
     def step(self, ms: int) -> None:
         self.wall += ms
-
-
-def system_clock(env: Mapping[str, str] = os.environ) -> SystemClock:
-    """The worker's clock: the system's, shifted by DPC_TEST_CLOCK_OFFSET_MS if set (tests
-    only; a warning is logged then). ConfigError if the value is not an integer."""
-    spec = env.get(OFFSET_ENV, "").strip()
-    if not spec:
-        return SystemClock()
-    try:
-        offset = int(spec)
-    except ValueError:
-        raise ConfigError(OFFSET_ENV, "must be an integer (milliseconds)") from None
-    log.warning("test hook %s is set: this worker's wall clock is shifted by %+d ms "
-                "(never set it in production)", OFFSET_ENV, offset)
-    return SystemClock(offset)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from datetime import datetime
 from functools import lru_cache
@@ -234,6 +234,8 @@ _TOP_KEYS = {
     "privacy_unit",
 }
 _SECTIONS = {"security", "topics", "counters", "unit"}
+#: One table of the file: setting -> raw value (TOML or environment text).
+Table = dict[str, Any]
 
 # Environment overrides: variable -> (section or "", field). DPC_* wins over the legacy
 # KAFKA_BOOTSTRAP_SERVERS, which is honoured because the deploy scripts and CI export it.
@@ -328,49 +330,51 @@ def _parse_counters_env(text: str) -> dict[str, object]:
 def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) -> Settings:
     """Read settings from the TOML file `path` (None: defaults only), then apply the
     DPC_* overrides in `env`, then validate. Raises ConfigError naming the bad field."""
-    raw: dict[str, Any] = {}
-    if path is not None:
-        try:
-            with open(path, "rb") as fh:
-                raw = tomllib.load(fh)
-        except OSError as exc:
-            raise ConfigError("config", f"cannot read {path!r}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config", f"not valid TOML: {exc}") from None
+    raw = _read_toml(path) if path is not None else {}
+    top, sec, topics, counters, unit = _sections(raw)
+    if "KAFKA_BOOTSTRAP_SERVERS" in env and "DPC_BOOTSTRAP_SERVERS" not in env:
+        top["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
+    targets = {"": top, "security": sec, "topics": topics, "unit": unit}
+    for var, (section, name) in _ENV.items():
+        if var in env:
+            targets[section][name] = env[var]
+    if "DPC_COUNTERS" in env:
+        counters = _parse_counters_env(env["DPC_COUNTERS"])
+    return _build(top, sec, topics, counters, unit)
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise ConfigError("config", f"cannot read {path!r}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config", f"not valid TOML: {exc}") from None
+
+
+def _sections(raw: Mapping[str, Any]) -> tuple[Table, Table, Table, Table, Table]:
+    """The file's top-level settings and its security, topics, counters and unit tables,
+    each a fresh dict; ConfigError for a key no section knows (a typo)."""
     for key, value in raw.items():
         if key in _SECTIONS:
             if not isinstance(value, dict):
                 raise ConfigError(key, "must be a table")
         elif key not in _TOP_KEYS:
             raise ConfigError(key, "unknown setting (typo?)")
+    known = {"security": {f.name for f in fields(SecuritySettings)},
+             "topics": {f.name for f in fields(TopicSettings)},
+             "unit": set(_UNIT_KEYS)}
+    for section, names in known.items():
+        for k in raw.get(section, {}):
+            if k not in names:
+                raise ConfigError(f"{section}.{k}", "unknown setting (typo?)")
+    top = {k: v for k, v in raw.items() if k in _TOP_KEYS}
 
-    top: dict[str, Any] = {k: v for k, v in raw.items() if k in _TOP_KEYS}
-    sec: dict[str, Any] = dict(raw.get("security", {}))
-    top_names = {f.name for f in fields(SecuritySettings)}
-    for k in sec:
-        if k not in top_names:
-            raise ConfigError(f"security.{k}", "unknown setting (typo?)")
-    topics: dict[str, Any] = dict(raw.get("topics", {}))
-    topic_names = {f.name for f in fields(TopicSettings)}
-    for k in topics:
-        if k not in topic_names:
-            raise ConfigError(f"topics.{k}", "unknown setting (typo?)")
-    counters: dict[str, Any] = dict(raw.get("counters", {}))
-    unit: dict[str, Any] = dict(raw.get("unit", {}))
-    for k in unit:
-        if k not in _UNIT_KEYS:
-            raise ConfigError(f"unit.{k}", "unknown setting (typo?)")
+    def table(name: str) -> Table:
+        return dict(raw.get(name, {}))
 
-    if "KAFKA_BOOTSTRAP_SERVERS" in env and "DPC_BOOTSTRAP_SERVERS" not in env:
-        top["bootstrap_servers"] = env["KAFKA_BOOTSTRAP_SERVERS"]
-    for var, (section, name) in _ENV.items():
-        if var in env:
-            target = {"": top, "security": sec, "topics": topics, "unit": unit}[section]
-            target[name] = env[var]
-    if "DPC_COUNTERS" in env:
-        counters = _parse_counters_env(env["DPC_COUNTERS"])
-
-    return _build(top, sec, topics, counters, unit)
+    return top, table("security"), table("topics"), table("counters"), table("unit")
 
 
 def _unit_fields(top: dict[str, Any], unit: dict[str, Any]) -> dict[str, Any]:
@@ -378,8 +382,7 @@ def _unit_fields(top: dict[str, Any], unit: dict[str, Any]) -> dict[str, Any]:
     epsilon and delta (which must then not be configured: they would contradict the
     target). ConfigError names the field."""
     mode = _as_str("privacy_unit", top.get("privacy_unit", "event"))
-    if mode not in PRIVACY_UNITS:
-        raise ConfigError("privacy_unit", f"must be one of {', '.join(PRIVACY_UNITS)}")
+    _check_choice("privacy_unit", mode, PRIVACY_UNITS)
     out: dict[str, Any] = {"privacy_unit": mode}
     if mode == "event":
         if unit:
@@ -489,8 +492,29 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
 
 
 def validate_settings(s: Settings) -> Settings:
-    """Check every cross-field rule; return `s` unchanged or raise ConfigError."""
+    """Check every rule, part by part (the first problem found is raised); return `s`
+    unchanged or raise ConfigError."""
     _check_unit(s)
+    _check_privacy(s)
+    _check_choice("on_parameter_change", s.on_parameter_change, PARAMETER_CHANGE_POLICIES)
+    _check_retention(s)
+    _check_choice("noise_key_format", s.noise_key_format, KEY_FORMATS)
+    _check_sizes(s)
+    _check_security(s.security)
+    _check_topics(s.topics)
+    _check_counters(s)
+    _check_metrics(s)
+    return s
+
+
+def _check_choice(name: str, value: object, choices: Sequence[str]) -> None:
+    if value not in choices:
+        raise ConfigError(name, f"must be one of {', '.join(choices)}")
+
+
+def _check_privacy(s: Settings) -> None:
+    """The mechanism, (epsilon, delta), beta and the calibration; and that the mechanism
+    can run with them."""
     if s.mechanism not in STREAM_MECHANISMS:
         raise ConfigError("mechanism", f"must be one of {', '.join(STREAM_MECHANISMS)} "
                           "(the mechanisms private under the queue shift)")
@@ -503,8 +527,7 @@ def validate_settings(s: Settings) -> Settings:
         raise ConfigError("delta" if eps_ok else "epsilon", str(exc)) from None
     if not 0 < s.beta < 1:
         raise ConfigError("beta", "must be in (0, 1)")
-    if s.calibration not in CALIBRATIONS:
-        raise ConfigError("calibration", f"must be one of {', '.join(CALIBRATIONS)}")
+    _check_choice("calibration", s.calibration, CALIBRATIONS)
     try:
         _check_mechanism(s.mechanism, s.epsilon, s.delta, s.beta, s.calibration)
     except ConfigError as exc:
@@ -514,12 +537,10 @@ def validate_settings(s: Settings) -> Settings:
                           f"(epsilon {s.epsilon!r}, delta {s.delta!r}) are unusable: "
                           f"{exc.message}; raise unit.epsilon or unit.delta, or lower "
                           "the bounds") from None
-    if s.on_parameter_change not in PARAMETER_CHANGE_POLICIES:
-        raise ConfigError("on_parameter_change",
-                          f"must be one of {', '.join(PARAMETER_CHANGE_POLICIES)}")
-    _check_retention(s)
-    if s.noise_key_format not in KEY_FORMATS:
-        raise ConfigError("noise_key_format", f"must be one of {', '.join(KEY_FORMATS)}")
+
+
+def _check_sizes(s: Settings) -> None:
+    """The integer settings of the stream's shape and timing."""
     for name, v, lo in (("partitions", s.partitions, 1), ("tick_ms", s.tick_ms, 1),
                         ("lateness_ms", s.lateness_ms, 0),
                         ("max_future_ms", s.max_future_ms, 0),
@@ -527,10 +548,10 @@ def validate_settings(s: Settings) -> Settings:
                         ("standby_replicas", s.standby_replicas, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(name, f"must be an integer >= {lo}")
-    sec = s.security
-    if sec.security_protocol not in SECURITY_PROTOCOLS:
-        raise ConfigError("security.security_protocol",
-                          f"must be one of {', '.join(SECURITY_PROTOCOLS)}")
+
+
+def _check_security(sec: SecuritySettings) -> None:
+    _check_choice("security.security_protocol", sec.security_protocol, SECURITY_PROTOCOLS)
     if sec.security_protocol.startswith("SASL"):
         if sec.sasl_mechanism not in SASL_MECHANISMS:
             raise ConfigError("security.sasl_mechanism",
@@ -541,13 +562,21 @@ def validate_settings(s: Settings) -> Settings:
             raise ConfigError("security.sasl_password", "is required with SASL")
     if (sec.ssl_certfile is None) != (sec.ssl_keyfile is None):
         raise ConfigError("security.ssl_keyfile", "ssl_certfile and ssl_keyfile go together")
+
+
+def _check_topics(topics: TopicSettings) -> None:
     for f in fields(TopicSettings):
-        name = getattr(s.topics, f.name)
+        name = getattr(topics, f.name)
         if not isinstance(name, str) or not _TOPIC_RE.match(name):
             raise ConfigError(f"topics.{f.name}", "not a valid Kafka topic name")
-    names = [getattr(s.topics, f.name) for f in fields(TopicSettings)]
+    names = [getattr(topics, f.name) for f in fields(TopicSettings)]
     if len(set(names)) != len(names):
         raise ConfigError("topics", "the five topics must have distinct names")
+
+
+def _check_counters(s: Settings) -> None:
+    """Declared counters: names, starts on the tick grid; at least one unless undeclared
+    counters are allowed."""
     for name, start in s.counters.items():
         if not isinstance(name, str) or not name or len(name.encode()) > MAX_COUNTER_NAME:
             raise ConfigError("counters", f"counter names must be 1..{MAX_COUNTER_NAME} bytes")
@@ -558,6 +587,9 @@ def validate_settings(s: Settings) -> Settings:
                               f"start must be a multiple of tick_ms ({s.tick_ms})")
     if not s.counters and not s.allow_undeclared:
         raise ConfigError("counters", "declare at least one counter (or set allow_undeclared)")
+
+
+def _check_metrics(s: Settings) -> None:
     for name, port, lo in (("metrics_port", s.metrics_port, 0),
                            ("public_metrics_port", s.public_metrics_port, 1)):
         if isinstance(port, bool) or not isinstance(port, int) or not lo <= port <= 65535:
@@ -567,7 +599,6 @@ def validate_settings(s: Settings) -> Settings:
     if s.public_metrics and s.public_metrics_port == s.metrics_port:
         # One port would put the operator endpoint wherever the public one is reachable.
         raise ConfigError("public_metrics_port", "must differ from metrics_port")
-    return s
 
 
 #: Local ticks through which the configuration check requires a finite error bound.
@@ -646,8 +677,7 @@ def _check_retention(s: Settings) -> None:
 def _check_unit(s: Settings) -> None:
     """privacy_unit and the [unit] fields: "event" with none of them set; "user" with all
     of them valid, declared counters only, and epsilon/delta equal to the derivation."""
-    if s.privacy_unit not in PRIVACY_UNITS:
-        raise ConfigError("privacy_unit", f"must be one of {', '.join(PRIVACY_UNITS)}")
+    _check_choice("privacy_unit", s.privacy_unit, PRIVACY_UNITS)
     if s.privacy_unit == "event":
         if (s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
                 s.max_counters_per_unit) != (None, None, 1, 1):

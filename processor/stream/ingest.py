@@ -29,13 +29,12 @@ Logs carry error types, codes and aggregate counts only: never a record, never a
 from __future__ import annotations
 
 import argparse
+import collections
 import logging
-import os
 import signal
 import sys
 import threading
 import time
-from collections import Counter as Tally
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -62,8 +61,9 @@ from processor.stream.bounding import (
     unit_row,
     units_topic,
 )
-from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, system_clock
+from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, SystemClock
 from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.faults import INGEST_DELIVERED, CrashPoint, FaultPlan
 from processor.stream.logs import configure_logging
 from processor.stream.records import (
     Event,
@@ -97,52 +97,6 @@ _REBALANCE_CODES: Final = frozenset({
     KafkaError.UNKNOWN_MEMBER_ID, KafkaError._ASSIGNMENT_LOST,
 })
 
-#: Test hook only: `DPC_TEST_CRASH_AT=<point>:<k>[:raise]` makes the process SIGKILL
-#: itself (or, with `:raise`, raise InjectedFault) at the k-th call of crash point <point>
-#: (see `crash_point_from_env`). Never set in production.
-CRASH_ENV: Final = "DPC_TEST_CRASH_AT"
-
-
-class InjectedFault(RuntimeError):
-    """The failure DPC_TEST_CRASH_AT=<point>:<k>:raise injects (tests only)."""
-
-
-def crash_point_from_env(env: Mapping[str, str] = os.environ) -> Callable[[str], None] | None:
-    """The test crash hook named by DPC_TEST_CRASH_AT=<point>:<k>[:raise], or None.
-
-    The returned callable counts the calls per point name and, at the k-th call of <point>,
-    kills this process with SIGKILL: no cleanup runs, exactly like a machine crash (the
-    kill -9 tests crash between two named steps of a batch this way). With `:raise` it
-    raises InjectedFault there instead: the failure path a bug or a broker error takes.
-    """
-    spec = env.get(CRASH_ENV, "").strip()
-    if not spec:
-        return None
-    parts = spec.split(":")
-    raise_it = len(parts) == 3 and parts[2] == "raise"
-    if raise_it:
-        parts = parts[:2]
-    if (len(parts) != 2 or not parts[0] or not parts[1].isdigit()
-            or int(parts[1]) < 1):
-        raise ConfigError(CRASH_ENV, "must look like <point>:<k>[:raise] with k >= 1")
-    point, target = parts[0], int(parts[1])
-    calls: Tally[str] = Tally()
-    lock = threading.Lock()
-
-    def crash_point(name: str) -> None:
-        with lock:
-            calls[name] += 1
-            hit = name == point and calls[name] == target
-        if not hit:
-            return
-        if raise_it:
-            raise InjectedFault(f"test fault at {name} (call {target})")
-        log.warning("test crash point %s reached (call %d): SIGKILL", name, target)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    return crash_point
-
 
 # ------------------------------------------------------------------ routing (pure)
 
@@ -163,7 +117,7 @@ class Routed:
 
     timeline: list[tuple[int, bytes]] = field(default_factory=list)
     deadletters: list[bytes] = field(default_factory=list)
-    metrics: Tally[str] = field(default_factory=Tally)
+    metrics: collections.Counter[str] = field(default_factory=collections.Counter)
     #: privacy_unit = "user": units-topic records (units partition, bytes) instead of
     #: timeline records; the bounding stage forwards what it keeps (bounding.py).
     units: list[tuple[int, bytes]] = field(default_factory=list)
@@ -386,7 +340,7 @@ class Ingest:
 
     def __init__(self, settings: Settings, *,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 crash_point: Callable[[str], None] | None = None,
+                 crash_point: CrashPoint | None = None,
                  on_batch: Callable[[int], None] | None = None,
                  max_consume: int = MAX_CONSUME, poll_s: float = 0.2,
                  delivery_timeout_s: float = 60.0, clock: ClockGuard | None = None,
@@ -396,7 +350,7 @@ class Ingest:
         #: to the units topic, keyed by it, never with the raw id.
         self._unit_key = unit_key
         self._units = units_topic(settings)
-        self._clock = clock if clock is not None else ClockGuard(system_clock())
+        self._clock = clock if clock is not None else ClockGuard(SystemClock())
         self.group_id = f"{settings.app_id}-ingest"
         self.failure: BaseException | None = None
         self._on_failure = on_failure
@@ -414,7 +368,7 @@ class Ingest:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        self._metrics: Tally[str] = Tally()
+        self._metrics: collections.Counter[str] = collections.Counter()
         self._timeline = kafka_io.topic_name(settings, "timeline")
         self._deadletter = kafka_io.topic_name(settings, "deadletter")
         #: The input topic's identity (`run` looks it up on the brokers; none until then).
@@ -474,8 +428,8 @@ class Ingest:
             "enable.auto.commit": "false",
             "auto.offset.reset": "earliest",
             "enable.partition.eof": "false",
-            # As Faust's: a killed worker's input partitions move after 10 s.
-            "session.timeout.ms": "10000",
+            # As the operator's group: a killed worker's input partitions move as soon.
+            "session.timeout.ms": str(int(kafka_io.SESSION_TIMEOUT_S * 1000)),
             "heartbeat.interval.ms": "1000",
             # librdkafka's own statistics (queues, errors, retries, RTT, lag, rebalances),
             # exported by the metrics surface (metrics.client_stats_families).
@@ -566,7 +520,7 @@ class Ingest:
             raise IngestError(f"{remaining} record(s) unacknowledged, delivery errors "
                               f"{sorted(set(failed))}")
         if self._crash_point is not None:
-            self._crash_point("ingest_delivered")
+            self._crash_point(INGEST_DELIVERED)
         # Only partitions this member still holds: a batch filled over several polls may
         # span a rebalance, and the group's broker does not stop a member from committing
         # a partition it lost (that would move its new owner's offset back). A lost
@@ -647,15 +601,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.loglevel)  # the client loggers' floors (logs.py)
     try:
         settings = load_settings(args.config)
-        crash_point = crash_point_from_env()
+        faults = FaultPlan.from_env()
         # privacy_unit = "user": unit ids are hashed under a key derived from the noise key.
         ukey = (unit_key(load_noise_key(settings)) if settings.privacy_unit == "user"
                 else None)
     except (ConfigError, NoiseKeyError) as exc:
         print_error(f"configuration: {exc}")
         return 2
-    ingest = Ingest(settings, crash_point=crash_point, max_consume=args.max_consume,
-                    unit_key=ukey)
+    ingest = Ingest(settings, crash_point=faults.crash_point(), max_consume=args.max_consume,
+                    clock=ClockGuard(faults.clock()), unit_key=ukey)
 
     def on_signal(_signum: int, _frame: object) -> None:
         ingest.stop(timeout_s=0)

@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
@@ -42,6 +42,10 @@ def with_logger(conf: Mapping[str, Any]) -> dict[str, Any]:
 
 # How long the read helpers wait for metadata and for the end of a partition.
 _DEFAULT_TIMEOUT_S = 30.0
+#: The session timeout of the worker's consumer groups (the operator's, on Faust, and
+#: ingest's): a worker killed without leaving its groups is noticed after this long
+#: (Faust's default is 60 s); its partitions then move.
+SESSION_TIMEOUT_S: Final = 10.0
 
 #: The five topics of a deployment, by role.
 TopicRole = Literal["input", "timeline", "counts", "ledger", "deadletter"]

@@ -31,7 +31,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 import orjson
 
@@ -179,7 +179,8 @@ class Release:
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """The privacy ledger record of one counter, written by the marker that creates its
-    state (never at an event: the ledger is public, see issue 8 item 1)."""
+    state (never at an event: the ledger is public, and an entry written at a counter's
+    first event would reveal that event's time)."""
 
     #: First in the JSON, keyword-only (as in Release).
     schema_version: int = field(default=LEDGER_SCHEMA_VERSION, kw_only=True)
@@ -363,27 +364,12 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
     extra = set(obj) - _INPUT_FIELDS
     if extra:
         return Rejection("schema_violation", "unknown field(s); allowed: counter, ts, value")
-    counter = obj.get("counter")
-    if not isinstance(counter, str) or not counter:
-        return Rejection("schema_violation", "counter must be a non-empty string")
-    try:
-        # Strict: a lone surrogate ("\ud800", valid JSON) cannot be a Kafka key, a state
-        # key or an orjson string later on, so it is rejected here, not crashed on there.
-        name_bytes = len(counter.encode("utf-8"))
-    except UnicodeEncodeError:
-        return Rejection("schema_violation", "counter is not valid Unicode text")
-    if name_bytes > MAX_COUNTER_NAME:
-        return Rejection("schema_violation", f"counter longer than {MAX_COUNTER_NAME} bytes")
-    unit = obj.get(UNIT_FIELD)
-    if unit is None:
-        if settings.privacy_unit == "user":
-            return Rejection("unit_missing", f"{UNIT_FIELD} is required (privacy_unit = user)")
-    else:
-        problem = unit_id_problem(unit)
-        if problem is not None:
-            return Rejection("invalid_unit", problem)
-        if settings.privacy_unit != "user":
-            unit = None  # event mode: accepted by the schema, not used
+    counter = _input_counter(obj.get("counter"))
+    if isinstance(counter, Rejection):
+        return counter
+    unit = _input_unit(obj.get(UNIT_FIELD), settings)
+    if isinstance(unit, Rejection):
+        return unit
     if "ts" not in obj or obj["ts"] is None:
         return Rejection("timestamp_missing", "ts is required")
     ts = _parse_ts(obj["ts"])
@@ -408,6 +394,35 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
     if not 0 <= units <= UNIT:
         return Rejection("value_out_of_range", "value must be in [0, 1]")
     return Event(counter, ts, units, partition, offset, unit)
+
+
+def _input_counter(counter: object) -> str | Rejection:
+    if not isinstance(counter, str) or not counter:
+        return Rejection("schema_violation", "counter must be a non-empty string")
+    try:
+        # Strict: a lone surrogate ("\ud800", valid JSON) cannot be a Kafka key, a state
+        # key or an orjson string later on, so it is rejected here, not crashed on there.
+        name_bytes = len(counter.encode("utf-8"))
+    except UnicodeEncodeError:
+        return Rejection("schema_violation", "counter is not valid Unicode text")
+    if name_bytes > MAX_COUNTER_NAME:
+        return Rejection("schema_violation", f"counter longer than {MAX_COUNTER_NAME} bytes")
+    return counter
+
+
+def _input_unit(unit: object, settings: Settings) -> str | Rejection | None:
+    """The event's privacy unit id: required in user mode, checked whenever present,
+    dropped (None) in event mode."""
+    if unit is None:
+        if settings.privacy_unit == "user":
+            return Rejection("unit_missing", f"{UNIT_FIELD} is required (privacy_unit = user)")
+        return None
+    problem = unit_id_problem(unit)
+    if problem is not None:
+        return Rejection("invalid_unit", problem)
+    if settings.privacy_unit != "user":
+        return None  # event mode: accepted by the schema, not used
+    return cast(str, unit)  # unit_id_problem found it a string
 
 
 def unit_id_problem(unit: object) -> str | None:

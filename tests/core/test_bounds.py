@@ -84,7 +84,7 @@ def test_simulated_coverage_and_tightness(eps: float, calibration: str) -> None:
 
 
 def test_figure_1a_ratio_targets() -> None:
-    """Issue 9 item 3 on the Figure 1a stream (rates 0.1/0.9 in blocks of 10, T = 10^4,
+    """On the Figure 1a stream (rates 0.1/0.9 in blocks of 10, T = 10^4,
     SimECC eps = 10, the stream's base): the bound is at most 3x the p95 of the actual
     error at the end and at most 10x at t >= 100 (checked at 40 ticks; docs/experiments.md
     has every tick). 800 runs: the p95's relative standard error is about 3%."""

@@ -245,7 +245,8 @@ def test_block_law_production_scale() -> None:
     assert p_value(int(t * 1.05)) < ALPHA
 
 
-@pytest.mark.parametrize("knobs", [{"_MAX_SUB": 0}, {"_MAX_SUB": 1, "_LD": 1, "_LV": 1},
+@pytest.mark.parametrize("knobs", [{"_MAX_SUB": 0},
+                                   {"_MAX_SUB": 1, "_VN_COLUMNS": 1, "_GEOMETRIC_COLUMNS": 1},
                                    {"_MAX_PASSES": 0}])
 def test_block_scalar_completion_is_exact(monkeypatch: pytest.MonkeyPatch,
                                           knobs: dict[str, int]) -> None:
@@ -264,7 +265,7 @@ def test_resume_deep_von_neumann_state() -> None:
     keeps its successes: the result is at least U + t v in magnitude."""
     cur = _cursor(14)
     for _ in range(200):
-        y = smp_block._resume_attempt(cur, 10, 1, smp_block._P_V, 3, False, 19, 2)
+        y = smp_block._resume_attempt(cur, 10, 1, smp_block._PARKED_IN_GEOMETRIC, 3, False, 19, 2)
         assert y is not None and y >= 3 + 10 * 2
 
 

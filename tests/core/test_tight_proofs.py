@@ -1,4 +1,4 @@
-"""Numerical checks of two steps of docs/tight-calibration.md (issue 16 item 5).
+"""Numerical checks of two steps of docs/tight-calibration.md.
 
 Step 6 (the lattice), now proved by a smoothing lemma: a discrete Gaussian N_Z(c, s^2) on
 the lattice is, to a factor (1 + eta)/(1 - eta) pointwise with eta = 2 sum_m

@@ -1,4 +1,4 @@
-"""Kafka's command-line tools after setup (issue 18 item 5): `deploy/kafka-tool.sh` runs
+"""Kafka's command-line tools after setup: `deploy/kafka-tool.sh` runs
 kafka-topics, kafka-configs and kafka-consumer-groups from the fetched jars against a real
 broker. Without the jars (setup not run) the test skips, and fails in CI. Control: an
 unknown tool name is refused with exit 2 and the list of tools."""

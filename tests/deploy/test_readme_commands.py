@@ -1,4 +1,4 @@
-"""The README's "Using it" commands, copied as written, work (issue 18, item 1).
+"""The README's "Using it" commands, copied as written, work.
 
 The commands are read from the README itself (its first two fenced blocks under "## Using
 it"), so a change there that the tests do not follow fails here. Each line is run in a

@@ -1,4 +1,4 @@
-"""The campaign run small (issue 11, item 5; processor/devtools/campaign.py): every
+"""The campaign run small (processor/devtools/campaign.py): every
 category of bad input once, mixed with valid awkward records, and one SIGKILL of the
 worker at each moment that matters (during startup, right after a marker, while a backlog
 drains, inside a batch commit); then the checks: nothing lost, nothing counted twice, no

@@ -1,4 +1,4 @@
-"""The network-partition phase run small (issue 14, item 5; processor/devtools/campaign.py
+"""The network-partition phase run small (processor/devtools/campaign.py
 `partition_phase`, processor/devtools/proxy.py) and its checkers.
 
 - `check_published` compares every published release with a recomputation from the
@@ -12,7 +12,7 @@ synthetic streams with one wrong value of each kind; on a real deployment, a for
 release (value off by one, up and down) published next to the worker's and a stale
 partition value re-appended to the changelog must be flagged, while the untouched topics
 pass. The partition run itself (one blackhole of worker A past the 10 s session timeout)
-is expected to fail until the state layer keeps values monotone (issue 14, item 1).
+passes because the state layer keeps values monotone (docs/state.md).
 """
 
 from __future__ import annotations

@@ -375,7 +375,7 @@ def _worker_start_error(settings: Settings, tmp_path: Path) -> subprocess.Comple
 
 def test_unreachable_broker_is_one_error_line_exit_2(tmp_path: Path) -> None:
     """Nothing listens at the bootstrap address: one `error:` line naming it, exit code 2,
-    no traceback and no client log noise. (issue 11 item 6)"""
+    no traceback and no client log noise."""
     import socket
 
     with socket.socket() as sock:  # a port nobody listens on once this socket is closed

@@ -1,4 +1,4 @@
-"""Wall-clock faults (issue 11 item 3, reported problem 7): the policy of clock.py.
+"""Wall-clock faults: the policy of clock.py.
 
 Pure tests with a controllable clock (no sleeps): a simulated leader appends markers the
 way `app.Worker.append_markers` does (probe, read, decide, append, learn the brokers'
@@ -30,15 +30,14 @@ import pytest
 
 from processor.stream import kafka_io
 from processor.stream.clock import (
-    OFFSET_ENV,
     ClockGuard,
     ManualClock,
     Reading,
     Stamp,
     next_marker,
-    system_clock,
 )
-from processor.stream.config import ConfigError, Settings, with_overrides
+from processor.stream.config import Settings, with_overrides
+from processor.stream.faults import CLOCK_OFFSET_ENV
 from processor.stream.ingest import InputRecord, route
 from processor.stream.records import TimelineMarker, decode_timeline, sealed_through
 
@@ -218,23 +217,6 @@ def test_the_estimate_of_broker_time_and_its_uncertainty() -> None:
     assert guard.read().seal_ms == T0 - 20
 
 
-def test_the_test_offset_hook() -> None:
-    """DPC_TEST_CLOCK_OFFSET_MS shifts the worker's wall clock only (never the monotonic
-    clock), is off unless set, and a malformed value stops the start naming the variable."""
-    assert system_clock({}).offset_ms == 0
-    shifted = system_clock({OFFSET_ENV: "-60000"})
-    assert shifted.offset_ms == -60_000
-    assert abs(shifted.wall_ms() + 60_000 - int(time.time() * 1000)) < 1_000
-    with pytest.raises(ConfigError, match=OFFSET_ENV):
-        system_clock({OFFSET_ENV: "soon"})
-    # No deployment file sets it (image, compose, manifests, example configuration).
-    root = Path(__file__).resolve().parents[2] / "deploy"
-    files = [p for p in root.rglob("*") if p.is_file() and p.stat().st_size < 1 << 20
-             and p.suffix in (".toml", ".yaml", ".yml", ".sh", ".py", ".env", "")]
-    assert len(files) > 5
-    assert [p for p in files if OFFSET_ENV in p.read_text(errors="replace")] == []
-
-
 # --------------------------------------------------------------------------- the broker
 
 
@@ -247,8 +229,8 @@ def test_leader_change_between_workers_whose_clocks_disagree(
                              partitions=1, tick_ms=tick, lateness_ms=400,
                              heartbeat_ticks=5, max_future_ms=30_000)
     ahead = dep.worker
-    ahead.env[OFFSET_ENV] = "60000"
-    behind = dep.add_worker("behind", env={**ahead.env, OFFSET_ENV: "-60000"})
+    ahead.env[CLOCK_OFFSET_ENV] = "60000"
+    behind = dep.add_worker("behind", env={**ahead.env, CLOCK_OFFSET_ENV: "-60000"})
     ahead.start()
     dep.wait_releases(lambda rs: len(rs) >= 3, timeout_s=120)
     behind.start()

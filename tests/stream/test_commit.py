@@ -404,7 +404,7 @@ def test_commit_publishes_ledger_then_releases_before_any_state_write() -> None:
 
 
 def test_work_per_batch_is_one_write_per_touched_counter() -> None:
-    """Issue 7's budget: an event batch writes each touched counter once and the
+    """The write budget: an event batch writes each touched counter once and the
     partition value (duplicate filter) once, nothing else; a marker with nothing due
     writes the partition value only; a marker through the counters' due tick writes
     each of them once and the partition value."""

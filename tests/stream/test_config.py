@@ -182,7 +182,7 @@ def test_eps_delta_rule_is_the_cores(eps: float, delta: float) -> None:
 def test_unusable_parameters_stop_the_load_naming_the_field(
         tmp_path: Path, mechanism: str, eps: float, delta: float, field: str | None) -> None:
     """epsilon = 1000, 1e6, 1e308 and delta = 1e-300 passed validation and crashed at the
-    first marker (issue 11 item 4): the load builds the mechanism once and stops with a
+    first marker: the load builds the mechanism once and stops with a
     ConfigError naming the field. Values at the limit still load."""
     path = tmp_path / "c.toml"
     path.write_text(f'mechanism = "{mechanism}"\nepsilon = {eps!r}\ndelta = {delta!r}\n'

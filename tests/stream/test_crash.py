@@ -1,6 +1,6 @@
 """Crash tests: the worker is killed with SIGKILL while events flow, at random moments and
 inside a batch commit (via the test hook DPC_TEST_CRASH_AT=<point>:<k>, see
-`ingest.crash_point_from_env` and the points named by `commit.BatchCommit`).
+`faults.FaultPlan` and the points named by `commit.BatchCommit`).
 
 After every kill the worker is restarted at once. At the end the published stream must show
 no lost event, no event counted twice, no (counter, tick) with two values, and values equal

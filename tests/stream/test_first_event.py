@@ -1,4 +1,4 @@
-"""The first event of a counter does not leak through public timing (issue 8, item 1),
+"""The first event of a counter does not leak through public timing,
 against the real broker and worker.
 
 Two declared counters `a` and `b` start at the same future tick. One event for `a`, stamped

@@ -1,4 +1,4 @@
-"""Noise identity (issue 8 item 4): what a counter's noise is keyed by, and the refusal to
+"""Noise identity: what a counter's noise is keyed by, and the refusal to
 publish a second value for a published (counter, tick).
 
 Without a broker: two deployments sharing a key (another app id, other topics) draw

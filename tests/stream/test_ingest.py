@@ -28,7 +28,7 @@ import pytest
 from processor.devtools.deployment import write_config
 from processor.stream import ingest, kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
-from processor.stream.ingest import InputRecord, committable, crash_point_from_env, route
+from processor.stream.ingest import InputRecord, committable, route
 from processor.stream.records import (
     REASONS,
     USER_MODE_REASONS,
@@ -123,7 +123,7 @@ def test_route_splits_by_count_and_by_size_without_reordering() -> None:
 
 
 def test_every_bad_record_is_dead_lettered_with_its_reason_and_bytes() -> None:
-    """Every reason, plus a counter named by a lone surrogate (issue 11 item 1): one dead
+    """Every reason, plus a counter named by a lone surrogate: one dead
     letter each, with its reason, raw bytes and input coordinates; valid events around
     them are routed. Nothing is lost: events + dead letters = records."""
     s = _settings(allow_undeclared=False)
@@ -181,25 +181,11 @@ def test_a_record_whose_handling_raises_is_dead_lettered_not_lost(
     assert sum(len(v) for v in _events(route(recs, s, NOW).timeline).values()) == 12
 
 
-def test_committable_offsets_and_crash_hook_parsing() -> None:
+def test_committable_offsets() -> None:
     recs = [InputRecord(0, 5, b""), InputRecord(1, 2, b""), InputRecord(0, 7, b""),
             InputRecord(1, 3, b"")]
     assert committable(recs) == {0: 8, 1: 4}
     assert committable([]) == {}
-    assert crash_point_from_env({}) is None
-    hook = crash_point_from_env({"DPC_TEST_CRASH_AT": "after_acks:3"})
-    assert hook is not None
-    hook("after_acks")  # the 1st and 2nd calls, and other points, do not kill
-    hook("after_state")
-    hook("after_acks")
-    raising = crash_point_from_env({"DPC_TEST_CRASH_AT": "after_acks:2:raise"})
-    assert raising is not None
-    raising("after_acks")
-    with pytest.raises(ingest.InjectedFault):
-        raising("after_acks")
-    for bad in ("after_acks", "after_acks:0", ":2", "after_acks:x", "after_acks:1:boom"):
-        with pytest.raises(ValueError):
-            crash_point_from_env({"DPC_TEST_CRASH_AT": bad})
 
 
 # --------------------------------------------------------------------------- broker

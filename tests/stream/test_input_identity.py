@@ -1,4 +1,4 @@
-"""Issue 14 item 3: an input topic deleted and recreated under the same name restarts its
+"""An input topic deleted and recreated under the same name restarts its
 offsets at 0; its records must be counted, not taken for duplicates of the old topic's.
 Timeline batches name the input topic's identity (its topic id) and the operator's
 duplicate filter keys on it. Pure: no Kafka (ingest's look-up is a function here)."""

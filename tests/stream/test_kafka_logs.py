@@ -1,4 +1,4 @@
-"""librdkafka's own log lines go through Python logging (issue 10 item 1), not raw to stderr.
+"""librdkafka's own log lines go through Python logging not raw to stderr.
 
 No broker needed: a client pointed at a closed port logs its connection failures. The
 control builds the same client without the logger and sees librdkafka's raw `%3|...|FAIL|`

@@ -1,4 +1,4 @@
-"""The noise key bound to its state (issue 11 item 1, reported problem 2).
+"""The noise key bound to its state.
 
 Before, a worker restarted on existing state with a fresh key file ran on silently: later
 releases mixed fresh noise with old and disagreed with replay under the original key. Now
@@ -124,7 +124,7 @@ def test_state_of_version_2_is_refused_naming_the_version() -> None:
 @pytest.mark.kafka
 def test_restart_with_a_fresh_key_file_is_refused(
         deployment_factory: Callable[..., Any]) -> None:
-    """Issue 11 reported problem 2 against the real broker and worker: run, stop, restart
+    """A key swapped under existing state, against the real broker and worker: run, stop, restart
     with a fresh key file: exit 2, one `error:` line naming the stored and the given
     fingerprint and the remedy, no traceback, nothing published. Control: the original
     key file restarts and publishes."""

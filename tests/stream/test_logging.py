@@ -1,4 +1,4 @@
-"""Secrets and private input stay out of the logs at every level (issue 11 item 3).
+"""Secrets and private input stay out of the logs at every level.
 
 `configure_logging` (processor/stream/logs.py) keeps the Kafka clients' and Faust's loggers
 at INFO or above whatever `--loglevel` says. The pure tests check the clamp on the exact

@@ -1,4 +1,4 @@
-"""Issue 14 item 2: a marker that seals beyond what the clocks allow is refused with an
+"""A marker that seals beyond what the clocks allow is refused with an
 alarm, whoever wrote it (the check is the operator's, on the record's log-append time,
 so replay makes the same decision); and a worker that is not the group's leader seals
 when the leader stalls (`app.backup_due`)."""

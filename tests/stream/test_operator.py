@@ -561,7 +561,7 @@ def test_newly_declared_counter_is_indexed_after_a_config_change() -> None:
     creates it (ledger entry, heartbeats) without any event. Releases name the eps of the
     running instance (the changed epsilon needs on_parameter_change = "keep"); the
     existing counter's first release under the new fingerprint is preceded by an entry
-    that says so (issue 10 item 4): its stored parameters, from that tick on."""
+    that says so: its stored parameters, from that tick on."""
     s1 = settings({"a": 0}, heartbeat_ticks=2)
     run = Run(s1, StepFactory())
     run.marker(3)
@@ -586,7 +586,7 @@ def unexplained(ledger: list[LedgerEntry], releases: list[Release]) -> list[Rele
 
 
 def test_a_changed_fingerprint_gets_a_ledger_entry_before_its_first_release() -> None:
-    """Issue 10 item 4: whenever the configuration fingerprint changes under a counter's
+    """Whenever the configuration fingerprint changes under a counter's
     state, a "reconfigured" entry precedes its first release under the new fingerprint,
     in the same output (the publisher sends a batch's entries before its releases), naming
     the parameters it continues under: its stored ones ("configured" when they equal the
@@ -785,7 +785,7 @@ def test_heartbeats_are_spread_by_a_public_phase() -> None:
     assert max(aligned.values()) == len(names)  # the control: one burst per interval
 
 
-# --------------------------------------------------------------------------- issue 8 item 1
+# ----------------------------------------------------- public timing: markers, never events
 
 
 def public_trace(s: Settings, records: list[bytes],
@@ -968,7 +968,7 @@ def test_due_wheel_stays_small_with_spread_heartbeats() -> None:
     assert largest <= 3 * (len(names) // h) * 2
 
 
-# --------------------------------------------------------------------------- issue 8 item 4
+# ------------------------------------------------------ noise identity and announced creations
 
 
 def _commit_markers(op: Operator, store: DictStore, offsets_and_ticks: list[tuple[int, int]],
@@ -1064,7 +1064,7 @@ def _first_life(s: Settings) -> tuple[DictStore, list[Release]]:
 @pytest.mark.parametrize("change", [{"epsilon": 2.0}, {"delta": 1e-7}])
 def test_changed_parameters_under_existing_state_are_refused_in_one_place(
         change: dict[str, float]) -> None:
-    """Issue 11 item 4: a counter restored from state with another epsilon or delta than
+    """A counter restored from state with another epsilon or delta than
     the settings stops the operator (ParameterChangeError naming the field and the
     counter), before anything of the record is published or written. Control: with
     on_parameter_change = "keep" the counter continues and its releases and the ledger
@@ -1106,7 +1106,7 @@ def test_unchanged_parameters_restore_without_refusal() -> None:
 
 @pytest.mark.parametrize("key", ["c/a", "p/0"])
 def test_corrupt_state_names_its_key(key: str) -> None:
-    """Issue 11 item 5: a value that does not decode raises StateFormatError carrying its
+    """A value that does not decode raises StateFormatError carrying its
     store key (the worker's error line names it, with the remedy)."""
     from processor.core.errors import StateFormatError
 

@@ -1,5 +1,5 @@
-"""A change of privacy parameters under existing state, against the real broker and worker
-(issue 11 item 4).
+"""A change of privacy parameters under existing state, against the real broker and
+worker.
 
 A worker runs counter `a` with epsilon 500, stops, and is restarted with epsilon 400 in its
 config file. Before, the change was ignored silently (releases said `epsilon: 500.0` under
@@ -56,7 +56,7 @@ def test_changed_epsilon_is_refused_unless_kept(
 
 def test_corrupt_state_names_the_key_and_the_remedy(
         deployment_factory: Callable[..., Any]) -> None:
-    """Issue 11 item 5: a corrupt counter state on the changelog (the worker rebuilds its
+    """A corrupt counter state on the changelog (the worker rebuilds its
     local state from it) stops the worker with exit code 2 and one `error:` line naming the
     key (a declared counter: public) and the remedy, no traceback. Before, it exited 1
     with "operator failed (StateFormatError)", naming neither."""

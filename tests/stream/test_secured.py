@@ -1,4 +1,4 @@
-"""Secured brokers as a tested path (issue 11, item 4): the real worker and replay against
+"""Secured brokers as a tested path: the real worker and replay against
 a local broker whose only client listener is SASL_SSL with SCRAM-SHA-512, and against one
 that requires mutual TLS; certificates made by the test (a fresh CA per broker).
 

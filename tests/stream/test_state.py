@@ -114,7 +114,7 @@ def test_due_wheel_files_and_takes_by_tick() -> None:
 
 
 def test_values_carry_their_offset_and_never_go_back() -> None:
-    """Issue 14 item 1: every stored value of format 4 carries the timeline offset it
+    """Every stored value of format 4 carries the timeline offset it
     reflects; `supersedes` takes a value of an equal or higher offset and refuses a lower
     one or a deletion of a value that has one; legacy values (no offset) are always
     replaced. Controls: the lower offset and the deletion are refused."""
@@ -180,7 +180,7 @@ def test_buffered_store_reads_its_own_writes_and_orders_them() -> None:
 
 
 def test_state_is_bound_to_a_key_fingerprint_and_version_2_is_refused() -> None:
-    """Issue 11 item 1: every partition and counter value carries the noise key's
+    """Every partition and counter value carries the noise key's
     fingerprint; a value without one is not written (ValueError) and not read
     (StateFormatError). A value of version 2 (written before the fingerprint was stored)
     is refused with StateVersionError naming the version, never adopted under whatever

@@ -1,4 +1,4 @@
-"""Issue 14 item 4, on the real broker: a full disk, an unwritable state directory and a
+"""On the real broker: a full disk, an unwritable state directory and a
 corrupt local state file each stop the worker with ONE `error:` line naming the cause,
 the path and the remedy (no traceback), and the restart after the remedy loses nothing
 (replay identical). The disks are small tmpfs mounts (root only; CI runs as root)."""

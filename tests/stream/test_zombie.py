@@ -1,4 +1,4 @@
-"""Issue 14 item 1, pure: a worker cut off from the brokers while it keeps running (a
+"""Pure: a worker cut off from the brokers while it keeps running (a
 "zombie") may apply, publish and write state after the group gave its partition to
 another worker. Its writes land in the changelog after the new owner's. With the
 monotone rule (state.supersedes), every later owner restores the newest state and

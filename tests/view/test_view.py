@@ -172,7 +172,7 @@ def test_page_shows_counters_and_a_new_release_without_reload(
     for word in ("kind", "beta", "bound", "heartbeat"):
         assert word in legend.text
     assert browser.execute_script("return window.__loadedOnce === true;"), "page reloaded"
-    # Nothing wider than the window (the ledger's ten columns used to push the page).
+    # Nothing wider than the window (the ledger's ten columns could push the page).
     assert browser.execute_script(
         "return document.documentElement.scrollWidth <= window.innerWidth;")
     if SCREENSHOT_DIR:

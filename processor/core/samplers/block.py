@@ -31,12 +31,14 @@ __all__ = ["BLOCK_MAX_T", "LaplaceBank", "discrete_laplace_block"]
 #: in uint64; with t <= 2^48 these stay far below 2^63.
 BLOCK_MAX_T = 1 << 48
 
-_LD = 2  # von Neumann steps for exp(-U/t) in the first vectorised sub-pass (columns)
-_LV = 3  # Bernoulli(exp(-1)) trials of the geometric V in the first vectorised sub-pass
+# Columns of the first vectorised sub-pass: von Neumann steps for exp(-U/t), and
+# Bernoulli(exp(-1)) trials of the geometric V.
+_VN_COLUMNS = 2
+_GEOMETRIC_COLUMNS = 3
 # Later sub-passes see few attempts, so their cost is per call, not per element: give them
 # more columns, so that one of them almost always finishes the loop.
-_LD2 = 4
-_LV2 = 5
+_VN_COLUMNS_LATER = 4
+_GEOMETRIC_COLUMNS_LATER = 5
 _MAX_SUB = 8  # sub-passes of either loop before a trial is parked for the scalar code
 _MAX_PASSES = 3  # batches of attempts in the vectorised region
 
@@ -45,8 +47,8 @@ _F18_LIMIT = np.uint64(F18_LIMIT_INT)
 _VN_THRESH = np.array(VN_THRESHOLDS, dtype=np.uint64)
 
 # Stages of an attempt parked for the scalar code.
-_P_D = 1  # inside the von Neumann loop for Bernoulli(exp(-U/t)) at step k
-_P_V = 2  # inside the geometric V with v successes; k > 0: inside exp(-1) at step k
+_PARKED_IN_VN = 1  # inside the von Neumann loop for Bernoulli(exp(-U/t)) at step k
+_PARKED_IN_GEOMETRIC = 2  # inside the geometric V with v successes; k > 0: in exp(-1), step k
 
 
 def _limit(m: int) -> int:
@@ -61,7 +63,7 @@ def _limit(m: int) -> int:
 def _resume_attempt(cur: WordCursor, t: int, s: int, stage: int, u: int, neg: bool, k: int,
                     v: int) -> int | None:
     """Finish one parked attempt exactly (scalar code): its sample, or None if rejected."""
-    if stage == _P_D:
+    if stage == _PARKED_IN_VN:
         while bern_frac(cur, u, t * k):
             k += 1
         if k % 2 == 0:  # Bernoulli(exp(-U/t)) failed: the attempt is rejected
@@ -138,7 +140,7 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
         nd = len(d_ids)
         if nd == 0:
             break
-        ncol = _LD if sub == 0 else _LD2
+        ncol = _VN_COLUMNS if sub == 0 else _VN_COLUMNS_LATER
         wd = src.take(nd * ncol).reshape(ncol, nd)
         run = np.ones(nd, dtype=bool)  # every step so far succeeded
         stuck = np.zeros(nd, dtype=bool)  # a rejected word: redo that step
@@ -164,7 +166,7 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
         d_ids = d_ids[cont]
         d_u = d_u[cont]
     for j, k in zip(d_ids.tolist(), d_k.tolist(), strict=True):
-        parked.append((j, _P_D, int(uu[j]), bool(neg[j]), k, 0))
+        parked.append((j, _PARKED_IN_VN, int(uu[j]), bool(neg[j]), k, 0))
 
     # V: Bernoulli(exp(-1)) successes before the first failure, one word per trial.
     v_ids = np.concatenate(passed) if passed else np.empty(0, dtype=np.int64)
@@ -176,7 +178,7 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
         nv = len(v_ids)
         if nv == 0:
             break
-        ncol = _LV if sub == 0 else _LV2
+        ncol = _GEOMETRIC_COLUMNS if sub == 0 else _GEOMETRIC_COLUMNS_LATER
         wv = src.take(nv * ncol).reshape(ncol, nv)
         run = np.ones(nv, dtype=bool)
         stuck = np.zeros(nv, dtype=bool)  # rejected word (fresh redraw) or K > 18
@@ -201,12 +203,12 @@ def _run_attempts(src: _Words, a: int, t: int, s: int, m_tab: npt.NDArray[np.uin
         done_v.append(vf[fin])
         if deep.any():
             for j, v in zip(v_ids[deep].tolist(), vf[deep].tolist(), strict=True):
-                parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 19, v))
+                parked.append((j, _PARKED_IN_GEOMETRIC, int(uu[j]), bool(neg[j]), 19, v))
         cont = run | (stuck & ~deep)  # all succeeded, or a rejected word (redraw it)
         v_v = vf[cont]
         v_ids = v_ids[cont]
     for j, v in zip(v_ids.tolist(), v_v.tolist(), strict=True):
-        parked.append((j, _P_V, int(uu[j]), bool(neg[j]), 0, v))
+        parked.append((j, _PARKED_IN_GEOMETRIC, int(uu[j]), bool(neg[j]), 0, v))
 
     if not done_ids:
         return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), parked
@@ -247,9 +249,11 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
     - one word per attempt gives U and the sign: r = w mod 2t, U = r >> 1, sign = r & 1
       (the sign is independent of U, so drawing it first does not change the law);
     - Bernoulli(exp(-U/t)) by von Neumann's loop, whose step k is Bernoulli(U / (t k)),
-      i.e. (w mod t k) < U, _LD steps in the first vectorised sub-pass, _LD2 later;
+      i.e. (w mod t k) < U, _VN_COLUMNS steps in the first vectorised sub-pass,
+      _VN_COLUMNS_LATER later;
     - V, the number of Bernoulli(exp(-1)) successes before a failure, each Bernoulli from
-      one word (see _VN_THRESH), _LV of them in the first sub-pass, _LV2 later.
+      one word (see _VN_THRESH), _GEOMETRIC_COLUMNS of them in the first sub-pass,
+      _GEOMETRIC_COLUMNS_LATER later.
 
     Every uniform comes from its own fresh word by exact rejection (see _limit). The
     unbounded loops run vectorised for at most _MAX_SUB sub-passes; attempts still
@@ -275,7 +279,7 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
             out[i] = discrete_laplace(cur, t, s)
         return out
 
-    m_tab, lim_tab, p_acc = _block_tables(t, s, max(_LD, _LD2), _MAX_SUB)
+    m_tab, lim_tab, p_acc = _block_tables(t, s, max(_VN_COLUMNS, _VN_COLUMNS_LATER), _MAX_SUB)
 
     src = _Words(stream, lane, 10 * n)
     got_ids: list[npt.NDArray[np.int64]] = [np.empty(0, dtype=np.int64)]
