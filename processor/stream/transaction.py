@@ -114,21 +114,25 @@ class StateCache:
                 entries.popitem(last=False)
 
     def clear(self) -> None:
-        self._sections.clear()
+        # In place: open transactions hold their sections.
+        for entries in self._sections.values():
+            entries.clear()
 
 
 class PartitionTransaction:
     """The loads and staged changes of one partition's store until a checkpoint (see the
     module doc). `slots`: every slot a value may be staged under."""
 
-    __slots__ = ("_cache", "_order", "_staged", "_status", "_store")
+    __slots__ = ("_cache", "_order", "_slots", "_status", "_store")
 
     def __init__(self, store: StateStore, slots: Sequence[Slot[Any, Any]],
                  cache: StateCache) -> None:
         self._store = store
         self._cache = cache
         self._order = sorted(slots, key=lambda s: s.rank)
-        self._staged: dict[Slot[Any, Any], dict[str, Any]] = {s: {} for s in slots}
+        # Per slot: its staged values (key -> value) and its cache section.
+        self._slots: dict[Slot[Any, Any], tuple[dict[str, Any], OrderedDict[str, Any]]] = {
+            s: ({}, cache.section(s)) for s in slots}
         self._status = Status.STARTED
 
     @property
@@ -142,21 +146,21 @@ class PartitionTransaction:
         if self._status is not Status.STARTED:
             self._refuse("load")
         key = slot.key(ident)
-        value: V | None = self._staged[slot].get(key)
+        staged, entries = self._slots[slot]
+        value: V | None = staged.get(key)
         if value is not None:
             return value
         raw = self._store.get(key)
-        entries = self._cache.section(slot)
         if raw is None:
             entries.pop(key, None)
             return None
-        value = entries.get(key)
-        if value is not None:
-            saved = value.saved
+        cached: V | None = entries.get(key)
+        if cached is not None:
+            saved = cached.saved
             if saved is not None and (saved is raw or saved == raw):
                 if slot.cache is not None:
                     entries.move_to_end(key)
-                return value
+                return cached
         try:
             value = slot.decode(raw)
         except StateFormatError as exc:
@@ -173,8 +177,9 @@ class PartitionTransaction:
             self._refuse("stage")
         key = slot.key(ident)
         value.saved = None
-        self._staged[slot][key] = value
-        if self._cache.section(slot).get(key) is not value:
+        staged, entries = self._slots[slot]
+        staged[key] = value
+        if entries.get(key) is not value:
             self._cache.remember(slot, key, value)
 
     def scan(self, slot: Slot[str, V]) -> Iterator[tuple[str, V | bytes]]:
@@ -183,7 +188,7 @@ class PartitionTransaction:
         a caller reads from the bytes is its business)."""
         if self._status is not Status.STARTED:
             self._refuse("scan")
-        staged = self._staged[slot]
+        staged = self._slots[slot][0]
         cut = len(slot.prefix)
         stored: set[str] = set()
         for key, raw in self._store.scan(slot.prefix):
@@ -199,9 +204,8 @@ class PartitionTransaction:
         within a slot. Started -> prepared."""
         self._move(Status.PREPARED)
         plan = [(key, slot.encode(value))
-                for slot in self._order for key, value in self._staged[slot].items()]
-        for staged in self._staged.values():
-            staged.clear()
+                for slot in self._order for key, value in self._slots[slot][0].items()]
+        self._drop_staged()
         return plan
 
     def complete(self) -> None:
@@ -212,7 +216,10 @@ class PartitionTransaction:
         """Drop every staged value. Started or prepared -> failed; the caller drops the
         cache as well."""
         self._move(Status.FAILED)
-        for staged in self._staged.values():
+        self._drop_staged()
+
+    def _drop_staged(self) -> None:
+        for staged, _entries in self._slots.values():
             staged.clear()
 
     def _move(self, to: Status) -> None:
