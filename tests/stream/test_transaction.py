@@ -117,8 +117,8 @@ def test_illegal_status_transitions_are_refused() -> None:
 def test_the_cache_serves_a_value_only_while_the_store_holds_its_bytes() -> None:
     """A decoded value is served again while the store holds the very bytes (or equal
     bytes) it was decoded from or encoded to, across transactions; other bytes are
-    decoded again, a deleted value is None, nothing after `clear`; the cache keeps the `cache` most recently
-    used values of a slot (none at 0, all at None)."""
+    decoded again, a deleted value is None, nothing after `clear`; the cache keeps the
+    `cache` most recently used values of a slot (none at 0, all at None)."""
     codec = Codec()
     s = slot(codec, "c/", 0, cache=2)
     store = DictStore()
