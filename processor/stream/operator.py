@@ -3,8 +3,9 @@
 It applies timeline records (batches of events, "sealed through tick n" markers) in
 offset order, one partition at a time, to a key-value store (`state.py`: a Faust table
 online, a `DictStore` in replay and tests). It imports nothing from Kafka or Faust.
-`commit.BatchCommit` applies a batch of records to a `BufferedStore`, publishes, then
-writes; `Operator.apply` on any other store is a one-record commit without publishing.
+`commit.BatchCommit` applies a batch of records in a partition transaction
+(`transaction.py`: the operator loads and stages its values there only), publishes,
+then writes; `Operator.apply` on a store is a one-record commit without publishing.
 
 Time. Global tick n covers event time [n*tick_ms, (n+1)*tick_ms). A counter declared with
 start S (a multiple of tick_ms) has start_tick = S // tick_ms, and its local tick is

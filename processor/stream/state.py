@@ -1,6 +1,7 @@
 """What the operator stores, and how a stored value says how new it is: the store
-protocol, the buffered overlay of a checkpoint, the codecs of every stored value, and the
-in-memory due wheel. No Kafka, no Faust.
+protocol, the codecs of every stored value, the in-memory due wheel, and the bounding
+stage's buffered overlay (the operator's checkpoints go through `transaction.py`). No
+Kafka, no Faust.
 
 Key layout (all values bytes, each codec with its own magic and version):
 
