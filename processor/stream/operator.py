@@ -309,11 +309,11 @@ class Operator:
         self._cache_size = cache_size
         self._cache = StateCache()
         self._counters: Slot[str, CounterState] = Slot(
-            "counter", COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
+            COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
             self._check_counter, cache_size)
         self._partitions: Slot[int, PartitionState] = Slot(
-            "partition", PARTITION_PREFIX, 1, PartitionState.from_bytes,
-            PartitionState.to_bytes, self._check_partition, None)
+            PARTITION_PREFIX, 1, PartitionState.from_bytes, PartitionState.to_bytes,
+            self._check_partition, None)
         # The due wheel of each loaded partition (state.DueWheel: in memory, rebuilt from
         # the stored counters when a partition is first touched after `forget`).
         self._wheels: dict[int, DueWheel] = {}

@@ -11,8 +11,10 @@ decoded value while the store still holds exactly the bytes it was decoded from 
 encoded to (`saved`: the same object, or equal bytes), else the value decoded from the
 store (checked, then cached); `stage(slot, ident, value)` makes `value` the new value of
 its key, encoded once when the plan is made, however many records changed it
-meanwhile. `prepare()` returns the write plan: every staged value, encoded, by slot rank
-(a partition value after the counter values it guards), in staging order within a slot.
+meanwhile; `scan(slot)` lists a slot's identifiers with their staged values or stored
+bytes, decoding nothing. `prepare()` returns the write plan: every staged value,
+encoded, by slot rank (a partition value after the counter values it guards), in staging
+order within a slot.
 The caller writes the plan, makes it durable, then calls `complete()`; on any failure
 `fail()`, and drops the cache (`StateCache.clear`): a value changed in memory but never
 written must not be served again.
@@ -58,7 +60,6 @@ class Slot(Generic[Id, V]):
     returns the bytes and sets the value's `saved`. `rank`: the write plan writes lower
     ranks first. `cache`: how many decoded values to keep (LRU), None for all."""
 
-    name: str
     prefix: str
     rank: int
     decode: Callable[[bytes], V]

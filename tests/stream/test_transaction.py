@@ -51,7 +51,7 @@ class Codec:
 
 
 def slot(codec: Codec, prefix: str, rank: int, cache: int | None = None) -> Slot[str, Val]:
-    return Slot(prefix, prefix, rank, codec.decode, codec.encode, codec.check, cache)
+    return Slot(prefix, rank, codec.decode, codec.encode, codec.check, cache)
 
 
 def test_write_plan_goes_by_slot_rank_then_staging_order() -> None:
