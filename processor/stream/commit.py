@@ -166,15 +166,20 @@ class BatchCommit:
     def _write_all(self) -> None:
         """Step 2 without crash points: every transaction's write plan, in order."""
         for partition in sorted(self._transactions):
-            write_all(self.stores.of(partition), self._transactions[partition].prepare())
+            plan = self._transactions[partition].prepare()
+            if plan:
+                write_all(self.stores.of(partition), plan)
 
     async def _write_each(self) -> None:
         """Step 2 in test mode: each write acknowledged before the next, a crash point
         between any two (a kill there leaves exactly a prefix of them)."""
         first = True
         for partition in sorted(self._transactions):
+            plan = self._transactions[partition].prepare()
+            if not plan:
+                continue
             store = self.stores.of(partition)
-            for key, value in self._transactions[partition].prepare():
+            for key, value in plan:
                 if not first:
                     await self.stores.flush()
                     self._crash("between_state_writes")
