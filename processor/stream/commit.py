@@ -5,8 +5,9 @@ Used by the Faust worker (per-partition RocksDB stores with the changelog, a lib
 publisher) and by replay and tests (one `DictStore`, a collecting publisher) alike, so
 both run the very same steps.
 
-Between checkpoints the applied state lives in one `BufferedStore` per partition (decoded
-values, each encoded once per checkpoint however many records touched it). A crash loses
+Between checkpoints the applied state lives in one `transaction.PartitionTransaction` per
+partition (decoded values, each encoded once per checkpoint however many records touched
+it). A crash loses
 that state and nothing else: the worker acknowledges a timeline record to the consumer
 group only after the checkpoint that covers it, so the next owner re-applies it from the
 last checkpoint with the same keyed noise, and re-sends byte-identical releases.
@@ -21,7 +22,8 @@ from typing import Protocol
 
 from processor.stream.operator import Operator, Output
 from processor.stream.records import LedgerEntry, Release, marker_tick
-from processor.stream.state import BufferedStore, StateStore, write_all
+from processor.stream.state import StateStore, write_all
+from processor.stream.transaction import PartitionTransaction
 
 #: The names `crash_point` is called with, in order (a test hook; see BatchCommit).
 CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
@@ -87,14 +89,16 @@ class BatchCommit:
 
     1. await the publisher's acknowledgement of every release and ledger entry sent;
     2. write each changed value once per partition: counter states, then the partition
-       value (state.BufferedStore.writes);
-    3. await the stores' durability (changelog acknowledgements).
+       value (each partition transaction's write plan: `PartitionTransaction.prepare`);
+    3. await the stores' durability (changelog acknowledgements), then complete the
+       transactions.
 
     Only then may the caller acknowledge the records applied before it to the consumer
     group. A crash anywhere re-applies from the last acknowledged record: before 2 with
     identical noise (identical records: idempotent by (counter, tick)); inside 2 or 3
     onto values that skip what they reflect already (their offset), so nothing is lost
-    or counted twice. `commit(partition, records)` is apply and checkpoint in one.
+    or counted twice; a failure fails the transactions and forgets every decoded value.
+    `commit(partition, records)` is apply and checkpoint in one.
 
     `crash_point(name)` is a test hook: called "after_acks" once per checkpoint, then
     "between_state_writes" between every two state writes (each write made durable
@@ -121,7 +125,8 @@ class BatchCommit:
         self.publisher = publisher
         self.crash_point = crash_point
         self.fence = fence
-        self._buffers: dict[int, BufferedStore] = {}
+        #: The open transaction of each partition applied to since the last checkpoint.
+        self._transactions: dict[int, PartitionTransaction] = {}
         #: Monotonic time of the first apply since the last checkpoint (None: clean).
         self.dirty_since: float | None = None
 
@@ -132,14 +137,15 @@ class BatchCommit:
         Kafka timestamp, where known (Operator.apply). Returns the batch's releases,
         ledger entries and aggregate metrics."""
         out = Output()
-        buf = self._buffers.get(partition)
-        if buf is None:
-            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
+        txn = self._transactions.get(partition)
+        if txn is None:
+            txn = self._transactions[partition] = self.operator.transaction(
+                self.stores.of(partition))
         try:
             if self.offload and any(marker_tick(r) is not None for _o, r in records):
-                await asyncio.to_thread(self._apply_all, buf, partition, records, stamps, out)
+                await asyncio.to_thread(self._apply_all, txn, partition, records, stamps, out)
             else:
-                self._apply_all(buf, partition, records, stamps, out)
+                self._apply_all(txn, partition, records, stamps, out)
             if out.ledger or out.releases:
                 self._fence()
                 self.publisher.send(out.ledger, out.releases)
@@ -150,38 +156,35 @@ class BatchCommit:
             self.dirty_since = time.monotonic()
         return out
 
-    def _apply_all(self, buf: BufferedStore, partition: int,
+    def _apply_all(self, txn: PartitionTransaction, partition: int,
                    records: Sequence[tuple[int, bytes]], stamps: Mapping[int, int] | None,
                    out: Output) -> None:
         for offset, record in sorted(records, key=lambda r: r[0]):
-            self.operator.apply(buf, partition, offset, record, out,
+            self.operator.apply(txn, partition, offset, record, out,
                                 None if stamps is None else stamps.get(offset))
 
     def _write_all(self) -> None:
-        """Step 2 without crash points: every buffer's writes, in order."""
-        for partition in sorted(self._buffers):
-            buf = self._buffers[partition]
-            if buf:
-                write_all(self.stores.of(partition), buf.writes())
+        """Step 2 without crash points: every transaction's write plan, in order."""
+        for partition in sorted(self._transactions):
+            plan = self._transactions[partition].prepare()
+            if plan:
+                write_all(self.stores.of(partition), plan)
 
     async def _write_each(self) -> None:
         """Step 2 in test mode: each write acknowledged before the next, a crash point
         between any two (a kill there leaves exactly a prefix of them)."""
         first = True
-        for partition in sorted(self._buffers):
-            buf = self._buffers[partition]
-            if not buf:
+        for partition in sorted(self._transactions):
+            plan = self._transactions[partition].prepare()
+            if not plan:
                 continue
             store = self.stores.of(partition)
-            for key, value in buf.writes():
+            for key, value in plan:
                 if not first:
                     await self.stores.flush()
                     self._crash("between_state_writes")
                 first = False
-                if value is None:
-                    store.delete(key)
-                else:
-                    store.set(key, value)
+                store.set(key, value)
 
     async def checkpoint(self) -> None:
         """Make everything applied so far durable (see the class doc). With nothing
@@ -204,6 +207,9 @@ class BatchCommit:
         except BaseException:
             self.forget()
             raise
+        for txn in self._transactions.values():
+            txn.complete()
+        self._transactions.clear()
         self.dirty_since = None
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
@@ -214,10 +220,12 @@ class BatchCommit:
         return out
 
     def forget(self) -> None:
-        """Drop every applied but unwritten change and every decoded value: the next
-        record of a partition reloads it from its store (after a failure, or when the
-        partitions change hands)."""
-        self._buffers.clear()
+        """Fail every open transaction, dropping every applied but unwritten change and
+        every decoded value: the next record of a partition reloads it from its store
+        (after a failure, or when the partitions change hands)."""
+        for txn in self._transactions.values():
+            txn.fail()
+        self._transactions.clear()
         self.operator.forget()
         self.dirty_since = None
 

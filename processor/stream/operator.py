@@ -3,8 +3,9 @@
 It applies timeline records (batches of events, "sealed through tick n" markers) in
 offset order, one partition at a time, to a key-value store (`state.py`: a Faust table
 online, a `DictStore` in replay and tests). It imports nothing from Kafka or Faust.
-`commit.BatchCommit` applies a batch of records to a `BufferedStore`, publishes, then
-writes; `Operator.apply` on any other store is a one-record commit without publishing.
+`commit.BatchCommit` applies a batch of records in a partition transaction
+(`transaction.py`: the operator loads and stages its values there only), publishes,
+then writes; `Operator.apply` on a store is a one-record commit without publishing.
 
 Time. Global tick n covers event time [n*tick_ms, (n+1)*tick_ms). A counter declared with
 start S (a multiple of tick_ms) has start_tick = S // tick_ms, and its local tick is
@@ -58,7 +59,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-from collections import OrderedDict
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -85,7 +85,7 @@ from processor.stream.records import (
 )
 from processor.stream.state import (
     COUNTER_PREFIX,
-    BufferedStore,
+    PARTITION_PREFIX,
     CounterFactory,
     CounterState,
     DueWheel,
@@ -96,6 +96,7 @@ from processor.stream.state import (
     partition_key,
     write_all,
 )
+from processor.stream.transaction import PartitionTransaction, Slot, StateCache
 
 #: A marker that seals more ticks of a counter than this at once (a start in the past, a
 #: long outage) publishes heartbeats for its last max(heartbeat_ticks, this) ticks only;
@@ -302,13 +303,17 @@ class Operator:
         P = settings.partitions
         self._home = {c: partition_for(c, P) for c in settings.counters}
         self._phases: dict[str, int] = {}
-        # Decoded states, reused only while the store holds exactly the bytes they were
-        # decoded from or encoded to (`saved`; None while changed): a cache, never the
-        # truth. Restoring from bytes and continuing equals never stopping (the Counter
-        # contract), so reusing the object equals decoding the stored bytes again.
-        self._cache: OrderedDict[str, CounterState] = OrderedDict()
+        # What the operator stores (transaction.Slot): counter values, then the partition
+        # value they are guarded by (write plan ranks); every partition value and up to
+        # `cache_size` counter values stay decoded between checkpoints (`_cache`).
         self._cache_size = cache_size
-        self._partitions: dict[int, PartitionState] = {}
+        self._cache = StateCache()
+        self._counters: Slot[str, CounterState] = Slot(
+            COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
+            self._check_counter, cache_size)
+        self._partitions: Slot[int, PartitionState] = Slot(
+            PARTITION_PREFIX, 1, PartitionState.from_bytes, PartitionState.to_bytes,
+            self._check_partition, None)
         # The due wheel of each loaded partition (state.DueWheel: in memory, rebuilt from
         # the stored counters when a partition is first touched after `forget`).
         self._wheels: dict[int, DueWheel] = {}
@@ -324,11 +329,12 @@ class Operator:
 
     # -- public entry points
 
-    def apply(self, store: StateStore, partition: int, offset: int, record: bytes,
-              out: Output | None = None, stamp_ms: int | None = None) -> Output:
+    def apply(self, store: StateStore | PartitionTransaction, partition: int, offset: int,
+              record: bytes, out: Output | None = None,
+              stamp_ms: int | None = None) -> Output:
         """Apply the timeline record at (`partition`, `offset`) and add what it produced
-        to `out` (a new Output if None). On a `BufferedStore` the changes stay in it for
-        the commit; on any other store they are written before this returns. Never raises
+        to `out` (a new Output if None). In a transaction (`transaction`) the changes stay
+        staged for the commit; on a store they are written before this returns. Never raises
         on a well-formed record; a malformed one is counted and changes nothing.
 
         `stamp_ms` is the record's Kafka timestamp (the brokers' log-append time on the
@@ -338,7 +344,11 @@ class Operator:
         came from a clock far ahead or from someone else with write access."""
         if out is None:
             out = Output()
-        buf = store if isinstance(store, BufferedStore) else BufferedStore(store)
+        owned: StateStore | None = None
+        if isinstance(store, PartitionTransaction):
+            txn = store
+        else:
+            txn, owned = self.transaction(store), store
         try:
             rec = decode_timeline_rows(record)
         except TimelineFormatError:
@@ -350,17 +360,25 @@ class Operator:
                 if stamp_ms is not None and self._ahead_of(rec.sealed_through, stamp_ms):
                     out.metrics["markers_refused"] += 1
                     return out
-                self._apply_marker(buf, partition, offset, rec.sealed_through, out)
+                self._apply_marker(txn, partition, offset, rec.sealed_through, out)
             else:
-                self._apply_events(buf, partition, offset, rec, out)
+                self._apply_events(txn, partition, offset, rec, out)
         except BaseException:
-            # Changed objects carry saved=None, so the caches cannot serve them; dropping
-            # the caches as well keeps this path obviously safe.
+            # Changed objects carry saved=None, so the cache cannot serve them; dropping
+            # the cache as well keeps this path obviously safe.
             self.forget()
+            if owned is not None:
+                txn.fail()
             raise
-        if buf is not store:
-            write_all(store, buf.writes())
+        if owned is not None:
+            write_all(owned, txn.prepare())
+            txn.complete()
         return out
+
+    def transaction(self, store: StateStore) -> PartitionTransaction:
+        """A transaction over one partition's store, for `apply` to stage changes in
+        until a checkpoint writes its plan (commit.BatchCommit)."""
+        return PartitionTransaction(store, (self._counters, self._partitions), self._cache)
 
     def due_wheel(self, partition: int) -> DueWheel | None:
         """The partition's due wheel as loaded now (None: not loaded): for tests and
@@ -375,73 +393,37 @@ class Operator:
     def forget(self) -> None:
         """Drop every decoded state (after a failed batch, or to measure cold starts)."""
         self._cache.clear()
-        self._partitions.clear()
         self._wheels.clear()
 
     # -- loading and staging
 
-    def _partition(self, buf: BufferedStore, partition: int) -> PartitionState:
-        key = partition_key(partition)
-        staged = buf.staged.get(key)
-        if staged is not None:
-            assert isinstance(staged, PartitionState)
-            return staged
-        raw = buf.get(key)
-        ps: PartitionState | None = None
-        if raw is not None:
-            cached = self._partitions.get(partition)
-            if cached is not None and cached.saved is not None and (
-                    cached.saved is raw or cached.saved == raw):
-                ps = cached
-            else:
-                try:
-                    ps = PartitionState.from_bytes(raw)
-                except StateFormatError as exc:
-                    exc.key = key
-                    raise
-                self._check_key(key, ps.key_id)
+    def _partition(self, txn: PartitionTransaction, partition: int) -> PartitionState:
+        ps = txn.load(self._partitions, partition)
         if ps is None:
             ps = PartitionState()
             ps.key_id = self.key_id
-        self._partitions[partition] = ps
         if ps.config_fingerprint != self.fingerprint:
             # First record of this partition, or a new configuration.
             ps.config_fingerprint = self.fingerprint
-            self._stage_partition(buf, partition, ps)
+            self._stage_partition(txn, partition, ps)
         return ps
 
-    def _stage_partition(self, buf: BufferedStore, partition: int,
+    def _stage_partition(self, txn: PartitionTransaction, partition: int,
                          ps: PartitionState) -> None:
-        ps.saved = None
         ps.applied = max(ps.applied, self._offset)
-        buf.stage(partition_key(partition), ps)
+        txn.stage(self._partitions, partition, ps)
 
-    def _counter(self, buf: BufferedStore, name: str) -> CounterState | None:
-        key = counter_key(name)
-        staged = buf.staged.get(key)
-        if staged is not None:
-            assert isinstance(staged, CounterState)
-            return staged
-        raw = buf.get(key)
-        cache = self._cache
-        if raw is None:
-            cache.pop(name, None)
-            return None
-        cs = cache.get(name)
-        if cs is not None and cs.saved is not None and (cs.saved is raw or cs.saved == raw):
-            cache.move_to_end(name)
-            return cs
-        try:
-            cs = CounterState.from_bytes(raw, self.factory, self.key)
-        except StateFormatError as exc:
-            exc.key = key
-            raise
+    def _decode_counter(self, raw: bytes) -> CounterState:
+        return CounterState.from_bytes(raw, self.factory, self.key)
+
+    def _check_partition(self, partition: int, ps: PartitionState) -> None:
+        self._check_key(partition_key(partition), ps.key_id)
+
+    def _check_counter(self, name: str, cs: CounterState) -> None:
         # Declared names are public; an undeclared one is input until announced.
-        self._check_key(key if name in self._start_ticks else "c/(an undeclared counter)",
-                        cs.key_id)
+        self._check_key(counter_key(name) if name in self._start_ticks
+                        else "c/(an undeclared counter)", cs.key_id)
         self._check_parameters(name, cs)
-        self._remember(name, cs)
-        return cs
 
     def _check_key(self, store_key: str, stored: str | None) -> None:
         """THE check of the noise key against decoded state (partition and counter values
@@ -483,28 +465,13 @@ class Operator:
             self._configured = (new.mechanism, new.eps, new.delta)
         return self._configured
 
-    def _remember(self, name: str, cs: CounterState) -> None:
-        if self._cache_size <= 0:
-            return
-        cache = self._cache
-        cache[name] = cs
-        cache.move_to_end(name)
-        if len(cache) > self._cache_size:
-            cache.popitem(last=False)
-
-    def _stage_counter(self, buf: BufferedStore, name: str, cs: CounterState) -> None:
-        cs.saved = None
-        buf.stage(counter_key(name), cs)
-
     def _new_counter(self, name: str, start_tick: int) -> CounterState:
         """A fresh counter state (not announced: its ledger entry waits for a marker)."""
         s = self.settings
         mech = self._make_mechanism(name)
-        cs = CounterState(mech, start_tick,
-                          next_heartbeat(0, self._phase(name), s.heartbeat_ticks),
-                          key_id=self.key_id)
-        self._remember(name, cs)
-        return cs
+        return CounterState(mech, start_tick,
+                            next_heartbeat(0, self._phase(name), s.heartbeat_ticks),
+                            key_id=self.key_id)
 
     # -- what a counter runs under (replay.HistoryOperator takes these from the ledger)
 
@@ -539,7 +506,7 @@ class Operator:
 
     # -- the due wheel
 
-    def _wheel(self, buf: BufferedStore, partition: int) -> DueWheel:
+    def _wheel(self, txn: PartitionTransaction, partition: int) -> DueWheel:
         """The partition's due wheel; built at the first touch after `forget`: every
         counter of the partition with state at its `filed_due`, every declared one
         without state at its start tick (the marker through it creates it)."""
@@ -550,26 +517,19 @@ class Operator:
         P = self.settings.partitions
         home = self._home
         have: set[str] = set()
-        for key, raw in buf.inner.scan(COUNTER_PREFIX):
-            name = key[len(COUNTER_PREFIX):]
+        for name, got in txn.scan(self._counters):
             if home.get(name, -1) != partition and (
                     name in home or partition_for(name, P) != partition):
                 continue
             have.add(name)
-            staged = buf.staged.get(key)
             try:
-                due = (staged.filed_due if isinstance(staged, CounterState)
-                       else counter_filed_due(raw))
+                due = (got.filed_due if isinstance(got, CounterState)
+                       else counter_filed_due(got))
             except StateFormatError as exc:
-                exc.key = key if name in home else "c/(an undeclared counter)"
+                exc.key = counter_key(name) if name in home else "c/(an undeclared counter)"
                 raise
             if due is not None:
                 wheel.file(name, due)
-        for key, obj in buf.staged.items():
-            if isinstance(obj, CounterState) and key[len(COUNTER_PREFIX):] not in have:
-                have.add(key[len(COUNTER_PREFIX):])
-                if obj.filed_due is not None:
-                    wheel.file(key[len(COUNTER_PREFIX):], obj.filed_due)
         for name, start in self._start_ticks.items():
             if home[name] == partition and name not in have:
                 wheel.file(name, start)
@@ -600,9 +560,9 @@ class Operator:
 
     # -- records
 
-    def _apply_events(self, buf: BufferedStore, partition: int, offset: int,
+    def _apply_events(self, txn: PartitionTransaction, partition: int, offset: int,
                       rows: EventRows, out: Output) -> None:
-        ps = self._partition(buf, partition)
+        ps = self._partition(txn, partition)
         m = out.metrics
         source = rows.source
         seen = ps.input_offsets
@@ -646,7 +606,7 @@ class Operator:
                         != partition):
                     m["misrouted_skipped"] += 1
                     continue
-                cs = self._counter(buf, name)
+                cs = txn.load(self._counters, name)
                 if cs is None:
                     start = start_ticks.get(name)
                     if start is None:
@@ -666,7 +626,7 @@ class Operator:
                     continue
                 cs.last_offset = offset
                 applying[name] = cs
-                self._stage_counter(buf, name, cs)
+                txn.stage(self._counters, name, cs)
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -685,7 +645,7 @@ class Operator:
         m["late_events"] += late
         m["counters_touched"] += len(applying)
         if applying:
-            wheel = self._wheel(buf, partition)
+            wheel = self._wheel(txn, partition)
             for name, cs in applying.items():
                 if cs.filed_due is None:
                     due = self._due(cs)
@@ -699,11 +659,11 @@ class Operator:
                     wheel.file(name, due)
                     cs.filed_due = due
         if seen_changed:
-            self._stage_partition(buf, partition, ps)
+            self._stage_partition(txn, partition, ps)
 
-    def _apply_marker(self, buf: BufferedStore, partition: int, offset: int, n: int,
+    def _apply_marker(self, txn: PartitionTransaction, partition: int, offset: int, n: int,
                       out: Output) -> None:
-        ps = self._partition(buf, partition)
+        ps = self._partition(txn, partition)
         m = out.metrics
         if offset <= ps.marker_offset:
             m["skipped_duplicates"] += 1
@@ -714,11 +674,11 @@ class Operator:
             m["markers_applied"] += 1
             out.sealed_through = max(n, out.sealed_through or n)
             return
-        wheel = self._wheel(buf, partition)
+        wheel = self._wheel(txn, partition)
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
-            cs = self._counter(buf, name)
+            cs = txn.load(self._counters, name)
             if cs is None:
                 start = self._start_ticks.get(name)
                 if start is None or self._home[name] != partition:
@@ -742,7 +702,7 @@ class Operator:
                     wheel.file(name, due)
                     cs.filed_due = due
                     cs.last_offset = offset
-                    self._stage_counter(buf, name, cs)
+                    txn.stage(self._counters, name, cs)
                 continue
             if not cs.announced:
                 self._announce(name, cs, n, ps.frontier, out)
@@ -752,11 +712,11 @@ class Operator:
             due = self._due(cs)
             wheel.file(name, due)
             cs.filed_due = due
-            self._stage_counter(buf, name, cs)
+            txn.stage(self._counters, name, cs)
             touched += 1
         ps.frontier = n
         ps.marker_offset = offset
-        self._stage_partition(buf, partition, ps)
+        self._stage_partition(txn, partition, ps)
         m["counters_touched"] += touched
         m["markers_applied"] += 1
         out.sealed_through = max(n, out.sealed_through or n)

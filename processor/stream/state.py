@@ -1,6 +1,7 @@
 """What the operator stores, and how a stored value says how new it is: the store
-protocol, the buffered overlay of a checkpoint, the codecs of every stored value, and the
-in-memory due wheel. No Kafka, no Faust.
+protocol, the codecs of every stored value, the in-memory due wheel, and the bounding
+stage's buffered overlay (the operator's checkpoints go through `transaction.py`). No
+Kafka, no Faust.
 
 Key layout (all values bytes, each codec with its own magic and version):
 
@@ -34,9 +35,10 @@ stored one (`operator.KeyMismatchError`). Values of format 2, written before the
 fingerprint was stored, are refused with `StateVersionError`; values of format 3 (no
 offset header; the same fields) are read and written back as format 4.
 
-Write order of a checkpoint (`BufferedStore.writes`): counter states, then the partition
-values: a partition value never reflects more of the timeline than the counters it
-guards (its duplicate filter drops input the counters must already hold).
+Write order of a checkpoint (the operator's slots in `transaction.PartitionTransaction`:
+its write plan goes by slot rank): counter states, then the partition value: a partition
+value never reflects more of the timeline than the counters it guards (its duplicate
+filter drops input the counters must already hold).
 """
 
 from __future__ import annotations
@@ -96,14 +98,15 @@ class StateVersionError(StateFormatError):
 # ------------------------------------------------------------------------ keys
 
 COUNTER_PREFIX: Final = "c/"
+PARTITION_PREFIX: Final = "p/"
 
 
 def counter_key(counter: str) -> str:
-    return f"c/{counter}"
+    return f"{COUNTER_PREFIX}{counter}"
 
 
 def partition_key(partition: int) -> str:
-    return f"p/{partition}"
+    return f"{PARTITION_PREFIX}{partition}"
 
 
 # ------------------------------------------------------------------------ monotone values
@@ -194,7 +197,8 @@ class Encodable(Protocol):
 
 
 class BufferedStore:
-    """An overlay over a StateStore that writes nothing until a checkpoint does.
+    """An overlay over a StateStore that writes nothing until a checkpoint does (the
+    bounding stage's; the operator stages through `transaction.PartitionTransaction`).
 
     `unsaved` holds encoded values (None: deleted); `staged` holds decoded values the
     operator changed since the last checkpoint, encoded once, when the checkpoint asks
@@ -245,13 +249,13 @@ class BufferedStore:
         return bool(self.staged or self.unsaved)
 
     def writes(self) -> list[tuple[str, bytes | None]]:
-        """Every unsaved value in the crash-safe write order (None: delete): counter
-        states and other values, then partition values last. Encodes each staged value
-        once, and leaves the overlay empty."""
+        """Every unsaved value in the crash-safe write order (None: delete): other
+        values, then partition values (`p/...`) last. Encodes each staged value once, and
+        leaves the overlay empty."""
         first: list[tuple[str, bytes | None]] = []
         last: list[tuple[str, bytes | None]] = []
         for key, obj in self.staged.items():
-            (last if isinstance(obj, PartitionState) else first).append((key, obj.to_bytes()))
+            (last if key.startswith("p/") else first).append((key, obj.to_bytes()))
         for key, value in self.unsaved.items():
             (last if key.startswith("p/") else first).append((key, value))
         self.staged.clear()
@@ -263,8 +267,9 @@ class BufferedStore:
         self.staged.clear()
 
 
-def write_all(store: StateStore, writes: list[tuple[str, bytes | None]]) -> None:
-    """Apply `BufferedStore.writes()` to `store` in order (no crash points)."""
+def write_all(store: StateStore, writes: Iterable[tuple[str, bytes | None]]) -> None:
+    """Apply writes (`BufferedStore.writes()`, a transaction's plan) to `store` in order
+    (no crash points)."""
     for key, value in writes:
         if value is None:
             store.delete(key)

@@ -1,0 +1,233 @@
+"""A partition transaction: what one checkpoint reads from and changes in one partition's
+store, through typed slots. No Kafka, no Faust.
+
+A `Slot` is one kind of stored value: its key function (a prefix and an identifier), its
+codec (decode, encode), the check every decoded value passes before anyone uses it, its
+rank in the write plan and how many decoded values the cache keeps. The operator declares
+its slots (state.py's codecs, its own checks); everything else is generic.
+
+`PartitionTransaction`: `load(slot, ident)` returns the staged value, else the cached
+decoded value while the store still holds exactly the bytes it was decoded from or
+encoded to (`saved`: the same object, or equal bytes), else the value decoded from the
+store (checked, then cached); `stage(slot, ident, value)` makes `value` the new value of
+its key, encoded once when the plan is made, however many records changed it
+meanwhile; `scan(slot)` lists a slot's identifiers with their staged values or stored
+bytes, decoding nothing. `prepare()` returns the write plan: every staged value,
+encoded, by slot rank (a partition value after the counter values it guards), in staging
+order within a slot.
+The caller writes the plan, makes it durable, then calls `complete()`; on any failure
+`fail()`, and drops the cache (`StateCache.clear`): a value changed in memory but never
+written must not be served again.
+
+Status: started (loads and stages) -> prepared (the plan is out) -> complete; started or
+prepared -> failed. Anything else raises `TransactionStatusError`.
+
+`StateCache` holds the decoded values across transactions (one per operator): a section
+per slot, LRU-bounded by the slot's `cache` (None: unbounded, no LRU bookkeeping). It is
+never the truth: a value is served only while the store holds its `saved` bytes.
+Restoring from bytes and continuing equals never stopping (the Counter contract), so
+reusing the object equals decoding the stored bytes again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NoReturn, Protocol, TypeVar
+
+from processor.core.errors import StateFormatError
+from processor.stream.state import StateStore
+
+
+class Stored(Protocol):
+    """A decoded value: `saved` is the bytes it equals in the store (None: changed since,
+    or never stored); encoding it sets `saved`."""
+
+    saved: bytes | None
+
+
+Id = TypeVar("Id", str, int)  # the identifier of a value within its slot
+V = TypeVar("V", bound=Stored)
+
+
+@dataclass(frozen=True, eq=False)
+class Slot(Generic[Id, V]):
+    """One kind of stored value. Its key is `prefix` + the identifier; `decode` raises
+    StateFormatError on bytes that are not such a value; `check(ident, value)` runs on
+    every decoded value before it is used or cached (it raises to refuse it); `encode`
+    returns the bytes and sets the value's `saved`. `rank`: the write plan writes lower
+    ranks first. `cache`: how many decoded values to keep (LRU), None for all."""
+
+    prefix: str
+    rank: int
+    decode: Callable[[bytes], V]
+    encode: Callable[[V], bytes]
+    check: Callable[[Id, V], None]
+    cache: int | None
+
+    def key(self, ident: Id) -> str:
+        return f"{self.prefix}{ident}"
+
+
+class TransactionStatusError(RuntimeError):
+    """A transaction used out of order (a load after its plan was made, a second plan, a
+    completion without a plan, anything after it completed or failed)."""
+
+
+class Status(enum.Enum):
+    STARTED = "started"
+    PREPARED = "prepared"
+    COMPLETE = "complete"
+    FAILED = "failed"
+
+
+_ALLOWED: dict[Status, frozenset[Status]] = {
+    Status.STARTED: frozenset({Status.PREPARED, Status.FAILED}),
+    Status.PREPARED: frozenset({Status.COMPLETE, Status.FAILED}),
+    Status.COMPLETE: frozenset(),
+    Status.FAILED: frozenset(),
+}
+
+
+class StateCache:
+    """Decoded values across transactions, a section per slot (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._sections: dict[Slot[Any, Any], OrderedDict[str, Any]] = {}
+
+    def section(self, slot: Slot[Id, V]) -> OrderedDict[str, V]:
+        got = self._sections.get(slot)
+        if got is None:
+            got = self._sections[slot] = OrderedDict()
+        return got
+
+    def remember(self, slot: Slot[Id, V], key: str, value: V) -> None:
+        bound = slot.cache
+        if bound is not None and bound <= 0:
+            return
+        entries = self.section(slot)
+        entries[key] = value
+        if bound is not None:
+            entries.move_to_end(key)
+            if len(entries) > bound:
+                entries.popitem(last=False)
+
+    def clear(self) -> None:
+        # In place: open transactions hold their sections.
+        for entries in self._sections.values():
+            entries.clear()
+
+
+class PartitionTransaction:
+    """The loads and staged changes of one partition's store until a checkpoint (see the
+    module doc). `slots`: every slot a value may be staged under."""
+
+    __slots__ = ("_cache", "_order", "_slots", "_status", "_store")
+
+    def __init__(self, store: StateStore, slots: Sequence[Slot[Any, Any]],
+                 cache: StateCache) -> None:
+        self._store = store
+        self._cache = cache
+        self._order = sorted(slots, key=lambda s: s.rank)
+        # Per slot: its staged values (key -> value) and its cache section.
+        self._slots: dict[Slot[Any, Any], tuple[dict[str, Any], OrderedDict[str, Any]]] = {
+            s: ({}, cache.section(s)) for s in slots}
+        self._status = Status.STARTED
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    def load(self, slot: Slot[Id, V], ident: Id) -> V | None:
+        """The value of `ident` in `slot` as this transaction sees it (None: none stored
+        or staged). A decoded value that fails its slot's check raises, and is not kept;
+        a StateFormatError carries the store key."""
+        if self._status is not Status.STARTED:
+            self._refuse("load")
+        key = slot.key(ident)
+        staged, entries = self._slots[slot]
+        value: V | None = staged.get(key)
+        if value is not None:
+            return value
+        raw = self._store.get(key)
+        if raw is None:
+            entries.pop(key, None)
+            return None
+        cached: V | None = entries.get(key)
+        if cached is not None:
+            saved = cached.saved
+            if saved is not None and (saved is raw or saved == raw):
+                if slot.cache is not None:
+                    entries.move_to_end(key)
+                return cached
+        try:
+            value = slot.decode(raw)
+        except StateFormatError as exc:
+            exc.key = key
+            raise
+        slot.check(ident, value)
+        self._cache.remember(slot, key, value)
+        return value
+
+    def stage(self, slot: Slot[Id, V], ident: Id, value: V) -> None:
+        """`value` is the new value of `ident` in `slot`: encoded when the plan is made
+        (later changes to it count), and served by `load` until then."""
+        if self._status is not Status.STARTED:
+            self._refuse("stage")
+        key = slot.key(ident)
+        value.saved = None
+        staged, entries = self._slots[slot]
+        staged[key] = value
+        if entries.get(key) is not value:
+            self._cache.remember(slot, key, value)
+
+    def scan(self, slot: Slot[str, V]) -> Iterator[tuple[str, V | bytes]]:
+        """Every identifier of `slot` with a stored or staged value, the stored ones
+        first: (ident, its staged value, else its stored bytes). Nothing is decoded (what
+        a caller reads from the bytes is its business)."""
+        if self._status is not Status.STARTED:
+            self._refuse("scan")
+        staged = self._slots[slot][0]
+        cut = len(slot.prefix)
+        stored: set[str] = set()
+        for key, raw in self._store.scan(slot.prefix):
+            stored.add(key)
+            value = staged.get(key)
+            yield key[cut:], raw if value is None else value
+        for key, value in list(staged.items()):
+            if key not in stored:
+                yield key[cut:], value
+
+    def prepare(self) -> list[tuple[str, bytes]]:
+        """The write plan: every staged value encoded once, by slot rank, in staging order
+        within a slot. Started -> prepared."""
+        self._move(Status.PREPARED)
+        plan = [(key, slot.encode(value))
+                for slot in self._order for key, value in self._slots[slot][0].items()]
+        self._drop_staged()
+        return plan
+
+    def complete(self) -> None:
+        """The plan is written and durable. Prepared -> complete."""
+        self._move(Status.COMPLETE)
+
+    def fail(self) -> None:
+        """Drop every staged value. Started or prepared -> failed; the caller drops the
+        cache as well."""
+        self._move(Status.FAILED)
+        self._drop_staged()
+
+    def _drop_staged(self) -> None:
+        for staged, _entries in self._slots.values():
+            staged.clear()
+
+    def _move(self, to: Status) -> None:
+        if to not in _ALLOWED[self._status]:
+            raise TransactionStatusError(
+                f"a {self._status.value} transaction cannot become {to.value}")
+        self._status = to
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise TransactionStatusError(f"{what} in a {self._status.value} transaction")

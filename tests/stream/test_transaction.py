@@ -1,0 +1,195 @@
+"""The partition transaction (transaction.py): slots, the one load, the one cache, the
+status and the write plan. Pure: no Kafka."""
+
+from __future__ import annotations
+
+import pytest
+
+from processor.core.errors import StateFormatError
+from processor.stream.state import DictStore, write_all
+from processor.stream.transaction import (
+    PartitionTransaction,
+    Slot,
+    StateCache,
+    Status,
+    TransactionStatusError,
+)
+
+
+class Val:
+    """A stored value: its bytes are `data`; encoding sets `saved`."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.saved: bytes | None = None
+
+
+class Codec:
+    """Counts decodes and encodes; refuses bytes that begin with "!" (check) or "?"
+    (format)."""
+
+    def __init__(self) -> None:
+        self.decoded = 0
+        self.encoded = 0
+
+    def decode(self, raw: bytes) -> Val:
+        if raw.startswith(b"?"):
+            raise StateFormatError("not a value")
+        self.decoded += 1
+        v = Val(raw)
+        v.saved = raw
+        return v
+
+    def encode(self, v: Val) -> bytes:
+        self.encoded += 1
+        v.saved = v.data
+        return v.data
+
+    def check(self, ident: str, v: Val) -> None:
+        if v.data.startswith(b"!"):
+            raise ValueError(f"refused {ident}")
+
+
+def slot(codec: Codec, prefix: str, rank: int, cache: int | None = None) -> Slot[str, Val]:
+    return Slot(prefix, rank, codec.decode, codec.encode, codec.check, cache)
+
+
+def test_write_plan_goes_by_slot_rank_then_staging_order() -> None:
+    """The plan writes every staged value once (its last state), lower slot ranks first,
+    in staging order within a slot, whatever the keys; nothing reaches the store before
+    the plan is written. Control: the same stages under swapped ranks come out in the
+    other slot order."""
+    for first, second in ((0, 1), (1, 0)):
+        codec = Codec()
+        low, high = slot(codec, "z/", first), slot(codec, "a/", second)
+        store = DictStore()
+        txn = PartitionTransaction(store, (high, low), StateCache())
+        b = Val(b"b1")
+        txn.stage(high, "0", Val(b"p"))
+        txn.stage(low, "y", Val(b"y1"))
+        txn.stage(low, "b", b)
+        txn.stage(low, "y", Val(b"y2"))
+        b.data = b"b2"
+        assert store.data == {} and txn.load(low, "b") is b
+        plan = txn.prepare()
+        assert codec.encoded == 3 and txn.status is Status.PREPARED
+        zs = [("z/y", b"y2"), ("z/b", b"b2")]
+        assert plan == ([*zs, ("a/0", b"p")] if first == 0 else [("a/0", b"p"), *zs])
+        write_all(store, plan)
+        txn.complete()
+        assert txn.status is Status.COMPLETE and store.data == dict(plan)
+
+
+def test_illegal_status_transitions_are_refused() -> None:
+    """started -> prepared -> complete, and started or prepared -> failed; anything
+    else (a load or stage after the plan, a second plan, completing without one, failing
+    a finished transaction) raises and changes nothing."""
+    codec = Codec()
+    s = slot(codec, "c/", 0)
+    txn = PartitionTransaction(DictStore(), (s,), StateCache())
+    with pytest.raises(TransactionStatusError, match="started transaction cannot become"):
+        txn.complete()
+    txn.stage(s, "a", Val(b"a"))
+    txn.prepare()
+    for act in (lambda: txn.load(s, "a"), lambda: txn.stage(s, "a", Val(b"x")),
+                lambda: list(txn.scan(s)), txn.prepare):
+        with pytest.raises(TransactionStatusError):
+            act()
+    assert txn.status is Status.PREPARED
+    txn.complete()
+    for act in (txn.fail, txn.complete, txn.prepare):
+        with pytest.raises(TransactionStatusError):
+            act()
+    assert txn.status is Status.COMPLETE
+    for prepared in (False, True):
+        txn = PartitionTransaction(DictStore(), (s,), StateCache())
+        txn.stage(s, "a", Val(b"a"))
+        if prepared:
+            txn.prepare()
+        txn.fail()
+        assert txn.status is Status.FAILED
+        with pytest.raises(TransactionStatusError):
+            txn.fail()
+        with pytest.raises(TransactionStatusError):
+            txn.load(s, "a")
+
+
+def test_the_cache_serves_a_value_only_while_the_store_holds_its_bytes() -> None:
+    """A decoded value is served again while the store holds the very bytes (or equal
+    bytes) it was decoded from or encoded to, across transactions; other bytes are
+    decoded again, a deleted value is None, nothing after `clear`; the cache keeps the
+    `cache` most recently used values of a slot (none at 0, all at None)."""
+    codec = Codec()
+    s = slot(codec, "c/", 0, cache=2)
+    store = DictStore()
+    cache = StateCache()
+    for name in "abc":
+        store.set(f"c/{name}", name.encode())
+    txn = PartitionTransaction(store, (s,), cache)
+    a = txn.load(s, "a")
+    assert a is not None and txn.load(s, "a") is a and codec.decoded == 1
+    store.set("c/a", bytes(bytearray(b"a")))  # equal bytes, another object
+    assert txn.load(s, "a") is a and codec.decoded == 1
+    a.data = b"a2"
+    txn.stage(s, "a", a)
+    write_all(store, txn.prepare())
+    txn.complete()
+    txn = PartitionTransaction(store, (s,), cache)
+    assert txn.load(s, "a") is a and codec.decoded == 1
+    store.set("c/a", b"older")
+    assert txn.load(s, "a") is not a and codec.decoded == 2
+    txn.load(s, "b")
+    txn.load(s, "c")  # evicts the least recently used: a
+    assert codec.decoded == 4
+    txn.load(s, "b")
+    assert codec.decoded == 4
+    txn.load(s, "a")
+    assert codec.decoded == 5
+    store.delete("c/b")
+    assert txn.load(s, "b") is None
+    cache.clear()  # an open transaction sees it (a failed batch drops every value)
+    txn.load(s, "a")
+    assert codec.decoded == 6
+    for bound, decodes in ((0, 3), (None, 1)):
+        codec = Codec()
+        s = slot(codec, "c/", 0, cache=bound)
+        txn = PartitionTransaction(store, (s,), StateCache())
+        for _ in range(3):
+            txn.load(s, "c")
+        assert codec.decoded == decodes
+
+
+def test_a_refused_or_corrupt_value_is_not_kept() -> None:
+    """The slot's check runs on every decoded value; a refused one raises and is decoded
+    (and refused) again next time. Bytes that are no such value raise StateFormatError
+    carrying the store key."""
+    codec = Codec()
+    s = slot(codec, "c/", 0)
+    store = DictStore()
+    store.set("c/x", b"!bad")
+    store.set("c/y", b"?junk")
+    txn = PartitionTransaction(store, (s,), StateCache())
+    for decodes in (1, 2):
+        with pytest.raises(ValueError, match="refused x"):
+            txn.load(s, "x")
+        assert codec.decoded == decodes
+    with pytest.raises(StateFormatError) as info:
+        txn.load(s, "y")
+    assert info.value.key == "c/y"
+
+
+def test_scan_gives_staged_values_else_stored_bytes() -> None:
+    """scan(slot): each identifier of the slot once, stored ones first, with its staged
+    value if any, else its stored bytes; other slots' keys are not in it."""
+    codec = Codec()
+    s, other = slot(codec, "c/", 0), slot(codec, "p/", 1)
+    store = DictStore()
+    store.set("c/a", b"a")
+    store.set("c/b", b"b")
+    store.set("p/0", b"p")
+    txn = PartitionTransaction(store, (s, other), StateCache())
+    b, n = Val(b"b2"), Val(b"n")
+    txn.stage(s, "n", n)
+    txn.stage(s, "b", b)
+    assert list(txn.scan(s)) == [("a", b"a"), ("b", b), ("n", n)]
+    assert codec.decoded == 0
