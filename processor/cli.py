@@ -303,7 +303,7 @@ def _cached_help(command: str, prog: str) -> str | None:
 #: argparse.ArgumentParser. Only while one of them runs does the dispatcher patch argparse
 #: so that their parsers behave as CommandParsers; a command leaves this set when its
 #: module builds a CommandParser, and the patch goes with the last one.
-_PLAIN_PARSERS = frozenset({"worker", "replay", "audit", "plan"})
+_PLAIN_PARSERS = frozenset({"worker", "audit", "plan"})
 
 
 def _raise_usage(self: argparse.ArgumentParser, message: str) -> NoReturn:
