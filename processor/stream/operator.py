@@ -472,7 +472,6 @@ class Operator:
         seen_changed = False
         tick_ms = self._tick_ms
         start_ticks = self._start_ticks
-        home = self._home
         # Counters this record is applied to, and those it was applied to before a crash.
         applying: dict[str, CounterState] = {}
         done: set[str] = set()
@@ -501,35 +500,10 @@ class Operator:
             n_event = ts_ms // tick_ms
             cs = applying.get(name)
             if cs is None:
-                if name in done:
-                    m["skipped_duplicates"] += 1
-                    continue
-                if home.get(name, partition) != partition or (
-                        name not in home and partition_for(name, self.settings.partitions)
-                        != partition):
-                    m["misrouted_skipped"] += 1
-                    continue
-                cs = self._counter(buf, name)
+                cs = self._first_row(buf, partition, offset, name, n_event, ps, done, m)
                 if cs is None:
-                    start = start_ticks.get(name)
-                    if start is None:
-                        if not self.settings.allow_undeclared:
-                            m["undeclared_skipped"] += 1
-                            continue
-                        # An undeclared counter starts at its first event's tick (or the
-                        # first open tick): the documented cost of allow_undeclared.
-                        start = max(n_event, ps.frontier + 1)
-                    elif n_event < start:
-                        m["before_start_skipped"] += 1
-                        continue
-                    cs = self._new_counter(name, start)
-                elif cs.last_offset >= offset:
-                    done.add(name)
-                    m["skipped_duplicates"] += 1
                     continue
-                cs.last_offset = offset
                 applying[name] = cs
-                self._stage_counter(buf, name, cs)
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -548,21 +522,63 @@ class Operator:
         m["late_events"] += late
         m["counters_touched"] += len(applying)
         if applying:
-            wheel = self._wheel(buf, partition)
-            for name, cs in applying.items():
-                if cs.filed_due is None:
-                    due = self.due_tick(cs)
-                else:
-                    # Events only add pending arrivals, so the new due tick is
-                    # min(old due, earliest pending), and the counter is already filed
-                    # at or before its old due: it needs filing only if its earliest
-                    # pending tick is earlier still (no mechanism.next_due() call).
-                    due = min(cs.pending) if cs.pending else cs.filed_due
-                if cs.filed_due is None or due < cs.filed_due:
-                    wheel.file(name, due)
-                    cs.filed_due = due
+            self._file_applied(buf, partition, applying)
         if seen_changed:
             self._stage_partition(buf, partition, ps)
+
+    def _first_row(self, buf: BufferedStore, partition: int, offset: int, name: str,
+                   n_event: int, ps: PartitionState, done: set[str],
+                   m: dict[str, int]) -> CounterState | None:
+        """The state the event record at `offset` is applied to at its first row of
+        `name` (made if the counter has none, staged), or None when the record skips the
+        counter (counted in `m`; `done`: applied to it before a crash)."""
+        if name in done:
+            m["skipped_duplicates"] += 1
+            return None
+        home = self._home
+        if home.get(name, partition) != partition or (
+                name not in home and partition_for(name, self.settings.partitions)
+                != partition):
+            m["misrouted_skipped"] += 1
+            return None
+        cs = self._counter(buf, name)
+        if cs is None:
+            start = self._start_ticks.get(name)
+            if start is None:
+                if not self.settings.allow_undeclared:
+                    m["undeclared_skipped"] += 1
+                    return None
+                # An undeclared counter starts at its first event's tick (or the
+                # first open tick): the documented cost of allow_undeclared.
+                start = max(n_event, ps.frontier + 1)
+            elif n_event < start:
+                m["before_start_skipped"] += 1
+                return None
+            cs = self._new_counter(name, start)
+        elif cs.last_offset >= offset:
+            done.add(name)
+            m["skipped_duplicates"] += 1
+            return None
+        cs.last_offset = offset
+        self._stage_counter(buf, name, cs)
+        return cs
+
+    def _file_applied(self, buf: BufferedStore, partition: int,
+                      applying: Mapping[str, CounterState]) -> None:
+        """File the counters an event record was applied to in the due wheel."""
+        wheel = self._wheel(buf, partition)
+        for name, cs in applying.items():
+            if cs.filed_due is None:
+                due = self.due_tick(cs)
+            else:
+                # Events only add pending arrivals, so the new due tick is
+                # min(old due, earliest pending), and the counter is already filed
+                # at or before its old due: it needs filing only if its earliest
+                # pending tick is earlier still (no mechanism.next_due() call).
+                due = min(cs.pending) if cs.pending else cs.filed_due
+            if cs.filed_due is None or due < cs.filed_due:
+                wheel.file(name, due)
+                cs.filed_due = due
 
     def _apply_marker(self, buf: BufferedStore, partition: int, offset: int, n: int,
                       out: Output) -> None:
