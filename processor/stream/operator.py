@@ -36,10 +36,10 @@ counter a second time under another creation (AnnouncedCounterError): its ticks 
 published already. A counter restored from state keeps its mechanism, epsilon and delta;
 when they differ from the settings the operator refuses (ParameterChangeError,
 `ConfiguredProvenance.check_parameters`, the one place) unless on_parameter_change =
-"keep". The state is bound to the noise key: the
-partition and counter values carry the key's public fingerprint, and a key that is not
-the stored one is refused (KeyMismatchError, `_check_key`, the one place) before
-anything of the record is published.
+"keep". The state is bound to the noise key: the partition and counter values carry the
+key's public fingerprint, and a key that is not the stored one is refused
+(KeyMismatchError, `_check_key`, the one place) before anything of the record is
+published.
 
 Ledger. A counter's ledger entries explain every fingerprint its releases carry: the
 "created" entry at the marker that creates it, and a "reconfigured" entry whenever the
