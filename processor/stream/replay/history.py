@@ -38,7 +38,7 @@ from processor.stream.replay.report import Difference, RecordKey
 
 @dataclass
 class LedgerHistory:
-    """What the published ledger says each counter ran under (the package docstring): the
+    """What the published ledger says each counter ran under (module docstring): the
     parameters and fingerprint of its creation, and its fingerprints by since_tick. Only
     entries of this deployment's key are used; `problems` lists the entries replay could
     not use ("inconsistent" differences, with the reason)."""
