@@ -20,9 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "processor"
 
 #: Private names still imported across modules by files other changes were editing when
-#: this test came in; each entry goes when its import does (issue 19 item 1 is replay's).
-KNOWN_PRIVATE_IMPORTS = {("processor/stream/replay.py", "processor.stream.operator",
-                          "_calibration")}
+#: this test came in; each entry goes when its import does.
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 #: Core modules whose in-function imports are deliberate: the registry builds its table on
 #: first use so that `count --help` stays light.
 LAZY_CORE = {"processor/core/registry.py"}

@@ -10,14 +10,12 @@ traceback.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from importlib import import_module, metadata
 from pathlib import Path
-from typing import NoReturn
 
 from processor import errors
 from processor.commandline import PROG, dispatching
@@ -122,7 +120,7 @@ def render_help(command: str, columns: int = 80) -> str:
     os.environ["COLUMNS"] = str(columns)  # argparse's width comes from the terminal size
     try:
         # --help exits 0 after printing: suppressed.
-        with (contextlib.redirect_stdout(out), _dispatch(command, PROG),
+        with (contextlib.redirect_stdout(out), dispatching(PROG),
               contextlib.suppress(SystemExit)):
             getattr(import_module(entry[0]), entry[1])(["--help"])
     finally:
@@ -158,42 +156,6 @@ def _cached_help(command: str, prog: str) -> str | None:
     return None if text is None else _renamed(text, prog)
 
 
-#: Commands whose module (edited elsewhere at the time of writing) still builds a plain
-#: argparse.ArgumentParser. Only while one of them runs does the dispatcher patch argparse
-#: so that their parsers behave as CommandParsers; a command leaves this set when its
-#: module builds a CommandParser, and the patch goes with the last one.
-_PLAIN_PARSERS = frozenset({"replay"})
-
-
-def _raise_usage(self: argparse.ArgumentParser, message: str) -> NoReturn:
-    raise UsageError(self.prog, message)
-
-
-@contextlib.contextmanager
-def _dispatch(command: str, prog: str) -> Iterator[None]:
-    """The dispatcher's parser policy (processor.commandline) while `command` runs."""
-    with dispatching(prog):
-        if command not in _PLAIN_PARSERS:
-            yield
-            return
-        error, init = argparse.ArgumentParser.error, argparse.ArgumentParser.__init__
-
-        def patched_init(parser: argparse.ArgumentParser, *args: object,
-                         **kwargs: object) -> None:
-            kwargs["allow_abbrev"] = False
-            init(parser, *args, **kwargs)  # type: ignore[arg-type]
-            if prog != PROG and parser.prog.startswith(PROG):
-                parser.prog = prog + parser.prog[len(PROG):]
-
-        argparse.ArgumentParser.error = _raise_usage  # type: ignore[method-assign]
-        argparse.ArgumentParser.__init__ = patched_init  # type: ignore[method-assign,assignment]
-        try:
-            yield
-        finally:
-            argparse.ArgumentParser.error = error  # type: ignore[method-assign]
-            argparse.ArgumentParser.__init__ = init  # type: ignore[method-assign]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: sys.argv[1:]) to its subcommand under one error policy:
     a usage error or any exception is one `error:` line on stderr and exit code 2 (usage
@@ -218,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(cached)
             return 0
     try:
-        with _dispatch(cmd, prog):
+        with dispatching(prog):
             func: Callable[[list[str]], int | None] = getattr(import_module(entry[0]),
                                                               entry[1])
             return int(func(rest) or 0)

@@ -670,7 +670,7 @@ class Worker:
         if self._last_marker is None:
             # Never a second marker through a tick the timeline already has one for (say
             # after a restart within one tick): a counter's creation is identified by its
-            # marker (operator._creation_tag), and a restart after a loss of state must
+            # marker (identity.creation_tag), and a restart after a loss of state must
             # not meet the marker that created its counters again.
             self._last_marker = await asyncio.get_running_loop().run_in_executor(
                 None, last_marker, kafka_io.base_config(self.settings), self.timeline_name)

@@ -27,17 +27,20 @@ next heartbeat. Counters are processed in name order, never in arrival order.
 Releases: a "change" record when y changes, a "heartbeat" otherwise at every tick with
 (t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only.
 
-Identity. A new counter's mechanism is keyed by `noise_identity` (app id, topics,
-configuration fingerprint, key fingerprint: the one definition) and its name. Its ledger
-entry names the key (`key_id`) and this creation (`creation`, from markers only). Given
-what the ledger announced (`announced`), the operator refuses to make a counter a second
-time under another creation (AnnouncedCounterError): its ticks were published already.
-A counter restored from state keeps its mechanism, epsilon and delta; when they differ
-from the settings the operator refuses (ParameterChangeError, `_check_parameters`, the
-one place) unless on_parameter_change = "keep". The state is bound to the noise key: the
-partition and counter values carry the key's public fingerprint, and a key that is not
-the stored one is refused (KeyMismatchError, `_check_key`, the one place) before
-anything of the record is published.
+Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
+worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
+`identity.noise_identity` (app id, topics, configuration fingerprint, key fingerprint: the
+one definition) and its name; replay answers from the ledger. Its ledger entry names the
+key (`key_id`) and this creation (`creation`: `identity.creation_tag`, from markers
+only). Given what the ledger announced (`announced`), the operator refuses to make a
+counter a second time under another creation (AnnouncedCounterError): its ticks were
+published already. A counter restored from state keeps its mechanism, epsilon and delta;
+when they differ from the settings the operator refuses (ParameterChangeError,
+`ConfiguredProvenance.check_parameters`, the one place) unless on_parameter_change =
+"keep". The state is bound to the noise key: the partition and counter values carry the
+key's public fingerprint, and a key that is not the stored one is refused
+(KeyMismatchError, `_check_key`, the one place) before anything of the record is
+published.
 
 Ledger. A counter's ledger entries explain every fingerprint its releases carry: the
 "created" entry at the marker that creates it, and a "reconfigured" entry whenever the
@@ -58,12 +61,9 @@ an event whose input offset is at or below it.
 from __future__ import annotations
 
 import hashlib
-import importlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
-
-import orjson
 
 from processor.core.api import Counter
 from processor.core.errors import StateFormatError
@@ -72,6 +72,8 @@ from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
 from processor.stream.clock import TOLERANCE_MS
 from processor.stream.config import Settings
+from processor.stream.identity import calibration_of, creation_tag, key_fingerprint
+from processor.stream.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
 from processor.stream.records import (
     EventRows,
     LedgerEntry,
@@ -136,71 +138,6 @@ class Output:
     sealed_through: int | None = None
 
 
-def key_fingerprint(key: NoiseKey) -> str:
-    """The public identifier of the noise key (HMAC-SHA256(key, "fingerprint"), 16 hex
-    digits: `NoiseKey.fingerprint`): it names the key in the ledger and in the noise
-    identity without revealing anything about its bytes."""
-    return key.fingerprint()
-
-
-def noise_identity(settings: Settings, key: NoiseKey, fingerprint: str | None = None) -> str:
-    """THE noise identity of a deployment: everything that defines the computation whose
-    noise it keys. The deployment (app id and the five topic names: another deployment is
-    another computation, even with the same key), the privacy configuration (the
-    fingerprint: mechanism, eps, delta, tick, declared counters...) and the key's public
-    fingerprint. Any change draws unrelated noise, so noise is never shared by two
-    computations on different data (whose difference would cancel it). Public: a hash of
-    public values (32 hex digits), never key bytes. Bootstrap servers are left out on
-    purpose: workers (and replay) of one deployment may reach the cluster by other names,
-    and they must all draw the same noise. `fingerprint` (default the settings' own): an
-    earlier configuration of this deployment, as its ledger entries name it (replay)."""
-    t = settings.topics
-    parts = {
-        "v": 1,
-        "app_id": settings.app_id,
-        "topics": [t.input, t.timeline, t.counts, t.ledger, t.deadletter],
-        "config": settings.fingerprint() if fingerprint is None else fingerprint,
-        "key_id": key_fingerprint(key),
-    }
-    return hashlib.sha256(b"dpc/noise-identity/" + orjson.dumps(
-        parts, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
-
-
-class _CalibratedRegistry:
-    """The core registry (a CounterFactory) making counters under the configured
-    calibration; a restored counter keeps the one stored in its state."""
-
-    def __init__(self, calibration: str) -> None:
-        self._registry = importlib.import_module("processor.core.registry")
-        self._calibration = calibration
-
-    def make(self, name: str, eps: float, delta: float, key: NoiseKey,
-             counter_id: str) -> Counter:
-        made: Counter = self._registry.make(name, eps, delta, key, counter_id,
-                                            calibration=self._calibration)
-        return made
-
-    def restore(self, data: bytes, key: NoiseKey) -> Counter:
-        restored: Counter = self._registry.restore(data, key)
-        return restored
-
-
-def _calibration(c: Counter) -> str:
-    """The calibration a counter runs under ("paper" for mechanisms without one)."""
-    return str(getattr(c, "calibration", "paper"))
-
-
-def counter_id(identity: str, counter: str) -> str:
-    """The label a counter's mechanism is keyed by: its name under the noise identity."""
-    return f"{identity}/{counter}"
-
-
-def counter_id_for(settings: Settings, key: NoiseKey, counter: str) -> str:
-    """counter_id(noise_identity(settings, key), counter): what a new counter of this
-    deployment is keyed by (a counter restored from state keeps the id it was made with)."""
-    return counter_id(noise_identity(settings, key), counter)
-
-
 class AnnouncedCounterError(RefusedError):
     """A counter whose ledger entry was already published but whose state is gone: making
     it again would publish a second, differently noised value for ticks already released.
@@ -237,26 +174,6 @@ class KeyMismatchError(RefusedError):
             "under existing state.")
 
 
-class ParameterChangeError(RefusedError):
-    """A counter restored from state whose mechanism, epsilon or delta differs from the
-    settings, while on_parameter_change = "refuse". Raised before anything of the record
-    is published. The counter is declared or on the ledger (a restored counter was
-    announced or will be at its first marker), the parameters are public: the message
-    names both, with the choices."""
-
-    def __init__(self, counter: str, field_name: str, stored: object,
-                 configured: object) -> None:
-        self.counter = counter
-        self.field = field_name
-        super().__init__(
-            f"{field_name}: counter {counter!r} runs with {field_name} = {stored!r} "
-            f"(its stored state) but the configuration says {configured!r}. Set "
-            f"{field_name} back to {stored!r}, or set on_parameter_change = \"keep\" to "
-            "continue every existing counter under its stored parameters (new counters "
-            "get the configured ones), or start a new deployment (new app_id and new "
-            "private-count and ledger topics) to use the new parameters for all.")
-
-
 def heartbeat_phase(settings: Settings, counter: str) -> int:
     """The public offset of a counter's heartbeats, from its (declared, public) name only."""
     h = settings.heartbeat_ticks
@@ -282,21 +199,25 @@ class Operator:
     def __init__(self, settings: Settings, key: NoiseKey, *,
                  factory: CounterFactory | None = None,
                  cache_size: int = DEFAULT_CACHE_SIZE,
-                 announced: Mapping[str, Collection[str]] | None = None) -> None:
+                 announced: Mapping[str, Collection[str]] | None = None,
+                 provenance: Provenance | None = None) -> None:
         """`announced`: what the ledger topic says was announced (counter -> creation tags
         of its entries, `records.announced_counters`). Given (the worker), a counter with a
         ledger entry is made again only as the re-execution of the very creation the entry
         records; anything else raises AnnouncedCounterError. None (replay, tests): no
-        ledger to check against."""
+        ledger to check against. `factory` restores counters from state (default the core
+        registry); `provenance` says what a counter runs under (default the configuration,
+        with mechanisms of `factory`; replay's comes from the ledger)."""
         self.settings = settings
         self.key = key
-        self.noise_id = noise_identity(settings, key)
         self.key_id = key_fingerprint(key)
         self._announced: dict[str, set[str]] | None = (
             None if announced is None else {c: set(t) for c, t in announced.items()})
-        # The registry is imported lazily so that tests can inject a fake factory.
         self.factory: CounterFactory = (
-            factory if factory is not None else _CalibratedRegistry(settings.calibration))
+            factory if factory is not None else CalibratedRegistry(settings.calibration))
+        self.provenance: Provenance = (
+            provenance if provenance is not None
+            else ConfiguredProvenance(settings, key, self.factory))
         self.fingerprint = settings.fingerprint()
         self._tick_ms = settings.tick_ms
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
@@ -324,8 +245,6 @@ class Operator:
         # The timeline offset of the record being applied (a staged partition value
         # reflects it: PartitionState.applied).
         self._offset = -1
-        # (mechanism, eps, delta) of a new counter: `_check_parameters`.
-        self._configured: tuple[str, float, float] | None = None
 
     # -- public entry points
 
@@ -423,7 +342,7 @@ class Operator:
         # Declared names are public; an undeclared one is input until announced.
         self._check_key(counter_key(name) if name in self._start_ticks
                         else "c/(an undeclared counter)", cs.key_id)
-        self._check_parameters(name, cs)
+        self.provenance.check_parameters(name, cs.mechanism)
 
     def _check_key(self, store_key: str, stored: str | None) -> None:
         """THE check of the noise key against decoded state (partition and counter values
@@ -432,69 +351,14 @@ class Operator:
         if stored != self.key_id:
             raise KeyMismatchError(store_key, str(stored), self.key_id)
 
-    def _check_parameters(self, name: str, cs: CounterState) -> None:
-        """THE check of a restored counter's parameters against the settings (a decoded
-        state enters the cache only through here). A counter keeps the mechanism, epsilon
-        and delta it was made and announced with: its state (noise positions, schedule)
-        means nothing under others. With on_parameter_change = "refuse" (the default) a
-        difference stops the worker (ParameterChangeError); with "keep" the counter
-        continues under its stored parameters, and its releases say so (they are taken
-        from the running instance). Not "restart": a fresh instance would republish ticks
-        already released, with new noise, which the ledger refusal forbids."""
-        if self.settings.on_parameter_change == "keep":
-            return
-        c = cs.mechanism
-        mechanism, eps, delta = self._configured_parameters()
-        for fname, stored, configured in (("mechanism", c.mechanism, mechanism),
-                                          ("epsilon", c.eps, eps),
-                                          ("delta", c.delta, delta),
-                                          ("calibration", _calibration(c),
-                                           self.settings.calibration)):
-            if stored != configured:
-                # Declared names are public; an undeclared one is input until announced.
-                shown = name if name in self._start_ticks else "(undeclared)"
-                raise ParameterChangeError(shown, fname, stored, configured)
-
-    def _configured_parameters(self) -> tuple[str, float, float]:
-        """(mechanism, eps, delta) a new counter of these settings runs with, read off one
-        instance the factory makes (a throwaway key: nothing of it is kept or published)."""
-        if self._configured is None:
-            s = self.settings
-            new = self.factory.make(s.mechanism, s.epsilon, s.delta,
-                                    NoiseKey(b"dpc/parameter-check/throwaway-key"), "check")
-            self._configured = (new.mechanism, new.eps, new.delta)
-        return self._configured
 
     def _new_counter(self, name: str, start_tick: int) -> CounterState:
         """A fresh counter state (not announced: its ledger entry waits for a marker)."""
         s = self.settings
-        mech = self._make_mechanism(name)
+        mech = self.provenance.make_mechanism(name)
         return CounterState(mech, start_tick,
                             next_heartbeat(0, self._phase(name), s.heartbeat_ticks),
                             key_id=self.key_id)
-
-    # -- what a counter runs under (replay.HistoryOperator takes these from the ledger)
-
-    def _make_mechanism(self, name: str) -> Counter:
-        """The mechanism of a new counter: the configured one, keyed by its name under
-        this deployment's noise identity."""
-        s = self.settings
-        return self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
-                                 counter_id(self.noise_id, name))
-
-    def _creation_identity(self, name: str) -> str:
-        """The noise identity a creation of `name` is tagged under."""
-        return self.noise_id
-
-    def _fingerprint_at(self, name: str, t: int) -> str:
-        """The configuration fingerprint a release of `name` at local tick t carries."""
-        return self.fingerprint
-
-    def _runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
-        """Whether `c` runs with the parameters the configuration of `fingerprint` gives
-        a new counter (a ledger entry's `parameters`)."""
-        return ((c.mechanism, c.eps, c.delta) == self._configured_parameters()
-                and _calibration(c) == self.settings.calibration)
 
     def _phase(self, name: str) -> int:
         phase = self._phases.get(name)
@@ -535,7 +399,7 @@ class Operator:
                 wheel.file(name, start)
         return wheel
 
-    def _due(self, cs: CounterState) -> int:
+    def due_tick(self, cs: CounterState) -> int:
         """A global tick at or before the next one at which `cs` has anything to do."""
         start = cs.start_tick
         due = start + cs.next_heartbeat - 1
@@ -569,7 +433,6 @@ class Operator:
         seen_changed = False
         tick_ms = self._tick_ms
         start_ticks = self._start_ticks
-        home = self._home
         # Counters this record is applied to, and those it was applied to before a crash.
         applying: dict[str, CounterState] = {}
         done: set[str] = set()
@@ -598,35 +461,10 @@ class Operator:
             n_event = ts_ms // tick_ms
             cs = applying.get(name)
             if cs is None:
-                if name in done:
-                    m["skipped_duplicates"] += 1
-                    continue
-                if home.get(name, partition) != partition or (
-                        name not in home and partition_for(name, self.settings.partitions)
-                        != partition):
-                    m["misrouted_skipped"] += 1
-                    continue
-                cs = txn.load(self._counters, name)
+                cs = self._first_row(txn, partition, offset, name, n_event, ps, done, m)
                 if cs is None:
-                    start = start_ticks.get(name)
-                    if start is None:
-                        if not self.settings.allow_undeclared:
-                            m["undeclared_skipped"] += 1
-                            continue
-                        # An undeclared counter starts at its first event's tick (or the
-                        # first open tick): the documented cost of allow_undeclared.
-                        start = max(n_event, ps.frontier + 1)
-                    elif n_event < start:
-                        m["before_start_skipped"] += 1
-                        continue
-                    cs = self._new_counter(name, start)
-                elif cs.last_offset >= offset:
-                    done.add(name)
-                    m["skipped_duplicates"] += 1
                     continue
-                cs.last_offset = offset
                 applying[name] = cs
-                txn.stage(self._counters, name, cs)
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -645,21 +483,63 @@ class Operator:
         m["late_events"] += late
         m["counters_touched"] += len(applying)
         if applying:
-            wheel = self._wheel(txn, partition)
-            for name, cs in applying.items():
-                if cs.filed_due is None:
-                    due = self._due(cs)
-                else:
-                    # Events only add pending arrivals, so the new due tick is
-                    # min(old due, earliest pending), and the counter is already filed
-                    # at or before its old due: it needs filing only if its earliest
-                    # pending tick is earlier still (no mechanism.next_due() call).
-                    due = min(cs.pending) if cs.pending else cs.filed_due
-                if cs.filed_due is None or due < cs.filed_due:
-                    wheel.file(name, due)
-                    cs.filed_due = due
+            self._file_applied(txn, partition, applying)
         if seen_changed:
             self._stage_partition(txn, partition, ps)
+
+    def _first_row(self, txn: PartitionTransaction, partition: int, offset: int, name: str,
+                   n_event: int, ps: PartitionState, done: set[str],
+                   m: dict[str, int]) -> CounterState | None:
+        """The state the event record at `offset` is applied to at its first row of
+        `name` (made if the counter has none, staged), or None when the record skips the
+        counter (counted in `m`; `done`: applied to it before a crash)."""
+        if name in done:
+            m["skipped_duplicates"] += 1
+            return None
+        home = self._home
+        if home.get(name, partition) != partition or (
+                name not in home and partition_for(name, self.settings.partitions)
+                != partition):
+            m["misrouted_skipped"] += 1
+            return None
+        cs = txn.load(self._counters, name)
+        if cs is None:
+            start = self._start_ticks.get(name)
+            if start is None:
+                if not self.settings.allow_undeclared:
+                    m["undeclared_skipped"] += 1
+                    return None
+                # An undeclared counter starts at its first event's tick (or the
+                # first open tick): the documented cost of allow_undeclared.
+                start = max(n_event, ps.frontier + 1)
+            elif n_event < start:
+                m["before_start_skipped"] += 1
+                return None
+            cs = self._new_counter(name, start)
+        elif cs.last_offset >= offset:
+            done.add(name)
+            m["skipped_duplicates"] += 1
+            return None
+        cs.last_offset = offset
+        txn.stage(self._counters, name, cs)
+        return cs
+
+    def _file_applied(self, txn: PartitionTransaction, partition: int,
+                      applying: Mapping[str, CounterState]) -> None:
+        """File the counters an event record was applied to in the due wheel."""
+        wheel = self._wheel(txn, partition)
+        for name, cs in applying.items():
+            if cs.filed_due is None:
+                due = self.due_tick(cs)
+            else:
+                # Events only add pending arrivals, so the new due tick is
+                # min(old due, earliest pending), and the counter is already filed
+                # at or before its old due: it needs filing only if its earliest
+                # pending tick is earlier still (no mechanism.next_due() call).
+                due = min(cs.pending) if cs.pending else cs.filed_due
+            if cs.filed_due is None or due < cs.filed_due:
+                wheel.file(name, due)
+                cs.filed_due = due
 
     def _apply_marker(self, txn: PartitionTransaction, partition: int, offset: int, n: int,
                       out: Output) -> None:
@@ -693,7 +573,7 @@ class Operator:
                 if cs.filed_due is not None:
                     wheel.file(name, cs.filed_due)
                 continue
-            due = self._due(cs)
+            due = self.due_tick(cs)
             if due > n:
                 # A stale entry: nothing to do yet. Re-file it only if the entry it is
                 # filed under is one this marker took. The marker counts as applied to
@@ -709,7 +589,7 @@ class Operator:
             if cs.frontier < n:
                 self._seal(name, cs, n, out)
             cs.last_offset = offset
-            due = self._due(cs)
+            due = self.due_tick(cs)
             wheel.file(name, due)
             cs.filed_due = due
             txn.stage(self._counters, name, cs)
@@ -729,7 +609,7 @@ class Operator:
         a partition sealed through `frontier` before it), unless the ledger already
         announced it under another creation (AnnouncedCounterError: raised before anything
         of this record is published, so nothing is republished)."""
-        tag = self._creation_tag(name, n, frontier)
+        tag = creation_tag(self.provenance.creation_identity(name), name, n, frontier)
         if self._announced is not None:
             seen = self._announced.get(name)
             if seen is not None and tag not in seen:
@@ -747,34 +627,17 @@ class Operator:
         counter, the stored ones for a restored counter (`parameters` says which)."""
         s = self.settings
         c = cs.mechanism
-        fingerprint = self._fingerprint_at(name, since_tick)
+        fingerprint = self.provenance.fingerprint_at(name, since_tick)
         # A new counter runs with the configured parameters by construction.
-        same = entry == "created" or self._runs_configured(name, c, fingerprint)
+        same = entry == "created" or self.provenance.runs_configured(name, c, fingerprint)
         cs.ledger_fingerprint = fingerprint
         return LedgerEntry(
             counter=name, mechanism=c.mechanism, epsilon=c.eps,
             delta=c.delta, tick_ms=s.tick_ms,
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
-            parameters="configured" if same else "stored", calibration=_calibration(c),
+            parameters="configured" if same else "stored", calibration=calibration_of(c),
             **unit_ledger_fields(s))
-
-    def _creation_tag(self, name: str, n: int, frontier: int) -> str:
-        """The public tag of ONE creation of a counter (sha256, 32 hex digits): the noise
-        identity, the counter, the marker that creates it (sealed through n) and the
-        partition's frontier before that marker. Markers and public configuration only,
-        like every public record (issue 8 item 1): no event changes it.
-
-        Re-executing that marker after a crash (ledger entry acknowledged, state not yet
-        written) applies it to the same stored partition state: the same tag, and the same
-        records. After a loss of state the partition starts from no frontier and the
-        worker resumes past the creating marker, so a creation happens under another
-        (frontier, n), or another identity: another tag, refused. A counter created by a
-        partition's very first marker would meet its tag again at a second marker through
-        the same tick: a worker never appends one (`app.last_marker`); what is left is in
-        docs/privacy-notes.md."""
-        msg = orjson.dumps([self._creation_identity(name), name, n, frontier])
-        return hashlib.sha256(b"dpc/creation/" + msg).hexdigest()[:32]
 
     # -- the queue and the ticks
 
@@ -858,7 +721,7 @@ class Operator:
                  kind: Literal["change", "heartbeat"], out: Output) -> None:
         s = self.settings
         c = cs.mechanism
-        fingerprint = self._fingerprint_at(name, t)
+        fingerprint = self.provenance.fingerprint_at(name, t)
         if cs.ledger_fingerprint != fingerprint:
             # The configuration changed under this counter's state: its first release under
             # the new fingerprint is preceded by the entry that explains it (published

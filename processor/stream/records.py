@@ -194,9 +194,9 @@ class LedgerEntry:
     contribution_bound: int = 1
     fingerprint: str = ""
     grid_bits: int = GRID_BITS
-    #: The public fingerprint of the noise key (`operator.key_fingerprint`), never the key.
+    #: The public fingerprint of the noise key (`identity.key_fingerprint`), never the key.
     key_id: str = ""
-    #: The public tag of this creation of the counter (`Operator._creation_tag`): a
+    #: The public tag of this creation of the counter (`identity.creation_tag`): a
     #: restarted worker re-creates an announced counter only under the same tag.
     creation: str = ""
     #: "created" (the counter's first entry, at the marker that creates it) or

@@ -10,7 +10,8 @@ import pytest
 from processor.core.grid import to_units
 from processor.core.rng import NoiseKey
 from processor.stream.config import ConfigError, Settings, validate_settings, with_overrides
-from processor.stream.operator import Operator, ParameterChangeError
+from processor.stream.operator import Operator
+from processor.stream.provenance import ParameterChangeError
 from processor.stream.records import Event, LedgerEntry, encode_batch, encode_marker
 from processor.stream.state import DictStore
 

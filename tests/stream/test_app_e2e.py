@@ -37,7 +37,8 @@ from processor.devtools.deployment import Deployment, write_config
 from processor.keyfile import read_key, write_key
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import counter_id_for, is_heartbeat_tick
+from processor.stream.identity import counter_id_for
+from processor.stream.operator import is_heartbeat_tick
 from processor.stream.records import (
     REASONS,
     USER_MODE_REASONS,

@@ -295,7 +295,7 @@ def test_checkpoints_between_batches_equal_a_checkpoint_per_batch() -> None:
 class AlwaysDue(Operator):
     """The reference: every counter is due at every marker (seals everything)."""
 
-    def _due(self, cs: CounterState) -> int:
+    def due_tick(self, cs: CounterState) -> int:
         return cs.frontier + 1
 
 

@@ -27,13 +27,8 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
-from processor.stream.operator import (
-    Operator,
-    Output,
-    counter_id_for,
-    key_fingerprint,
-    noise_identity,
-)
+from processor.stream.identity import counter_id_for, key_fingerprint, noise_identity
+from processor.stream.operator import Operator, Output
 from processor.stream.records import Event, Release, encode_batch, encode_marker
 from processor.stream.state import DictStore
 

@@ -27,12 +27,12 @@ from processor.core.grid import UNIT, to_units
 from processor.core.rng import NoiseKey
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
+from processor.stream.identity import counter_id_for
 from processor.stream.operator import (
     DEFAULT_CACHE_SIZE,
     AnnouncedCounterError,
     Operator,
     Output,
-    counter_id_for,
     is_heartbeat_tick,
 )
 from processor.stream.records import (
@@ -489,7 +489,7 @@ def test_marker_touches_only_due_counters() -> None:
     assert run.metrics["counters_touched"] == 10_000 + 1 + 1  # marker 0, event, marker 4
 
     class AlwaysDue(Operator):
-        def _due(self, cs: CounterState) -> int:
+        def due_tick(self, cs: CounterState) -> int:
             return cs.frontier + 1
 
     store2 = CountingStore()
@@ -1069,7 +1069,7 @@ def test_changed_parameters_under_existing_state_are_refused_in_one_place(
     counter), before anything of the record is published or written. Control: with
     on_parameter_change = "keep" the counter continues and its releases and the ledger
     entry carry the stored parameters, never the configured ones."""
-    from processor.stream.operator import ParameterChangeError
+    from processor.stream.provenance import ParameterChangeError
 
     s = settings({"a": 0}, heartbeat_ticks=2)
     store, first = _first_life(s)

@@ -1,4 +1,4 @@
-"""Replay, the audit (processor/stream/replay.py; docs/replay.md).
+"""Replay, the audit (processor/stream/replay/; docs/replay.md).
 
 Against the real broker, one deployment through its life: replay says identical while a
 worker runs under load, after a kill -9 (the worker dead), and after a clean stop (the
@@ -33,11 +33,11 @@ from processor.stream.replay import (
     Recomputed,
     ReplayReport,
     Tally,
-    _StderrProgress,
     compare,
     main_replay,
     recompute_timeline,
 )
+from processor.stream.replay.cli import StderrProgress
 from processor.stream.state import DictStore
 
 
@@ -272,10 +272,10 @@ def test_json_verdict_and_progress_lines(capsys: pytest.CaptureFixture[str]) -> 
                                           "detail": "due but not published"}]
     assert report.summary().startswith("DIFFERENT (1 differences")
 
-    progress = _StderrProgress(every_s=0.0)
+    progress = StderrProgress(every_s=0.0)
     progress("read", 10, 100)
     progress("recomputed", 100, 100)
-    quiet = _StderrProgress(every_s=3600.0)
+    quiet = StderrProgress(every_s=3600.0)
     quiet("read", 1, 100)
     out, err = capsys.readouterr()
     assert out == ""
@@ -287,7 +287,7 @@ def test_parallel_recomputation_equals_the_sequential_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Partitions recomputed in forked processes give the very records of one process
     (the registry's real mechanisms, two partitions, a committed split in each)."""
-    from processor.stream import replay as replay_module
+    from processor.stream.replay import recompute as replay_module
 
     forked: list[int] = []
     parallel = replay_module._recompute_parallel

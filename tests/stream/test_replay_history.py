@@ -1,5 +1,5 @@
-"""Replay across configuration changes (processor/stream/replay.py, LedgerHistory and
-HistoryOperator; docs/replay.md, "What replay needs").
+"""Replay across configuration changes (processor/stream/replay/: LedgerHistory and
+LedgerProvenance; docs/replay.md, "What replay needs").
 
 A worker (BatchCommit over the operator, as app.py runs it) lives through configuration
 changes under its state: epsilon changed with on_parameter_change = "keep", the
@@ -187,7 +187,7 @@ def test_a_counter_declared_after_its_start_is_created_where_the_worker_created_
     creating marker by the ledger's creation tag and the restart's position by which
     candidate's records were published: identical in all three. Control: one operator
     declaring d from the start (no placement) differs, on d only."""
-    from processor.stream.replay import HistoryOperator
+    from processor.stream.replay import ledger_operator
 
     s1 = _base()
     s2 = with_overrides(s1, counters={"a": 0, "b": 0, "d": 0}, epsilon=500.0,
@@ -207,7 +207,7 @@ def test_a_counter_declared_after_its_start_is_created_where_the_worker_created_
     led = [e.to_json() for e in life.ledger]
     h = ledger_history(s2, KEY, led, [r.to_json() for r in life.releases])
     plain = recompute_timeline(s2, KEY, {0: life.timeline}, {0: len(life.timeline)},
-                               operator=HistoryOperator(s2, KEY, h))
+                               operator=ledger_operator(s2, KEY, h))
     _rel, _led, diffs = compare(plain, [r.to_json() for r in life.releases], led, h)
     assert diffs and {d.key[0] for d in diffs} == {"d"}
 

@@ -1,0 +1,171 @@
+"""Provenance: what a counter runs under, the one seam between the operator and replay.
+
+The operator asks a `Provenance` how a new counter's mechanism is made, the noise
+identity its creation is tagged under, the configuration fingerprint its release at a
+tick carries, whether a mechanism runs with the parameters a configuration gives a new
+counter (a ledger entry's `parameters` label), and whether a restored counter may go on
+at all (`check_parameters`). The worker answers from its one configuration
+(`ConfiguredProvenance`, the operator's default); replay answers from what the published
+ledger says each counter ran under (`replay.history.LedgerProvenance`). Everything else
+the operator does is the same code for both.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Protocol
+
+from processor.core.api import Counter
+from processor.core.rng import NoiseKey
+from processor.errors import RefusedError
+from processor.stream.config import Settings
+from processor.stream.identity import (
+    calibration_of,
+    counter_id,
+    key_fingerprint,
+    noise_identity,
+)
+from processor.stream.state import CounterFactory
+
+#: (mechanism, epsilon, delta, calibration) a counter runs with.
+Parameters = tuple[str, float, float, str]
+
+#: The names the parameter check and its error give the fields of `Parameters`.
+PARAMETER_FIELDS = ("mechanism", "epsilon", "delta", "calibration")
+
+
+def parameters_of(c: Counter) -> Parameters:
+    """The parameters a mechanism instance runs with."""
+    return (c.mechanism, c.eps, c.delta, calibration_of(c))
+
+
+class ParameterChangeError(RefusedError):
+    """A counter restored from state whose mechanism, epsilon or delta differs from the
+    settings, while on_parameter_change = "refuse". Raised before anything of the record
+    is published. The counter is declared or on the ledger (a restored counter was
+    announced or will be at its first marker), the parameters are public: the message
+    names both, with the choices."""
+
+    def __init__(self, counter: str, field_name: str, stored: object,
+                 configured: object) -> None:
+        self.counter = counter
+        self.field = field_name
+        super().__init__(
+            f"{field_name}: counter {counter!r} runs with {field_name} = {stored!r} "
+            f"(its stored state) but the configuration says {configured!r}. Set "
+            f"{field_name} back to {stored!r}, or set on_parameter_change = \"keep\" to "
+            "continue every existing counter under its stored parameters (new counters "
+            "get the configured ones), or start a new deployment (new app_id and new "
+            "private-count and ledger topics) to use the new parameters for all.")
+
+
+class Provenance(Protocol):
+    """What a counter runs under (module docstring)."""
+
+    def make_mechanism(self, name: str) -> Counter:
+        """The mechanism of a new counter `name`."""
+        ...
+
+    def creation_identity(self, name: str) -> str:
+        """The noise identity a creation of `name` is tagged under
+        (`identity.creation_tag`)."""
+        ...
+
+    def fingerprint_at(self, name: str, t: int) -> str:
+        """The configuration fingerprint a release of `name` at local tick t carries."""
+        ...
+
+    def runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
+        """Whether `c` runs with the parameters the configuration of `fingerprint` gives
+        a new counter (a ledger entry's `parameters`: "configured" or "stored")."""
+        ...
+
+    def configured_parameters(self) -> Parameters:
+        """The parameters a new counter of the current configuration runs with."""
+        ...
+
+    def check_parameters(self, name: str, c: Counter) -> None:
+        """Raise if the restored counter `name`, running `c`, may not go on."""
+        ...
+
+
+class CalibratedRegistry:
+    """The core registry (a CounterFactory) making counters under the configured
+    calibration; a restored counter keeps the one stored in its state."""
+
+    def __init__(self, calibration: str) -> None:
+        # Imported on first use so that tests can inject a fake factory without it.
+        self._registry = importlib.import_module("processor.core.registry")
+        self._calibration = calibration
+
+    def make(self, name: str, eps: float, delta: float, key: NoiseKey,
+             counter_id: str) -> Counter:
+        made: Counter = self._registry.make(name, eps, delta, key, counter_id,
+                                            calibration=self._calibration)
+        return made
+
+    def restore(self, data: bytes, key: NoiseKey) -> Counter:
+        restored: Counter = self._registry.restore(data, key)
+        return restored
+
+
+class ConfiguredProvenance:
+    """The worker's answers: every counter is made, tagged and fingerprinted under the
+    one configuration `settings`, with the mechanisms of `factory` (default the core
+    registry under the configured calibration)."""
+
+    def __init__(self, settings: Settings, key: NoiseKey,
+                 factory: CounterFactory | None = None) -> None:
+        self.settings = settings
+        self.key = key
+        self.factory: CounterFactory = (
+            factory if factory is not None else CalibratedRegistry(settings.calibration))
+        self.noise_id = noise_identity(settings, key)
+        self.key_id = key_fingerprint(key)
+        self.fingerprint = settings.fingerprint()
+        self._configured: Parameters | None = None
+
+    def make_mechanism(self, name: str) -> Counter:
+        """The configured mechanism, keyed by `name` under this deployment's noise
+        identity."""
+        s = self.settings
+        return self.factory.make(s.mechanism, s.epsilon, s.delta, self.key,
+                                 counter_id(self.noise_id, name))
+
+    def creation_identity(self, name: str) -> str:
+        return self.noise_id
+
+    def fingerprint_at(self, name: str, t: int) -> str:
+        return self.fingerprint
+
+    def runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
+        return parameters_of(c) == self.configured_parameters()
+
+    def configured_parameters(self) -> Parameters:
+        """Mechanism, eps and delta read off one instance the factory makes (a throwaway
+        key: nothing of it is kept or published), and the configured calibration."""
+        if self._configured is None:
+            s = self.settings
+            new = self.factory.make(s.mechanism, s.epsilon, s.delta,
+                                    NoiseKey(b"dpc/parameter-check/throwaway-key"), "check")
+            self._configured = (new.mechanism, new.eps, new.delta, s.calibration)
+        return self._configured
+
+    def check_parameters(self, name: str, c: Counter) -> None:
+        """THE check of a restored counter's parameters against the settings (the
+        operator lets a decoded state into its cache only through here). A counter keeps
+        the mechanism, epsilon and delta it was made and announced with: its state (noise
+        positions, schedule) means nothing under others. With on_parameter_change =
+        "refuse" (the default) a difference stops the worker (ParameterChangeError); with
+        "keep" the counter continues under its stored parameters, and its releases say so
+        (they are taken from the running instance). Not "restart": a fresh instance would
+        republish ticks already released, with new noise, which the ledger refusal
+        forbids."""
+        if self.settings.on_parameter_change == "keep":
+            return
+        for fname, stored, configured in zip(PARAMETER_FIELDS, parameters_of(c),
+                                             self.configured_parameters(), strict=True):
+            if stored != configured:
+                # Declared names are public; an undeclared one is input until announced.
+                shown = name if name in self.settings.counters else "(undeclared)"
+                raise ParameterChangeError(shown, fname, stored, configured)

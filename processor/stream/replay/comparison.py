@@ -1,0 +1,167 @@
+"""Compare a recomputation with the published snapshots under the cut (the package
+docstring): every published record recomputed byte for byte, every due recomputed record
+published; what replay could not use of the ledger and releases no ledger entry explains
+become differences too."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from processor.stream.replay.history import LedgerHistory, ledger_dicts
+from processor.stream.replay.recompute import Recomputed
+from processor.stream.replay.report import Difference, RecordKey, Tally
+
+
+def _published(values: Iterable[bytes | None], topic: str, key_of: Callable[[Any], RecordKey],
+               diffs: list[Difference]) -> dict[RecordKey, bytes]:
+    """Published values by key; malformed and conflicting ones become differences."""
+    theirs: dict[RecordKey, bytes] = {}
+    conflicting: set[RecordKey] = set()
+    for raw in values:
+        if raw is None:
+            diffs.append(Difference(topic, ("", -1, ""), "malformed", "a tombstone"))
+            continue
+        try:
+            k = key_of(orjson.loads(raw))
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, KeyError):
+            diffs.append(Difference(topic, ("", -1, ""), "malformed",
+                                    f"not a {topic} record ({len(raw)} bytes)"))
+            continue
+        seen = theirs.get(k)
+        if seen is None:
+            theirs[k] = raw
+        elif seen != raw and k not in conflicting:
+            conflicting.add(k)
+            diffs.append(Difference(topic, k, "conflicting",
+                                    "published twice with different contents"))
+    return theirs
+
+
+def release_key(d: Any) -> RecordKey:
+    return (str(d["counter"]), int(d["tick"]), str(d["kind"]))
+
+
+def ledger_key(d: Any) -> RecordKey:
+    return (str(d["counter"]), str(d.get("creation", "")), str(d.get("fingerprint", "")))
+
+
+def field_detail(mine: bytes, theirs: bytes) -> str:
+    a, b = orjson.loads(mine), orjson.loads(theirs)
+    fields = sorted(f for f in a.keys() | b.keys() if a.get(f) != b.get(f))
+    return ", ".join(f"{f}: replay={a.get(f)!r} published={b.get(f)!r}"
+                     for f in fields) or "byte encoding differs"
+
+
+def _check(topic: str, mine: Mapping[RecordKey, bytes], committed: Collection[RecordKey],
+           due: Callable[[RecordKey], bool], theirs: Mapping[RecordKey, bytes],
+           diffs: list[Difference]) -> Tally:
+    """Compare one topic: every published record recomputed byte for byte, every due
+    recomputed record published."""
+    tally = Tally(recomputed=len(mine), committed=len(committed), published=len(theirs))
+    for k, raw in theirs.items():
+        expected = mine.get(k)
+        if expected is None:
+            diffs.append(Difference(topic, k, "unexpected", "published but not recomputed"))
+        elif expected != raw:
+            diffs.append(Difference(topic, k, "different", field_detail(expected, raw)))
+    for k in mine:
+        if due(k):
+            tally.due += 1
+            if k not in theirs:
+                diffs.append(Difference(topic, k, "missing", "due but not published"))
+        elif k not in theirs:
+            tally.pending += 1
+    return tally
+
+
+def compare(result: Recomputed, published: Iterable[bytes | None],
+            ledger: Iterable[bytes | None], history: LedgerHistory | None = None,
+            ) -> tuple[Tally, Tally, list[Difference]]:
+    """Compare a recomputation with the published snapshots under the cut (package docstring),
+    adding the ledger entries `history` could not use. Returns the release and ledger
+    tallies and every difference, sorted by topic, key."""
+    diffs: list[Difference] = []
+    ledger = list(ledger)
+    mine, settled = _recomputed(
+        "counts", [((r.counter, r.tick, r.kind), r.to_json()) for r in result.settled],
+        [((r.counter, r.tick, r.kind), r.to_json()) for r in result.unsettled], diffs)
+    theirs = _published(published, "counts", release_key, diffs)
+    covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
+    for c, t, _kind in theirs:
+        if isinstance(t, int) and t > covered.get(c, -1):
+            covered[c] = t
+
+    def release_due(k: RecordKey) -> bool:
+        t = k[1]
+        return k in settled or (isinstance(t, int) and t <= covered.get(k[0], -1))
+
+    releases = _check("counts", mine, settled, release_due, theirs, diffs)
+    _unexplained(theirs, ledger, diffs)
+
+    mine_ledger, settled_ledger = _recomputed(
+        "ledger",
+        [((e.counter, e.creation, e.fingerprint), e.to_json()) for e in result.settled_ledger],
+        [((e.counter, e.creation, e.fingerprint), e.to_json())
+         for e in result.unsettled_ledger], diffs)
+    theirs_ledger = _published(ledger, "ledger", ledger_key, diffs)
+    entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
+                           theirs_ledger, diffs)
+    if history is not None:
+        # An entry replay does not recompute at all (a forged counter) is one difference,
+        # "unexpected", with the reason it could not be used.
+        unexpected = {d.key: i for i, d in enumerate(diffs)
+                      if d.topic == "ledger" and d.problem == "unexpected"}
+        for p in history.problems:
+            i = unexpected.get(p.key)
+            if i is None:
+                diffs.append(p)
+            else:
+                diffs[i] = dataclasses.replace(diffs[i],
+                                               detail=f"{diffs[i].detail}; {p.detail}")
+    diffs.sort(key=diff_order)
+    return releases, entries_tally, diffs
+
+
+def _unexplained(theirs: Mapping[RecordKey, bytes], ledger: Iterable[bytes | None],
+                 diffs: list[Difference]) -> None:
+    """The reason behind a published release that differs or is unexpected: its
+    fingerprint is not that of an entry of its counter in force by its tick (an entry with
+    that fingerprint and since_tick <= tick, docs/downstream.md)."""
+    suspects = [d.key for d in diffs if d.topic == "counts"
+                and d.problem in ("different", "unexpected") and d.key in theirs]
+    if not suspects:
+        return
+    announced: dict[str, list[tuple[str, int]]] = {}
+    for e in ledger_dicts(ledger):
+        since = e.get("since_tick")
+        if type(since) is int:
+            announced.setdefault(e["counter"], []).append((str(e.get("fingerprint")), since))
+    for k in suspects:
+        counter, tick, _kind = k
+        fp = orjson.loads(theirs[k]).get("fingerprint")
+        if not any(f == fp and isinstance(tick, int) and since <= tick
+                   for f, since in announced.get(counter, ())):
+            diffs.append(Difference("counts", k, "unexplained",
+                                    f"fingerprint {fp!r} is not announced by a ledger entry "
+                                    f"of {counter!r} in force by tick {tick}"))
+
+
+def _recomputed(topic: str, settled: Sequence[tuple[RecordKey, bytes]],
+                unsettled: Sequence[tuple[RecordKey, bytes]], diffs: list[Difference],
+                ) -> tuple[dict[RecordKey, bytes], set[RecordKey]]:
+    """The recomputed records of one topic by key (settled first), and the keys of the
+    settled ones; a key recomputed with two different values is a difference."""
+    mine: dict[RecordKey, bytes] = {}
+    for k, raw in (*settled, *unsettled):
+        if mine.setdefault(k, raw) != raw:
+            diffs.append(Difference(topic, k, "conflicting",
+                                    "replay itself produced two different records"))
+    return mine, {k for k, _raw in settled}
+
+
+def diff_order(d: Difference) -> tuple[str, str, str, str]:
+    return (d.topic, str(d.key[0]), str(d.key[1]).zfill(20), str(d.key[2]))

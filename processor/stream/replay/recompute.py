@@ -1,0 +1,332 @@
+"""Recompute the timeline: the worker's own `commit.BatchCommit` over each partition's
+records in offset order on a `DictStore`, with a publisher that only collects, under the
+provenance the published ledger gives (`history.LedgerProvenance`), in forked processes
+when there are several partitions.
+
+One thing a restart under a new configuration does is not on the timeline: where it was.
+It matters for a counter declared after its start: the worker skipped its events until
+the restart and created it at the first marker after it. The creation tag of its ledger
+entry names that marker; the restart was after the marker before it, so replay tries
+each position in between that changes which of the counter's events count (the
+configuration without the counter before it, the current one after) and keeps the one
+whose records were published (`_late_declared`): a choice among complete
+recomputations, each from the timeline and the key, never a published value taken over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import multiprocessing
+import os
+import threading
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from processor.core.rng import NoiseKey
+from processor.stream.commit import BatchCommit, CollectingPublisher
+from processor.stream.config import Settings
+from processor.stream.identity import creation_tag
+from processor.stream.operator import Operator
+from processor.stream.records import (
+    EventRow,
+    LedgerEntry,
+    Release,
+    TimelineFormatError,
+    TimelineMarker,
+    decode_timeline_rows,
+    marker_tick,
+)
+from processor.stream.replay.history import LedgerHistory, LedgerProvenance
+from processor.stream.state import DictStore, PartitionState
+
+#: Timeline records per recomputed batch. The outputs do not depend on the batching; the
+#: cost does: state is written once per batch, but a marker walks the due ticks consumed
+#: earlier in its batch (they are deleted at the commit), which grows with the batch.
+REPLAY_BATCH: Final = 128
+
+#: Called with (stage, done, total) while replay reads and recomputes.
+Progress = Callable[[str, int, int], None]
+#: One timeline partition's (offset, value) records.
+TimelinePart = Sequence[tuple[int, bytes | None]]
+
+
+@dataclass
+class Recomputed:
+    """What the timeline recomputes to: releases and ledger entries of records below the
+    committed offsets (settled) and of later records (unsettled)."""
+
+    settled: list[Release]
+    unsettled: list[Release]
+    settled_ledger: list[LedgerEntry]
+    unsettled_ledger: list[LedgerEntry]
+    records: int
+    duplicates_dropped: int
+
+
+def default_jobs(settings: Settings) -> int:
+    """Processes for the recomputation: one per timeline partition, at most one per CPU."""
+    return max(1, min(settings.partitions, os.cpu_count() or 1))
+
+
+def ledger_operator(settings: Settings, key: NoiseKey, history: LedgerHistory) -> Operator:
+    """The worker's Operator, with each counter's parameters, noise identity and
+    fingerprints taken from `history` instead of the one configuration (a counter the
+    ledger does not know runs as `settings` say)."""
+    return Operator(settings, key, provenance=LedgerProvenance(settings, key, history))
+
+
+def _without(settings: Settings, names: Collection[str]) -> Settings:
+    """`settings` before `names` were declared (its own fingerprint: a restart under the
+    full settings files them, as the worker's restart did)."""
+    if not names:
+        return settings
+    return dataclasses.replace(settings, counters=MappingProxyType(
+        {c: s for c, s in settings.counters.items() if c not in names}))
+
+
+def _late_declared(settings: Settings, key: NoiseKey, history: LedgerHistory,
+                   records: TimelinePart, got: Recomputed,
+                   ) -> list[tuple[list[int], frozenset[str]]]:
+    """Counters declared after their start under existing state, found on one partition.
+
+    The worker creates such a counter at the first marker after its restart under the new
+    configuration (it files every declared counter without state then), having skipped
+    its earlier events as undeclared; replay, declaring it from the start, creates it
+    earlier: another creation tag than the ledger's. The marker whose tag is the ledger's
+    is the one that created it; the restart was after the marker before it. Returns, per
+    such marker (in offset order), the offsets the restart may have been at (the event
+    records of these counters in that window, then the creating marker) and the counters."""
+    recomputed = {e.counter: e.creation for e in (*got.settled_ledger, *got.unsettled_ledger)
+                  if e.entry == "created"}
+    late = [c for c, tag in recomputed.items()
+            if c in settings.counters and history.creation.get(c, tag) != tag]
+    if not late:
+        return []
+    probe = LedgerProvenance(settings, key, history)
+    markers: list[tuple[int, int, int]] = []  # (offset, n, frontier before) sealing anew
+    frontier = PartitionState().frontier
+    for off, raw in records:
+        n = marker_tick(raw)
+        if n is not None and n > frontier:
+            markers.append((off, n, frontier))
+            frontier = n
+    windows: dict[int, tuple[int, set[str]]] = {}
+    for c in late:
+        for i, (off, n, before) in enumerate(markers):
+            if creation_tag(probe.creation_identity(c), c, n, before) == history.creation[c]:
+                windows.setdefault(off, (markers[i - 1][0] if i else -1, set()))[1].add(c)
+                break
+    groups = []
+    for at, (after, names) in sorted(windows.items()):
+        positions = []
+        for off, raw in records:
+            if after < off < at and raw is not None:
+                rec = _decoded(raw)
+                if isinstance(rec, list) and any(row[0] in names for row in rec):
+                    positions.append(off)
+        groups.append(([*positions, at], frozenset(names)))
+    return groups
+
+
+def _decoded(raw: bytes) -> list[EventRow] | TimelineMarker | None:
+    try:
+        return decode_timeline_rows(raw)
+    except TimelineFormatError:
+        return None
+
+
+def _unpublished(got: Recomputed, names: Collection[str], published: Collection[bytes],
+                 ) -> int:
+    """How many recomputed records of the counters `names` were not published."""
+    mine: list[Release | LedgerEntry] = [*got.settled, *got.unsettled, *got.settled_ledger,
+                                         *got.unsettled_ledger]
+    return sum(1 for r in mine if r.counter in names and r.to_json() not in published)
+
+
+def recompute_timeline(settings: Settings, key: NoiseKey,
+                       timeline: Mapping[int, TimelinePart],
+                       settled_below: Mapping[int, int], *,
+                       operator: Operator | None = None,
+                       progress: Progress | None = None, jobs: int = 1,
+                       history: LedgerHistory | None = None,
+                       stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
+    """Run BatchCommit over each partition's (offset, value) records in offset order on a
+    DictStore (with `operator`, default the registry's mechanisms: `ledger_operator` of
+    `history`, else an Operator); what records at offsets >= settled_below[p] produce is
+    reported apart. `stamps[p][offset]`: the Kafka timestamps of (at least) the markers,
+    which the operator checks as the worker did (Operator.apply).
+
+    With jobs > 1 (no `operator` given, and no other thread running) the partitions are
+    recomputed in that many forked processes, each with its own Operator and store. The
+    result is the same: a counter lives in one partition (`records.partition_for`; a
+    record of another partition's counter is skipped), every state key belongs to one
+    partition, so the partitions never share state; the results are merged in partition
+    order."""
+    # Fork only from a single-threaded process: a lock another thread holds at the fork
+    # would stay held in the child forever.
+    if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
+        return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs,
+                                   history, stamps)
+    if operator is not None or history is None:
+        op = operator if operator is not None else Operator(settings, key)
+        return asyncio.run(_recompute(op, timeline, settled_below, progress, stamps=stamps))
+    total = sum(len(v) for v in timeline.values())
+    parts: dict[int, Recomputed] = {}
+    for p in sorted(timeline):
+        before = sum(r.records for r in parts.values())
+
+        def step(stage: str, done: int, _total: int, before: int = before) -> None:
+            if progress is not None:
+                progress(stage, before + done, total)
+
+        parts[p] = _recompute_one(settings, key, history, p, timeline[p], settled_below,
+                                  step, stamps)
+    return _merged(parts)
+
+
+def single_threaded() -> bool:
+    """Whether forking is safe: one Python thread and no librdkafka thread. Python's
+    thread count misses librdkafka's native threads (a live Kafka client has several,
+    named "rdk:..."): a fork next to them hung a child forever on a lock one of them held.
+    Linux names every thread in /proc/self/task/*/comm; elsewhere the answer is no
+    (recompute in this process). Numerical libraries' worker threads are fork-safe."""
+    if threading.active_count() != 1:
+        return False
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8",
+                      errors="replace") as f:
+                if f.read().startswith("rdk:"):
+                    return False
+    except OSError:
+        return False
+    return True
+
+
+async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
+                     settled_below: Mapping[int, int],
+                     progress: Progress | None,
+                     switches: Sequence[tuple[int, Operator]] = (),
+                     stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
+    """Records from offset o of `switches` (o, op) on go through op, as after a worker's
+    restart under another configuration (`_late_declared`)."""
+    settled = CollectingPublisher()
+    unsettled = CollectingPublisher()
+    total = sum(len(v) for v in timeline.values())
+    records = dups = 0
+    store = DictStore()
+    for p in sorted(timeline):
+        recs = sorted(timeline[p])
+        mark = settled_below.get(p, 0)
+        cuts = sorted({0, len(recs), *(
+            next((i for i, (off, _v) in enumerate(recs) if off >= o), len(recs))
+            for o in (mark, *(o for o, _op in switches)))})
+        for lo, hi in itertools.pairwise(cuts):
+            if lo == hi:
+                continue
+            part = recs[lo:hi]
+            sink = settled if part[0][0] < mark else unsettled
+            op = operator
+            for o, later in switches:
+                if part[0][0] >= o:
+                    op = later
+            commit = BatchCommit(op, store, sink)
+            for i in range(0, len(part), REPLAY_BATCH):
+                batch = [(off, v or b"") for off, v in part[i:i + REPLAY_BATCH]]
+                out = await commit.commit(p, batch, None if stamps is None else stamps.get(p))
+                records += len(batch)
+                dups += out.metrics["duplicates_dropped"]
+                if progress is not None:
+                    progress("recomputed", records, total)
+    return Recomputed(settled.releases, unsettled.releases, settled.ledger,
+                      unsettled.ledger, records, dups)
+
+
+def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | None,
+                   partition: int, records: TimelinePart, settled_below: Mapping[int, int],
+                   progress: Progress | None,
+                   stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
+    """One partition: with `history`, by `ledger_operator`s, switching configuration
+    where the ledger shows the worker did (`_late_declared`)."""
+    timeline = {partition: records}
+    if history is None:
+        return asyncio.run(_recompute(Operator(settings, key), timeline, settled_below,
+                                      progress, stamps=stamps))
+    got = asyncio.run(_recompute(ledger_operator(settings, key, history), timeline,
+                                 settled_below, progress, stamps=stamps))
+    groups = _late_declared(settings, key, history, sorted(records), got)
+    if not groups:
+        return got
+
+    def run(ats: Sequence[int]) -> Recomputed:
+        # Before ats[i] the counters of groups i.. are not declared yet.
+        ops = [ledger_operator(_without(settings, {n for _c, g in groups[i:] for n in g}),
+                               key, history) for i in range(len(groups) + 1)]
+        return asyncio.run(_recompute(ops[0], timeline, settled_below, None,
+                                      [(at, ops[i + 1]) for i, at in enumerate(ats)],
+                                      stamps))
+
+    # Where the restart was in a window is not on the timeline: try each position that
+    # changes which of the new counters' events count, keep the one whose records were
+    # published (the others are other computations, never a verdict on their own).
+    chosen = [candidates[-1] for candidates, _names in groups]
+    for i, (candidates, names) in enumerate(groups):
+        scored = []
+        for at in candidates:
+            trial = run([*chosen[:i], at, *chosen[i + 1:]])
+            scored.append((_unpublished(trial, names, history.published), at, trial))
+        _misses, chosen[i], got = min(scored, key=lambda x: x[0])
+    return got
+
+
+#: The job of the forked recomputation processes (set before the fork, read after it:
+#: the timeline is inherited, never pickled).
+_JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
+            LedgerHistory | None, Mapping[int, Mapping[int, int]] | None] | None = None
+
+
+def _recompute_partition(partition: int) -> Recomputed:
+    assert _JOB is not None
+    settings, key, timeline, settled_below, history, stamps = _JOB
+    return _recompute_one(settings, key, history, partition, timeline[partition],
+                          settled_below, None, stamps)
+
+
+def _recompute_parallel(settings: Settings, key: NoiseKey,
+                        timeline: Mapping[int, TimelinePart],
+                        settled_below: Mapping[int, int], progress: Progress | None,
+                        jobs: int, history: LedgerHistory | None,
+                        stamps: Mapping[int, Mapping[int, int]] | None) -> Recomputed:
+    global _JOB
+    total = sum(len(v) for v in timeline.values())
+    # Largest partitions first, so no process is left with a big one at the end.
+    order = sorted(timeline, key=lambda p: -len(timeline[p]))
+    parts: dict[int, Recomputed] = {}
+    _JOB = (settings, key, timeline, settled_below, history, stamps)
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(order))) as pool:
+            for p, got in zip(order, pool.imap(_recompute_partition, order), strict=True):
+                parts[p] = got
+                if progress is not None:
+                    progress("recomputed", sum(r.records for r in parts.values()), total)
+    finally:
+        _JOB = None
+    return _merged(parts)
+
+
+def _merged(parts: Mapping[int, Recomputed]) -> Recomputed:
+    """Partitions' recomputations as one, in partition order."""
+    merged = Recomputed([], [], [], [], 0, 0)
+    for p in sorted(parts):
+        r = parts[p]
+        merged.settled += r.settled
+        merged.unsettled += r.unsettled
+        merged.settled_ledger += r.settled_ledger
+        merged.unsettled_ledger += r.unsettled_ledger
+        merged.records += r.records
+        merged.duplicates_dropped += r.duplicates_dropped
+    return merged
