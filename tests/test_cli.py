@@ -199,7 +199,8 @@ def test_the_error_policy_turns_any_exception_into_one_line(
     raising(KeyboardInterrupt())
     assert cli.main(["keygen"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
-    assert argparse.ArgumentParser.error is not cli._raise_usage  # restored after a run
+    # No command patches argparse: each builds a CommandParser.
+    assert argparse.ArgumentParser.error is argparse.ArgumentParser.__dict__["error"]
     assert not one_error_line("Traceback (most recent call last):\nerror: x\n")
     assert not one_error_line("error: a\nerror: b\n")
 
