@@ -43,7 +43,7 @@ def test_gaussiancc_passes_with_json_verdict(capsys: pytest.CaptureFixture[str])
 
 def test_basecc_fails_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
     """The issue's case, `--mechanism basecc --epsilon 10`: the known-null bound exceeds
-    10 (it used to pass, capped at 3.67)."""
+    10 (a capped bound, 3.67, would let it pass)."""
     rc = main_audit(["--mechanism", "basecc", "--epsilon", "10", "--delta", "1e-6",
                      "--runs", "200", "--events", "200", "--json"])
     rep = orjson.loads(capsys.readouterr().out)

@@ -4,6 +4,7 @@ A counter is a step operator over ticks. Tick t = 1, 2, ... receives x_t in [0, 
 None (⊥, "no event this tick") and releases y_t, an estimate of s_t = x_1 + ... + x_t.
 
 - update(x) -> y_t. Validates x first (InvalidInputError, state untouched), then steps.
+  update_units(u) is the same step with x given in grid units (x = u / UNIT).
 - skip(n) advances n ⊥ ticks; same output distribution as n updates with None, at a cost
   that does not grow with n wherever the algorithm allows. Returns the ticks inside the
   skipped range where y changed, as (t, y) pairs in increasing t; `y` is then y_{t+n}.
@@ -22,6 +23,7 @@ from abc import ABC, abstractmethod
 from typing import ClassVar, Self
 
 from processor.core.errors import InvalidInputError
+from processor.core.grid import check_units, from_units
 from processor.core.rng import NoiseKey
 
 Change = tuple[int, float]
@@ -50,6 +52,11 @@ class Counter(ABC):
 
     @abstractmethod
     def update(self, x: float | None) -> float: ...
+
+    def update_units(self, u: int) -> float:
+        """update(u / UNIT) with the input already on the grid (0: ⊥ is not this; an
+        empty tick is update(None) or skip). Mechanisms that step in units override it."""
+        return self.update(from_units(check_units(u)))
 
     def skip(self, n: int) -> list[Change]:
         """Default: n ⊥ updates (exact, O(n)); fast mechanisms override."""

@@ -34,7 +34,7 @@ from processor.core.bounded import (
 from processor.core.calibration import gdp_mu
 from processor.core.cc import UnboundedCC, cc_sigma, psum_laplace_scale
 from processor.core.errors import InvalidParameterError, StateFormatError, state_error_detail
-from processor.core.grid import UNIT, to_units
+from processor.core.grid import UNIT, check_units, to_units
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.scalar import (
     discrete_gaussian,
@@ -79,8 +79,10 @@ class _GridCounter(Counter):
 
     def update(self, x: float | None) -> float:
         """Validate x (InvalidInputError, nothing changes), then release y_t."""
-        u = to_units(x)
-        self._y = self._step(u)
+        return self.update_units(to_units(x))
+
+    def update_units(self, u: int) -> float:
+        self._y = self._step(check_units(u))
         self._t += 1
         return self._y / UNIT
 

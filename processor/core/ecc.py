@@ -14,7 +14,7 @@ from processor.core.errors import (
     StateParameterError,
     state_error_detail,
 )
-from processor.core.grid import UNIT, from_units, to_units
+from processor.core.grid import UNIT, check_units, from_units, to_units
 
 # Re-exported (`X as X`) for processor/commands/plan.py and processor/audit/, which import
 # them from here; every other importer takes them from processor.core.params.
@@ -169,6 +169,10 @@ class _EccBase(Counter):
     def update(self, x: float | None) -> float:
         """Validate x (InvalidInputError, state untouched), then one tick of Algorithm 2."""
         self._tick(to_units(x))
+        return self.y
+
+    def update_units(self, u: int) -> float:
+        self._tick(check_units(u))
         return self.y
 
     def _tick(self, u: int) -> None:

@@ -37,6 +37,16 @@ def to_units(x: object) -> int:
     return round(xf * UNIT)
 
 
+def check_units(u: object) -> int:
+    """Validate one tick's input given in grid units (an int in [0, UNIT]; bool rejected)
+    and return it: what the stream layer's queues hold, handed over without a float."""
+    if isinstance(u, bool) or not isinstance(u, int):
+        raise InvalidInputError(u, f"expected grid units (an int), got {type(u).__name__}")
+    if not 0 <= u <= UNIT:
+        raise InvalidInputError(u, f"outside [0, {UNIT}] units")
+    return u
+
+
 def from_units(u: int) -> float:
     """Grid units to a real number (exact: UNIT is a power of two)."""
     return u / UNIT

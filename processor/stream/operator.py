@@ -15,7 +15,8 @@ Events. An event joins its counter's pending arrivals at its tick, or at the ear
 open tick if that one is sealed (a late event). It never seals a tick and never emits a
 public record: an event for a counter without state creates that state silently. So the
 existence, order and timing of every release and ledger entry depend on markers and the
-public configuration only (issue 8 item 1).
+public configuration only (the rule of docs/privacy-notes.md: a public record's
+existence, order and timing never depend on an event).
 
 Markers. A marker through n touches only the counters filed in the due wheel at ticks
 <= n (`state.py`): per counter, the first touch emits its ledger entry, then each tick
@@ -67,7 +68,6 @@ from typing import Final, Literal
 
 from processor.core.api import Counter
 from processor.core.errors import StateFormatError
-from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
 from processor.stream.clock import TOLERANCE_MS
@@ -662,7 +662,7 @@ class Operator:
                     cs.push_all(arrivals)
             if queue:
                 cs.next_due_known = False
-                c.update(cs.pop() / UNIT)  # units / 2^16 is exact; the core re-quantises
+                c.update_units(cs.pop())
                 dequeued += 1
                 cs.frontier = g
                 self._emit(name, cs, out)

@@ -1,5 +1,5 @@
-"""The audit's power against the controls of issue 16, and its verdict on the real
-counters, under both calibrations.
+"""The audit's power against its controls (deliberately broken mechanisms), and its
+verdict on the real counters, under both calibrations.
 
 False-alarm rates. A sampling verdict is a test at alpha = 0.05 (alpha/2 per bound); each
 law check (KS) adds 0.001. The exact checks (plan check, exact-pair bounds) sample nothing

@@ -111,6 +111,25 @@ def test_invalid_input_raises_and_leaves_state_untouched(name: str, bad: object)
 
 
 @pytest.mark.parametrize("name", CASES)
+def test_update_units_is_update_on_the_grid(name: str) -> None:
+    """update_units(u) steps exactly as update(u / UNIT) (state bytes equal after every
+    tick), and refuses what is not grid units, state untouched. Control: a value off by
+    one unit gives other state."""
+    a, b = make(name), make(name)
+    for x in stream(150, 5):
+        u = round((x or 0.0) * UNIT)
+        assert b.update_units(u) == a.update(u / UNIT)
+        assert b.to_bytes() == a.to_bytes()
+    for bad in (-1, UNIT + 1, 0.5, True, None):
+        with pytest.raises(InvalidInputError):
+            b.update_units(bad)  # type: ignore[arg-type]
+        assert b.to_bytes() == a.to_bytes()
+    a.update(1.0)
+    b.update_units(UNIT - 1)
+    assert b.to_bytes() != a.to_bytes()
+
+
+@pytest.mark.parametrize("name", CASES)
 def test_updates_are_grid_floats_and_t_advances(name: str) -> None:
     c = make(name)
     for i, x in enumerate(stream(200, 2), start=1):
