@@ -24,10 +24,11 @@ event reaches the timeline (docs/privacy-unit.md).
 - **Forwarding is idempotent.** Kept events go to the timeline with source "units", input
   partition = the units partition and input offset = seq, strictly increasing per units
   partition: the operator's existing duplicate filter drops every re-sent copy.
-- The commit protocol is the operator's (`BoundCommit`, as commit.BatchCommit): apply in
-  memory and send the forwards at once; at a checkpoint await their acknowledgements,
-  write each changed unit value once (monotone: it carries the units offset it
-  reflects, state.UNIT_MAGIC), await the changelog, then acknowledge to the group.
+- The commit protocol is the operator's (`BoundCommit` on commit.CheckpointLoop, as
+  commit.BatchCommit): apply in memory and send the forwards at once; at a checkpoint
+  await their acknowledgements, write each changed unit value once (monotone: it
+  carries the units offset it reflects, state.UNIT_MAGIC), await the changelog, then
+  acknowledge to the group.
 
 Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
 """
@@ -36,16 +37,15 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol
 
 import orjson
 
 from processor.core.rng import NoiseKey
-from processor.stream.commit import SharedStore, Stores
+from processor.stream.commit import CheckpointLoop, Stores
 from processor.stream.config import Settings
 from processor.stream.records import (
     Event,
@@ -342,9 +342,6 @@ class Bounder:
         for tp in sorted(forward):
             out.timeline.append((tp, encode_batch(forward[tp], UNITS_SOURCE)))
 
-    def forget(self) -> None:
-        """Nothing is cached between batches (the overlay holds it)."""
-
 
 class Forwarder(Protocol):
     """Where the stage's output goes (the timeline and dead-letter topics)."""
@@ -369,88 +366,52 @@ class CollectingForwarder:
         return None
 
 
-class BoundCommit:
-    """commit.BatchCommit's protocol for the bounding stage: `apply` applies in memory and
-    sends the forwards at once; `checkpoint` awaits their acknowledgements, writes each
-    changed unit value once, awaits the stores, and only then may the caller acknowledge
-    the units records to the group. `crash_point` names: CRASH_POINTS."""
+class BoundCommit(CheckpointLoop):
+    """The commit protocol (commit.CheckpointLoop) for the bounding stage: `apply`
+    applies in memory and sends the forwards at once; `checkpoint` awaits their
+    acknowledgements, writes each changed unit value once, then the partition value,
+    awaits the stores, and only then may the caller acknowledge the units records to the
+    group. `crash_point` names: CRASH_POINTS."""
+
+    crash_names = CRASH_POINTS
 
     def __init__(self, bounder: Bounder, store: StateStore | Stores, forwarder: Forwarder,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None) -> None:
+        super().__init__(store, forwarder, crash_point, fence)
         self.bounder = bounder
-        self.stores: Stores = (cast(Stores, store) if callable(getattr(store, "of", None))
-                               else SharedStore(cast(StateStore, store)))
         self.forwarder = forwarder
-        self.crash_point = crash_point
-        self.fence = fence
-        self._buffers: dict[int, BufferedStore] = {}
-        self.dirty_since: float | None = None
 
     async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
         out = BoundOutput()
-        buf = self._buffers.get(partition)
-        if buf is None:
-            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
-        try:
+        with self.applying(partition) as buf:
             self.bounder.apply(buf, partition, records, out)
             if out.timeline or out.deadletters:
                 if self.fence is not None:
                     self.fence()
                 self.forwarder.send(out)
-        except BaseException:
-            self.forget()
-            raise
-        if self.dirty_since is None:
-            self.dirty_since = time.monotonic()
         return out
 
-    async def checkpoint(self) -> None:
-        if self.dirty_since is None:
-            return
-        try:
-            if self.fence is not None:
-                self.fence()
-            await self.forwarder.flush()
-            self._crash("unit_after_forward")
-            first = True
-            for partition in sorted(self._buffers):
-                buf = self._buffers[partition]
-                if not buf:
-                    continue
-                store = self.stores.of(partition)
-                # The partition value (its filter and last offset) last, after every
-                # unit value it guards (a kill between two writes leaves it older).
-                writes = sorted(buf.writes(), key=lambda kv: kv[0].startswith("p/"))
-                for key, value in writes:
-                    if not first and self.crash_point is not None:
-                        await self.stores.flush()
-                        self._crash("unit_between_state_writes")
-                    first = False
-                    if value is None:
-                        store.delete(key)
-                    else:
-                        store.set(key, value)
-            await self.stores.flush()
-            self._crash("unit_after_state")
-        except BaseException:
-            self.forget()
-            raise
-        self.dirty_since = None
+    async def write_state(self) -> None:
+        first = True
+        for partition, buf in self.dirty_buffers():
+            store = self.stores.of(partition)
+            # The partition value (its filter and last offset) last, after every unit
+            # value it guards (a kill between two writes leaves it older).
+            writes = sorted(buf.writes(), key=lambda kv: kv[0].startswith("p/"))
+            for key, value in writes:
+                if not first and self.crash_point is not None:
+                    await self.between_writes()
+                first = False
+                if value is None:
+                    store.delete(key)
+                else:
+                    store.set(key, value)
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
         out = await self.apply(partition, records)
         await self.checkpoint()
         return out
-
-    def forget(self) -> None:
-        self._buffers.clear()
-        self.bounder.forget()
-        self.dirty_since = None
-
-    def _crash(self, name: str) -> None:
-        if self.crash_point is not None:
-            self.crash_point(name)
 
 
 def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]

@@ -3,7 +3,9 @@ once, and make the state durable at checkpoints, releases first.
 
 Used by the Faust worker (per-partition RocksDB stores with the changelog, a librdkafka
 publisher) and by replay and tests (one `DictStore`, a collecting publisher) alike, so
-both run the very same steps.
+both run the very same steps. `CheckpointLoop` is the protocol's skeleton (outputs
+acknowledged, state written, changelog acknowledged; its crash points and fence), shared
+with the bounding stage of privacy_unit = "user" (bounding.BoundCommit).
 
 Between checkpoints the applied state lives in one `BufferedStore` per partition (decoded
 values, each encoded once per checkpoint however many records touched it). A crash loses
@@ -16,14 +18,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Protocol
 
 from processor.stream.operator import Operator, Output
 from processor.stream.records import LedgerEntry, Release, marker_tick
 from processor.stream.state import BufferedStore, StateStore, write_all
 
-#: The names `crash_point` is called with, in order (a test hook; see BatchCommit).
+#: The names BatchCommit's `crash_point` is called with, in order (a test hook; see
+#: CheckpointLoop).
 CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
 
 
@@ -77,8 +81,132 @@ class SharedStore:
         return None
 
 
-class BatchCommit:
-    """Applies batches of timeline records and makes them durable at checkpoints.
+class Flushable(Protocol):
+    """What a commit hands its outputs to: `flush()` returns only once the broker
+    acknowledged every record handed over so far, and raises if one was not."""
+
+    async def flush(self) -> None: ...
+
+
+class CheckpointLoop:
+    """The commit protocol's skeleton, whatever is applied (the operator's timeline
+    records: BatchCommit; the bounding stage's units records: bounding.BoundCommit).
+
+    A subclass applies records to `buffer(partition)` inside `applying(partition)` and
+    hands what they produce to its outputs there (after `fence`); nothing is durable until
+    `checkpoint()`:
+
+    1. await `outputs.flush()`: every record handed over is acknowledged;
+    2. `write_state()` (the subclass's): each changed value written once;
+    3. await the stores' durability (changelog acknowledgements).
+
+    Only then may the caller acknowledge the records applied before it to the consumer
+    group. A failure in `applying` or in a checkpoint drops every unwritten change
+    (`forget`): the records are re-applied from the last acknowledged one.
+
+    `crash_point(name)` is a test hook, called with `crash_names`: [0] once per
+    checkpoint after step 1, [1] between any two state writes of step 2 (each write made
+    durable first: `between_writes`), [2] after step 3; the worker turns
+    DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call.
+
+    `fence()` is called before anything is handed to the outputs and before a
+    checkpoint flushes or writes; it does not return when this process may have lost its
+    partitions meanwhile (the worker's `fencing.SuspensionFence`). Safety does not rest
+    on it (a value never replaces a newer one, and re-sent records are identical:
+    docs/state.md); it keeps a process that knows it is stale from adding work.
+    """
+
+    #: The names `crash_point` is called with: after the acks, between two state
+    #: writes, after the state.
+    crash_names: tuple[str, str, str] = CRASH_POINTS
+
+    def __init__(self, store: StateStore | Stores, outputs: Flushable,
+                 crash_point: Callable[[str], None] | None = None,
+                 fence: Callable[[], None] | None = None, offload: bool = False) -> None:
+        #: Run the heavy steps in a thread, so that the event loop of a worker keeps its
+        #: group heartbeats going meanwhile. One step at a time still: the caller awaits
+        #: each.
+        self.offload = offload
+        self.stores: Stores = _stores(store)
+        self.outputs = outputs
+        self.crash_point = crash_point
+        self.fence = fence
+        self._buffers: dict[int, BufferedStore] = {}
+        #: Monotonic time of the first apply since the last checkpoint (None: clean).
+        self.dirty_since: float | None = None
+
+    def buffer(self, partition: int) -> BufferedStore:
+        """The partition's overlay of applied, unwritten state."""
+        buf = self._buffers.get(partition)
+        if buf is None:
+            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
+        return buf
+
+    @contextmanager
+    def applying(self, partition: int) -> Iterator[BufferedStore]:
+        """Around one apply: yields the partition's overlay; a failure forgets every
+        unwritten change (and is raised), a success leaves the state to checkpoint."""
+        try:
+            yield self.buffer(partition)
+        except BaseException:
+            self.forget()
+            raise
+        if self.dirty_since is None:
+            self.dirty_since = time.monotonic()
+
+    def dirty_buffers(self) -> list[tuple[int, BufferedStore]]:
+        """(partition, overlay) of every partition with unwritten changes, in partition
+        order (the order step 2 writes them in)."""
+        return [(p, self._buffers[p]) for p in sorted(self._buffers) if self._buffers[p]]
+
+    async def between_writes(self) -> None:
+        """Between two state writes in test mode: the earlier one made durable, then the
+        crash point (a kill there leaves exactly a prefix of the writes)."""
+        await self.stores.flush()
+        self._crash(self.crash_names[1])
+
+    async def write_state(self) -> None:
+        """Step 2: write each changed value of every buffer once, in the crash-safe
+        order, calling `between_writes` between any two when `crash_point` is set."""
+        raise NotImplementedError
+
+    async def checkpoint(self) -> None:
+        """Make everything applied so far durable (see the class doc). With nothing
+        applied since the last one, there is nothing to do (and no crash point)."""
+        if self.dirty_since is None:
+            return
+        try:
+            self._fence()
+            await self.outputs.flush()
+            self._crash(self.crash_names[0])
+            self._fence()
+            await self.write_state()
+            await self.stores.flush()
+            self._crash(self.crash_names[2])
+        except BaseException:
+            self.forget()
+            raise
+        self.dirty_since = None
+
+    def forget(self) -> None:
+        """Drop every applied but unwritten change: the next record of a partition
+        reloads it from its store (after a failure, or when the partitions change
+        hands)."""
+        self._buffers.clear()
+        self.dirty_since = None
+
+    def _fence(self) -> None:
+        if self.fence is not None:
+            self.fence()
+
+    def _crash(self, name: str) -> None:
+        if self.crash_point is not None:
+            self.crash_point(name)
+
+
+class BatchCommit(CheckpointLoop):
+    """Applies batches of timeline records and makes them durable at checkpoints, by
+    the CheckpointLoop protocol (crash points: CRASH_POINTS).
 
     `apply(partition, records)` applies records in offset order to the partition's
     buffered state and hands the releases they produce to the publisher at once (their
@@ -95,35 +223,16 @@ class BatchCommit:
     identical noise (identical records: idempotent by (counter, tick)); inside 2 or 3
     onto values that skip what they reflect already (their offset), so nothing is lost
     or counted twice. `commit(partition, records)` is apply and checkpoint in one.
-
-    `crash_point(name)` is a test hook: called "after_acks" once per checkpoint, then
-    "between_state_writes" between every two state writes (each write made durable
-    first, so that a kill there leaves exactly a prefix of them), then "after_state";
-    the worker turns DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call.
-
-    `fence()` is called before a checkpoint publishes or writes; it does not return when
-    this process may have lost its partitions meanwhile (the worker's
-    `fencing.SuspensionFence`). Safety does not rest on it (a value never replaces a
-    newer one, and re-sent releases are identical: docs/state.md); it keeps a process
-    that knows it is stale from adding work.
     """
 
     def __init__(self, operator: Operator, store: StateStore | Stores, publisher: Publisher,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None, offload: bool = False) -> None:
+        # offload: a batch with a marker (it may create or seal thousands of counters)
+        # and a checkpoint's encoding and writes run in a thread.
+        super().__init__(store, publisher, crash_point, fence, offload)
         self.operator = operator
-        #: Run the heavy steps (a batch with a marker: it may create or seal thousands of
-        #: counters; a checkpoint's encoding and writes) in a thread, so that the event
-        #: loop of a worker keeps its group heartbeats going meanwhile. One step at a time
-        #: still: the caller awaits each.
-        self.offload = offload
-        self.stores: Stores = _stores(store)
         self.publisher = publisher
-        self.crash_point = crash_point
-        self.fence = fence
-        self._buffers: dict[int, BufferedStore] = {}
-        #: Monotonic time of the first apply since the last checkpoint (None: clean).
-        self.dirty_since: float | None = None
 
     async def apply(self, partition: int, records: Sequence[tuple[int, bytes]],
                     stamps: Mapping[int, int] | None = None) -> Output:
@@ -132,10 +241,7 @@ class BatchCommit:
         Kafka timestamp, where known (Operator.apply). Returns the batch's releases,
         ledger entries and aggregate metrics."""
         out = Output()
-        buf = self._buffers.get(partition)
-        if buf is None:
-            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
-        try:
+        with self.applying(partition) as buf:
             if self.offload and any(marker_tick(r) is not None for _o, r in records):
                 await asyncio.to_thread(self._apply_all, buf, partition, records, stamps, out)
             else:
@@ -143,11 +249,6 @@ class BatchCommit:
             if out.ledger or out.releases:
                 self._fence()
                 self.publisher.send(out.ledger, out.releases)
-        except BaseException:
-            self.forget()
-            raise
-        if self.dirty_since is None:
-            self.dirty_since = time.monotonic()
         return out
 
     def _apply_all(self, buf: BufferedStore, partition: int,
@@ -183,28 +284,13 @@ class BatchCommit:
                 else:
                     store.set(key, value)
 
-    async def checkpoint(self) -> None:
-        """Make everything applied so far durable (see the class doc). With nothing
-        applied since the last one, there is nothing to do (and no crash point)."""
-        if self.dirty_since is None:
-            return
-        try:
-            self._fence()
-            await self.publisher.flush()
-            self._crash("after_acks")
-            self._fence()
-            if self.crash_point is not None:
-                await self._write_each()
-            elif self.offload:
-                await asyncio.to_thread(self._write_all)
-            else:
-                self._write_all()
-            await self.stores.flush()
-            self._crash("after_state")
-        except BaseException:
-            self.forget()
-            raise
-        self.dirty_since = None
+    async def write_state(self) -> None:
+        if self.crash_point is not None:
+            await self._write_each()
+        elif self.offload:
+            await asyncio.to_thread(self._write_all)
+        else:
+            self._write_all()
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
                      stamps: Mapping[int, int] | None = None) -> Output:
@@ -217,17 +303,8 @@ class BatchCommit:
         """Drop every applied but unwritten change and every decoded value: the next
         record of a partition reloads it from its store (after a failure, or when the
         partitions change hands)."""
-        self._buffers.clear()
+        super().forget()
         self.operator.forget()
-        self.dirty_since = None
-
-    def _fence(self) -> None:
-        if self.fence is not None:
-            self.fence()
-
-    def _crash(self, name: str) -> None:
-        if self.crash_point is not None:
-            self.crash_point(name)
 
 
 def _stores(store: StateStore | Stores) -> Stores:
