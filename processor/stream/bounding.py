@@ -40,7 +40,7 @@ import hmac
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, runtime_checkable
 
 import orjson
 
@@ -54,7 +54,7 @@ from processor.stream.records import (
     TimelineFormatError,
     deadletter_record,
     decode_timeline,
-    encode_batch,
+    encode_batch_rows,
     partition_for,
     source_label,
 )
@@ -194,15 +194,18 @@ class UnitState:
         return self.last_seq >> SEQ_BITS if self.last_seq >= 0 else -1
 
     def to_bytes(self) -> bytes:
-        body = orjson.dumps([self.last_seq, [[c, s] for c, s in self.kept.items()]])
+        # orjson writes the (counter, seqs) tuples as the arrays from_bytes reads.
+        body = orjson.dumps([self.last_seq, list(self.kept.items())])
         return UNIT_MAGIC + self.offset.to_bytes(8, "big", signed=True) + body
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitState:
         if stored_offset(data) is None or bytes(data[:4]) != UNIT_MAGIC:
             raise UnitsFormatError("not a unit value")
+        # Written by to_bytes only (the magic says so): orjson gives back its str and
+        # int types as they were, with nothing to convert.
         last_seq, pairs = orjson.loads(data[12:])
-        return cls(int(last_seq), {str(c): [int(x) for x in s] for c, s in pairs})
+        return cls(last_seq, dict(pairs))
 
 
 @dataclass
@@ -282,7 +285,8 @@ class Bounder:
     def apply(self, buf: BufferedStore, partition: int,
               records: Sequence[tuple[int, bytes]], out: BoundOutput) -> None:
         """Apply units records (offset, bytes) of `partition`, in offset order."""
-        forward: dict[int, list[Event]] = {}
+        # Timeline rows ([counter, ts_ms, units, partition, seq]) by timeline partition.
+        forward: dict[int, list[list[Any]]] = {}
         states: dict[str, UnitState] = {}
         staged: set[str] = set()
         k, m, parts = self.k, self.m, self.settings.partitions
@@ -291,6 +295,7 @@ class Bounder:
         raw_ps = buf.get(pkey)
         ps = UnitsPartitionState() if raw_ps is None else UnitsPartitionState.from_bytes(raw_ps)
         seen = ps.inputs
+        kept = dropped = duplicates = 0
         for offset, raw in sorted(records, key=lambda r: r[0]):
             if offset <= ps.last_offset:
                 # Applied, forwarded and acknowledged before the state was written.
@@ -304,21 +309,22 @@ class Bounder:
                 # Ingest writes only well-formed records: a foreign one counts nothing.
                 out.metrics["units_records_malformed"] += 1
                 continue
+            labels: dict[int, str] = {}
             base = offset << SEQ_BITS
             for i, row in enumerate(rows):
-                h, counter = row[0], row[1]
-                if row[4] >= 0:
-                    label = source_label(source, row[4])
-                    if row[5] <= seen.get(label, -1):
-                        out.metrics["unit_duplicates_dropped"] += 1
+                h, counter, _ts, _u, in_p, in_o = row
+                if in_p >= 0:
+                    label = labels.get(in_p)
+                    if label is None:
+                        label = labels[in_p] = source_label(source, in_p)
+                    if in_o <= seen.get(label, -1):
+                        duplicates += 1
                         continue
-                    seen[label] = row[5]
+                    seen[label] = in_o
+                seq = base | i
                 st = states.get(h)
                 if st is None:
-                    raw_st = buf.get(UNIT_PREFIX + h)
-                    st = states[h] = (UnitState() if raw_st is None
-                                      else UnitState.from_bytes(raw_st))
-                seq = base | i
+                    st = states[h] = self._load(buf, h, staged)
                 if seq > st.last_seq and h not in staged:
                     # A new decision changes the value (a look-up does not): written at
                     # the next checkpoint, once however many events touched it.
@@ -328,19 +334,44 @@ class Bounder:
                     tp = tp_of.get(counter)
                     if tp is None:
                         tp = tp_of[counter] = partition_for(counter, parts)
-                    forward.setdefault(tp, []).append(
-                        Event(counter, row[2], row[3], partition, seq))
-                    out.metrics["unit_events_kept"] += 1
+                    fw = forward.get(tp)
+                    if fw is None:
+                        fw = forward[tp] = []
+                    fw.append([counter, row[2], row[3], partition, seq])
+                    kept += 1
                 else:
                     out.deadletters.append(deadletter_record(
                         Rejection("contribution_bound_exceeded",
                                   f"beyond max_events_per_counter={k} or "
                                   f"max_counters_per_unit={m} for its unit"),
-                        orjson.dumps(row), self.settings.topics.input, row[4], row[5]))
-                    out.metrics["deadletter_contribution_bound_exceeded"] += 1
+                        orjson.dumps(row), self.settings.topics.input, in_p, in_o))
+                    dropped += 1
             out.metrics["unit_records"] += 1
+        _count(out.metrics, unit_events_kept=kept, unit_duplicates_dropped=duplicates,
+               deadletter_contribution_bound_exceeded=dropped)
         for tp in sorted(forward):
-            out.timeline.append((tp, encode_batch(forward[tp], UNITS_SOURCE)))
+            out.timeline.append((tp, encode_batch_rows(forward[tp], UNITS_SOURCE)))
+
+
+    @staticmethod
+    def _load(buf: BufferedStore, h: str, staged: set[str]) -> UnitState:
+        """Unit `h`'s state: the object an earlier batch since the last checkpoint staged
+        (it is the unit's value; already staged: `h` joins `staged`), else decoded from
+        the store (new: an empty one)."""
+        key = UNIT_PREFIX + h
+        held = buf.staged.get(key)
+        if isinstance(held, UnitState):
+            staged.add(h)
+            return held
+        raw = buf.get(key)
+        return UnitState() if raw is None else UnitState.from_bytes(raw)
+
+
+def _count(metrics: Tally[str], **counts: int) -> None:
+    """Add the non-zero counts (a metric appears once it happened)."""
+    for name, n in counts.items():
+        if n:
+            metrics[name] += n
 
 
 class Forwarder(Protocol):
@@ -364,6 +395,14 @@ class CollectingForwarder:
 
     async def flush(self) -> None:
         return None
+
+
+@runtime_checkable
+class BatchWriter(Protocol):
+    """A StateStore that takes many writes at once, in order (table.PartitionStore: one
+    RocksDB write batch; the changelog records in the same order)."""
+
+    def write_many(self, writes: Iterable[tuple[str, bytes | None]]) -> None: ...
 
 
 class BoundCommit(CheckpointLoop):
@@ -399,6 +438,9 @@ class BoundCommit(CheckpointLoop):
             # The partition value (its filter and last offset) last, after every unit
             # value it guards (a kill between two writes leaves it older).
             writes = sorted(buf.writes(), key=lambda kv: kv[0].startswith("p/"))
+            if self.crash_point is None and isinstance(store, BatchWriter):
+                store.write_many(writes)
+                continue
             for key, value in writes:
                 if not first and self.crash_point is not None:
                     await self.between_writes()

@@ -38,6 +38,7 @@ import time
 from collections import Counter as Tally
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Final, cast
 
 import orjson
@@ -257,7 +258,7 @@ def _route_units(out: Routed, by_partition: dict[int, list[Event]],
         raise IngestError('privacy_unit = "user" needs the unit key (the noise key)')
     hasher = _hasher(unit_key)
     events = sorted((ev for evs in by_partition.values() for ev in evs),
-                    key=lambda e: (e.src_partition, e.src_offset))
+                    key=attrgetter("src_partition", "src_offset"))
     by_unit: dict[int, list[UnitRow]] = {}
     for ev in events:
         if ev.unit is None:  # parse_input rejects these in user mode: never counted
