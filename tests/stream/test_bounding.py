@@ -11,6 +11,7 @@ same assertions.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections.abc import Callable, Sequence
 
@@ -387,3 +388,22 @@ def test_crash_points_write_one_value_at_a_time() -> None:
     assert not store.batches
     assert calls.count("unit_after_state") == 4
     assert calls.count("unit_between_state_writes") == len(writes) - 4 > 0
+
+
+def test_gc_deferred_restores_the_collector() -> None:
+    """The collector is off inside and back as it was after, also after an exception; a
+    collector someone else turned off stays off."""
+    assert gc.isenabled()
+    with bounding.gc_deferred():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(Killed), bounding.gc_deferred():
+        raise Killed("inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with bounding.gc_deferred():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
