@@ -193,13 +193,16 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
                                                  rec.partition, rec.offset))
         out.metrics[f"deadletter_{rejection.reason}"] += 1
 
+    # User mode: the bounding stage picks each kept event's timeline partition, and
+    # _route_units groups the events by unit; no timeline partition is needed here.
+    units = settings.privacy_unit == "user"
     for rec in records:
         try:
             parsed = parse(rec.value, settings, now_ms, rec.partition, rec.offset)
             if isinstance(parsed, Rejection):
                 dead(parsed, rec)
                 continue
-            by_partition.setdefault(partition_for(parsed.counter, partitions),
+            by_partition.setdefault(0 if units else partition_for(parsed.counter, partitions),
                                     []).append(parsed)
             raw_of[(rec.partition, rec.offset)] = rec.value
         except Exception as exc:
@@ -224,7 +227,7 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
         encode(tp, events[:half])
         encode(tp, events[half:])
 
-    if settings.privacy_unit == "user":
+    if units:
         return _route_units(out, by_partition, raw_of, settings, unit_key, source,
                             max_events, max_bytes, dead)
     for tp in sorted(by_partition):
