@@ -386,6 +386,10 @@ def gc_deferred() -> Iterator[None]:
         gc.enable()
 
 
+def _partition_value_last(kv: tuple[str, bytes | None]) -> bool:
+    return kv[0].startswith("p/")
+
+
 def _count(metrics: Tally[str], **counts: int) -> None:
     """Add the non-zero counts (a metric appears once it happened)."""
     for name, n in counts.items():
@@ -457,10 +461,11 @@ class BoundCommit(CheckpointLoop):
             store = self.stores.of(partition)
             # The partition value (its filter and last offset) last, after every unit
             # value it guards (a kill between two writes leaves it older).
-            writes = sorted(buf.writes(), key=lambda kv: kv[0].startswith("p/"))
             if self.crash_point is None and isinstance(store, BatchWriter):
-                store.write_many(writes)
+                with gc_deferred():  # a value per unit touched
+                    store.write_many(sorted(buf.writes(), key=_partition_value_last))
                 continue
+            writes = sorted(buf.writes(), key=_partition_value_last)
             for key, value in writes:
                 if not first and self.crash_point is not None:
                     await self.between_writes()

@@ -57,6 +57,7 @@ from processor.stream.bounding import (
     UnitHasher,
     UnitRow,
     encode_units,
+    gc_deferred,
     unit_key,
     unit_partition,
     unit_row,
@@ -228,8 +229,9 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
         encode(tp, events[half:])
 
     if units:
-        return _route_units(out, by_partition, raw_of, settings, unit_key, source,
-                            max_events, max_bytes, dead)
+        with gc_deferred():  # a units row per event (bounding.gc_deferred)
+            return _route_units(out, by_partition, raw_of, settings, unit_key, source,
+                                max_events, max_bytes, dead)
     for tp in sorted(by_partition):
         events = by_partition[tp]
         for i in range(0, len(events), max_events):
