@@ -23,7 +23,8 @@ and are dead-lettered).
                            table (latest record per key of its changelog)
 
 The operator's own work (applying the batches and the markers) follows the timeline by
-at most a tick and is inside the CPU window (SETTLE_S after `end`). Target:
+at most a tick, and the bounding stage's last checkpoint by at most its interval: both
+are inside the CPU window (SETTLE_S after `end`). Target:
 CPU per counted event in user mode at most 1.5x event mode.
 """
 
@@ -57,9 +58,12 @@ from processor.stream.records import (
     TimelineFormatError,
     decode_timeline,
 )
+from processor.stream.unit_stage import UNITS_CHECKPOINT_S
 
 IDLE_S = 3.0
-SETTLE_S = 2.0
+#: After the last forward: the operator's last batches, and the bounding stage's last
+#: checkpoint (its unit writes, up to UNITS_CHECKPOINT_S and a timer round later).
+SETTLE_S = UNITS_CHECKPOINT_S + 1.0
 COUNTERS = [f"c{i:03d}" for i in range(100)]
 K, M, UNIT_EPS, UNIT_DELTA = 3, 2, 4.0, 1e-6
 

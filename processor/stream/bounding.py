@@ -24,10 +24,11 @@ event reaches the timeline (docs/privacy-unit.md).
 - **Forwarding is idempotent.** Kept events go to the timeline with source "units", input
   partition = the units partition and input offset = seq, strictly increasing per units
   partition: the operator's existing duplicate filter drops every re-sent copy.
-- The commit protocol is the operator's (`BoundCommit`, as commit.BatchCommit): apply in
-  memory and send the forwards at once; at a checkpoint await their acknowledgements,
-  write each changed unit value once (monotone: it carries the units offset it
-  reflects, state.UNIT_MAGIC), await the changelog, then acknowledge to the group.
+- The commit protocol is the operator's (`BoundCommit` on commit.CheckpointLoop, as
+  commit.BatchCommit): apply in memory and send the forwards at once; at a checkpoint
+  await their acknowledgements, write each changed unit value once (monotone: it
+  carries the units offset it reflects, state.UNIT_MAGIC), await the changelog, then
+  acknowledge to the group.
 
 Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
 """
@@ -35,17 +36,18 @@ Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhe
 from __future__ import annotations
 
 import collections
+import gc
 import hashlib
 import hmac
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, cast
+from typing import Any, Final, Protocol, runtime_checkable
 
 import orjson
 
 from processor.core.rng import NoiseKey
-from processor.stream.commit import SharedStore, Stores
+from processor.stream.commit import CheckpointLoop, Stores
 from processor.stream.config import Settings
 from processor.stream.records import (
     Event,
@@ -54,7 +56,7 @@ from processor.stream.records import (
     TimelineFormatError,
     deadletter_record,
     decode_timeline,
-    encode_batch,
+    encode_batch_rows,
     partition_for,
     source_label,
 )
@@ -194,15 +196,18 @@ class UnitState:
         return self.last_seq >> SEQ_BITS if self.last_seq >= 0 else -1
 
     def to_bytes(self) -> bytes:
-        body = orjson.dumps([self.last_seq, [[c, s] for c, s in self.kept.items()]])
+        # orjson writes the (counter, seqs) tuples as the arrays from_bytes reads.
+        body = orjson.dumps([self.last_seq, list(self.kept.items())])
         return UNIT_MAGIC + self.offset.to_bytes(8, "big", signed=True) + body
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitState:
         if stored_offset(data) is None or bytes(data[:4]) != UNIT_MAGIC:
             raise UnitsFormatError("not a unit value")
+        # Written by to_bytes only (the magic says so): orjson gives back its str and
+        # int types as they were, with nothing to convert.
         last_seq, pairs = orjson.loads(data[12:])
-        return cls(int(last_seq), {str(c): [int(x) for x in s] for c, s in pairs})
+        return cls(last_seq, dict(pairs))
 
 
 @dataclass
@@ -282,7 +287,8 @@ class Bounder:
     def apply(self, buf: BufferedStore, partition: int,
               records: Sequence[tuple[int, bytes]], out: BoundOutput) -> None:
         """Apply units records (offset, bytes) of `partition`, in offset order."""
-        forward: dict[int, list[Event]] = {}
+        # Timeline rows ([counter, ts_ms, units, partition, seq]) by timeline partition.
+        forward: dict[int, list[list[Any]]] = {}
         states: dict[str, UnitState] = {}
         staged: set[str] = set()
         k, m, parts = self.k, self.m, self.settings.partitions
@@ -291,6 +297,7 @@ class Bounder:
         raw_ps = buf.get(pkey)
         ps = UnitsPartitionState() if raw_ps is None else UnitsPartitionState.from_bytes(raw_ps)
         seen = ps.inputs
+        kept = dropped = duplicates = 0
         for offset, raw in sorted(records, key=lambda r: r[0]):
             if offset <= ps.last_offset:
                 # Applied, forwarded and acknowledged before the state was written.
@@ -304,21 +311,22 @@ class Bounder:
                 # Ingest writes only well-formed records: a foreign one counts nothing.
                 out.metrics["units_records_malformed"] += 1
                 continue
+            labels: dict[int, str] = {}
             base = offset << SEQ_BITS
             for i, row in enumerate(rows):
-                h, counter = row[0], row[1]
-                if row[4] >= 0:
-                    label = source_label(source, row[4])
-                    if row[5] <= seen.get(label, -1):
-                        out.metrics["unit_duplicates_dropped"] += 1
+                h, counter, _ts, _u, in_p, in_o = row
+                if in_p >= 0:
+                    label = labels.get(in_p)
+                    if label is None:
+                        label = labels[in_p] = source_label(source, in_p)
+                    if in_o <= seen.get(label, -1):
+                        duplicates += 1
                         continue
-                    seen[label] = row[5]
+                    seen[label] = in_o
+                seq = base | i
                 st = states.get(h)
                 if st is None:
-                    raw_st = buf.get(UNIT_PREFIX + h)
-                    st = states[h] = (UnitState() if raw_st is None
-                                      else UnitState.from_bytes(raw_st))
-                seq = base | i
+                    st = states[h] = self._load(buf, h, staged)
                 if seq > st.last_seq and h not in staged:
                     # A new decision changes the value (a look-up does not): written at
                     # the next checkpoint, once however many events touched it.
@@ -328,22 +336,65 @@ class Bounder:
                     tp = tp_of.get(counter)
                     if tp is None:
                         tp = tp_of[counter] = partition_for(counter, parts)
-                    forward.setdefault(tp, []).append(
-                        Event(counter, row[2], row[3], partition, seq))
-                    out.metrics["unit_events_kept"] += 1
+                    fw = forward.get(tp)
+                    if fw is None:
+                        fw = forward[tp] = []
+                    fw.append([counter, row[2], row[3], partition, seq])
+                    kept += 1
                 else:
                     out.deadletters.append(deadletter_record(
                         Rejection("contribution_bound_exceeded",
                                   f"beyond max_events_per_counter={k} or "
                                   f"max_counters_per_unit={m} for its unit"),
-                        orjson.dumps(row), self.settings.topics.input, row[4], row[5]))
-                    out.metrics["deadletter_contribution_bound_exceeded"] += 1
+                        orjson.dumps(row), self.settings.topics.input, in_p, in_o))
+                    dropped += 1
             out.metrics["unit_records"] += 1
+        _count(out.metrics, unit_events_kept=kept, unit_duplicates_dropped=duplicates,
+               deadletter_contribution_bound_exceeded=dropped)
         for tp in sorted(forward):
-            out.timeline.append((tp, encode_batch(forward[tp], UNITS_SOURCE)))
+            out.timeline.append((tp, encode_batch_rows(forward[tp], UNITS_SOURCE)))
 
-    def forget(self) -> None:
-        """Nothing is cached between batches (the overlay holds it)."""
+
+    @staticmethod
+    def _load(buf: BufferedStore, h: str, staged: set[str]) -> UnitState:
+        """Unit `h`'s state: the object an earlier batch since the last checkpoint staged
+        (it is the unit's value; already staged: `h` joins `staged`), else decoded from
+        the store (new: an empty one)."""
+        key = UNIT_PREFIX + h
+        held = buf.staged.get(key)
+        if isinstance(held, UnitState):
+            staged.add(h)
+            return held
+        raw = buf.get(key)
+        return UnitState() if raw is None else UnitState.from_bytes(raw)
+
+
+@contextmanager
+def gc_deferred() -> Iterator[None]:
+    """No cyclic garbage collection inside: at most one after. A units record allocates a
+    few containers per event (its decoded rows, forwards, unit states that live until the
+    checkpoint), so the collector would otherwise run every few hundred events and, as
+    they survive, walk the older generations (the worker's whole heap) again and again;
+    nothing a batch allocates is cyclic garbage."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _partition_value_last(kv: tuple[str, bytes | None]) -> bool:
+    return kv[0].startswith("p/")
+
+
+def _count(metrics: collections.Counter[str], **counts: int) -> None:
+    """Add the non-zero counts (a metric appears once it happened)."""
+    for name, n in counts.items():
+        if n:
+            metrics[name] += n
 
 
 class Forwarder(Protocol):
@@ -369,88 +420,68 @@ class CollectingForwarder:
         return None
 
 
-class BoundCommit:
-    """commit.BatchCommit's protocol for the bounding stage: `apply` applies in memory and
-    sends the forwards at once; `checkpoint` awaits their acknowledgements, writes each
-    changed unit value once, awaits the stores, and only then may the caller acknowledge
-    the units records to the group. `crash_point` names: CRASH_POINTS."""
+@runtime_checkable
+class BatchWriter(Protocol):
+    """A StateStore that takes many writes at once, in order (table.PartitionStore: one
+    RocksDB write batch; the changelog records in the same order)."""
+
+    def write_many(self, writes: Iterable[tuple[str, bytes | None]]) -> None: ...
+
+
+class BoundCommit(CheckpointLoop[BufferedStore]):
+    """The commit protocol (commit.CheckpointLoop) for the bounding stage: `apply`
+    applies in memory and sends the forwards at once; `checkpoint` awaits their
+    acknowledgements, writes each changed unit value once, then the partition value,
+    awaits the stores, and only then may the caller acknowledge the units records to the
+    group. `crash_point` names: CRASH_POINTS."""
+
+    crash_names = CRASH_POINTS
 
     def __init__(self, bounder: Bounder, store: StateStore | Stores, forwarder: Forwarder,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None) -> None:
+        super().__init__(store, forwarder, crash_point, fence)
         self.bounder = bounder
-        self.stores: Stores = (cast(Stores, store) if callable(getattr(store, "of", None))
-                               else SharedStore(cast(StateStore, store)))
         self.forwarder = forwarder
-        self.crash_point = crash_point
-        self.fence = fence
-        self._buffers: dict[int, BufferedStore] = {}
-        self.dirty_since: float | None = None
+
+    def open_buffer(self, partition: int) -> BufferedStore:
+        return BufferedStore(self.stores.of(partition))
 
     async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
         out = BoundOutput()
-        buf = self._buffers.get(partition)
-        if buf is None:
-            buf = self._buffers[partition] = BufferedStore(self.stores.of(partition))
-        try:
-            self.bounder.apply(buf, partition, records, out)
+        with self.applying(partition) as buf:
+            with gc_deferred():
+                self.bounder.apply(buf, partition, records, out)
             if out.timeline or out.deadletters:
                 if self.fence is not None:
                     self.fence()
                 self.forwarder.send(out)
-        except BaseException:
-            self.forget()
-            raise
-        if self.dirty_since is None:
-            self.dirty_since = time.monotonic()
         return out
 
-    async def checkpoint(self) -> None:
-        if self.dirty_since is None:
-            return
-        try:
-            if self.fence is not None:
-                self.fence()
-            await self.forwarder.flush()
-            self._crash("unit_after_forward")
-            first = True
-            for partition in sorted(self._buffers):
-                buf = self._buffers[partition]
-                if not buf:
-                    continue
-                store = self.stores.of(partition)
-                # The partition value (its filter and last offset) last, after every
-                # unit value it guards (a kill between two writes leaves it older).
-                writes = sorted(buf.writes(), key=lambda kv: kv[0].startswith("p/"))
-                for key, value in writes:
-                    if not first and self.crash_point is not None:
-                        await self.stores.flush()
-                        self._crash("unit_between_state_writes")
-                    first = False
-                    if value is None:
-                        store.delete(key)
-                    else:
-                        store.set(key, value)
-            await self.stores.flush()
-            self._crash("unit_after_state")
-        except BaseException:
-            self.forget()
-            raise
-        self.dirty_since = None
+    async def write_state(self) -> None:
+        first = True
+        for partition, buf in self.dirty_buffers():
+            store = self.stores.of(partition)
+            # The partition value (its filter and last offset) last, after every unit
+            # value it guards (a kill between two writes leaves it older).
+            if self.crash_point is None and isinstance(store, BatchWriter):
+                with gc_deferred():  # a value per unit touched
+                    store.write_many(sorted(buf.writes(), key=_partition_value_last))
+                continue
+            writes = sorted(buf.writes(), key=_partition_value_last)
+            for key, value in writes:
+                if not first and self.crash_point is not None:
+                    await self.between_writes()
+                first = False
+                if value is None:
+                    store.delete(key)
+                else:
+                    store.set(key, value)
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
         out = await self.apply(partition, records)
         await self.checkpoint()
         return out
-
-    def forget(self) -> None:
-        self._buffers.clear()
-        self.bounder.forget()
-        self.dirty_since = None
-
-    def _crash(self, name: str) -> None:
-        if self.crash_point is not None:
-            self.crash_point(name)
 
 
 def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]

@@ -3,29 +3,33 @@ once, and make the state durable at checkpoints, releases first.
 
 Used by the Faust worker (per-partition RocksDB stores with the changelog, a librdkafka
 publisher) and by replay and tests (one `DictStore`, a collecting publisher) alike, so
-both run the very same steps.
+both run the very same steps. `CheckpointLoop` is the protocol's skeleton (outputs
+acknowledged, state written, changelog acknowledged; its crash points and fence), shared
+with the bounding stage of privacy_unit = "user" (bounding.BoundCommit).
 
 Between checkpoints the applied state lives in one `transaction.PartitionTransaction` per
 partition (decoded values, each encoded once per checkpoint however many records touched
-it). A crash loses
-that state and nothing else: the worker acknowledges a timeline record to the consumer
-group only after the checkpoint that covers it, so the next owner re-applies it from the
-last checkpoint with the same keyed noise, and re-sends byte-identical releases.
+it; the bounding stage keeps a `state.BufferedStore`). A crash loses that state and
+nothing else: the worker acknowledges a timeline record to the consumer group only after
+the checkpoint that covers it, so the next owner re-applies it from the last checkpoint
+with the same keyed noise, and re-sends byte-identical releases.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Generic, Protocol, TypeVar
 
 from processor.stream.operator import Operator, Output
 from processor.stream.records import LedgerEntry, Release, marker_tick
 from processor.stream.state import StateStore, write_all
 from processor.stream.transaction import PartitionTransaction
 
-#: The names `crash_point` is called with, in order (a test hook; see BatchCommit).
+#: The names BatchCommit's `crash_point` is called with, in order (a test hook; see
+#: CheckpointLoop).
 CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
 
 
@@ -79,8 +83,147 @@ class SharedStore:
         return None
 
 
-class BatchCommit:
-    """Applies batches of timeline records and makes them durable at checkpoints.
+class Flushable(Protocol):
+    """What a commit hands its outputs to: `flush()` returns only once the broker
+    acknowledged every record handed over so far, and raises if one was not."""
+
+    async def flush(self) -> None: ...
+
+
+#: What a CheckpointLoop applies records to in one partition between checkpoints.
+Buffer = TypeVar("Buffer")
+
+
+class CheckpointLoop(Generic[Buffer]):
+    """The commit protocol's skeleton, whatever is applied (the operator's timeline
+    records to a PartitionTransaction: BatchCommit; the bounding stage's units records to
+    a BufferedStore: bounding.BoundCommit).
+
+    A subclass applies records to `buffer(partition)` (made by its `open_buffer`) inside
+    `applying(partition)` and
+    hands what they produce to its outputs there (after `fence`); nothing is durable until
+    `checkpoint()`:
+
+    1. await `outputs.flush()`: every record handed over is acknowledged;
+    2. `write_state()` (the subclass's): each changed value written once;
+    3. await the stores' durability (changelog acknowledgements).
+
+    Only then may the caller acknowledge the records applied before it to the consumer
+    group. A failure in `applying` or in a checkpoint drops every unwritten change
+    (`forget`): the records are re-applied from the last acknowledged one.
+
+    `crash_point(name)` is a test hook, called with `crash_names`: [0] once per
+    checkpoint after step 1, [1] between any two state writes of step 2 (each write made
+    durable first: `between_writes`), [2] after step 3; the worker turns
+    DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call.
+
+    `fence()` is called before anything is handed to the outputs and before a
+    checkpoint flushes or writes; it does not return when this process may have lost its
+    partitions meanwhile (the worker's `fencing.SuspensionFence`). Safety does not rest
+    on it (a value never replaces a newer one, and re-sent records are identical:
+    docs/state.md); it keeps a process that knows it is stale from adding work.
+    """
+
+    #: The names `crash_point` is called with: after the acks, between two state
+    #: writes, after the state.
+    crash_names: tuple[str, str, str] = CRASH_POINTS
+
+    def __init__(self, store: StateStore | Stores, outputs: Flushable,
+                 crash_point: Callable[[str], None] | None = None,
+                 fence: Callable[[], None] | None = None, offload: bool = False) -> None:
+        #: Run the heavy steps in a thread, so that the event loop of a worker keeps its
+        #: group heartbeats going meanwhile. One step at a time still: the caller awaits
+        #: each.
+        self.offload = offload
+        self.stores: Stores = _stores(store)
+        self.outputs = outputs
+        self.crash_point = crash_point
+        self.fence = fence
+        self._buffers: dict[int, Buffer] = {}
+        #: Monotonic time of the first apply since the last checkpoint (None: clean).
+        self.dirty_since: float | None = None
+
+    def open_buffer(self, partition: int) -> Buffer:
+        """A fresh buffer over the partition's store (the subclass's)."""
+        raise NotImplementedError
+
+    def buffer(self, partition: int) -> Buffer:
+        """The partition's applied, unwritten state."""
+        buf = self._buffers.get(partition)
+        if buf is None:
+            buf = self._buffers[partition] = self.open_buffer(partition)
+        return buf
+
+    @contextmanager
+    def applying(self, partition: int) -> Iterator[Buffer]:
+        """Around one apply: yields the partition's overlay; a failure forgets every
+        unwritten change (and is raised), a success leaves the state to checkpoint."""
+        try:
+            yield self.buffer(partition)
+        except BaseException:
+            self.forget()
+            raise
+        if self.dirty_since is None:
+            self.dirty_since = time.monotonic()
+
+    def dirty_buffers(self) -> list[tuple[int, Buffer]]:
+        """(partition, buffer) of every partition with unwritten changes (a buffer is
+        false when it has none), in partition order (the order step 2 writes them in)."""
+        return [(p, self._buffers[p]) for p in sorted(self._buffers) if self._buffers[p]]
+
+    async def between_writes(self) -> None:
+        """Between two state writes in test mode: the earlier one made durable, then the
+        crash point (a kill there leaves exactly a prefix of the writes)."""
+        await self.stores.flush()
+        self._crash(self.crash_names[1])
+
+    async def write_state(self) -> None:
+        """Step 2: write each changed value of every buffer once, in the crash-safe
+        order, calling `between_writes` between any two when `crash_point` is set."""
+        raise NotImplementedError
+
+    async def checkpoint(self) -> None:
+        """Make everything applied so far durable (see the class doc). With nothing
+        applied since the last one, there is nothing to do (and no crash point)."""
+        if self.dirty_since is None:
+            return
+        try:
+            self._fence()
+            await self.outputs.flush()
+            self._crash(self.crash_names[0])
+            self._fence()
+            await self.write_state()
+            await self.stores.flush()
+            self._crash(self.crash_names[2])
+        except BaseException:
+            self.forget()
+            raise
+        self.written()
+        self.dirty_since = None
+
+    def written(self) -> None:
+        """After a checkpoint made every buffer durable (the subclass's; default:
+        the buffers stay, empty)."""
+
+    def forget(self) -> None:
+        """Drop every applied but unwritten change: the next record of a partition
+        reloads it from its store (after a failure, or when the partitions change
+        hands)."""
+        self._buffers.clear()
+        self.dirty_since = None
+
+    def _fence(self) -> None:
+        if self.fence is not None:
+            self.fence()
+
+    def _crash(self, name: str) -> None:
+        if self.crash_point is not None:
+            self.crash_point(name)
+
+
+class BatchCommit(CheckpointLoop[PartitionTransaction]):
+    """Applies batches of timeline records and makes them durable at checkpoints, by
+    the CheckpointLoop protocol (crash points: CRASH_POINTS).
 
     `apply(partition, records)` applies records in offset order to the partition's
     buffered state and hands the releases they produce to the publisher at once (their
@@ -88,10 +231,9 @@ class BatchCommit:
     `checkpoint()`:
 
     1. await the publisher's acknowledgement of every release and ledger entry sent;
-    2. write each changed value once per partition: counter states, then the partition
-       value (each partition transaction's write plan: `PartitionTransaction.prepare`);
-    3. await the stores' durability (changelog acknowledgements), then complete the
-       transactions.
+    2. write each changed value once per partition, by its transaction's write plan:
+       counter states, then the partition value (transaction.PartitionTransaction);
+    3. await the stores' durability (changelog acknowledgements).
 
     Only then may the caller acknowledge the records applied before it to the consumer
     group. A crash anywhere re-applies from the last acknowledged record: before 2 with
@@ -99,36 +241,19 @@ class BatchCommit:
     onto values that skip what they reflect already (their offset), so nothing is lost
     or counted twice; a failure fails the transactions and forgets every decoded value.
     `commit(partition, records)` is apply and checkpoint in one.
-
-    `crash_point(name)` is a test hook: called "after_acks" once per checkpoint, then
-    "between_state_writes" between every two state writes (each write made durable
-    first, so that a kill there leaves exactly a prefix of them), then "after_state";
-    the worker turns DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call.
-
-    `fence()` is called before a checkpoint publishes or writes; it does not return when
-    this process may have lost its partitions meanwhile (the worker's
-    `fencing.SuspensionFence`). Safety does not rest on it (a value never replaces a
-    newer one, and re-sent releases are identical: docs/state.md); it keeps a process
-    that knows it is stale from adding work.
     """
 
     def __init__(self, operator: Operator, store: StateStore | Stores, publisher: Publisher,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None, offload: bool = False) -> None:
+        # offload: a batch with a marker (it may create or seal thousands of counters)
+        # and a checkpoint's encoding and writes run in a thread.
+        super().__init__(store, publisher, crash_point, fence, offload)
         self.operator = operator
-        #: Run the heavy steps (a batch with a marker: it may create or seal thousands of
-        #: counters; a checkpoint's encoding and writes) in a thread, so that the event
-        #: loop of a worker keeps its group heartbeats going meanwhile. One step at a time
-        #: still: the caller awaits each.
-        self.offload = offload
-        self.stores: Stores = _stores(store)
         self.publisher = publisher
-        self.crash_point = crash_point
-        self.fence = fence
-        #: The open transaction of each partition applied to since the last checkpoint.
-        self._transactions: dict[int, PartitionTransaction] = {}
-        #: Monotonic time of the first apply since the last checkpoint (None: clean).
-        self.dirty_since: float | None = None
+
+    def open_buffer(self, partition: int) -> PartitionTransaction:
+        return self.operator.transaction(self.stores.of(partition))
 
     async def apply(self, partition: int, records: Sequence[tuple[int, bytes]],
                     stamps: Mapping[int, int] | None = None) -> Output:
@@ -137,11 +262,7 @@ class BatchCommit:
         Kafka timestamp, where known (Operator.apply). Returns the batch's releases,
         ledger entries and aggregate metrics."""
         out = Output()
-        txn = self._transactions.get(partition)
-        if txn is None:
-            txn = self._transactions[partition] = self.operator.transaction(
-                self.stores.of(partition))
-        try:
+        with self.applying(partition) as txn:
             if self.offload and any(marker_tick(r) is not None for _o, r in records):
                 await asyncio.to_thread(self._apply_all, txn, partition, records, stamps, out)
             else:
@@ -149,11 +270,6 @@ class BatchCommit:
             if out.ledger or out.releases:
                 self._fence()
                 self.publisher.send(out.ledger, out.releases)
-        except BaseException:
-            self.forget()
-            raise
-        if self.dirty_since is None:
-            self.dirty_since = time.monotonic()
         return out
 
     def _apply_all(self, txn: PartitionTransaction, partition: int,
@@ -165,8 +281,8 @@ class BatchCommit:
 
     def _write_all(self) -> None:
         """Step 2 without crash points: every transaction's write plan, in order."""
-        for partition in sorted(self._transactions):
-            plan = self._transactions[partition].prepare()
+        for partition in sorted(self._buffers):
+            plan = self._buffers[partition].prepare()
             if plan:
                 write_all(self.stores.of(partition), plan)
 
@@ -174,43 +290,24 @@ class BatchCommit:
         """Step 2 in test mode: each write acknowledged before the next, a crash point
         between any two (a kill there leaves exactly a prefix of them)."""
         first = True
-        for partition in sorted(self._transactions):
-            plan = self._transactions[partition].prepare()
+        for partition in sorted(self._buffers):
+            plan = self._buffers[partition].prepare()
             if not plan:
                 continue
             store = self.stores.of(partition)
             for key, value in plan:
                 if not first:
-                    await self.stores.flush()
-                    self._crash("between_state_writes")
+                    await self.between_writes()
                 first = False
                 store.set(key, value)
 
-    async def checkpoint(self) -> None:
-        """Make everything applied so far durable (see the class doc). With nothing
-        applied since the last one, there is nothing to do (and no crash point)."""
-        if self.dirty_since is None:
-            return
-        try:
-            self._fence()
-            await self.publisher.flush()
-            self._crash("after_acks")
-            self._fence()
-            if self.crash_point is not None:
-                await self._write_each()
-            elif self.offload:
-                await asyncio.to_thread(self._write_all)
-            else:
-                self._write_all()
-            await self.stores.flush()
-            self._crash("after_state")
-        except BaseException:
-            self.forget()
-            raise
-        for txn in self._transactions.values():
-            txn.complete()
-        self._transactions.clear()
-        self.dirty_since = None
+    async def write_state(self) -> None:
+        if self.crash_point is not None:
+            await self._write_each()
+        elif self.offload:
+            await asyncio.to_thread(self._write_all)
+        else:
+            self._write_all()
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
                      stamps: Mapping[int, int] | None = None) -> Output:
@@ -219,23 +316,19 @@ class BatchCommit:
         await self.checkpoint()
         return out
 
+    def written(self) -> None:
+        for txn in self._buffers.values():
+            txn.complete()
+        self._buffers.clear()
+
     def forget(self) -> None:
         """Fail every open transaction, dropping every applied but unwritten change and
         every decoded value: the next record of a partition reloads it from its store
         (after a failure, or when the partitions change hands)."""
-        for txn in self._transactions.values():
+        for txn in self._buffers.values():
             txn.fail()
-        self._transactions.clear()
+        super().forget()
         self.operator.forget()
-        self.dirty_since = None
-
-    def _fence(self) -> None:
-        if self.fence is not None:
-            self.fence()
-
-    def _crash(self, name: str) -> None:
-        if self.crash_point is not None:
-            self.crash_point(name)
 
 
 def _stores(store: StateStore | Stores) -> Stores:

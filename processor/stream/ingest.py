@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any, Final, cast
 
 import orjson
@@ -56,6 +57,7 @@ from processor.stream.bounding import (
     UnitHasher,
     UnitRow,
     encode_units,
+    gc_deferred,
     unit_key,
     unit_partition,
     unit_row,
@@ -147,13 +149,16 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
                                                  rec.partition, rec.offset))
         out.metrics[f"deadletter_{rejection.reason}"] += 1
 
+    # User mode: the bounding stage picks each kept event's timeline partition, and
+    # _route_units groups the events by unit; no timeline partition is needed here.
+    units = settings.privacy_unit == "user"
     for rec in records:
         try:
             parsed = parse(rec.value, settings, now_ms, rec.partition, rec.offset)
             if isinstance(parsed, Rejection):
                 dead(parsed, rec)
                 continue
-            by_partition.setdefault(partition_for(parsed.counter, partitions),
+            by_partition.setdefault(0 if units else partition_for(parsed.counter, partitions),
                                     []).append(parsed)
             raw_of[(rec.partition, rec.offset)] = rec.value
         except Exception as exc:
@@ -178,9 +183,10 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
         encode(tp, events[:half])
         encode(tp, events[half:])
 
-    if settings.privacy_unit == "user":
-        return _route_units(out, by_partition, raw_of, settings, unit_key, source,
-                            max_events, max_bytes, dead)
+    if units:
+        with gc_deferred():  # a units row per event (bounding.gc_deferred)
+            return _route_units(out, by_partition, raw_of, settings, unit_key, source,
+                                max_events, max_bytes, dead)
     for tp in sorted(by_partition):
         events = by_partition[tp]
         for i in range(0, len(events), max_events):
@@ -212,7 +218,7 @@ def _route_units(out: Routed, by_partition: dict[int, list[Event]],
         raise IngestError('privacy_unit = "user" needs the unit key (the noise key)')
     hasher = _hasher(unit_key)
     events = sorted((ev for evs in by_partition.values() for ev in evs),
-                    key=lambda e: (e.src_partition, e.src_offset))
+                    key=attrgetter("src_partition", "src_offset"))
     by_unit: dict[int, list[UnitRow]] = {}
     for ev in events:
         if ev.unit is None:  # parse_input rejects these in user mode: never counted

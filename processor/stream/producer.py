@@ -101,6 +101,29 @@ class AsyncProducer:
                     self._in_flight -= 1
                 raise
 
+    def produce_many(self, topic: str, records: Sequence[tuple[bytes | None, bytes | None]],
+                     partition: int = -1) -> None:
+        """`produce` of each (key, value) to `partition` (-1: the partitioner's choice, as
+        `produce` without one), in order, with what `produce` does per record done once
+        per call (a checkpoint of the bounding stage writes a record per unit)."""
+        if not records:
+            return
+        client = self._producer
+        send, delivered = client.produce, self._delivered
+        with self._lock:
+            self._in_flight += len(records)
+        for i, (key, value) in enumerate(records):
+            while True:
+                try:
+                    send(topic, value, key, partition, delivered)
+                    break
+                except BufferError:
+                    client.poll(0.05)  # the local queue is full: let it drain
+                except BaseException:
+                    with self._lock:
+                        self._in_flight -= len(records) - i
+                    raise
+
     async def flush(self) -> None:
         """Wait until every record produced so far is acknowledged (or failed)."""
         loop = asyncio.get_running_loop()

@@ -462,7 +462,13 @@ def deadletter_record(rejection: Rejection, raw: bytes, topic: str, partition: i
 def encode_batch(events: Sequence[Event], source: str = "") -> bytes:
     """Timeline bytes of one batch of validated events (one timeline partition's), read
     from the input topic whose identity is `source` ("" : not named)."""
-    rows = [[e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in events]
+    return encode_batch_rows(
+        [[e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in events], source)
+
+
+def encode_batch_rows(rows: Sequence[Sequence[Any]], source: str = "") -> bytes:
+    """encode_batch of events given as rows [counter, ts_ms, units, src_partition,
+    src_offset] (a caller that has them as rows builds no Event)."""
     if source:
         return orjson.dumps({"v": TIMELINE_VERSION, "k": "b", "i": source, "e": rows})
     return orjson.dumps({"v": TIMELINE_VERSION, "k": "b", "e": rows})

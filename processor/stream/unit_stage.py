@@ -5,8 +5,8 @@ The pure rules are in bounding.py; this is the shell around them.
 
 Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
 (BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
-the group only by the next checkpoint (every CHECKPOINT_S or CHECKPOINT_RECORDS, at a
-revocation and at a clean stop): forwards acknowledged, unit values written, changelog
+the group only by the next checkpoint (every UNITS_CHECKPOINT_S or CHECKPOINT_RECORDS, at
+a revocation and at a clean stop): forwards acknowledged, unit values written, changelog
 acknowledged, then the acks.
 """
 
@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import faust
 from faust.types import TP, Message
@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("processor.stream.unit_stage")
 
+#: The stage's checkpoint interval, longer than the operator's (app.CHECKPOINT_S): its
+#: forwards go out at once whatever this is, so it bounds only what a crash makes the
+#: next owner re-apply, and each checkpoint writes every unit touched since the last one
+#: (a unit touched in two intervals is written twice).
+UNITS_CHECKPOINT_S: Final = 2.0
+
 
 class KafkaForwarder:
     """bounding.Forwarder on the worker's producer: kept events to the timeline (their
@@ -54,8 +60,7 @@ class KafkaForwarder:
         produce = self._producer.produce
         for tp, data in out.timeline:
             produce(self._timeline, data, partition=tp)
-        for data in out.deadletters:
-            produce(self._deadletter, data)
+        self._producer.produce_many(self._deadletter, [(None, d) for d in out.deadletters])
         self._add("unit_forward_batches", len(out.timeline))
 
     async def flush(self) -> None:
@@ -68,13 +73,12 @@ class UnitStage:
     def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
         from processor.stream.app import (
             CHECKPOINT_RECORDS,
-            CHECKPOINT_S,
             ROCKSDB_OPTIONS,
             GapGuard,
             raw_topic,
         )
 
-        self._checkpoint_s = CHECKPOINT_S
+        self._checkpoint_s = UNITS_CHECKPOINT_S
         self._checkpoint_records = CHECKPOINT_RECORDS
         s = worker.settings
         self.worker = worker
@@ -99,7 +103,7 @@ class UnitStage:
         self._unacked: list[Message] = []
         self._unacked_gaps: dict[TP, list[int]] = {}
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
-        worker.app.timer(interval=CHECKPOINT_S / 2,
+        worker.app.timer(interval=UNITS_CHECKPOINT_S / 4,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
 
     async def bound(self, stream: faust.StreamT[bytes]) -> None:

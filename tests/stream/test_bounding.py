@@ -11,6 +11,7 @@ same assertions.
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections.abc import Callable, Sequence
 
@@ -326,3 +327,83 @@ def test_unit_hasher_is_the_hmac() -> None:
     for uid in ["a", "b", "a", "é", "c", "d", "a", "x" * 256]:
         assert hasher(uid) == unit_hash(UKEY, uid)
     assert UnitHasher(b"other key " * 4)("a") != unit_hash(UKEY, "a")  # control
+
+
+class BatchStore(DictStore):
+    """A DictStore that takes many writes at once (bounding.BatchWriter), counting the
+    calls, as table.PartitionStore's one RocksDB write batch per checkpoint."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    def write_many(self, writes: Sequence[tuple[str, bytes | None]]) -> None:
+        self.batches.append([k for k, _ in writes])
+        for key, value in writes:
+            if value is None:
+                self.delete(key)
+            else:
+                self.set(key, value)
+
+
+@pytest.mark.parametrize("every", [1, 3, 1000])
+def test_checkpoint_cadence_changes_nothing(every: int) -> None:
+    """Checkpoints after every record, every 3, or once at the end (units touched by
+    several batches in between are carried over as decoded values, never re-read): the
+    same timeline records, dead letters and final state, byte for byte. A store that
+    takes a checkpoint's writes at once gets them in one call per partition, the
+    partition value last."""
+    log = _log(5, n_records=40)
+    ref, ref_store = _run(log)
+    fw, store = CollectingForwarder(), BatchStore()
+    bc = BoundCommit(Bounder(S), store, fw)
+    for i, (p, off, raw) in enumerate(log):
+        asyncio.run(bc.apply(p, [(off, raw)]))
+        if (i + 1) % every == 0:
+            asyncio.run(bc.checkpoint())
+    asyncio.run(bc.checkpoint())
+    assert fw.timeline == ref.timeline and fw.deadletters == ref.deadletters
+    assert store.data == ref_store.data
+    assert store.batches and all(b[-1].startswith("p/") for b in store.batches)
+    assert all(not k.startswith("p/") for b in store.batches for k in b[:-1])
+
+
+def test_crash_points_write_one_value_at_a_time() -> None:
+    """With a crash point (test mode), each state write is its own, a crash point
+    between any two, even on a store that takes many at once: n writes in a checkpoint,
+    n - 1 crash points between them."""
+    log = _log(6)
+    calls: list[str] = []
+    writes: list[str] = []
+
+    class Counting(BatchStore):
+        def set(self, key: str, value: bytes) -> None:
+            writes.append(key)
+            super().set(key, value)
+
+    store = Counting()
+    bc = BoundCommit(Bounder(S), store, CollectingForwarder(), crash_point=calls.append)
+    for p, off, raw in log[:4]:
+        asyncio.run(bc.commit(p, [(off, raw)]))
+    assert not store.batches
+    assert calls.count("unit_after_state") == 4
+    assert calls.count("unit_between_state_writes") == len(writes) - 4 > 0
+
+
+def test_gc_deferred_restores_the_collector() -> None:
+    """The collector is off inside and back as it was after, also after an exception; a
+    collector someone else turned off stays off."""
+    assert gc.isenabled()
+    with bounding.gc_deferred():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(Killed), bounding.gc_deferred():
+        raise Killed("inside")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with bounding.gc_deferred():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

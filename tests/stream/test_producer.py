@@ -1,0 +1,97 @@
+"""AsyncProducer.produce_many (processor/stream/producer.py) on a stand-in for the
+librdkafka client: records in order, a full local queue waited out, and the records in
+flight counted exactly (what `flush` waits for), also when a produce fails midway."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from processor.stream.producer import AsyncProducer
+
+
+class FakeClient:
+    """Takes produce calls as librdkafka's Producer (positional: topic, value, key,
+    partition, on_delivery); raises BufferError at the calls in `full` once each, and
+    `fail_at`'s exception at that call."""
+
+    def __init__(self, full: frozenset[int] = frozenset(), fail_at: int | None = None) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+        self.calls = 0
+        self.polls = 0
+        self.full = set(full)
+        self.fail_at = fail_at
+
+    def produce(self, topic: str, value: bytes | None, key: bytes | None, partition: int,
+                on_delivery: Any) -> None:
+        n = self.calls
+        self.calls += 1
+        if n in self.full:
+            self.full.discard(n)
+            raise BufferError("queue full")
+        if n == self.fail_at:
+            raise RuntimeError("broken")
+        self.sent.append((topic, value, key, partition, on_delivery))
+
+    def poll(self, timeout: float) -> int:
+        self.polls += 1
+        return 0
+
+
+def _producer(client: FakeClient) -> AsyncProducer:
+    p = AsyncProducer({})
+    p._client = client  # type: ignore[assignment]
+    return p
+
+
+class Delivered:
+    def __init__(self, topic: str, partition: int, offset: int) -> None:
+        self._t, self._p, self._o = topic, partition, offset
+
+    def topic(self) -> str:
+        return self._t
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o
+
+
+def test_records_in_order_a_full_queue_waited_out_and_flush_waits_for_all() -> None:
+    client = FakeClient(full={1})
+    p = _producer(client)
+    records = [(b"k%d" % i, b"v%d" % i) for i in range(5)]
+    p.produce_many("t", records, 3)
+    assert [(s[2], s[1], s[3]) for s in client.sent] == [(k, v, 3) for k, v in records]
+    assert client.polls == 1
+
+    async def flush_after_acks() -> None:
+        waiting = asyncio.ensure_future(p.flush())
+        await asyncio.sleep(0)
+        assert not waiting.done()  # five in flight
+        for i, s in enumerate(client.sent):
+            s[4](None, Delivered("t", 3, i))
+            await asyncio.sleep(0)
+        await asyncio.wait_for(waiting, 1.0)
+
+    asyncio.run(flush_after_acks())
+    p.produce_many("t", [])  # nothing: nothing in flight
+    asyncio.run(asyncio.wait_for(p.flush(), 1.0))
+
+
+def test_a_failed_produce_leaves_only_the_sent_records_in_flight() -> None:
+    client = FakeClient(fail_at=2)
+    p = _producer(client)
+    with pytest.raises(RuntimeError):
+        p.produce_many("t", [(None, b"a"), (None, b"b"), (None, b"c"), (None, b"d")])
+    assert len(client.sent) == 2
+
+    async def flush_after_acks() -> None:
+        for i, s in enumerate(client.sent):
+            s[4](None, Delivered("t", 0, i))
+        await asyncio.wait_for(p.flush(), 1.0)  # returns: the two sent are acknowledged
+
+    asyncio.run(flush_after_acks())
