@@ -502,10 +502,13 @@ class KillDriver:
     """
 
     def __init__(self, dep: Deployment, rng: random.Random, *, bad_share: float,
-                 backlog: tuple[int, int] = (6000, 12000)) -> None:
+                 backlog: tuple[int, int] = (6000, 12000),
+                 mid_batch_points: Sequence[tuple[str, int, int]] = MID_BATCH_POINTS) -> None:
         self.dep = dep
         self.rng = rng
         self.bad_share = bad_share
+        #: The DPC_TEST_CRASH_AT points a mid-batch kill picks from, with their call ranges.
+        self.mid_batch_points = tuple(mid_batch_points)
         #: How many records a backlog kill produces while the worker is down (range).
         self.backlog = backlog
         self.expected: dict[bytes, FuzzRecord] = {}
@@ -575,7 +578,7 @@ class KillDriver:
             self._sigkill(w, moment)
             self.counts["backlog_kills_mid_drain"] += 0 if drained else 1
         elif moment == "mid_batch":
-            point, lo, hi = self.rng.choice(MID_BATCH_POINTS)
+            point, lo, hi = self.rng.choice(self.mid_batch_points)
             w.kill()
             w.env[CRASH_ENV] = f"{point}:{self.rng.randint(lo, hi)}"
             w.start()
@@ -689,21 +692,28 @@ class KillDriver:
 
     # -- the end
 
+    def drain_stages(self) -> list[tuple[str, str, str]]:
+        """(role, consumer group, topic) of each stage a drain waits for, upstream first:
+        ingest on the input, the operator on the timeline."""
+        topics, app = self.dep.topics, self.dep.settings.app_id
+        return [("input", f"{app}-ingest", topics.input), ("timeline", app, topics.timeline)]
+
     def drain_and_stop(self, workers: Sequence[WorkerProcess], timeout_s: float = 600.0) -> bool:
-        """Wait until ingest committed the whole input and the operator the timeline as it
-        was then, then stop every worker cleanly. False if that did not happen in time
+        """Wait until each of `drain_stages` committed its topic as it was once the stage
+        before it had (ingest the whole input, then the operator the timeline), then stop
+        every worker cleanly. False if that did not happen in time
         (the checks still run: they judge whatever is committed); `counts` then says how
         many records each group's commit was short of, per partition."""
         for w in workers:
             if not w.alive():
                 w.start()
-        conf, topics, app = self.dep.conf, self.dep.topics, self.dep.settings.app_id
         deadline = time.monotonic() + timeout_s
-        behind = {("input", p): n for p, n in
-                  _wait_committed(conf, f"{app}-ingest", topics.input, deadline).items()}
-        if not behind:
-            behind = {("timeline", p): n for p, n in
-                      _wait_committed(conf, app, topics.timeline, deadline).items()}
+        behind: dict[tuple[str, int], int] = {}
+        for role, group, topic in self.drain_stages():
+            behind = {(role, p): n for p, n in
+                      _wait_committed(self.dep.conf, group, topic, deadline).items()}
+            if behind:
+                break
         for (role, p), n in behind.items():
             self.counts[f"drain_short_{role}_p{p}"] = n
         for w in workers:
