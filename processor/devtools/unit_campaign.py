@@ -567,9 +567,10 @@ class UnitDriver(KillDriver):
     UNIT_CRASH_POINTS too, waits for the bounding stage in a drain, and rebalances."""
 
     def __init__(self, dep: Deployment, rng: random.Random, *, bad_share: float,
-                 units: int, backlog: tuple[int, int] = (300, 800)) -> None:
+                 units: int, backlog: tuple[int, int] = (300, 800),
+                 crash_points: Sequence[tuple[str, int, int]] = UNIT_CRASH_POINTS) -> None:
         super().__init__(dep, rng, bad_share=bad_share, backlog=backlog,
-                         mid_batch_points=UNIT_CRASH_POINTS)
+                         mid_batch_points=crash_points)
         self.population = UnitPopulation.make(units, sorted(dep.settings.counters), rng)
         self.records: dict[bytes, UnitRecord] = {}
         self._fresh = True
@@ -623,10 +624,13 @@ def unit_phase(bootstrap: str, parent: str | Path, rng: random.Random, *, record
                kills: int, rebalances: int, k: int = 2, m: int = 3, counters: int = 6,
                unit_epsilon: float = 300.0, bad_share: float = 0.3,
                units: int | None = None, name: str = "campU",
+               plan: Sequence[str] | None = None,
+               crash_points: Sequence[tuple[str, int, int]] = UNIT_CRASH_POINTS,
                drain_timeout_s: float = 600.0) -> dict[str, Any]:
     """Phase U: one "user" deployment with two workers of one group, `records` records
     (about `bad_share` bad) from `units` units (default records / 8), `kills` SIGKILLs and
-    `rebalances` rebalances at random moments; then drain, clean stop and the checks:
+    `rebalances` rebalances at random moments (or the fault kinds of `plan`, in order;
+    mid-batch kills at `crash_points`); then drain, clean stop and the checks:
     check_unit_topics (1, 2, 3, 5), and 4: the replay command (exit 0, identical) and
     campaign.check_published. Returns the figures; "ok" is every checker's verdict."""
     started = time.monotonic()
@@ -636,10 +640,10 @@ def unit_phase(bootstrap: str, parent: str | Path, rng: random.Random, *, record
     try:
         other = dep.add_worker("worker-b")
         driver = UnitDriver(dep, rng, bad_share=bad_share,
-                            units=units or max(8, records // 8))
+                            units=units or max(8, records // 8), crash_points=crash_points)
         dep.worker.start()
         other.start()
-        plan = unit_fault_plan(kills, rebalances, rng)
+        plan = list(plan) if plan is not None else unit_fault_plan(kills, rebalances, rng)
         chunk = max(50, records // (len(plan) + 2))
         driver.feed(chunk)
         dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -32,6 +33,7 @@ from processor.devtools.campaign import (
     fuzz_corpus,
 )
 from processor.devtools.deployment import Deployment
+from processor.devtools.unit_campaign import BOUND_REASON, MISSING_REASON, unit_phase
 from processor.stream.config import Settings, with_overrides
 from processor.stream.records import REASONS, USER_MODE_REASONS, Rejection, parse_input
 from tests.stream.test_app_e2e import TEST_SECRET
@@ -109,3 +111,32 @@ def test_small_campaign_with_a_kill_at_every_moment(
     nan = next(raw for raw, r in driver.expected.items() if r.category == "value_nan")
     wrong = {**driver.expected, nan: replace(driver.expected[nan], reason="unparsable")}
     assert check(dep, wrong, with_replay=False).bad_wrong_reason >= 1
+
+
+@pytest.mark.kafka
+def test_small_unit_campaign_with_kills_and_a_rebalance(kafka_bootstrap: str,
+                                                         tmp_path: Path) -> None:
+    """Phase U small (processor/devtools/unit_campaign.py): privacy_unit = "user" with
+    k = 2, m = 3, two workers of one group, a few hundred records (every bad category,
+    bad unit ids, many events per unit), a SIGKILL inside the bounding stage's checkpoint
+    (after its forwards, or between its state writes), one during startup and a
+    rebalance; every checker at zero: each record counted or dead-lettered once, the
+    kept set equal to the recomputation, no unit beyond a bound, the published counts
+    equal to the recomputation and replay's (exit 0, identical), no raw id outside the
+    input and dead-letter topics. The checkers' controls: tests/reliability/
+    test_unit_checks.py."""
+    result = unit_phase(kafka_bootstrap, tmp_path, random.Random(1731), records=400,
+                        kills=2, rebalances=1, units=40, name="campu",
+                        plan=["mid_batch", "rebalance", "startup"],
+                        crash_points=(("unit_after_forward", 1, 3),
+                                      ("unit_between_state_writes", 2, 8)),
+                        drain_timeout_s=180)
+    print("small unit campaign:", result)
+    units = result["units"]
+    assert result["ok"], result
+    assert units["recomputed_dropped"] > 0 and units["counted"] > 0
+    assert {BOUND_REASON, MISSING_REASON, "invalid_unit"} <= set(
+        units["dead_letters_by_reason"])
+    assert units["ids_scanned"] > 0 and units["topics_scanned"] >= 5
+    assert result["driver"].get("kills_mid_batch", 0) + result["driver"].get(
+        "kills_startup", 0) >= 1, result["driver"]
