@@ -21,9 +21,17 @@ E. network partitions: two workers of one deployment (4 timeline
    reaching its own single-node broker only through a TCP proxy; `--partitions-faults`
    faults per seed (blackholes of 12-20 s and 6-8 s with the connections kept open,
    resets of 12-20 s), for each of `--partition-seeds` (default: `--seed`); checked also
-   against a recomputation of the published stream and the changelog.
+   against a recomputation of the published stream and the changelog;
+U. privacy_unit = "user" (processor/devtools/unit_campaign.py): one deployment with small
+   bounds (`--unit-k`, `--unit-m`), two workers of one group, `--unit-records` records
+   (every bad category, bad unit ids, many events per unit over several counters),
+   `--unit-kills` SIGKILLs (startup, after a marker, in a backlog, at the crash points of
+   the bounding stage, the operator and ingest) and `--unit-rebalances` rebalances;
+   checked: every record counted or dead-lettered once, the kept set against a
+   recomputation of the bound, no unit beyond a bound, the published counts against the
+   recomputation and replay's, no raw unit id outside the input and dead-letter topics.
 
-Phases A and B use `--bootstrap` or, by default, a single local node this script starts;
+Phases A, B and U use `--bootstrap` or, by default, a single local node this script starts;
 phases C and D always start their own cluster, phase E its own proxied node. Every broker
 and worker started here is stopped at the end. Prints one JSON document of figures; exit
 code 0 when every phase passed.
@@ -59,6 +67,7 @@ from processor.devtools.campaign import (  # noqa: E402
 from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
 from processor.devtools.kafka.cluster import LocalKafka  # noqa: E402
 from processor.devtools.proxy import ProxiedKafka  # noqa: E402
+from processor.devtools.unit_campaign import unit_phase  # noqa: E402
 
 #: Share of bad records in the fed corpus (the earlier campaign: 100,020 bad, 2,500 valid).
 BAD_SHARE = 0.975
@@ -233,6 +242,20 @@ def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
     return out
 
 
+def phase_u(bootstrap: str, parent: Path, rng: random.Random, records: int, kills: int,
+            rebalances: int, k: int, m: int) -> dict[str, Any]:
+    """privacy_unit = "user": two workers, kills (the stage's crash points too) and
+    rebalances, the unit checkers."""
+    say(f"U: {records} records, {kills} kills, {rebalances} rebalances, k={k}, m={m}")
+    result = unit_phase(bootstrap, parent, rng, records=records, kills=kills,
+                        rebalances=rebalances, k=k, m=m)
+    u = result["units"]
+    say(f"U: ok={result['ok']} counted={u['counted']} dead={u['dead_lettered']} "
+        f"violations={u['violations']} published={result['published']['violations']} "
+        f"replay={result['replay_cli'].get('verdict')}")
+    return result
+
+
 def save(path: str | None, results: list[dict[str, Any]]) -> None:
     """The phases done so far, so an interrupted run keeps what it measured."""
     if path:
@@ -274,8 +297,19 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase E: valid events a second (default %(default)s)")
     p.add_argument("--partition-nodes", type=int, default=1,
                    help="phase E: broker nodes, 1 or 3 (default %(default)s)")
+    p.add_argument("--unit-records", type=int, default=5000,
+                   help="phase U: records fed (default %(default)s)")
+    p.add_argument("--unit-kills", type=int, default=10,
+                   help="phase U: SIGKILLs of one of the two workers (default %(default)s)")
+    p.add_argument("--unit-rebalances", type=int, default=3,
+                   help="phase U: a worker stopped and started (default %(default)s)")
+    p.add_argument("--unit-k", type=int, default=2,
+                   help="phase U: max_events_per_counter (default %(default)s)")
+    p.add_argument("--unit-m", type=int, default=3,
+                   help="phase U: max_counters_per_unit (default %(default)s)")
     p.add_argument("--phases", default="ABCD",
-                   help="which phases to run (default ABCD; E: network partitions)")
+                   help="which phases to run (default ABCD; E: network partitions; "
+                        "U: privacy_unit = user)")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--bootstrap", help="broker of phases A and B (default: start one)")
     p.add_argument("--out", help="also write the JSON figures to this file")
@@ -285,13 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="dpc-campaign-") as tmp:
         parent = Path(tmp)
-        needs_single = bool({"A", "B"} & set(args.phases))
+        needs_single = bool({"A", "B", "U"} & set(args.phases))
         ctx = broker(args.bootstrap) if needs_single else nullcontext(("", None))
         with ctx as (bootstrap, _kafka):
             runs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
                 ("A", lambda: phase_a(bootstrap, parent, rng, args.records, args.kills)),
                 ("B", lambda: phase_b(bootstrap, parent, rng, args.phase_records,
                                       args.pauses, args.pair_kills)),
+                ("U", lambda: phase_u(bootstrap, parent, rng, args.unit_records,
+                                      args.unit_kills, args.unit_rebalances, args.unit_k,
+                                      args.unit_m)),
             ]
             for name, run in runs:
                 if name in args.phases:
