@@ -186,7 +186,14 @@ def test_bounds_hold_across_a_kill_in_the_stage_checkpoint(
     live = _user_live(live_factory, f"ub-{point[5:12]}")
     live.worker.env["DPC_TEST_CRASH_AT"] = f"{point}:2"
     live.worker.start()
-    _waves(live, 7, waves=12, per_wave=40, pause_s=0.7)
+    # Waves until the kill: the 2nd passage needs input after the stage's 1st checkpoint,
+    # however long the worker takes to start and join (a loaded machine).
+    deadline = time.monotonic() + 90
+    wave = 0
+    while live.worker.alive() and time.monotonic() < deadline:
+        live.produce(_events(700 + wave, 40))
+        wave += 1
+        time.sleep(0.7)  # the pace of input, not a synchronisation
     code, log = live.worker.wait_exit(timeout_s=60, tail=300)
     assert code == -9 and f"test crash point {point} reached" in log, log
     del live.worker.env["DPC_TEST_CRASH_AT"]
