@@ -339,10 +339,10 @@ def _largest_delta(eps: float, unit_epsilon: float, unit_delta: float, k: int, m
 def _coupled(unit_epsilon: float, unit_delta: float, k: int, m: int, mechanism: str,
              calibration: str) -> tuple[float, float] | None:
     """The per-event (eps, delta) the coupling certifies with the smallest error proxy:
-    eps on a geometric grid (7 points) from the basic eps / 2 to the unit epsilon, refined by golden
-    section around the best point; for each, the largest certified delta. None if no
-    point of the grid is certified. Any certified point is private: the search only
-    chooses accuracy."""
+    eps on a geometric grid (7 points) from the basic eps / 2 to the unit epsilon, refined
+    by golden section (4 steps) around the best point; for each, the largest certified
+    delta. None if no point of the grid is certified. Any certified point is private: the
+    search only chooses accuracy."""
     basic = _basic(unit_epsilon, unit_delta, k, m).event_epsilon
 
     def cost(log_e: float) -> tuple[float, float, float]:
