@@ -53,6 +53,7 @@ from processor.stream.bounding import (
     UNITS_SOURCE,
     units_changelog_topic,
 )
+from processor.stream.config import Settings
 from processor.stream.records import (
     TimelineBatch,
     TimelineFormatError,
@@ -106,7 +107,8 @@ def deployment(bootstrap: str, tmp: Path, mode: str) -> Deployment:
     kw: dict[str, Any] = dict(tick_ms=100, lateness_ms=100, max_future_ms=60_000,
                               heartbeat_ticks=60, partitions=4)
     if mode == "user":
-        p = derive(UNIT_EPS, UNIT_DELTA, K, M)
+        d = Settings()
+        p = derive(UNIT_EPS, UNIT_DELTA, K, M, mechanism=d.mechanism, calibration=d.calibration)
         kw.update(privacy_unit="user", unit_epsilon=UNIT_EPS, unit_delta=UNIT_DELTA,
                   max_events_per_counter=K, max_counters_per_unit=M,
                   epsilon=p.event_epsilon, delta=p.event_delta)

@@ -55,7 +55,7 @@ from processor.core.api import Counter
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
 from processor.core.tight import CALIBRATIONS
-from processor.core.unit import derive
+from processor.core.unit import METHOD_COUPLED, derive
 
 Releases = Callable[[Stream, int, str], FloatArray]
 
@@ -236,7 +236,8 @@ def main_audit(argv: Sequence[str]) -> int:
                     "--max-events-per-counter")
         try:
             derived = derive(args.unit_epsilon, args.unit_delta, args.max_events_per_counter,
-                             args.max_counters_per_unit)
+                             args.max_counters_per_unit, mechanism=args.mechanism,
+                             calibration=args.calibration or "paper")
         except CoreError as exc:
             p.error(str(exc))
         if args.epsilon is None and args.delta is None:
@@ -278,6 +279,8 @@ def main_audit(argv: Sequence[str]) -> int:
             x1 = unit_neighbour(x0, args.at, derived.max_events_per_counter)
             m = derived.max_counters_per_unit
             claim_eps, claim_delta = derived.unit_epsilon / m, derived.unit_delta / m
+            if derived.method == METHOD_COUPLED:  # the Gaussian parts do not split by m
+                claim_eps, claim_delta = derived.counter_epsilon, derived.counter_delta
         plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
                         **params)
         backend = core_backend if args.backend == "core" else sim_backend
@@ -288,7 +291,8 @@ def main_audit(argv: Sequence[str]) -> int:
         if derived is not None:
             ok, detail = unit_derivation_check(
                 args.epsilon, args.delta, derived.unit_epsilon, derived.unit_delta,
-                derived.max_events_per_counter, derived.max_counters_per_unit)
+                derived.max_events_per_counter, derived.max_counters_per_unit,
+                args.mechanism, args.calibration or "paper")
             checks.append(Check("unit derivation", ok, detail))
     except (AuditError, CoreError, ValueError) as exc:
         print(f"audit error: {exc}", file=sys.stderr)
@@ -327,9 +331,11 @@ def main_audit(argv: Sequence[str]) -> int:
     for c in checks:
         print(f"{c.name}: {'ok' if c.passed else 'FAILED'} ({c.detail})", file=sys.stderr)
     if derived is not None:
+        how = ("what one counter gives a unit by the k-edit coupling"
+               if derived.method == METHOD_COUPLED else "unit target / m")
         print(f"per-unit mode: {derived.max_events_per_counter} events of one unit "
               f"inserted at tick {args.at}; claim per counter: eps {claim_eps:.6g}, delta "
-              f"{claim_delta:.3g} (unit target / m)", file=sys.stderr)
+              f"{claim_delta:.3g} ({how})", file=sys.stderr)
     if res.attainable <= claim_eps:
         exact = [b.method for b in res.bounds if b.method != "empirical"] + [
             c.name for c in checks]

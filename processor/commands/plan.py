@@ -28,7 +28,7 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 
@@ -179,14 +179,18 @@ def _simulated(mech: str, eps: float, delta: float, cal: str, p: float, ticks: i
 
 
 def plan(eps: float, delta: float, tick_ms: float, rate: float,
-         horizons: Sequence[float] = DEFAULT_HORIZONS) -> tuple[float, list[Row]]:
-    """(p, rows): the event probability per tick and one Row per mechanism and calibration."""
+         horizons: Sequence[float] = DEFAULT_HORIZONS,
+         per_row: Callable[[str, str], tuple[float, float]] | None = None,
+         ) -> tuple[float, list[Row]]:
+    """(p, rows): the event probability per tick and one Row per mechanism and calibration,
+    each at (eps, delta), or at per_row(mechanism, calibration) when given."""
     p = min(1.0, rate * tick_ms / 1000.0)
     sec = tick_ms / 1000.0
     ticks = [max(1, round(h / sec)) for h in horizons]
     rows = []
     for mech in MECHANISMS:
         for cal in CALIBRATIONS:
+            eps, delta = (eps, delta) if per_row is None else per_row(mech, cal)
             m = _model(mech, eps, delta, cal)
             rmse, first, between = _simulated(mech, eps, delta, cal, p,
                                               min(SIM_TICKS, max(ticks)))
@@ -271,10 +275,18 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
         return 2
     start = time.perf_counter()
     try:
+        # The derivation valid for every mechanism, then each row's own: ECC and SimECC
+        # may use the k-edit coupling (docs/privacy-unit.md), which depends on both.
         derived = derive(*unit_args) if user else None
+        rows_derived = {} if derived is None else {
+            (mech, cal): derive(*unit_args, mechanism=mech, calibration=cal)
+            for mech in MECHANISMS for cal in CALIBRATIONS}
         if derived is not None:
             args.epsilon, args.delta = derived.event_epsilon, derived.event_delta
-        p, rows = plan(args.epsilon, args.delta, args.tick_ms, args.rate, horizons)
+        p, rows = plan(args.epsilon, args.delta, args.tick_ms, args.rate, horizons,
+                       None if derived is None else (
+                           lambda mech, cal: (rows_derived[mech, cal].event_epsilon,
+                                              rows_derived[mech, cal].event_delta)))
         # The cost of the bounds: the same target spent per event (k = m = 1).
         ref = (None if derived is None else
                plan(derived.unit_epsilon, derived.unit_delta, args.tick_ms, args.rate,
@@ -289,6 +301,8 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
                "beta": BETA, "rows": [asdict(r) for r in rows]}
         if derived is not None and ref is not None:
             doc["unit"] = {**derived.as_record(),
+                           "per_row": [rows_derived[r.mechanism, r.calibration].as_record()
+                                       for r in rows],
                            "rows_at_unit_target_per_event": [asdict(r) for r in ref]}
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")
         return 0
@@ -296,7 +310,7 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
         print(f"privacy unit: epsilon {derived.unit_epsilon:g}, delta "
               f"{derived.unit_delta:g} per unit, at most {derived.max_events_per_counter} "
               f"events per counter and {derived.max_counters_per_unit} counters per unit "
-              f"-> per event (derived, {derived.method}):")
+              f"-> per event (derived, {derived.method}; rows below: their own):")
     print(f"epsilon {args.epsilon:g}, delta {args.delta:g}, ticks of {args.tick_ms:g} ms, "
           f"{args.rate:g} events/s: an event in {p:.3g} of the ticks")
     if saturated:
@@ -312,6 +326,12 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     print(f"RMSE in events (simulated up to {SIM_TICKS} ticks, closed form beyond); in "
           f"parentheses SimECC's published bound, which holds with probability >= "
           f"{1 - BETA:g} at each tick. ({time.perf_counter() - start:.1f} s)")
+    if rows_derived:
+        print("per-event parameters of each row (derived from the unit target):")
+        for r in rows:
+            d = rows_derived[r.mechanism, r.calibration]
+            print(f"{r.mechanism:10s}{r.calibration:12s}epsilon {d.event_epsilon:.4g}, "
+                  f"delta {d.event_delta:.3g} ({d.method})")
     if ref is not None:
         print("error cost of the bounds (RMSE / RMSE of a per-event deployment at the "
               "unit's target):")

@@ -51,7 +51,9 @@ __all__ = [
     "Accounting",
     "TightPlan",
     "account",
+    "bcc_log_eta",
     "check_calibration",
+    "error_proxy",
     "lattice_equivalent",
     "tight_plan",
 ]
@@ -367,3 +369,21 @@ def account(plan: TightPlan) -> Accounting:
     clamp = (1.0 + math.exp(b)) * eta
     total = d_part + math.exp(a) * (d_gauss + excess + clamp)
     return Accounting(a, b, d_part, mu_c, mu_b, mu_tot, d_gauss, excess, eta, a + b, total)
+
+
+def bcc_log_eta(bcc_eps: float, bcc_delta: float) -> float:
+    """ln of BCC's clamp probability bound eta = 0.5 bcc_delta / (1 + e^bcc_eps), in logs
+    so that it stays finite where eta itself underflows (bcc_eps of several hundred)."""
+    return math.log(0.5 * bcc_delta) - bcc_eps - math.log1p(math.exp(-bcc_eps))
+
+
+def error_proxy(plan: TightPlan) -> float:
+    """The accuracy proxy of any plan's parameters, the paper's constants included (used
+    only to choose between plans, never for privacy). The Gaussian part is
+    SIGMA_PROXY hypot(1 / mu_CC, RATE_PROXY tail / mu_BCC), which at the tight plan's
+    split of mu_tot is the planner's (A + B) / mu_tot; the lag is the partition's."""
+    tail = math.sqrt(-2.0 * bcc_log_eta(plan.bcc_eps, plan.bcc_delta))
+    gauss = SIGMA_PROXY * math.hypot(1.0 / cc_mu(plan.cc_eps, plan.cc_delta),
+                                     RATE_PROXY * tail / bcc_mu(plan.bcc_eps, plan.bcc_delta))
+    lag = plan.part_param if plan.mechanism == "ecc" else RATE_PROXY * plan.part_param
+    return math.hypot(gauss, lag)

@@ -176,8 +176,8 @@ class Settings:
         cached: UnitParameters | None = self.__dict__.get("_unit_parameters")
         if cached is None:
             assert self.unit_epsilon is not None and self.unit_delta is not None
-            cached = derive(self.unit_epsilon, self.unit_delta, self.max_events_per_counter,
-                            self.max_counters_per_unit)
+            cached = _derive(self.unit_epsilon, self.unit_delta, self.max_events_per_counter,
+                             self.max_counters_per_unit, self.mechanism, self.calibration)
             object.__setattr__(self, "_unit_parameters", cached)
         return cached
 
@@ -377,10 +377,11 @@ def _sections(raw: Mapping[str, Any]) -> tuple[Table, Table, Table, Table, Table
     return top, table("security"), table("topics"), table("counters"), table("unit")
 
 
-def _unit_fields(top: dict[str, Any], unit: dict[str, Any]) -> dict[str, Any]:
+def _unit_fields(top: dict[str, Any], unit: dict[str, Any], mechanism: str,
+                 calibration: str) -> dict[str, Any]:
     """privacy_unit and the [unit] fields, checked; in "user" mode also the DERIVED
     epsilon and delta (which must then not be configured: they would contradict the
-    target). ConfigError names the field."""
+    target; they depend on the mechanism and calibration). ConfigError names the field."""
     mode = _as_str("privacy_unit", top.get("privacy_unit", "event"))
     _check_choice("privacy_unit", mode, PRIVACY_UNITS)
     out: dict[str, Any] = {"privacy_unit": mode}
@@ -402,15 +403,18 @@ def _unit_fields(top: dict[str, Any], unit: dict[str, Any]) -> dict[str, Any]:
     out["max_counters_per_unit"] = _as_int(
         "unit.max_counters_per_unit", unit["max_counters_per_unit"], 1)
     p = _derive(out["unit_epsilon"], out["unit_delta"], out["max_events_per_counter"],
-                out["max_counters_per_unit"])
+                out["max_counters_per_unit"], mechanism, calibration)
     out["epsilon"], out["delta"] = p.event_epsilon, p.event_delta
     return out
 
 
-def _derive(eps: float, delta: float, k: int, m: int) -> UnitParameters:
-    """unit.derive with its error as a ConfigError naming the [unit] field."""
+def _derive(eps: float, delta: float, k: int, m: int, mechanism: str,
+            calibration: str) -> UnitParameters:
+    """unit.derive for this mechanism and calibration, its error as a ConfigError naming
+    the [unit] field (an unknown calibration is left to its own check, which names it)."""
     try:
-        return derive(eps, delta, k, m)
+        return derive(eps, delta, k, m, mechanism=mechanism,
+                      calibration=calibration if calibration in CALIBRATIONS else "paper")
     except InvalidParameterError as exc:
         text = str(exc)
         name = next((f"unit.{f}" for f in ("max_events_per_counter", "max_counters_per_unit")
@@ -422,7 +426,8 @@ def with_unit(s: Settings, unit_epsilon: float, unit_delta: float,
               max_events_per_counter: int, max_counters_per_unit: int) -> Settings:
     """A validated copy of `s` in privacy_unit = "user" mode, epsilon/delta derived
     (tests, the bench, the audit)."""
-    p = _derive(unit_epsilon, unit_delta, max_events_per_counter, max_counters_per_unit)
+    p = _derive(unit_epsilon, unit_delta, max_events_per_counter, max_counters_per_unit,
+                s.mechanism, s.calibration)
     return validate_settings(replace(
         s, privacy_unit="user", unit_epsilon=float(unit_epsilon),
         unit_delta=float(unit_delta), max_events_per_counter=max_events_per_counter,
@@ -445,7 +450,7 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
     s["calibration"] = _as_str("calibration", top.get("calibration", d.calibration))
     s["epsilon"] = _as_float("epsilon", top.get("epsilon", d.epsilon))
     s["delta"] = _as_float("delta", top.get("delta", d.delta))
-    s.update(_unit_fields(top, unit or {}))
+    s.update(_unit_fields(top, unit or {}, s["mechanism"], s["calibration"]))
     s["beta"] = _as_float("beta", top.get("beta", d.beta))
     s["heartbeat_ticks"] = _as_int(
         "heartbeat_ticks", top.get("heartbeat_ticks", d.heartbeat_ticks), 1)
@@ -686,7 +691,7 @@ def _check_unit(s: Settings) -> None:
     if s.unit_epsilon is None or s.unit_delta is None:
         raise ConfigError("unit.epsilon", 'is required when privacy_unit = "user"')
     p = _derive(s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
-                s.max_counters_per_unit)
+                s.max_counters_per_unit, s.mechanism, s.calibration)
     if (s.epsilon, s.delta) != (p.event_epsilon, p.event_delta):
         raise ConfigError("epsilon", "must be the per-event epsilon and delta derived from "
                           f"the unit target ({p.event_epsilon!r}, {p.event_delta!r})")

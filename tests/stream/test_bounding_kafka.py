@@ -31,6 +31,7 @@ from processor.stream.bounding import (
     units_changelog_topic,
     units_topic,
 )
+from processor.stream.config import Settings
 from processor.stream.records import TimelineBatch, TimelineFormatError, decode_timeline
 from processor.stream.replay import replay
 from tests.stream.test_app_e2e import (
@@ -48,7 +49,8 @@ UNIT_TARGET = dict(privacy_unit="user", unit_epsilon=400.0, unit_delta=1e-6,
 def _user_live(factory: Callable[..., Live], name: str) -> Live:
     tick = 100
     start = (now_ms() // tick) * tick
-    p = derive(400.0, 1e-6, K, M)
+    d = Settings()
+    p = derive(400.0, 1e-6, K, M, mechanism=d.mechanism, calibration=d.calibration)
     return factory(dict.fromkeys(COUNTERS, start), name=name, lateness_ms=300,
                    **{**UNIT_TARGET, "epsilon": p.event_epsilon, "delta": p.event_delta})
 

@@ -64,13 +64,16 @@ def _write(tmp_path: Path, text: str) -> str:
 
 def test_user_mode_derives_the_counters_parameters(tmp_path: Path) -> None:
     s = load_settings(_write(tmp_path, USER_TOML), env={})
-    p = unit.derive(4.0, 1e-6, 3, 2)
+    # The default mechanism (ECC, the paper's constants): the k-edit coupling applies.
+    p = unit.derive(4.0, 1e-6, 3, 2, mechanism=s.mechanism, calibration=s.calibration)
+    assert p.method == unit.METHOD_COUPLED
     assert (s.privacy_unit, s.epsilon, s.delta) == ("user", p.event_epsilon, p.event_delta)
     assert s.unit_parameters() == p
     # Environment overrides reach the [unit] fields.
     s2 = load_settings(_write(tmp_path, USER_TOML), env={"DPC_MAX_EVENTS_PER_COUNTER": "1"})
     assert s2.max_events_per_counter == 1
-    assert s2.epsilon == unit.derive(4.0, 1e-6, 1, 2).event_epsilon
+    assert s2.epsilon == unit.derive(4.0, 1e-6, 1, 2, mechanism=s2.mechanism,
+                                     calibration=s2.calibration).event_epsilon
 
 
 def test_event_mode_is_unchanged() -> None:
