@@ -65,6 +65,10 @@ COORDS_PER_EDIT: Final = 10**6
 
 #: The mechanisms the k-edit coupling covers.
 COUPLED_MECHANISMS: Final = ("ecc", "simecc")
+#: How per-event parameters are derived: "coupling" (the better of the k-edit coupling and
+#: basic composition, where the coupling applies) or "basic" (group privacy and basic
+#: composition only: the derivation of deployments made before the coupling).
+DERIVATIONS: Final = ("coupling", "basic")
 
 
 @dataclass(frozen=True)
@@ -138,7 +142,7 @@ def unit_guarantee(eps: float, delta: float, k: int, m: int) -> tuple[float, flo
 
 def derive(unit_epsilon: float, unit_delta: float, max_events_per_counter: int,
            max_counters_per_unit: int, *, mechanism: str | None = None,
-           calibration: str = "paper") -> UnitParameters:
+           calibration: str = "paper", derivation: str = "coupling") -> UnitParameters:
     """Per-event (eps, delta) of each counter from the target per unit and the bounds.
 
     Group privacy and basic composition for every mechanism; for ECC and SimECC (either
@@ -153,8 +157,11 @@ def derive(unit_epsilon: float, unit_delta: float, max_events_per_counter: int,
     k = check_bound("max_events_per_counter", max_events_per_counter)
     m = check_bound("max_counters_per_unit", max_counters_per_unit)
     tight.check_calibration(calibration)
+    if derivation not in DERIVATIONS:
+        raise InvalidParameterError(
+            f"unit derivation must be one of {', '.join(DERIVATIONS)}, got {derivation!r}")
     basic = _basic(float(unit_epsilon), float(unit_delta), k, m)
-    if mechanism not in COUPLED_MECHANISMS or k * m == 1:
+    if derivation == "basic" or mechanism not in COUPLED_MECHANISMS or k * m == 1:
         return basic
     assert mechanism is not None
     coupled = _coupled(basic.unit_epsilon, basic.unit_delta, k, m, mechanism, calibration)

@@ -555,7 +555,8 @@ def unit_settings(k: int, m: int, unit_epsilon: float, unit_delta: float = 1e-6
                   ) -> dict[str, Any]:
     """The campaign's settings in "user" mode: the [unit] target, its derived per-event
     parameters."""
-    p = derive(unit_epsilon, unit_delta, k, m)
+    p = derive(unit_epsilon, unit_delta, k, m, mechanism=CAMPAIGN_SETTINGS["mechanism"],
+               calibration=CAMPAIGN_SETTINGS.get("calibration", "paper"))
     base = {name: v for name, v in CAMPAIGN_SETTINGS.items() if name != "epsilon"}
     return {**base, "privacy_unit": "user", "unit_epsilon": unit_epsilon,
             "unit_delta": unit_delta, "max_events_per_counter": k,

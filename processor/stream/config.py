@@ -31,7 +31,7 @@ from processor.core.errors import InvalidParameterError, NoiseKeyError
 from processor.core.grid import GRID_BITS
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.core.tight import CALIBRATIONS
-from processor.core.unit import UnitParameters, derive
+from processor.core.unit import DERIVATIONS, UnitParameters, derive
 from processor.errors import ProcessorError
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
@@ -47,7 +47,8 @@ MAX_COUNTER_NAME = 200
 #: (the input's `user` field names the unit; contributions bounded, docs/privacy-unit.md).
 PRIVACY_UNITS = ("event", "user")
 #: The [unit] section's fields (privacy_unit = "user" only).
-_UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit")
+_UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit",
+              "derivation")
 
 
 class ConfigError(ProcessorError, ValueError):
@@ -168,6 +169,10 @@ class Settings:
     unit_delta: float | None = None
     max_events_per_counter: int = 1
     max_counters_per_unit: int = 1
+    #: unit.derivation: "coupling" (default: the k-edit coupling where it is more
+    #: accurate) or "basic" (what user-mode deployments made before it derived; set it to
+    #: keep their per-event parameters, which their stored counters were made with).
+    unit_derivation: str = "coupling"
 
     def unit_parameters(self) -> UnitParameters | None:
         """The derivation behind epsilon/delta in "user" mode (None in "event" mode)."""
@@ -177,7 +182,8 @@ class Settings:
         if cached is None:
             assert self.unit_epsilon is not None and self.unit_delta is not None
             cached = _derive(self.unit_epsilon, self.unit_delta, self.max_events_per_counter,
-                             self.max_counters_per_unit, self.mechanism, self.calibration)
+                             self.max_counters_per_unit, self.mechanism, self.calibration,
+                             self.unit_derivation)
             object.__setattr__(self, "_unit_parameters", cached)
         return cached
 
@@ -243,7 +249,7 @@ _ENV: dict[str, tuple[str, str]] = {f"DPC_{k.upper()}": ("", k) for k in _TOP_KE
 _ENV.update({f"DPC_{f.name.upper()}": ("security", f.name) for f in fields(SecuritySettings)})
 _ENV.update({f"DPC_TOPIC_{f.name.upper()}": ("topics", f.name) for f in fields(TopicSettings)})
 # Named after the Settings fields: DPC_UNIT_EPSILON, DPC_UNIT_DELTA,
-# DPC_MAX_EVENTS_PER_COUNTER, DPC_MAX_COUNTERS_PER_UNIT.
+# DPC_MAX_EVENTS_PER_COUNTER, DPC_MAX_COUNTERS_PER_UNIT, DPC_UNIT_DERIVATION.
 _ENV.update({f"DPC_{k.upper() if k.startswith('max_') else 'UNIT_' + k.upper()}": ("unit", k)
              for k in _UNIT_KEYS})
 #: Every environment variable `load_settings` reads (the development tooling strips them
@@ -402,19 +408,25 @@ def _unit_fields(top: dict[str, Any], unit: dict[str, Any], mechanism: str,
         "unit.max_events_per_counter", unit["max_events_per_counter"], 1)
     out["max_counters_per_unit"] = _as_int(
         "unit.max_counters_per_unit", unit["max_counters_per_unit"], 1)
+    if "derivation" in unit:
+        out["unit_derivation"] = _as_str("unit.derivation", unit["derivation"])
+        _check_choice("unit.derivation", out["unit_derivation"], DERIVATIONS)
     p = _derive(out["unit_epsilon"], out["unit_delta"], out["max_events_per_counter"],
-                out["max_counters_per_unit"], mechanism, calibration)
+                out["max_counters_per_unit"], mechanism, calibration,
+                out.get("unit_derivation", "coupling"))
     out["epsilon"], out["delta"] = p.event_epsilon, p.event_delta
     return out
 
 
 def _derive(eps: float, delta: float, k: int, m: int, mechanism: str,
-            calibration: str) -> UnitParameters:
+            calibration: str, derivation: str = "coupling") -> UnitParameters:
     """unit.derive for this mechanism and calibration, its error as a ConfigError naming
-    the [unit] field (an unknown calibration is left to its own check, which names it)."""
+    the [unit] field (an unknown calibration or derivation is left to its own check,
+    which names it)."""
     try:
         return derive(eps, delta, k, m, mechanism=mechanism,
-                      calibration=calibration if calibration in CALIBRATIONS else "paper")
+                      calibration=calibration if calibration in CALIBRATIONS else "paper",
+                      derivation=derivation if derivation in DERIVATIONS else "coupling")
     except InvalidParameterError as exc:
         text = str(exc)
         name = next((f"unit.{f}" for f in ("max_events_per_counter", "max_counters_per_unit")
@@ -685,13 +697,14 @@ def _check_unit(s: Settings) -> None:
     _check_choice("privacy_unit", s.privacy_unit, PRIVACY_UNITS)
     if s.privacy_unit == "event":
         if (s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
-                s.max_counters_per_unit) != (None, None, 1, 1):
+                s.max_counters_per_unit, s.unit_derivation) != (None, None, 1, 1, "coupling"):
             raise ConfigError("unit", 'the [unit] fields need privacy_unit = "user"')
         return
     if s.unit_epsilon is None or s.unit_delta is None:
         raise ConfigError("unit.epsilon", 'is required when privacy_unit = "user"')
+    _check_choice("unit.derivation", s.unit_derivation, DERIVATIONS)
     p = _derive(s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
-                s.max_counters_per_unit, s.mechanism, s.calibration)
+                s.max_counters_per_unit, s.mechanism, s.calibration, s.unit_derivation)
     if (s.epsilon, s.delta) != (p.event_epsilon, p.event_delta):
         raise ConfigError("epsilon", "must be the per-event epsilon and delta derived from "
                           f"the unit target ({p.event_epsilon!r}, {p.event_delta!r})")

@@ -76,6 +76,27 @@ def test_user_mode_derives_the_counters_parameters(tmp_path: Path) -> None:
                                      calibration=s2.calibration).event_epsilon
 
 
+def test_unit_derivation_basic_keeps_the_earlier_parameters(tmp_path: Path) -> None:
+    """unit.derivation = "basic" (file or DPC_UNIT_DERIVATION) derives by group privacy
+    and basic composition only: what user-mode deployments made before the coupling run
+    with. Controls: the default differs from it here; an unknown value is refused."""
+    basic = unit.derive(4.0, 1e-6, 3, 2)
+    text = USER_TOML.replace("[unit]", '[unit]\nderivation = "basic"')
+    s = load_settings(_write(tmp_path, text), env={})
+    assert (s.unit_derivation, s.epsilon, s.delta) == (
+        "basic", basic.event_epsilon, basic.event_delta)
+    s2 = load_settings(_write(tmp_path, USER_TOML), env={"DPC_UNIT_DERIVATION": "basic"})
+    assert (s2.epsilon, s2.delta) == (basic.event_epsilon, basic.event_delta)
+    default = load_settings(_write(tmp_path, USER_TOML), env={})
+    assert default.unit_derivation == "coupling" and default.epsilon != basic.event_epsilon
+    with pytest.raises(ConfigError) as err:
+        load_settings(_write(tmp_path, USER_TOML.replace("[unit]", '[unit]\nderivation = "x"')),
+                      env={})
+    assert err.value.field == "unit.derivation"
+    with pytest.raises(ConfigError):
+        with_overrides(EVENT, unit_derivation="basic")
+
+
 def test_event_mode_is_unchanged() -> None:
     """Default: no unit, the same fingerprint as before the feature (the dict it hashed
     then, recomputed here), no unit fields in the ledger."""
