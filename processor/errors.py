@@ -64,7 +64,7 @@ class RefusedError(StreamError, RuntimeError):
     """The worker refuses a record rather than continue under a guarantee nobody configured
     (an announced counter without state, a key or parameter that differs from the stored
     state's). Raised before anything of the record is published; the message names only
-    public things and the remedy. A RuntimeError too, as these errors were before."""
+    public things and the remedy. A RuntimeError too: what catches RuntimeError catches it."""
 
 
 class UsageError(ProcessorError):
