@@ -60,7 +60,7 @@ class Workload:
     events: int  # input events in `timed`
 
 
-def _batches(ticks: range, per_tick: Sequence[Sequence[Event]] | None,
+def timeline_batches(ticks: range, per_tick: Sequence[Sequence[Event]] | None,
              offset: int) -> tuple[list[Batch], int]:
     out: list[Batch] = []
     for i, n in enumerate(ticks):
@@ -89,8 +89,8 @@ def dense(s: Settings, ticks: int, counters: int, per_counter: int,
                                      src))
                     src += 1
         per_tick.append(evs)
-    warm, off = _batches(range(0, 1), None, 0)
-    timed, _ = _batches(range(1, ticks + 1), per_tick, off)
+    warm, off = timeline_batches(range(0, 1), None, 0)
+    timed, _ = timeline_batches(range(1, ticks + 1), per_tick, off)
     return Workload(f"dense ({counters} ctrs, {per_counter} ev/tick, drained)", s, warm, timed,
                     src)
 
@@ -107,24 +107,24 @@ def sparse(s: Settings, ticks: int, counters: int, per_tick_n: int,
             src += 1
         per_tick.append(evs)
     per_tick += [[] for _ in range(SPARSE_DRAIN)]
-    warm, off = _batches(range(0, 1), None, 0)
-    timed, _ = _batches(range(1, ticks + SPARSE_DRAIN + 1), per_tick, off)
+    warm, off = timeline_batches(range(0, 1), None, 0)
+    timed, _ = timeline_batches(range(1, ticks + SPARSE_DRAIN + 1), per_tick, off)
     return Workload(f"sparse ({counters} ctrs, {per_tick_n} ev/tick)", s, warm, timed, src)
 
 
 def idle(s: Settings, ticks: int, counters: int) -> Workload:
-    warm, off = _batches(range(0, 1), None, 0)
-    timed, _ = _batches(range(1, ticks + 1), None, off)
+    warm, off = timeline_batches(range(0, 1), None, 0)
+    timed, _ = timeline_batches(range(1, ticks + 1), None, off)
     return Workload(f"idle markers ({counters} ctrs)", s, warm, timed, 0)
 
 
 def heartbeat(s: Settings, ticks: int, counters: int) -> Workload:
-    warm, off = _batches(range(0, ticks), None, 0)
-    timed, _ = _batches(range(ticks, ticks + 1), None, off)
+    warm, off = timeline_batches(range(0, ticks), None, 0)
+    timed, _ = timeline_batches(range(ticks, ticks + 1), None, off)
     return Workload(f"heartbeat marker ({counters} due)", s, warm, timed, 0)
 
 
-async def _run(w: Workload, cache_size: int, profile: cProfile.Profile | None
+async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile | None
                ) -> tuple[float, int, int, int, int, int]:
     bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
                      DictStore(), CollectingPublisher())
@@ -177,7 +177,7 @@ def main() -> None:
             if args.only and args.only not in w.name:
                 continue
             prof = cProfile.Profile() if args.profile else None
-            runs = [asyncio.run(_run(w, args.cache_size, prof))
+            runs = [asyncio.run(run_workload(w, args.cache_size, prof))
                     for _ in range(1 if args.profile else args.repeats)]
             dt, releases, touched, markers, stepped, queued = min(runs)
             records = sum(len(b) for b in w.timed)

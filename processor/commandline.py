@@ -40,11 +40,6 @@ def dispatching(prog: str) -> Iterator[None]:
         _DISPATCH.reset(token)
 
 
-def dispatch_prog() -> str | None:
-    """The command prefix of the dispatch under way, None outside one."""
-    return _DISPATCH.get()
-
-
 class CommandParser(argparse.ArgumentParser):
     """argparse.ArgumentParser that, under the dispatcher, raises UsageError, refuses
     abbreviations and names the command as invoked. Subparsers are CommandParsers too

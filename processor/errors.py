@@ -3,15 +3,25 @@
 ```
 ProcessorError                       root: every error raised on purpose
 ├── processor.core.errors.CoreError  the privacy core (input, parameter, state, noise key)
-├── StreamError                      the stream layer (worker, ingest, replay, brokers)
+├── StreamError                      the stream layer (worker, ingest, replay, brokers):
+│   │                                its start, storage, timeline, broker, delivery,
+│   │                                ingest, metrics and replay errors
 │   └── RefusedError                 the worker refuses to go on with stored state: an
 │                                    announced counter whose state is gone, a noise key
 │                                    that differs from the state's, a parameter change
+├── ConfigError                      the configuration: a missing, mistyped or
+│   (processor.stream.config)        out-of-domain value
 ├── UsageError                       a command line the parser refused
 ├── AuditError (processor.audit)     the audit cannot run or cannot conclude
-└── TickSyntaxError                  a malformed tick file of `count`
-    (processor.commands.offline)
+├── TickSyntaxError                  a malformed tick file of `count`
+│   (processor.commands.offline)
+└── LocalKafkaError, ProxyError      the development tooling's local broker and proxy
+    (processor.devtools)
 ```
+
+Outside it on purpose: faults.InjectedFault (it stands for a bug, so nothing may treat it
+as an error raised on purpose) and transaction.TransactionStatusError (a caller's
+programming error, like an assertion).
 
 Each class carries the prefix of its one `error:` line (`error_prefix`) and the exit code
 of the command that stops on it (`exit_code`). `error_line` makes that line, choosing by
@@ -54,7 +64,7 @@ class RefusedError(StreamError, RuntimeError):
     """The worker refuses a record rather than continue under a guarantee nobody configured
     (an announced counter without state, a key or parameter that differs from the stored
     state's). Raised before anything of the record is published; the message names only
-    public things and the remedy. A RuntimeError too, as these errors were before."""
+    public things and the remedy. A RuntimeError too: what catches RuntimeError catches it."""
 
 
 class UsageError(ProcessorError):
@@ -84,8 +94,11 @@ def error_line(exc: BaseException,
 
 
 def print_error(what: str | BaseException, file: TextIO | None = None, *,
-                flush: bool = False) -> None:
+                flush: bool = False,
+                foreign: Sequence[tuple[type[BaseException], str]] = ()) -> None:
     """Print one `error:` line on `file` (default: standard error): an exception's line
-    (`error_line`), or `error: ` and a message a command wrote itself."""
-    line = error_line(what) if isinstance(what, BaseException) else f"error: {what}"
+    (`error_line`, with `foreign`'s prefixes), or `error: ` and a message a command wrote
+    itself."""
+    line = (error_line(what, foreign) if isinstance(what, BaseException)
+            else f"error: {what}")
     print(line, file=sys.stderr if file is None else file, flush=flush)

@@ -91,11 +91,12 @@ def test_bad_combinations_are_refused(capsys: pytest.CaptureFixture[str]) -> Non
     assert "no likelihood-ratio score" in capsys.readouterr().err
 
 
-def test_the_issue_tree_command_fails(capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 16: `--mechanism tree --epsilon 1 --delta 1e-6 --seed 3` passed (0.731). The
-    leaf score's exact law gives ~9.7 on the default pair (2,000 alternating events);
-    fewer runs than the default keep the test short (the exact bound needs none; the law
-    check and the empirical bound use them)."""
+def test_the_tree_at_eps_1_fails(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--mechanism tree --epsilon 1 --delta 1e-6 --seed 3` (the tree is not private under
+    the queue shift) must fail, caught by the exact-pair bound: the leaf score's exact law
+    gives ~9.7 on the default pair (2,000 alternating events); fewer runs than the default
+    keep the test short (the exact bound needs none; the law check and the empirical bound
+    use them)."""
     rc = main_audit(["--mechanism", "tree", "--epsilon", "1", "--delta", "1e-6",
                      "--seed", "3", "--runs", "150", "--json"])
     cap = capsys.readouterr()
@@ -119,9 +120,9 @@ def test_partitioncc_fails_at_eps_1(capsys: pytest.CaptureFixture[str]) -> None:
 def test_ecc_with_quiet_svt_fails_under_both_calibrations(
         calibration: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """Issue 16: ECC with SVT noise / 4 failed under paper but passed under tight (the
-    partition law check was skipped). Now both the plan check (the SVT's scale) and the
-    partition law check fail it, under both calibrations."""
+    """ECC with SVT noise / 4 must fail under either calibration: both the plan check (the
+    SVT's scale) and the partition law check catch it (bounds on its releases alone let it
+    pass under tight)."""
     from tests.audit.test_audit_power import quiet_ecc
 
     cls = quiet_ecc(4)

@@ -1,7 +1,13 @@
 """The module boundaries docs/architecture.md states, checked on the source (no import).
 
 - processor/core imports nothing outside processor/core except processor.errors;
-- no module of processor imports another module's private name (`from x import _y`);
+- no module of processor imports another module's private name (`from x import _y`) or
+  reaches one through a module it imported (`m._y`);
+- processor/stream imports none of devtools, experiments, view, commands, simulator, audit;
+- the test hooks (DPC_TEST_*) are named in code only in stream/faults.py (and devtools,
+  which starts workers with them); nothing patches argparse;
+- docs/architecture.md's layer list names every module of processor, and every module it
+  lists exists;
 - the core's modules import one another at module level only (an import inside a
   function is how a cycle hides), except registry.py's deliberate lazy build;
 - no shipped command (worker, replay, count, keygen, plan, audit, view, demo) imports
@@ -13,6 +19,7 @@ Each check has a control: the same function flags a made-up violating source.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +36,12 @@ LAZY_CORE = {"processor/core/registry.py"}
 #: package none of them may import.
 SHIPPED = {"worker", "replay", "count", "keygen", "plan", "audit", "view", "demo"}
 RESEARCH = "processor.experiments"
+#: What the stream layer never imports (docs/architecture.md: data flows one way).
+ABOVE_STREAM = ("processor.devtools", "processor.experiments", "processor.view",
+                "processor.commands", "processor.simulator", "processor.audit")
+#: Where the DPC_TEST_* hooks may be named in code (the plan, and the tooling that sets
+#: them for the workers it starts).
+FAULT_HOOK_FILES = ("processor/stream/faults.py", "processor/devtools/")
 
 
 def _imports(tree: ast.AST) -> list[tuple[ast.ImportFrom | ast.Import, bool]]:
@@ -76,6 +89,103 @@ def private_imports(source: str, name: str) -> set[tuple[str, str, str]]:
                 if alias.name.startswith("_") and not alias.name.startswith("__"):
                     out.add((name, node.module or "", alias.name))
     return out
+
+
+def module_private_uses(source: str, name: str, is_module: Callable[[str], bool]
+                        ) -> set[tuple[str, str, str]]:
+    """(file, alias, name) of every `m._name` where m is a processor module `source`
+    imported (`import processor.x as m`, `from processor.x import m`)."""
+    modules = set()
+    for node, _ in _imports(ast.parse(source)):
+        for alias in node.names:
+            if isinstance(node, ast.Import) and alias.name.startswith("processor"):
+                modules.add(alias.asname or alias.name.split(".")[0])
+            elif (isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "processor") and is_module(f"{node.module}.{alias.name}")):
+                modules.add(alias.asname or alias.name)
+    return {(name, n.value.id, n.attr) for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+            and n.value.id in modules and n.attr.startswith("_")
+            and not n.attr.startswith("__")}
+
+
+def layer_violations(source: str, name: str) -> list[str]:
+    """A stream-layer module's imports of a layer above it (ABOVE_STREAM)."""
+    return [f"{name}: imports {mod}" for node, _ in _imports(ast.parse(source))
+            for mod in _modules(node) if mod.startswith(ABOVE_STREAM)]
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                      | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def hook_violations(source: str, name: str) -> list[str]:
+    """Where code outside FAULT_HOOK_FILES names a DPC_TEST_* hook (docstrings may
+    mention them) or patches argparse."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    bad = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str)
+                and "DPC_TEST" in node.value and id(node) not in docs
+                and not name.startswith(FAULT_HOOK_FILES)):
+            bad.append(f"{name}:{node.lineno}: names a DPC_TEST hook")
+        targets = (node.targets if isinstance(node, ast.Assign) else
+                   node.args[:1] if isinstance(node, ast.Call)
+                   and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                   else [])
+        for target in targets:
+            base = target
+            while isinstance(base, ast.Attribute):
+                base = base.value
+            if (isinstance(base, ast.Name) and base.id == "argparse"
+                    and (target is not base or isinstance(node, ast.Call))):
+                bad.append(f"{name}:{node.lineno}: patches argparse")
+    return bad
+
+
+def architecture_mismatches(doc: str, root: Path) -> list[str]:
+    """What the layer list of docs/architecture.md (its first code block after "## Layers")
+    and the tree under `root` disagree on: in a section (a line that starts with
+    processor/...), each `name.py` it lists must exist under the section's folder, and each
+    module under that folder (bar __init__ and __main__) must be named in it; every entry
+    of processor/ needs a section."""
+    block = doc.split("## Layers", 1)[1].split("```")[1]
+    sections: dict[str, str] = {}
+    head = ""
+    for line in block.splitlines():
+        m = re.match(r"(processor/\S*)", line)
+        if m:
+            head = m.group(1)
+            sections[head] = line[len(head):] + "\n"
+        elif head:
+            sections[head] += line + "\n"
+    bad = []
+    for head, text in sections.items():
+        folder = root / head
+        if head.endswith(".py"):
+            bad += [] if folder.is_file() else [f"{head}: no such module"]
+            continue
+        for listed in re.findall(r"(?<![/\w])([a-z_]\w*)\.py\b", text):
+            if not any(folder.rglob(f"{listed}.py")):
+                bad.append(f"{head}: lists {listed}.py, which does not exist")
+        for path in sorted(folder.rglob("*.py")):
+            if (path.name not in ("__init__.py", "__main__.py")
+                    and not re.search(rf"(?<![\w/]){path.stem}\.py\b", text)):
+                bad.append(f"{path.relative_to(root)}: not in {head}'s section")
+    for entry in sorted((root / "processor").iterdir()):
+        rel = f"processor/{entry.name}{'/' if entry.is_dir() else ''}"
+        if (entry.name not in ("__init__.py", "__main__.py") and not entry.name.startswith(".")
+                and entry.name != "__pycache__" and rel not in sections):
+            bad.append(f"{rel}: no section")
+    return bad
 
 
 def imported_modules(source: str) -> set[str]:
@@ -155,6 +265,55 @@ def test_no_private_name_crosses_modules() -> None:
     # control: a private import is seen
     assert private_imports("from processor.core.cc import _x\n", "m.py") == {
         ("m.py", "processor.core.cc", "_x")}
+
+
+def test_no_private_name_is_reached_through_a_module() -> None:
+    def is_module(module: str) -> bool:
+        return module_source(module) is not None
+
+    found = set().union(*(module_private_uses(src, name, is_module)
+                          for name, src in _sources(PACKAGE)))
+    assert found == set()
+    # control: through `import ... as` and through `from package import module`
+    made_up = ("import processor.core.cc as cc\nfrom processor.core import ecc\n"
+               "cc._x(ecc._y, cc.__name__)\n")
+    assert module_private_uses(made_up, "m.py", is_module) == {
+        ("m.py", "cc", "_x"), ("m.py", "ecc", "_y")}
+
+
+def test_the_stream_layer_imports_no_layer_above_it() -> None:
+    bad = [v for name, src in _sources(PACKAGE / "stream") for v in layer_violations(src, name)]
+    assert bad == []
+    # control: an import of the tooling, inside a function too
+    assert layer_violations("def f():\n    from processor.devtools import demo\n", "s.py")
+
+
+def test_fault_hooks_only_in_faults_and_no_argparse_patch() -> None:
+    bad = [v for name, src in _sources(PACKAGE) for v in hook_violations(src, name)]
+    assert bad == []
+    # control: a hook read in a runtime module, and both ways of patching argparse; a
+    # docstring that mentions a hook is not flagged
+    made_up = ('"""Reads DPC_TEST_CRASH_AT."""\nimport os, argparse\n'
+               'os.environ.get("DPC_TEST_CLOCK_OFFSET_MS")\n'
+               'argparse.ArgumentParser.error = print\n'
+               'setattr(argparse.ArgumentParser, "error", print)\n')
+    assert len(hook_violations(made_up, "processor/stream/clock.py")) == 3
+    assert hook_violations(made_up, "processor/stream/faults.py") == [
+        "processor/stream/faults.py:4: patches argparse",
+        "processor/stream/faults.py:5: patches argparse"]
+
+
+def test_the_architecture_lists_every_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert architecture_mismatches(doc, ROOT) == []
+    # control: a module dropped from the list and a module listed that is not there
+    made_up = doc.replace("  grid.py ", "  grids.py").replace(
+        "\nprocessor/keyfile.py", "\nprocessor/keyfiles.py")
+    found = architecture_mismatches(made_up, ROOT)
+    assert "processor/core/: lists grids.py, which does not exist" in found
+    assert "processor/core/grid.py: not in processor/core/'s section" in found
+    assert "processor/keyfiles.py: no such module" in found
+    assert "processor/keyfile.py: no section" in found
 
 
 def test_no_shipped_command_imports_the_research_code() -> None:

@@ -55,7 +55,8 @@ from processor.core.api import Counter
 from processor.core.errors import CoreError
 from processor.core.rng import NoiseKey
 from processor.core.tight import CALIBRATIONS
-from processor.core.unit import METHOD_COUPLED, derive
+from processor.core.unit import METHOD_COUPLED, UnitParameters, derive
+from processor.errors import EXIT_ERROR, print_error
 
 Releases = Callable[[Stream, int, str], FloatArray]
 
@@ -229,6 +230,22 @@ class Check:
 def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
+    derived, params = settle_arguments(p, args)
+    try:
+        outcome = audit(args, params, derived)
+    except (AuditError, CoreError, ValueError) as exc:
+        print_error(exc)
+        return EXIT_ERROR
+    if args.json:
+        print(orjson.dumps(json_report(outcome), option=orjson.OPT_INDENT_2).decode())
+    print_summary(outcome)
+    return 0 if outcome.passed else 1
+
+
+def settle_arguments(p: argparse.ArgumentParser, args: argparse.Namespace
+                     ) -> tuple[UnitParameters | None, dict[str, Any]]:
+    """Check the options together and fill in the mechanism's defaults (in `args`): the
+    per-unit target's derivation (None without one) and the mechanism's parameters."""
     derived = None
     if args.unit_epsilon is not None:
         if args.unit_delta is None or args.max_events_per_counter is None:
@@ -267,58 +284,90 @@ def main_audit(argv: Sequence[str]) -> int:
     if args.search is None:
         args.search = args.pattern_given is None and args.at is None
     args.at = args.at or 1
+    return derived, params
+
+
+@dataclass
+class Outcome:
+    """One audit's result: the bounds, the white-box checks, the pair it ran on and the
+    claim it judged (per counter; under a per-unit target, the unit's divided by m)."""
+
+    args: argparse.Namespace
+    plan: Plan
+    res: AuditResult
+    checks: list[Check]
+    derived: UnitParameters | None
+    claim_eps: float
+    claim_delta: float
+    choice: PairChoice | None
+    tried: list[PairChoice]
+
+    @property
+    def passed(self) -> bool:
+        return self.res.passed and all(c.passed for c in self.checks)
+
+
+def audit(args: argparse.Namespace, params: dict[str, Any],
+          derived: UnitParameters | None) -> Outcome:
+    """Search the pair (unless fixed), run the mechanism on both streams, judge the scores
+    and run the white-box checks."""
     choice: PairChoice | None = None
     tried: list[PairChoice] = []
-    try:
-        if args.search:
-            choice, tried = choose_pair(args, params)
-            args.pattern, args.at = choice.pattern, choice.at
-        x0, x1 = make_streams(args.pattern, args.events, args.gap, args.at)
-        claim_eps, claim_delta = args.epsilon, args.delta
-        if derived is not None:
-            x1 = unit_neighbour(x0, args.at, derived.max_events_per_counter)
-            m = derived.max_counters_per_unit
-            claim_eps, claim_delta = derived.unit_epsilon / m, derived.unit_delta / m
-            if derived.method == METHOD_COUPLED:  # the Gaussian parts do not split by m
-                claim_eps, claim_delta = derived.counter_epsilon, derived.counter_delta
-        plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
-                        **params)
-        backend = core_backend if args.backend == "core" else sim_backend
-        releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
-        res = run_audit(releases, plan, args.runs, eps=claim_eps, delta=claim_delta,
-                        alpha=args.alpha)
-        checks = white_box_checks(args, res.law_alpha)
-        if derived is not None:
-            ok, detail = unit_derivation_check(
-                args.epsilon, args.delta, derived.unit_epsilon, derived.unit_delta,
-                derived.max_events_per_counter, derived.max_counters_per_unit,
-                args.mechanism, args.calibration or "paper")
-            checks.append(Check("unit derivation", ok, detail))
-    except (AuditError, CoreError, ValueError) as exc:
-        print(f"audit error: {exc}", file=sys.stderr)
-        return 2
-    passed = res.passed and all(c.passed for c in checks)
-    if args.json:
-        rep = report(res, args, plan)
-        rep.update(passed=passed, checks=[
-            {"check": c.name, "passed": c.passed, "detail": c.detail, "p": c.p_value}
-            for c in checks])
-        part = [c.p_value for c in checks if c.name == "partition law"]
-        rep["partition_law_p"] = part[0] if part else None
-        rep["caught_by"] = caught_by(res, checks)
-        rep["at"] = args.at
-        if derived is not None:
-            rep["unit"] = {**derived.as_record(), "claim_epsilon": claim_eps,
-                           "claim_delta": claim_delta}
-        rep["pair_search"] = None if choice is None else {
-            "pattern": choice.pattern, "at": choice.at, "objective": choice.objective,
-            "how": choice.how, "candidates": [
-                {"pattern": c.pattern, "at": c.at, "objective": c.objective, "how": c.how}
-                for c in tried]}
-        print(orjson.dumps(rep, option=orjson.OPT_INDENT_2).decode())
-    if choice is not None:
-        print(f"pair search: {len(tried)} candidates; best {choice.pattern} at tick "
-              f"{choice.at} ({choice.how}: eps >= {choice.objective:.3f})", file=sys.stderr)
+    if args.search:
+        choice, tried = choose_pair(args, params)
+        args.pattern, args.at = choice.pattern, choice.at
+    x0, x1 = make_streams(args.pattern, args.events, args.gap, args.at)
+    claim_eps, claim_delta = args.epsilon, args.delta
+    if derived is not None:
+        x1 = unit_neighbour(x0, args.at, derived.max_events_per_counter)
+        m = derived.max_counters_per_unit
+        claim_eps, claim_delta = derived.unit_epsilon / m, derived.unit_delta / m
+        if derived.method == METHOD_COUPLED:  # the Gaussian parts do not split by m
+            claim_eps, claim_delta = derived.counter_epsilon, derived.counter_delta
+    plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
+                    **params)
+    backend = core_backend if args.backend == "core" else sim_backend
+    releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
+    res = run_audit(releases, plan, args.runs, eps=claim_eps, delta=claim_delta,
+                    alpha=args.alpha)
+    checks = white_box_checks(args, res.law_alpha)
+    if derived is not None:
+        ok, detail = unit_derivation_check(
+            args.epsilon, args.delta, derived.unit_epsilon, derived.unit_delta,
+            derived.max_events_per_counter, derived.max_counters_per_unit,
+            args.mechanism, args.calibration or "paper")
+        checks.append(Check("unit derivation", ok, detail))
+    return Outcome(args, plan, res, checks, derived, claim_eps, claim_delta, choice, tried)
+
+
+def json_report(o: Outcome) -> dict[str, Any]:
+    """The --json report: `report`'s bounds with the checks, the verdict and the pair."""
+    rep = report(o.res, o.args, o.plan)
+    rep.update(passed=o.passed, checks=[
+        {"check": c.name, "passed": c.passed, "detail": c.detail, "p": c.p_value}
+        for c in o.checks])
+    part = [c.p_value for c in o.checks if c.name == "partition law"]
+    rep["partition_law_p"] = part[0] if part else None
+    rep["caught_by"] = caught_by(o.res, o.checks)
+    rep["at"] = o.args.at
+    if o.derived is not None:
+        rep["unit"] = {**o.derived.as_record(), "claim_epsilon": o.claim_eps,
+                       "claim_delta": o.claim_delta}
+    rep["pair_search"] = None if o.choice is None else {
+        "pattern": o.choice.pattern, "at": o.choice.at, "objective": o.choice.objective,
+        "how": o.choice.how, "candidates": [
+            {"pattern": c.pattern, "at": c.at, "objective": c.objective, "how": c.how}
+            for c in o.tried]}
+    return rep
+
+
+def print_summary(o: Outcome) -> None:
+    """The human-readable account on stderr: the pair, each bound and check, the verdict."""
+    args, res, checks, derived = o.args, o.res, o.checks, o.derived
+    if o.choice is not None:
+        print(f"pair search: {len(o.tried)} candidates; best {o.choice.pattern} at tick "
+              f"{o.choice.at} ({o.choice.how}: eps >= {o.choice.objective:.3f})",
+              file=sys.stderr)
     print(f"pair: {args.pattern}, {args.events} events then {args.gap} empty ticks, and "
           f"its insertion neighbour at tick {args.at}", file=sys.stderr)
     for b in res.bounds:
@@ -334,9 +383,9 @@ def main_audit(argv: Sequence[str]) -> int:
         how = ("what one counter gives a unit by the k-edit coupling"
                if derived.method == METHOD_COUPLED else "unit target / m")
         print(f"per-unit mode: {derived.max_events_per_counter} events of one unit "
-              f"inserted at tick {args.at}; claim per counter: eps {claim_eps:.6g}, delta "
-              f"{claim_delta:.3g} ({how})", file=sys.stderr)
-    if res.attainable <= claim_eps:
+              f"inserted at tick {args.at}; claim per counter: eps {o.claim_eps:.6g}, delta "
+              f"{o.claim_delta:.3g} ({how})", file=sys.stderr)
+    if res.attainable <= o.claim_eps:
         exact = [b.method for b in res.bounds if b.method != "empirical"] + [
             c.name for c in checks]
         tail = (f"what can fail it here: {', '.join(exact)}" if exact else
@@ -344,15 +393,14 @@ def main_audit(argv: Sequence[str]) -> int:
                 "--feature, or more --runs")
         print(f"note: with {args.runs} runs the assumption-free bound cannot exceed "
               f"{res.attainable:.2f} <= eps; {tail}", file=sys.stderr)
-    verdict = "PASSED" if passed else "FAILED"
+    verdict = "PASSED" if o.passed else "FAILED"
     laws = (res.null_law_p is not None) + sum(c.p_value is not None for c in checks)
     rate = f"{args.alpha:g}" + (f" + {laws} x {res.law_alpha:g}" if laws else "")
     by = caught_by(res, checks)
     print(f"audit {verdict}: eps lower bound {res.eps_lb:.3f} vs "
           f"{'claimed eps per counter (unit)' if derived else 'configured eps'} "
-          f"{claim_eps:g}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
+          f"{o.claim_eps:g}{f' (caught by: {by})' if by else ''} (false-alarm rate <= "
           f"{rate})", file=sys.stderr)
-    return 0 if passed else 1
 
 
 #: the pilot of the pair search is keyed apart from the audit's runs (seed + this)

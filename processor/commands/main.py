@@ -185,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                               entry[1])
             return int(func(rest) or 0)
     except UsageError as exc:
-        print(error_line(exc), file=sys.stderr)
+        print_error(exc, foreign=_library_errors())
         raise SystemExit(2) from None
     except BrokenPipeError:
         return 0
@@ -193,5 +193,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        print(error_line(exc), file=sys.stderr)
+        print_error(exc, foreign=_library_errors())
         return exc.exit_code if isinstance(exc, ProcessorError) else EXIT_ERROR

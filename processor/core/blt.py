@@ -58,12 +58,13 @@ from processor.core.bounded import (
     check_eps_delta,
     check_positive_int,
     check_units,
+    from_parameters,
 )
 from processor.core.bounded import (
     state_field as _get,
 )
 from processor.core.calibration import analytic_gaussian_sigma
-from processor.core.errors import InvalidInputError, InvalidParameterError, StateFormatError
+from processor.core.errors import InvalidInputError, StateFormatError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.scalar import rounded_gaussian
@@ -341,11 +342,7 @@ class BLTCounter(UnitCounter):
         if version != BLT_VERSION:
             raise StateFormatError(f"BLT state version {version} is not the supported "
                                    f"version {BLT_VERSION}")
-        try:
-            obj = cls(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int), key,
-                      _get(state, "lab", str), _get(state, "sen", int))
-        except InvalidParameterError as exc:
-            raise StateFormatError(f"bad BLTCounter parameters: {exc}") from None
+        obj = from_parameters(cls, state, key, "BLTCounter")
         t, p = _get(state, "t", int), _get(state, "p", int)
         we, wd = _get(state, "we", list), _get(state, "wd", list)
         if not 0 <= t <= obj.horizon or p < 0 or len(we) != len(THETA_NUM) or len(wd) != len(

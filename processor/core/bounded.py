@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 import numpy as np
 
@@ -234,6 +235,20 @@ def state_field(state: dict[str, Any], name: str, typ: type | tuple[type, ...]) 
 
 _get = state_field  # the short local name the from_state methods read best with
 
+T = TypeVar("T")
+
+
+def from_parameters(make: Callable[[float, float, int, NoiseKey, str, int], T],
+                    state: dict[str, Any], key: NoiseKey, what: str) -> T:
+    """A horizon counter (eps, delta, horizon, key, label, sensitivity) rebuilt from its
+    state's parameters ("e", "d", "n", "lab", "sen"); StateFormatError naming `what` when
+    its constructor refuses them."""
+    try:
+        return make(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int),
+                    key, _get(state, "lab", str), _get(state, "sen", int))
+    except InvalidParameterError as exc:
+        raise StateFormatError(f"bad {what} parameters: {exc}") from None
+
 
 # ---------------------------------------------------------------------------------------------
 # Binary trees (Gaussian and Laplace node noise)
@@ -346,11 +361,7 @@ class GaussianTree(_BinaryTree):
     def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
         if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a GaussianTree state")
-        try:
-            obj = cls(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int), key,
-                      _get(state, "lab", str), _get(state, "sen", int))
-        except InvalidParameterError as exc:
-            raise StateFormatError(f"bad GaussianTree parameters: {exc}") from None
+        obj = from_parameters(cls, state, key, "GaussianTree")
         obj._restore_base(state)
         return obj
 
@@ -489,11 +500,7 @@ class SqrtFactor(UnitCounter):
     def from_state(cls, state: dict[str, Any], key: NoiseKey) -> Self:
         if _get(state, "k", str) != cls.kind:
             raise StateFormatError("not a SqrtFactor state")
-        try:
-            obj = cls(_get(state, "e", float), _get(state, "d", float), _get(state, "n", int), key,
-                      _get(state, "lab", str), _get(state, "sen", int))
-        except InvalidParameterError as exc:
-            raise StateFormatError(f"bad SqrtFactor parameters: {exc}") from None
+        obj = from_parameters(cls, state, key, "SqrtFactor")
         t, s, p = _get(state, "t", int), _get(state, "s", int), _get(state, "p", int)
         z = _get(state, "z", list)
         if not 0 <= t <= obj.horizon or len(z) != t or s < 0 or p < 0:

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import os
 import re
-from pathlib import Path
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher
@@ -68,17 +67,6 @@ class NoiseKey:
         never the content.
         """
         return cls(_decode_key(data, key_format, what))
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str], key_format: str = "hex") -> NoiseKey:
-        """Compatibility only, for processor/stream/config.py (being edited elsewhere):
-        `processor.keyfile.read_key` is the key reader. Delete once config.py calls it."""
-        p = Path(path)
-        try:
-            raw = p.read_bytes()
-        except OSError as exc:
-            raise NoiseKeyError(f"cannot read noise key file {str(p)!r}: {exc.strerror}") from None
-        return cls.from_bytes(raw, key_format, f"noise key file {str(p)!r}")
 
     @classmethod
     def from_hex(cls, text: str) -> NoiseKey:

@@ -65,7 +65,8 @@ def _toml_value(v: object) -> str:
 #: Settings fields of privacy_unit = "user" -> their names in the [unit] section.
 _UNIT_FIELDS = {"unit_epsilon": "epsilon", "unit_delta": "delta",
                 "max_events_per_counter": "max_events_per_counter",
-                "max_counters_per_unit": "max_counters_per_unit"}
+                "max_counters_per_unit": "max_counters_per_unit",
+                "unit_derivation": "derivation"}
 
 
 def render_toml(settings: Settings) -> str:

@@ -41,6 +41,7 @@ from typing import Any, Final, Literal, TypeVar
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.kafka.node import Node
 from processor.devtools.kafka.tools import free_port
+from processor.errors import ProcessorError
 
 HOST: Final = "127.0.0.1"
 #: How much one read moves (Kafka fetch responses are larger; any size works).
@@ -50,7 +51,7 @@ Mode = Literal["forward", "blackhole", "reset"]
 T = TypeVar("T")
 
 
-class ProxyError(RuntimeError):
+class ProxyError(ProcessorError, RuntimeError):
     """The proxy could not start (a port taken) or was used after close()."""
 
 

@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace) -> int:
         e = eps[0] if args.eps else 10.0
         runs = args.runs or 100
         points = []
-        with F._bar(runs * len(mechs) * len(horizons), "fig1b", progress) as bar:
+        with F.progress_bar(runs * len(mechs) * len(horizons), "fig1b", progress) as bar:
             for h in horizons:
                 # constant rate 0.01: low = high, so the attack is meaningless and skipped
                 setup = F.Setup(horizon=h, runs=runs, delta=args.delta, low=0.01, high=0.01,
@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
                  ("simecc", F.EPS_SWEEP[-1])]
         theta = threshold(setup.rates())
         hists: list[F.Histogram] = []
-        with F._bar(setup.runs * len(cases), "fig2", progress) as bar:
+        with F.progress_bar(setup.runs * len(cases), "fig2", progress) as bar:
             for m, e in cases:
                 pt = F.run_point(setup, m, e, keep_stats=True, progress=bar)
                 hists.append(F.histogram(pt, theta))

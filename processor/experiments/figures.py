@@ -167,7 +167,7 @@ def run_point(setup: Setup, mechanism: str, eps: float, *, attack_on: bool = Tru
     return pt
 
 
-def _bar(total: int, desc: str, enabled: bool) -> Any:
+def progress_bar(total: int, desc: str, enabled: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="run", disable=not enabled, leave=False,
@@ -275,7 +275,7 @@ def sweep(setup: Setup, mechanisms: Sequence[str], eps_values: Sequence[float],
         else:
             tasks.extend((m, (e,)) for e in eps_values)
     results: dict[int, list[Point]] = {}
-    with _bar(setup.runs * len(mechanisms) * len(eps_values), setup.panel or "sweep",
+    with progress_bar(setup.runs * len(mechanisms) * len(eps_values), setup.panel or "sweep",
               progress) as bar:
         if jobs <= 1:
             for i, (m, es) in enumerate(tasks):

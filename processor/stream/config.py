@@ -33,6 +33,7 @@ from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.core.tight import CALIBRATIONS
 from processor.core.unit import DERIVATIONS, UnitParameters, derive
 from processor.errors import ProcessorError
+from processor.keyfile import read_key
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -739,4 +740,4 @@ def load_noise_key(settings: Settings, key_file: str | None = None,
     if not path:
         raise NoiseKeyError("no noise key configured (noise_key_file / DPC_NOISE_KEY_FILE / "
                             "--key-file)")
-    return NoiseKey.from_file(path, key_format or settings.noise_key_format)
+    return read_key(path, key_format or settings.noise_key_format)

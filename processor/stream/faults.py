@@ -46,7 +46,9 @@ CrashPoint = Callable[[str], None]
 
 
 class InjectedFault(RuntimeError):
-    """The failure DPC_TEST_CRASH_AT=<point>:<k>:raise injects (tests only)."""
+    """The failure DPC_TEST_CRASH_AT=<point>:<k>:raise injects (tests only). Outside the
+    ProcessorError hierarchy on purpose: it stands for a bug or an unexpected library
+    error, so every handler must treat it as one, never as an error raised on purpose."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,7 +51,7 @@ from confluent_kafka import (
 )
 
 from processor.core.errors import NoiseKeyError
-from processor.errors import print_error
+from processor.errors import StreamError, print_error
 from processor.stream import kafka_io
 from processor.stream.bounding import (
     UnitHasher,
@@ -271,8 +271,10 @@ def committable(records: Sequence[InputRecord]) -> dict[int, int]:
 # ------------------------------------------------------------------ the loop
 
 
-class IngestError(RuntimeError):
+class IngestError(StreamError, RuntimeError):
     """The ingest stage cannot go on (a delivery failed, a fatal client error)."""
+
+    error_prefix = "ingest: "
 
 
 class InputIdentity:

@@ -137,8 +137,10 @@ def base_config(settings: Settings) -> dict[str, str]:
     return conf
 
 
-class AccessRefused(RuntimeError):
+class AccessRefused(StreamError, RuntimeError):
     """The brokers answer but refuse this client (authentication or TLS)."""
+
+    error_prefix = "Kafka: "
 
 
 def check_access(conf: Mapping[str, str], timeout_s: float) -> None:

@@ -63,6 +63,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from processor.errors import StreamError
 from processor.stream import kafka_io
 from processor.stream.config import Settings
 from processor.stream.operator import METRICS as OPERATOR_COUNTS
@@ -161,8 +162,10 @@ def build_labels() -> dict[str, str]:
             "faust": version("faust-streaming"), "aiokafka": version("aiokafka")}
 
 
-class PublicMetricError(ValueError):
+class PublicMetricError(StreamError, ValueError):
     """The public registry holds a metric family that is not on the allow-list."""
+
+    error_prefix = "metrics: "
 
 
 def family_names(registry: CollectorRegistry) -> set[str]:

@@ -105,6 +105,10 @@ from processor.stream.transaction import PartitionTransaction, Slot, StateCache
 #: every change is published (docs/downstream.md, catch-up).
 CATCHUP_HEARTBEAT_TICKS: Final = 1000
 
+#: The store key an error names for a counter that is not declared: declared names are
+#: public, an undeclared one is private input until announced.
+UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
+
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
@@ -341,7 +345,7 @@ class Operator:
     def _check_counter(self, name: str, cs: CounterState) -> None:
         # Declared names are public; an undeclared one is input until announced.
         self._check_key(counter_key(name) if name in self._start_ticks
-                        else "c/(an undeclared counter)", cs.key_id)
+                        else UNDECLARED_COUNTER_KEY, cs.key_id)
         self.provenance.check_parameters(name, cs.mechanism)
 
     def _check_key(self, store_key: str, stored: str | None) -> None:
@@ -390,7 +394,7 @@ class Operator:
                 due = (got.filed_due if isinstance(got, CounterState)
                        else counter_filed_due(got))
             except StateFormatError as exc:
-                exc.key = counter_key(name) if name in home else "c/(an undeclared counter)"
+                exc.key = counter_key(name) if name in home else UNDECLARED_COUNTER_KEY
                 raise
             if due is not None:
                 wheel.file(name, due)

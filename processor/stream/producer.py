@@ -23,6 +23,7 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from processor.errors import StreamError
 from processor.stream import kafka_io
 
 log = logging.getLogger("processor.stream.producer")
@@ -35,8 +36,10 @@ MESSAGE_TIMEOUT_MS: Final = 60_000
 POLL_S: Final = 0.05
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(StreamError, RuntimeError):
     """A record the brokers did not acknowledge: nothing after it is durable."""
+
+    error_prefix = "Kafka: "
 
 
 Headers = Sequence[tuple[str, bytes]]

@@ -12,9 +12,9 @@ the operator does is the same code for both.
 
 from __future__ import annotations
 
-import importlib
 from typing import Protocol
 
+from processor.core import registry
 from processor.core.api import Counter
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
@@ -94,19 +94,15 @@ class CalibratedRegistry:
     calibration; a restored counter keeps the one stored in its state."""
 
     def __init__(self, calibration: str) -> None:
-        # Imported on first use so that tests can inject a fake factory without it.
-        self._registry = importlib.import_module("processor.core.registry")
         self._calibration = calibration
 
     def make(self, name: str, eps: float, delta: float, key: NoiseKey,
              counter_id: str) -> Counter:
-        made: Counter = self._registry.make(name, eps, delta, key, counter_id,
-                                            calibration=self._calibration)
-        return made
+        return registry.make(name, eps, delta, key, counter_id,
+                             calibration=self._calibration)
 
     def restore(self, data: bytes, key: NoiseKey) -> Counter:
-        restored: Counter = self._registry.restore(data, key)
-        return restored
+        return registry.restore(data, key)
 
 
 class ConfiguredProvenance:

@@ -36,6 +36,7 @@ from typing import Any, Final, Literal, cast
 import orjson
 
 from processor.core.grid import GRID_BITS, UNIT, to_units
+from processor.errors import StreamError
 from processor.stream.config import MAX_COUNTER_NAME, Settings
 
 #: Every reason code a Rejection may carry (the dead-letter "reason" field).
@@ -88,8 +89,10 @@ _INPUT_FIELDS = frozenset({"counter", "ts", "value", UNIT_FIELD})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-class TimelineFormatError(ValueError):
+class TimelineFormatError(StreamError, ValueError):
     """A timeline record that is not one this module writes (corrupt, foreign or v1)."""
+
+    error_prefix = "timeline: "
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ from faust.types import TP
 from rocksdict import WriteBatch
 
 from processor.stream.producer import AsyncProducer
-from processor.stream.state import StateStore, supersedes
+from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateStore, supersedes
 
 #: Rounds of rewriting per checkpoint while foreign writes keep landing among them (the
 #: rest waits for the next checkpoint).
@@ -245,8 +245,8 @@ class WorkerStores:
         n = 0
         for partition, store in self._stores.items():
             if partition in gaps:
-                keys: list[bytes] = [k.encode("utf-8") for k, _v in store.scan("c/")]
-                keys += [k.encode("utf-8") for k, _v in store.scan("p/")]
+                keys: list[bytes] = [k.encode("utf-8") for k, _v in store.scan(COUNTER_PREFIX)]
+                keys += [k.encode("utf-8") for k, _v in store.scan(PARTITION_PREFIX)]
             else:
                 keys = sorted(self._table.stale.get(partition, ()))
             if not keys:

@@ -30,7 +30,7 @@ def test_dense_steps_every_queued_event() -> None:
     s = _settings(20)
     w = bench_operator.dense(s, 20, 20, 5, random.Random(0))
     _dt, _rel, _touched, markers, stepped, queued = asyncio.run(
-        bench_operator._run(w, 1024, None))
+        bench_operator.run_workload(w, 1024, None))
     # At most one step per counter per tick: 20 counters x 20 ticks stepped means every
     # counter stepped at every tick (its queue never ran dry) and none is left queued.
     assert markers == 20
@@ -43,10 +43,10 @@ def test_control_arrivals_every_tick_leave_events_queued() -> None:
     per_tick = [[Event(f"k{c:05d}", n * bench_operator.TICK + rng.randrange(
         bench_operator.TICK), UNIT, 0, (n * 20 + c) * 5 + i)
         for c in range(20) for i in range(5)] for n in range(1, 21)]
-    warm, off = bench_operator._batches(range(0, 1), None, 0)
-    timed, _ = bench_operator._batches(range(1, 21), per_tick, off)
+    warm, off = bench_operator.timeline_batches(range(0, 1), None, 0)
+    timed, _ = bench_operator.timeline_batches(range(1, 21), per_tick, off)
     w = bench_operator.Workload("old dense", s, warm, timed, 20 * 20 * 5)
     _dt, _rel, _touched, _markers, stepped, queued = asyncio.run(
-        bench_operator._run(w, 1024, None))
+        bench_operator.run_workload(w, 1024, None))
     assert queued == w.events
     assert stepped == 20 * 20 < queued

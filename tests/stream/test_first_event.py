@@ -57,7 +57,7 @@ def announcement_violations(ledger: Sequence[Appended], sealing_marker_ms: int,
 
 
 def test_the_check_rejects_the_old_announcement_at_the_event() -> None:
-    """Control: the old behaviour (a announced at its event, 10 s before the marker that
+    """Control: the rejected order (a announced at its event, 10 s before the marker that
     sealed the start tick; b at the marker) and two other broken orders must be rejected;
     the intended behaviour must pass."""
     marker = 1_000_000

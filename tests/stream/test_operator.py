@@ -809,8 +809,8 @@ def public_trace(s: Settings, records: list[bytes],
 
 
 class EagerAnnounce(Operator):
-    """The old behaviour, as a control: a counter's ledger entry goes out when an event
-    creates its state."""
+    """The control: a counter's ledger entry goes out when an event creates its state (an
+    event's time would show in the ledger)."""
 
     def apply(self, store: Any, partition: int, offset: int, record: bytes,
               out: Output | None = None) -> Output:
@@ -832,7 +832,7 @@ def test_no_public_record_depends_on_an_event_before_its_marker() -> None:
     before the first marker (stamped after the ticks compared), and the event itself
     emits nothing. The same for a counter declared by a configuration change with a
     start in the past: no ledger entry and no catch-up heartbeat at its event.
-    Control: announcing a counter when an event creates it (the old behaviour) fails."""
+    Control: announcing a counter when an event creates it (EagerAnnounce) fails."""
     s = settings({"a": 2 * TICK, "b": 2 * TICK}, heartbeat_ticks=2)
     markers = [encode_marker(n) for n in range(0, 9)]
     ev = encode_batch([Event("a", 20 * TICK, UNIT, 0, 0)])

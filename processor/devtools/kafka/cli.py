@@ -34,7 +34,7 @@ from processor.errors import print_error
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-EXIT_MISSING_TOOL = 3
+EXIT_MISSING_TOOL = ToolMissingError.exit_code
 
 
 def _read_state(path: Path) -> dict[str, Any] | None:
@@ -227,12 +227,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "stop":
             return _cmd_stop(args)
         return _cmd_status(args)
-    except ToolMissingError as exc:
-        print_error(str(exc))
-        return EXIT_MISSING_TOOL
     except LocalKafkaError as exc:
         print_error(str(exc))
-        return EXIT_FAILURE
+        return exc.exit_code
 
 
 if __name__ == "__main__":

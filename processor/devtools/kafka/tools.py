@@ -13,6 +13,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
+from processor.errors import ProcessorError
+
 #: The checkout's deploy/ directory: pom.xml, log4j settings, the jar cache.
 DEPLOY_DIR = Path(__file__).resolve().parents[3] / "deploy"
 POM_FILE = DEPLOY_DIR / "kafka" / "pom.xml"
@@ -38,12 +40,17 @@ def die_with_parent(cmd: list[str], signal_name: str) -> list[str]:
     return [setpriv, "--pdeathsig", signal_name, *cmd]
 
 
-class LocalKafkaError(RuntimeError):
+class LocalKafkaError(ProcessorError, RuntimeError):
     """Base class of every error this package raises on purpose."""
+
+    exit_code = 1
 
 
 class ToolMissingError(LocalKafkaError):
     """``java`` or ``mvn`` is not on PATH, so the local broker cannot be fetched or run."""
+
+    #: Its own code, so that a caller can tell "install java or mvn" from a failure.
+    exit_code = 3
 
     def __init__(self, tool: str) -> None:
         self.tool = tool
