@@ -143,6 +143,15 @@ class Settings:
     #: table_standby_replicas): a failed worker's counters move with little changelog to
     #: replay, at the cost of every worker also applying the others' changelogs.
     standby_replicas: int = 1
+    #: How long applied state may stay in memory before a checkpoint makes it durable and
+    #: acknowledges its timeline records to the consumer group (docs/state.md), in ms; or
+    #: after checkpoint_records timeline records, whichever comes first. A counter changed
+    #: several times between two checkpoints is written once, so an interval longer than
+    #: lateness_ms + tick_ms writes most counters once per event instead of twice (at its
+    #: arrival and at the marker that seals it); a crash makes the next owner re-apply up
+    #: to this much of the timeline. Releases are published at once, whatever it is.
+    checkpoint_ms: int = 500
+    checkpoint_records: int = 2000
     #: What a worker does when a counter restored from state has another mechanism,
     #: epsilon or delta than this configuration: "refuse" (stop with an error naming the
     #: field and the counter) or "keep" (each existing counter continues under its stored
@@ -229,7 +238,7 @@ _TOP_KEYS = {
     "allow_undeclared",
     "noise_key_file", "noise_key_format", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
-    "standby_replicas", "on_parameter_change",
+    "standby_replicas", "checkpoint_ms", "checkpoint_records", "on_parameter_change",
     "timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms",
     "privacy_unit",
 }
@@ -463,6 +472,10 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         "public_metrics_port", top.get("public_metrics_port", d.public_metrics_port), 1)
     s["standby_replicas"] = _as_int(
         "standby_replicas", top.get("standby_replicas", d.standby_replicas), 0)
+    s["checkpoint_ms"] = _as_int(
+        "checkpoint_ms", top.get("checkpoint_ms", d.checkpoint_ms), 1)
+    s["checkpoint_records"] = _as_int(
+        "checkpoint_records", top.get("checkpoint_records", d.checkpoint_records), 1)
     s["on_parameter_change"] = _as_str(
         "on_parameter_change", top.get("on_parameter_change", d.on_parameter_change))
     for name in ("timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms"):
@@ -524,7 +537,9 @@ def validate_settings(s: Settings) -> Settings:
                         ("lateness_ms", s.lateness_ms, 0),
                         ("max_future_ms", s.max_future_ms, 0),
                         ("heartbeat_ticks", s.heartbeat_ticks, 1),
-                        ("standby_replicas", s.standby_replicas, 0)):
+                        ("standby_replicas", s.standby_replicas, 0),
+                        ("checkpoint_ms", s.checkpoint_ms, 1),
+                        ("checkpoint_records", s.checkpoint_records, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(name, f"must be an integer >= {lo}")
     sec = s.security

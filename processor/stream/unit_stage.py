@@ -5,7 +5,7 @@ The pure rules are in bounding.py; this is the shell around them.
 
 Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
 (BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
-the group only by the next checkpoint (every CHECKPOINT_S or CHECKPOINT_RECORDS, at a
+the group only by the next checkpoint (every checkpoint_ms or checkpoint_records, at a
 revocation and at a clean stop): forwards acknowledged, unit values written, changelog
 acknowledged, then the acks.
 """
@@ -66,17 +66,11 @@ class UnitStage:
     """The bounding agent, its table and its checkpoints, inside one `Worker`."""
 
     def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
-        from processor.stream.app import (
-            CHECKPOINT_RECORDS,
-            CHECKPOINT_S,
-            ROCKSDB_OPTIONS,
-            GapGuard,
-            raw_topic,
-        )
+        from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, raw_topic
 
-        self._checkpoint_s = CHECKPOINT_S
-        self._checkpoint_records = CHECKPOINT_RECORDS
         s = worker.settings
+        self._checkpoint_s = s.checkpoint_ms / 1000
+        self._checkpoint_records = s.checkpoint_records
         self.worker = worker
         self.topic_name = units_topic(s)
         topic = raw_topic(worker.app, self.topic_name, s.partitions)
@@ -99,7 +93,7 @@ class UnitStage:
         self._unacked: list[Message] = []
         self._unacked_gaps: dict[TP, list[int]] = {}
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
-        worker.app.timer(interval=CHECKPOINT_S / 2,
+        worker.app.timer(interval=s.checkpoint_ms / 2000,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
 
     async def bound(self, stream: faust.StreamT[bytes]) -> None:
