@@ -45,7 +45,12 @@ from typing import Any, ClassVar
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.block import LaplaceBank
-from processor.core.samplers.scalar import bernoulli_exp, discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import (
+    bernoulli_exp,
+    discrete_laplace,
+    discrete_laplace_run,
+    laplace_scale_units,
+)
 
 #: Local steps beyond this are "never": no stream reaches 2^62 ticks.
 HORIZON = 1 << 62
@@ -243,11 +248,16 @@ class SVT:
         if i >= SCALAR_DRAWS:
             return self._bank.draw(i - SCALAR_DRAWS)
         j = i - self.draws
+        if len(self._ahead) <= j:
+            self._fill(j + 1)
+        return self._ahead[j][0]
+
+    def _fill(self, n: int) -> None:
+        """Look at the next n draws ahead (those among the scalar ones) in one run."""
         ahead = self._ahead
-        while len(ahead) <= j:
-            z = discrete_laplace(self._zahead, self._t1)
-            ahead.append((z, self._zahead.position))
-        return ahead[j][0]
+        n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead)
+        if n > 0:
+            ahead.extend(discrete_laplace_run(self._zahead, self._t1, n))
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
@@ -481,6 +491,8 @@ class SVT:
         if self.halted:
             raise RuntimeError("SVT has halted")
         m = self.prefix - self.run
+        # the prefix's draws in one run of the sampler (each is consumed later anyway)
+        self._fill(m if within is None else min(m, within))
         for i in range(m):
             if within is not None and i >= within:
                 return None
