@@ -204,13 +204,6 @@ class WordCursor:
         self.position += 1
         return self._buf_list[i]
 
-    def peek_words(self, n: int) -> list[int]:
-        """At least the next n words as Python ints (all the buffer holds from `position`
-        on), without consuming them: a sampler reads them from the list, then moves
-        `position` past the ones it used."""
-        self._ensure(n)
-        return self._buf_list[self.position - self._buf_start:]
-
     def next_words(self, n: int) -> np.ndarray:
         self._ensure(n)
         i = self.position - self._buf_start

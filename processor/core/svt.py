@@ -156,6 +156,7 @@ class SVT:
         "_c",
         "_cached",
         "_cursor",
+        "_due_memo",
         "_g",
         "_has_plan",
         "_lam",
@@ -198,6 +199,7 @@ class SVT:
         self._scan = WordCursor(self._cursor.stream, 0, 0)
         #: (start step, skip position, v) -> (firing step or None, skip position after)
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
+        self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
         if state is None:
             self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label + "/z0")), t0)
             self.steps = 0
@@ -487,9 +489,20 @@ class SVT:
         """Steps until the instance fires if the input stays v (None: never). With
         `within`, None also means "not within that many steps", and a far plan is not
         computed when the dense prefix covers them. Does not change the state: the
-        answer is a pure function of it."""
+        answer is a pure function of it (the last one is remembered: a skip asks, then
+        its advance asks again)."""
         if self.halted:
             raise RuntimeError("SVT has halted")
+        key = (v, within, self.steps, self.run, self.draws, self._has_plan, self.plan,
+               self._cursor.position)
+        memo = self._due_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        d = self._due(v, within)
+        self._due_memo = (key, d)
+        return d
+
+    def _due(self, v: int, within: int | None) -> int | None:
         m = self.prefix - self.run
         # the prefix's draws in one run of the sampler (each is consumed later anyway)
         self._fill(m if within is None else min(m, within))

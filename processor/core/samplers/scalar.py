@@ -199,8 +199,10 @@ def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
     return _discrete_laplace(cur, t, s)
 
 
-#: Words discrete_laplace_run asks the cursor for at least (about 8 per draw on average).
-_RUN_WINDOW = 16
+#: Words per draw discrete_laplace_run asks the cursor for ahead (about 8 are used on
+#: average), and the most it asks for before a draw goes to the cursor's path.
+_RUN_WORDS = 12
+_RUN_MAX = 256
 
 
 def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
@@ -255,10 +257,16 @@ def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
         return (-y if negative else y), i
 
 
+def _window(cur: WordCursor, position: int, n: int) -> list[int]:
+    """n words of the cursor's lane from `position`, as Python ints, read past the
+    cursor's buffer (which a run would otherwise fill and keep)."""
+    return cur.stream.words(cur.lane, position, n).tolist()  # type: ignore[no-any-return]
+
+
 def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int]]:
     """n consecutive draws discrete_laplace(cur, t), each with the cursor position after
     it: the same values and positions as n calls (a draw is a pure function of its start
-    position), computed from a list of the cursor's words instead of one call per word.
+    position), computed from a list of the lane's words instead of one call per word.
     The cursor ends after the last draw."""
     t = check_int("t", t, 1)
     out: list[tuple[int, int]] = []
@@ -268,17 +276,23 @@ def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int
         return out
     shift = 64 - (t - 1).bit_length()
     base = cur.position
-    w = cur.peek_words(_RUN_WINDOW)
+    w = _window(cur, base, min(_RUN_WORDS * n, _RUN_MAX))
     i = 0
     while len(out) < n:
         try:
             z, i = _dlap_words(w, i, t, shift)
         except IndexError:
-            # the window ran out mid-draw, or a rare branch: redo the draw on the cursor
-            cur.position = base + i
+            base += i
+            cur.position = base
+            if len(w) - i < _RUN_MAX:
+                # the window ran out mid-draw: look further ahead and redo the draw
+                w = _window(cur, base, _RUN_MAX)
+                i = 0
+                continue
+            # a rare branch (or a draw longer than the window): the cursor's own path
             z = _discrete_laplace(cur, t, 1)
             base = cur.position
-            w = cur.peek_words(_RUN_WINDOW)
+            w = _window(cur, base, min(_RUN_WORDS * (n - len(out)), _RUN_MAX))
             i = 0
         out.append((z, base + i))
     cur.position = base + i
