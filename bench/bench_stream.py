@@ -138,7 +138,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="standby_replicas of every deployment (default 1, the README "
                    "configuration; 0 measures scale-out without standby copies)")
     p.add_argument("--checkpoint-ms", type=int,
-                   help="checkpoint_ms of every processor deployment (default: the setting's)")
+                   help="checkpoint_ms of every processor deployment (default 0: derived "
+                   "from tick and lateness, Settings.checkpoint_interval_ms)")
     p.add_argument("--no-restore", action="store_true", help="idle: skip the restore")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     p.add_argument("--json", help="also write the results to this file")

@@ -474,7 +474,7 @@ class Worker:
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
-        self.app.timer(interval=settings.checkpoint_ms / 2000,
+        self.app.timer(interval=settings.checkpoint_interval_ms() / 2000,
                        name=f"{settings.app_id}-checkpoint")(self.checkpoint_timer)
         interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
         self.app.timer(interval=interval, on_leader=False,
@@ -533,7 +533,7 @@ class Worker:
                 if len(self._unacked) >= self.settings.checkpoint_records or (
                         self.batch_commit.dirty_since is not None
                         and time.monotonic() - self.batch_commit.dirty_since
-                        >= self.settings.checkpoint_ms / 1000):
+                        >= self.settings.checkpoint_interval_ms() / 1000):
                     await self._checkpoint()
 
     async def checkpoint(self) -> None:
@@ -545,11 +545,13 @@ class Worker:
             await self.units.checkpoint()
 
     async def checkpoint_timer(self) -> None:
-        """A checkpoint when applied state has waited checkpoint_ms (a quiet stream)."""
+        """A checkpoint when applied state has waited the checkpoint interval (a quiet
+        stream)."""
         since = self.batch_commit.dirty_since
         if (since is None and not self._unacked) or self._lock.locked():
             return
-        if since is not None and time.monotonic() - since < self.settings.checkpoint_ms / 1000:
+        if (since is not None
+                and time.monotonic() - since < self.settings.checkpoint_interval_ms() / 1000):
             return
         async with self._lock:
             await self._checkpoint()

@@ -50,6 +50,13 @@ PRIVACY_UNITS = ("event", "user")
 _UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit")
 
 
+#: Bounds of the derived checkpoint interval (Settings.checkpoint_interval_ms): the
+#: interval of short ticks and lateness, and the most a crash makes the next owner
+#: re-apply or the group's committed offsets trail the stream by default.
+MIN_AUTO_CHECKPOINT_MS: Final = 500
+MAX_AUTO_CHECKPOINT_MS: Final = 10_000
+
+
 class ConfigError(ProcessorError, ValueError):
     """A configuration value that is missing, of the wrong type or outside its domain.
 
@@ -145,12 +152,11 @@ class Settings:
     standby_replicas: int = 1
     #: How long applied state may stay in memory before a checkpoint makes it durable and
     #: acknowledges its timeline records to the consumer group (docs/state.md), in ms; or
-    #: after checkpoint_records timeline records, whichever comes first. A counter changed
-    #: several times between two checkpoints is written once, so an interval longer than
-    #: lateness_ms + tick_ms writes most counters once per event instead of twice (at its
-    #: arrival and at the marker that seals it); a crash makes the next owner re-apply up
-    #: to this much of the timeline. Releases are published at once, whatever it is.
-    checkpoint_ms: int = 500
+    #: after checkpoint_records timeline records, whichever comes first. 0: derived,
+    #: `checkpoint_interval_ms()`. A counter changed several times between two
+    #: checkpoints is written once; a crash makes the next owner re-apply up to this much
+    #: of the timeline. Releases are published at once, whatever it is.
+    checkpoint_ms: int = 0
     checkpoint_records: int = 2000
     #: What a worker does when a counter restored from state has another mechanism,
     #: epsilon or delta than this configuration: "refuse" (stop with an error naming the
@@ -189,6 +195,17 @@ class Settings:
                             self.max_counters_per_unit)
             object.__setattr__(self, "_unit_parameters", cached)
         return cached
+
+    def checkpoint_interval_ms(self) -> int:
+        """checkpoint_ms, or when it is 0, twice lateness_ms + tick_ms within
+        [MIN_AUTO_CHECKPOINT_MS, MAX_AUTO_CHECKPOINT_MS]: an event changes its counter at
+        its arrival and again when the marker sealing its tick steps it, up to
+        lateness_ms + tick_ms later; with twice that interval both changes fall in one
+        checkpoint at least half the time, and a counter is written once for them."""
+        if self.checkpoint_ms:
+            return self.checkpoint_ms
+        return max(MIN_AUTO_CHECKPOINT_MS,
+                   min(MAX_AUTO_CHECKPOINT_MS, 2 * (self.lateness_ms + self.tick_ms)))
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -473,7 +490,7 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
     s["standby_replicas"] = _as_int(
         "standby_replicas", top.get("standby_replicas", d.standby_replicas), 0)
     s["checkpoint_ms"] = _as_int(
-        "checkpoint_ms", top.get("checkpoint_ms", d.checkpoint_ms), 1)
+        "checkpoint_ms", top.get("checkpoint_ms", d.checkpoint_ms), 0)
     s["checkpoint_records"] = _as_int(
         "checkpoint_records", top.get("checkpoint_records", d.checkpoint_records), 1)
     s["on_parameter_change"] = _as_str(
@@ -538,7 +555,7 @@ def validate_settings(s: Settings) -> Settings:
                         ("max_future_ms", s.max_future_ms, 0),
                         ("heartbeat_ticks", s.heartbeat_ticks, 1),
                         ("standby_replicas", s.standby_replicas, 0),
-                        ("checkpoint_ms", s.checkpoint_ms, 1),
+                        ("checkpoint_ms", s.checkpoint_ms, 0),
                         ("checkpoint_records", s.checkpoint_records, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(name, f"must be an integer >= {lo}")

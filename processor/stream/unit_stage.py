@@ -5,7 +5,7 @@ The pure rules are in bounding.py; this is the shell around them.
 
 Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
 (BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
-the group only by the next checkpoint (every checkpoint_ms or checkpoint_records, at a
+the group only by the next checkpoint (every checkpoint interval or checkpoint_records, at a
 revocation and at a clean stop): forwards acknowledged, unit values written, changelog
 acknowledged, then the acks.
 """
@@ -69,7 +69,7 @@ class UnitStage:
         from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, raw_topic
 
         s = worker.settings
-        self._checkpoint_s = s.checkpoint_ms / 1000
+        self._checkpoint_s = s.checkpoint_interval_ms() / 1000
         self._checkpoint_records = s.checkpoint_records
         self.worker = worker
         self.topic_name = units_topic(s)
@@ -93,7 +93,7 @@ class UnitStage:
         self._unacked: list[Message] = []
         self._unacked_gaps: dict[TP, list[int]] = {}
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
-        worker.app.timer(interval=s.checkpoint_ms / 2000,
+        worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
 
     async def bound(self, stream: faust.StreamT[bytes]) -> None:

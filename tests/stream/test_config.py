@@ -71,6 +71,18 @@ def test_file_then_env_overrides(tmp_path: Path) -> None:
     assert s.bootstrap_servers == "d:2"
 
 
+def test_checkpoint_interval_is_set_or_derived() -> None:
+    """checkpoint_ms wins when set; 0 (the default) derives twice lateness + tick, within
+    0.5 s and 10 s."""
+    s = with_overrides(Settings(), counters={"a": 0})
+    assert s.checkpoint_ms == 0 and s.checkpoint_interval_ms() == 2 * (2000 + 1000)
+    assert with_overrides(s, checkpoint_ms=700).checkpoint_interval_ms() == 700
+    assert with_overrides(s, tick_ms=100, lateness_ms=100).checkpoint_interval_ms() == 500
+    assert with_overrides(s, lateness_ms=60_000).checkpoint_interval_ms() == 10_000
+    with pytest.raises(ConfigError, match="checkpoint_ms"):
+        with_overrides(s, checkpoint_ms=-1)
+
+
 def test_secrets_absent_from_repr(tmp_path: Path) -> None:
     env = {"DPC_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "DPC_SASL_MECHANISM": "SCRAM-SHA-256",
            "DPC_SASL_USERNAME": "svc", "DPC_SASL_PASSWORD": "p4ssw0rd-XYZ"}
@@ -91,7 +103,7 @@ def test_secrets_absent_from_repr(tmp_path: Path) -> None:
     (BASE, {"DPC_PARTITIONS": "0"}, "partitions"),
     (BASE, {"DPC_LATENESS_MS": "-1"}, "lateness_ms"),
     (BASE, {"DPC_HEARTBEAT_TICKS": "0"}, "heartbeat_ticks"),
-    (BASE, {"DPC_CHECKPOINT_MS": "0"}, "checkpoint_ms"),
+    (BASE, {"DPC_CHECKPOINT_MS": "-1"}, "checkpoint_ms"),
     (BASE, {"DPC_CHECKPOINT_MS": "2.5"}, "checkpoint_ms"),
     (BASE, {"DPC_CHECKPOINT_RECORDS": "0"}, "checkpoint_records"),
     (BASE, {"DPC_MECHANISM": "gaussiancc"}, "mechanism"),
