@@ -504,13 +504,17 @@ class SVT:
 
     def _due(self, v: int, within: int | None) -> int | None:
         m = self.prefix - self.run
+        n = m if within is None else min(m, within)
         # the prefix's draws in one run of the sampler (each is consumed later anyway)
-        self._fill(m if within is None else min(m, within))
-        for i in range(m):
-            if within is not None and i >= within:
-                return None
-            if self._peek(self.draws + i) > self._k(v, self.steps + i + 1):
-                return i + 1
+        self._fill(n)
+        if n:
+            # k_s is non-decreasing in s: a draw at most the run's first k fires nowhere
+            # in the prefix, and only a larger one needs its own step's k
+            k0 = self._k(v, self.steps + 1)
+            for i in range(n):
+                z = self._peek(self.draws + i)
+                if z > k0 and z > self._k(v, self.steps + i + 1):
+                    return i + 1
         if within is not None and m >= within:
             return None
         f = self._planned(v)
