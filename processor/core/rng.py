@@ -187,7 +187,7 @@ class WordCursor:
         self.lane = lane
         self.position = position
         # Shared empty buffers until the first read: most cursors of an idle counter are
-        # never read, and an empty array and list cost about 150 bytes each.
+        # never read, and an empty array and list of its own cost about 100 bytes.
         self._buf = _NO_WORDS
         self._buf_list: list[int] = _NO_WORD_LIST
         self._buf_start = 0

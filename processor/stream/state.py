@@ -52,11 +52,12 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 
-_COUNTER_MAGIC: Final = b"DPC\x04"
 #: The queue of every counter with nothing queued (most of them, most of the time): an
 #: empty deque costs about 600 bytes. Only push_all and pop change a queue, and they
 #: replace this one, never add to it.
 _NO_QUEUE: Final[deque[list[int]]] = deque()
+
+_COUNTER_MAGIC: Final = b"DPC\x04"
 _PARTITION_MAGIC: Final = b"DPP\x04"
 #: A privacy unit's value (processor/stream/bounding.py): magic, offset, then its kept set.
 UNIT_MAGIC: Final = b"DPU\x04"
