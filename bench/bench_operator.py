@@ -18,8 +18,10 @@ Heartbeats are switched off (heartbeat_ticks = 10^6) except in the last workload
 others measure events and markers alone. An event counts when its counter's mechanism has
 stepped it (the operator's `events_dequeued`), never when it was merely queued; events/s =
 stepped events / the time of every commit of the workload (arrivals, steps, releases,
-state writes). Also printed: events queued (they must equal the stepped ones: the bench
-says so if not), records/s (timeline records) and per-marker work.
+state writes); ev/CPU-s = the same events / the CPU time of this process over those
+commits (steadier than events/s on a shared machine). Also printed: events queued (they
+must equal the stepped ones: the bench says so if not), records/s (timeline records) and
+per-marker work.
 
     .venv/bin/python bench/bench_operator.py [--mechanism ecc simecc] [--ticks 200]
         [--counters 10000] [--repeats 3] [--profile]
@@ -125,7 +127,7 @@ def heartbeat(s: Settings, ticks: int, counters: int) -> Workload:
 
 
 async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile | None
-               ) -> tuple[float, int, int, int, int, int]:
+                       ) -> tuple[float, float, int, int, int, int, int]:
     bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
                      DictStore(), CollectingPublisher())
     for b in w.warm:
@@ -134,6 +136,7 @@ async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile |
     if profile is not None:
         profile.enable()
     t0 = time.perf_counter()
+    c0 = time.process_time()
     for b in w.timed:
         out = await bc.commit(0, b)
         releases += len(out.releases)
@@ -142,9 +145,10 @@ async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile |
         stepped += out.metrics["events_dequeued"]
         queued += out.metrics["events_queued"]
     dt = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     if profile is not None:
         profile.disable()
-    return dt, releases, touched, markers, stepped, queued
+    return dt, cpu, releases, touched, markers, stepped, queued
 
 
 def main() -> None:
@@ -160,7 +164,7 @@ def main() -> None:
                     help="print a cProfile of the timed part (one run per workload)")
     args = ap.parse_args()
     print(f"{'workload':<36} {'mech':<7} {'stepped':>8} {'queued':>8} {'events/s':>10} "
-          f"{'records/s':>10} {'releases':>9} {'touched/marker':>15}")
+          f"{'ev/CPU-s':>10} {'records/s':>10} {'releases':>9} {'touched/marker':>15}")
     for mech in args.mechanism:
         rng = random.Random(0)
         few = {f"k{c:05d}": 0 for c in range(DENSE_COUNTERS)}
@@ -179,10 +183,12 @@ def main() -> None:
             prof = cProfile.Profile() if args.profile else None
             runs = [asyncio.run(run_workload(w, args.cache_size, prof))
                     for _ in range(1 if args.profile else args.repeats)]
-            dt, releases, touched, markers, stepped, queued = min(runs)
+            dt, _, releases, touched, markers, stepped, queued = min(runs)
+            cpu = min(r[1] for r in runs)
             records = sum(len(b) for b in w.timed)
             ev_rate = f"{stepped / dt:,.0f}" if stepped else "-"
-            print(f"{w.name:<36} {mech:<7} {stepped:>8} {queued:>8} {ev_rate:>10} "
+            ev_cpu = f"{stepped / cpu:,.0f}" if stepped and cpu > 0 else "-"
+            print(f"{w.name:<36} {mech:<7} {stepped:>8} {queued:>8} {ev_rate:>10} {ev_cpu:>10} "
                   f"{records / dt:>10,.0f} {releases:>9} {touched / max(markers, 1):>15.1f}"
                   + ("" if stepped == queued == w.events else
                      f"  NOTE: {w.events} events in, {queued} queued, {stepped} stepped"),

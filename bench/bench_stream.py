@@ -137,6 +137,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--standby", type=int, default=1,
                    help="standby_replicas of every deployment (default 1, the README "
                    "configuration; 0 measures scale-out without standby copies)")
+    p.add_argument("--checkpoint-ms", type=int,
+                   help="checkpoint_ms of every processor deployment (default 0: derived "
+                   "from tick and lateness, Settings.checkpoint_interval_ms)")
     p.add_argument("--no-restore", action="store_true", help="idle: skip the restore")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     p.add_argument("--json", help="also write the results to this file")
@@ -175,7 +178,7 @@ def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, 
         for w in order:
             print(f"phase scaleout: {w} worker(s), set {k + 1}", flush=True)
             got[w] = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, w, counters, rate, seconds,
-                                ctx.children, ctx.standby)
+                                ctx.children, ctx.standby, ctx.worker_settings)
             got[w]["order"] = [str(x) for x in order]
             lines += report_steady(got[w], f"Phase scaleout: {w} worker(s) (set {k + 1})")
         sets.append(got)
@@ -195,7 +198,7 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
     if a.phase == "many":
         print("phase many: 1 worker", flush=True)
         r = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, 1, counters, rate, seconds,
-                       ctx.children, ctx.standby)
+                       ctx.children, ctx.standby, ctx.worker_settings)
         results["many"] = r
         lines += _shown(report_steady(r, "Phase many counters"))
     if a.phase in ("scaleout", "all"):
@@ -203,7 +206,8 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
     if a.phase == "idle":
         print("phase idle: declared counters, no input", flush=True)
         r = idle_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
-                     ctx.standby, restore=not a.no_restore)
+                     ctx.standby, restore=not a.no_restore,
+                     worker_settings=ctx.worker_settings)
         results["idle"] = r
         lines += _shown(report_idle(r))
     return lines
@@ -232,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ctx = stream_counted.Ctx(client_config(bootstrap), bootstrap, Path(tmp_s),
                                      children, quix_python(a.quix_python), a.standby,
                                      a.processor_metric, a.heartbeat_ticks)
+            if a.checkpoint_ms is not None:
+                ctx.worker_settings = {"checkpoint_ms": a.checkpoint_ms}
             if a.quick:  # a smoke run: shorter idle windows and flush waits
                 ctx.idle_s, ctx.flush_max_s = 1.0, 5.0
             lines = run_phases(a, ctx, results)

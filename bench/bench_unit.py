@@ -59,12 +59,14 @@ from processor.stream.records import (
     TimelineFormatError,
     decode_timeline,
 )
-from processor.stream.unit_stage import UNITS_CHECKPOINT_S
 
 IDLE_S = 3.0
+#: Both modes checkpoint every 2 s (the operator and the bounding stage alike): each
+#: checkpoint writes every value touched since the last one, once.
+CHECKPOINT_MS = 2000
 #: After the last forward: the operator's last batches, and the bounding stage's last
-#: checkpoint (its unit writes, up to UNITS_CHECKPOINT_S and a timer round later).
-SETTLE_S = UNITS_CHECKPOINT_S + 1.0
+#: checkpoint (its unit writes, up to CHECKPOINT_MS and a timer round later).
+SETTLE_S = CHECKPOINT_MS / 1000 + 1.0
 COUNTERS = [f"c{i:03d}" for i in range(100)]
 K, M, UNIT_EPS, UNIT_DELTA = 3, 2, 4.0, 1e-6
 
@@ -105,7 +107,7 @@ def thread_cpu(pid: int) -> dict[str, float]:
 def deployment(bootstrap: str, tmp: Path, mode: str) -> Deployment:
     start = (int(time.time() * 1000) // 100) * 100 - 3_600_000
     kw: dict[str, Any] = dict(tick_ms=100, lateness_ms=100, max_future_ms=60_000,
-                              heartbeat_ticks=60, partitions=4)
+                              heartbeat_ticks=60, partitions=4, checkpoint_ms=CHECKPOINT_MS)
     if mode == "user":
         d = Settings()
         p = derive(UNIT_EPS, UNIT_DELTA, K, M, mechanism=d.mechanism, calibration=d.calibration)

@@ -169,6 +169,8 @@ class Ctx:
     #: The idle window before each stage and the longest flush wait (--quick shortens them).
     idle_s: float = IDLE_S
     flush_max_s: float = FLUSH_MAX_S
+    #: Further settings of every processor deployment (--checkpoint-ms).
+    worker_settings: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -295,7 +297,8 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
                               name=f"bench-{load.name}", create_topics=False, tick_ms=tick,
                               lateness_ms=LATENESS_MS, heartbeat_ticks=ctx.heartbeat_ticks,
                               partitions=4, mechanism=mechanism, epsilon=1.0, delta=1e-6,
-                              metrics_port=port, standby_replicas=ctx.standby)
+                              metrics_port=port, standby_replicas=ctx.standby,
+                              **dict(ctx.worker_settings))
     ctx.children.deployments.append(dep)
     create_deployment_topics(ctx.conf, dep)
     ledger = Tail(ctx.conf, dep.topics.ledger)

@@ -152,6 +152,12 @@ class KeyedStream:
         return np.frombuffer(raw, dtype="<u8")[offset : offset + n].astype(np.uint64)
 
 
+#: The buffers of a cursor that has read nothing (never written to: a read replaces them).
+_NO_WORDS = np.empty(0, dtype=np.uint64)
+_NO_WORDS.flags.writeable = False
+_NO_WORD_LIST: list[int] = []
+
+
 class WordCursor:
     """Sequential reader of one lane; `position` (words consumed) is what state stores."""
 
@@ -168,8 +174,10 @@ class WordCursor:
         self.stream = stream
         self.lane = lane
         self.position = position
-        self._buf = np.empty(0, dtype=np.uint64)
-        self._buf_list: list[int] = []
+        # Shared empty buffers until the first read: most cursors of an idle counter are
+        # never read, and an empty array and list of its own cost about 100 bytes.
+        self._buf = _NO_WORDS
+        self._buf_list: list[int] = _NO_WORD_LIST
         self._buf_start = 0
         self._chunk = self._FIRST
 

@@ -45,7 +45,12 @@ from typing import Any, ClassVar
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.block import LaplaceBank
-from processor.core.samplers.scalar import bernoulli_exp, discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import (
+    bernoulli_exp,
+    discrete_laplace,
+    discrete_laplace_run,
+    laplace_scale_units,
+)
 
 #: Local steps beyond this are "never": no stream reaches 2^62 ticks.
 HORIZON = 1 << 62
@@ -151,6 +156,7 @@ class SVT:
         "_c",
         "_cached",
         "_cursor",
+        "_due_memo",
         "_g",
         "_has_plan",
         "_lam",
@@ -193,6 +199,7 @@ class SVT:
         self._scan = WordCursor(self._cursor.stream, 0, 0)
         #: (start step, skip position, v) -> (firing step or None, skip position after)
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
+        self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
         if state is None:
             self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label + "/z0")), t0)
             self.steps = 0
@@ -243,11 +250,16 @@ class SVT:
         if i >= SCALAR_DRAWS:
             return self._bank.draw(i - SCALAR_DRAWS)
         j = i - self.draws
+        if len(self._ahead) <= j:
+            self._fill(j + 1)
+        return self._ahead[j][0]
+
+    def _fill(self, n: int) -> None:
+        """Look at the next n draws ahead (those among the scalar ones) in one run."""
         ahead = self._ahead
-        while len(ahead) <= j:
-            z = discrete_laplace(self._zahead, self._t1)
-            ahead.append((z, self._zahead.position))
-        return ahead[j][0]
+        n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead)
+        if n > 0:
+            ahead.extend(discrete_laplace_run(self._zahead, self._t1, n))
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
@@ -477,15 +489,32 @@ class SVT:
         """Steps until the instance fires if the input stays v (None: never). With
         `within`, None also means "not within that many steps", and a far plan is not
         computed when the dense prefix covers them. Does not change the state: the
-        answer is a pure function of it."""
+        answer is a pure function of it (the last one is remembered: a skip asks, then
+        its advance asks again)."""
         if self.halted:
             raise RuntimeError("SVT has halted")
+        key = (v, within, self.steps, self.run, self.draws, self._has_plan, self.plan,
+               self._cursor.position)
+        memo = self._due_memo
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        d = self._due(v, within)
+        self._due_memo = (key, d)
+        return d
+
+    def _due(self, v: int, within: int | None) -> int | None:
         m = self.prefix - self.run
-        for i in range(m):
-            if within is not None and i >= within:
-                return None
-            if self._peek(self.draws + i) > self._k(v, self.steps + i + 1):
-                return i + 1
+        n = m if within is None else min(m, within)
+        # the prefix's draws in one run of the sampler (each is consumed later anyway)
+        self._fill(n)
+        if n:
+            # k_s is non-decreasing in s: a draw at most the run's first k fires nowhere
+            # in the prefix, and only a larger one needs its own step's k
+            k0 = self._k(v, self.steps + 1)
+            for i in range(n):
+                z = self._peek(self.draws + i)
+                if z > k0 and z > self._k(v, self.steps + i + 1):
+                    return i + 1
         if within is not None and m >= within:
             return None
         f = self._planned(v)

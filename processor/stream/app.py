@@ -98,12 +98,6 @@ METRICS_LOG_S: Final = 30.0
 #: size. A small memtable is flushed (and its WAL dropped) often; flushing keeps only the
 #: latest value of each key, so the files stay near the live size.
 ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2}
-#: How long applied state may stay in memory before a checkpoint makes it durable (and
-#: lets the consumer group commit past the records it reflects): the most a crash makes
-#: the next owner re-apply. Releases are published at once, whatever this is.
-CHECKPOINT_S: Final = 0.5
-#: ... or this many timeline records, whichever comes first.
-CHECKPOINT_RECORDS: Final = 2000
 #: Timeline records per read when a worker looks back for the last marker appended.
 MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers before it gives up with an error.
@@ -480,7 +474,7 @@ class Worker:
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
-        self.app.timer(interval=CHECKPOINT_S / 2,
+        self.app.timer(interval=settings.checkpoint_interval_ms() / 2000,
                        name=f"{settings.app_id}-checkpoint")(self.checkpoint_timer)
         interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
         self.app.timer(interval=interval, on_leader=False,
@@ -536,9 +530,10 @@ class Worker:
                 self._unacked.append(msg)
                 if gap:
                     self._unacked_gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
-                if len(self._unacked) >= CHECKPOINT_RECORDS or (
+                if len(self._unacked) >= self.settings.checkpoint_records or (
                         self.batch_commit.dirty_since is not None
-                        and time.monotonic() - self.batch_commit.dirty_since >= CHECKPOINT_S):
+                        and time.monotonic() - self.batch_commit.dirty_since
+                        >= self.settings.checkpoint_interval_ms() / 1000):
                     await self._checkpoint()
 
     async def checkpoint(self) -> None:
@@ -550,11 +545,13 @@ class Worker:
             await self.units.checkpoint()
 
     async def checkpoint_timer(self) -> None:
-        """A checkpoint when applied state has waited CHECKPOINT_S (a quiet stream)."""
+        """A checkpoint when applied state has waited the checkpoint interval (a quiet
+        stream)."""
         since = self.batch_commit.dirty_since
         if (since is None and not self._unacked) or self._lock.locked():
             return
-        if since is not None and time.monotonic() - since < CHECKPOINT_S:
+        if (since is not None
+                and time.monotonic() - since < self.settings.checkpoint_interval_ms() / 1000):
             return
         async with self._lock:
             await self._checkpoint()

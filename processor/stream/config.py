@@ -52,6 +52,13 @@ _UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_un
               "derivation")
 
 
+#: Bounds of the derived checkpoint interval (Settings.checkpoint_interval_ms): the
+#: interval of short ticks and lateness, and the most a crash makes the next owner
+#: re-apply or the group's committed offsets trail the stream by default.
+MIN_AUTO_CHECKPOINT_MS: Final = 500
+MAX_AUTO_CHECKPOINT_MS: Final = 10_000
+
+
 class ConfigError(ProcessorError, ValueError):
     """A configuration value that is missing, of the wrong type or outside its domain.
 
@@ -145,6 +152,14 @@ class Settings:
     #: table_standby_replicas): a failed worker's counters move with little changelog to
     #: replay, at the cost of every worker also applying the others' changelogs.
     standby_replicas: int = 1
+    #: How long applied state may stay in memory before a checkpoint makes it durable and
+    #: acknowledges its timeline records to the consumer group (docs/state.md), in ms; or
+    #: after checkpoint_records timeline records, whichever comes first. 0: derived,
+    #: `checkpoint_interval_ms()`. A counter changed several times between two
+    #: checkpoints is written once; a crash makes the next owner re-apply up to this much
+    #: of the timeline. Releases are published at once, whatever it is.
+    checkpoint_ms: int = 0
+    checkpoint_records: int = 2000
     #: What a worker does when a counter restored from state has another mechanism,
     #: epsilon or delta than this configuration: "refuse" (stop with an error naming the
     #: field and the counter) or "keep" (each existing counter continues under its stored
@@ -187,6 +202,17 @@ class Settings:
                              self.unit_derivation)
             object.__setattr__(self, "_unit_parameters", cached)
         return cached
+
+    def checkpoint_interval_ms(self) -> int:
+        """checkpoint_ms, or when it is 0, twice lateness_ms + tick_ms within
+        [MIN_AUTO_CHECKPOINT_MS, MAX_AUTO_CHECKPOINT_MS]: an event changes its counter at
+        its arrival and again when the marker sealing its tick steps it, up to
+        lateness_ms + tick_ms later; with twice that interval both changes fall in one
+        checkpoint at least half the time, and a counter is written once for them."""
+        if self.checkpoint_ms:
+            return self.checkpoint_ms
+        return max(MIN_AUTO_CHECKPOINT_MS,
+                   min(MAX_AUTO_CHECKPOINT_MS, 2 * (self.lateness_ms + self.tick_ms)))
 
     def fingerprint(self) -> str:
         """sha256 (hex) of the privacy-relevant settings: public, printed in every release
@@ -236,7 +262,7 @@ _TOP_KEYS = {
     "allow_undeclared",
     "noise_key_file", "noise_key_format", "state_dir",
     "metrics_host", "metrics_port", "public_metrics", "public_metrics_port",
-    "standby_replicas", "on_parameter_change",
+    "standby_replicas", "checkpoint_ms", "checkpoint_records", "on_parameter_change",
     "timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms",
     "privacy_unit",
 }
@@ -484,6 +510,10 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         "public_metrics_port", top.get("public_metrics_port", d.public_metrics_port), 1)
     s["standby_replicas"] = _as_int(
         "standby_replicas", top.get("standby_replicas", d.standby_replicas), 0)
+    s["checkpoint_ms"] = _as_int(
+        "checkpoint_ms", top.get("checkpoint_ms", d.checkpoint_ms), 0)
+    s["checkpoint_records"] = _as_int(
+        "checkpoint_records", top.get("checkpoint_records", d.checkpoint_records), 1)
     s["on_parameter_change"] = _as_str(
         "on_parameter_change", top.get("on_parameter_change", d.on_parameter_change))
     for name in ("timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms"):
@@ -563,7 +593,9 @@ def _check_sizes(s: Settings) -> None:
                         ("lateness_ms", s.lateness_ms, 0),
                         ("max_future_ms", s.max_future_ms, 0),
                         ("heartbeat_ticks", s.heartbeat_ticks, 1),
-                        ("standby_replicas", s.standby_replicas, 0)):
+                        ("standby_replicas", s.standby_replicas, 0),
+                        ("checkpoint_ms", s.checkpoint_ms, 0),
+                        ("checkpoint_records", s.checkpoint_records, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ConfigError(name, f"must be an integer >= {lo}")
 

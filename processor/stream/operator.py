@@ -650,7 +650,6 @@ class Operator:
         one value leaves as x_t; idle runs (empty queue, nothing due) are one skip."""
         c = cs.mechanism
         pending = cs.pending
-        queue = cs.queue
         dequeued = 0
         h = self.settings.heartbeat_ticks
         oldest = n - cs.start_tick + 1 - max(h, CATCHUP_HEARTBEAT_TICKS)
@@ -664,7 +663,7 @@ class Operator:
                 arrivals = pending.pop(g, None)
                 if arrivals:
                     cs.push_all(arrivals)
-            if queue:
+            if cs.queue:  # not cached: push_all and pop may replace the deque
                 cs.next_due_known = False
                 c.update_units(cs.pop())
                 dequeued += 1

@@ -54,6 +54,11 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 
+#: The queue of every counter with nothing queued (most of them, most of the time): an
+#: empty deque costs about 600 bytes. Only push_all and pop change a queue, and they
+#: replace this one, never add to it.
+_NO_QUEUE: Final[deque[list[int]]] = deque()
+
 _COUNTER_MAGIC: Final = b"DPC\x04"
 _PARTITION_MAGIC: Final = b"DPP\x04"
 #: A privacy unit's value (processor/stream/bounding.py): magic, offset, then its kept set.
@@ -323,7 +328,7 @@ class CounterState:
         self.start_tick = start_tick
         self.frontier = start_tick - 1
         self.last_offset = -1
-        self.queue: deque[list[int]] = deque()
+        self.queue: deque[list[int]] = _NO_QUEUE
         self.pending: dict[int, list[int]] = {}
         self.last_published = 0.0
         self.next_heartbeat = next_heartbeat
@@ -374,7 +379,8 @@ class CounterState:
             self.creation = creation
             self.frontier = int(frontier)
             self.last_offset = int(last_offset)
-            self.queue = deque([int(u), int(k)] for u, k in queue)
+            if queue:
+                self.queue = deque([int(u), int(k)] for u, k in queue)
             self.pending = {int(g): [int(u) for u in us] for g, us in pending}
             self.last_published = float(last_published)
             self.announced = bool(announced)
@@ -397,6 +403,8 @@ class CounterState:
         """Queue `arrivals` in order (run-length: equal neighbours share one entry); one
         call per tick's arrivals keeps the per-event cost to the loop itself."""
         queue = self.queue
+        if queue is _NO_QUEUE:
+            queue = self.queue = deque()
         for units in arrivals:
             if queue and queue[-1][0] == units:
                 queue[-1][1] += 1
@@ -408,6 +416,8 @@ class CounterState:
         head[1] -= 1
         if head[1] == 0:
             self.queue.popleft()
+            if not self.queue:
+                self.queue = _NO_QUEUE
         return head[0]
 
 

@@ -5,8 +5,8 @@ The pure rules are in bounding.py; this is the shell around them.
 
 Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
 (BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
-the group only by the next checkpoint (every UNITS_CHECKPOINT_S or CHECKPOINT_RECORDS, at
-a revocation and at a clean stop): forwards acknowledged, unit values written, changelog
+the group only by the next checkpoint (every checkpoint interval or checkpoint_records, at a
+revocation and at a clean stop): forwards acknowledged, unit values written, changelog
 acknowledged, then the acks.
 """
 
@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 import faust
 from faust.types import TP, Message
@@ -37,12 +37,6 @@ if TYPE_CHECKING:
     from processor.stream.app import Worker
 
 log = logging.getLogger("processor.stream.unit_stage")
-
-#: The stage's checkpoint interval, longer than the operator's (app.CHECKPOINT_S): its
-#: forwards go out at once whatever this is, so it bounds only what a crash makes the
-#: next owner re-apply, and each checkpoint writes every unit touched since the last one
-#: (a unit touched in two intervals is written twice).
-UNITS_CHECKPOINT_S: Final = 2.0
 
 
 class KafkaForwarder:
@@ -71,16 +65,11 @@ class UnitStage:
     """The bounding agent, its table and its checkpoints, inside one `Worker`."""
 
     def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
-        from processor.stream.app import (
-            CHECKPOINT_RECORDS,
-            ROCKSDB_OPTIONS,
-            GapGuard,
-            raw_topic,
-        )
+        from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, raw_topic
 
-        self._checkpoint_s = UNITS_CHECKPOINT_S
-        self._checkpoint_records = CHECKPOINT_RECORDS
         s = worker.settings
+        self._checkpoint_s = s.checkpoint_interval_ms() / 1000
+        self._checkpoint_records = s.checkpoint_records
         self.worker = worker
         self.topic_name = units_topic(s)
         topic = raw_topic(worker.app, self.topic_name, s.partitions)
@@ -103,7 +92,7 @@ class UnitStage:
         self._unacked: list[Message] = []
         self._unacked_gaps: dict[TP, list[int]] = {}
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
-        worker.app.timer(interval=UNITS_CHECKPOINT_S / 4,
+        worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
 
     async def bound(self, stream: faust.StreamT[bytes]) -> None:

@@ -29,7 +29,7 @@ def _settings(counters: int) -> Settings:
 def test_dense_steps_every_queued_event() -> None:
     s = _settings(20)
     w = bench_operator.dense(s, 20, 20, 5, random.Random(0))
-    _dt, _rel, _touched, markers, stepped, queued = asyncio.run(
+    _dt, _cpu, _rel, _touched, markers, stepped, queued = asyncio.run(
         bench_operator.run_workload(w, 1024, None))
     # At most one step per counter per tick: 20 counters x 20 ticks stepped means every
     # counter stepped at every tick (its queue never ran dry) and none is left queued.
@@ -46,7 +46,7 @@ def test_control_arrivals_every_tick_leave_events_queued() -> None:
     warm, off = bench_operator.timeline_batches(range(0, 1), None, 0)
     timed, _ = bench_operator.timeline_batches(range(1, 21), per_tick, off)
     w = bench_operator.Workload("old dense", s, warm, timed, 20 * 20 * 5)
-    _dt, _rel, _touched, _markers, stepped, queued = asyncio.run(
+    _dt, _cpu, _rel, _touched, _markers, stepped, queued = asyncio.run(
         bench_operator.run_workload(w, 1024, None))
     assert queued == w.events
     assert stepped == 20 * 20 < queued

@@ -8,7 +8,9 @@ has a control: the same check against the law with a wrong constant must reject.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import random
 
 import numpy as np
 import numpy.typing as npt
@@ -16,8 +18,17 @@ import pytest
 from scipy import stats
 
 from processor.core.grid import UNIT
-from processor.core.rng import KeyedStream, NoiseKey
-from processor.core.svt import HORIZON, PREFIX, SVT, svt_scales, svt_threshold, svt_threshold_units
+from processor.core.rng import KeyedStream, NoiseKey, WordCursor
+from processor.core.samplers.scalar import discrete_laplace
+from processor.core.svt import (
+    HORIZON,
+    PREFIX,
+    SCALAR_DRAWS,
+    SVT,
+    svt_scales,
+    svt_threshold,
+    svt_threshold_units,
+)
 
 ALPHA = 1e-3
 EPS = 8.0
@@ -395,3 +406,63 @@ def test_plan_law_over_long_ranges() -> None:
     z = (hits - exact) / np.sqrt(var)
     assert np.all(np.abs(z[0]) < 3.29), z
     assert np.any(np.abs(z[1]) > 3.29), z
+
+
+def _sparse_trace(eps: float, tau: float) -> list[object]:
+    """due / advance / const_step / feed on a sparse input, as the operator drives an SVT
+    (a fixed key and seed), and the final state."""
+    rng = random.Random(3)
+    svt = SVT(eps, tau, NoiseKey(bytes(range(32))), "pin/svt")
+    out: list[object] = []
+    v = 0
+    for _ in range(200):
+        if svt.halted:
+            break
+        d = svt.due(v)
+        out.append(d)
+        gap = rng.randrange(1, 30)
+        if d is not None and d <= gap:
+            svt.advance(v, d - 1)
+            out.append(svt.const_step(v))
+            continue
+        svt.advance(v, gap)
+        v += rng.randrange(0, 3) * UNIT // 2
+        out.append(svt.feed(v))
+    out.append(sorted(svt.to_state().items()))
+    return out
+
+
+@pytest.mark.parametrize(("eps", "tau", "n", "digest"), [
+    (1.0, 8.0, 185, "08f7a5edf960838707b17c672f97a32e8212a53bad1b454e8539e6da9543c996"),
+    (0.1, 40.0, 401, "3d71323c3515799b356774b9b53e5795e6fd559c716a012420c83c00ab359363"),
+    (5.0, 1.0, 27, "dd1383076036507afa5c459731d84a503d41ac26edcd59d8b782da605dcfe1b3"),
+])
+def test_sparse_svt_trace_is_pinned(eps: float, tau: float, n: int, digest: str) -> None:
+    """Every answer and the final state of a sparse drive, pinned to the values the SVT
+    gave when it drew its look-ahead one scalar sample at a time."""
+    out = _sparse_trace(eps, tau)
+    assert len(out) == n
+    assert hashlib.sha256(repr(out).encode()).hexdigest() == digest
+
+
+def test_looked_ahead_draws_equal_the_scalar_ones() -> None:
+    """The draws due() looks at ahead (one run of the sampler, remembered in the
+    instance) are the scalar draws of the "/z" stream, value and position; an instance
+    that never looks ahead consumes the same ones, step for step, with the same state."""
+    key = NoiseKey.from_seed(21)
+    eps, tau = 1.0, 8.0
+    a = SVT(eps, tau, key, "ahead")
+    b = SVT(eps, tau, key, "ahead")
+    cur = WordCursor(KeyedStream(key, "ahead/z"), 0, 0)
+    scalar = [(discrete_laplace(cur, svt_scales(eps)[1]), cur.position)
+              for _ in range(SCALAR_DRAWS + 8)]
+    v = -4 * UNIT  # far below the threshold: the instance does not halt
+    for r in range(SCALAR_DRAWS // PREFIX + 2):
+        a.due(v)
+        assert a._ahead == scalar[a.draws:a.draws + len(a._ahead)]
+        assert len(a._ahead) == min(PREFIX, max(0, SCALAR_DRAWS - a.draws))
+        for _ in range(PREFIX + r % 3):
+            assert a.const_step(v) == b.const_step(v)
+        assert not a.feed(v) and not b.feed(v)
+        assert a.to_state() == b.to_state()
+    assert a.draws > SCALAR_DRAWS  # the bank's draws came after the scalar ones

@@ -60,9 +60,27 @@ def test_file_then_env_overrides(tmp_path: Path) -> None:
     assert s.allow_undeclared and s.noise_key_file == "/run/secrets/key"
     assert dict(s.counters) == {"x": 1000, "y": 0}
     assert s.security.sasl_password == "hunter2-secret"
+    s = load_settings(path, env={"DPC_CHECKPOINT_MS": "4000", "DPC_CHECKPOINT_RECORDS": "50"})
+    assert (s.checkpoint_ms, s.checkpoint_records) == (4000, 50)
+    s = load_settings(write(tmp_path, "checkpoint_ms = 2500\n" + BASE), env={})
+    assert (s.checkpoint_ms, s.checkpoint_records) == (2500, Settings().checkpoint_records)
+    with pytest.raises(ConfigError, match="checkpoint_records"):
+        with_overrides(s, checkpoint_records=0)
     # DPC_BOOTSTRAP_SERVERS wins over the legacy KAFKA_BOOTSTRAP_SERVERS.
     s = load_settings(path, env={"KAFKA_BOOTSTRAP_SERVERS": "k:1", "DPC_BOOTSTRAP_SERVERS": "d:2"})
     assert s.bootstrap_servers == "d:2"
+
+
+def test_checkpoint_interval_is_set_or_derived() -> None:
+    """checkpoint_ms wins when set; 0 (the default) derives twice lateness + tick, within
+    0.5 s and 10 s."""
+    s = with_overrides(Settings(), counters={"a": 0})
+    assert s.checkpoint_ms == 0 and s.checkpoint_interval_ms() == 2 * (2000 + 1000)
+    assert with_overrides(s, checkpoint_ms=700).checkpoint_interval_ms() == 700
+    assert with_overrides(s, tick_ms=100, lateness_ms=100).checkpoint_interval_ms() == 500
+    assert with_overrides(s, lateness_ms=60_000).checkpoint_interval_ms() == 10_000
+    with pytest.raises(ConfigError, match="checkpoint_ms"):
+        with_overrides(s, checkpoint_ms=-1)
 
 
 def test_secrets_absent_from_repr(tmp_path: Path) -> None:
@@ -85,6 +103,9 @@ def test_secrets_absent_from_repr(tmp_path: Path) -> None:
     (BASE, {"DPC_PARTITIONS": "0"}, "partitions"),
     (BASE, {"DPC_LATENESS_MS": "-1"}, "lateness_ms"),
     (BASE, {"DPC_HEARTBEAT_TICKS": "0"}, "heartbeat_ticks"),
+    (BASE, {"DPC_CHECKPOINT_MS": "-1"}, "checkpoint_ms"),
+    (BASE, {"DPC_CHECKPOINT_MS": "2.5"}, "checkpoint_ms"),
+    (BASE, {"DPC_CHECKPOINT_RECORDS": "0"}, "checkpoint_records"),
     (BASE, {"DPC_MECHANISM": "gaussiancc"}, "mechanism"),
     (BASE, {"DPC_ALLOW_UNDECLARED": "maybe"}, "allow_undeclared"),
     (BASE, {"DPC_SECURITY_PROTOCOL": "TLS"}, "security.security_protocol"),
@@ -132,7 +153,8 @@ def test_fingerprint_covers_privacy_settings_only(tmp_path: Path) -> None:
                    {"allow_undeclared": True}):
         assert with_overrides(s, **change).fingerprint() != fp, change
     for same in ({"bootstrap_servers": "x:1"}, {"app_id": "other"}, {"heartbeat_ticks": 5},
-                 {"beta": 0.01}, {"lateness_ms": 0}, {"partitions": 8}):
+                 {"beta": 0.01}, {"lateness_ms": 0}, {"partitions": 8},
+                 {"checkpoint_ms": 5000}, {"checkpoint_records": 10}):
         assert with_overrides(s, **same).fingerprint() == fp, same
 
 

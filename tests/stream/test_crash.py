@@ -188,8 +188,8 @@ def test_kill_nine_mid_batch(live_factory: Callable[..., Live],  # noqa: F811
     tick = 100
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name=f"mid-{point[:7]}",
-                        epsilon=500.0, lateness_ms=400)
-    # A checkpoint about every 0.5 s (commit.BatchCommit, app.CHECKPOINT_S), each with a
+                        epsilon=500.0, lateness_ms=400, checkpoint_ms=500)
+    # A checkpoint about every 0.5 s (commit.BatchCommit, checkpoint_ms), each with a
     # few state writes: the k-th call of either point falls a few seconds into the flow.
     sent = _fault_then_restart(live, f"{point}:{k}", seconds=16.0, seed=13, exit_code=-9,
                                expected=(f"test crash point {point} reached",),

@@ -66,6 +66,19 @@ def test_counter_state_roundtrip() -> None:
             again.ledger_fingerprint, again.creation) == (4, False, None, -1, "", "")
 
 
+def test_empty_queues_are_shared_and_never_filled_in_place() -> None:
+    """Counters with nothing queued share one empty queue (memory at 100,000 counters);
+    a push gives a counter its own, and the shared one stays empty."""
+    a = CounterState(registry.make("ecc", 1.0, 1e-6, KEY, "test/q1"), 1, 1, key_id=KID)
+    b = CounterState(registry.make("ecc", 1.0, 1e-6, KEY, "test/q2"), 1, 1, key_id=KID)
+    restored = CounterState.from_bytes(b.to_bytes(), registry, KEY)
+    assert a.queue is b.queue is restored.queue and not a.queue
+    a.push_all([7, 7, 9])
+    assert a.queue is not b.queue and list(a.queue) == [[7, 2], [9, 1]] and not b.queue
+    assert [a.pop(), a.pop(), a.pop()] == [7, 7, 9]
+    assert a.queue is b.queue and not b.queue and not restored.queue
+
+
 def test_counter_state_rejects_foreign_or_corrupt_bytes() -> None:
     raw = _counter_state().to_bytes()
     for bad in (b"", b"DPQ\x01" + raw[4:], raw[:-3], raw[:8] + raw[8:].replace(b"[", b"{", 1),

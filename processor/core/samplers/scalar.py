@@ -27,6 +27,7 @@ __all__ = [
     "check_int",
     "discrete_gaussian",
     "discrete_laplace",
+    "discrete_laplace_run",
     "gaussian_sigma2_units",
     "laplace_scale_units",
     "rounded_gaussian",
@@ -196,6 +197,106 @@ def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
         t = check_int("t", t, 1)
         s = check_int("s", s, 1)
     return _discrete_laplace(cur, t, s)
+
+
+#: Words per draw discrete_laplace_run asks the cursor for ahead (about 8 are used on
+#: average), and the most it asks for before a draw goes to the cursor's path.
+_RUN_WORDS = 12
+_RUN_MAX = 256
+
+
+def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
+    """_discrete_laplace(cur, t, 1) for 2 <= t < 2^48, reading the words w[i:] in the same
+    order and with the same decisions, inlined; returns (draw, index after it). Raises
+    IndexError when w runs out or a rare branch comes up (the caller redoes the draw on
+    the cursor)."""
+    while True:
+        # u = _uniform_below(t): the top bits of one word, retried while >= t
+        u = w[i] >> shift
+        i += 1
+        while u >= t:
+            u = w[i] >> shift
+            i += 1
+        # _bernoulli_exp_le1(u, t): k = 1; while bern_frac(u, t k): k += 1; keep k odd
+        k = 1
+        if u:
+            while True:
+                m = t * k
+                sh = 64 - (m - 1).bit_length()
+                if sh < 0:
+                    raise IndexError  # an m beyond one word: the cursor's path reads it
+                x = w[i] >> sh
+                i += 1
+                while x >= m:
+                    x = w[i] >> sh
+                    i += 1
+                if x >= u:
+                    break
+                k += 1
+        if not k & 1:
+            continue
+        # v: while bernoulli_exp_minus_one(): v += 1 (its one-word von Neumann test)
+        v = 0
+        while True:
+            x = w[i]
+            i += 1
+            while x > F18_LIMIT_INT:
+                x = w[i]
+                i += 1
+            nle = bisect.bisect_right(VN_THRESHOLDS, x % F18)
+            if nle == 0:
+                raise IndexError  # K > 18 (about 1e-16): the cursor's path continues it
+            if not (19 - nle) & 1:
+                break
+            v += 1
+        y = u + t * v
+        negative = w[i] >> 63 == 1
+        i += 1
+        if negative and y == 0:
+            continue
+        return (-y if negative else y), i
+
+
+def _window(cur: WordCursor, position: int, n: int) -> list[int]:
+    """n words of the cursor's lane from `position`, as Python ints, read past the
+    cursor's buffer (which a run would otherwise fill and keep)."""
+    return cur.stream.words(cur.lane, position, n).tolist()  # type: ignore[no-any-return]
+
+
+def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int]]:
+    """n consecutive draws discrete_laplace(cur, t), each with the cursor position after
+    it: the same values and positions as n calls (a draw is a pure function of its start
+    position), computed from a list of the lane's words instead of one call per word.
+    The cursor ends after the last draw."""
+    t = check_int("t", t, 1)
+    out: list[tuple[int, int]] = []
+    if t == 1 or t.bit_length() > 48:
+        for _ in range(n):
+            out.append((_discrete_laplace(cur, t, 1), cur.position))
+        return out
+    shift = 64 - (t - 1).bit_length()
+    base = cur.position
+    w = _window(cur, base, min(_RUN_WORDS * n, _RUN_MAX))
+    i = 0
+    while len(out) < n:
+        try:
+            z, i = _dlap_words(w, i, t, shift)
+        except IndexError:
+            base += i
+            cur.position = base
+            if len(w) - i < _RUN_MAX:
+                # the window ran out mid-draw: look further ahead and redo the draw
+                w = _window(cur, base, _RUN_MAX)
+                i = 0
+                continue
+            # a rare branch (or a draw longer than the window): the cursor's own path
+            z = _discrete_laplace(cur, t, 1)
+            base = cur.position
+            w = _window(cur, base, min(_RUN_WORDS * (n - len(out)), _RUN_MAX))
+            i = 0
+        out.append((z, base + i))
+    cur.position = base + i
+    return out
 
 
 def discrete_gaussian(cur: WordCursor, sigma2_num: int, sigma2_den: int) -> int:
