@@ -300,8 +300,9 @@ class Bounder:
         #: counter -> its timeline partition (sha256 per counter once, not per event)
         self._tp: dict[str, int] = {}
         self._cache = StateCache()
-        # A unit's value is kept decoded only while staged (cache 0): units are many,
-        # and one touched again after a checkpoint is usually far behind in the log.
+        # A unit's value stays decoded only while staged (cache 0): there is a value per
+        # unit ever seen, and keeping them past the checkpoint would hold the table in
+        # memory twice (decoded, and the bytes each equals).
         self._units: Slot[str, UnitState] = Slot(
             UNIT_PREFIX, 0, UnitState.from_bytes, UnitState.to_bytes, _unchecked, 0)
         self._partitions: Slot[int, UnitsPartitionState] = Slot(

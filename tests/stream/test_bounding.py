@@ -340,10 +340,7 @@ class BatchStore(DictStore):
     def write_many(self, writes: Sequence[tuple[str, bytes]]) -> None:
         self.batches.append([k for k, _ in writes])
         for key, value in writes:
-            if value is None:
-                self.delete(key)
-            else:
-                self.set(key, value)
+            self.set(key, value)
 
 
 @pytest.mark.parametrize("every", [1, 3, 1000])
