@@ -451,7 +451,6 @@ class BoundCommit(CheckpointLoop):
     `crash_point` names: CRASH_POINTS."""
 
     crash_names = CRASH_POINTS
-    batch_writes = True
 
     def __init__(self, bounder: Bounder, store: StateStore | Stores, forwarder: Forwarder,
                  crash_point: Callable[[str], None] | None = None,

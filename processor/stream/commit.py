@@ -110,8 +110,8 @@ class CheckpointLoop:
     1. await `outputs.flush()`: every record handed over is acknowledged;
     2. `write_state()`: each transaction's write plan, partition by partition (each
        changed value once, in its slots' rank order); a plan in one call where the
-       store takes many writes at once (`BatchWriter`) and the subclass asks for it
-       (`batch_writes`);
+       store takes many writes at once (`BatchWriter`: one RocksDB write batch), one
+       write at a time in test mode;
     3. await the stores' durability (changelog acknowledgements); the transactions
        complete (`written`).
 
@@ -135,9 +135,6 @@ class CheckpointLoop:
     #: The names `crash_point` is called with: after the acks, between two state
     #: writes, after the state.
     crash_names: tuple[str, str, str] = CRASH_POINTS
-    #: Write a partition's plan in one call to a BatchWriter store (never in test mode:
-    #: there each write is made durable before the next).
-    batch_writes: bool = False
 
     def __init__(self, store: StateStore | Stores, outputs: Flushable,
                  crash_point: Callable[[str], None] | None = None,
@@ -191,7 +188,7 @@ class CheckpointLoop:
             if not plan:
                 continue
             store = self.stores.of(partition)
-            if self.batch_writes and isinstance(store, BatchWriter):
+            if isinstance(store, BatchWriter):
                 store.write_many(plan)
             else:
                 write_all(store, plan)
@@ -276,7 +273,8 @@ class BatchCommit(CheckpointLoop):
 
     1. await the publisher's acknowledgement of every release and ledger entry sent;
     2. write each changed value once per partition, by its transaction's write plan:
-       counter states, then the partition value (transaction.PartitionTransaction);
+       counter states, then the partition value (transaction.PartitionTransaction); on
+       the worker's stores a partition's plan is one RocksDB write batch;
     3. await the stores' durability (changelog acknowledgements).
 
     Only then may the caller acknowledge the records applied before it to the consumer
