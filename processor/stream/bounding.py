@@ -25,10 +25,11 @@ event reaches the timeline (docs/privacy-unit.md).
   partition = the units partition and input offset = seq, strictly increasing per units
   partition: the operator's existing duplicate filter drops every re-sent copy.
 - The commit protocol is the operator's (`BoundCommit` on commit.CheckpointLoop, as
-  commit.BatchCommit): apply in memory and send the forwards at once; at a checkpoint
-  await their acknowledgements, write each changed unit value once (monotone: it
-  carries the units offset it reflects, state.UNIT_MAGIC), await the changelog, then
-  acknowledge to the group.
+  commit.BatchCommit): apply in memory, staged in a transaction.PartitionTransaction
+  per units partition, and send the forwards at once; at a checkpoint await their
+  acknowledgements, write each changed unit value once (monotone: it carries the units
+  offset it reflects, state.UNIT_MAGIC), then the partition value, in one write batch
+  per partition, await the changelog, then acknowledge to the group.
 
 Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
 """
@@ -42,7 +43,7 @@ import hmac
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final, Protocol
 
 import orjson
 
@@ -61,12 +62,13 @@ from processor.stream.records import (
     source_label,
 )
 from processor.stream.state import (
+    PARTITION_PREFIX,
     UNIT_MAGIC,
-    BufferedStore,
     DictStore,
     StateStore,
     stored_offset,
 )
+from processor.stream.transaction import PartitionTransaction, Slot, StateCache
 
 #: Version of the units topic's records.
 UNITS_VERSION: Final = 1
@@ -186,10 +188,12 @@ def decode_units(raw: bytes) -> tuple[str, list[UnitRow]]:
 class UnitState:
     """One unit's kept set: counter -> seqs of its kept events (first-touch order), the
     last seq applied to this unit, and the units offset that seq belongs to (the offset
-    the stored value reflects: the monotone rule of docs/state.md)."""
+    the stored value reflects: the monotone rule of docs/state.md). `saved` (not
+    encoded): the bytes it equals in the store (transaction.Stored)."""
 
     last_seq: int = -1
     kept: dict[str, list[int]] = field(default_factory=dict)
+    saved: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def offset(self) -> int:
@@ -198,7 +202,9 @@ class UnitState:
     def to_bytes(self) -> bytes:
         # orjson writes the (counter, seqs) tuples as the arrays from_bytes reads.
         body = orjson.dumps([self.last_seq, list(self.kept.items())])
-        return UNIT_MAGIC + self.offset.to_bytes(8, "big", signed=True) + body
+        raw = UNIT_MAGIC + self.offset.to_bytes(8, "big", signed=True) + body
+        self.saved = raw
+        return raw
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitState:
@@ -207,7 +213,7 @@ class UnitState:
         # Written by to_bytes only (the magic says so): orjson gives back its str and
         # int types as they were, with nothing to convert.
         last_seq, pairs = orjson.loads(data[12:])
-        return cls(last_seq, dict(pairs))
+        return cls(last_seq, dict(pairs), data)
 
 
 @dataclass
@@ -222,10 +228,13 @@ class UnitsPartitionState:
 
     last_offset: int = -1
     inputs: dict[str, int] = field(default_factory=dict)
+    saved: bytes | None = field(default=None, compare=False, repr=False)
 
     def to_bytes(self) -> bytes:
-        return (UNIT_MAGIC + self.last_offset.to_bytes(8, "big", signed=True)
-                + orjson.dumps({"i": self.inputs}))
+        raw = (UNIT_MAGIC + self.last_offset.to_bytes(8, "big", signed=True)
+               + orjson.dumps({"i": self.inputs}))
+        self.saved = raw
+        return raw
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitsPartitionState:
@@ -233,11 +242,7 @@ class UnitsPartitionState:
         if off is None or bytes(data[:4]) != UNIT_MAGIC:
             raise UnitsFormatError("not a units partition value")
         body = orjson.loads(data[12:])
-        return cls(off, {str(k): int(v) for k, v in body["i"].items()})
-
-
-def partition_value_key(partition: int) -> str:
-    return f"p/{partition}"
+        return cls(off, {str(k): int(v) for k, v in body["i"].items()}, data)
 
 
 def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
@@ -271,8 +276,19 @@ class BoundOutput:
     metrics: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
+def _unchecked(ident: str | int, value: UnitState | UnitsPartitionState) -> None:
+    """A stage value is bound to nothing a check could refuse: the bounds apply when
+    deciding (a kept set decided under other bounds still answers its look-ups as
+    decided), and neither the noise key nor the configuration is stored with it."""
+
+
 class Bounder:
-    """Applies units records to the per-unit state of one partition's store."""
+    """Applies units records to the per-unit state of one units partition, staged in a
+    transaction (`transaction`) until a checkpoint writes its plan: every unit value
+    changed, then the partition value (its filter and last offset) that guards them (a
+    kill between two writes leaves it older). A unit's decoded value lives in the
+    transaction from its first new decision to the checkpoint; the partition values stay
+    decoded between checkpoints (a few per worker)."""
 
     def __init__(self, settings: Settings) -> None:
         p = settings.unit_parameters()
@@ -283,19 +299,42 @@ class Bounder:
         self.m = p.max_counters_per_unit
         #: counter -> its timeline partition (sha256 per counter once, not per event)
         self._tp: dict[str, int] = {}
+        self._cache = StateCache()
+        # A unit's value stays decoded only while staged (cache 0): there is a value per
+        # unit ever seen, and keeping them past the checkpoint would hold the table in
+        # memory twice (decoded, and the bytes each equals).
+        self._units: Slot[str, UnitState] = Slot(
+            UNIT_PREFIX, 0, UnitState.from_bytes, UnitState.to_bytes, _unchecked, 0)
+        self._partitions: Slot[int, UnitsPartitionState] = Slot(
+            PARTITION_PREFIX, 1, UnitsPartitionState.from_bytes,
+            UnitsPartitionState.to_bytes, _unchecked, None)
 
-    def apply(self, buf: BufferedStore, partition: int,
+    def transaction(self, store: StateStore) -> PartitionTransaction:
+        """A transaction over one units partition's store, for `apply` to stage changes
+        in until a checkpoint writes its plan (BoundCommit)."""
+        return PartitionTransaction(store, (self._units, self._partitions), self._cache)
+
+    def forget(self) -> None:
+        """Drop every decoded value (after a failure, or when the partitions change
+        hands)."""
+        self._cache.clear()
+
+    def apply(self, txn: PartitionTransaction, partition: int,
               records: Sequence[tuple[int, bytes]], out: BoundOutput) -> None:
         """Apply units records (offset, bytes) of `partition`, in offset order."""
         # Timeline rows ([counter, ts_ms, units, partition, seq]) by timeline partition.
         forward: dict[int, list[list[Any]]] = {}
+        # The units this call loaded, and those it staged (once each per call; a unit
+        # an earlier call staged comes back as that very object, and staging it again
+        # changes nothing).
         states: dict[str, UnitState] = {}
         staged: set[str] = set()
         k, m, parts = self.k, self.m, self.settings.partitions
         tp_of = self._tp
-        pkey = partition_value_key(partition)
-        raw_ps = buf.get(pkey)
-        ps = UnitsPartitionState() if raw_ps is None else UnitsPartitionState.from_bytes(raw_ps)
+        units = self._units
+        ps = txn.load(self._partitions, partition)
+        if ps is None:
+            ps = UnitsPartitionState()
         seen = ps.inputs
         kept = dropped = duplicates = 0
         for offset, raw in sorted(records, key=lambda r: r[0]):
@@ -304,7 +343,7 @@ class Bounder:
                 out.metrics["unit_records_skipped_duplicates"] += 1
                 continue
             ps.last_offset = offset
-            buf.stage(pkey, ps)
+            txn.stage(self._partitions, partition, ps)
             try:
                 source, rows = decode_units(raw)
             except UnitsFormatError:
@@ -326,11 +365,11 @@ class Bounder:
                 seq = base | i
                 st = states.get(h)
                 if st is None:
-                    st = states[h] = self._load(buf, h, staged)
+                    st = states[h] = txn.load(units, h) or UnitState()
                 if seq > st.last_seq and h not in staged:
                     # A new decision changes the value (a look-up does not): written at
                     # the next checkpoint, once however many events touched it.
-                    buf.stage(UNIT_PREFIX + h, st)
+                    txn.stage(units, h, st)
                     staged.add(h)
                 if decide(st, seq, counter, k, m):
                     tp = tp_of.get(counter)
@@ -355,19 +394,6 @@ class Bounder:
             out.timeline.append((tp, encode_batch_rows(forward[tp], UNITS_SOURCE)))
 
 
-    @staticmethod
-    def _load(buf: BufferedStore, h: str, staged: set[str]) -> UnitState:
-        """Unit `h`'s state: the object an earlier batch since the last checkpoint staged
-        (it is the unit's value; already staged: `h` joins `staged`), else decoded from
-        the store (new: an empty one)."""
-        key = UNIT_PREFIX + h
-        held = buf.staged.get(key)
-        if isinstance(held, UnitState):
-            staged.add(h)
-            return held
-        raw = buf.get(key)
-        return UnitState() if raw is None else UnitState.from_bytes(raw)
-
 
 @contextmanager
 def gc_deferred() -> Iterator[None]:
@@ -384,10 +410,6 @@ def gc_deferred() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-def _partition_value_last(kv: tuple[str, bytes | None]) -> bool:
-    return kv[0].startswith("p/")
 
 
 def _count(metrics: collections.Counter[str], **counts: int) -> None:
@@ -420,20 +442,13 @@ class CollectingForwarder:
         return None
 
 
-@runtime_checkable
-class BatchWriter(Protocol):
-    """A StateStore that takes many writes at once, in order (table.PartitionStore: one
-    RocksDB write batch; the changelog records in the same order)."""
-
-    def write_many(self, writes: Iterable[tuple[str, bytes | None]]) -> None: ...
-
-
-class BoundCommit(CheckpointLoop[BufferedStore]):
+class BoundCommit(CheckpointLoop):
     """The commit protocol (commit.CheckpointLoop) for the bounding stage: `apply`
     applies in memory and sends the forwards at once; `checkpoint` awaits their
-    acknowledgements, writes each changed unit value once, then the partition value,
-    awaits the stores, and only then may the caller acknowledge the units records to the
-    group. `crash_point` names: CRASH_POINTS."""
+    acknowledgements, writes each changed unit value once, then the partition value (a
+    partition's plan in one write batch where the store takes one), awaits the stores,
+    and only then may the caller acknowledge the units records to the group.
+    `crash_point` names: CRASH_POINTS."""
 
     crash_names = CRASH_POINTS
 
@@ -444,14 +459,14 @@ class BoundCommit(CheckpointLoop[BufferedStore]):
         self.bounder = bounder
         self.forwarder = forwarder
 
-    def open_buffer(self, partition: int) -> BufferedStore:
-        return BufferedStore(self.stores.of(partition))
+    def open_buffer(self, partition: int) -> PartitionTransaction:
+        return self.bounder.transaction(self.stores.of(partition))
 
     async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
         out = BoundOutput()
-        with self.applying(partition) as buf:
+        with self.applying(partition) as txn:
             with gc_deferred():
-                self.bounder.apply(buf, partition, records, out)
+                self.bounder.apply(txn, partition, records, out)
             if out.timeline or out.deadletters:
                 if self.fence is not None:
                     self.fence()
@@ -459,24 +474,16 @@ class BoundCommit(CheckpointLoop[BufferedStore]):
         return out
 
     async def write_state(self) -> None:
-        first = True
-        for partition, buf in self.dirty_buffers():
-            store = self.stores.of(partition)
-            # The partition value (its filter and last offset) last, after every unit
-            # value it guards (a kill between two writes leaves it older).
-            if self.crash_point is None and isinstance(store, BatchWriter):
-                with gc_deferred():  # a value per unit touched
-                    store.write_many(sorted(buf.writes(), key=_partition_value_last))
-                continue
-            writes = sorted(buf.writes(), key=_partition_value_last)
-            for key, value in writes:
-                if not first and self.crash_point is not None:
-                    await self.between_writes()
-                first = False
-                if value is None:
-                    store.delete(key)
-                else:
-                    store.set(key, value)
+        if self.crash_point is not None:
+            await super().write_state()
+            return
+        with gc_deferred():  # a value per unit touched, encoded and written
+            await super().write_state()
+
+    def forget(self) -> None:
+        """Fail every open transaction and drop every decoded value (the bounder's)."""
+        super().forget()
+        self.bounder.forget()
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
         out = await self.apply(partition, records)
@@ -491,13 +498,13 @@ def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]
     interleaving of partitions, each partition in offset order) to empty state. What
     replay compares the timeline's forwarded events with."""
     bounder = Bounder(settings)
-    stores: dict[int, BufferedStore] = {}
+    txns: dict[int, PartitionTransaction] = {}
     by_seq: dict[tuple[int, int], tuple[int, int]] = {}
     kept: set[tuple[int, int]] = set()
     for partition, offset, raw in units_log:
-        buf = stores.get(partition)
-        if buf is None:
-            buf = stores[partition] = BufferedStore(DictStore())
+        txn = txns.get(partition)
+        if txn is None:
+            txn = txns[partition] = bounder.transaction(DictStore())
         out = BoundOutput()
         try:
             _, rows = decode_units(raw)
@@ -505,7 +512,7 @@ def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]
             continue
         for i, row in enumerate(rows):
             by_seq[(partition, offset << SEQ_BITS | i)] = (row[4], row[5])
-        bounder.apply(buf, partition, [(offset, raw)], out)
+        bounder.apply(txn, partition, [(offset, raw)], out)
         for _, data in out.timeline:
             batch = decode_timeline(data)
             assert isinstance(batch, TimelineBatch)

@@ -3,13 +3,13 @@ once, and make the state durable at checkpoints, releases first.
 
 Used by the Faust worker (per-partition RocksDB stores with the changelog, a librdkafka
 publisher) and by replay and tests (one `DictStore`, a collecting publisher) alike, so
-both run the very same steps. `CheckpointLoop` is the protocol's skeleton (outputs
-acknowledged, state written, changelog acknowledged; its crash points and fence), shared
-with the bounding stage of privacy_unit = "user" (bounding.BoundCommit).
+both run the very same steps. `CheckpointLoop` is the protocol (outputs acknowledged,
+state written, changelog acknowledged; its crash points and fence), shared with the
+bounding stage of privacy_unit = "user" (bounding.BoundCommit).
 
 Between checkpoints the applied state lives in one `transaction.PartitionTransaction` per
-partition (decoded values, each encoded once per checkpoint however many records touched
-it; the bounding stage keeps a `state.BufferedStore`). A crash loses that state and
+partition, the operator's and the bounding stage's alike (decoded values, each encoded
+once per checkpoint however many records touched it). A crash loses that state and
 nothing else: the worker acknowledges a timeline record to the consumer group only after
 the checkpoint that covers it, so the next owner re-applies it from the last checkpoint
 with the same keyed noise, and re-sends byte-identical releases.
@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol, runtime_checkable
 
 from processor.stream.operator import Operator, Output
 from processor.stream.records import LedgerEntry, Release, marker_tick
@@ -90,27 +90,35 @@ class Flushable(Protocol):
     async def flush(self) -> None: ...
 
 
-#: What a CheckpointLoop applies records to in one partition between checkpoints.
-Buffer = TypeVar("Buffer")
+@runtime_checkable
+class BatchWriter(Protocol):
+    """A StateStore that takes many writes at once, in order (table.PartitionStore: one
+    RocksDB write batch, then the changelog records in the same order)."""
+
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None: ...
 
 
-class CheckpointLoop(Generic[Buffer]):
-    """The commit protocol's skeleton, whatever is applied (the operator's timeline
-    records to a PartitionTransaction: BatchCommit; the bounding stage's units records to
-    a BufferedStore: bounding.BoundCommit).
+class CheckpointLoop:
+    """The commit protocol, whatever is applied (the operator's timeline records:
+    BatchCommit; the bounding stage's units records: bounding.BoundCommit), each
+    partition's changes staged in a `PartitionTransaction` until a checkpoint.
 
-    A subclass applies records to `buffer(partition)` (made by its `open_buffer`) inside
-    `applying(partition)` and
-    hands what they produce to its outputs there (after `fence`); nothing is durable until
-    `checkpoint()`:
+    A subclass opens a partition's transaction (`open_buffer`), applies records to
+    `buffer(partition)` inside `applying(partition)` and hands what they produce to its
+    outputs there (after `fence`); nothing is durable until `checkpoint()`:
 
     1. await `outputs.flush()`: every record handed over is acknowledged;
-    2. `write_state()` (the subclass's): each changed value written once;
-    3. await the stores' durability (changelog acknowledgements).
+    2. `write_state()`: each transaction's write plan, partition by partition (each
+       changed value once, in its slots' rank order); a plan in one call where the
+       store takes many writes at once (`BatchWriter`: one RocksDB write batch), one
+       write at a time in test mode;
+    3. await the stores' durability (changelog acknowledgements); the transactions
+       complete (`written`).
 
     Only then may the caller acknowledge the records applied before it to the consumer
-    group. A failure in `applying` or in a checkpoint drops every unwritten change
-    (`forget`): the records are re-applied from the last acknowledged one.
+    group. A failure in `applying` or in a checkpoint fails every transaction, dropping
+    every unwritten change (`forget`; a subclass drops its decoded values as well): the
+    records are re-applied from the last acknowledged one.
 
     `crash_point(name)` is a test hook, called with `crash_names`: [0] once per
     checkpoint after step 1, [1] between any two state writes of step 2 (each write made
@@ -139,15 +147,15 @@ class CheckpointLoop(Generic[Buffer]):
         self.outputs = outputs
         self.crash_point = crash_point
         self.fence = fence
-        self._buffers: dict[int, Buffer] = {}
+        self._buffers: dict[int, PartitionTransaction] = {}
         #: Monotonic time of the first apply since the last checkpoint (None: clean).
         self.dirty_since: float | None = None
 
-    def open_buffer(self, partition: int) -> Buffer:
-        """A fresh buffer over the partition's store (the subclass's)."""
+    def open_buffer(self, partition: int) -> PartitionTransaction:
+        """A fresh transaction over the partition's store (the subclass's slots)."""
         raise NotImplementedError
 
-    def buffer(self, partition: int) -> Buffer:
+    def buffer(self, partition: int) -> PartitionTransaction:
         """The partition's applied, unwritten state."""
         buf = self._buffers.get(partition)
         if buf is None:
@@ -155,8 +163,8 @@ class CheckpointLoop(Generic[Buffer]):
         return buf
 
     @contextmanager
-    def applying(self, partition: int) -> Iterator[Buffer]:
-        """Around one apply: yields the partition's overlay; a failure forgets every
+    def applying(self, partition: int) -> Iterator[PartitionTransaction]:
+        """Around one apply: yields the partition's transaction; a failure forgets every
         unwritten change (and is raised), a success leaves the state to checkpoint."""
         try:
             yield self.buffer(partition)
@@ -166,21 +174,49 @@ class CheckpointLoop(Generic[Buffer]):
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
 
-    def dirty_buffers(self) -> list[tuple[int, Buffer]]:
-        """(partition, buffer) of every partition with unwritten changes (a buffer is
-        false when it has none), in partition order (the order step 2 writes them in)."""
-        return [(p, self._buffers[p]) for p in sorted(self._buffers) if self._buffers[p]]
-
     async def between_writes(self) -> None:
         """Between two state writes in test mode: the earlier one made durable, then the
         crash point (a kill there leaves exactly a prefix of the writes)."""
         await self.stores.flush()
         self._crash(self.crash_names[1])
 
+    def _write_all(self) -> None:
+        """Step 2 without crash points: every transaction's write plan, in partition
+        order."""
+        for partition in sorted(self._buffers):
+            plan = self._buffers[partition].prepare()
+            if not plan:
+                continue
+            store = self.stores.of(partition)
+            if isinstance(store, BatchWriter):
+                store.write_many(plan)
+            else:
+                write_all(store, plan)
+
+    async def _write_each(self) -> None:
+        """Step 2 in test mode: each write acknowledged before the next, a crash point
+        between any two (a kill there leaves exactly a prefix of them)."""
+        first = True
+        for partition in sorted(self._buffers):
+            plan = self._buffers[partition].prepare()
+            if not plan:
+                continue
+            store = self.stores.of(partition)
+            for key, value in plan:
+                if not first:
+                    await self.between_writes()
+                first = False
+                store.set(key, value)
+
     async def write_state(self) -> None:
-        """Step 2: write each changed value of every buffer once, in the crash-safe
+        """Step 2: write each changed value of every transaction once, in its plan's
         order, calling `between_writes` between any two when `crash_point` is set."""
-        raise NotImplementedError
+        if self.crash_point is not None:
+            await self._write_each()
+        elif self.offload:
+            await asyncio.to_thread(self._write_all)
+        else:
+            self._write_all()
 
     async def checkpoint(self) -> None:
         """Make everything applied so far durable (see the class doc). With nothing
@@ -202,13 +238,18 @@ class CheckpointLoop(Generic[Buffer]):
         self.dirty_since = None
 
     def written(self) -> None:
-        """After a checkpoint made every buffer durable (the subclass's; default:
-        the buffers stay, empty)."""
+        """After a checkpoint made every transaction's plan durable: they complete, and
+        the next record of a partition opens a new one."""
+        for txn in self._buffers.values():
+            txn.complete()
+        self._buffers.clear()
 
     def forget(self) -> None:
-        """Drop every applied but unwritten change: the next record of a partition
-        reloads it from its store (after a failure, or when the partitions change
-        hands)."""
+        """Fail every open transaction, dropping every applied but unwritten change: the
+        next record of a partition reloads it from its store (after a failure, or when
+        the partitions change hands). A subclass drops its decoded values as well."""
+        for txn in self._buffers.values():
+            txn.fail()
         self._buffers.clear()
         self.dirty_since = None
 
@@ -221,7 +262,7 @@ class CheckpointLoop(Generic[Buffer]):
             self.crash_point(name)
 
 
-class BatchCommit(CheckpointLoop[PartitionTransaction]):
+class BatchCommit(CheckpointLoop):
     """Applies batches of timeline records and makes them durable at checkpoints, by
     the CheckpointLoop protocol (crash points: CRASH_POINTS).
 
@@ -232,7 +273,8 @@ class BatchCommit(CheckpointLoop[PartitionTransaction]):
 
     1. await the publisher's acknowledgement of every release and ledger entry sent;
     2. write each changed value once per partition, by its transaction's write plan:
-       counter states, then the partition value (transaction.PartitionTransaction);
+       counter states, then the partition value (transaction.PartitionTransaction); on
+       the worker's stores a partition's plan is one RocksDB write batch;
     3. await the stores' durability (changelog acknowledgements).
 
     Only then may the caller acknowledge the records applied before it to the consumer
@@ -279,36 +321,6 @@ class BatchCommit(CheckpointLoop[PartitionTransaction]):
             self.operator.apply(txn, partition, offset, record, out,
                                 None if stamps is None else stamps.get(offset))
 
-    def _write_all(self) -> None:
-        """Step 2 without crash points: every transaction's write plan, in order."""
-        for partition in sorted(self._buffers):
-            plan = self._buffers[partition].prepare()
-            if plan:
-                write_all(self.stores.of(partition), plan)
-
-    async def _write_each(self) -> None:
-        """Step 2 in test mode: each write acknowledged before the next, a crash point
-        between any two (a kill there leaves exactly a prefix of them)."""
-        first = True
-        for partition in sorted(self._buffers):
-            plan = self._buffers[partition].prepare()
-            if not plan:
-                continue
-            store = self.stores.of(partition)
-            for key, value in plan:
-                if not first:
-                    await self.between_writes()
-                first = False
-                store.set(key, value)
-
-    async def write_state(self) -> None:
-        if self.crash_point is not None:
-            await self._write_each()
-        elif self.offload:
-            await asyncio.to_thread(self._write_all)
-        else:
-            self._write_all()
-
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
                      stamps: Mapping[int, int] | None = None) -> Output:
         """`apply` then `checkpoint`: one batch made durable on its own."""
@@ -316,17 +328,8 @@ class BatchCommit(CheckpointLoop[PartitionTransaction]):
         await self.checkpoint()
         return out
 
-    def written(self) -> None:
-        for txn in self._buffers.values():
-            txn.complete()
-        self._buffers.clear()
-
     def forget(self) -> None:
-        """Fail every open transaction, dropping every applied but unwritten change and
-        every decoded value: the next record of a partition reloads it from its store
-        (after a failure, or when the partitions change hands)."""
-        for txn in self._buffers.values():
-            txn.fail()
+        """Fail every open transaction and drop every decoded value (the operator's)."""
         super().forget()
         self.operator.forget()
 

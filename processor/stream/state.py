@@ -1,7 +1,6 @@
 """What the operator stores, and how a stored value says how new it is: the store
-protocol, the codecs of every stored value, the in-memory due wheel, and the bounding
-stage's buffered overlay (the operator's checkpoints go through `transaction.py`). No
-Kafka, no Faust.
+protocol, the codecs of every stored value and the in-memory due wheel (what a
+checkpoint reads and writes goes through `transaction.py`). No Kafka, no Faust.
 
 Key layout (all values bytes, each codec with its own magic and version):
 
@@ -195,91 +194,10 @@ class DictStore:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
 
 
-class Encodable(Protocol):
-    """A decoded value that encodes itself (CounterState, PartitionState)."""
-
-    def to_bytes(self) -> bytes: ...
-
-
-class BufferedStore:
-    """An overlay over a StateStore that writes nothing until a checkpoint does (the
-    bounding stage's; the operator stages through `transaction.PartitionTransaction`).
-
-    `unsaved` holds encoded values (None: deleted); `staged` holds decoded values the
-    operator changed since the last checkpoint, encoded once, when the checkpoint asks
-    for `writes()`. Reads see staged, then unsaved values, then the store below.
-    """
-
-    def __init__(self, inner: StateStore) -> None:
-        self.inner = inner
-        self.unsaved: dict[str, bytes | None] = {}
-        self.staged: dict[str, Encodable] = {}
-
-    def get(self, key: str) -> bytes | None:
-        obj = self.staged.get(key)
-        if obj is not None:
-            return obj.to_bytes()
-        if key in self.unsaved:
-            return self.unsaved[key]
-        return self.inner.get(key)
-
-    def set(self, key: str, value: bytes) -> None:
-        self.staged.pop(key, None)
-        self.unsaved[key] = value
-
-    def delete(self, key: str) -> None:
-        self.staged.pop(key, None)
-        self.unsaved[key] = None
-
-    def stage(self, key: str, obj: Encodable) -> None:
-        """`obj` is the new value of `key` (encoded at the checkpoint; later changes to it
-        count)."""
-        self.unsaved.pop(key, None)
-        self.staged[key] = obj
-
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        found = dict(self.inner.scan(prefix))
-        for key, value in self.unsaved.items():
-            if key.startswith(prefix):
-                if value is None:
-                    found.pop(key, None)
-                else:
-                    found[key] = value
-        for key, obj in self.staged.items():
-            if key.startswith(prefix):
-                found[key] = obj.to_bytes()
-        return iter(found.items())
-
-    def __bool__(self) -> bool:
-        return bool(self.staged or self.unsaved)
-
-    def writes(self) -> list[tuple[str, bytes | None]]:
-        """Every unsaved value in the crash-safe write order (None: delete): other
-        values, then partition values (`p/...`) last. Encodes each staged value once, and
-        leaves the overlay empty."""
-        first: list[tuple[str, bytes | None]] = []
-        last: list[tuple[str, bytes | None]] = []
-        for key, obj in self.staged.items():
-            (last if key.startswith("p/") else first).append((key, obj.to_bytes()))
-        for key, value in self.unsaved.items():
-            (last if key.startswith("p/") else first).append((key, value))
-        self.staged.clear()
-        self.unsaved.clear()
-        return first + last
-
-    def clear(self) -> None:
-        self.unsaved.clear()
-        self.staged.clear()
-
-
-def write_all(store: StateStore, writes: Iterable[tuple[str, bytes | None]]) -> None:
-    """Apply writes (`BufferedStore.writes()`, a transaction's plan) to `store` in order
-    (no crash points)."""
+def write_all(store: StateStore, writes: Iterable[tuple[str, bytes]]) -> None:
+    """Apply writes (a transaction's plan) to `store`, one at a time, in order."""
     for key, value in writes:
-        if value is None:
-            store.delete(key)
-        else:
-            store.set(key, value)
+        store.set(key, value)
 
 
 # ------------------------------------------------------------------------ codecs

@@ -174,18 +174,15 @@ class PartitionStore:
         self.db().delete(raw)
         self._producer.produce(self._changelog, None, key=raw, partition=self._partition)
 
-    def write_many(self, writes: Iterable[tuple[str, bytes | None]]) -> None:
-        """Several writes (None: delete) in one RocksDB write batch, then their changelog
-        records in order: one database write instead of one per value (the bounding
-        stage writes a value per unit touched)."""
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        """Several writes in one RocksDB write batch, then their changelog records in
+        order: one database write per checkpoint and partition instead of one per value
+        (commit.BatchWriter: a checkpoint's plan, a value per counter or unit touched)."""
         wb = WriteBatch(raw_mode=True)
-        records: list[tuple[bytes | None, bytes | None]] = []
+        records: list[tuple[bytes, bytes]] = []
         for key, value in writes:
             raw = key.encode("utf-8")
-            if value is None:
-                wb.delete(raw)
-            else:
-                wb.put(raw, value)
+            wb.put(raw, value)
             records.append((raw, value))
         self.db().write(wb)
         self._producer.produce_many(self._changelog, records, self._partition)

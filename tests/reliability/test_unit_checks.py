@@ -56,7 +56,7 @@ from processor.stream.records import (
     encode_batch_rows,
     parse_input,
 )
-from processor.stream.state import BufferedStore, DictStore
+from processor.stream.state import DictStore
 
 K, M = 2, 3
 
@@ -147,7 +147,7 @@ def _world(seed: int = 11) -> World:
     p, _, raw = units_log[len(units_log) // 2]
     units_log.append((p, next_off[p], raw))  # ingest's re-send of a batch
     bounder = Bounder(settings)
-    stores = {p: BufferedStore(DictStore()) for p in range(settings.partitions)}
+    stores = {p: bounder.transaction(DictStore()) for p in range(settings.partitions)}
     timeline: list[tuple[int, int, bytes]] = []
     rows: dict[tuple[int, int], tuple[tuple[int, int], list[object]]] = {}
     for p, off, raw in units_log:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -433,3 +433,54 @@ def test_work_per_batch_is_one_write_per_touched_counter() -> None:
     assert commit([encode_marker(2)]) == ["p/0"]
     due = commit([encode_marker(5)])
     assert set(due) == {*(f"c/k{i:03d}" for i in range(10)), "p/0"}
+
+
+class BatchStore(DictStore):
+    """A DictStore that takes a plan at once (commit.BatchWriter, as table.PartitionStore:
+    one RocksDB write batch), keeping each call's keys and counting single writes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+        self.single = 0
+
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        batch = list(writes)
+        self.batches.append([k for k, _ in batch])
+        for key, value in batch:
+            super().set(key, value)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.single += 1
+        super().set(key, value)
+
+
+def test_a_checkpoint_writes_each_plan_in_one_batch() -> None:
+    """On a store that takes many writes at once, a checkpoint writes a partition's plan
+    in one call (counter values, then the partition value), and the store ends byte for
+    byte as with one write at a time. In test mode (a crash point) every write is its own
+    again, a crash point between any two."""
+    names = [f"k{i:02d}" for i in range(20)]
+    s = settings(dict.fromkeys(names, 0), heartbeat_ticks=1)
+    records = [encode_marker(0),
+               encode_batch([Event(c, 5 * TICK, 65536, 0, i) for i, c in enumerate(names)]),
+               encode_marker(6)]
+
+    def run(store: DictStore, crash_point: Callable[[str], None] | None = None) -> None:
+        bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store,
+                         CollectingPublisher(), crash_point)
+        for offset, record in enumerate(records):
+            asyncio.run(bc.commit(0, [(offset, record)]))
+
+    ref, batched, each = DictStore(), BatchStore(), BatchStore()
+    run(ref)
+    run(batched)
+    assert batched.data == ref.data
+    assert batched.single == 0 and len(batched.batches) == len(records)
+    for keys in batched.batches:
+        assert keys[-1] == "p/0" and all(k.startswith("c/") for k in keys[:-1])
+    assert len(batched.batches[1]) == len(names) + 1
+    calls: list[str] = []
+    run(each, calls.append)
+    assert each.data == ref.data and not each.batches
+    assert calls.count("between_state_writes") == each.single - len(records) > 0

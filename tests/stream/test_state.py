@@ -1,4 +1,4 @@
-"""The store protocol, the buffered overlay and the state codecs. Pure: no Kafka."""
+"""The store protocol and the state codecs. Pure: no Kafka."""
 
 from __future__ import annotations
 
@@ -9,18 +9,13 @@ from processor.core import registry
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 from processor.stream.state import (
-    BufferedStore,
     CounterState,
-    DictStore,
     DueWheel,
     PartitionState,
     StateVersionError,
     counter_filed_due,
-    counter_key,
-    partition_key,
     stored_offset,
     supersedes,
-    write_all,
 )
 
 KEY = NoiseKey.from_seed(3)
@@ -146,50 +141,6 @@ def test_values_carry_their_offset_and_never_go_back() -> None:
     assert supersedes(older, None) and supersedes(None, None)
     assert supersedes(older, b"DPC\x03legacy") and supersedes(None, b"foreign")
     assert stored_offset(b"DPC\x03" + newer[4:]) is None
-
-
-class Obj:
-    def __init__(self, value: bytes) -> None:
-        self.value = value
-        self.encoded = 0
-
-    def to_bytes(self) -> bytes:
-        self.encoded += 1
-        return self.value
-
-
-def test_buffered_store_reads_its_own_writes_and_orders_them() -> None:
-    """Reads see staged, then unsaved values, then the store; nothing reaches the store
-    before `writes()` is applied; staged values are encoded once, at `writes()` (their
-    last state counts); the order is every other value, then the partition values.
-    Control: the store below is untouched until then."""
-    inner = DictStore()
-    inner.set("c/a", b"old-a")
-    inner.set("c/z", b"old-z")
-    buf = BufferedStore(inner)
-    assert buf.get("c/a") == b"old-a" and not buf
-    buf.set(partition_key(0), b"p")
-    buf.set(counter_key("a"), b"new-a")
-    obj = Obj(b"b1")
-    buf.stage(counter_key("b"), obj)
-    obj.value = b"b2"
-    buf.delete("c/z")
-    assert buf.get("c/a") == b"new-a" and buf.get("c/z") is None and buf
-    assert sorted(buf.scan("c/")) == [("c/a", b"new-a"), ("c/b", b"b2")]
-    assert inner.data == {"c/a": b"old-a", "c/z": b"old-z"}
-    obj.encoded = 0
-    writes = buf.writes()
-    assert obj.encoded == 1 and not buf
-    assert writes == [("c/b", b"b2"), ("c/a", b"new-a"), ("c/z", None), ("p/0", b"p")]
-    write_all(inner, writes)
-    assert inner.data == {"c/a": b"new-a", "c/b": b"b2", "p/0": b"p"}
-    # set after stage replaces the staged object, and vice versa.
-    buf = BufferedStore(inner)
-    buf.stage("c/x", Obj(b"x1"))
-    buf.set("c/x", b"x2")
-    buf.stage("c/y", Obj(b"y1"))
-    buf.delete("c/y")
-    assert buf.writes() == [("c/x", b"x2"), ("c/y", None)]
 
 
 def test_state_is_bound_to_a_key_fingerprint_and_version_2_is_refused() -> None:
