@@ -81,7 +81,7 @@ from processor.stream.records import (
     marker_tick,
     sealed_through,
 )
-from processor.stream.state import StateVersionError
+from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 from processor.stream.unit_stage import UnitStage
 
@@ -425,7 +425,8 @@ class Worker:
         self.tracker = ChangelogTracker()
         self.producer = AsyncProducer(kafka_io.base_config(settings),
                                       on_delivered=self._delivered)
-        self.stores = WorkerStores(self.table, self.producer, self.changelog, self.tracker)
+        self.stores = WorkerStores(self.table, self.producer, self.changelog, self.tracker,
+                                   (COUNTER_PREFIX, PARTITION_PREFIX))
         # `announced` (the ledger read at start): the operator refuses to re-create a
         # counter the ledger announced under another creation.
         self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import faust
@@ -39,7 +39,7 @@ from faust.types import TP
 from rocksdict import WriteBatch
 
 from processor.stream.producer import AsyncProducer
-from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateStore, supersedes
+from processor.stream.state import StateStore, supersedes
 
 #: Rounds of rewriting per checkpoint while foreign writes keep landing among them (the
 #: rest waits for the next checkpoint).
@@ -201,8 +201,11 @@ class WorkerStores:
     process's own writes where the tracker saw no gap."""
 
     def __init__(self, table: MonotoneTable, producer: AsyncProducer, changelog: str,
-                 tracker: ChangelogTracker) -> None:
+                 tracker: ChangelogTracker, prefixes: Sequence[str]) -> None:
         self._table = table
+        #: The key prefixes of every value the stage stores (what a rewrite covers: all
+        #: of them, or a zombie's older value of an unlisted kind outlives compaction).
+        self._prefixes = tuple(prefixes)
         self._producer = producer
         self._changelog = changelog
         self._tracker = tracker
@@ -242,8 +245,8 @@ class WorkerStores:
         n = 0
         for partition, store in self._stores.items():
             if partition in gaps:
-                keys: list[bytes] = [k.encode("utf-8") for k, _v in store.scan(COUNTER_PREFIX)]
-                keys += [k.encode("utf-8") for k, _v in store.scan(PARTITION_PREFIX)]
+                keys: list[bytes] = [k.encode("utf-8") for prefix in self._prefixes
+                                     for k, _v in store.scan(prefix)]
             else:
                 keys = sorted(self._table.stale.get(partition, ()))
             if not keys:

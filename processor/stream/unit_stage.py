@@ -23,6 +23,7 @@ from faust.types import TP, Message
 
 from processor.stream import kafka_io
 from processor.stream.bounding import (
+    UNIT_PREFIX,
     UNITS_TABLE,
     BoundCommit,
     Bounder,
@@ -31,6 +32,7 @@ from processor.stream.bounding import (
     units_topic,
 )
 from processor.stream.producer import AsyncProducer
+from processor.stream.state import PARTITION_PREFIX
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 
 if TYPE_CHECKING:
@@ -80,7 +82,8 @@ class UnitStage:
         worker.app.tables.add(self.table)
         self.changelog = units_changelog_topic(s)
         self.tracker = ChangelogTracker()
-        self.stores = WorkerStores(self.table, worker.producer, self.changelog, self.tracker)
+        self.stores = WorkerStores(self.table, worker.producer, self.changelog, self.tracker,
+                                   (UNIT_PREFIX, PARTITION_PREFIX))
         self.commit = BoundCommit(
             Bounder(s), self.stores,
             KafkaForwarder(worker.producer, kafka_io.topic_name(s, "timeline"),
