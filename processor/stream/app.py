@@ -333,6 +333,49 @@ def ack_refetched(consumer: ConsumerT, tp: TP, offsets: Iterable[int]) -> None:
                              tp=tp))
 
 
+class PendingAcks:
+    """What an agent applied since its last checkpoint and acknowledges to the group only
+    after the checkpoint that covers it: its messages, and the offsets of the records
+    GapGuard re-read for them. Holds the one rule of when a checkpoint is due (the
+    operator's agent and the bounding stage alike): `checkpoint_records` messages, or
+    applied state older than the checkpoint interval."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.max_records = settings.checkpoint_records
+        self.interval_s = settings.checkpoint_interval_ms() / 1000
+        self._messages: list[Message] = []
+        self._gaps: dict[TP, list[int]] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._messages)
+
+    def add(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord]) -> None:
+        self._messages.append(msg)
+        if gap:
+            self._gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
+
+    def due(self, dirty_since: float | None) -> bool:
+        """After a message: whether to checkpoint now."""
+        return len(self._messages) >= self.max_records or (
+            dirty_since is not None and time.monotonic() - dirty_since >= self.interval_s)
+
+    def timer_due(self, dirty_since: float | None) -> bool:
+        """On the checkpoint timer: something to make durable or acknowledge, and no
+        applied state younger than the interval (a quiet stream)."""
+        if dirty_since is None:
+            return bool(self._messages)
+        return time.monotonic() - dirty_since >= self.interval_s
+
+    def ack(self, consumer: ConsumerT) -> None:
+        """Acknowledge everything held (after the checkpoint that covers it)."""
+        for msg in self._messages:
+            consumer.ack(msg)
+        for tp, offsets in self._gaps.items():
+            ack_refetched(consumer, tp, offsets)
+        self._messages.clear()
+        self._gaps.clear()
+
+
 #: How far behind what the clocks allow a non-leader lets its partitions' seal fall
 #: before it appends markers itself (`backup_due`).
 BACKUP_SEAL_S: Final = 2.0
@@ -440,8 +483,7 @@ class Worker:
         # `backup_due` watches); emptied when the partitions change hands.
         self._frontiers: dict[int, int] = {}
         # Applied since the last checkpoint, acknowledged to the group by the next one.
-        self._unacked: list[Message] = []
-        self._unacked_gaps: dict[TP, list[int]] = {}
+        self._pending = PendingAcks(settings)
         self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
                              self.timeline_name, self.metrics)
         # One guard for the marker timer and ingest: both learn the brokers' time from
@@ -528,13 +570,8 @@ class Worker:
                                   msg.partition)
                     self.surface.batch_committed(msg.partition, out.sealed_through,
                                                  out.metrics, time.perf_counter() - started)
-                self._unacked.append(msg)
-                if gap:
-                    self._unacked_gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
-                if len(self._unacked) >= self.settings.checkpoint_records or (
-                        self.batch_commit.dirty_since is not None
-                        and time.monotonic() - self.batch_commit.dirty_since
-                        >= self.settings.checkpoint_interval_ms() / 1000):
+                self._pending.add(msg, gap)
+                if self._pending.due(self.batch_commit.dirty_since):
                     await self._checkpoint()
 
     async def checkpoint(self) -> None:
@@ -548,11 +585,7 @@ class Worker:
     async def checkpoint_timer(self) -> None:
         """A checkpoint when applied state has waited the checkpoint interval (a quiet
         stream)."""
-        since = self.batch_commit.dirty_since
-        if (since is None and not self._unacked) or self._lock.locked():
-            return
-        if (since is not None
-                and time.monotonic() - since < self.settings.checkpoint_interval_ms() / 1000):
+        if self._lock.locked() or not self._pending.timer_due(self.batch_commit.dirty_since):
             return
         async with self._lock:
             await self._checkpoint()
@@ -568,13 +601,7 @@ class Worker:
             if isinstance(exc, DeliveryError):
                 self.surface.producer_error("operator", exc)
             self._operator_failed(exc)
-        consumer = self.app.consumer
-        for msg in self._unacked:
-            consumer.ack(msg)
-        for tp, offsets in self._unacked_gaps.items():
-            ack_refetched(consumer, tp, offsets)
-        self._unacked.clear()
-        self._unacked_gaps.clear()
+        self._pending.ack(self.app.consumer)
         self.metrics.add("checkpoints")
 
     async def on_revoked(self, sender: Any, /, *args: Any, signal: Any,

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import faust
-from faust.types import TP, Message
 
 from processor.stream import kafka_io
 from processor.stream.bounding import (
@@ -67,11 +65,9 @@ class UnitStage:
     """The bounding agent, its table and its checkpoints, inside one `Worker`."""
 
     def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
-        from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, raw_topic
+        from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, PendingAcks, raw_topic
 
         s = worker.settings
-        self._checkpoint_s = s.checkpoint_interval_ms() / 1000
-        self._checkpoint_records = s.checkpoint_records
         self.worker = worker
         self.topic_name = units_topic(s)
         topic = raw_topic(worker.app, self.topic_name, s.partitions)
@@ -92,8 +88,7 @@ class UnitStage:
         self.gaps = GapGuard(kafka_io.base_config(s), s.app_id, self.topic_name,
                              worker.metrics)
         self._lock = asyncio.Lock()
-        self._unacked: list[Message] = []
-        self._unacked_gaps: dict[TP, list[int]] = {}
+        self._pending = PendingAcks(s)
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
         worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
@@ -113,13 +108,8 @@ class UnitStage:
                 except Exception as exc:
                     self.worker._operator_failed(exc)
                 self.worker.metrics.add_operator(out.metrics)
-                self._unacked.append(msg)
-                if gap:
-                    self._unacked_gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
-                if len(self._unacked) >= self._checkpoint_records or (
-                        self.commit.dirty_since is not None
-                        and time.monotonic() - self.commit.dirty_since
-                        >= self._checkpoint_s):
+                self._pending.add(msg, gap)
+                if self._pending.due(self.commit.dirty_since):
                     await self._checkpoint()
 
     async def checkpoint(self) -> None:
@@ -127,28 +117,17 @@ class UnitStage:
             await self._checkpoint()
 
     async def checkpoint_timer(self) -> None:
-        since = self.commit.dirty_since
-        if (since is None and not self._unacked) or self._lock.locked():
-            return
-        if since is not None and time.monotonic() - since < self._checkpoint_s:
+        if self._lock.locked() or not self._pending.timer_due(self.commit.dirty_since):
             return
         async with self._lock:
             await self._checkpoint()
 
     async def _checkpoint(self) -> None:
-        from processor.stream.app import ack_refetched
-
         try:
             await self.commit.checkpoint()
         except Exception as exc:
             self.worker._operator_failed(exc)
-        consumer = self.worker.app.consumer
-        for msg in self._unacked:
-            consumer.ack(msg)
-        for tp, offsets in self._unacked_gaps.items():
-            ack_refetched(consumer, tp, offsets)
-        self._unacked.clear()
-        self._unacked_gaps.clear()
+        self._pending.ack(self.worker.app.consumer)
         self.worker.metrics.add("unit_checkpoints")
 
     async def on_revoked(self) -> None:

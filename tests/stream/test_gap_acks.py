@@ -218,3 +218,43 @@ def test_a_kept_partition_is_expected_from_the_committed_offset(
     assert worker.metrics.counts[f"gap_records_refetched_{topic}"] == 8
     assert worker.metrics.counts["operator_markers_applied"] == 12  # re-reads: no-ops
     assert _next_commit(consumer, topic) == 12
+
+
+def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> None:
+    """PendingAcks, the one rule of both agents: due after checkpoint_records messages or
+    once applied state is a checkpoint interval old; on the timer, due with messages held
+    and no younger state; `ack` acknowledges the messages and the re-read offsets, then
+    holds nothing. Controls: fewer messages and fresh state are not due."""
+    import time
+
+    from faust.types import TP, Message
+
+    from processor.stream.app import PendingAcks
+    from processor.stream.config import Settings
+    from processor.stream.kafka_io import KafkaRecord
+
+    class Acks:
+        def __init__(self) -> None:
+            self.got: list[tuple[int, int]] = []
+
+        def ack(self, msg: Message) -> bool:
+            self.got.append((msg.partition, msg.offset))
+            return True
+
+    tp = TP("tl", 1)
+    pending = PendingAcks(Settings(checkpoint_records=3, checkpoint_ms=1000))
+    assert not pending and not pending.timer_due(None)
+    for offset in (5, 6):
+        gap = ([KafkaRecord("tl", 1, o, None, b"x", (), 0) for o in (3, 4)]
+               if offset == 5 else [])
+        pending.add(Message("tl", 1, offset, 0.0, 0, None, None, None, None, tp=tp), gap)
+    now = time.monotonic()
+    assert not pending.due(now) and not pending.due(None)  # controls
+    assert pending.due(now - 1.0) and pending.timer_due(None)
+    assert not pending.timer_due(now) and pending.timer_due(now - 1.0)
+    pending.add(Message("tl", 1, 7, 0.0, 0, None, None, None, None, tp=tp), [])
+    assert pending.due(None)
+    consumer = Acks()
+    pending.ack(consumer)  # type: ignore[arg-type]
+    assert sorted(consumer.got) == [(1, o) for o in (3, 4, 5, 6, 7)]
+    assert not pending and not pending.timer_due(None)
