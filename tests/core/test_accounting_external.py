@@ -27,9 +27,9 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 
 from processor.core import tight
 from processor.core.grid import UNIT
-from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.partition import simpart_scale
 from processor.core.svt import svt_scales
+from processor.core.unit import plan_for
 
 RTOL = 1e-3
 #: the partition's loss from the PLD's Laplace events against the charged a
@@ -97,16 +97,6 @@ def _external(plan: tight.TightPlan) -> tuple[float, float, float]:
     return a, d_g, d_part + math.exp(a) * (d_g + (1.0 + math.exp(b)) * eta)
 
 
-def _paper_plan(mechanism: str, eps: float, delta: float) -> tight.TightPlan:
-    if mechanism == "ecc":
-        p = ecc_parameters(eps, delta)
-        return tight.TightPlan("ecc", eps, delta, p.eps_part, p.tau, p.cc_eps, p.cc_delta,
-                               p.bcc_eps, p.bcc_delta)
-    q = simecc_parameters(eps, delta)
-    return tight.TightPlan("simecc", eps, delta, q.eps_part, float(q.mu), q.cc_eps,
-                           q.cc_delta, q.bcc_eps, q.bcc_delta)
-
-
 @pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
 @pytest.mark.parametrize("eps", [1.0, 10.0, 150.0])
 def test_tight_plan_agrees_with_dp_accounting(mechanism: str, eps: float) -> None:
@@ -125,7 +115,7 @@ def test_tight_plan_agrees_with_dp_accounting(mechanism: str, eps: float) -> Non
 def test_paper_plan_is_certified_by_the_tight_analysis(mechanism: str, eps: float) -> None:
     """At eps 1 and 10 the paper's constants satisfy the tight inequality too; both
     accountants agree on what they deliver (well below delta)."""
-    plan = _paper_plan(mechanism, eps, DELTA)
+    plan = plan_for(mechanism, "paper", eps, DELTA)
     acc = tight.account(plan)
     _, _, total = _external(plan)
     assert total == pytest.approx(acc.delta_total, rel=RTOL)
@@ -139,7 +129,7 @@ def test_paper_plan_group_privacy_charges_hold(mechanism: str, eps: float) -> No
     (4 e, 4 e^(3 e) d), and BCC over 2, (2 e, 2 e^e d). The PLD of the Gaussian
     mechanisms at the 4- and 2-step shifts is within those charges at every eps, 150
     included (where the tight analysis cannot certify the paper's plan: control)."""
-    plan = _paper_plan(mechanism, eps, DELTA)
+    plan = plan_for(mechanism, "paper", eps, DELTA)
     mu_cc = math.sqrt(2.0) / _sigma(plan.cc_eps / 2, plan.cc_delta / 2)
     mu_bcc = math.sqrt(2.0) / _sigma(plan.bcc_eps / 2, plan.bcc_delta / 4)
     e, d = plan.cc_eps, plan.cc_delta
