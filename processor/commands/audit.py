@@ -166,7 +166,8 @@ def _parser() -> argparse.ArgumentParser:
     unit = p.add_argument_group(
         "per-unit mode (privacy_unit = user, docs/privacy-unit.md): the pair is x and x "
         "with k events of one unit inserted at --at; the claim is the unit's share of one "
-        "counter, (unit eps / m, unit delta / m); --epsilon/--delta default to the "
+        "counter: (unit eps / m, unit delta / m) under basic composition, what one counter "
+        "gives the unit under the k-edit coupling; --epsilon/--delta default to the "
         "parameters derived from the target, and the unit derivation check (exact) fails "
         "the audit when they do not deliver it")
     unit.add_argument("--unit-epsilon", type=float, help="the target epsilon per unit")

@@ -234,7 +234,8 @@ def _parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="python -m processor plan",
         description="Expected error, time to the first change and time between changes of "
-        "each stream mechanism and calibration, before deploying (closed forms, < 1 s).")
+        "each stream mechanism and calibration, before deploying (closed forms, < 1 s; with a "
+        "per-unit target the tight derivations take a few seconds more).")
     p.add_argument("--epsilon", type=float, help="privacy parameter epsilon (per event)")
     p.add_argument("--delta", type=float, help="privacy parameter delta (per event)")
     unit = p.add_argument_group(
