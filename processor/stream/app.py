@@ -555,7 +555,7 @@ class Worker:
                     except StateFormatError as exc:
                         self._refused(CorruptStateError(exc, self.settings))
                     except Exception as exc:
-                        self._operator_failed(exc)
+                        self.operator_failed(exc)
                     self.metrics.add_operator(out.metrics)
                     if out.sealed_through is not None:
                         self._frontiers[msg.partition] = max(
@@ -600,7 +600,7 @@ class Worker:
         except Exception as exc:
             if isinstance(exc, DeliveryError):
                 self.surface.producer_error("operator", exc)
-            self._operator_failed(exc)
+            self.operator_failed(exc)
         self._pending.ack(self.app.consumer)
         self.metrics.add("checkpoints")
 
@@ -625,7 +625,9 @@ class Worker:
         elif self.units is not None:
             self.units.delivered(topic, partition, offset)
 
-    def _operator_failed(self, exc: BaseException) -> NoReturn:
+    def operator_failed(self, exc: BaseException) -> NoReturn:
+        """Exit at once after a failure of a stage's apply or checkpoint (the operator's
+        agent and the bounding stage call it)."""
         # The operator never raises on a well-formed record, so this is the local disk,
         # corrupt state or a bug. Skipping the record would fork the published stream from
         # the log, so the process exits at once, like a crash: the record is retried at

@@ -106,7 +106,7 @@ class UnitStage:
                 try:
                     out = await self.commit.apply(msg.partition, records)
                 except Exception as exc:
-                    self.worker._operator_failed(exc)
+                    self.worker.operator_failed(exc)
                 self.worker.metrics.add_operator(out.metrics)
                 self._pending.add(msg, gap)
                 if self._pending.due(self.commit.dirty_since):
@@ -126,7 +126,7 @@ class UnitStage:
         try:
             await self.commit.checkpoint()
         except Exception as exc:
-            self.worker._operator_failed(exc)
+            self.worker.operator_failed(exc)
         self._pending.ack(self.worker.app.consumer)
         self.worker.metrics.add("unit_checkpoints")
 
