@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import faust
@@ -44,46 +44,77 @@ from processor.stream.state import StateStore, supersedes
 #: Rounds of rewriting per checkpoint while foreign writes keep landing among them (the
 #: rest waits for the next checkpoint).
 REWRITE_ROUNDS = 3
+#: Changelog records a standby holds before it applies them (Faust's default is 1,000):
+#: a key's records repeat across checkpoints, and one apply writes each key once, so a
+#: buffer spanning several checkpoints writes a fraction of the records. Faust applies
+#: the buffer before a standby becomes active (at every rebalance), and moves the
+#: persisted offset only over what it applied: a crash loses nothing but re-reading.
+STANDBY_BUFFER = 10_000
 
 
 class MonotoneTable(faust.Table[bytes, bytes]):
     """A Faust table of raw bytes whose changelog apply never lets a value go back."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("standby_buffer_size", STANDBY_BUFFER)
         super().__init__(*args, **kwargs)
         #: partition -> keys whose last changelog record read here was older than the
         #: value held: the owner writes them again (WorkerStores.flush).
         self.stale: dict[int, set[bytes]] = defaultdict(set)
 
     def apply_changelog_batch(self, batch: Iterable[Any]) -> None:
+        """Faust's restore and standby apply (a buffer of changelog events): per
+        partition, the monotone merge (`merge_changelog`) and one write batch; then the
+        persisted offsets."""
         store: Any = self.data  # faust's RocksDB store: one database per partition
-        writes: dict[int, dict[bytes, bytes | None]] = defaultdict(dict)
+        records: dict[int, list[tuple[bytes, bytes | None]]] = defaultdict(list)
         offsets: dict[TP, int] = {}
         for event in batch:
             msg = event.message
             if msg.offset > offsets.get(msg.tp, -1):
                 offsets[msg.tp] = msg.offset
-            key = msg.key
-            if key is None:
-                continue
-            pending = writes[msg.partition]
-            held = (pending[key] if key in pending
-                    else store._db_for_partition(msg.partition).get(key))
-            if supersedes(msg.value, held):
-                pending[key] = msg.value
-                self.stale[msg.partition].discard(key)
-            else:
-                self.stale[msg.partition].add(key)
-        for partition, values in writes.items():
-            wb = WriteBatch(raw_mode=True)
-            for key, value in values.items():
-                if value is None:
-                    wb.delete(key)
-                else:
-                    wb.put(key, value)
-            store._db_for_partition(partition).write(wb)
+            if msg.key is not None:
+                records[msg.partition].append((msg.key, msg.value))
+        for partition, recs in records.items():
+            db = store._db_for_partition(partition)
+            writes, stale = merge_changelog(recs, db.get)
+            stale_keys = self.stale[partition]
+            stale_keys.difference_update(writes)
+            stale_keys.update(stale)
+            if writes:
+                wb = WriteBatch(raw_mode=True)
+                for key, value in writes.items():
+                    if value is None:
+                        wb.delete(key)
+                    else:
+                        wb.put(key, value)
+                db.write(wb)
         for tp, offset in offsets.items():
             store.set_persisted_offset(tp, offset)
+
+
+def merge_changelog(records: Iterable[tuple[bytes, bytes | None]],
+                    get: Callable[[bytes], Any],
+                    ) -> tuple[dict[bytes, bytes | None], set[bytes]]:
+    """One partition's changelog records (key, value; None: a deletion), in offset order,
+    merged into a store by `state.supersedes` as if applied one by one: returns the value
+    to write for each key that takes one (its last accepted record) and the keys whose
+    last record was refused (older than what the store, or an earlier record of the
+    batch, holds). `get` reads a key's stored value (None: absent), once per key: a
+    key's records repeat within a batch (one per checkpoint that changed it), and its
+    database write is one."""
+    current: dict[bytes, bytes | None] = {}
+    writes: dict[bytes, bytes | None] = {}
+    stale: set[bytes] = set()
+    for key, value in records:
+        held = current[key] if key in current else get(key)
+        if supersedes(value, held):
+            current[key] = writes[key] = value
+            stale.discard(key)
+        else:
+            current[key] = held
+            stale.add(key)
+    return writes, stale
 
 
 class ChangelogTracker:

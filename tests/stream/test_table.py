@@ -4,6 +4,9 @@ Pure: the delivery reports are calls here."""
 
 from __future__ import annotations
 
+from collections import defaultdict
+from pathlib import Path
+
 from processor.stream.table import ChangelogTracker
 
 
@@ -109,3 +112,95 @@ def test_a_gap_rewrites_every_stored_kind_of_the_stage() -> None:
 
     assert run(("u/", "p/")) == {b"u/aa", b"u/bb", b"p/0"}
     assert run(("c/", "p/")) == {b"c/x", b"p/0"}
+
+
+def _value(applied: int) -> bytes:
+    """A stored partition value reflecting the timeline through `applied`."""
+    from processor.stream.state import PartitionState
+    from tests.stream.test_state import KID
+
+    ps = PartitionState()
+    ps.key_id, ps.applied = KID, applied
+    return ps.to_bytes()
+
+
+def test_a_batch_merges_as_if_applied_one_by_one() -> None:
+    """merge_changelog keeps, per key, what applying the records one at a time by
+    state.supersedes keeps, reading each key once: a newer record wins over the store and
+    over an earlier record of the same batch; a stale record after a newer one in the
+    same batch loses (the key's write stays the newer value, and the key is reported
+    stale: the owner writes it again); a deletion of a value with an offset loses; a key
+    the store lacks takes any value. Control: the one-by-one apply over a dict gives the
+    same store."""
+    from processor.stream.state import supersedes
+    from processor.stream.table import merge_changelog
+
+    store = {b"a": _value(10), b"b": _value(10), b"c": _value(10), b"d": _value(10)}
+    records: list[tuple[bytes, bytes | None]] = [
+        (b"a", _value(12)), (b"a", _value(11)),  # stale after newer, same batch: loses
+        (b"b", _value(9)), (b"b", _value(13)),  # stale first, then newer: takes the newer
+        (b"c", None),  # deletion of a value that carries an offset: refused
+        (b"d", _value(10)),  # equal offset: taken
+        (b"e", _value(1)),  # absent: taken
+    ]
+    reads: list[bytes] = []
+
+    def get(key: bytes) -> bytes | None:
+        reads.append(key)
+        return store.get(key)
+
+    writes, stale = merge_changelog(records, get)
+    assert sorted(reads) == [b"a", b"b", b"c", b"d", b"e"]
+    assert writes == {b"a": _value(12), b"b": _value(13), b"d": _value(10), b"e": _value(1)}
+    assert stale == {b"a", b"c"}
+    one_by_one = dict(store)
+    for key, value in records:
+        if supersedes(value, one_by_one.get(key)):
+            if value is None:
+                one_by_one.pop(key, None)
+            else:
+                one_by_one[key] = value
+    assert {**store, **{k: v for k, v in writes.items() if v is not None}} == one_by_one
+    # control: a stale record alone against the store is refused and reported
+    assert merge_changelog([(b"a", _value(9))], store.get) == ({}, {b"a"})
+
+
+def test_the_table_apply_writes_the_merge_and_the_offsets(tmp_path: Path) -> None:
+    """MonotoneTable.apply_changelog_batch on real RocksDB databases, two partitions in
+    one buffer: each database gets its partition's merge (a stale record later in the
+    batch loses to the newer one before it), the stale set names the refused key (and a
+    later newer record of a key clears it), the persisted offset is the highest read,
+    and a record without a key moves the offset only. Control: the newer value of the
+    same key in the other partition is untouched by the first's stale record."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from faust.types import TP
+    from rocksdict import Options, Rdict
+
+    from processor.stream.table import MonotoneTable
+
+    dbs = {p: Rdict(str(tmp_path / f"db{p}"), Options(raw_mode=True)) for p in (0, 1)}
+    dbs[0][b"k"] = _value(5)
+    dbs[1][b"k"] = _value(5)
+    persisted: dict[TP, int] = {}
+    data = SimpleNamespace(_db_for_partition=dbs.__getitem__,
+                           set_persisted_offset=persisted.__setitem__)
+    table: Any = SimpleNamespace(data=data, stale=defaultdict(set, {0: {b"x"}}))
+
+    def event(partition: int, offset: int, key: bytes | None,
+              value: bytes | None) -> SimpleNamespace:
+        return SimpleNamespace(message=SimpleNamespace(
+            tp=TP("cl", partition), partition=partition, offset=offset, key=key, value=value))
+
+    batch = [event(0, 100, b"k", _value(20)), event(1, 50, b"k", _value(30)),
+             event(0, 101, b"k", _value(6)),  # stale after the newer one: loses
+             event(0, 102, b"x", _value(1)),  # clears x's stale mark
+             event(0, 103, None, None), event(1, 51, b"j", _value(2))]
+    MonotoneTable.apply_changelog_batch(table, batch)
+    assert dbs[0][b"k"] == _value(20) and dbs[0][b"x"] == _value(1)
+    assert dbs[1][b"k"] == _value(30) and dbs[1][b"j"] == _value(2)
+    assert table.stale[0] == {b"k"} and table.stale[1] == set()
+    assert persisted == {TP("cl", 0): 103, TP("cl", 1): 51}
+    for db in dbs.values():
+        db.close()
