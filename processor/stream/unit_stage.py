@@ -4,8 +4,11 @@ checkpointed exactly as the operator (app.Worker.operate), through the worker's 
 The pure rules are in bounding.py; this is the shell around them.
 
 Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
-(BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
-the group only by the next checkpoint (every checkpoint interval or checkpoint_records, at a
+(BoundCommit.apply), and acknowledged to the group only by the next checkpoint. Its kept
+events are handed to the producer once no further units message is waiting in the
+agent's queue (so that the forwards of the units records of one fetch share timeline
+records: the operator's cost grows with their number), and at the latest by the next
+checkpoint (every checkpoint interval or checkpoint_records, at a
 revocation and at a clean stop): forwards acknowledged, unit values written, changelog
 acknowledged, then the acks.
 """
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import faust
+from faust.types import ChannelT
 
 from processor.stream import kafka_io
 from processor.stream.bounding import (
@@ -89,6 +93,9 @@ class UnitStage:
                              worker.metrics)
         self._lock = asyncio.Lock()
         self._pending = PendingAcks(s)
+        #: Whether no units message waits in the agent's queue (the stream's, once the
+        #: agent runs).
+        self._queue_empty: Callable[[], bool] = lambda: True
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
         worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
@@ -96,6 +103,9 @@ class UnitStage:
     async def bound(self, stream: faust.StreamT[bytes]) -> None:
         """Each units message: applied in memory (its forwards sent at once), acknowledged
         to the group by the next checkpoint."""
+        channel = stream.channel
+        if isinstance(channel, ChannelT):
+            self._queue_empty = channel.empty
         async for event in stream.noack().events():  # type: ignore[attr-defined]
             msg = event.message
             async with self._lock:
@@ -104,7 +114,8 @@ class UnitStage:
                 records.append((msg.offset,
                                 msg.value if isinstance(msg.value, bytes) else b""))
                 try:
-                    out = await self.commit.apply(msg.partition, records)
+                    out = await self.commit.apply(msg.partition, records,
+                                                  forward=self._queue_empty())
                 except Exception as exc:
                     self.worker.operator_failed(exc)
                 self.worker.metrics.add_operator(out.metrics)
@@ -117,10 +128,22 @@ class UnitStage:
             await self._checkpoint()
 
     async def checkpoint_timer(self) -> None:
-        if self._lock.locked() or not self._pending.timer_due(self.commit.dirty_since):
+        if self._lock.locked():
+            return
+        if not self._pending.timer_due(self.commit.dirty_since):
+            if self.commit.bounder.pending_events and self._queue_empty():
+                # Held back for messages Faust then did not deliver (a rebalance).
+                async with self._lock:
+                    self._forward_held()
             return
         async with self._lock:
             await self._checkpoint()
+
+    def _forward_held(self) -> None:
+        try:
+            self.commit.forward_held()
+        except Exception as exc:
+            self.worker.operator_failed(exc)
 
     async def _checkpoint(self) -> None:
         try:
