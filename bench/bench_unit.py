@@ -23,6 +23,7 @@ and are dead-lettered).
                            table (latest record per key of its changelog)
     records per event    = records appended to each topic (units, timeline: batches,
                            markers and heartbeats; both changelogs) over the window / N
+    timeline event batches = the timeline records carrying any of the N events
 
 The operator's own work (applying the batches and the markers) follows the timeline by
 at most a tick, and the bounding stage's last checkpoint by at most its interval: both
@@ -131,10 +132,10 @@ def events(n: int, users: int, seed: int) -> list[bytes]:
                           "user": f"user-{rng.randrange(users)}"}) for _ in range(n)]
 
 
-def timeline_state(dep: Deployment, mode: str) -> tuple[int, int]:
+def timeline_state(dep: Deployment, mode: str) -> tuple[int, int, int]:
     """(events on the timeline (user mode: forwarded, deduplicated), append time of the
-    last batch carrying any)."""
-    n, last = 0, 0
+    last batch carrying any, batch records carrying any)."""
+    n, last, batches = 0, 0, 0
     seen: set[tuple[int, int]] = set()
     for r in kafka_io.iter_topic(dep.conf, dep.topics.timeline):
         try:
@@ -152,8 +153,9 @@ def timeline_state(dep: Deployment, mode: str) -> tuple[int, int]:
                 fresh += 1
         if fresh:
             n += fresh
+            batches += 1
             last = max(last, r.timestamp_ms)
-    return n, last
+    return n, last, batches
 
 
 def topic_records(dep: Deployment, mode: str) -> dict[str, int]:
@@ -196,7 +198,7 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         c0 = cpu_seconds(pid)
         time.sleep(IDLE_S)
         idle_rate = (cpu_seconds(pid) - c0) / IDLE_S
-        warm_tl, _ = timeline_state(dep, mode)
+        warm_tl, _, warm_batches = timeline_state(dep, mode)
         warm_dead = deadletters(dep)
         values = events(n, users, seed)
         recs0 = topic_records(dep, mode)
@@ -208,7 +210,7 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         first_in = ins[1] if len(ins) > 1 else ins[0]
         deadline = time.monotonic() + 300
         while True:
-            got, last = timeline_state(dep, mode)
+            got, last, batches = timeline_state(dep, mode)
             dead = deadletters(dep) - warm_dead
             if got - warm_tl + dead >= n or time.monotonic() > deadline:
                 break
@@ -227,6 +229,7 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
             "cpu_ms_per_counted_event": 1000.0 * (cpu - idle_rate * window) / max(1, counted),
             "complete": got - warm_tl + dead >= n, "cpu_s_by_thread": by_thread,
             "records_per_event": {k: round((recs1[k] - recs0[k]) / n, 5) for k in recs1},
+            "timeline_event_batches": batches - warm_batches,
             "load_avg_1m": os.getloadavg()[0]}
         if mode == "user":
             out["state_bytes_per_unit"], out["units_in_state"] = state_bytes_per_unit(dep)

@@ -190,7 +190,7 @@ def decode_units(raw: bytes) -> tuple[str, list[UnitRow]]:
 # ---------------------------------------------------------------------- the unit's state
 
 
-@dataclass
+@dataclass(slots=True)
 class UnitState:
     """One unit's kept set: counter -> seqs of its kept events (first-touch order), the
     last seq applied to this unit, and the units offset that seq belongs to (the offset
@@ -310,6 +310,11 @@ class Bounder:
         #: units, units partition, seq], in the order decided (`take_forwards`).
         self._pending: dict[int, list[list[Any]]] = {}
         self.pending_events = 0
+        #: Per units partition, the unit values loaded since the partition's last
+        #: checkpoint, and those staged in its transaction (each loaded and staged once
+        #: per checkpoint however many records touch it): dropped with the transaction.
+        self._loaded: dict[int, dict[str, UnitState]] = {}
+        self._staged: dict[int, set[str]] = {}
         # A unit's value stays decoded only while staged (cache 0): there is a value per
         # unit ever seen, and keeping them past the checkpoint would hold the table in
         # memory twice (decoded, and the bytes each equals).
@@ -330,6 +335,13 @@ class Bounder:
         self._cache.clear()
         self._pending.clear()
         self.pending_events = 0
+        self.written()
+
+    def written(self) -> None:
+        """Every transaction completed or failed: the next record of a partition loads
+        its units from a new one."""
+        self._loaded.clear()
+        self._staged.clear()
 
     def take_forwards(self, out: BoundOutput) -> None:
         """Hand every kept event not yet handed over to `out.timeline`: per timeline
@@ -354,12 +366,15 @@ class Bounder:
         so a caller with more units records waiting lets their forwards share records."""
         # Timeline rows ([counter, ts_ms, units, partition, seq]) by timeline partition.
         pending = self._pending
-        # The units this call loaded, and those it staged (once each per call; a unit
-        # an earlier call staged comes back as that very object, and staging it again
-        # changes nothing).
-        states: dict[str, UnitState] = {}
-        staged: set[str] = set()
+        states = self._loaded.setdefault(partition, {})
+        staged = self._staged.setdefault(partition, set())
         k, m, parts = self.k, self.m, self.settings.partitions
+        keep = decide
+        dumps = orjson.dumps
+        in_topic = self.settings.topics.input
+        beyond = Rejection("contribution_bound_exceeded",
+                           f"beyond max_events_per_counter={k} or "
+                           f"max_counters_per_unit={m} for its unit")
         tp_of = self._tp
         units = self._units
         ps = txn.load(self._partitions, partition)
@@ -401,7 +416,7 @@ class Bounder:
                     # the next checkpoint, once however many events touched it.
                     txn.stage(units, h, st)
                     staged.add(h)
-                if decide(st, seq, counter, k, m):
+                if keep(st, seq, counter, k, m):
                     tp = tp_of.get(counter)
                     if tp is None:
                         tp = tp_of[counter] = partition_for(counter, parts)
@@ -411,11 +426,8 @@ class Bounder:
                     fw.append([counter, row[2], row[3], partition, seq])
                     kept += 1
                 else:
-                    out.deadletters.append(deadletter_record(
-                        Rejection("contribution_bound_exceeded",
-                                  f"beyond max_events_per_counter={k} or "
-                                  f"max_counters_per_unit={m} for its unit"),
-                        orjson.dumps(row), self.settings.topics.input, in_p, in_o))
+                    out.deadletters.append(
+                        deadletter_record(beyond, dumps(row), in_topic, in_p, in_o))
                     dropped += 1
             out.metrics["unit_records"] += 1
         self.pending_events += kept
@@ -546,6 +558,10 @@ class BoundCommit(CheckpointLoop):
             return
         with gc_deferred():  # a value per unit touched, encoded and written
             await super().write_state()
+
+    def written(self) -> None:
+        super().written()
+        self.bounder.written()
 
     def forget(self) -> None:
         """Fail every open transaction and drop every decoded value (the bounder's)."""
