@@ -26,10 +26,12 @@ event reaches the timeline (docs/privacy-unit.md).
   partition: the operator's existing duplicate filter drops every re-sent copy.
 - The commit protocol is the operator's (`BoundCommit` on commit.CheckpointLoop, as
   commit.BatchCommit): apply in memory, staged in a transaction.PartitionTransaction
-  per units partition, and send the forwards at once; at a checkpoint await their
-  acknowledgements, write each changed unit value once (monotone: it carries the units
-  offset it reflects, state.UNIT_MAGIC), then the partition value, in one write batch
-  per partition, await the changelog, then acknowledge to the group.
+  per units partition, and send the forwards (at once, or held back so that those of
+  several units records share timeline records: `forward_held`); at a checkpoint send
+  any still held and await their acknowledgements, write each changed unit value once
+  (monotone: it carries the units offset it reflects, state.UNIT_MAGIC), then the
+  partition value, in one write batch per partition, await the changelog, then
+  acknowledge to the group.
 
 Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
 """

@@ -541,3 +541,14 @@ def test_held_forwards_are_split_at_the_record_limits(monkeypatch: pytest.Monkey
         batch = decode_timeline(data)
         assert isinstance(batch, TimelineBatch)
         assert len(batch.events) <= 7 and (len(data) <= 300 or len(batch.events) == 1)
+
+
+def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
+    """The worker holds kept events back for at most a quarter of the lateness (an event
+    stamped now reaches the timeline long before the marker that seals its tick), and
+    never more than HOLD_MAX_S; with no lateness, not at all."""
+    from processor.stream.unit_stage import HOLD_MAX_S, hold_s
+
+    assert hold_s(with_overrides(S, lateness_ms=100)) == pytest.approx(0.025)
+    assert hold_s(with_overrides(S, lateness_ms=60_000)) == HOLD_MAX_S
+    assert hold_s(with_overrides(S, lateness_ms=0)) == 0.0
