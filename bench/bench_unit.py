@@ -21,6 +21,9 @@ and are dead-lettered).
                              - idle CPU rate x that window) / counted
     state bytes per unit = mean (key + value) bytes of the live values of the units
                            table (latest record per key of its changelog)
+    records per event    = records appended to each topic (units, timeline: batches,
+                           markers and heartbeats; both changelogs) over the window / N
+    timeline event batches = the timeline records carrying any of the N events
 
 The operator's own work (applying the batches and the markers) follows the timeline by
 at most a tick, and the bounding stage's last checkpoint by at most its interval: both
@@ -49,9 +52,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.stream import kafka_io
+from processor.stream.app import changelog_topic
 from processor.stream.bounding import (
     UNITS_SOURCE,
     units_changelog_topic,
+    units_topic,
 )
 from processor.stream.config import Settings
 from processor.stream.records import (
@@ -127,10 +132,10 @@ def events(n: int, users: int, seed: int) -> list[bytes]:
                           "user": f"user-{rng.randrange(users)}"}) for _ in range(n)]
 
 
-def timeline_state(dep: Deployment, mode: str) -> tuple[int, int]:
+def timeline_state(dep: Deployment, mode: str) -> tuple[int, int, int]:
     """(events on the timeline (user mode: forwarded, deduplicated), append time of the
-    last batch carrying any)."""
-    n, last = 0, 0
+    last batch carrying any, batch records carrying any)."""
+    n, last, batches = 0, 0, 0
     seen: set[tuple[int, int]] = set()
     for r in kafka_io.iter_topic(dep.conf, dep.topics.timeline):
         try:
@@ -148,8 +153,24 @@ def timeline_state(dep: Deployment, mode: str) -> tuple[int, int]:
                 fresh += 1
         if fresh:
             n += fresh
+            batches += 1
             last = max(last, r.timestamp_ms)
-    return n, last
+    return n, last, batches
+
+
+def topic_records(dep: Deployment, mode: str) -> dict[str, int]:
+    """Records appended so far per topic (the sum of its partitions' high watermarks)."""
+    s = dep.settings
+    topics = {"timeline": s.topics.timeline, "changelog": changelog_topic(s)}
+    if mode == "user":
+        topics.update(units=units_topic(s), units_changelog=units_changelog_topic(s))
+    out: dict[str, int] = {}
+    for name, topic in topics.items():
+        try:
+            out[name] = sum(hi for _, hi in kafka_io.end_offsets(dep.conf, topic).values())
+        except Exception:  # a changelog not created yet: nothing appended
+            out[name] = 0
+    return out
 
 
 def deadletters(dep: Deployment) -> int:
@@ -177,9 +198,10 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         c0 = cpu_seconds(pid)
         time.sleep(IDLE_S)
         idle_rate = (cpu_seconds(pid) - c0) / IDLE_S
-        warm_tl, _ = timeline_state(dep, mode)
+        warm_tl, _, warm_batches = timeline_state(dep, mode)
         warm_dead = deadletters(dep)
         values = events(n, users, seed)
+        recs0 = topic_records(dep, mode)
         c0, t0, th0 = cpu_seconds(pid), time.monotonic(), thread_cpu(pid)
         dep.produce(values)
         # The first input record of the N (the warm-up one is older; the input topic's
@@ -188,7 +210,7 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         first_in = ins[1] if len(ins) > 1 else ins[0]
         deadline = time.monotonic() + 300
         while True:
-            got, last = timeline_state(dep, mode)
+            got, last, batches = timeline_state(dep, mode)
             dead = deadletters(dep) - warm_dead
             if got - warm_tl + dead >= n or time.monotonic() > deadline:
                 break
@@ -198,13 +220,17 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         th1 = thread_cpu(pid)
         by_thread = {k: round(th1.get(k, 0.0) - th0.get(k, 0.0), 3) for k in th1}
         window = time.monotonic() - t0
+        recs1 = topic_records(dep, mode)
         counted = got - warm_tl
         out: dict[str, Any] = {
             "mode": mode, "events": n, "counted": counted, "dead_lettered": dead,
             "events_per_s": n / max(1e-3, (last - first_in) / 1000.0),
             "cpu_s": cpu, "idle_cpu_per_s": idle_rate, "window_s": window,
             "cpu_ms_per_counted_event": 1000.0 * (cpu - idle_rate * window) / max(1, counted),
-            "complete": got - warm_tl + dead >= n, "cpu_s_by_thread": by_thread}
+            "complete": got - warm_tl + dead >= n, "cpu_s_by_thread": by_thread,
+            "records_per_event": {k: round((recs1[k] - recs0[k]) / n, 5) for k in recs1},
+            "timeline_event_batches": batches - warm_batches,
+            "load_avg_1m": os.getloadavg()[0]}
         if mode == "user":
             out["state_bytes_per_unit"], out["units_in_state"] = state_bytes_per_unit(dep)
         return out

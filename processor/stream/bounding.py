@@ -26,10 +26,12 @@ event reaches the timeline (docs/privacy-unit.md).
   partition: the operator's existing duplicate filter drops every re-sent copy.
 - The commit protocol is the operator's (`BoundCommit` on commit.CheckpointLoop, as
   commit.BatchCommit): apply in memory, staged in a transaction.PartitionTransaction
-  per units partition, and send the forwards at once; at a checkpoint await their
-  acknowledgements, write each changed unit value once (monotone: it carries the units
-  offset it reflects, state.UNIT_MAGIC), then the partition value, in one write batch
-  per partition, await the changelog, then acknowledge to the group.
+  per units partition, and send the forwards (at once, or held back so that those of
+  several units records share timeline records: `forward_held`); at a checkpoint send
+  any still held and await their acknowledgements, write each changed unit value once
+  (monotone: it carries the units offset it reflects, state.UNIT_MAGIC), then the
+  partition value, in one write batch per partition, await the changelog, then
+  acknowledge to the group.
 
 Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
 """
@@ -51,6 +53,8 @@ from processor.core.rng import NoiseKey
 from processor.stream.commit import CheckpointLoop, Stores
 from processor.stream.config import Settings
 from processor.stream.records import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_EVENTS,
     Event,
     Rejection,
     TimelineBatch,
@@ -89,6 +93,10 @@ CRASH_POINTS: Final = ("unit_after_forward", "unit_between_state_writes", "unit_
 #: One row of a units record: [unit hash, counter, ts_ms, units, in_partition, in_offset].
 UnitRow = list[Any]
 
+
+#: BoundCommit.apply sends the kept events it holds back once they are this many (a
+#: timeline record's worth).
+HOLD_EVENTS: Final = MAX_BATCH_EVENTS
 
 #: The bounding stage's state table (its changelog: `units_changelog_topic`).
 UNITS_TABLE: Final = "units-state"
@@ -184,7 +192,7 @@ def decode_units(raw: bytes) -> tuple[str, list[UnitRow]]:
 # ---------------------------------------------------------------------- the unit's state
 
 
-@dataclass
+@dataclass(slots=True)
 class UnitState:
     """One unit's kept set: counter -> seqs of its kept events (first-touch order), the
     last seq applied to this unit, and the units offset that seq belongs to (the offset
@@ -300,6 +308,15 @@ class Bounder:
         #: counter -> its timeline partition (sha256 per counter once, not per event)
         self._tp: dict[str, int] = {}
         self._cache = StateCache()
+        #: Kept events not yet handed over: timeline partition -> rows [counter, ts_ms,
+        #: units, units partition, seq], in the order decided (`take_forwards`).
+        self._pending: dict[int, list[list[Any]]] = {}
+        self.pending_events = 0
+        #: Per units partition, the unit values loaded since the partition's last
+        #: checkpoint, and those staged in its transaction (each loaded and staged once
+        #: per checkpoint however many records touch it): dropped with the transaction.
+        self._loaded: dict[int, dict[str, UnitState]] = {}
+        self._staged: dict[int, set[str]] = {}
         # A unit's value stays decoded only while staged (cache 0): there is a value per
         # unit ever seen, and keeping them past the checkpoint would hold the table in
         # memory twice (decoded, and the bytes each equals).
@@ -315,21 +332,51 @@ class Bounder:
         return PartitionTransaction(store, (self._units, self._partitions), self._cache)
 
     def forget(self) -> None:
-        """Drop every decoded value (after a failure, or when the partitions change
-        hands)."""
+        """Drop every decoded value and every kept event not handed over (after a
+        failure, or when the partitions change hands: their records are applied again)."""
         self._cache.clear()
+        self._pending.clear()
+        self.pending_events = 0
+        self.written()
+
+    def written(self) -> None:
+        """Every transaction completed or failed: the next record of a partition loads
+        its units from a new one."""
+        self._loaded.clear()
+        self._staged.clear()
+
+    def take_forwards(self, out: BoundOutput) -> None:
+        """Hand every kept event not yet handed over to `out.timeline`: per timeline
+        partition in order, as few records as the size limits allow. Events of several
+        units records (and units partitions) share a record; per (timeline partition,
+        units partition) their seqs still only grow, as the operator's duplicate filter
+        needs."""
+        for tp in sorted(self._pending):
+            rows = self._pending[tp]
+            for i in range(0, len(rows), MAX_BATCH_EVENTS):
+                out.timeline.extend((tp, data) for data in
+                                    _encode_forward(rows[i:i + MAX_BATCH_EVENTS]))
+        self._pending.clear()
+        self.pending_events = 0
 
     def apply(self, txn: PartitionTransaction, partition: int,
-              records: Sequence[tuple[int, bytes]], out: BoundOutput) -> None:
-        """Apply units records (offset, bytes) of `partition`, in offset order."""
+              records: Sequence[tuple[int, bytes]], out: BoundOutput,
+              forward: bool = True) -> None:
+        """Apply units records (offset, bytes) of `partition`, in offset order. The kept
+        events are handed to `out.timeline` if `forward`, else held for a later call
+        (`take_forwards`): the operator's cost grows with the number of timeline records,
+        so a caller with more units records waiting lets their forwards share records."""
         # Timeline rows ([counter, ts_ms, units, partition, seq]) by timeline partition.
-        forward: dict[int, list[list[Any]]] = {}
-        # The units this call loaded, and those it staged (once each per call; a unit
-        # an earlier call staged comes back as that very object, and staging it again
-        # changes nothing).
-        states: dict[str, UnitState] = {}
-        staged: set[str] = set()
+        pending = self._pending
+        states = self._loaded.setdefault(partition, {})
+        staged = self._staged.setdefault(partition, set())
         k, m, parts = self.k, self.m, self.settings.partitions
+        keep = decide
+        dumps = orjson.dumps
+        in_topic = self.settings.topics.input
+        beyond = Rejection("contribution_bound_exceeded",
+                           f"beyond max_events_per_counter={k} or "
+                           f"max_counters_per_unit={m} for its unit")
         tp_of = self._tp
         units = self._units
         ps = txn.load(self._partitions, partition)
@@ -371,28 +418,35 @@ class Bounder:
                     # the next checkpoint, once however many events touched it.
                     txn.stage(units, h, st)
                     staged.add(h)
-                if decide(st, seq, counter, k, m):
+                if keep(st, seq, counter, k, m):
                     tp = tp_of.get(counter)
                     if tp is None:
                         tp = tp_of[counter] = partition_for(counter, parts)
-                    fw = forward.get(tp)
+                    fw = pending.get(tp)
                     if fw is None:
-                        fw = forward[tp] = []
+                        fw = pending[tp] = []
                     fw.append([counter, row[2], row[3], partition, seq])
                     kept += 1
                 else:
-                    out.deadletters.append(deadletter_record(
-                        Rejection("contribution_bound_exceeded",
-                                  f"beyond max_events_per_counter={k} or "
-                                  f"max_counters_per_unit={m} for its unit"),
-                        orjson.dumps(row), self.settings.topics.input, in_p, in_o))
+                    out.deadletters.append(
+                        deadletter_record(beyond, dumps(row), in_topic, in_p, in_o))
                     dropped += 1
             out.metrics["unit_records"] += 1
+        self.pending_events += kept
         _count(out.metrics, unit_events_kept=kept, unit_duplicates_dropped=duplicates,
                deadletter_contribution_bound_exceeded=dropped)
-        for tp in sorted(forward):
-            out.timeline.append((tp, encode_batch_rows(forward[tp], UNITS_SOURCE)))
+        if forward:
+            self.take_forwards(out)
 
+
+def _encode_forward(rows: list[list[Any]]) -> list[bytes]:
+    """Timeline records of forwarded rows, halved (order kept) until each is at most
+    MAX_BATCH_BYTES."""
+    data = encode_batch_rows(rows, UNITS_SOURCE)
+    if len(data) <= MAX_BATCH_BYTES or len(rows) == 1:
+        return [data]
+    half = len(rows) // 2
+    return _encode_forward(rows[:half]) + _encode_forward(rows[half:])
 
 
 @contextmanager
@@ -462,16 +516,43 @@ class BoundCommit(CheckpointLoop):
     def open_buffer(self, partition: int) -> PartitionTransaction:
         return self.bounder.transaction(self.stores.of(partition))
 
-    async def apply(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
+    async def apply(self, partition: int, records: Sequence[tuple[int, bytes]],
+                    forward: bool = True) -> BoundOutput:
+        """Apply `records` and send what they give; their kept events are held back
+        unless `forward` or HOLD_EVENTS are held (sent by a later apply, `forward_held`
+        or the next checkpoint, whichever comes first)."""
         out = BoundOutput()
         with self.applying(partition) as txn:
             with gc_deferred():
-                self.bounder.apply(txn, partition, records, out)
-            if out.timeline or out.deadletters:
-                if self.fence is not None:
-                    self.fence()
-                self.forwarder.send(out)
+                self.bounder.apply(txn, partition, records, out, forward=forward)
+                if self.bounder.pending_events >= HOLD_EVENTS:
+                    self.bounder.take_forwards(out)
+            self._send(out)
         return out
+
+    def forward_held(self) -> BoundOutput:
+        """Send the kept events held back (nothing if none)."""
+        out = BoundOutput()
+        try:
+            self.bounder.take_forwards(out)
+            self._send(out)
+        except BaseException:
+            self.forget()
+            raise
+        return out
+
+    def _send(self, out: BoundOutput) -> None:
+        if out.timeline or out.deadletters:
+            if self.fence is not None:
+                self.fence()
+            self.forwarder.send(out)
+
+    async def checkpoint(self) -> None:
+        """commit.CheckpointLoop.checkpoint, the kept events held back sent first (its
+        first step awaits their acknowledgements)."""
+        if self.bounder.pending_events:
+            self.forward_held()
+        await super().checkpoint()
 
     async def write_state(self) -> None:
         if self.crash_point is not None:
@@ -479,6 +560,10 @@ class BoundCommit(CheckpointLoop):
             return
         with gc_deferred():  # a value per unit touched, encoded and written
             await super().write_state()
+
+    def written(self) -> None:
+        super().written()
+        self.bounder.written()
 
     def forget(self) -> None:
         """Fail every open transaction and drop every decoded value (the bounder's)."""

@@ -68,6 +68,8 @@ from processor.stream.config import ConfigError, Settings, load_noise_key, load_
 from processor.stream.faults import INGEST_DELIVERED, CrashPoint, FaultPlan
 from processor.stream.logs import configure_logging
 from processor.stream.records import (
+    MAX_BATCH_BYTES,
+    MAX_BATCH_EVENTS,
     Event,
     Rejection,
     deadletter_record,
@@ -82,11 +84,6 @@ log = logging.getLogger("processor.stream.ingest")
 MAX_CONSUME: Final = 5000
 #: How often librdkafka reports its statistics for this stage's clients (ms).
 STATS_INTERVAL_MS: Final = 10_000
-#: A timeline batch record carries at most this many events ...
-MAX_BATCH_EVENTS: Final = 5000
-#: ... and at most this many bytes (under the 1 MB default record size limits of the
-#: broker, librdkafka's producer and Faust's consumer fetch).
-MAX_BATCH_BYTES: Final = 900_000
 #: A batch aims at this many events per timeline partition (it stops filling there) ...
 FILL_PER_PARTITION: Final = 100
 #: ... for at most this long after its first consume began, and at most a quarter of the

@@ -65,6 +65,11 @@ MAX_UNIT_ID: Final = 256
 DEADLETTER_RAW_LIMIT = 4096
 #: The version of the timeline records this module writes (and the only one it reads).
 TIMELINE_VERSION: Final = 2
+#: A timeline batch record carries at most this many events ...
+MAX_BATCH_EVENTS: Final = 5000
+#: ... and at most this many bytes (under the 1 MB default record size limits of the
+#: broker, librdkafka's producer and Faust's consumer fetch).
+MAX_BATCH_BYTES: Final = 900_000
 #: The schema versions of the public records (schemas/private-count.schema.json and
 #: schemas/ledger-entry.schema.json). A version only ever adds fields; the compatibility
 #: policy is in docs/downstream.md.

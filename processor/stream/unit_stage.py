@@ -4,10 +4,13 @@ checkpointed exactly as the operator (app.Worker.operate), through the worker's 
 The pure rules are in bounding.py; this is the shell around them.
 
 Per units message: records Faust skipped are re-read first (GapGuard), applied in memory
-(BoundCommit.apply: the forwards are handed to the producer at once), and acknowledged to
-the group only by the next checkpoint (every checkpoint interval or checkpoint_records, at a
-revocation and at a clean stop): forwards acknowledged, unit values written, changelog
-acknowledged, then the acks.
+(BoundCommit.apply), and acknowledged to the group only by the next checkpoint (every
+checkpoint interval or checkpoint_records, at a revocation and at a clean stop): forwards
+acknowledged, unit values written, changelog acknowledged, then the acks. Its kept events
+are held back for `hold_s` and handed to the producer together with those of the units
+messages applied meanwhile (ingest writes a units record per units partition at once:
+their forwards then share timeline records, whose number the operator's cost grows
+with), or sooner by a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import faust
 
@@ -29,6 +32,7 @@ from processor.stream.bounding import (
     units_changelog_topic,
     units_topic,
 )
+from processor.stream.config import Settings
 from processor.stream.producer import AsyncProducer
 from processor.stream.state import PARTITION_PREFIX
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
@@ -37,6 +41,16 @@ if TYPE_CHECKING:
     from processor.stream.app import Worker
 
 log = logging.getLogger("processor.stream.unit_stage")
+
+#: The longest the stage holds kept events back (`hold_s`).
+HOLD_MAX_S: Final = 0.05
+
+
+def hold_s(settings: Settings) -> float:
+    """How long kept events are held back: HOLD_MAX_S, at most a quarter of the lateness
+    (as ingest's fill window: an event stamped now still reaches the timeline long before
+    the marker that seals its tick)."""
+    return min(HOLD_MAX_S, settings.lateness_ms / 4000.0)
 
 
 class KafkaForwarder:
@@ -89,13 +103,17 @@ class UnitStage:
                              worker.metrics)
         self._lock = asyncio.Lock()
         self._pending = PendingAcks(s)
+        self._hold_s = hold_s(s)
+        #: The scheduled send of the held kept events (None: none held) and its task.
+        self._hold_timer: asyncio.TimerHandle | None = None
+        self._hold_task: asyncio.Future[None] | None = None
         worker.app.agent(topic, name=f"{s.app_id}-bounding")(self.bound)
         worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
                          name=f"{s.app_id}-bounding-checkpoint")(self.checkpoint_timer)
 
     async def bound(self, stream: faust.StreamT[bytes]) -> None:
-        """Each units message: applied in memory (its forwards sent at once), acknowledged
-        to the group by the next checkpoint."""
+        """Each units message: applied in memory (its forwards sent within `hold_s`),
+        acknowledged to the group by the next checkpoint."""
         async for event in stream.noack().events():  # type: ignore[attr-defined]
             msg = event.message
             async with self._lock:
@@ -104,13 +122,28 @@ class UnitStage:
                 records.append((msg.offset,
                                 msg.value if isinstance(msg.value, bytes) else b""))
                 try:
-                    out = await self.commit.apply(msg.partition, records)
+                    out = await self.commit.apply(msg.partition, records,
+                                                  forward=self._hold_s <= 0)
                 except Exception as exc:
                     self.worker.operator_failed(exc)
                 self.worker.metrics.add_operator(out.metrics)
                 self._pending.add(msg, gap)
                 if self._pending.due(self.commit.dirty_since):
                     await self._checkpoint()
+                elif self.commit.bounder.pending_events and self._hold_timer is None:
+                    self._hold_timer = asyncio.get_running_loop().call_later(
+                        self._hold_s, self._send_held_soon)
+
+    def _send_held_soon(self) -> None:
+        self._hold_task = asyncio.ensure_future(self._send_held())
+
+    async def _send_held(self) -> None:
+        async with self._lock:
+            self._hold_timer = None
+            try:
+                self.commit.forward_held()
+            except Exception as exc:
+                self.worker.operator_failed(exc)
 
     async def checkpoint(self) -> None:
         async with self._lock:

@@ -152,10 +152,12 @@ def _inputs(log: Sequence[tuple[int, int, bytes]], kept: list[tuple[int, int]]
     return {of[k] for k in kept}
 
 
-def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int
-               ) -> tuple[CollectingForwarder, DictStore, bool]:
+def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
+               hold: int = 1) -> tuple[CollectingForwarder, DictStore, bool]:
     """Run `log` with a kill at the nth passage of `point`, a checkpoint every two records,
-    the restarted stage re-applying from the last acknowledged record."""
+    the restarted stage re-applying from the last acknowledged record. `hold`: the kept
+    events are sent with every hold-th record only (held back in between, as the worker
+    does while more units messages wait), and by the checkpoints."""
     fw, store = CollectingForwarder(), DictStore()
     acked = 0  # records acknowledged to the group (after a checkpoint)
     bc = BoundCommit(Bounder(S), store, fw, crash_point=_crashing(point, nth))
@@ -164,7 +166,7 @@ def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int
     while i < len(log):
         p, off, raw = log[i]
         try:
-            asyncio.run(bc.apply(p, [(off, raw)]))
+            asyncio.run(bc.apply(p, [(off, raw)], forward=(i + 1) % hold == 0))
             if i % 2 == 1 or i == len(log) - 1:
                 asyncio.run(bc.checkpoint())
                 acked = i + 1
@@ -178,18 +180,21 @@ def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int
 
 @pytest.mark.parametrize("point", bounding.CRASH_POINTS)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_kept_set_is_the_same_after_a_kill_anywhere(point: str, seed: int) -> None:
+@pytest.mark.parametrize("hold", [1, 3])
+def test_kept_set_is_the_same_after_a_kill_anywhere(point: str, seed: int, hold: int
+                                                     ) -> None:
     """Kill at the n-th passage of each crash point (forwards acknowledged, before any
     state write / between two state writes / state durable, group not acknowledged),
     restart on the stored state and re-apply from the last acknowledged record: the same
     kept set and dead letters as without a kill, no event both kept and dead-lettered,
-    none lost, and the same final state."""
+    none lost, and the same final state; also with forwards held back over several
+    records (the held ones die with the process)."""
     log = _log(seed)
     ref, ref_store = _run(log)
     n_events = len({(r[4], r[5]) for _, _, raw in log for r in decode_units(raw)[1]})
     assert len(_inputs(log, _kept(ref))) + len(_dead(ref)) == n_events
     for nth in (1, 3, 7):
-        fw, store, killed = _crash_run(log, point, nth)
+        fw, store, killed = _crash_run(log, point, nth, hold)
         assert killed
         assert _kept(fw) == _kept(ref), (point, nth)
         assert _dead(fw) == _dead(ref) and not _dead(fw) & _inputs(log, _kept(fw))
@@ -468,3 +473,82 @@ def test_a_failed_batch_forgets_every_unwritten_change() -> None:
         asyncio.run(bc.commit(p, [(off, raw)]))
     assert store.data == ref_store.data
     assert _kept(fw) == _kept(ref) and _dead(fw) == _dead(ref)
+
+
+def test_held_forwards_share_timeline_records() -> None:
+    """Forwards held back over many units records (of both units partitions) and sent
+    by one `forward_held`, and by a checkpoint: the same events, in each (timeline
+    partition, units partition) in strictly increasing seq order (the operator's
+    duplicate filter drops none of them), in fewer timeline records; the same dead
+    letters and state. A failure drops the held events with the unwritten state, and
+    re-applying sends them."""
+    log = _log(4, n_records=40)
+    ref, ref_store = _run(log)
+    fw, store = CollectingForwarder(), DictStore()
+    bc = BoundCommit(Bounder(S), store, fw)
+    half = len(log) // 2
+    for p, off, raw in log[:half]:
+        asyncio.run(bc.apply(p, [(off, raw)], forward=False))
+    assert fw.timeline == [] and bc.bounder.pending_events
+    bc.forward_held()
+    assert bc.bounder.pending_events == 0
+    for p, off, raw in log[half:]:
+        asyncio.run(bc.apply(p, [(off, raw)], forward=False))
+    asyncio.run(bc.checkpoint())
+    assert bc.bounder.pending_events == 0
+    assert _kept(fw) == _kept(ref) and _dead(fw) == _dead(ref)
+    assert store.data == ref_store.data
+    assert len(fw.timeline) <= 2 * S.partitions < len(ref.timeline)
+    last: dict[tuple[int, int], int] = {}
+    n = 0
+    for tp, data in fw.timeline:
+        batch = decode_timeline(data)
+        assert isinstance(batch, TimelineBatch)
+        for ev in batch.events:
+            assert ev.src_offset > last.get((tp, ev.src_partition), -1)
+            last[(tp, ev.src_partition)] = ev.src_offset
+            n += 1
+    assert n == len(_kept(ref))
+    # A failure: the held events go with the unwritten state, and come back.
+    fw2, store2 = CollectingForwarder(), DictStore()
+    bc2 = BoundCommit(Bounder(S), store2, fw2)
+    for p, off, raw in log[:half]:
+        asyncio.run(bc2.apply(p, [(off, raw)], forward=False))
+    bc2.forget()
+    assert bc2.bounder.pending_events == 0 and fw2.timeline == []
+    for p, off, raw in log:
+        asyncio.run(bc2.apply(p, [(off, raw)], forward=False))
+    asyncio.run(bc2.checkpoint())
+    assert _kept(fw2) == _kept(ref) and _dead(fw2) == _dead(ref)
+    assert store2.data == ref_store.data
+
+
+def test_held_forwards_are_split_at_the_record_limits(monkeypatch: pytest.MonkeyPatch
+                                                      ) -> None:
+    """Held forwards beyond a record's event or byte limit go in several records, in
+    order, none above the limits."""
+    monkeypatch.setattr(bounding, "MAX_BATCH_EVENTS", 7)
+    monkeypatch.setattr(bounding, "MAX_BATCH_BYTES", 300)
+    log = _log(5, n_records=40)
+    ref, _ = _run(log)
+    fw, store = CollectingForwarder(), DictStore()
+    bc = BoundCommit(Bounder(S), store, fw)
+    for p, off, raw in log:
+        asyncio.run(bc.apply(p, [(off, raw)], forward=False))
+    asyncio.run(bc.checkpoint())
+    assert _kept(fw) == _kept(ref)
+    for _, data in fw.timeline:
+        batch = decode_timeline(data)
+        assert isinstance(batch, TimelineBatch)
+        assert len(batch.events) <= 7 and (len(data) <= 300 or len(batch.events) == 1)
+
+
+def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
+    """The worker holds kept events back for at most a quarter of the lateness (an event
+    stamped now reaches the timeline long before the marker that seals its tick), and
+    never more than HOLD_MAX_S; with no lateness, not at all."""
+    from processor.stream.unit_stage import HOLD_MAX_S, hold_s
+
+    assert hold_s(with_overrides(S, lateness_ms=100)) == pytest.approx(0.025)
+    assert hold_s(with_overrides(S, lateness_ms=60_000)) == HOLD_MAX_S
+    assert hold_s(with_overrides(S, lateness_ms=0)) == 0.0
