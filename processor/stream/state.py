@@ -225,7 +225,8 @@ class CounterState:
     fingerprint of the noise key its mechanism was made with; `ledger_fingerprint` is the
     configuration fingerprint its last ledger entry named ("" before its first),
     `creation` that entry's creation tag ("" before it was announced); `saved` (not
-    encoded) is the bytes this object equals in the store, None once changed and not yet
+    encoded) is the bytes this object equals in the store (or their digest, which the
+    transaction puts in their place: transaction.py), None once changed and not yet
     encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
     the operator until the mechanism takes an input.
     """
