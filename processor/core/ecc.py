@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
@@ -30,6 +31,12 @@ from processor.core.tight import CALIBRATIONS, check_calibration
 # ---------------------------------------------------------------------------------------
 # The counters
 # ---------------------------------------------------------------------------------------
+
+#: The plan of one (eps, delta, calibration), one object shared by every counter built or
+#: restored with it: its floats are held once, not once per counter, and a restore
+#: computes none of them. Typed: a bool or int eps is checked (and refused) on its own.
+_ecc_plan = lru_cache(maxsize=256, typed=True)(ecc_parameters)
+_simecc_plan = lru_cache(maxsize=256, typed=True)(simecc_parameters)
 
 
 
@@ -83,6 +90,9 @@ class _EccBase(Counter):
     value scheduled at t, else y_{t-1}. Nothing but y leaves the instance: checkpoints,
     intsum and scheduled values are private state.
     """
+
+    __slots__ = ("_bcc", "_cc", "_intsum", "_key", "_part", "_sched", "_t", "_tprev", "_y",
+                 "calibration", "counter_id", "delta", "eps")
 
     edit_private: ClassVar[bool] = True
     #: State format version; bumped whenever the layout or the draws a state implies change
@@ -277,8 +287,10 @@ class ECC(_EccBase):
     #: sampler of versions 1-2). Older states would continue with other draws: refused.
     state_version: ClassVar[int] = 3
 
+    __slots__ = ("_params",)
+
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = ecc_parameters(eps, delta, self.calibration)
+        p = _ecc_plan(eps, delta, self.calibration)
         self._params = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 
@@ -295,8 +307,10 @@ class SimECC(_EccBase):
 
     mechanism: ClassVar[str] = "simecc"
 
+    __slots__ = ("_sparams",)
+
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = simecc_parameters(eps, delta, self.calibration)
+        p = _simecc_plan(eps, delta, self.calibration)
         self._sparams = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 

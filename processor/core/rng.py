@@ -127,12 +127,20 @@ class KeyedStream:
     The label's key is derived at the first draw: a restored counter that only skips
     (a heartbeat) draws nothing and pays for no derivation."""
 
-    __slots__ = ("_key", "_noise_key", "label")
+    __slots__ = ("_key", "_noise_key", "_prefix", "_suffix")
 
-    def __init__(self, key: NoiseKey, label: str) -> None:
+    def __init__(self, key: NoiseKey, label: str, suffix: str = "") -> None:
+        """The stream of `label` + `suffix`. The two are kept apart, and joined only at the
+        first draw: a caller that holds `label` anyway (a mechanism's own label) shares it
+        instead of each of its streams holding a copy with the suffix."""
         self._noise_key = key
         self._key: bytes | None = None
-        self.label = label
+        self._prefix = label
+        self._suffix = suffix
+
+    @property
+    def label(self) -> str:
+        return self._prefix + self._suffix
 
     def words(self, lane: int, start: int, n: int) -> np.ndarray:
         """n uint64 words of lane `lane` from word index `start`."""
