@@ -31,9 +31,10 @@ What `saved` holds depends on the store. A `DictStore` keeps the very bytes obje
 given and returns them: `saved` is those bytes (shared with the store, so free, and an
 `is` answers the check). Any other store (RocksDB) returns a fresh copy at every get, so
 bytes in `saved` would be a second copy of every cached value (about 1 KB a counter):
-the transaction replaces them by their 16-byte BLAKE2b digest when it decodes or encodes
-a value, and a load compares the digest of the stored bytes (equal digests: equal bytes,
-but for a collision of a 128-bit hash). The codecs always set `saved` to the bytes.
+the transaction replaces them by a 16-byte digest (SHA-256, truncated) when it decodes or
+encodes a value, and a load compares the digest of the stored bytes (equal digests: equal
+bytes, but for a collision of a 128-bit hash). The codecs always set `saved` to the
+bytes.
 """
 
 from __future__ import annotations
@@ -101,8 +102,10 @@ _ALLOWED: dict[Status, frozenset[Status]] = {
 
 
 def digest(raw: bytes) -> bytes:
-    """What `saved` holds of a value's bytes when the store does not keep them itself."""
-    return hashlib.blake2b(raw, digest_size=16).digest()
+    """What `saved` holds of a value's bytes when the store does not keep them itself.
+    SHA-256 rather than BLAKE2b: about 1 us for a 1 KB counter instead of 1.4-2 (the CPU's
+    SHA extensions); a load pays it once per counter and checkpoint."""
+    return hashlib.sha256(raw).digest()[:16]
 
 
 class StateCache:
