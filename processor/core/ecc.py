@@ -34,7 +34,7 @@ from processor.core.tight import CALIBRATIONS, check_calibration
 
 #: The plan of one (eps, delta, calibration), one object shared by every counter built or
 #: restored with it: its floats are held once, not once per counter, and a restore
-#: computes none of them. Typed: a bool or int eps is checked (and refused) on its own.
+#: computes none of them. Typed: True is not served 1.0's plan (a bool is refused).
 _ecc_plan = lru_cache(maxsize=256, typed=True)(ecc_parameters)
 _simecc_plan = lru_cache(maxsize=256, typed=True)(simecc_parameters)
 

@@ -176,9 +176,9 @@ class WordCursor:
     __slots__ = ("_buf", "_buf_start", "_chunk", "lane", "position", "stream")
 
     #: Words fetched at a time: one ChaCha20 block at first, doubling with each refill up
-    #: to _CHUNK. A counter that draws rarely (most of 100,000 idle ones) then holds a
-    #: few hundred bytes of buffer, not 256 words as Python ints (about 11 KB); the words
-    #: are the same whatever the chunks (a pure function of the position).
+    #: to _CHUNK. A counter that draws rarely (most of 100,000 idle ones) then holds 64
+    #: bytes of words, not 2 KB; the words are the same whatever the chunks (a pure
+    #: function of the position).
     _FIRST = 8
     _CHUNK = 256
 
