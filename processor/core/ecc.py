@@ -19,6 +19,7 @@ from processor.core.grid import UNIT, check_units, from_units, to_units
 
 # Re-exported (`X as X`) for processor/commands/plan.py and processor/audit/, which import
 # them from here; every other importer takes them from processor.core.params.
+from processor.core.params import EccParams, SimEccParams
 from processor.core.params import ecc_parameters as ecc_parameters
 from processor.core.params import simecc_parameters as simecc_parameters
 from processor.core.partition import Part, SimPart, part_tau, simpart_scale
@@ -32,11 +33,21 @@ from processor.core.tight import CALIBRATIONS, check_calibration
 # The counters
 # ---------------------------------------------------------------------------------------
 
-#: The plan of one (eps, delta, calibration), one object shared by every counter built or
-#: restored with it: its floats are held once, not once per counter, and a restore
-#: computes none of them. Typed: True is not served 1.0's plan (a bool is refused).
-_ecc_plan = lru_cache(maxsize=256, typed=True)(ecc_parameters)
-_simecc_plan = lru_cache(maxsize=256, typed=True)(simecc_parameters)
+# The paper plan of one (eps, delta) is one object shared by every counter built or
+# restored with it: its floats are held once, not once per counter, and a restore computes
+# none of them. A tight plan's floats are shared already (tight.py caches its plans, and
+# whoever clears that cache must get new plans here too). Typed: True is not served 1.0's
+# plan (a bool is refused).
+
+
+@lru_cache(maxsize=256, typed=True)
+def _paper_ecc(eps: float, delta: float) -> EccParams:
+    return ecc_parameters(eps, delta)
+
+
+@lru_cache(maxsize=256, typed=True)
+def _paper_simecc(eps: float, delta: float) -> SimEccParams:
+    return simecc_parameters(eps, delta)
 
 
 
@@ -290,7 +301,8 @@ class ECC(_EccBase):
     __slots__ = ("_params",)
 
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = _ecc_plan(eps, delta, self.calibration)
+        p = (_paper_ecc(eps, delta) if self.calibration == "paper"
+             else ecc_parameters(eps, delta, self.calibration))
         self._params = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 
@@ -310,7 +322,8 @@ class SimECC(_EccBase):
     __slots__ = ("_sparams",)
 
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = _simecc_plan(eps, delta, self.calibration)
+        p = (_paper_simecc(eps, delta) if self.calibration == "paper"
+             else simecc_parameters(eps, delta, self.calibration))
         self._sparams = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 
