@@ -25,6 +25,12 @@ per-marker work.
 
     .venv/bin/python bench/bench_operator.py [--mechanism ecc simecc] [--ticks 200]
         [--counters 10000] [--repeats 3] [--profile]
+
+`--memory` measures instead what the idle workload leaves allocated per declared counter
+(tracemalloc over the operator and its cache after the markers, on a store that keeps and
+returns copies of its bytes as RocksDB does; the store's own keys and values, which
+RocksDB holds outside Python online, are left out) and the allocation sites that hold the
+most.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import pstats
 import random
+import sys
 import time
-from collections.abc import Sequence
+import tracemalloc
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from processor.core.grid import UNIT
@@ -151,6 +160,51 @@ async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile |
     return dt, cpu, releases, touched, markers, stepped, queued
 
 
+class CopyingStore:
+    """A StateStore that keeps and returns copies of its bytes, as RocksDB does (a
+    DictStore shares one bytes object between the store and the cache's check)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        got = self.data.get(key)
+        return None if got is None else bytes(bytearray(got))
+
+    def set(self, key: str, value: bytes) -> None:
+        self.data[key] = bytes(bytearray(value))
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+        return iter([(k, v) for k, v in list(self.data.items()) if k.startswith(prefix)])
+
+
+def memory(w: Workload, cache_size: int, counters: int, top: int) -> None:
+    """Print what `w` leaves allocated per counter, the store's keys and values apart."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    store = CopyingStore()
+    bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
+                     store, CollectingPublisher())
+    for b in [*w.warm, *w.timed]:
+        asyncio.run(bc.commit(0, b))
+    gc.collect()
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    stats = after.compare_to(before, "lineno")
+    total = sum(s.size_diff for s in stats)
+    stored = sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in store.data.items())
+    print(f"{w.name}: {(total - stored) / counters:,.0f} bytes per counter allocated, "
+          f"besides the store's keys and values ({stored / counters:,.0f})")
+    for s in [s for s in stats if s.traceback[0].filename != __file__][:top]:
+        frame = s.traceback[0]
+        print(f"  {s.size_diff / counters:>7,.0f} B/counter {s.count_diff:>9,} blocks  "
+              f"{frame.filename.split('/processor/')[-1]}:{frame.lineno}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mechanism", nargs="+", default=["ecc", "simecc"])
@@ -160,11 +214,14 @@ def main() -> None:
     ap.add_argument("--cache-size", type=int, default=DEFAULT_CACHE_SIZE,
                     help=f"decoded-state LRU size (default {DEFAULT_CACHE_SIZE})")
     ap.add_argument("--only", help="run only workloads whose name contains this")
+    ap.add_argument("--memory", action="store_true",
+                    help="measure the memory per idle counter instead (see the doc)")
     ap.add_argument("--profile", action="store_true",
                     help="print a cProfile of the timed part (one run per workload)")
     args = ap.parse_args()
-    print(f"{'workload':<36} {'mech':<7} {'stepped':>8} {'queued':>8} {'events/s':>10} "
-          f"{'ev/CPU-s':>10} {'records/s':>10} {'releases':>9} {'touched/marker':>15}")
+    if not args.memory:
+        print(f"{'workload':<36} {'mech':<7} {'stepped':>8} {'queued':>8} {'events/s':>10} "
+              f"{'ev/CPU-s':>10} {'records/s':>10} {'releases':>9} {'touched/marker':>15}")
     for mech in args.mechanism:
         rng = random.Random(0)
         few = {f"k{c:05d}": 0 for c in range(DENSE_COUNTERS)}
@@ -177,6 +234,9 @@ def main() -> None:
                      sparse(big, args.ticks, args.counters, 20, rng),
                      idle(big, args.ticks, args.counters),
                      heartbeat(beat, args.ticks, args.counters)]
+        if args.memory:
+            memory(idle(big, args.ticks, args.counters), args.cache_size, args.counters, 15)
+            continue
         for w in workloads:
             if args.only and args.only not in w.name:
                 continue

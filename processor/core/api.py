@@ -32,6 +32,10 @@ Change = tuple[int, float]
 class Counter(ABC):
     """A private continual counter as a step operator."""
 
+    # Lets a subclass that lists its own slots go without a __dict__ (a mechanism per
+    # declared counter: 100,000 on one worker).
+    __slots__ = ()
+
     mechanism: ClassVar[str]
     #: True when the mechanism is private for edit neighbours (the queue shift).
     edit_private: ClassVar[bool]

@@ -220,7 +220,7 @@ class UnboundedCC(UnitCounter):
         self.sensitivity = check_positive_int("sensitivity", sensitivity)
         self.key = key
         self.label = label
-        self._cur = WordCursor(KeyedStream(key, f"{label}/psum"))
+        self._cur = WordCursor(KeyedStream(key, label, "/psum"))
         if self.base == "laplace":
             self._psum: tuple[int, int] = (psum_laplace_scale(self.eps, self.sensitivity), 1)
         else:

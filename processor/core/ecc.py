@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, ClassVar, Self
 
 from processor.core.api import Change, Counter, check_skip
@@ -18,6 +19,7 @@ from processor.core.grid import UNIT, check_units, from_units, to_units
 
 # Re-exported (`X as X`) for processor/commands/plan.py and processor/audit/, which import
 # them from here; every other importer takes them from processor.core.params.
+from processor.core.params import EccParams, SimEccParams
 from processor.core.params import ecc_parameters as ecc_parameters
 from processor.core.params import simecc_parameters as simecc_parameters
 from processor.core.partition import Part, SimPart, part_tau, simpart_scale
@@ -30,6 +32,22 @@ from processor.core.tight import CALIBRATIONS, check_calibration
 # ---------------------------------------------------------------------------------------
 # The counters
 # ---------------------------------------------------------------------------------------
+
+# The paper plan of one (eps, delta) is one object shared by every counter built or
+# restored with it: its floats are held once, not once per counter, and a restore computes
+# none of them. A tight plan's floats are shared already (tight.py caches its plans, and
+# whoever clears that cache must get new plans here too). Typed: True is not served 1.0's
+# plan (a bool is refused).
+
+
+@lru_cache(maxsize=256, typed=True)
+def _paper_ecc(eps: float, delta: float) -> EccParams:
+    return ecc_parameters(eps, delta)
+
+
+@lru_cache(maxsize=256, typed=True)
+def _paper_simecc(eps: float, delta: float) -> SimEccParams:
+    return simecc_parameters(eps, delta)
 
 
 
@@ -83,6 +101,9 @@ class _EccBase(Counter):
     value scheduled at t, else y_{t-1}. Nothing but y leaves the instance: checkpoints,
     intsum and scheduled values are private state.
     """
+
+    __slots__ = ("_bcc", "_cc", "_intsum", "_key", "_part", "_sched", "_t", "_tprev", "_y",
+                 "calibration", "counter_id", "delta", "eps")
 
     edit_private: ClassVar[bool] = True
     #: State format version; bumped whenever the layout or the draws a state implies change
@@ -277,8 +298,11 @@ class ECC(_EccBase):
     #: sampler of versions 1-2). Older states would continue with other draws: refused.
     state_version: ClassVar[int] = 3
 
+    __slots__ = ("_params",)
+
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = ecc_parameters(eps, delta, self.calibration)
+        p = (_paper_ecc(eps, delta) if self.calibration == "paper"
+             else ecc_parameters(eps, delta, self.calibration))
         self._params = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 
@@ -295,8 +319,11 @@ class SimECC(_EccBase):
 
     mechanism: ClassVar[str] = "simecc"
 
+    __slots__ = ("_sparams",)
+
     def _constants(self, eps: float, delta: float) -> tuple[float, float, float, float]:
-        p = simecc_parameters(eps, delta, self.calibration)
+        p = (_paper_simecc(eps, delta) if self.calibration == "paper"
+             else simecc_parameters(eps, delta, self.calibration))
         self._sparams = p
         return p.cc_eps, p.cc_delta, p.bcc_eps, p.bcc_delta
 

@@ -10,6 +10,7 @@ are quiet). Inputs are grid units (grid.py); SimPart ignores them.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any
 
 from processor.core.grid import UNIT
@@ -21,6 +22,10 @@ from processor.core.svt import SVT
 def part_tau(tau: float, l: int, eps_p: float) -> float:  # noqa: E741
     """Threshold of the l-th SVT instance inside Part: tau + 16 ln(l) / eps_p (l >= 1)."""
     return tau + 16.0 * math.log(l) / eps_p
+
+
+#: part_tau for Part's SVTs: one float per (tau, l, eps_p), whatever the counters using it.
+_shared_tau = lru_cache(maxsize=4096, typed=True)(part_tau)
 
 
 def simpart_gap(mu: int, l: int, eps_p: float, z: int) -> int:  # noqa: E741
@@ -43,6 +48,8 @@ class Part:
     for that constant input; other ticks are dense SVT steps.
     """
 
+    __slots__ = ("_key", "_label", "_svt", "eps_p", "intsum", "l", "t", "tau")
+
     def __init__(self, eps_p: float, tau: float, key: NoiseKey, label: str,
                  state: dict[str, Any] | None = None) -> None:
         self.eps_p = eps_p
@@ -61,7 +68,7 @@ class Part:
             self._svt = self._new_svt(state["svt"])
 
     def _new_svt(self, st: dict[str, Any] | None) -> SVT:
-        return SVT(self.eps_p, part_tau(self.tau, self.l, self.eps_p), self._key,
+        return SVT(self.eps_p, _shared_tau(self.tau, self.l, self.eps_p), self._key,
                    f"{self._label}/svt{self.l}", st)
 
     def to_state(self) -> dict[str, Any]:
@@ -123,6 +130,8 @@ class SimPart:
     Draws come from WordCursor(KeyedStream(key, label)); skipping jumps straight to the
     next checkpoint, so skip and ⊥ steps consume exactly the same draws.
     """
+
+    __slots__ = ("_cur", "_scale", "eps_p", "l", "mu", "next", "t")
 
     def __init__(self, eps_p: float, mu: int, key: NoiseKey, label: str,
                  state: dict[str, Any] | None = None) -> None:

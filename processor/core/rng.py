@@ -13,6 +13,8 @@ import hashlib
 import hmac
 import os
 import re
+from array import array
+from typing import Final
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher
@@ -45,8 +47,10 @@ class NoiseKey:
 
     #: Derived keys kept per NoiseKey: restoring a counter derives one key per component,
     #: the same labels again and again. Bounded (emptied when full); the derived keys are
-    #: as secret as the ChaCha20 keys every live counter already holds in memory.
-    _DERIVED_MAX = 1 << 16
+    #: as secret as the ChaCha20 keys every live counter already holds in memory. Small:
+    #: a stream keeps its own key once derived, so this serves only counters decoded
+    #: again soon, and 65,536 labels with their keys would take about 14 MB.
+    _DERIVED_MAX = 1 << 12
 
     def __init__(self, secret: bytes, *, reproducible: bool = False) -> None:
         if not isinstance(secret, bytes | bytearray) or len(secret) < MIN_KEY_BYTES:
@@ -127,12 +131,20 @@ class KeyedStream:
     The label's key is derived at the first draw: a restored counter that only skips
     (a heartbeat) draws nothing and pays for no derivation."""
 
-    __slots__ = ("_key", "_noise_key", "label")
+    __slots__ = ("_key", "_noise_key", "_prefix", "_suffix")
 
-    def __init__(self, key: NoiseKey, label: str) -> None:
+    def __init__(self, key: NoiseKey, label: str, suffix: str = "") -> None:
+        """The stream of `label` + `suffix`. The two are kept apart, and joined only at the
+        first draw: a caller that holds `label` anyway (a mechanism's own label) shares it
+        instead of each of its streams holding a copy with the suffix."""
         self._noise_key = key
         self._key: bytes | None = None
-        self.label = label
+        self._prefix = label
+        self._suffix = suffix
+
+    @property
+    def label(self) -> str:
+        return self._prefix + self._suffix
 
     def words(self, lane: int, start: int, n: int) -> np.ndarray:
         """n uint64 words of lane `lane` from word index `start`."""
@@ -152,21 +164,21 @@ class KeyedStream:
         return np.frombuffer(raw, dtype="<u8")[offset : offset + n].astype(np.uint64)
 
 
-#: The buffers of a cursor that has read nothing (never written to: a read replaces them).
-_NO_WORDS = np.empty(0, dtype=np.uint64)
-_NO_WORDS.flags.writeable = False
-_NO_WORD_LIST: list[int] = []
+#: The buffer of every cursor that has read nothing (never written to: a read replaces it).
+_NO_WORDS: Final = array("Q")
+if _NO_WORDS.itemsize != 8:
+    raise ImportError("array('Q') must hold 64-bit words")
 
 
 class WordCursor:
     """Sequential reader of one lane; `position` (words consumed) is what state stores."""
 
-    __slots__ = ("_buf", "_buf_list", "_buf_start", "_chunk", "lane", "position", "stream")
+    __slots__ = ("_buf", "_buf_start", "_chunk", "lane", "position", "stream")
 
     #: Words fetched at a time: one ChaCha20 block at first, doubling with each refill up
-    #: to _CHUNK. A counter that draws rarely (most of 100,000 idle ones) then holds a
-    #: few hundred bytes of buffer, not 256 words as Python ints (about 11 KB); the words
-    #: are the same whatever the chunks (a pure function of the position).
+    #: to _CHUNK. A counter that draws rarely (most of 100,000 idle ones) then holds 64
+    #: bytes of words, not 2 KB; the words are the same whatever the chunks (a pure
+    #: function of the position).
     _FIRST = 8
     _CHUNK = 256
 
@@ -174,10 +186,9 @@ class WordCursor:
         self.stream = stream
         self.lane = lane
         self.position = position
-        # Shared empty buffers until the first read: most cursors of an idle counter are
-        # never read, and an empty array and list of its own cost about 100 bytes.
+        # A shared empty buffer until the first read: most cursors of an idle counter are
+        # never read.
         self._buf = _NO_WORDS
-        self._buf_list: list[int] = _NO_WORD_LIST
         self._buf_start = 0
         self._chunk = self._FIRST
 
@@ -187,23 +198,24 @@ class WordCursor:
             return
         size = max(n, self._chunk)
         self._chunk = min(2 * self._chunk, self._CHUNK)
-        self._buf = self.stream.words(self.lane, self.position, size)
-        # scalar samplers read one word at a time: Python ints avoid a numpy scalar per read
-        self._buf_list = self._buf.tolist()
+        # 8 bytes a word (a list of Python ints takes 40 and a numpy copy 8 more): the
+        # scalar samplers read one word at a time, and indexing the array costs about what
+        # converting the chunk to a list did.
+        self._buf = array("Q", self.stream.words(self.lane, self.position, size).tobytes())
         self._buf_start = self.position
 
     def next_word(self) -> int:
         i = self.position - self._buf_start
-        if not 0 <= i < len(self._buf_list):
+        if not 0 <= i < len(self._buf):
             self._ensure(1)
             i = 0
         self.position += 1
-        return self._buf_list[i]
+        return self._buf[i]
 
     def next_words(self, n: int) -> np.ndarray:
         self._ensure(n)
         i = self.position - self._buf_start
-        out = self._buf[i : i + n]
+        out = np.frombuffer(self._buf[i : i + n], dtype=np.uint64)
         self.position += n
         return out
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from decimal import Context, Decimal, localcontext
+from functools import lru_cache
 from typing import Any, ClassVar
 
 from processor.core.grid import UNIT
@@ -130,6 +131,17 @@ def svt_scales(eps: float) -> tuple[int, int]:
             laplace_scale_units(4.0 / eps * SVT_GRID_INFLATION))
 
 
+@lru_cache(maxsize=256, typed=True)
+def _scan_constants(eps: float) -> tuple[int, int, float, int, float, float, float]:
+    """(t0, t1, 8/eps, ceil(12/eps), lambda, log1p(e^-lambda), g) of an SVT with `eps`: the
+    threshold and q_s with the exact float operations of svt_threshold_units and dlap_sf,
+    hoisted (same values, bit for bit), and one set of objects for every SVT with `eps`."""
+    t0, t1 = svt_scales(eps)
+    lam = 1 / t1
+    return (t0, t1, 8.0 / eps, math.ceil(12.0 / eps), lam, math.log1p(math.exp(-lam)),
+            8.0 * UNIT / (eps * t1))  # q_s decays like (s + c)^-g
+
+
 class SVT:
     """One SVT instance (Algorithm 1) on integer unit inputs, with an exact fast skip.
 
@@ -181,27 +193,21 @@ class SVT:
     ) -> None:
         self.eps = eps
         self.tau = tau
-        t0, self._t1 = svt_scales(eps)
-        # the threshold and q_s with the exact float operations of svt_threshold_units and
-        # dlap_sf, constants hoisted (same values, bit for bit)
-        self._b8 = 8.0 / eps
-        self._c = math.ceil(12.0 / eps)
-        self._lam = 1 / self._t1
-        self._log1pq = math.log1p(math.exp(-self._lam))
-        self._g = 8.0 * UNIT / (eps * self._t1)  # q_s decays like (s + c)^-g
-        zstream = KeyedStream(key, label + "/z")
+        t0, self._t1, self._b8, self._c, self._lam, self._log1pq, self._g = (
+            _scan_constants(eps))
+        zstream = KeyedStream(key, label, "/z")
         self._bank = LaplaceBank(zstream, self._t1)
         #: scalar draws looked at ahead of consumption (by `due`): (value, cursor after)
         self._ahead: list[tuple[int, int]] = []
         self._zahead = WordCursor(zstream, 0, 0)
-        self._cursor = WordCursor(KeyedStream(key, label + "/skip"), 0, 0)
+        self._cursor = WordCursor(KeyedStream(key, label, "/skip"), 0, 0)
         #: a reader of the skip lane that keeps its ChaCha20 chunk between plans
         self._scan = WordCursor(self._cursor.stream, 0, 0)
         #: (start step, skip position, v) -> (firing step or None, skip position after)
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
         self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
         if state is None:
-            self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label + "/z0")), t0)
+            self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label, "/z0")), t0)
             self.steps = 0
             self.draws = 0
             self._zpos = 0

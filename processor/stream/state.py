@@ -43,6 +43,7 @@ filter drops input the counters must already hold).
 from __future__ import annotations
 
 import heapq
+import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Final, Protocol
@@ -225,7 +226,8 @@ class CounterState:
     fingerprint of the noise key its mechanism was made with; `ledger_fingerprint` is the
     configuration fingerprint its last ledger entry named ("" before its first),
     `creation` that entry's creation tag ("" before it was announced); `saved` (not
-    encoded) is the bytes this object equals in the store, None once changed and not yet
+    encoded) is the bytes this object equals in the store (or their digest, which the
+    transaction puts in their place: transaction.py), None once changed and not yet
     encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
     the operator until the mechanism takes an input.
     """
@@ -292,8 +294,11 @@ class CounterState:
             if not (type(key_id) is str and key_id and type(ledger_fp) is str
                     and type(creation) is str):
                 raise TypeError
-            self = cls(factory.restore(mech, key), int(start), int(next_hb), key_id=key_id)
-            self.ledger_fingerprint = ledger_fp
+            # Interned: every counter of a worker names the same few fingerprints, and a
+            # copy each costs about 180 bytes a counter.
+            self = cls(factory.restore(mech, key), int(start), int(next_hb),
+                       key_id=sys.intern(key_id))
+            self.ledger_fingerprint = sys.intern(ledger_fp)
             self.creation = creation
             self.frontier = int(frontier)
             self.last_offset = int(last_offset)

@@ -3,6 +3,8 @@ status and the write plan. Pure: no Kafka."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 import pytest
 
 from processor.core.errors import StateFormatError
@@ -114,14 +116,37 @@ def test_illegal_status_transitions_are_refused() -> None:
             txn.load(s, "a")
 
 
-def test_the_cache_serves_a_value_only_while_the_store_holds_its_bytes() -> None:
+class CopyingStore:
+    """A store that keeps and returns copies of the bytes it is given, as RocksDB does."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def get(self, key: str) -> bytes | None:
+        got = self.data.get(key)
+        return None if got is None else bytes(bytearray(got))
+
+    def set(self, key: str, value: bytes) -> None:
+        self.data[key] = bytes(bytearray(value))
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
+        return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
+
+
+@pytest.mark.parametrize("make_store", [DictStore, CopyingStore])
+def test_the_cache_serves_a_value_only_while_the_store_holds_its_bytes(
+        make_store: Callable[[], DictStore | CopyingStore]) -> None:
     """A decoded value is served again while the store holds the very bytes (or equal
     bytes) it was decoded from or encoded to, across transactions; other bytes are
     decoded again, a deleted value is None, nothing after `clear`; the cache keeps the
-    `cache` most recently used values of a slot (none at 0, all at None)."""
+    `cache` most recently used values of a slot (none at 0, all at None). The same over
+    a store that copies what it keeps and returns (RocksDB)."""
     codec = Codec()
     s = slot(codec, "c/", 0, cache=2)
-    store = DictStore()
+    store = make_store()
     cache = StateCache()
     for name in "abc":
         store.set(f"c/{name}", name.encode())
@@ -193,3 +218,38 @@ def test_scan_gives_staged_values_else_stored_bytes() -> None:
     txn.stage(s, "b", b)
     assert list(txn.scan(s)) == [("a", b"a"), ("b", b), ("n", n)]
     assert codec.decoded == 0
+
+
+def test_over_a_copying_store_the_cache_keeps_digests_and_refuses_changed_bytes() -> None:
+    """Over a store that returns copies, a cached value keeps a 16-byte digest of its
+    bytes, not a second copy of them, whether it was decoded or encoded; the value is
+    served while the store holds equal bytes and decoded again as soon as one byte of
+    them changes under the cache (same length, same header). Control: over a DictStore,
+    `saved` is the very bytes object the store holds."""
+    codec = Codec()
+    s = slot(codec, "c/", 0)
+    store = CopyingStore()
+    body = b"DPC\x04" + bytes(200)
+    store.set("c/a", body)
+    cache = StateCache()
+    txn = PartitionTransaction(store, (s,), cache)
+    a = txn.load(s, "a")
+    assert a is not None and a.saved is not None and len(a.saved) == 16
+    assert txn.load(s, "a") is a and codec.decoded == 1
+    store.set("c/a", body[:-1] + b"\x01")
+    b = txn.load(s, "a")
+    assert b is not a and b is not None and b.data == body[:-1] + b"\x01"
+    assert codec.decoded == 2
+    b.data = body
+    txn.stage(s, "a", b)
+    write_all(store, txn.prepare())
+    txn.complete()
+    assert b.saved is not None and len(b.saved) == 16
+    txn = PartitionTransaction(store, (s,), cache)
+    assert txn.load(s, "a") is b and codec.decoded == 2
+    store.data["c/a"] = body[:100] + b"\x02" + body[101:]
+    assert txn.load(s, "a") is not b and codec.decoded == 3
+    plain = DictStore()
+    plain.set("c/a", body)
+    c = PartitionTransaction(plain, (s,), StateCache()).load(s, "a")
+    assert c is not None and c.saved is plain.data["c/a"]
