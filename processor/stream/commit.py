@@ -321,6 +321,17 @@ class BatchCommit(CheckpointLoop):
             self.operator.apply(txn, partition, offset, record, out,
                                 None if stamps is None else stamps.get(offset))
 
+    async def checkpoint(self, full: bool = True) -> None:
+        """The CheckpointLoop checkpoint. `full` (a clean stop, a revocation, a commit)
+        writes every counter as it is; otherwise counters that markers advanced by ⊥ ticks
+        only may stay behind in the store, within the operator's bound
+        (`Operator.stage_deferred`, docs/state.md)."""
+        if full:
+            for partition in self.operator.deferred_partitions():
+                with self.applying(partition) as txn:
+                    self.operator.stage_deferred(txn, partition)
+        await super().checkpoint()
+
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
                      stamps: Mapping[int, int] | None = None) -> Output:
         """`apply` then `checkpoint`: one batch made durable on its own."""
