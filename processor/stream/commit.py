@@ -274,7 +274,9 @@ class BatchCommit(CheckpointLoop):
     1. await the publisher's acknowledgement of every release and ledger entry sent;
     2. write each changed value once per partition, by its transaction's write plan:
        counter states, then the partition value (transaction.PartitionTransaction); on
-       the worker's stores a partition's plan is one RocksDB write batch;
+       the worker's stores a partition's plan is one RocksDB write batch. A checkpoint
+       that is not `full` leaves out counters that markers advanced by ⊥ ticks only,
+       within the operator's bound (`Operator.stage_deferred`);
     3. await the stores' durability (changelog acknowledgements).
 
     Only then may the caller acknowledge the records applied before it to the consumer
