@@ -26,7 +26,10 @@ leaves as x_t (else ⊥), the mechanism steps; runs of ⊥ ticks with nothing du
 tick if its queue is non-empty, its earliest pending tick, the mechanism's next_due, its
 next heartbeat. Counters are processed in name order, never in arrival order.
 Releases: a "change" record when y changes, a "heartbeat" otherwise at every tick with
-(t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only.
+(t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only. A
+counter a marker advanced by ⊥ ticks only (no input, heartbeats only) is not staged while
+its stored value is at most DEFERRED_HEARTBEATS heartbeat intervals behind (`_keep`); a
+full checkpoint stages it (`stage_deferred`; docs/state.md).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
