@@ -343,15 +343,13 @@ class Operator:
         """The partitions with counters whose ⊥-only progress is not staged yet."""
         return sorted(p for p, names in self._deferred.items() if names)
 
-    def stage_deferred(self, txn: PartitionTransaction, partition: int) -> int:
+    def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
-        checkpoint: a clean stop, a revocation); returns how many."""
-        names = self._deferred.pop(partition, {})
-        for name in names:
+        checkpoint: a clean stop, a revocation)."""
+        for name in self._deferred.pop(partition, {}):
             cs = txn.load(self._counters, name)
             if cs is not None:
                 txn.stage(self._counters, name, cs)
-        return len(names)
 
     # -- loading and staging
 
