@@ -341,6 +341,24 @@ def test_idle_counters_stay_behind_in_the_store_within_the_bound() -> None:
     assert store.data == clean_store.data
 
 
+def test_nothing_is_left_behind_while_the_cache_is_full() -> None:
+    """Progress left behind lives in the cached object only: with fewer cache entries than
+    counters every touched counter is written, as with full checkpoints."""
+    s = settings({f"k{i:02d}": 100 * TICK for i in range(20)}, mechanism="ecc",
+                 epsilon=1.0, heartbeat_ticks=5)
+    deferred = 0
+    for cache_size in (10, 1000):
+        bc = BatchCommit(Operator(s, KEY, factory=registry, cache_size=cache_size),
+                         DictStore(), CollectingPublisher())
+        for i, n in enumerate(range(100, 160)):
+            asyncio.run(bc.apply(0, [(i, encode_marker(n))]))
+            asyncio.run(bc.checkpoint(full=False))
+            deferred += bool(bc.operator.deferred_partitions())
+        if cache_size == 10:
+            assert deferred == 0
+    assert deferred > 0
+
+
 class AlwaysDue(Operator):
     """The reference: every counter is due at every marker (seals everything)."""
 
