@@ -577,7 +577,7 @@ class Worker:
                                                  out.metrics, time.perf_counter() - started)
                 self._pending.add(msg, gap)
                 if self._pending.due(self.batch_commit.dirty_since):
-                    await self._checkpoint()
+                    await self._checkpoint(full=False)
 
     async def checkpoint(self) -> None:
         """A checkpoint now (at a clean stop: a restart then finds every counter's state,
@@ -593,15 +593,16 @@ class Worker:
         if self._lock.locked() or not self._pending.timer_due(self.batch_commit.dirty_since):
             return
         async with self._lock:
-            await self._checkpoint()
+            await self._checkpoint(full=False)
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self, full: bool = True) -> None:
         """Make what was applied durable (commit.BatchCommit.checkpoint), then acknowledge
         its timeline records, and only them, to the consumer group. Called holding the
-        lock."""
+        lock. Not `full` (the periodic ones): counters advanced by ⊥ ticks only may stay
+        behind in the store (docs/state.md)."""
         try:
             check_free_space(self.settings)
-            await self.batch_commit.checkpoint()
+            await self.batch_commit.checkpoint(full=full)
         except Exception as exc:
             if isinstance(exc, DeliveryError):
                 self.surface.producer_error("operator", exc)

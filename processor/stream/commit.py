@@ -275,7 +275,9 @@ class BatchCommit(CheckpointLoop):
     1. await the publisher's acknowledgement of every release and ledger entry sent;
     2. write each changed value once per partition, by its transaction's write plan:
        counter states, then the partition value (transaction.PartitionTransaction); on
-       the worker's stores a partition's plan is one RocksDB write batch;
+       the worker's stores a partition's plan is one RocksDB write batch. A checkpoint
+       that is not `full` leaves out counters that markers advanced by ⊥ ticks only,
+       within the operator's bound (`Operator.stage_deferred`);
     3. await the stores' durability (changelog acknowledgements).
 
     Only then may the caller acknowledge the records applied before it to the consumer
@@ -321,6 +323,17 @@ class BatchCommit(CheckpointLoop):
         for offset, record in sorted(records, key=lambda r: r[0]):
             self.operator.apply(txn, partition, offset, record, out,
                                 None if stamps is None else stamps.get(offset))
+
+    async def checkpoint(self, full: bool = True) -> None:
+        """The CheckpointLoop checkpoint. `full` (a clean stop, a revocation, a commit)
+        writes every counter as it is; otherwise counters that markers advanced by ⊥ ticks
+        only may stay behind in the store, within the operator's bound
+        (`Operator.stage_deferred`, docs/state.md)."""
+        if full:
+            for partition in self.operator.deferred_partitions():
+                with self.applying(partition) as txn:
+                    self.operator.stage_deferred(txn, partition)
+        await super().checkpoint()
 
     async def commit(self, partition: int, records: Sequence[tuple[int, bytes]],
                      stamps: Mapping[int, int] | None = None) -> Output:

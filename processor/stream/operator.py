@@ -26,7 +26,10 @@ leaves as x_t (else ⊥), the mechanism steps; runs of ⊥ ticks with nothing du
 tick if its queue is non-empty, its earliest pending tick, the mechanism's next_due, its
 next heartbeat. Counters are processed in name order, never in arrival order.
 Releases: a "change" record when y changes, a "heartbeat" otherwise at every tick with
-(t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only.
+(t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only. A
+counter a marker advanced by ⊥ ticks only (no input, heartbeats only) is not staged while
+its stored value is at most DEFERRED_HEARTBEATS heartbeat intervals behind (`_keep`); a
+full checkpoint stages it (`stage_deferred`; docs/state.md).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
@@ -104,6 +107,12 @@ from processor.stream.transaction import PartitionTransaction, Slot, StateCache
 #: long outage) publishes heartbeats for its last max(heartbeat_ticks, this) ticks only;
 #: every change is published (docs/downstream.md, catch-up).
 CATCHUP_HEARTBEAT_TICKS: Final = 1000
+
+#: A counter a marker advanced by ⊥ ticks only (no input taken, nothing published but
+#: heartbeats) is not written at a periodic checkpoint while its stored value is at most
+#: this many heartbeat intervals (and CATCHUP_HEARTBEAT_TICKS ticks) behind: restoring that
+#: value and sealing the same ticks again gives the same state and the same records.
+DEFERRED_HEARTBEATS: Final = 4
 
 #: The store key an error names for a counter that is not declared: declared names are
 #: public, an undeclared one is private input until announced.
@@ -236,6 +245,9 @@ class Operator:
         self._counters: Slot[str, CounterState] = Slot(
             COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
             self._check_counter, cache_size)
+        # Deferred progress lives in the cached objects only: not while the cache is full
+        # (an evicted one would be decoded again from its older stored value).
+        self._cached_counters = self._cache.section(self._counters)
         self._partitions: Slot[int, PartitionState] = Slot(
             PARTITION_PREFIX, 1, PartitionState.from_bytes, PartitionState.to_bytes,
             self._check_partition, None)
@@ -249,6 +261,12 @@ class Operator:
         # The timeline offset of the record being applied (a staged partition value
         # reflects it: PartitionState.applied).
         self._offset = -1
+        # Per partition: counters advanced by ⊥ ticks only since their stored value, each
+        # with the tick its stored value is filed under (`_keep`, `stage_deferred`).
+        self._deferred: dict[int, dict[str, int]] = {}
+        self._may_defer = False
+        self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
+                                CATCHUP_HEARTBEAT_TICKS)
 
     # -- public entry points
 
@@ -278,6 +296,8 @@ class Operator:
             out.metrics["malformed_records"] += 1
             return out
         self._offset = offset
+        # On a store the record is its own checkpoint: every change is written.
+        self._may_defer = owned is None
         try:
             if isinstance(rec, TimelineMarker):
                 if stamp_ms is not None and self._ahead_of(rec.sealed_through, stamp_ms):
@@ -317,6 +337,19 @@ class Operator:
         """Drop every decoded state (after a failed batch, or to measure cold starts)."""
         self._cache.clear()
         self._wheels.clear()
+        self._deferred.clear()
+
+    def deferred_partitions(self) -> list[int]:
+        """The partitions with counters whose ⊥-only progress is not staged yet."""
+        return sorted(p for p, names in self._deferred.items() if names)
+
+    def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
+        """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
+        checkpoint: a clean stop, a revocation)."""
+        for name in self._deferred.pop(partition, {}):
+            cs = txn.load(self._counters, name)
+            if cs is not None:
+                txn.stage(self._counters, name, cs)
 
     # -- loading and staging
 
@@ -525,7 +558,7 @@ class Operator:
             m["skipped_duplicates"] += 1
             return None
         cs.last_offset = offset
-        txn.stage(self._counters, name, cs)
+        self._stage_counter(txn, partition, name, cs)
         return cs
 
     def _file_applied(self, txn: PartitionTransaction, partition: int,
@@ -583,20 +616,27 @@ class Operator:
                 # filed under is one this marker took. The marker counts as applied to
                 # it (a value changes only with its offset: state.supersedes).
                 if cs.filed_due is None or cs.filed_due <= n:
+                    filed = cs.filed_due
                     wheel.file(name, due)
                     cs.filed_due = due
                     cs.last_offset = offset
-                    txn.stage(self._counters, name, cs)
+                    self._keep(txn, partition, name, cs, n, filed, True)
                 continue
+            filed = cs.filed_due
+            quiet = cs.announced
             if not cs.announced:
                 self._announce(name, cs, n, ps.frontier, out)
             if cs.frontier < n:
-                self._seal(name, cs, n, out)
+                first = len(out.releases)
+                ledger = len(out.ledger)
+                if self._seal(name, cs, n, out) or len(out.ledger) != ledger or any(
+                        r.kind != "heartbeat" for r in out.releases[first:]):
+                    quiet = False
             cs.last_offset = offset
             due = self.due_tick(cs)
             wheel.file(name, due)
             cs.filed_due = due
-            txn.stage(self._counters, name, cs)
+            self._keep(txn, partition, name, cs, n, filed, quiet)
             touched += 1
         ps.frontier = n
         ps.marker_offset = offset
@@ -604,6 +644,34 @@ class Operator:
         m["counters_touched"] += touched
         m["markers_applied"] += 1
         out.sealed_through = max(n, out.sealed_through or n)
+
+    def _stage_counter(self, txn: PartitionTransaction, partition: int, name: str,
+                       cs: CounterState) -> None:
+        deferred = self._deferred.get(partition)
+        if deferred:
+            deferred.pop(name, None)
+        txn.stage(self._counters, name, cs)
+
+    def _keep(self, txn: PartitionTransaction, partition: int, name: str,
+              cs: CounterState, n: int, filed: int | None, quiet: bool) -> None:
+        """After a marker through n changed `cs` (filed under `filed` before it): stage
+        it, unless the marker only advanced it by ⊥ ticks (`quiet`: no input taken, no
+        ledger entry, nothing published but heartbeats) and its stored value is filed at
+        most `_defer_ticks` before n. Such progress stays in the cached object (whose
+        `saved` still names the stored bytes it continues) until a later change or a full
+        checkpoint stages it: restoring the stored value and sealing the same ticks again
+        gives this very state and re-sends identical heartbeats (docs/state.md)."""
+        if (quiet and self._may_defer and cs.saved is not None
+                and len(self._cached_counters) < self._cache_size):
+            deferred = self._deferred.get(partition)
+            if deferred is None:
+                deferred = self._deferred[partition] = {}
+            since = deferred.get(name)
+            if since is None and filed is not None:
+                since = deferred[name] = filed
+            if since is not None and n - since <= self._defer_ticks:
+                return
+        self._stage_counter(txn, partition, name, cs)
 
     # -- announcing
 
@@ -645,9 +713,10 @@ class Operator:
 
     # -- the queue and the ticks
 
-    def _seal(self, name: str, cs: CounterState, n: int, out: Output) -> None:
+    def _seal(self, name: str, cs: CounterState, n: int, out: Output) -> int:
         """Advance `cs` through global tick n: per tick, arrivals join the queue, at most
-        one value leaves as x_t; idle runs (empty queue, nothing due) are one skip."""
+        one value leaves as x_t; idle runs (empty queue, nothing due) are one skip.
+        Returns how many values left the queue."""
         c = cs.mechanism
         pending = cs.pending
         dequeued = 0
@@ -702,6 +771,7 @@ class Operator:
             cs.frontier = g
             self._emit(name, cs, out)
         out.metrics["events_dequeued"] += dequeued
+        return dequeued
 
     def _emit(self, name: str, cs: CounterState, out: Output) -> None:
         """After one tick: a change record if y moved, else a heartbeat if one is due."""

@@ -16,7 +16,7 @@ import pytest
 from processor.core import registry
 from processor.stream.commit import CRASH_POINTS, BatchCommit, CollectingPublisher, SharedStore
 from processor.stream.config import Settings
-from processor.stream.operator import Operator
+from processor.stream.operator import DEFERRED_HEARTBEATS, Operator
 from processor.stream.records import Event, LedgerEntry, Release, encode_batch, encode_marker
 from processor.stream.state import CounterState, DictStore
 from tests.stream.test_operator import (
@@ -249,16 +249,20 @@ def test_wrong_write_order_is_caught() -> None:
     assert bad > 0
 
 
-def test_checkpoints_between_batches_equal_a_checkpoint_per_batch() -> None:
+@pytest.mark.parametrize("full,rate", [(True, 0.6), (False, 0.6), (False, 0.05)])
+def test_checkpoints_between_batches_equal_a_checkpoint_per_batch(full: bool,
+                                                                  rate: float) -> None:
     """Batches applied with checkpoints at random intervals, a crash (all unwritten state
     lost) at random points between them, and re-delivery from the batch after the last
     checkpoint (what the consumer group re-delivers: acks follow checkpoints): the
     published records and the final state equal those of one checkpoint per batch, with
-    the real ECC. Control: re-delivering from one batch too late loses something."""
+    the real ECC. Not `full`: the checkpoints leave counters that markers advanced by ⊥
+    ticks only behind in the store (the last one is full; sparse events leave them some).
+    Control: re-delivering from one batch too late loses something."""
     rng = random.Random(7)
     s = settings({"a": 100 * TICK, "b": 100 * TICK, "c": 102 * TICK}, mechanism="ecc",
                  epsilon=200.0, heartbeat_ticks=5)
-    recs = random_timeline(rng, ["a", "b", "c"], 100, 80, 0.6)
+    recs = random_timeline(rng, ["a", "b", "c"], 100, 80 if rate > 0.5 else 200, rate)
     batches = batches_of(to_records(recs, 4), rng)
     clean_store, clean_pub = run_clean(s, batches, registry)
 
@@ -272,7 +276,8 @@ def test_checkpoints_between_batches_equal_a_checkpoint_per_batch() -> None:
             i += 1
             roll = rng.random()
             if roll < 0.3:
-                asyncio.run(bc.checkpoint())
+                deferred["n"] += bool(bc.operator.deferred_partitions())
+                asyncio.run(bc.checkpoint(full=full))
                 done = i
             elif roll < 0.4 and crashes < 6:
                 crashes += 1
@@ -281,15 +286,77 @@ def test_checkpoints_between_batches_equal_a_checkpoint_per_batch() -> None:
         asyncio.run(bc.checkpoint())
         return store, pub
 
+    deferred = {"n": 0}
     store, pub = run(skip_one=False)
     assert pub.releases == clean_pub.releases and pub.ledger == clean_pub.ledger
     assert store.data == clean_store.data
+    assert (deferred["n"] > 0) is (rate < 0.5)
     try:
         lost_store, lost = run(skip_one=True)
         caught = lost.releases != clean_pub.releases or lost_store.data != clean_store.data
     except AssertionError:  # Published saw a second, different record
         caught = True
     assert caught
+
+
+def test_idle_counters_stay_behind_in_the_store_within_the_bound() -> None:
+    """Markers only (idle counters, heartbeats every 5 ticks): periodic checkpoints that
+    are not full write a counter at most once per DEFERRED_HEARTBEATS + 1 heartbeats,
+    none further behind than the bound; a crash then (the store's values, a cold
+    operator, re-delivery after the last checkpoint) publishes nothing new but identical
+    heartbeats, and the final state after a full checkpoint equals a checkpoint per
+    marker. Every counter is written at every heartbeat with full checkpoints."""
+    names = [f"k{i:02d}" for i in range(20)]
+    s = settings(dict.fromkeys(names, 100 * TICK), mechanism="ecc", epsilon=1.0,
+                 heartbeat_ticks=5)
+    batches: Batches = [[(i, encode_marker(n))] for i, n in enumerate(range(100, 400))]
+    clean_store, clean_pub = run_clean(s, batches, registry)
+
+    def run(full: bool, crash_at: int | None) -> tuple[DictStore, Published, int]:
+        store, pub = FailingStore({}, 0), Published()
+        bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
+        i = done = 0
+        while i < len(batches):
+            asyncio.run(bc.apply(0, batches[i]))
+            i += 1
+            if i % 3 == 0:
+                asyncio.run(bc.checkpoint(full=full))
+                done = i
+                for raw in (v for k, v in store.data.items() if k.startswith("c/")):
+                    cs = CounterState.from_bytes(raw, registry, KEY)
+                    assert cs.frontier >= 100 + i - 1 - 5 * (DEFERRED_HEARTBEATS + 2)
+            if i == crash_at:
+                crash_at = None
+                bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
+                i = done
+        asyncio.run(bc.checkpoint())
+        return store, pub, store.writes
+
+    _, _, every = run(True, None)
+    store, pub, deferred = run(False, None)
+    assert every >= 20 * 300 // 5 // 2 and deferred * 3 < every
+    assert pub.releases == clean_pub.releases and store.data == clean_store.data
+    store, pub, _ = run(False, 250)
+    assert pub.releases == clean_pub.releases and pub.ledger == clean_pub.ledger
+    assert store.data == clean_store.data
+
+
+def test_nothing_is_left_behind_while_the_cache_is_full() -> None:
+    """Progress left behind lives in the cached object only: with fewer cache entries than
+    counters every touched counter is written, as with full checkpoints."""
+    s = settings({f"k{i:02d}": 100 * TICK for i in range(20)}, mechanism="ecc",
+                 epsilon=1.0, heartbeat_ticks=5)
+    deferred = 0
+    for cache_size in (10, 1000):
+        bc = BatchCommit(Operator(s, KEY, factory=registry, cache_size=cache_size),
+                         DictStore(), CollectingPublisher())
+        for i, n in enumerate(range(100, 160)):
+            asyncio.run(bc.apply(0, [(i, encode_marker(n))]))
+            asyncio.run(bc.checkpoint(full=False))
+            deferred += bool(bc.operator.deferred_partitions())
+        if cache_size == 10:
+            assert deferred == 0
+    assert deferred > 0
 
 
 class AlwaysDue(Operator):
