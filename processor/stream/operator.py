@@ -201,6 +201,24 @@ def next_heartbeat(t: int, phase: int, h: int) -> int:
     return t + h - (t + phase) % h
 
 
+def heartbeat_floor(n: int, start_tick: int, h: int, published: int | None) -> int:
+    """The local tick at and before which a marker through global tick n sends no
+    heartbeat of a counter starting at `start_tick`; `published`: the partition's
+    frontier before the marker when the counter was announced already.
+
+    Catch-up: heartbeats repeat what the changes already say, so a marker that seals a
+    long past at once publishes those of its last max(h, CATCHUP_HEARTBEAT_TICKS) ticks
+    only. And nothing at or before `published`: those heartbeats were published already.
+    A counter re-seals such ticks when its stored value stayed behind (⊥-only progress,
+    `Operator._keep`) and was decoded again (a restart, a takeover, an eviction); sending
+    them again would make what a restart re-sends depend on which counters had input
+    (docs/state.md)."""
+    floor = n - start_tick + 1 - max(h, CATCHUP_HEARTBEAT_TICKS)
+    if published is not None:
+        floor = max(floor, published - start_tick + 1)
+    return floor
+
+
 def is_heartbeat_tick(settings: Settings, counter: str, t: int) -> bool:
     """True when local tick t of `counter` carries a heartbeat (unless y changed there)."""
     return (t + heartbeat_phase(settings, counter)) % settings.heartbeat_ticks == 0
@@ -623,13 +641,14 @@ class Operator:
                     self._keep(txn, partition, name, cs, n, filed, True)
                 continue
             filed = cs.filed_due
-            quiet = cs.announced
-            if not cs.announced:
+            quiet = announced = cs.announced
+            if not announced:
                 self._announce(name, cs, n, ps.frontier, out)
             if cs.frontier < n:
                 first = len(out.releases)
                 ledger = len(out.ledger)
-                if self._seal(name, cs, n, out) or len(out.ledger) != ledger or any(
+                published = ps.frontier if announced else None
+                if self._seal(name, cs, n, out, published) or len(out.ledger) != ledger or any(
                         r.kind != "heartbeat" for r in out.releases[first:]):
                     quiet = False
             cs.last_offset = offset
@@ -713,19 +732,20 @@ class Operator:
 
     # -- the queue and the ticks
 
-    def _seal(self, name: str, cs: CounterState, n: int, out: Output) -> int:
+    def _seal(self, name: str, cs: CounterState, n: int, out: Output,
+              published: int | None) -> int:
         """Advance `cs` through global tick n: per tick, arrivals join the queue, at most
         one value leaves as x_t; idle runs (empty queue, nothing due) are one skip.
-        Returns how many values left the queue."""
+        `published`: for an announced counter, the partition's frontier before this
+        marker (every record of it through that tick was published). Returns how many
+        values left the queue."""
         c = cs.mechanism
         pending = cs.pending
         dequeued = 0
         h = self.settings.heartbeat_ticks
-        oldest = n - cs.start_tick + 1 - max(h, CATCHUP_HEARTBEAT_TICKS)
-        if cs.next_heartbeat <= oldest:
-            # Catch-up: heartbeats repeat what the changes already say, so a marker that
-            # seals a long past at once publishes those of its last ticks only.
-            cs.next_heartbeat = next_heartbeat(oldest, self._phase(name), h)
+        floor = heartbeat_floor(n, cs.start_tick, h, published)
+        if cs.next_heartbeat <= floor:
+            cs.next_heartbeat = next_heartbeat(floor, self._phase(name), h)
         while cs.frontier < n:
             g = cs.frontier + 1
             if pending:
