@@ -53,7 +53,7 @@ sys.path[:0] = [str(BENCH), str(ROOT)]
 
 import orjson  # noqa: E402
 import stream_counted  # noqa: E402
-from stream_io import client_config  # noqa: E402
+from stream_io import broker, client_config  # noqa: E402
 from stream_procs import Children  # noqa: E402
 from stream_steady import (  # noqa: E402
     idle_run,
@@ -77,22 +77,6 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def broker(bootstrap: str) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    from processor.devtools.kafka.cluster import LocalKafka
-
-    print("starting a local Kafka broker ...", flush=True)
-    kafka = LocalKafka(1)
-    try:
-        kafka.start()
-        yield kafka.bootstrap_servers
-    finally:
-        kafka.stop()
 
 
 def quix_python(given: str | None) -> str | None:

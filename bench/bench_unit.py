@@ -4,13 +4,14 @@
     python bench/bench_unit.py [--events 20000] [--repeat 2] [--users 20000]
         [--bootstrap HOST:PORT] [--json FILE]
 
-Per repeat, two isolated deployments (same counters, tick 100 ms, lateness 100 ms, ECC),
-one per mode, in an order rotated between repeats. Each worker is started, fed one
-warm-up event and waited for until it released something; then its idle CPU is measured
-for IDLE_S, then the N events are produced as fast as one producer goes: 100 counters,
-each event naming one of --users units (user mode: target eps 4, delta 1e-6 per unit,
-k = 3 events per counter, m = 2 counters per unit, so part of the events exceed a bound
-and are dead-lettered).
+Starts a local single-node broker (processor.devtools.kafka) unless --bootstrap or
+KAFKA_BOOTSTRAP_SERVERS names one. Per repeat, two isolated deployments (same counters,
+tick 100 ms, lateness 100 ms, ECC), one per mode, in an order rotated between repeats.
+Each worker is started, fed one warm-up event and waited for until it released
+something; then its idle CPU is measured for IDLE_S, then the N events are produced as
+fast as one producer goes: 100 counters, each event naming one of --users units (user
+mode: target eps 4, delta 1e-6 per unit, k = 3 events per counter, m = 2 counters per
+unit, so part of the events exceed a bound and are dead-lettered).
 
     counted = events that reach the operator (event mode: all N; user mode: the kept ones)
     start   = append time of the first input record (LogAppendTime)
@@ -48,6 +49,8 @@ import orjson
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stream_io import broker
 
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
@@ -247,15 +250,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     ap.add_argument("--json", help="write the results as JSON to this file")
     args = ap.parse_args(argv)
-    if not args.bootstrap:
-        print("error: --bootstrap or KAFKA_BOOTSTRAP_SERVERS", file=sys.stderr)
-        return 2
     runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="bench-unit-") as d:
+    with broker(args.bootstrap) as bootstrap, \
+            tempfile.TemporaryDirectory(prefix="bench-unit-") as d:
         for i in range(args.repeat):
             order = ("event", "user") if i % 2 == 0 else ("user", "event")
             for mode in order:
-                r = run_mode(args.bootstrap, Path(d), mode, args.events, args.users, 1000 + i)
+                r = run_mode(bootstrap, Path(d), mode, args.events, args.users, 1000 + i)
                 runs.append(r)
                 print(orjson.dumps(r).decode(), flush=True)
     ev = [r for r in runs if r["mode"] == "event"]

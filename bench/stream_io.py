@@ -7,9 +7,10 @@ timestamp is the moment the broker appended it (one clock, the broker's).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,6 +115,24 @@ class Tail:
 
     def close(self) -> None:
         self._c.close()
+
+
+@contextlib.contextmanager
+def broker(bootstrap: str | None) -> Iterator[str]:
+    """`bootstrap` if given, else a local single-node broker for the run
+    (processor.devtools.kafka), stopped at the end."""
+    if bootstrap:
+        yield bootstrap
+        return
+    from processor.devtools.kafka.cluster import LocalKafka
+
+    print("starting a local Kafka broker ...", flush=True)
+    kafka = LocalKafka(1)
+    try:
+        kafka.start()
+        yield kafka.bootstrap_servers
+    finally:
+        kafka.stop()
 
 
 def client_config(bootstrap: str) -> dict[str, str]:
