@@ -62,6 +62,7 @@ from processor.stream.records import (
     deadletter_record,
     decode_timeline,
     encode_batch_rows,
+    fit_records,
     partition_for,
     source_label,
 )
@@ -352,10 +353,8 @@ class Bounder:
         units partition) their seqs still only grow, as the operator's duplicate filter
         needs."""
         for tp in sorted(self._pending):
-            rows = self._pending[tp]
-            for i in range(0, len(rows), MAX_BATCH_EVENTS):
-                out.timeline.extend((tp, data) for data in
-                                    _encode_forward(rows[i:i + MAX_BATCH_EVENTS]))
+            out.timeline.extend((tp, data) for data in fit_records(
+                self._pending[tp], _encode_forward, MAX_BATCH_EVENTS, MAX_BATCH_BYTES))
         self._pending.clear()
         self.pending_events = 0
 
@@ -439,14 +438,8 @@ class Bounder:
             self.take_forwards(out)
 
 
-def _encode_forward(rows: list[list[Any]]) -> list[bytes]:
-    """Timeline records of forwarded rows, halved (order kept) until each is at most
-    MAX_BATCH_BYTES."""
-    data = encode_batch_rows(rows, UNITS_SOURCE)
-    if len(data) <= MAX_BATCH_BYTES or len(rows) == 1:
-        return [data]
-    half = len(rows) // 2
-    return _encode_forward(rows[:half]) + _encode_forward(rows[half:])
+def _encode_forward(rows: Sequence[list[Any]]) -> bytes:
+    return encode_batch_rows(rows, UNITS_SOURCE)
 
 
 @contextmanager

@@ -74,6 +74,7 @@ from processor.stream.records import (
     Rejection,
     deadletter_record,
     encode_batch,
+    fit_records,
     parse_input,
     partition_for,
 )
@@ -226,20 +227,14 @@ def _route_units(out: Routed, by_partition: dict[int, list[Event]],
         h = hasher(ev.unit)
         by_unit.setdefault(unit_partition(h, settings.partitions), []).append(unit_row(h, ev))
 
-    def encode(up: int, rows: list[UnitRow]) -> None:
-        data = encode_units(rows, source)
-        if len(data) <= max_bytes or len(rows) == 1:
-            out.units.append((up, data))
-            out.metrics["ingested"] += len(rows)
-            return
-        half = len(rows) // 2
-        encode(up, rows[:half])
-        encode(up, rows[half:])
+    def encode(rows: Sequence[UnitRow]) -> bytes:
+        return encode_units(rows, source)
 
     for up in sorted(by_unit):
         rows = by_unit[up]
-        for i in range(0, len(rows), max_events):
-            encode(up, rows[i:i + max_events])
+        out.units.extend((up, data) for data in fit_records(rows, encode, max_events,
+                                                              max_bytes))
+        out.metrics["ingested"] += len(rows)
     out.metrics["units_batches"] += len(out.units)
     return out
 

@@ -28,10 +28,10 @@ import base64
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal, cast
+from typing import Any, Final, Literal, TypeVar, cast
 
 import orjson
 
@@ -472,6 +472,30 @@ def encode_batch(events: Sequence[Event], source: str = "") -> bytes:
     from the input topic whose identity is `source` ("" : not named)."""
     return encode_batch_rows(
         [[e.counter, e.ts_ms, e.units, e.src_partition, e.src_offset] for e in events], source)
+
+
+_Row = TypeVar("_Row")
+
+
+def fit_records(rows: Sequence[_Row], encode: Callable[[Sequence[_Row]], bytes],
+                max_events: int = MAX_BATCH_EVENTS,
+                max_bytes: int = MAX_BATCH_BYTES) -> list[bytes]:
+    """`rows` as records, in order: at most `max_events` rows each, and a record longer
+    than `max_bytes` halved (order kept) until it fits or holds one row."""
+    out: list[bytes] = []
+
+    def fit(part: Sequence[_Row]) -> None:
+        data = encode(part)
+        if len(data) <= max_bytes or len(part) == 1:
+            out.append(data)
+            return
+        half = len(part) // 2
+        fit(part[:half])
+        fit(part[half:])
+
+    for i in range(0, len(rows), max_events):
+        fit(rows[i:i + max_events])
+    return out
 
 
 def encode_batch_rows(rows: Sequence[Sequence[Any]], source: str = "") -> bytes:

@@ -26,6 +26,7 @@ from processor.stream.bounding import (
     BoundCommit,
     Bounder,
     CollectingForwarder,
+    UnitRow,
     UnitState,
     decode_units,
     encode_units,
@@ -35,7 +36,7 @@ from processor.stream.bounding import (
     unit_partition,
 )
 from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.ingest import InputRecord, route
+from processor.stream.ingest import InputRecord, Routed, route
 from processor.stream.records import TimelineBatch, decode_timeline
 from processor.stream.state import DictStore, supersedes
 
@@ -292,6 +293,28 @@ def test_ingest_routes_user_events_to_the_units_topic_by_hash() -> None:
     assert [r[5] for r in rows if r[0] == ha] == [0, 2]
     # Event mode routes to the timeline exactly as before.
     assert route(recs[:1], BASE, NOW).units == []
+
+
+def test_ingest_splits_units_records_by_count_and_by_size_without_reordering() -> None:
+    """A units partition's rows split into records of <= max_events rows and <= max_bytes
+    bytes, concatenating back to the same rows; `ingested` counts every row once.
+    Control: without limits, one record per units partition."""
+    raws = [orjson.dumps({"counter": "a", "ts": NOW, "user": "alice"}) for _ in range(50)]
+    recs = [InputRecord(0, i, r) for i, r in enumerate(raws)]
+    whole = route(recs, S, NOW, unit_key=UKEY)
+    assert len(whole.units) == 1
+
+    def rows(routed: Routed) -> list[UnitRow]:
+        return [r for _, data in routed.units for r in decode_units(data)[1]]
+
+    by_count = route(recs, S, NOW, unit_key=UKEY, max_events=7)
+    assert [len(decode_units(d)[1]) for _, d in by_count.units] == [7] * 7 + [1]
+    by_size = route(recs, S, NOW, unit_key=UKEY, max_bytes=600)
+    assert len(by_size.units) > 4 and all(len(d) <= 600 for _, d in by_size.units)
+    assert rows(by_count) == rows(by_size) == rows(whole)
+    assert {u for u, _ in by_size.units} == {u for u, _ in whole.units}
+    assert whole.metrics["ingested"] == by_count.metrics["ingested"] == \
+        by_size.metrics["ingested"] == 50
 
 
 def test_replay_check_of_the_kept_set_and_its_controls() -> None:
