@@ -44,7 +44,7 @@ import random
 import sys
 import time
 import tracemalloc
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from processor.core.grid import UNIT
@@ -53,7 +53,7 @@ from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import DEFAULT_CACHE_SIZE, Operator
 from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.state import CopyingStore, DictStore
 
 TICK = 1000
 #: Marker-only ticks after the sparse workload's last events (see the module docstring).
@@ -158,27 +158,6 @@ async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile |
     if profile is not None:
         profile.disable()
     return dt, cpu, releases, touched, markers, stepped, queued
-
-
-class CopyingStore:
-    """A StateStore that keeps and returns copies of its bytes, as RocksDB does (a
-    DictStore shares one bytes object between the store and the cache's check)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        got = self.data.get(key)
-        return None if got is None else bytes(bytearray(got))
-
-    def set(self, key: str, value: bytes) -> None:
-        self.data[key] = bytes(bytearray(value))
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
-
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        return iter([(k, v) for k, v in list(self.data.items()) if k.startswith(prefix)])
 
 
 def memory(w: Workload, cache_size: int, counters: int, top: int) -> None:

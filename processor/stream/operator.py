@@ -679,7 +679,8 @@ class Operator:
         most `_defer_ticks` before n. Such progress stays in the cached object (whose
         `saved` still names the stored bytes it continues) until a later change or a full
         checkpoint stages it: restoring the stored value and sealing the same ticks again
-        gives this very state and re-sends identical heartbeats (docs/state.md)."""
+        gives this very state, and sends none of their heartbeats again
+        (`heartbeat_floor`; docs/state.md)."""
         if (quiet and self._may_defer and cs.saved is not None
                 and len(self._cached_counters) < self._cache_size):
             deferred = self._deferred.get(partition)

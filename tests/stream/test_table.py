@@ -134,6 +134,7 @@ def test_a_batch_merges_as_if_applied_one_by_one() -> None:
     same store."""
     from processor.stream.state import supersedes
     from processor.stream.table import merge_changelog
+    from tests.stream.test_zombie import restore
 
     store = {b"a": _value(10), b"b": _value(10), b"c": _value(10), b"d": _value(10)}
     records: list[tuple[bytes, bytes | None]] = [
@@ -153,13 +154,7 @@ def test_a_batch_merges_as_if_applied_one_by_one() -> None:
     assert sorted(reads) == [b"a", b"b", b"c", b"d", b"e"]
     assert writes == {b"a": _value(12), b"b": _value(13), b"d": _value(10), b"e": _value(1)}
     assert stale == {b"a", b"c"}
-    one_by_one = dict(store)
-    for key, value in records:
-        if supersedes(value, one_by_one.get(key)):
-            if value is None:
-                one_by_one.pop(key, None)
-            else:
-                one_by_one[key] = value
+    one_by_one = restore([*store.items(), *records], supersedes)
     assert {**store, **{k: v for k, v in writes.items() if v is not None}} == one_by_one
     # control: a stale record alone against the store is refused and reported
     assert merge_changelog([(b"a", _value(9))], store.get) == ({}, {b"a"})

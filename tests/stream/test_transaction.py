@@ -3,12 +3,12 @@ status and the write plan. Pure: no Kafka."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from processor.core.errors import StateFormatError
-from processor.stream.state import DictStore, write_all
+from processor.stream.state import CopyingStore, DictStore, write_all
 from processor.stream.transaction import (
     PartitionTransaction,
     Slot,
@@ -114,26 +114,6 @@ def test_illegal_status_transitions_are_refused() -> None:
             txn.fail()
         with pytest.raises(TransactionStatusError):
             txn.load(s, "a")
-
-
-class CopyingStore:
-    """A store that keeps and returns copies of the bytes it is given, as RocksDB does."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        got = self.data.get(key)
-        return None if got is None else bytes(bytearray(got))
-
-    def set(self, key: str, value: bytes) -> None:
-        self.data[key] = bytes(bytearray(value))
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
-
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
 
 
 @pytest.mark.parametrize("make_store", [DictStore, CopyingStore])

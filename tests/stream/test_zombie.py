@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any, TypeVar
 
 import pytest
 
@@ -46,9 +46,12 @@ class LoggedStore(DictStore):
         self.log.append((key, None))
 
 
-def restore(log: Changelog, rule: Rule) -> dict[str, bytes]:
+K = TypeVar("K", bound=Hashable)
+
+
+def restore(log: Iterable[tuple[K, bytes | None]], rule: Rule) -> dict[K, bytes]:
     """A store rebuilt from the changelog by `rule` (the standby / restore path)."""
-    data: dict[str, bytes] = {}
+    data: dict[K, bytes] = {}
     for key, value in log:
         if rule(value, data.get(key)):
             if value is None:
