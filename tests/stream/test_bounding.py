@@ -575,3 +575,17 @@ def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
     assert hold_s(with_overrides(S, lateness_ms=100)) == pytest.approx(0.025)
     assert hold_s(with_overrides(S, lateness_ms=60_000)) == HOLD_MAX_S
     assert hold_s(with_overrides(S, lateness_ms=0)) == 0.0
+
+
+def test_dead_letters_equal_deadletter_record_byte_for_byte() -> None:
+    """The stage's dead-letter encoder gives records.deadletter_record's bytes, raw
+    truncated or not, for any topic name and coordinates."""
+    from processor.stream.records import Rejection, deadletter_record
+
+    rej = Rejection("contribution_bound_exceeded", 'beyond "k" for its unit')
+    for topic in ("input", 'we"ird\\tö'):
+        encode = bounding.DeadLetters(rej, topic)
+        for counter in ("c1", "ü" * 3000, "c" * 5000):
+            raw = orjson.dumps(_row("u", counter, 5))
+            for p, o in ((0, 0), (-1, 5), (7, 2**63 - 1)):
+                assert encode(raw, p, o) == deadletter_record(rej, raw, topic, p, o)
