@@ -436,7 +436,7 @@ class Bounder:
             labels: dict[int, str] = {}
             base = offset << SEQ_BITS
             for i, row in enumerate(rows):
-                h, counter, _ts, _u, in_p, in_o = row
+                h, counter, ts, weight, in_p, in_o = row
                 if in_p >= 0:
                     label = labels.get(in_p)
                     if label is None:
@@ -461,7 +461,7 @@ class Bounder:
                     fw = pending.get(tp)
                     if fw is None:
                         fw = pending[tp] = []
-                    fw.append((counter, row[2], row[3], partition, seq))
+                    fw.append((counter, ts, weight, partition, seq))
                     kept += 1
                 else:
                     out.deadletters.append(beyond(dumps(row), in_p, in_o))
