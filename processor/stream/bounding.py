@@ -204,9 +204,9 @@ class UnitState:
     encoded): the bytes it equals in the store (transaction.Stored).
 
     `decide` keeps a counter's seqs in a tuple (a decoded value has lists): a tuple of
-    ints, and then a dict of such tuples, leave the cyclic collector's lists at its next
-    pass, so that a unit held until the checkpoint is one object it walks, not three
-    (the full collections over the worker's heap come that much less often)."""
+    ints leaves the cyclic collector's lists at its next pass, a list never does, so a
+    unit held until the checkpoint is two objects it walks (the value and its dict), not
+    three."""
 
     last_seq: int = -1
     kept: dict[str, Sequence[int]] = field(default_factory=dict)
