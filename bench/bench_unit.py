@@ -3,6 +3,7 @@
 
     python bench/bench_unit.py [--events 20000] [--repeat 2] [--users 20000]
         [--bootstrap HOST:PORT] [--json FILE]
+    python bench/bench_unit.py --stage [--events 60000] [--users 60000] [--repeat 3]
 
 Starts a local single-node broker (processor.devtools.kafka) unless --bootstrap or
 KAFKA_BOOTSTRAP_SERVERS names one. Per repeat, two isolated deployments (same counters,
@@ -30,12 +31,22 @@ The operator's own work (applying the batches and the markers) follows the timel
 at most a tick, and the bounding stage's last checkpoint by at most its interval: both
 are inside the CPU window (SETTLE_S after `end`). Target:
 CPU per counted event in user mode at most 1.5x event mode.
+
+`--stage`: the bounding stage alone, in this process, no broker: the same events routed
+by ingest's `route` into units records (500-event input batches), applied by
+`BoundCommit` over one RocksDB database per units partition (rocksdict, one write batch
+per checkpoint; no changelog producer), a checkpoint every STAGE_CHECKPOINT_EVENTS input
+events. Reports this process's CPU per input event, apply and checkpoint apart, the
+cyclic collector's share (gc callbacks) and the unit writes per event. Far less noisy
+than the end-to-end figure on a shared machine, and it isolates what bounding.py costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import gc
 import os
 import random
 import statistics
@@ -50,18 +61,25 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from rocksdict import Options, Rdict, WriteBatch
 from stream_io import broker
 
+from processor.core.rng import NoiseKey
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.stream import kafka_io
 from processor.stream.app import changelog_topic
 from processor.stream.bounding import (
     UNITS_SOURCE,
+    BoundCommit,
+    Bounder,
+    CollectingForwarder,
+    unit_key,
     units_changelog_topic,
     units_topic,
 )
-from processor.stream.config import Settings
+from processor.stream.config import Settings, with_overrides, with_unit
+from processor.stream.ingest import InputRecord, route
 from processor.stream.records import (
     TimelineBatch,
     TimelineFormatError,
@@ -241,6 +259,143 @@ def run_mode(bootstrap: str, tmp: Path, mode: str, n: int, users: int, seed: int
         dep.close()
 
 
+#: --stage: input events per checkpoint (what the worker applies in CHECKPOINT_MS here,
+#: as its units changelog records per event show), and per ingest batch.
+STAGE_CHECKPOINT_EVENTS = 20_000
+STAGE_BATCH = 500
+
+
+class RocksStore:
+    """state.StateStore and commit.BatchWriter on one rocksdict database, as
+    table.PartitionStore without its changelog producer."""
+
+    def __init__(self, path: str) -> None:
+        self._db = Rdict(path, options=Options(raw_mode=True))
+        self.writes = 0
+
+    def get(self, key: str) -> bytes | None:
+        value = self._db.get(key.encode("utf-8"))
+        return None if value is None else bytes(value)
+
+    def set(self, key: str, value: bytes) -> None:
+        self.write_many([(key, value)])
+
+    def delete(self, key: str) -> None:
+        self._db.delete(key.encode("utf-8"))
+
+    def write_many(self, writes: list[tuple[str, bytes]]) -> None:
+        wb = WriteBatch(raw_mode=True)
+        for key, value in writes:
+            wb.put(key.encode("utf-8"), value)
+        self._db.write(wb)
+        self.writes += len(writes)
+
+    def scan(self, prefix: str) -> Any:
+        return iter(())
+
+    def close(self) -> None:
+        self._db.close()
+
+
+class RocksStores:
+    """commit.Stores: a RocksStore per units partition, durable once written."""
+
+    def __init__(self, root: Path, partitions: int) -> None:
+        self.stores = [RocksStore(str(root / f"p{p}")) for p in range(partitions)]
+
+    def of(self, partition: int) -> RocksStore:
+        return self.stores[partition]
+
+    async def flush(self) -> None:
+        return None
+
+
+def stage_run(n: int, users: int, seed: int, root: Path) -> dict[str, Any]:
+    """The bounding stage alone over `n` events (see the module doc)."""
+    start = (int(time.time() * 1000) // 100) * 100 - 3_600_000
+    base = with_overrides(Settings(), counters=dict.fromkeys(COUNTERS, start), partitions=4,
+                          tick_ms=100, lateness_ms=100, max_future_ms=60_000)
+    d = Settings()
+    p = derive(UNIT_EPS, UNIT_DELTA, K, M, mechanism=d.mechanism, calibration=d.calibration)
+    settings = with_overrides(with_unit(base, UNIT_EPS, UNIT_DELTA, K, M),
+                              epsilon=p.event_epsilon, delta=p.event_delta)
+    ukey = unit_key(NoiseKey.from_seed(seed))
+    values = events(n, users, seed)
+    now = int(time.time() * 1000)
+    units: list[tuple[int, int, bytes]] = []
+    next_offset = [0] * settings.partitions
+    for b in range(0, n, STAGE_BATCH):
+        recs = [InputRecord(0, b + i, v) for i, v in enumerate(values[b:b + STAGE_BATCH])]
+        for up, data in route(recs, settings, now, source="input", unit_key=ukey).units:
+            units.append((up, next_offset[up], data))
+            next_offset[up] += 1
+    stores = RocksStores(root, settings.partitions)
+    fw = CollectingForwarder()
+    bc = BoundCommit(Bounder(settings), stores, fw)
+    per_record = n / max(1, len(units))
+    gc_s = [0.0, 0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            gc_s[1] = time.process_time()
+        else:
+            gc_s[0] += time.process_time() - gc_s[1]
+
+    async def run() -> tuple[float, float]:
+        apply_s = checkpoint_s = 0.0
+        since = 0.0
+        for up, offset, data in units:
+            t = time.process_time()
+            await bc.apply(up, [(offset, data)], forward=False)
+            apply_s += time.process_time() - t
+            since += per_record
+            if since >= STAGE_CHECKPOINT_EVENTS:
+                t = time.process_time()
+                await bc.checkpoint()
+                checkpoint_s += time.process_time() - t
+                since = 0.0
+        t = time.process_time()
+        await bc.checkpoint()
+        return apply_s, checkpoint_s + time.process_time() - t
+
+    gc.collect()
+    gc.callbacks.append(on_gc)
+    try:
+        apply_s, checkpoint_s = asyncio.run(run())
+    finally:
+        gc.callbacks.remove(on_gc)
+        for store in stores.stores:
+            store.close()
+    kept = sum(len(orjson.loads(data)["e"]) for _, data in fw.timeline)
+    return {"mode": "stage", "events": n, "kept": kept, "dead_lettered": len(fw.deadletters),
+            "units_records": len(units),
+            "cpu_us_per_event": 1e6 * (apply_s + checkpoint_s) / n,
+            "apply_us_per_event": 1e6 * apply_s / n,
+            "checkpoint_us_per_event": 1e6 * checkpoint_s / n,
+            "gc_us_per_event": 1e6 * gc_s[0] / n,
+            "cpu_us_per_kept_event": 1e6 * (apply_s + checkpoint_s) / max(1, kept),
+            "unit_writes_per_event": round(sum(s.writes for s in stores.stores) / n, 5),
+            "load_avg_1m": os.getloadavg()[0]}
+
+
+def stage_main(args: argparse.Namespace) -> int:
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-unit-stage-") as d:
+        for i in range(args.repeat):
+            root = Path(d) / f"r{i}"
+            root.mkdir()
+            r = stage_run(args.events, args.users, 1000 + i, root)
+            runs.append(r)
+            print(orjson.dumps(r).decode(), flush=True)
+    summary = {"cpu_us_per_event": [r["cpu_us_per_event"] for r in runs],
+               "median_cpu_us_per_event": statistics.median(
+                   r["cpu_us_per_event"] for r in runs)}
+    print(orjson.dumps(summary).decode())
+    if args.json:
+        Path(args.json).write_bytes(orjson.dumps({"runs": runs, "summary": summary}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,7 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS"))
     ap.add_argument("--json", help="write the results as JSON to this file")
+    ap.add_argument("--stage", action="store_true",
+                    help="the bounding stage alone, in this process (no broker)")
     args = ap.parse_args(argv)
+    if args.stage:
+        return stage_main(args)
     runs: list[dict[str, Any]] = []
     with broker(args.bootstrap) as bootstrap, \
             tempfile.TemporaryDirectory(prefix="bench-unit-") as d:

@@ -38,10 +38,12 @@ Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhe
 
 from __future__ import annotations
 
+import binascii
 import collections
 import gc
 import hashlib
 import hmac
+import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +55,7 @@ from processor.core.rng import NoiseKey
 from processor.stream.commit import CheckpointLoop, Stores
 from processor.stream.config import Settings
 from processor.stream.records import (
+    DEADLETTER_RAW_LIMIT,
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
     Event,
@@ -198,10 +201,15 @@ class UnitState:
     """One unit's kept set: counter -> seqs of its kept events (first-touch order), the
     last seq applied to this unit, and the units offset that seq belongs to (the offset
     the stored value reflects: the monotone rule of docs/state.md). `saved` (not
-    encoded): the bytes it equals in the store (transaction.Stored)."""
+    encoded): the bytes it equals in the store (transaction.Stored).
+
+    `decide` keeps a counter's seqs in a tuple (a decoded value has lists): a tuple of
+    ints leaves the cyclic collector's lists at its next pass, a list never does, so a
+    unit held until the checkpoint is two objects it walks (the value and its dict), not
+    three."""
 
     last_seq: int = -1
-    kept: dict[str, list[int]] = field(default_factory=dict)
+    kept: dict[str, Sequence[int]] = field(default_factory=dict)
     saved: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -209,20 +217,28 @@ class UnitState:
         return self.last_seq >> SEQ_BITS if self.last_seq >= 0 else -1
 
     def to_bytes(self) -> bytes:
+        last = self.last_seq
         # orjson writes the (counter, seqs) tuples as the arrays from_bytes reads.
-        body = orjson.dumps([self.last_seq, list(self.kept.items())])
-        raw = UNIT_MAGIC + self.offset.to_bytes(8, "big", signed=True) + body
+        raw = _UNIT_HEAD(UNIT_MAGIC, last >> SEQ_BITS if last >= 0 else -1) + orjson.dumps(
+            (last, tuple(self.kept.items())))
         self.saved = raw
         return raw
 
     @classmethod
     def from_bytes(cls, data: bytes) -> UnitState:
-        if stored_offset(data) is None or bytes(data[:4]) != UNIT_MAGIC:
+        # The magic and the 8-byte offset state.stored_offset reads (a value per unit
+        # touched is decoded: the header is checked here, without a call per value).
+        if len(data) < 12 or bytes(data[:4]) != UNIT_MAGIC:
             raise UnitsFormatError("not a unit value")
         # Written by to_bytes only (the magic says so): orjson gives back its str and
         # int types as they were, with nothing to convert.
         last_seq, pairs = orjson.loads(data[12:])
         return cls(last_seq, dict(pairs), data)
+
+
+#: A unit value's header: the magic, then the units offset it reflects (big-endian int64,
+#: as every monotone value: state.stored_offset).
+_UNIT_HEAD: Final = struct.Struct(">4sq").pack
 
 
 @dataclass
@@ -254,6 +270,25 @@ class UnitsPartitionState:
         return cls(off, {str(k): int(v) for k, v in body["i"].items()}, data)
 
 
+class DeadLetters:
+    """records.deadletter_record for events of one rejection read from one input topic,
+    byte for byte, with what all of them share encoded once (a units record may reject
+    most of its events)."""
+
+    def __init__(self, rejection: Rejection, topic: str) -> None:
+        self._rejection = rejection
+        self._topic = topic
+        head = orjson.dumps({"reason": rejection.reason, "detail": rejection.detail})
+        self._head = head[:-1] + b',"raw":"'
+        self._mid = b'","truncated":false,"topic":' + orjson.dumps(topic) + b',"partition":'
+
+    def __call__(self, raw: bytes, partition: int, offset: int) -> bytes:
+        if len(raw) > DEADLETTER_RAW_LIMIT:
+            return deadletter_record(self._rejection, raw, self._topic, partition, offset)
+        return b"".join((self._head, binascii.b2a_base64(raw, newline=False), self._mid,
+                         b"%d,\"offset\":%d}" % (partition, offset)))
+
+
 def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
     """Keep the event at `seq` of this unit for `counter`? Updates `st`. An event at or
     before the unit's last applied seq is looked up, never re-decided (crash safety)."""
@@ -264,11 +299,11 @@ def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
     if seqs is None:
         if len(st.kept) >= m:
             return False
-        st.kept[counter] = [seq]
+        st.kept[counter] = (seq,)
         return True
     if len(seqs) >= k:
         return False
-    seqs.append(seq)
+    st.kept[counter] = (*seqs, seq)
     return True
 
 
@@ -306,12 +341,17 @@ class Bounder:
         self.settings = settings
         self.k = p.max_events_per_counter
         self.m = p.max_counters_per_unit
+        self._beyond = DeadLetters(
+            Rejection("contribution_bound_exceeded",
+                      f"beyond max_events_per_counter={self.k} or "
+                      f"max_counters_per_unit={self.m} for its unit"),
+            settings.topics.input)
         #: counter -> its timeline partition (sha256 per counter once, not per event)
         self._tp: dict[str, int] = {}
         self._cache = StateCache()
-        #: Kept events not yet handed over: timeline partition -> rows [counter, ts_ms,
-        #: units, units partition, seq], in the order decided (`take_forwards`).
-        self._pending: dict[int, list[list[Any]]] = {}
+        #: Kept events not yet handed over: timeline partition -> rows (counter, ts_ms,
+        #: units, units partition, seq), in the order decided (`take_forwards`).
+        self._pending: dict[int, list[tuple[Any, ...]]] = {}
         self.pending_events = 0
         #: Per units partition, the unit values loaded since the partition's last
         #: checkpoint, and those staged in its transaction (each loaded and staged once
@@ -372,10 +412,7 @@ class Bounder:
         k, m, parts = self.k, self.m, self.settings.partitions
         keep = decide
         dumps = orjson.dumps
-        in_topic = self.settings.topics.input
-        beyond = Rejection("contribution_bound_exceeded",
-                           f"beyond max_events_per_counter={k} or "
-                           f"max_counters_per_unit={m} for its unit")
+        beyond = self._beyond
         tp_of = self._tp
         units = self._units
         ps = txn.load(self._partitions, partition)
@@ -399,7 +436,7 @@ class Bounder:
             labels: dict[int, str] = {}
             base = offset << SEQ_BITS
             for i, row in enumerate(rows):
-                h, counter, _ts, _u, in_p, in_o = row
+                h, counter, ts, weight, in_p, in_o = row
                 if in_p >= 0:
                     label = labels.get(in_p)
                     if label is None:
@@ -424,11 +461,10 @@ class Bounder:
                     fw = pending.get(tp)
                     if fw is None:
                         fw = pending[tp] = []
-                    fw.append([counter, row[2], row[3], partition, seq])
+                    fw.append((counter, ts, weight, partition, seq))
                     kept += 1
                 else:
-                    out.deadletters.append(
-                        deadletter_record(beyond, dumps(row), in_topic, in_p, in_o))
+                    out.deadletters.append(beyond(dumps(row), in_p, in_o))
                     dropped += 1
             out.metrics["unit_records"] += 1
         self.pending_events += kept
@@ -438,7 +474,7 @@ class Bounder:
             self.take_forwards(out)
 
 
-def _encode_forward(rows: Sequence[list[Any]]) -> bytes:
+def _encode_forward(rows: Sequence[tuple[Any, ...]]) -> bytes:
     return encode_batch_rows(rows, UNITS_SOURCE)
 
 

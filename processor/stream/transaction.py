@@ -32,9 +32,9 @@ given and returns them: `saved` is those bytes (shared with the store, so free, 
 `is` answers the check). Any other store (RocksDB) returns a fresh copy at every get, so
 bytes in `saved` would be a second copy of every cached value (about 1 KB a counter):
 the transaction replaces them by a 16-byte digest (SHA-256, truncated) when it decodes or
-encodes a value, and a load compares the digest of the stored bytes (equal digests: equal
-bytes, but for a collision of a 128-bit hash). The codecs always set `saved` to the
-bytes.
+encodes a value of a slot that caches values, and a load compares the digest of the stored
+bytes (equal digests: equal bytes, but for a collision of a 128-bit hash). The codecs
+always set `saved` to the bytes; a slot that caches nothing (cache 0) keeps them there.
 """
 
 from __future__ import annotations
@@ -174,7 +174,9 @@ class PartitionTransaction:
         if raw is None:
             entries.pop(key, None)
             return None
-        held = digest(raw) if self._digests else raw
+        # A slot that caches nothing keeps the bytes its codec set in `saved`: the value
+        # lives until the checkpoint at most, so no digest is worth computing.
+        held = digest(raw) if self._digests and slot.cache != 0 else raw
         cached: V | None = entries.get(key)
         if cached is not None:
             saved = cached.saved
@@ -188,7 +190,7 @@ class PartitionTransaction:
             exc.key = key
             raise
         slot.check(ident, value)
-        if self._digests and value.saved is not None:
+        if held is not raw and value.saved is not None:
             value.saved = held
         self._cache.remember(slot, key, value)
         return value
@@ -228,9 +230,10 @@ class PartitionTransaction:
         self._move(Status.PREPARED)
         plan: list[tuple[str, bytes]] = []
         for slot in self._order:
+            digests = self._digests and slot.cache != 0
             for key, value in self._slots[slot][0].items():
                 raw = slot.encode(value)
-                if self._digests:
+                if digests:
                     value.saved = digest(raw)
                 plan.append((key, raw))
         self._drop_staged()

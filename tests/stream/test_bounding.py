@@ -575,3 +575,40 @@ def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
     assert hold_s(with_overrides(S, lateness_ms=100)) == pytest.approx(0.025)
     assert hold_s(with_overrides(S, lateness_ms=60_000)) == HOLD_MAX_S
     assert hold_s(with_overrides(S, lateness_ms=0)) == 0.0
+
+
+def test_dead_letters_equal_deadletter_record_byte_for_byte() -> None:
+    """The stage's dead-letter encoder gives records.deadletter_record's bytes, raw
+    truncated or not, for any topic name and coordinates."""
+    from processor.stream.records import Rejection, deadletter_record
+
+    rej = Rejection("contribution_bound_exceeded", 'beyond "k" for its unit')
+    for topic in ("input", 'we"ird\\tö'):
+        encode = bounding.DeadLetters(rej, topic)
+        for counter in ("c1", "ü" * 3000, "c" * 5000):
+            raw = orjson.dumps(_row("u", counter, 5))
+            for p, o in ((0, 0), (-1, 5), (7, 2**63 - 1)):
+                assert encode(raw, p, o) == deadletter_record(rej, raw, topic, p, o)
+
+
+def test_unit_value_bytes_are_pinned() -> None:
+    """A unit value's bytes: the magic, the units offset of its last seq (big-endian
+    int64, -1 before any), then [last seq, [[counter, [seqs]], ...]] in first-touch
+    order; a value decoded from them encodes to the same bytes, and one that decides
+    again keeps the format."""
+    seq = 5 << SEQ_BITS | 3
+    st = UnitState()
+    assert st.to_bytes() == b"DPU\x04" + (-1).to_bytes(8, "big", signed=True) + b"[-1,[]]"
+    assert bounding.decide(st, seq, "b", K, M)
+    assert bounding.decide(st, seq + 1, "a", K, M)
+    assert bounding.decide(st, seq + 2, "b", K, M)
+    raw = st.to_bytes()
+    assert raw == (b"DPU\x04" + (5).to_bytes(8, "big") + b"[%d,[[\"b\",[%d,%d]],[\"a\",[%d]]]]"
+                   % (seq + 2, seq, seq + 2, seq + 1))
+    back = UnitState.from_bytes(raw)
+    assert back.to_bytes() == raw
+    assert bounding.decide(back, seq + 3, "b", K, M)
+    assert not bounding.decide(back, seq + 4, "c", K, M)
+    assert back.to_bytes() == (b"DPU\x04" + (5).to_bytes(8, "big")
+                               + b"[%d,[[\"b\",[%d,%d,%d]],[\"a\",[%d]]]]"
+                               % (seq + 4, seq, seq + 2, seq + 3, seq + 1))

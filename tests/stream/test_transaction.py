@@ -233,3 +233,29 @@ def test_over_a_copying_store_the_cache_keeps_digests_and_refuses_changed_bytes(
     plain.set("c/a", body)
     c = PartitionTransaction(plain, (s,), StateCache()).load(s, "a")
     assert c is not None and c.saved is plain.data["c/a"]
+
+
+def test_a_slot_that_caches_nothing_keeps_its_codecs_bytes_and_reads_the_store() -> None:
+    """Over a copying store, a slot with cache 0 keeps in `saved` the bytes its codec set
+    (no digest: the value is gone after the transaction), and every transaction reads the
+    store again and decodes afresh; a staged value is still served until the plan."""
+    codec = Codec()
+    s = slot(codec, "u/", 0, cache=0)
+    store = CopyingStore()
+    body = b"DPU\x04" + bytes(60)
+    store.set("u/a", body)
+    cache = StateCache()
+    txn = PartitionTransaction(store, (s,), cache)
+    a = txn.load(s, "a")
+    assert a is not None and a.saved == body and codec.decoded == 1
+    b = txn.load(s, "a")
+    assert b is not a and codec.decoded == 2
+    txn.stage(s, "a", b)
+    assert txn.load(s, "a") is b
+    plan = txn.prepare()
+    assert plan == [("u/a", body)] and b.saved == body
+    write_all(store, plan)
+    txn.complete()
+    txn = PartitionTransaction(store, (s,), cache)
+    c = txn.load(s, "a")
+    assert c is not b and c is not None and codec.decoded == 3
