@@ -28,6 +28,12 @@ from processor.stream.records import LedgerEntry, Release, marker_tick
 from processor.stream.state import StateStore, write_all
 from processor.stream.transaction import PartitionTransaction
 
+#: A lone marker record is applied on the event loop itself when it can step at most this
+#: many counter ticks (the counters due through its tick times the ticks it seals, each
+#: step ~10-50 us): a thread hand-off per marker costs more CPU than such a seal (every
+#: tick, on every partition). A larger seal, or one of unknown size, runs in a thread.
+INLINE_STEPS = 256
+
 #: The names BatchCommit's `crash_point` is called with, in order (a test hook; see
 #: CheckpointLoop).
 CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
@@ -296,6 +302,9 @@ class BatchCommit(CheckpointLoop):
         super().__init__(store, publisher, crash_point, fence, offload)
         self.operator = operator
         self.publisher = publisher
+        #: Partition -> the newest tick a marker applied here sealed (what `_heavy` counts
+        #: the ticks of the next marker from); emptied by `forget`.
+        self._sealed: dict[int, int] = {}
 
     def open_buffer(self, partition: int) -> PartitionTransaction:
         return self.operator.transaction(self.stores.of(partition))
@@ -308,14 +317,32 @@ class BatchCommit(CheckpointLoop):
         ledger entries and aggregate metrics."""
         out = Output()
         with self.applying(partition) as txn:
-            if self.offload and any(marker_tick(r) is not None for _o, r in records):
+            if self.offload and self._heavy(partition, records):
                 await asyncio.to_thread(self._apply_all, txn, partition, records, stamps, out)
             else:
                 self._apply_all(txn, partition, records, stamps, out)
             if out.ledger or out.releases:
                 self._fence()
                 self.publisher.send(out.ledger, out.releases)
+        if out.sealed_through is not None:
+            self._sealed[partition] = max(out.sealed_through,
+                                          self._sealed.get(partition, out.sealed_through))
         return out
+
+    def _heavy(self, partition: int, records: Sequence[tuple[int, bytes]]) -> bool:
+        """Whether a batch may seal more than INLINE_STEPS counter ticks: any marker with
+        other records (their events file counters first), a marker before this partition's
+        due wheel is loaded or its last seal known, or one whose due counters times its
+        ticks exceed INLINE_STEPS."""
+        ticks = [n for _o, r in records if (n := marker_tick(r)) is not None]
+        if not ticks:
+            return False
+        wheel = self.operator.due_wheel(partition)
+        last = self._sealed.get(partition)
+        if len(records) > 1 or wheel is None or last is None:
+            return True
+        span = max(1, ticks[0] - last)
+        return wheel.due_through(ticks[0], INLINE_STEPS // span) * span > INLINE_STEPS
 
     def _apply_all(self, txn: PartitionTransaction, partition: int,
                    records: Sequence[tuple[int, bytes]], stamps: Mapping[int, int] | None,
@@ -346,6 +373,7 @@ class BatchCommit(CheckpointLoop):
         """Fail every open transaction and drop every decoded value (the operator's)."""
         super().forget()
         self.operator.forget()
+        self._sealed.clear()
 
 
 def _stores(store: StateStore | Stores) -> Stores:

@@ -150,14 +150,22 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
     # User mode: the bounding stage picks each kept event's timeline partition, and
     # _route_units groups the events by unit; no timeline partition is needed here.
     units = settings.privacy_unit == "user"
+    # Counter -> timeline partition within the batch: a counter's events repeat in it,
+    # and partition_for hashes the name each time.
+    home: dict[str, int] = {}
     for rec in records:
         try:
             parsed = parse(rec.value, settings, now_ms, rec.partition, rec.offset)
             if isinstance(parsed, Rejection):
                 dead(parsed, rec)
                 continue
-            by_partition.setdefault(0 if units else partition_for(parsed.counter, partitions),
-                                    []).append(parsed)
+            if units:
+                tp = 0
+            else:
+                tp = home.get(parsed.counter, -1)
+                if tp < 0:
+                    tp = home[parsed.counter] = partition_for(parsed.counter, partitions)
+            by_partition.setdefault(tp, []).append(parsed)
             raw_of[(rec.partition, rec.offset)] = rec.value
         except Exception as exc:
             dead(_failure(exc), rec)

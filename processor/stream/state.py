@@ -458,6 +458,17 @@ class DueWheel:
             names.update(buckets.pop(heapq.heappop(ticks)))
         return names
 
+    def due_through(self, n: int, limit: int) -> int:
+        """How many names are filed at ticks <= n (a name filed at several counts at
+        each), counted until the count exceeds `limit`."""
+        count = 0
+        for tick, bucket in self._buckets.items():
+            if tick <= n:
+                count += len(bucket)
+                if count > limit:
+                    break
+        return count
+
     def ticks(self) -> list[int]:
         """The filed ticks, ascending."""
         return sorted(self._ticks)
