@@ -20,8 +20,8 @@ handles them in order, as Faust's does one by one:
 - the end of an active recovery (every active partition read through its highwater:
   buffers flushed, `signal_recovery_end` set, the operator may start) and the standbys'
   readiness are checked after each batch instead of after each record: the records of
-  a batch are all taken first, so nothing is signalled earlier than Faust would, and the
-  batch is what the consumer delivered in one go;
+  a batch are all taken first, so nothing is signalled earlier than Faust would (at
+  most `LINGER_S` and one batch later);
 - the persisted offsets are the table's business (`apply_changelog_batch` sets them over
   what it applied), unchanged.
 
@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Awaitable
 from time import monotonic
 from typing import Any
 
@@ -79,7 +80,9 @@ class BatchedRecovery(Recovery):
             idle_checks = 0
             if queue.empty():
                 # The consumer hands records over one per turn of the event loop: a
-                # moment's wait lets the rest of what it fetched join this batch.
+                # moment's wait lets the rest of what it fetched join this batch. A
+                # rebalance meanwhile finds `first` where Faust's loop finds the records
+                # still queued then: taken next, in order, under the new assignment.
                 await asyncio.sleep(LINGER_S)
             batch = self._drain(queue, first)
             for event in batch:
@@ -105,7 +108,7 @@ class BatchedRecovery(Recovery):
                 return batch
 
     @staticmethod
-    async def _checked(step: Any) -> None:
+    async def _checked(step: Awaitable[None]) -> None:
         """Await one step; an error is logged and the loop goes on (as Faust's does, per
         record)."""
         try:

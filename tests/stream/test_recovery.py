@@ -1,8 +1,9 @@
 """recovery.BatchedRecovery against Faust's own Recovery: the same changelog records
 (active and standby partitions, records read again, a buffer filled several times, an
-active recovery that catches up) give the same applied records in the same order, the
-same active and standby offsets, the same end of recovery and standby readiness.
-Faust's services run on fakes of the app, the table manager and the table."""
+active recovery that catches up), queued at once, in bursts or one by one, give the
+same applied records in the same order, buffers applied when full as Faust's are, the
+same active and standby offsets, the same end of recovery and standby readiness. Faust's
+services run on fakes of the app, the table manager and the table."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def test_batched_recovery_takes_the_records_as_faust_does() -> None:
     records = _records()
     faust_run = asyncio.run(_run(Recovery, records, len(records)))
     for chunk in (len(records) + 1, 5, 1):
-        _same(faust_run, asyncio.run(_run(BatchedRecovery, records + [(OTHER, 0)], chunk)),
+        _same(faust_run, asyncio.run(_run(BatchedRecovery, [*records, (OTHER, 0)], chunk)),
               records)
 
 
