@@ -81,6 +81,7 @@ from processor.stream.records import (
     marker_tick,
     sealed_through,
 )
+from processor.stream.recovery import BatchedTableManager
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 from processor.stream.unit_stage import UnitStage
@@ -457,6 +458,8 @@ class Worker:
             # Records are acknowledged at checkpoints (commit.py), not when the agent is
             # done with them; the revocation handler checkpoints and acknowledges.
             stream_wait_empty=False,
+            # Restore and standby copies read the changelog in batches (recovery.py).
+            TableManager=BatchedTableManager,
         )
         self.timeline_name = kafka_io.topic_name(settings, "timeline")
         timeline = raw_topic(self.app, self.timeline_name, self.partitions)
