@@ -207,7 +207,9 @@ class SVT:
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
         self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
         if state is None:
-            self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label, "/z0")), t0)
+            # the run's sampler: the same draw as discrete_laplace on the cursor, cheaper
+            self.z0 = discrete_laplace_run(WordCursor(KeyedStream(key, label, "/z0")), t0,
+                                           1)[0][0]
             self.steps = 0
             self.draws = 0
             self._zpos = 0
@@ -269,16 +271,17 @@ class SVT:
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
-        bank."""
+        bank. A scalar draw not looked at yet comes in one run with the draws of the next
+        dense prefix: a step's draw is usually followed by a `due` that looks at those,
+        and a run costs a fraction of as many single draws."""
         i = self.draws
-        self.draws = i + 1
         if i >= SCALAR_DRAWS:
+            self.draws = i + 1
             return self._bank.draw(i - SCALAR_DRAWS)
-        if self._ahead:
-            z, self._zpos = self._ahead.pop(0)
-            return z
-        z = discrete_laplace(self._zahead, self._t1)
-        self._zpos = self._zahead.position
+        if not self._ahead:
+            self._fill(1 + self.prefix)
+        self.draws = i + 1
+        z, self._zpos = self._ahead.pop(0)
         return z
 
     # -- dense path -----------------------------------------------------------------------

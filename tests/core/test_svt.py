@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from array import array
 
 import numpy as np
 import numpy.typing as npt
@@ -305,8 +306,8 @@ class _TopWordStream(KeyedStream):
         super().__init__(inner._noise_key, inner.label)
         self.first = first
 
-    def words(self, lane: int, start: int, n: int) -> npt.NDArray[np.uint64]:
-        out = super().words(lane, start, n).copy()
+    def word_array(self, lane: int, start: int, n: int) -> array[int]:
+        out = super().word_array(lane, start, n)
         if start == 0 and n > 0:
             out[0] = self.first
         return out

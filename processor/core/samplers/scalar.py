@@ -260,7 +260,7 @@ def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
 def _window(cur: WordCursor, position: int, n: int) -> list[int]:
     """n words of the cursor's lane from `position`, as Python ints, read past the
     cursor's buffer (which a run would otherwise fill and keep)."""
-    return cur.stream.words(cur.lane, position, n).tolist()  # type: ignore[no-any-return]
+    return cur.stream.word_array(cur.lane, position, n).tolist()
 
 
 def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int]]:
