@@ -15,7 +15,7 @@ from typing import Any
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers.scalar import discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import discrete_laplace_run, laplace_scale_units
 from processor.core.svt import SVT
 
 
@@ -150,7 +150,8 @@ class SimPart:
             self._cur.position = int(state["p"])
 
     def _draw(self) -> int:
-        return int(discrete_laplace(self._cur, self._scale[0], self._scale[1]))
+        # the run's sampler: the same draw and position as discrete_laplace on the cursor
+        return discrete_laplace_run(self._cur, self._scale[0], 1, self._scale[1])[0][0]
 
     def to_state(self) -> dict[str, Any]:
         """Tick, sample index, next checkpoint, cursor position."""

@@ -167,13 +167,13 @@ class SVT:
         "_bank",
         "_c",
         "_cached",
-        "_cursor",
         "_due_memo",
         "_g",
         "_has_plan",
         "_lam",
         "_log1pq",
         "_scan",
+        "_skip",
         "_t1",
         "_zahead",
         "_zpos",
@@ -195,14 +195,16 @@ class SVT:
         self.tau = tau
         t0, self._t1, self._b8, self._c, self._lam, self._log1pq, self._g = (
             _scan_constants(eps))
-        zstream = KeyedStream(key, label, "/z")
-        self._bank = LaplaceBank(zstream, self._t1)
+        #: the draws after the first SCALAR_DRAWS, made at the first of them (most
+        #: instances never get there)
+        self._bank: LaplaceBank | None = None
         #: scalar draws looked at ahead of consumption (by `due`): (value, cursor after)
         self._ahead: list[tuple[int, int]] = []
-        self._zahead = WordCursor(zstream, 0, 0)
-        self._cursor = WordCursor(KeyedStream(key, label, "/skip"), 0, 0)
+        self._zahead = WordCursor(KeyedStream(key, label, "/z"), 0, 0)
+        #: the skip lane's position (words the committed plans consumed)
+        self._skip = 0
         #: a reader of the skip lane that keeps its ChaCha20 chunk between plans
-        self._scan = WordCursor(self._cursor.stream, 0, 0)
+        self._scan = WordCursor(KeyedStream(key, label, "/skip"), 0, 0)
         #: (start step, skip position, v) -> (firing step or None, skip position after)
         self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
         self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
@@ -222,14 +224,14 @@ class SVT:
             self.z0 = int(state["z0"])
             self.steps = int(state["n"])
             self.draws = int(state["d"])
-            self._cursor.position = int(state["p"])
+            self._skip = int(state["p"])
             self._zpos = int(state["zp"])
             self._zahead.position = self._zpos
             self.halted = bool(state["h"])
             self.run = int(state["r"])
             self._has_plan = "f" in state
             self.plan = None if state.get("f") is None else int(state["f"])
-            if (min(self.steps, self.draws, self._cursor.position, self._zpos) < 0
+            if (min(self.steps, self.draws, self._skip, self._zpos) < 0
                     or not 0 <= self.run <= self.prefix
                     or (self._has_plan and self.run != self.prefix)):
                 raise ValueError("SVT state out of range")
@@ -238,7 +240,7 @@ class SVT:
         """The instance as a small dict (Z_0, step and draw counters, cursor positions,
         dense steps of the current ⊥ run, plan)."""
         d: dict[str, Any] = {"z0": self.z0, "n": self.steps, "d": self.draws,
-                             "p": self._cursor.position, "zp": self._zpos,
+                             "p": self._skip, "zp": self._zpos,
                              "h": self.halted, "r": self.run}
         if self._has_plan:
             d["f"] = self.plan
@@ -256,11 +258,17 @@ class SVT:
     def _peek(self, i: int) -> int:
         """Draw number i >= draws without consuming it (scalar draws are remembered)."""
         if i >= SCALAR_DRAWS:
-            return self._bank.draw(i - SCALAR_DRAWS)
+            return self._banked(i)
         j = i - self.draws
         if len(self._ahead) <= j:
             self._fill(j + 1)
         return self._ahead[j][0]
+
+    def _banked(self, i: int) -> int:
+        """Draw number i >= SCALAR_DRAWS, from the LaplaceBank on the "/z" stream."""
+        if self._bank is None:
+            self._bank = LaplaceBank(self._zahead.stream, self._t1)
+        return self._bank.draw(i - SCALAR_DRAWS)
 
     def _fill(self, n: int) -> None:
         """Look at the next n draws ahead (those among the scalar ones) in one run."""
@@ -277,7 +285,7 @@ class SVT:
         i = self.draws
         if i >= SCALAR_DRAWS:
             self.draws = i + 1
-            return self._bank.draw(i - SCALAR_DRAWS)
+            return self._banked(i)
         if not self._ahead:
             self._fill(1 + self.prefix)
         self.draws = i + 1
@@ -474,8 +482,7 @@ class SVT:
         self._has_plan = False
         self.plan = None
         self.run = 0
-        step, pos = self._sample(v, self.steps + 1, self.steps + 1 + n, self._cursor.position)
-        self._cursor.position = pos
+        step, self._skip = self._sample(v, self.steps + 1, self.steps + 1 + n, self._skip)
         if step is None:
             self.steps += n
             return None
@@ -489,7 +496,7 @@ class SVT:
         (computed once, cached; a pure function of the state)."""
         if self._has_plan:
             return self.plan
-        key = (self.steps + 1 + self.prefix - self.run, self._cursor.position, v)
+        key = (self.steps + 1 + self.prefix - self.run, self._skip, v)
         if self._cached is None or self._cached[0] != key:
             self._cached = (key, self._sample(v, key[0], HORIZON, key[1]))
         return self._cached[1][0]
@@ -503,7 +510,7 @@ class SVT:
         if self.halted:
             raise RuntimeError("SVT has halted")
         key = (v, within, self.steps, self.run, self.draws, self._has_plan, self.plan,
-               self._cursor.position)
+               self._skip)
         memo = self._due_memo
         if memo is not None and memo[0] == key:
             return memo[1]
@@ -535,7 +542,7 @@ class SVT:
         if not self._has_plan:
             f = self._planned(v)
             assert self._cached is not None
-            self._cursor.position = self._cached[1][1]
+            self._skip = self._cached[1][1]
             self.plan = f
             self._has_plan = True
 

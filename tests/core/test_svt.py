@@ -331,10 +331,8 @@ def _fires_at_first_step(cls: type[SVT], q_log2: float, n: int, seed: int,
         q = math.exp(-(k + 1) / t1) / (1 + math.exp(-1 / t1))
         want = q * 2.0 ** (64 - top_bits)
         top = (1 << 64) - (1 << top_bits) + int(rng.integers(0, 1 << top_bits))
-        stream = _TopWordStream(svt._cursor.stream, top)
-        svt._cursor.stream = stream
-        if hasattr(svt, "_scan"):
-            svt._scan.stream = stream
+        stream = _TopWordStream(svt._scan.stream, top)
+        svt._scan.stream = stream
         hits += svt.first_fire(v, 1) is not None
     return hits, want
 
