@@ -34,6 +34,7 @@ def simpart_gap(mu: int, l: int, eps_p: float, z: int) -> int:  # noqa: E741
     return max(1, mu + math.ceil(4.0 * math.log(l) / eps_p) + z)
 
 
+@lru_cache(maxsize=256, typed=True)  # asked at every SimPart construction and restore
 def simpart_scale(eps_p: float) -> tuple[int, int]:
     """SimPart's DLap(2/eps_p) on the integers as the rational scale t/s = ceil(2/eps_p *
     UNIT) / UNIT: rounded up, so never less noise than the paper's."""

@@ -198,16 +198,19 @@ class SVT:
         #: the draws after the first SCALAR_DRAWS, made at the first of them (most
         #: instances never get there)
         self._bank: LaplaceBank | None = None
-        #: scalar draws looked at ahead of consumption (by `due`): (value, cursor after)
-        self._ahead: list[tuple[int, int]] = []
+        #: scalar draws looked at ahead of consumption (by `due`), flat: value, cursor
+        #: after, value, ... (plain ints: no tuple per draw for the collector to walk)
+        self._ahead: list[int] = []
         self._zahead = WordCursor(KeyedStream(key, label, "/z"), 0, 0)
         #: the skip lane's position (words the committed plans consumed)
         self._skip = 0
         #: a reader of the skip lane that keeps its ChaCha20 chunk between plans
         self._scan = WordCursor(KeyedStream(key, label, "/skip"), 0, 0)
-        #: (start step, skip position, v) -> (firing step or None, skip position after)
-        self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
-        self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
+        #: the last plan sampled: (start step, skip position, v, firing step or None,
+        #: skip position after)
+        self._cached: tuple[int, int, int, int | None, int] | None = None
+        #: the last answer of `due`: its arguments and the state it read, then the answer
+        self._due_memo: tuple[int | bool | None, ...] | None = None
         if state is None:
             # the run's sampler: the same draw as discrete_laplace on the cursor, cheaper
             self.z0 = discrete_laplace_run(WordCursor(KeyedStream(key, label, "/z0")), t0,
@@ -260,9 +263,9 @@ class SVT:
         if i >= SCALAR_DRAWS:
             return self._banked(i)
         j = i - self.draws
-        if len(self._ahead) <= j:
+        if len(self._ahead) <= 2 * j:
             self._fill(j + 1)
-        return self._ahead[j][0]
+        return self._ahead[2 * j]
 
     def _banked(self, i: int) -> int:
         """Draw number i >= SCALAR_DRAWS, from the LaplaceBank on the "/z" stream."""
@@ -273,9 +276,11 @@ class SVT:
     def _fill(self, n: int) -> None:
         """Look at the next n draws ahead (those among the scalar ones) in one run."""
         ahead = self._ahead
-        n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead)
+        n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead) // 2
         if n > 0:
-            ahead.extend(discrete_laplace_run(self._zahead, self._t1, n))
+            for z, pos in discrete_laplace_run(self._zahead, self._t1, n):
+                ahead.append(z)
+                ahead.append(pos)
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
@@ -286,10 +291,12 @@ class SVT:
         if i >= SCALAR_DRAWS:
             self.draws = i + 1
             return self._banked(i)
-        if not self._ahead:
+        ahead = self._ahead
+        if not ahead:
             self._fill(1 + self.prefix)
         self.draws = i + 1
-        z, self._zpos = self._ahead.pop(0)
+        z, self._zpos = ahead[0], ahead[1]
+        del ahead[:2]
         return z
 
     # -- dense path -----------------------------------------------------------------------
@@ -496,10 +503,11 @@ class SVT:
         (computed once, cached; a pure function of the state)."""
         if self._has_plan:
             return self.plan
-        key = (self.steps + 1 + self.prefix - self.run, self._skip, v)
-        if self._cached is None or self._cached[0] != key:
-            self._cached = (key, self._sample(v, key[0], HORIZON, key[1]))
-        return self._cached[1][0]
+        start, pos = self.steps + 1 + self.prefix - self.run, self._skip
+        c = self._cached
+        if c is None or c[0] != start or c[1] != pos or c[2] != v:
+            c = self._cached = (start, pos, v, *self._sample(v, start, HORIZON, pos))
+        return c[3]
 
     def due(self, v: int, within: int | None = None) -> int | None:
         """Steps until the instance fires if the input stays v (None: never). With
@@ -509,13 +517,15 @@ class SVT:
         its advance asks again)."""
         if self.halted:
             raise RuntimeError("SVT has halted")
-        key = (v, within, self.steps, self.run, self.draws, self._has_plan, self.plan,
-               self._skip)
         memo = self._due_memo
-        if memo is not None and memo[0] == key:
-            return memo[1]
+        if (memo is not None and memo[0] == v and memo[1] == within
+                and memo[2] == self.steps and memo[3] == self.run and memo[4] == self.draws
+                and memo[5] == self._has_plan and memo[6] == self.plan
+                and memo[7] == self._skip):
+            return memo[8]
         d = self._due(v, within)
-        self._due_memo = (key, d)
+        self._due_memo = (v, within, self.steps, self.run, self.draws, self._has_plan,
+                          self.plan, self._skip, d)
         return d
 
     def _due(self, v: int, within: int | None) -> int | None:
@@ -542,7 +552,7 @@ class SVT:
         if not self._has_plan:
             f = self._planned(v)
             assert self._cached is not None
-            self._skip = self._cached[1][1]
+            self._skip = self._cached[4]
             self.plan = f
             self._has_plan = True
 

@@ -458,8 +458,9 @@ def test_looked_ahead_draws_equal_the_scalar_ones() -> None:
     v = -4 * UNIT  # far below the threshold: the instance does not halt
     for r in range(SCALAR_DRAWS // PREFIX + 2):
         a.due(v)
-        assert a._ahead == scalar[a.draws:a.draws + len(a._ahead)]
-        assert len(a._ahead) == min(PREFIX, max(0, SCALAR_DRAWS - a.draws))
+        ahead = list(zip(a._ahead[::2], a._ahead[1::2], strict=True))
+        assert ahead == scalar[a.draws:a.draws + len(ahead)]
+        assert len(ahead) == min(PREFIX, max(0, SCALAR_DRAWS - a.draws))
         for _ in range(PREFIX + r % 3):
             assert a.const_step(v) == b.const_step(v)
         assert not a.feed(v) and not b.feed(v)
