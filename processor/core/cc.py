@@ -210,7 +210,7 @@ class UnboundedCC(UnitCounter):
     """
 
     kind = "ucc"
-    __slots__ = ("_cur", "_inner", "_isum", "_l", "_psum", "_t", "_y", "base", "delta", "eps",
+    __slots__ = ("_inner", "_isum", "_l", "_pos", "_psum", "_t", "_y", "base", "delta", "eps",
                  "key", "label", "sensitivity")
 
     def __init__(self, eps: float, delta: float, key: NoiseKey, label: str,
@@ -220,7 +220,9 @@ class UnboundedCC(UnitCounter):
         self.sensitivity = check_positive_int("sensitivity", sensitivity)
         self.key = key
         self.label = label
-        self._cur = WordCursor(KeyedStream(key, label, "/psum"))
+        #: words of the "/psum" stream consumed: its cursor is made per draw (one every
+        #: interval, so at most log2 t of them)
+        self._pos = 0
         if self.base == "laplace":
             self._psum: tuple[int, int] = (psum_laplace_scale(self.eps, self.sensitivity), 1)
         else:
@@ -262,9 +264,13 @@ class UnboundedCC(UnitCounter):
         return out
 
     def _draw_psum(self) -> int:
+        cur = WordCursor(KeyedStream(self.key, self.label, "/psum"), 0, self._pos)
         if self.base == "laplace":
-            return discrete_laplace(self._cur, self._psum[0])
-        return discrete_gaussian(self._cur, self._psum[0], self._psum[1])
+            z = discrete_laplace(cur, self._psum[0])
+        else:
+            z = discrete_gaussian(cur, self._psum[0], self._psum[1])
+        self._pos = cur.position
+        return z
 
     def step(self, u: int) -> int:
         u = check_units(u)
@@ -304,7 +310,7 @@ class UnboundedCC(UnitCounter):
     def to_state(self) -> dict[str, Any]:
         return {"k": self.kind, "e": self.eps, "d": self.delta, "sen": self.sensitivity,
                 "b": self.base, "lab": self.label, "t": self._t, "l": self._l,
-                "is": self._isum, "y": self._y, "p": self._cur.position,
+                "is": self._isum, "y": self._y, "p": self._pos,
                 "in": None if self._inner is None else self._inner.to_state()}
 
     @classmethod
@@ -322,7 +328,7 @@ class UnboundedCC(UnitCounter):
         if t < 0 or p < 0 or isum < 0:
             raise StateFormatError("UnboundedCC state out of range")
         obj._t, obj._l, obj._isum, obj._y = t, _get(state, "l", int), isum, _get(state, "y", int)
-        obj._cur.position = p
+        obj._pos = p
         inner = state.get("in")
         k = (t + 1).bit_length()     # the interval tick t + 1 falls in
         start = 1 << (k - 1)

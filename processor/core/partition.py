@@ -15,7 +15,7 @@ from typing import Any
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers.scalar import discrete_laplace, laplace_scale_units
+from processor.core.samplers.scalar import discrete_laplace_run, laplace_scale_units
 from processor.core.svt import SVT
 
 
@@ -34,6 +34,7 @@ def simpart_gap(mu: int, l: int, eps_p: float, z: int) -> int:  # noqa: E741
     return max(1, mu + math.ceil(4.0 * math.log(l) / eps_p) + z)
 
 
+@lru_cache(maxsize=256, typed=True)  # asked at every SimPart construction and restore
 def simpart_scale(eps_p: float) -> tuple[int, int]:
     """SimPart's DLap(2/eps_p) on the integers as the rational scale t/s = ceil(2/eps_p *
     UNIT) / UNIT: rounded up, so never less noise than the paper's."""
@@ -150,7 +151,8 @@ class SimPart:
             self._cur.position = int(state["p"])
 
     def _draw(self) -> int:
-        return int(discrete_laplace(self._cur, self._scale[0], self._scale[1]))
+        # the run's sampler: the same draw and position as discrete_laplace on the cursor
+        return discrete_laplace_run(self._cur, self._scale[0], 1, self._scale[1])[0][0]
 
     def to_state(self) -> dict[str, Any]:
         """Tick, sample index, next checkpoint, cursor position."""

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import os
 import re
+import sys
 from array import array
 from typing import Final
 
@@ -37,6 +38,8 @@ _KEY_RULES = {
            "\"hex\")",
 }
 _WORDS_PER_BLOCK = 8  # a ChaCha20 block is 64 bytes
+#: The key stream's words are little-endian; array('Q') holds native ones.
+_BIG_ENDIAN: Final = sys.byteorder == "big"
 _MAX_BLOCK = 1 << 32
 
 
@@ -150,6 +153,12 @@ class KeyedStream:
         """n uint64 words of lane `lane` from word index `start`."""
         if n <= 0:
             return np.empty(0, dtype=np.uint64)
+        return np.frombuffer(self.word_array(lane, start, n), dtype=np.uint64)
+
+    def word_array(self, lane: int, start: int, n: int) -> array[int]:
+        """words(lane, start, n) as an array('Q') (n >= 0), the one read every other goes
+        through: the scalar readers index it directly (a numpy round trip per refill cost
+        about as much as the cipher)."""
         if self._key is None:
             self._key = self._noise_key.derive(self.label)
         if lane < 0 or lane >= 1 << 96 or start < 0:
@@ -159,9 +168,12 @@ class KeyedStream:
         if block + nblocks > _MAX_BLOCK:
             raise ValueError("stream position beyond 2^32 blocks in one lane")
         nonce = block.to_bytes(4, "little") + lane.to_bytes(12, "little")
-        enc = Cipher(ChaCha20(self._key, nonce), mode=None).encryptor()
-        raw = enc.update(bytes(64 * nblocks))
-        return np.frombuffer(raw, dtype="<u8")[offset : offset + n].astype(np.uint64)
+        raw = Cipher(ChaCha20(self._key, nonce), mode=None).encryptor().update(
+            bytes(64 * nblocks))
+        out = array("Q", raw[8 * offset : 8 * (offset + n)])
+        if _BIG_ENDIAN:
+            out.byteswap()
+        return out
 
 
 #: The buffer of every cursor that has read nothing (never written to: a read replaces it).
@@ -201,7 +213,7 @@ class WordCursor:
         # 8 bytes a word (a list of Python ints takes 40 and a numpy copy 8 more): the
         # scalar samplers read one word at a time, and indexing the array costs about what
         # converting the chunk to a list did.
-        self._buf = array("Q", self.stream.words(self.lane, self.position, size).tobytes())
+        self._buf = self.stream.word_array(self.lane, self.position, size)
         self._buf_start = self.position
 
     def next_word(self) -> int:

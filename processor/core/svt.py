@@ -167,13 +167,13 @@ class SVT:
         "_bank",
         "_c",
         "_cached",
-        "_cursor",
         "_due_memo",
         "_g",
         "_has_plan",
         "_lam",
         "_log1pq",
         "_scan",
+        "_skip",
         "_t1",
         "_zahead",
         "_zpos",
@@ -195,19 +195,26 @@ class SVT:
         self.tau = tau
         t0, self._t1, self._b8, self._c, self._lam, self._log1pq, self._g = (
             _scan_constants(eps))
-        zstream = KeyedStream(key, label, "/z")
-        self._bank = LaplaceBank(zstream, self._t1)
-        #: scalar draws looked at ahead of consumption (by `due`): (value, cursor after)
-        self._ahead: list[tuple[int, int]] = []
-        self._zahead = WordCursor(zstream, 0, 0)
-        self._cursor = WordCursor(KeyedStream(key, label, "/skip"), 0, 0)
+        #: the draws after the first SCALAR_DRAWS, made at the first of them (most
+        #: instances never get there)
+        self._bank: LaplaceBank | None = None
+        #: scalar draws looked at ahead of consumption (by `due`), flat: value, cursor
+        #: after, value, ... (plain ints: no tuple per draw for the collector to walk)
+        self._ahead: list[int] = []
+        self._zahead = WordCursor(KeyedStream(key, label, "/z"), 0, 0)
+        #: the skip lane's position (words the committed plans consumed)
+        self._skip = 0
         #: a reader of the skip lane that keeps its ChaCha20 chunk between plans
-        self._scan = WordCursor(self._cursor.stream, 0, 0)
-        #: (start step, skip position, v) -> (firing step or None, skip position after)
-        self._cached: tuple[tuple[int, int, int], tuple[int | None, int]] | None = None
-        self._due_memo: tuple[tuple[int | bool | None, ...], int | None] | None = None
+        self._scan = WordCursor(KeyedStream(key, label, "/skip"), 0, 0)
+        #: the last plan sampled: (start step, skip position, v, firing step or None,
+        #: skip position after)
+        self._cached: tuple[int, int, int, int | None, int] | None = None
+        #: the last answer of `due`: its arguments and the state it read, then the answer
+        self._due_memo: tuple[int | bool | None, ...] | None = None
         if state is None:
-            self.z0 = discrete_laplace(WordCursor(KeyedStream(key, label, "/z0")), t0)
+            # the run's sampler: the same draw as discrete_laplace on the cursor, cheaper
+            self.z0 = discrete_laplace_run(WordCursor(KeyedStream(key, label, "/z0")), t0,
+                                           1)[0][0]
             self.steps = 0
             self.draws = 0
             self._zpos = 0
@@ -220,14 +227,14 @@ class SVT:
             self.z0 = int(state["z0"])
             self.steps = int(state["n"])
             self.draws = int(state["d"])
-            self._cursor.position = int(state["p"])
+            self._skip = int(state["p"])
             self._zpos = int(state["zp"])
             self._zahead.position = self._zpos
             self.halted = bool(state["h"])
             self.run = int(state["r"])
             self._has_plan = "f" in state
             self.plan = None if state.get("f") is None else int(state["f"])
-            if (min(self.steps, self.draws, self._cursor.position, self._zpos) < 0
+            if (min(self.steps, self.draws, self._skip, self._zpos) < 0
                     or not 0 <= self.run <= self.prefix
                     or (self._has_plan and self.run != self.prefix)):
                 raise ValueError("SVT state out of range")
@@ -236,7 +243,7 @@ class SVT:
         """The instance as a small dict (Z_0, step and draw counters, cursor positions,
         dense steps of the current ⊥ run, plan)."""
         d: dict[str, Any] = {"z0": self.z0, "n": self.steps, "d": self.draws,
-                             "p": self._cursor.position, "zp": self._zpos,
+                             "p": self._skip, "zp": self._zpos,
                              "h": self.halted, "r": self.run}
         if self._has_plan:
             d["f"] = self.plan
@@ -254,31 +261,42 @@ class SVT:
     def _peek(self, i: int) -> int:
         """Draw number i >= draws without consuming it (scalar draws are remembered)."""
         if i >= SCALAR_DRAWS:
-            return self._bank.draw(i - SCALAR_DRAWS)
+            return self._banked(i)
         j = i - self.draws
-        if len(self._ahead) <= j:
+        if len(self._ahead) <= 2 * j:
             self._fill(j + 1)
-        return self._ahead[j][0]
+        return self._ahead[2 * j]
+
+    def _banked(self, i: int) -> int:
+        """Draw number i >= SCALAR_DRAWS, from the LaplaceBank on the "/z" stream."""
+        if self._bank is None:
+            self._bank = LaplaceBank(self._zahead.stream, self._t1)
+        return self._bank.draw(i - SCALAR_DRAWS)
 
     def _fill(self, n: int) -> None:
         """Look at the next n draws ahead (those among the scalar ones) in one run."""
         ahead = self._ahead
-        n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead)
+        n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead) // 2
         if n > 0:
-            ahead.extend(discrete_laplace_run(self._zahead, self._t1, n))
+            for z, pos in discrete_laplace_run(self._zahead, self._t1, n):
+                ahead.append(z)
+                ahead.append(pos)
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
-        bank."""
+        bank. A scalar draw not looked at yet comes in one run with the draws of the next
+        dense prefix: a step's draw is usually followed by a `due` that looks at those,
+        and a run costs a fraction of as many single draws."""
         i = self.draws
-        self.draws = i + 1
         if i >= SCALAR_DRAWS:
-            return self._bank.draw(i - SCALAR_DRAWS)
-        if self._ahead:
-            z, self._zpos = self._ahead.pop(0)
-            return z
-        z = discrete_laplace(self._zahead, self._t1)
-        self._zpos = self._zahead.position
+            self.draws = i + 1
+            return self._banked(i)
+        ahead = self._ahead
+        if not ahead:
+            self._fill(1 + self.prefix)
+        self.draws = i + 1
+        z, self._zpos = ahead[0], ahead[1]
+        del ahead[:2]
         return z
 
     # -- dense path -----------------------------------------------------------------------
@@ -471,8 +489,7 @@ class SVT:
         self._has_plan = False
         self.plan = None
         self.run = 0
-        step, pos = self._sample(v, self.steps + 1, self.steps + 1 + n, self._cursor.position)
-        self._cursor.position = pos
+        step, self._skip = self._sample(v, self.steps + 1, self.steps + 1 + n, self._skip)
         if step is None:
             self.steps += n
             return None
@@ -486,10 +503,11 @@ class SVT:
         (computed once, cached; a pure function of the state)."""
         if self._has_plan:
             return self.plan
-        key = (self.steps + 1 + self.prefix - self.run, self._cursor.position, v)
-        if self._cached is None or self._cached[0] != key:
-            self._cached = (key, self._sample(v, key[0], HORIZON, key[1]))
-        return self._cached[1][0]
+        start, pos = self.steps + 1 + self.prefix - self.run, self._skip
+        c = self._cached
+        if c is None or c[0] != start or c[1] != pos or c[2] != v:
+            c = self._cached = (start, pos, v, *self._sample(v, start, HORIZON, pos))
+        return c[3]
 
     def due(self, v: int, within: int | None = None) -> int | None:
         """Steps until the instance fires if the input stays v (None: never). With
@@ -499,13 +517,15 @@ class SVT:
         its advance asks again)."""
         if self.halted:
             raise RuntimeError("SVT has halted")
-        key = (v, within, self.steps, self.run, self.draws, self._has_plan, self.plan,
-               self._cursor.position)
         memo = self._due_memo
-        if memo is not None and memo[0] == key:
-            return memo[1]
+        if (memo is not None and memo[0] == v and memo[1] == within
+                and memo[2] == self.steps and memo[3] == self.run and memo[4] == self.draws
+                and memo[5] == self._has_plan and memo[6] == self.plan
+                and memo[7] == self._skip):
+            return memo[8]
         d = self._due(v, within)
-        self._due_memo = (key, d)
+        self._due_memo = (v, within, self.steps, self.run, self.draws, self._has_plan,
+                          self.plan, self._skip, d)
         return d
 
     def _due(self, v: int, within: int | None) -> int | None:
@@ -532,7 +552,7 @@ class SVT:
         if not self._has_plan:
             f = self._planned(v)
             assert self._cached is not None
-            self._cursor.position = self._cached[1][1]
+            self._skip = self._cached[4]
             self.plan = f
             self._has_plan = True
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from array import array
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -452,10 +453,10 @@ class _RareWords(KeyedStream):
     (K > 18, the branch one word cannot decide), which real words give about 1e-16 of
     the time."""
 
-    def words(self, lane: int, start: int, n: int) -> np.ndarray:
-        out = super().words(lane, start, n).copy()
+    def word_array(self, lane: int, start: int, n: int) -> array[int]:
+        out = super().word_array(lane, start, n)
         pos = np.arange(start, start + n)
-        out[pos % 5 == 0] = np.uint64(3 * smp_scalar.F18)
+        np.frombuffer(out, dtype=np.uint64)[pos % 5 == 0] = np.uint64(3 * smp_scalar.F18)
         return out
 
 

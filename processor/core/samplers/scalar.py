@@ -205,8 +205,8 @@ _RUN_WORDS = 12
 _RUN_MAX = 256
 
 
-def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
-    """_discrete_laplace(cur, t, 1) for 2 <= t < 2^48, reading the words w[i:] in the same
+def _dlap_words(w: list[int], i: int, t: int, s: int, shift: int) -> tuple[int, int]:
+    """_discrete_laplace(cur, t, s) for 2 <= t < 2^48, reading the words w[i:] in the same
     order and with the same decisions, inlined; returns (draw, index after it). Raises
     IndexError when w runs out or a rare branch comes up (the caller redoes the draw on
     the cursor)."""
@@ -249,7 +249,7 @@ def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
             if not (19 - nle) & 1:
                 break
             v += 1
-        y = u + t * v
+        y = (u + t * v) // s
         negative = w[i] >> 63 == 1
         i += 1
         if negative and y == 0:
@@ -258,21 +258,24 @@ def _dlap_words(w: list[int], i: int, t: int, shift: int) -> tuple[int, int]:
 
 
 def _window(cur: WordCursor, position: int, n: int) -> list[int]:
-    """n words of the cursor's lane from `position`, as Python ints, read past the
-    cursor's buffer (which a run would otherwise fill and keep)."""
-    return cur.stream.words(cur.lane, position, n).tolist()  # type: ignore[no-any-return]
+    """At least n words of the cursor's lane from `position`, as Python ints, read past
+    the cursor's buffer (which a run would otherwise fill and keep): up to the end of a
+    ChaCha20 block (8 words), as the rest of the last block comes with it anyway."""
+    return cur.stream.word_array(cur.lane, position, n + (-(position + n)) % 8).tolist()
 
 
-def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int]]:
-    """n consecutive draws discrete_laplace(cur, t), each with the cursor position after
+def discrete_laplace_run(cur: WordCursor, t: int, n: int, s: int = 1
+                         ) -> list[tuple[int, int]]:
+    """n consecutive draws discrete_laplace(cur, t, s), each with the cursor position after
     it: the same values and positions as n calls (a draw is a pure function of its start
     position), computed from a list of the lane's words instead of one call per word.
     The cursor ends after the last draw."""
     t = check_int("t", t, 1)
+    s = check_int("s", s, 1)
     out: list[tuple[int, int]] = []
     if t == 1 or t.bit_length() > 48:
         for _ in range(n):
-            out.append((_discrete_laplace(cur, t, 1), cur.position))
+            out.append((_discrete_laplace(cur, t, s), cur.position))
         return out
     shift = 64 - (t - 1).bit_length()
     base = cur.position
@@ -280,7 +283,7 @@ def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int
     i = 0
     while len(out) < n:
         try:
-            z, i = _dlap_words(w, i, t, shift)
+            z, i = _dlap_words(w, i, t, s, shift)
         except IndexError:
             base += i
             cur.position = base
@@ -290,7 +293,7 @@ def discrete_laplace_run(cur: WordCursor, t: int, n: int) -> list[tuple[int, int
                 i = 0
                 continue
             # a rare branch (or a draw longer than the window): the cursor's own path
-            z = _discrete_laplace(cur, t, 1)
+            z = _discrete_laplace(cur, t, s)
             base = cur.position
             w = _window(cur, base, min(_RUN_WORDS * (n - len(out)), _RUN_MAX))
             i = 0
