@@ -448,6 +448,17 @@ def test_golden_draws_pin_the_word_consumption() -> None:
     assert [bank.draw(i) for i in (0, 1, 2047)] == [19788790, 5323928, 1808676]
 
 
+
+@pytest.mark.parametrize("t", [77, 1 << 40])
+def test_laplace_bank_draws_equal_the_blocks_at_any_magnitude(t: int) -> None:
+    """The bank keeps a chunk in 4 bytes a sample when all fit, 8 when one does not: the
+    draws are the block's values either way (t = 2^40 gives samples past 2^31)."""
+    st = KeyedStream(NoiseKey.from_seed(23), "bank-width")
+    bank = LaplaceBank(st, t, 1, chunk=256)
+    block = discrete_laplace_block(st, 2, t, 1, 256).tolist()
+    assert [bank.draw(256 + i) for i in range(256)] == block
+    assert (max(map(abs, block)) > 1 << 31) == (t > 1 << 31)
+
 class _RareWords(KeyedStream):
     """A keyed stream in which every 5th word is 3 * 18!: its von Neumann remainder is 0
     (K > 18, the branch one word cannot decide), which real words give about 1e-16 of

@@ -323,6 +323,16 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
     return out
 
 
+_I32 = np.iinfo(np.int32)
+
+
+def _compact(samples: npt.NDArray[np.int64]) -> array.array[int]:
+    """The samples as an array.array of 4-byte ints when every one fits, else 8-byte."""
+    if samples.size and (samples.min() < _I32.min or samples.max() > _I32.max):
+        return array.array("q", samples.astype(np.int64).tobytes())
+    return array.array("i", samples.astype(np.int32).tobytes())
+
+
 class LaplaceBank:
     """An addressable, reproducible sequence of DLap(t/s) samples: draw(i) is the i-th.
 
@@ -330,7 +340,9 @@ class LaplaceBank:
     discrete_laplace_block(stream, lane=c + 1, t, s, chunk) (lane 0 is left to scalar
     cursors). A mechanism stores only the index in its state. draw(i) does not depend on
     the order of calls (a chunk is a pure function of its lane). The two most recently
-    used chunks are kept (chunk * 8 bytes each), so a caller that looks a few draws ahead
+    used chunks are kept (chunk * 4 bytes each, 8 when a sample needs more than 32
+    bits: a counter's SVT keeps one bank, so its samples are most of an active counter's
+    memory), so a caller that looks a few draws ahead
     across a chunk boundary (the SVT's ⊥-run prefix) does not recompute the chunk it
     still consumes; sequential use costs one vectorised block per `chunk` draws plus well
     under a microsecond per draw.
@@ -362,18 +374,11 @@ class LaplaceBank:
         else:
             if c + 1 >= 1 << 96:
                 raise InvalidParameterError("LaplaceBank index out of range")
-            arr = discrete_laplace_block(self.stream, c + 1, self.t, self.s, self.chunk)
-            vals = array.array("q", arr.tobytes())
+            vals = _compact(discrete_laplace_block(self.stream, c + 1, self.t, self.s,
+                                                   self.chunk))
         if cur_c >= 0:
             self._old, self._old_c = self._vals, cur_c
         self._vals, self._base = vals, c * self.chunk
-
-    def block(self, c: int) -> npt.NDArray[np.int64]:
-        """The samples of chunk c as a read-only array."""
-        c = check_int("chunk index", c, 0)
-        self._load(c)
-        out: npt.NDArray[np.int64] = np.frombuffer(self._vals, dtype=np.int64)
-        return out
 
     def draw(self, index: int) -> int:
         """The index-th sample (index >= 0)."""
