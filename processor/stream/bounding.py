@@ -38,7 +38,6 @@ Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhe
 
 from __future__ import annotations
 
-import binascii
 import collections
 import gc
 import hashlib
@@ -55,14 +54,13 @@ from processor.core.rng import NoiseKey
 from processor.stream.commit import CheckpointLoop, Stores
 from processor.stream.config import Settings
 from processor.stream.records import (
-    DEADLETTER_RAW_LIMIT,
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
+    DeadLetterEncoder,
     Event,
     Rejection,
     TimelineBatch,
     TimelineFormatError,
-    deadletter_record,
     decode_timeline,
     encode_batch_rows,
     fit_records,
@@ -270,25 +268,6 @@ class UnitsPartitionState:
         return cls(off, {str(k): int(v) for k, v in body["i"].items()}, data)
 
 
-class DeadLetters:
-    """records.deadletter_record for events of one rejection read from one input topic,
-    byte for byte, with what all of them share encoded once (a units record may reject
-    most of its events)."""
-
-    def __init__(self, rejection: Rejection, topic: str) -> None:
-        self._rejection = rejection
-        self._topic = topic
-        head = orjson.dumps({"reason": rejection.reason, "detail": rejection.detail})
-        self._head = head[:-1] + b',"raw":"'
-        self._mid = b'","truncated":false,"topic":' + orjson.dumps(topic) + b',"partition":'
-
-    def __call__(self, raw: bytes, partition: int, offset: int) -> bytes:
-        if len(raw) > DEADLETTER_RAW_LIMIT:
-            return deadletter_record(self._rejection, raw, self._topic, partition, offset)
-        return b"".join((self._head, binascii.b2a_base64(raw, newline=False), self._mid,
-                         b"%d,\"offset\":%d}" % (partition, offset)))
-
-
 def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
     """Keep the event at `seq` of this unit for `counter`? Updates `st`. An event at or
     before the unit's last applied seq is looked up, never re-decided (crash safety)."""
@@ -341,7 +320,7 @@ class Bounder:
         self.settings = settings
         self.k = p.max_events_per_counter
         self.m = p.max_counters_per_unit
-        self._beyond = DeadLetters(
+        self._beyond = DeadLetterEncoder(
             Rejection("contribution_bound_exceeded",
                       f"beyond max_events_per_counter={self.k} or "
                       f"max_counters_per_unit={self.m} for its unit"),

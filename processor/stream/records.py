@@ -24,7 +24,7 @@ logs, while the raw bytes go only to the (private) dead-letter topic.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import hashlib
 import json
 import math
@@ -449,19 +449,34 @@ def unit_id_problem(unit: object) -> str | None:
     return None
 
 
+class DeadLetterEncoder:
+    """The dead-letter value for a rejected input record (`deadletter_record`), for any
+    number of records of one rejection read from one topic: what they share (reason,
+    detail, topic) is encoded once, since a units record may reject most of its events.
+    The only place raw input may appear (base64, truncated to 4 KiB): the dead-letter
+    topic is private. The bytes are orjson's of {"reason", "detail", "raw", "truncated",
+    "topic", "partition", "offset"} in that order."""
+
+    __slots__ = ("_head", "_tails")
+
+    def __init__(self, rejection: Rejection, topic: str) -> None:
+        head = orjson.dumps({"reason": rejection.reason, "detail": rejection.detail})
+        self._head = head[:-1] + b',"raw":"'
+        rest = b',"topic":' + orjson.dumps(topic) + b',"partition":'
+        #: by whether the raw value was truncated
+        self._tails = (b'","truncated":false' + rest, b'","truncated":true' + rest)
+
+    def __call__(self, raw: bytes, partition: int, offset: int) -> bytes:
+        return b"".join((self._head,
+                         binascii.b2a_base64(bytes(raw[:DEADLETTER_RAW_LIMIT]), newline=False),
+                         self._tails[len(raw) > DEADLETTER_RAW_LIMIT],
+                         b'%d,"offset":%d}' % (partition, offset)))
+
+
 def deadletter_record(rejection: Rejection, raw: bytes, topic: str, partition: int,
                       offset: int) -> bytes:
-    """The dead-letter value for a rejected input record. The only place raw input may
-    appear (base64, truncated to 4 KiB): the dead-letter topic is private."""
-    return orjson.dumps({
-        "reason": rejection.reason,
-        "detail": rejection.detail,
-        "raw": base64.b64encode(bytes(raw[:DEADLETTER_RAW_LIMIT])).decode("ascii"),
-        "truncated": len(raw) > DEADLETTER_RAW_LIMIT,
-        "topic": topic,
-        "partition": partition,
-        "offset": offset,
-    })
+    """The dead-letter value for one rejected input record (DeadLetterEncoder)."""
+    return DeadLetterEncoder(rejection, topic)(raw, partition, offset)
 
 
 # ------------------------------------------------------------------------ timeline

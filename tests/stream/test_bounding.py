@@ -577,20 +577,6 @@ def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
     assert hold_s(with_overrides(S, lateness_ms=0)) == 0.0
 
 
-def test_dead_letters_equal_deadletter_record_byte_for_byte() -> None:
-    """The stage's dead-letter encoder gives records.deadletter_record's bytes, raw
-    truncated or not, for any topic name and coordinates."""
-    from processor.stream.records import Rejection, deadletter_record
-
-    rej = Rejection("contribution_bound_exceeded", 'beyond "k" for its unit')
-    for topic in ("input", 'we"ird\\tö'):
-        encode = bounding.DeadLetters(rej, topic)
-        for counter in ("c1", "ü" * 3000, "c" * 5000):
-            raw = orjson.dumps(_row("u", counter, 5))
-            for p, o in ((0, 0), (-1, 5), (7, 2**63 - 1)):
-                assert encode(raw, p, o) == deadletter_record(rej, raw, topic, p, o)
-
-
 def test_unit_value_bytes_are_pinned() -> None:
     """A unit value's bytes: the magic, the units offset of its last seq (big-endian
     int64, -1 before any), then [last seq, [[counter, [seqs]], ...]] in first-touch

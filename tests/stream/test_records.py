@@ -28,6 +28,7 @@ from processor.stream.records import (
     REASONS,
     RELEASE_SCHEMA_VERSION,
     USER_MODE_REASONS,
+    DeadLetterEncoder,
     Event,
     LedgerEntry,
     Rejection,
@@ -282,6 +283,23 @@ def test_timeline_schema_validates_what_the_encoders_write() -> None:
     assert not v.is_valid({"v": 2, "k": "b", "i": "", "e": []})
     assert not v.is_valid({"v": 2, "k": "b", "e": [["a", 1, 65537, 0, 0]]})
 
+
+
+def test_dead_letter_encoder_writes_the_dict_byte_for_byte() -> None:
+    """DeadLetterEncoder (and deadletter_record, which calls it) gives orjson's bytes of
+    the dead-letter dict, raw truncated or not, for any topic name and coordinates."""
+    rej = Rejection("contribution_bound_exceeded", 'beyond "k" for its unit')
+    for topic in ("input", 'we"ird\\tö'):
+        encode = DeadLetterEncoder(rej, topic)
+        for raw in (b'{"c":1}', ("ü" * 3000).encode(), b"c" * 5000, b""):
+            for p, o in ((0, 0), (-1, 5), (7, 2**63 - 1)):
+                want = orjson.dumps({
+                    "reason": rej.reason, "detail": rej.detail,
+                    "raw": base64.b64encode(raw[:DEADLETTER_RAW_LIMIT]).decode("ascii"),
+                    "truncated": len(raw) > DEADLETTER_RAW_LIMIT,
+                    "topic": topic, "partition": p, "offset": o})
+                assert encode(raw, p, o) == want
+                assert deadletter_record(rej, raw, topic, p, o) == want
 
 def test_dead_letter_schema_validates_what_deadletter_record_writes() -> None:
     v = _validator("dead-letter.schema.json")
