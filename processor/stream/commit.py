@@ -334,15 +334,15 @@ class BatchCommit(CheckpointLoop):
         other records (their events file counters first), a marker before this partition's
         due wheel is loaded or its last seal known, or one whose due counters times its
         ticks exceed INLINE_STEPS."""
-        ticks = [n for _o, r in records if (n := marker_tick(r)) is not None]
-        if not ticks:
+        tick = next((n for _o, r in records if (n := marker_tick(r)) is not None), None)
+        if tick is None:
             return False
         wheel = self.operator.due_wheel(partition)
         last = self._sealed.get(partition)
         if len(records) > 1 or wheel is None or last is None:
             return True
-        span = max(1, ticks[0] - last)
-        return wheel.due_through(ticks[0], INLINE_STEPS // span) * span > INLINE_STEPS
+        span = max(1, tick - last)
+        return wheel.due_through(tick, INLINE_STEPS // span) * span > INLINE_STEPS
 
     def _apply_all(self, txn: PartitionTransaction, partition: int,
                    records: Sequence[tuple[int, bytes]], stamps: Mapping[int, int] | None,
