@@ -16,7 +16,13 @@ import pytest
 
 from processor.core import registry
 from processor.stream import operator
-from processor.stream.commit import CRASH_POINTS, BatchCommit, CollectingPublisher, SharedStore
+from processor.stream.commit import (
+    CRASH_POINTS,
+    INLINE_STEPS,
+    BatchCommit,
+    CollectingPublisher,
+    SharedStore,
+)
 from processor.stream.config import Settings
 from processor.stream.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
 from processor.stream.records import Event, LedgerEntry, Release, encode_batch, encode_marker
@@ -600,3 +606,42 @@ def test_a_checkpoint_writes_each_plan_in_one_batch() -> None:
     run(each, calls.append)
     assert each.data == ref.data and not each.batches
     assert calls.count("between_state_writes") == each.single - len(records) > 0
+
+
+def test_a_lone_small_marker_is_applied_inline_and_a_large_seal_in_a_thread() -> None:
+    """With offload, a batch goes to a thread when it may seal more than INLINE_STEPS
+    counter ticks: a marker with other records, the first marker of a partition (its last
+    seal unknown), a lone marker through the tick of more than INLINE_STEPS counters with
+    events; a lone marker with few counters due is applied on the event loop. Control:
+    the releases equal a run without offload."""
+    names = {f"k{i:03d}": 0 for i in range(INLINE_STEPS + 44)}
+    s = settings(names, heartbeat_ticks=1_000_000)
+    few = [Event(f"k{i:03d}", 3 * TICK + 5, 1) for i in range(3)]
+    many = [Event(n, 5 * TICK + 5, 1) for n in names]
+    batches: Batches = [[(0, encode_marker(1))], [(1, encode_marker(2))],
+                        [(2, encode_batch(few))], [(3, encode_marker(3))],
+                        [(4, encode_marker(4))], [(5, encode_batch(many))],
+                        [(6, encode_marker(5))], [(7, encode_batch(few[:1])),
+                                                  (8, encode_marker(6))]]
+    threaded: list[int] = []
+    real = asyncio.to_thread
+
+    async def counting(fn: Callable[..., Any], *args: Any) -> Any:
+        if getattr(fn, "__name__", "") == "_apply_all":  # not a checkpoint's writes
+            threaded.append(len(args[2]))  # the batch's records
+        return await real(fn, *args)
+
+    def run(offload: bool) -> list[Release]:
+        pub = CollectingPublisher()
+        bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), DictStore(), pub,
+                         offload=offload)
+        for b in batches:
+            asyncio.run(bc.commit(0, b))
+        return list(pub.releases)
+
+    with mock.patch("processor.stream.commit.asyncio.to_thread", counting):
+        got = run(True)
+    # first marker (last seal unknown), the lone marker sealing every counter's tick 5,
+    # the marker that comes with an event batch; markers 2, 3 and 4 inline
+    assert threaded == [1, 1, 2]
+    assert got == run(False) and got

@@ -121,6 +121,20 @@ def test_due_wheel_files_and_takes_by_tick() -> None:
     assert w.take_through(100) == {"a", "b", "c"} and w.ticks() == []
 
 
+
+def test_due_wheel_counts_through_a_tick_up_to_a_limit() -> None:
+    """due_through(n, limit) counts the names filed at ticks <= n (one filed at two such
+    ticks twice), stopping once the count exceeds the limit, and takes nothing out.
+    Controls: ticks above n do not count; a limit below the count stops past it."""
+    w = DueWheel()
+    for name, tick in (("a", 5), ("b", 3), ("c", 9), ("a", 4), ("d", 5)):
+        w.file(name, tick)
+    assert w.due_through(2, 100) == 0
+    assert w.due_through(5, 100) == 4
+    assert w.due_through(100, 100) == 5
+    assert 1 < w.due_through(5, 1) <= 4
+    assert w.ticks() == [3, 4, 5, 9] and len(w) == 5
+
 def test_values_carry_their_offset_and_never_go_back() -> None:
     """Every stored value of format 4 carries the timeline offset it
     reflects; `supersedes` takes a value of an equal or higher offset and refuses a lower
