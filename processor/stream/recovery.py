@@ -1,6 +1,8 @@
 """Faust's table recovery (restore and standby copies) with a changelog loop that takes
 the records in batches: `BatchedRecovery`, installed by `BatchedTableManager`
-(`faust.App(TableManager=...)`).
+(`faust.App(TableManager=...)`), and fed by `ChangelogConsumer`, the worker's consumer,
+a fetch at a time (`BatchedRecovery.take_fetched`; the queue loop below then only sees
+records of a consumer that is not ours).
 
 Faust's loop (`Recovery._slurp_changelogs`) takes one changelog record per turn of the
 event loop: a `wait_for` on its queue (a task, a timer and a future per record), debug
