@@ -113,7 +113,7 @@ class BatchedRecovery(Recovery):
     @staticmethod
     async def _checked(step: Awaitable[None]) -> None:
         """Await one step; an error is logged and the loop goes on (as Faust's does, per
-        record)."""
+        record; a buffer whose apply failed is kept, and applied again when full)."""
         try:
             await step
         except Exception as exc:
@@ -129,7 +129,8 @@ class BatchedRecovery(Recovery):
         (`_take_run`); then the end of an active recovery and the standbys' readiness
         are checked, as after a batch of the queue."""
         for tp, records in fetched.items():
-            await self._take_run(tp, [ChangelogEvent(tp, record) for record in records])
+            await self._checked(
+                self._take_run(tp, [ChangelogEvent(tp, record) for record in records]))
         await self._checked(self._end_if_caught_up(0))
         await self._checked(self._standbys_if_caught_up())
 
