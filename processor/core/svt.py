@@ -49,6 +49,7 @@ from processor.core.samplers.block import LaplaceBank
 from processor.core.samplers.scalar import (
     bernoulli_exp,
     discrete_laplace,
+    discrete_laplace_into,
     discrete_laplace_run,
     laplace_scale_units,
 )
@@ -278,9 +279,7 @@ class SVT:
         ahead = self._ahead
         n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead) // 2
         if n > 0:
-            for z, pos in discrete_laplace_run(self._zahead, self._t1, n):
-                ahead.append(z)
-                ahead.append(pos)
+            discrete_laplace_into(self._zahead, self._t1, n, ahead)
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
