@@ -210,9 +210,10 @@ _RUN_MAX = 256
 #: has precomputed; a draw that gets further (probability below 1e-20) goes to the
 #: cursor's path.
 _RUN_K = 24
-#: 18!/2!: a von Neumann remainder at least this is K = 2 (half of all words), decided
-#: without the bisection.
+#: 18!/2! and 18!/3!: a von Neumann remainder at least the first is K = 2 (half of all
+#: words), between the two K = 3 (a third), decided without the bisection.
 _VN_HALF = VN_THRESHOLDS[-2]
+_VN_SIXTH = VN_THRESHOLDS[-3]
 
 
 @lru_cache(maxsize=64)
@@ -288,6 +289,9 @@ def _dlap_words(w: list[int], i: int, n: int, t: int, s: int,  # noqa: C901 (inl
                     r = x % F18
                     if r >= _VN_HALF:
                         break  # K = 2
+                    if r >= _VN_SIXTH:
+                        v += 1  # K = 3
+                        continue
                     nle = bisect.bisect_right(VN_THRESHOLDS, r)
                     if nle == 0:
                         raise IndexError  # K > 18 (about 1e-16): the cursor continues it
