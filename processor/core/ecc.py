@@ -25,7 +25,7 @@ from processor.core.params import simecc_parameters as simecc_parameters
 from processor.core.partition import Part, SimPart, part_tau, simpart_scale
 from processor.core.rng import NoiseKey
 from processor.core.schedule import SchedList
-from processor.core.state import pack, unpack
+from processor.core.state import pack_owned, unpack
 from processor.core.svt import svt_scales, svt_threshold
 from processor.core.tight import CALIBRATIONS, check_calibration
 
@@ -254,7 +254,7 @@ class _EccBase(Counter):
         }
         if self.calibration != "paper":
             st["cal"] = self.calibration
-        return pack(self.mechanism, self.state_version, st)
+        return pack_owned(self.mechanism, self.state_version, st)
 
     @classmethod
     def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:

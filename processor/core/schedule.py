@@ -41,6 +41,8 @@ class SchedList:
 
     def next_after(self, t: int) -> int | None:
         """The earliest scheduled tick > t, or None."""
+        if not self._at:
+            return None
         later = [k for k in self._at if k > t]
         return min(later) if later else None
 

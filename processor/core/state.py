@@ -24,7 +24,12 @@ MAGIC = b"DPS"
 
 
 def pack(mechanism: str, version: int, payload: dict[str, Any]) -> bytes:
-    body = dict(payload)
+    return pack_owned(mechanism, version, dict(payload))
+
+
+def pack_owned(mechanism: str, version: int, body: dict[str, Any]) -> bytes:
+    """pack() of a dict the caller made for it and drops: adds "m" to it in place (no
+    copy: a counter's state is encoded at every checkpoint that touched it)."""
     body["m"] = mechanism
     return MAGIC + bytes([version]) + orjson.dumps(body)
 

@@ -49,6 +49,7 @@ from processor.core.samplers.block import LaplaceBank
 from processor.core.samplers.scalar import (
     bernoulli_exp,
     discrete_laplace,
+    discrete_laplace_into,
     discrete_laplace_run,
     laplace_scale_units,
 )
@@ -278,9 +279,7 @@ class SVT:
         ahead = self._ahead
         n = min(self.draws + n, SCALAR_DRAWS) - self.draws - len(ahead) // 2
         if n > 0:
-            for z, pos in discrete_laplace_run(self._zahead, self._t1, n):
-                ahead.append(z)
-                ahead.append(pos)
+            discrete_laplace_into(self._zahead, self._t1, n, ahead)
 
     def _take(self) -> int:
         """Consume the next draw: the first SCALAR_DRAWS from the scalar cursor, then the
@@ -518,11 +517,17 @@ class SVT:
         if self.halted:
             raise RuntimeError("SVT has halted")
         memo = self._due_memo
-        if (memo is not None and memo[0] == v and memo[1] == within
+        if (memo is not None and memo[0] == v
                 and memo[2] == self.steps and memo[3] == self.run and memo[4] == self.draws
                 and memo[5] == self._has_plan and memo[6] == self.plan
                 and memo[7] == self._skip):
-            return memo[8]
+            if memo[1] == within:
+                return memo[8]
+            if memo[1] is None:
+                # the answer without a limit decides every limit: a skip asks next_due()
+                # first, then with the skip's end, then the advance with its length
+                d = memo[8]
+                return None if d is None or within is None or d > within else d
         d = self._due(v, within)
         self._due_memo = (v, within, self.steps, self.run, self.draws, self._has_plan,
                           self.plan, self._skip, d)
@@ -537,10 +542,19 @@ class SVT:
             # k_s is non-decreasing in s: a draw at most the run's first k fires nowhere
             # in the prefix, and only a larger one needs its own step's k
             k0 = self._k(v, self.steps + 1)
-            for i in range(n):
-                z = self._peek(self.draws + i)
-                if z > k0 and z > self._k(v, self.steps + i + 1):
-                    return i + 1
+            d = self.draws
+            if d + n <= SCALAR_DRAWS:
+                # all looked at already (_fill): one pass over the list, no call per draw
+                zs = self._ahead[0 : 2 * n : 2]
+                if max(zs) > k0:
+                    for i, z in enumerate(zs):
+                        if z > k0 and z > self._k(v, self.steps + i + 1):
+                            return i + 1
+            else:
+                for i in range(n):
+                    z = self._peek(d + i)
+                    if z > k0 and z > self._k(v, self.steps + i + 1):
+                        return i + 1
         if within is not None and m >= within:
             return None
         f = self._planned(v)
@@ -580,8 +594,15 @@ class SVT:
         if self.due(v, k) is not None:
             raise ValueError("advance would cross the planned firing step")
         j = min(k, self.prefix - self.run)
-        for _ in range(j):
-            self._take()
+        ahead = self._ahead
+        if j and self.draws + j <= SCALAR_DRAWS and len(ahead) >= 2 * j:
+            # what j _take calls do, at once: the draws were looked at by `due`
+            self._zpos = ahead[2 * j - 1]
+            del ahead[: 2 * j]
+            self.draws += j
+        else:
+            for _ in range(j):
+                self._take()
         self.run += j
         self.steps += j
         if k > j:

@@ -94,3 +94,17 @@ def test_a_state_under_the_other_calibration_is_refused() -> None:
     st["cal"] = "tight"
     with pytest.raises(StateParameterError, match="cc eps"):
         SimECC.from_bytes(pack("simecc", SimECC.state_version, st), KEY)
+
+
+@pytest.mark.parametrize("cls", [ECC, SimECC])
+def test_state_bytes_are_pack_of_the_state(cls: Mech) -> None:
+    """to_bytes (pack_owned: "m" added in place) writes the bytes pack() writes of the
+    same state, and leaves a given payload unchanged."""
+    c = cls(10.0, 1e-6, KEY, "a")
+    for t in range(40):
+        c.update(1.0 if t % 3 else None)
+    raw = c.to_bytes()
+    st = unpack(raw, cls.mechanism, cls.state_version)
+    payload = {k: v for k, v in st.items() if k != "m"}
+    assert pack(cls.mechanism, cls.state_version, payload) == raw
+    assert "m" not in payload

@@ -29,6 +29,7 @@ from processor.core.samplers.scalar import (
     bernoulli_frac,
     discrete_gaussian,
     discrete_laplace,
+    discrete_laplace_into,
     discrete_laplace_run,
     gaussian_sigma2_units,
     laplace_scale_units,
@@ -492,3 +493,38 @@ def test_discrete_laplace_run_equals_scalar_draws(t: int, rare: bool) -> None:
         got += discrete_laplace_run(b, t, min(n, len(want) - len(got)))
     assert got == want and b.position == a.position
     assert len(set(got)) > 100  # not vacuous: the draws vary
+
+
+@pytest.mark.parametrize("t", [3, 1000, 262_161])
+def test_discrete_laplace_into_past_its_multiples(t: int, monkeypatch: pytest.MonkeyPatch
+                                                  ) -> None:
+    """A draw whose Bernoulli(exp(-u/t)) loop gets past the multiples of t the run
+    precomputed goes to the cursor's path with the same value and position: with only
+    k <= 2 precomputed, about a twelfth of the draws do. The flat output is the pairs of
+    discrete_laplace_run."""
+    key = NoiseKey.from_seed(29)
+    a = WordCursor(KeyedStream(key, f"into/{t}"), 1, 3)
+    b = WordCursor(KeyedStream(key, f"into/{t}"), 1, 3)
+    want = [(discrete_laplace(a, t), a.position) for _ in range(500)]
+    fallbacks = 0
+    scalar_path = smp_scalar._discrete_laplace
+
+    def counted(cur: WordCursor, t: int, s: int) -> int:
+        nonlocal fallbacks
+        fallbacks += 1
+        return scalar_path(cur, t, s)
+
+    monkeypatch.setattr(smp_scalar, "_discrete_laplace", counted)
+    monkeypatch.setattr(smp_scalar, "_RUN_K", 2)
+    smp_scalar._run_multiples.cache_clear()
+    try:
+        flat: list[int] = []
+        for n in itertools.cycle([9, 1, 30, 0]):
+            if len(flat) >= 2 * len(want):
+                break
+            discrete_laplace_into(b, t, min(n, len(want) - len(flat) // 2), flat)
+        assert list(zip(flat[::2], flat[1::2], strict=True)) == want
+        assert b.position == a.position
+        assert fallbacks > 10  # not vacuous: draws went to the cursor's path
+    finally:
+        smp_scalar._run_multiples.cache_clear()

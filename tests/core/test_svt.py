@@ -264,6 +264,35 @@ def test_prefix_steps_skip_and_restore_agree() -> None:
         assert a.to_state() == c.to_state()
 
 
+def test_due_with_a_limit_after_one_without_equals_a_fresh_answer() -> None:
+    """due(v, within) answered from the remembered due(v) (no limit) equals what an
+    instance restored from the same state computes, for every limit, whether the firing
+    step is in the dense prefix, on the plan or nowhere; advance then consumes the
+    prefix's draws (at once) exactly as const_step does one by one."""
+    key = NoiseKey.from_seed(27)
+    answers = set()
+    for i in range(160):
+        a = SVT(EPS, TAU, key, f"lim/{i}")
+        offset_events = [-2.0, -1.0, -0.5, 0.0][i % 4]
+        v = a.z0 + svt_threshold_units(EPS, TAU, 1) + int(offset_events * UNIT)
+        if any(a.feed(v) for _ in range(i // 4 % 3)):
+            continue  # halted
+        for run in range(PREFIX + 2):
+            d = a.due(v)
+            answers.add(d if d is None or d <= PREFIX else "plan")
+            for within in [0, 1, 2, PREFIX - 1, PREFIX, PREFIX + 1, 50, 10**6]:
+                fresh = SVT(EPS, TAU, key, f"lim/{i}", dict(a.to_state()))
+                assert a.due(v, within) == fresh.due(v, within), (i, run, within)
+                assert a.due(v) == d
+            if d is not None and d <= 1:
+                break
+            b = SVT(EPS, TAU, key, f"lim/{i}", dict(a.to_state()))
+            b.const_step(v)
+            a.advance(v, 1)  # one step at a time: many states
+            assert a.to_state() == b.to_state()
+    assert {None, "plan"} <= answers and answers & set(range(1, PREFIX + 1))
+
+
 @pytest.mark.parametrize("bad", [{"r": -1}, {"r": PREFIX + 1}, {"r": 0, "f": None}])
 def test_svt_state_out_of_range_is_refused(bad: dict[str, object]) -> None:
     st = SVT(EPS, TAU, NoiseKey.from_seed(18), "s").to_state()

@@ -27,6 +27,7 @@ __all__ = [
     "check_int",
     "discrete_gaussian",
     "discrete_laplace",
+    "discrete_laplace_into",
     "discrete_laplace_run",
     "gaussian_sigma2_units",
     "laplace_scale_units",
@@ -205,56 +206,112 @@ _RUN_WORDS = 12
 _RUN_MAX = 256
 
 
-def _dlap_words(w: list[int], i: int, t: int, s: int, shift: int) -> tuple[int, int]:
-    """_discrete_laplace(cur, t, s) for 2 <= t < 2^48, reading the words w[i:] in the same
-    order and with the same decisions, inlined; returns (draw, index after it). Raises
-    IndexError when w runs out or a rare branch comes up (the caller redoes the draw on
-    the cursor)."""
-    while True:
-        # u = _uniform_below(t): the top bits of one word, retried while >= t
-        u = w[i] >> shift
-        i += 1
-        while u >= t:
-            u = w[i] >> shift
-            i += 1
-        # _bernoulli_exp_le1(u, t): k = 1; while bern_frac(u, t k): k += 1; keep k odd
-        k = 1
-        if u:
+#: Multiples k t (k = 1.._RUN_K) whose uniform draws the run's Bernoulli(exp(-u/t)) loop
+#: has precomputed; a draw that gets further (probability below 1e-20) goes to the
+#: cursor's path.
+_RUN_K = 24
+#: 18!/2! and 18!/3!: a von Neumann remainder at least the first is K = 2 (half of all
+#: words), between the two K = 3 (a third), decided without the bisection.
+_VN_HALF = VN_THRESHOLDS[-2]
+_VN_SIXTH = VN_THRESHOLDS[-3]
+
+
+@lru_cache(maxsize=64)
+def _run_multiples(t: int) -> tuple[tuple[int, int], ...]:
+    """(m, shift) for m = k t, k = 1.._RUN_K while m fits one word: uniform_below(m) is
+    the top 64 - shift bits of a word, retried while >= m (the scales of a process are
+    few: every SVT of one eps shares its t)."""
+    out = []
+    for k in range(1, _RUN_K + 1):
+        sh = 64 - (t * k - 1).bit_length()
+        if sh < 0:
+            break
+        out.append((t * k, sh))
+    return tuple(out)
+
+
+def _dlap_words(w: list[int], i: int, n: int, t: int, s: int,  # noqa: C901 (inlined)
+                ms: tuple[tuple[int, int], ...], out: list[int], base: int
+                ) -> tuple[int, int]:
+    """n draws _discrete_laplace(cur, t, s) for 2 <= t < 2^48 read from the words w[i:]
+    (w[0] at cursor position `base`) in the same order and with the same decisions,
+    inlined, one loop for all draws (no call or tuple per draw); appends each draw and
+    the cursor position after it to `out`, flat. ms = _run_multiples(t). Returns (draws
+    made, index after the last): fewer than n when w runs out mid-draw or a rare branch
+    comes up, the index then that of the unfinished draw's first word (the caller redoes
+    that draw)."""
+    shift = ms[0][1]
+    limit = F18_LIMIT_INT
+    done = 0
+    start = i
+    try:
+        while done < n:
+            start = i
             while True:
-                m = t * k
-                sh = 64 - (m - 1).bit_length()
-                if sh < 0:
-                    raise IndexError  # an m beyond one word: the cursor's path reads it
-                x = w[i] >> sh
+                # u = _uniform_below(t): the top bits of one word, retried while >= t
+                u = w[i] >> shift
                 i += 1
-                while x >= m:
-                    x = w[i] >> sh
+                while u >= t:
+                    u = w[i] >> shift
                     i += 1
-                if x >= u:
-                    break
-                k += 1
-        if not k & 1:
-            continue
-        # v: while bernoulli_exp_minus_one(): v += 1 (its one-word von Neumann test)
-        v = 0
-        while True:
-            x = w[i]
-            i += 1
-            while x > F18_LIMIT_INT:
-                x = w[i]
+                # _bernoulli_exp_le1(u, t): k = 1; while bern_frac(u, t k): k += 1;
+                # keep k odd. k = 1 inline (its uniform is below t, like u's); ms[k]
+                # raises IndexError past the multiples it holds (the cursor's path).
+                if u:
+                    x = w[i] >> shift
+                    i += 1
+                    while x >= t:
+                        x = w[i] >> shift
+                        i += 1
+                    if x < u:
+                        k = 1
+                        while True:
+                            m, sh = ms[k]
+                            x = w[i] >> sh
+                            i += 1
+                            while x >= m:
+                                x = w[i] >> sh
+                                i += 1
+                            k += 1
+                            if x >= u:
+                                break
+                        if not k & 1:
+                            continue
+                # v: while bernoulli_exp_minus_one(): v += 1 (its one-word von Neumann
+                # test; K = 19 - nle, True iff K odd)
+                v = 0
+                while True:
+                    x = w[i]
+                    i += 1
+                    while x > limit:
+                        x = w[i]
+                        i += 1
+                    r = x % F18
+                    if r >= _VN_HALF:
+                        break  # K = 2
+                    if r >= _VN_SIXTH:
+                        v += 1  # K = 3
+                        continue
+                    nle = bisect.bisect_right(VN_THRESHOLDS, r)
+                    if nle == 0:
+                        raise IndexError  # K > 18 (about 1e-16): the cursor continues it
+                    if not (19 - nle) & 1:
+                        break
+                    v += 1
+                y = (u + t * v) // s
+                negative = w[i] >> 63
                 i += 1
-            nle = bisect.bisect_right(VN_THRESHOLDS, x % F18)
-            if nle == 0:
-                raise IndexError  # K > 18 (about 1e-16): the cursor's path continues it
-            if not (19 - nle) & 1:
+                if negative:
+                    if y == 0:
+                        continue  # "minus zero": draw again
+                    y = -y
                 break
-            v += 1
-        y = (u + t * v) // s
-        negative = w[i] >> 63 == 1
-        i += 1
-        if negative and y == 0:
-            continue
-        return (-y if negative else y), i
+            out.append(y)
+            out.append(base + i)
+            done += 1
+    except IndexError:
+        return done, start
+    return done, i
 
 
 def _window(cur: WordCursor, position: int, n: int) -> list[int]:
@@ -264,42 +321,54 @@ def _window(cur: WordCursor, position: int, n: int) -> list[int]:
     return cur.stream.word_array(cur.lane, position, n + (-(position + n)) % 8).tolist()
 
 
-def discrete_laplace_run(cur: WordCursor, t: int, n: int, s: int = 1
-                         ) -> list[tuple[int, int]]:
-    """n consecutive draws discrete_laplace(cur, t, s), each with the cursor position after
-    it: the same values and positions as n calls (a draw is a pure function of its start
-    position), computed from a list of the lane's words instead of one call per word.
-    The cursor ends after the last draw."""
-    t = check_int("t", t, 1)
-    s = check_int("s", s, 1)
-    out: list[tuple[int, int]] = []
+def discrete_laplace_into(cur: WordCursor, t: int, n: int, out: list[int], s: int = 1
+                          ) -> None:
+    """n consecutive draws discrete_laplace(cur, t, s) appended to `out` flat, each draw
+    followed by the cursor position after it: the same values and positions as n calls (a
+    draw is a pure function of its start position), computed from a list of the lane's
+    words instead of one call per word. The cursor ends after the last draw. Unchecked
+    (t, s >= 1, ints): discrete_laplace_run checks."""
+    if n <= 0:
+        return
     if t == 1 or t.bit_length() > 48:
         for _ in range(n):
-            out.append((_discrete_laplace(cur, t, s), cur.position))
-        return out
-    shift = 64 - (t - 1).bit_length()
+            out.append(_discrete_laplace(cur, t, s))
+            out.append(cur.position)
+        return
+    ms = _run_multiples(t)
     base = cur.position
     w = _window(cur, base, min(_RUN_WORDS * n, _RUN_MAX))
     i = 0
-    while len(out) < n:
-        try:
-            z, i = _dlap_words(w, i, t, s, shift)
-        except IndexError:
-            base += i
-            cur.position = base
-            if len(w) - i < _RUN_MAX:
-                # the window ran out mid-draw: look further ahead and redo the draw
-                w = _window(cur, base, _RUN_MAX)
-                i = 0
-                continue
+    while n:
+        done, i = _dlap_words(w, i, n, t, s, ms, out, base)
+        n -= done
+        if not n:
+            break
+        base += i
+        cur.position = base
+        if len(w) - i < _RUN_MAX:
+            # the window ran out mid-draw: look further ahead and redo the draw
+            w = _window(cur, base, _RUN_MAX)
+        else:
             # a rare branch (or a draw longer than the window): the cursor's own path
-            z = _discrete_laplace(cur, t, s)
+            out.append(_discrete_laplace(cur, t, s))
+            out.append(cur.position)
+            n -= 1
             base = cur.position
-            w = _window(cur, base, min(_RUN_WORDS * (n - len(out)), _RUN_MAX))
-            i = 0
-        out.append((z, base + i))
+            w = _window(cur, base, min(_RUN_WORDS * n, _RUN_MAX)) if n else []
+        i = 0
     cur.position = base + i
-    return out
+
+
+def discrete_laplace_run(cur: WordCursor, t: int, n: int, s: int = 1
+                         ) -> list[tuple[int, int]]:
+    """n consecutive draws discrete_laplace(cur, t, s), each with the cursor position after
+    it (discrete_laplace_into, as pairs)."""
+    t = check_int("t", t, 1)
+    s = check_int("s", s, 1)
+    flat: list[int] = []
+    discrete_laplace_into(cur, t, n, flat, s)
+    return list(zip(flat[::2], flat[1::2], strict=True))
 
 
 def discrete_gaussian(cur: WordCursor, sigma2_num: int, sigma2_den: int) -> int:
