@@ -405,6 +405,9 @@ class WorkerApp(faust.App):
     (recovery.ChangelogConsumer)."""
 
     before_stop: Callable[[], Awaitable[None]] | None = None
+    #: Told of the changelog records the recovery took (BatchedRecovery._take_run): copy
+    #: "restore" or "standby", and how many.
+    changelog_taken: Callable[[str, int], None] | None = None
 
     def _new_consumer(self) -> ConsumerT:
         return ChangelogConsumer(
@@ -531,6 +534,7 @@ class Worker:
         self.units = (UnitStage(self, crash_point) if settings.privacy_unit == "user"
                       else None)
         self.app.before_stop = self.checkpoint
+        self.app.changelog_taken = self._changelog_taken
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
@@ -660,6 +664,10 @@ class Worker:
             log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
         logging.shutdown()
         os._exit(1)
+
+    def _changelog_taken(self, copy: str, records: int) -> None:
+        """The recovery took `records` changelog records into a restore or standby copy."""
+        self.metrics.add(f"changelog_{copy}_records", records)
 
     def fenced(self, gap_s: float) -> NoReturn:
         # Called in the commit, in the fence's thread or at SIGCONT. Exiting at once,

@@ -256,6 +256,14 @@ class _OperatorCounts(_CountsCollector):
                  "be committed because a rebalance took the partitions (re-read by the next "
                  "owner, dropped as duplicates by the operator); batches")):
             yield CounterMetricFamily(f"dpc_{key}", help_, value=c.get(key, 0))
+        taken = CounterMetricFamily(
+            "dpc_changelog_records_read", "State changelog records this worker read into "
+            "its state table, by copy (restore: a partition it owns, brought back after a "
+            "rebalance or restart; standby: a copy of a partition another worker owns); "
+            "records", labels=["copy"])
+        for copy in ("restore", "standby"):
+            taken.add_metric([copy], c.get(f"changelog_{copy}_records", 0))
+        yield taken
         for key in OPERATOR_COUNTS:
             yield CounterMetricFamily(
                 f"dpc_operator_{key}", OPERATOR_COUNT_HELP.get(key, f"operator count {key}"),

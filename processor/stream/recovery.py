@@ -153,12 +153,14 @@ class BatchedRecovery(Recovery):
                 log.warning("recovery unknown topic %s offset %s", tp, event.message.offset)
             return
         buf = self.buffers[table]
+        taken = 0
         for event in events:
             offset: int = event.message.offset
             seen = offsets.get(tp)
             if seen is not None and offset <= seen:
                 continue
             offsets[tp] = offset
+            taken += 1
             buf.append(event)
             await table.on_changelog_event(event)
             if len(buf) >= size:
@@ -167,6 +169,9 @@ class BatchedRecovery(Recovery):
                 self._last_flush_at = now
             if active:
                 self._sample_active(monotonic())
+        counted = getattr(self.app, "changelog_taken", None)
+        if taken and counted is not None:
+            counted("restore" if active else "standby", taken)
 
     def _buffer_size(self, tp: TP, size: int) -> int:
         cached = self.buffer_sizes.get(tp)

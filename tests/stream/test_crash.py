@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -205,12 +206,14 @@ def test_failed_worker_counters_move_to_the_other(
     """Two workers in one group share the partitions; one is killed for good while events
     flow. The survivor takes over its partitions with their state (from the changelog or
     its standby copy), the markers keep coming (the leader role moves if needed), and the
-    published stream has no loss, no double count and equals the uninterrupted replay."""
+    published stream has no loss, no double count and equals the uninterrupted replay.
+    Before the kill the survivor kept a standby copy of the other's partitions (its
+    metrics line counts the standby records it read)."""
     tick = 100
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name="failover", epsilon=500.0,
                         lateness_ms=400, partitions=4)
-    other = live.add_worker("worker-b")  # same app, its own state dir
+    other = live.add_worker("worker-b", loglevel="info")  # same app, its own state dir
     live.worker.start()
     other.start()
     try:
@@ -231,6 +234,10 @@ def test_failed_worker_counters_move_to_the_other(
         assert other.stop() == 0, other.log_tail()
     finally:
         other.stop()
+    stopped = [line for line in other.log_tail(400).splitlines()
+               if "worker stopped: metrics" in line]
+    standby = re.search(r"changelog_standby_records=(\d+)", stopped[-1]) if stopped else None
+    assert standby is not None and int(standby.group(1)) > 0, other.log_tail()
     inputs = {(r.partition, r.offset) for r in
               kafka_io.iter_topic(live.conf, live.topics.input)}
     assert len(inputs) == sent[0]

@@ -36,6 +36,8 @@ from processor.stream.metrics import (
 
 #: Labels the operator registry may use: none of them can name a counter.
 ALLOWED_LABELS = {"reason", "kind", "le",
+                  # dpc_changelog_records_read: restore or standby
+                  "copy",
                   # python_info of prometheus_client's platform collector
                   "implementation", "major", "minor", "patchlevel", "version",
                   # dpc_build_info: package versions
@@ -65,7 +67,7 @@ class Clock:
 COUNTS = {"releases_sent": 7, "ledger_entries_sent": 2, "markers_appended": 12,
           "input_records": 40, "ingested": 35, "deadletter_unparsable": 3,
           "deadletter_before_start": 2, "operator_events_applied": 35,
-          "gap_records_refetched_dpc-timeline": 4}
+          "gap_records_refetched_dpc-timeline": 4, "changelog_standby_records": 9}
 
 
 def surface(s: Settings | None = None, **kw: Any) -> Surface:
@@ -130,6 +132,8 @@ def test_operator_registry_has_every_metric_and_no_per_counter_label() -> None:
     assert value(fams, "dpc_dead_letters", reason="before_start") == 2
     assert value(fams, "dpc_dead_letters", reason="value_not_finite") == 0
     assert value(fams, "dpc_timeline_records_refetched") == 4
+    assert value(fams, "dpc_changelog_records_read", copy="standby") == 9
+    assert value(fams, "dpc_changelog_records_read", copy="restore") == 0
     assert math.isnan(value(fams, "dpc_input_consumer_lag_records"))
     labels = {k for f in fams.values() for smp in f.samples for k in smp.labels}
     assert labels <= ALLOWED_LABELS

@@ -68,8 +68,14 @@ def _event(tp: TP, offset: int) -> Any:
 
 async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int,
                fetched: bool = False) -> dict[str, Any]:
+    taken: dict[str, int] = {}
+
+    def changelog_taken(copy: str, n: int) -> None:
+        taken[copy] = taken.get(copy, 0) + n
+
     app = SimpleNamespace(conf=SimpleNamespace(stream_recovery_delay=0.0),
-                          in_transaction=False, in_recovery=False)
+                          in_transaction=False, in_recovery=False,
+                          changelog_taken=changelog_taken)
     tables = _Tables()
     table = _Table()
     rec = cls(app, tables)  # type: ignore[arg-type]
@@ -113,6 +119,7 @@ async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int,
         "active": dict(rec.active_offsets),
         "standby": dict(rec.standby_offsets),
         "standbys_ready_calls": tables.standbys_ready_calls,
+        "taken": taken,
     }
 
 
@@ -148,6 +155,8 @@ def _same(faust_run: dict[str, Any], ours: dict[str, Any],
     before = ours.pop("applied_before_stop")
     assert before[:len(faust_before)] == faust_before
     assert ours["applied"][:len(before)] == before
+    assert faust_run.pop("taken") == {}  # Faust's loop counts nothing
+    faust_run["taken"] = ours["taken"]  # checked below
     faust_batches = faust_run.pop("batches")  # a buffer is applied when full, as Faust's
     assert ours.pop("batches")[:len(faust_batches)] == faust_batches
     assert ours == faust_run
@@ -156,6 +165,9 @@ def _same(faust_run: dict[str, Any], ours: dict[str, Any],
     expected = list(dict.fromkeys(expected))  # the records read again are dropped
     assert ours["applied"] == expected
     assert ours["active"] == {ACTIVE: 6} and ours["standby"] == {STANDBY: 9}
+    # The records taken, counted per copy (dpc_changelog_records_read_total).
+    assert ours["taken"] == {"restore": sum(tp == ACTIVE for tp, _ in expected),
+                             "standby": sum(tp == STANDBY for tp, _ in expected)}
 
 
 def _per_partition(applied: list[tuple[TP, int]]) -> dict[TP, list[int]]:
@@ -182,6 +194,7 @@ def test_fetched_records_are_taken_as_faust_takes_them() -> None:
         assert all(b <= 5 for b in ours["batches"])  # a buffer applied when full
         for name in ("ended", "in_recovery", "active", "standby", "standbys_ready_calls"):
             assert ours[name] == faust_run[name], name
+        assert ours["taken"] == {"restore": 5, "standby": 10}
 
 
 def test_split_changelog_hands_over_what_faust_would_deliver() -> None:
