@@ -239,7 +239,6 @@ class BatchedTableManager(TableManager):
         return self._recovery
 
 
-
 class ChangelogEvent:
     """A changelog record as the recovery's buffers and `MonotoneTable` read it
     (`.message.tp`, `.partition`, `.offset`, `.key`, `.value`), without the Faust message
@@ -290,10 +289,11 @@ class ChangelogConsumer(Consumer):
     record of its peers' partitions, so that per-record path was most of what a second
     worker costs. The timeline's records go Faust's way.
 
-    A fetch that returns while the flow is stopped or after the group's generation
-    changed hands nothing over: a rebalance is under way, and Faust's recovery seeks
-    every changelog partition to what was applied before it reads again (Faust's own
-    delivery drops such records too)."""
+    A fetch that returns while the consumer's flow is stopped, the app's flow control
+    is suspended, the consumer is stopping, or after the group's generation changed,
+    hands nothing over: a rebalance (or the stop) is under way, and Faust's recovery
+    seeks every changelog partition to what was applied before it reads again (Faust's
+    own delivery drops such records too)."""
 
     async def _getmany(self, active_partitions: set[TP] | None,
                        timeout: float) -> Any:
