@@ -352,3 +352,39 @@ def test_the_hierarchy_carries_the_prefixes() -> None:
     assert cli.error_line(UsageError("p", "m")) == "error: p: m (see p --help)"
     with pytest.raises(SystemExit):
         CommandParser(prog="x").parse_args(["--bogus"])
+
+
+def test_sigterm_before_the_worker_runs_unwinds_and_exits_143(tmp_path: Path) -> None:
+    """A worker stopped (SIGTERM: a rollout, `docker stop`) before Faust installs its own
+    handlers, here while it waits for brokers that do not answer: it unwinds, prints one
+    line and exits 143, not killed by the signal (-15) midway through its start. The
+    worker is caught in that wait: its first librdkafka thread exists and the wait
+    lasts BROKER_WAIT_S (15 s)."""
+    import signal
+    import socket
+    import time
+
+    from processor.devtools.deployment import isolated_deployment
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dep = isolated_deployment(f"127.0.0.1:{port}", {"c": 0}, parent=tmp_path,
+                              create_topics=False)
+    proc = subprocess.Popen([sys.executable, "-m", "processor", "worker", "--config",
+                             str(dep.config)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(p.read_text().startswith("rdk:")
+                      for p in Path(f"/proc/{proc.pid}/task").glob("*/comm")):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "terminated" in err and "Traceback" not in err

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module, metadata
 from pathlib import Path
 
@@ -156,10 +158,37 @@ def _cached_help(command: str, prog: str) -> str | None:
     return None if text is None else _renamed(text, prog)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while no handler of the command's own was installed (a worker
+    before Faust installs its handlers: imports, topic checks, reading the ledger).
+    A KeyboardInterrupt, so that no `except Exception` swallows it, and the command
+    unwinds its `finally` blocks as at Ctrl-C."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM raises Terminated in the main thread while the block runs; the previous
+    handler is back afterwards (a test calling main() keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: sys.argv[1:]) to its subcommand under one error policy:
     a usage error or any exception is one `error:` line on stderr and exit code 2 (usage
-    errors raise SystemExit(2), as argparse does); Ctrl-C exits 130 without a traceback."""
+    errors raise SystemExit(2), as argparse does); Ctrl-C exits 130 and SIGTERM 143
+    (unless the command handles it itself, as the worker does once Faust runs), both
+    without a traceback."""
     args = list(sys.argv[1:] if argv is None else argv)
     prog = invoked_as(sys.argv[0]) if argv is None else PROG
     if not args or args[0] in ("-h", "--help"):
@@ -180,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.write(cached)
             return 0
     try:
-        with dispatching(prog):
+        with dispatching(prog), _sigterm_unwinds():
             func: Callable[[list[str]], int | None] = getattr(import_module(entry[0]),
                                                               entry[1])
             return int(func(rest) or 0)
@@ -189,6 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(2) from None
     except BrokenPipeError:
         return 0
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
