@@ -149,8 +149,12 @@ class BatchedRecovery(Recovery):
             size = self._buffer_size(tp, table.standby_buffer_size)
             self._standby_events_received_at[tp] = now
         else:
-            for event in events:
-                log.warning("recovery unknown topic %s offset %s", tp, event.message.offset)
+            # Faust's loop logs each such record; a fetch can bring thousands of them, so
+            # one line per run says how many and which offsets.
+            if events:
+                log.warning("recovery unknown topic %s: %d record(s), offsets %s..%s", tp,
+                            len(events), events[0].message.offset,
+                            events[-1].message.offset)
             return
         buf = self.buffers[table]
         taken = 0

@@ -11,10 +11,12 @@ what Faust's delivery would hand over."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.tables.recovery import Recovery
 from faust.types import TP
 
@@ -195,6 +197,19 @@ def test_fetched_records_are_taken_as_faust_takes_them() -> None:
         for name in ("ended", "in_recovery", "active", "standby", "standbys_ready_calls"):
             assert ours[name] == faust_run[name], name
         assert ours["taken"] == {"restore": 5, "standby": 10}
+
+
+def test_a_fetch_of_a_partition_assigned_neither_way_is_one_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A fetch of records of a changelog partition assigned neither way is skipped with
+    one warning line that counts them, not a line per record (a fetch can bring
+    thousands)."""
+    records = _records()
+    caplog.set_level(logging.WARNING, logger="processor.stream.recovery")
+    asyncio.run(_run(BatchedRecovery, [*records, (OTHER, 0), (OTHER, 1), (OTHER, 2)],
+                     len(records) + 3, fetched=True))
+    lines = [r.getMessage() for r in caplog.records if "unknown topic" in r.getMessage()]
+    assert len(lines) == 1 and "3 record(s), offsets 0..2" in lines[0], lines
 
 
 def test_split_changelog_hands_over_what_faust_would_deliver() -> None:
