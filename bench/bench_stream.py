@@ -124,6 +124,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--checkpoint-ms", type=int,
                    help="checkpoint_ms of every processor deployment (default 0: derived "
                    "from tick and lateness, Settings.checkpoint_interval_ms)")
+    p.add_argument("--tick-ms", type=int,
+                   help="many/scaleout/idle: the deployments' tick_ms (default 1000, the "
+                   "README configuration); the idle cost grows with the ticks per second")
     p.add_argument("--no-restore", action="store_true", help="idle: skip the restore")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     p.add_argument("--json", help="also write the results to this file")
@@ -151,6 +154,15 @@ def run_throughput(a: argparse.Namespace, ctx: stream_counted.Ctx,
     return stream_counted.report_counted(runs, systems, load_list) + notes
 
 
+def steady_settings(a: argparse.Namespace, ctx: stream_counted.Ctx) -> dict[str, Any]:
+    """The worker settings of the many/scaleout/idle deployments: the common ones, and
+    --tick-ms when given (the throughput phase keeps its own 100 ms ticks)."""
+    out = dict(ctx.worker_settings)
+    if a.tick_ms is not None:
+        out["tick_ms"] = a.tick_ms
+    return out
+
+
 def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, rate: float,
                  seconds: float, results: dict[str, Any]) -> list[str]:
     lines: list[str] = []
@@ -162,7 +174,7 @@ def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, 
         for w in order:
             print(f"phase scaleout: {w} worker(s), set {k + 1}", flush=True)
             got[w] = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, w, counters, rate, seconds,
-                                ctx.children, ctx.standby, ctx.worker_settings)
+                                ctx.children, ctx.standby, steady_settings(a, ctx))
             got[w]["order"] = [str(x) for x in order]
             lines += report_steady(got[w], f"Phase scaleout: {w} worker(s) (set {k + 1})")
         sets.append(got)
@@ -182,7 +194,7 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
     if a.phase == "many":
         print("phase many: 1 worker", flush=True)
         r = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, 1, counters, rate, seconds,
-                       ctx.children, ctx.standby, ctx.worker_settings)
+                       ctx.children, ctx.standby, steady_settings(a, ctx))
         results["many"] = r
         lines += _shown(report_steady(r, "Phase many counters"))
     if a.phase in ("scaleout", "all"):
@@ -191,7 +203,7 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
         print("phase idle: declared counters, no input", flush=True)
         r = idle_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
                      ctx.standby, restore=not a.no_restore,
-                     worker_settings=ctx.worker_settings)
+                     worker_settings=steady_settings(a, ctx))
         results["idle"] = r
         lines += _shown(report_idle(r))
     return lines

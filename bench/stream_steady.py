@@ -110,7 +110,8 @@ class SteadyRun:
     def __init__(self, conf: Mapping[str, str], bootstrap: str, tmp: Path, children: Children,
                  counters: int, label: str, standby: int = 1,
                  worker_settings: Mapping[str, Any] | None = None) -> None:
-        tick = 1000  # the README configuration's tick
+        # The README configuration's tick unless the run sets its own.
+        tick = int((worker_settings or {}).get("tick_ms", 1000))
         start = (int(time.time() * 1000) // tick) * tick
         self.conf, self.children, self.counters = conf, children, counters
         self.names = [f"m{i:05d}" for i in range(counters)]
