@@ -23,9 +23,8 @@ step() {
 }
 
 step .venv/bin/ruff check processor tests bench deploy reliability
+# strict, over the `files` of pyproject.toml's [tool.mypy] (tests and deploy/kafka.py too)
 step .venv/bin/mypy
-# deploy/ and the test fixtures are outside the mypy `files` setting; check them too.
-step .venv/bin/mypy deploy/kafka.py tests/conftest.py tests/devtools
 # One broker for the whole run, shared by the test processes (each test makes its own
 # topics): started here unless KAFKA_BOOTSTRAP_SERVERS names a cluster already, stopped on
 # exit. If it cannot start, the fixtures report why (a failure in CI, a skip elsewhere).

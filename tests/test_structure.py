@@ -137,10 +137,14 @@ def hook_violations(source: str, name: str) -> list[str]:
                 and "DPC_TEST" in node.value and id(node) not in docs
                 and not name.startswith(FAULT_HOOK_FILES)):
             bad.append(f"{name}:{node.lineno}: names a DPC_TEST hook")
-        targets = (node.targets if isinstance(node, ast.Assign) else
-                   node.args[:1] if isinstance(node, ast.Call)
-                   and isinstance(node.func, ast.Name) and node.func.id == "setattr"
-                   else [])
+        targets: list[ast.expr]
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif (isinstance(node, ast.Call)
+              and isinstance(node.func, ast.Name) and node.func.id == "setattr"):
+            targets = node.args[:1]
+        else:
+            continue
         for target in targets:
             base = target
             while isinstance(base, ast.Attribute):

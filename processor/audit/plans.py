@@ -168,7 +168,7 @@ def first_release_tick(y: FloatArray) -> FloatArray:
 
 
 def plan_for(mechanism: str, eps: float, delta: float, x0: list[float | None],
-             x1: list[float | None], feature: str, **params: int) -> Plan:
+             x1: list[float | None], feature: str, **params: int | str) -> Plan:
     """The score `feature` for this mechanism on (x, x'):
 
     - "lr": the likelihood-ratio statistic under the mechanism's claimed Gaussian law

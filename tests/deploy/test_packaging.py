@@ -174,7 +174,7 @@ def check_entry(entry: list[str]) -> list[str]:
 
 
 def healthcheck_url(cmd: list[str]) -> str:
-    urls = [u for arg in cmd for u in re.findall(r"https?://[^'\"\s]+", arg)]
+    urls: list[str] = [u for arg in cmd for u in re.findall(r"https?://[^'\"\s]+", arg)]
     assert len(urls) == 1, cmd
     return urls[0]
 
@@ -644,16 +644,19 @@ def _statefulset(docs: Mapping[tuple[str, str], Mapping[str, Any]]) -> Mapping[s
 
 
 def _container(sts: Mapping[str, Any]) -> Mapping[str, Any]:
+    c: Mapping[str, Any]  # the parsed YAML is untyped; a container is a mapping
     (c,) = sts["spec"]["template"]["spec"]["containers"]
     return c
 
 
 def _mount(sts: Mapping[str, Any], path: str) -> Mapping[str, Any]:
+    m: Mapping[str, Any]
     (m,) = [m for m in _container(sts)["volumeMounts"] if m["mountPath"] == path]
     return m
 
 
 def _volume(sts: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    v: Mapping[str, Any]
     (v,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == name]
     return v
 

@@ -100,9 +100,10 @@ def test_keygen_as_written_makes_a_private_dir_and_key(tmp_path: Path) -> None:
     shared = tmp_path / "shared"
     shared.mkdir(mode=0o755)
     os.chmod(shared, 0o755)
-    done = subprocess.run([sys.executable, "-m", "processor", "keygen", "shared/k/noise.key"],
-                          cwd=tmp_path, env=env_here(), capture_output=True, timeout=60)
-    assert done.returncode == 0
+    into_shared = subprocess.run(
+        [sys.executable, "-m", "processor", "keygen", "shared/k/noise.key"],
+        cwd=tmp_path, env=env_here(), capture_output=True, timeout=60)
+    assert into_shared.returncode == 0
     assert stat.S_IMODE(shared.stat().st_mode) == 0o755
     assert stat.S_IMODE((shared / "k").stat().st_mode) == 0o700
 

@@ -111,10 +111,10 @@ def test_simpart_first_gap_distribution() -> None:
 def test_simulate_rejects_bad_input() -> None:
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError):
-        sim.simulate("nope", np.zeros((2, 5)), 1.0, 1e-5, rng)
+        sim.simulate("nope", np.zeros((2, 5), dtype=np.int64), 1.0, 1e-5, rng)
     with pytest.raises(ValueError):
         sim.simulate("basecc", np.full((2, 5), 2), 1.0, 1e-5, rng)
     with pytest.raises(ValueError):
-        sim.simulate("basecc", np.zeros(5), 1.0, 1e-5, rng)
+        sim.simulate("basecc", np.zeros(5, dtype=np.int64), 1.0, 1e-5, rng)
     with pytest.raises(ValueError):
-        sim.simulate("basecc", np.zeros((2, 5)), 1.0, 1e-5, rng, base="binary")
+        sim.simulate("basecc", np.zeros((2, 5), dtype=np.int64), 1.0, 1e-5, rng, base="binary")

@@ -220,7 +220,7 @@ def test_control_the_wrong_members_of_a_right_sized_kept_set_are_caught() -> Non
     w = _world()
     dead = _dead_reason(w)
     want = {c: w.expected[raw] for c, raw in w.topics.inputs.items()}
-    pair = {}
+    pair: dict[tuple[str | None, str | None], tuple[int, int]] = {}  # (unit, counter) -> c
     for c, r in dead.items():
         if r == BOUND_REASON:
             e = want[c]

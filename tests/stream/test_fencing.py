@@ -93,7 +93,12 @@ def test_a_second_caller_waits_while_the_first_handles_it() -> None:
     first.start()
     assert entered.wait(10.0)
     returned = threading.Event()
-    second = threading.Thread(target=lambda: (fence.check(), returned.set()))
+
+    def check_then_mark() -> None:
+        fence.check()
+        returned.set()
+
+    second = threading.Thread(target=check_then_mark)
     second.start()
     assert not returned.wait(0.3)  # blocked while the first one handles it
     release.set()

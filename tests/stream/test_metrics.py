@@ -561,7 +561,7 @@ def test_librdkafka_statistics_become_families() -> None:
         def collect(self) -> Iterable[Metric]:
             return client_stats_families(SAMPLE_STATS)
 
-    registry.register(C())  # type: ignore[arg-type]
+    registry.register(C())
     fams = parsed(generate_latest(registry).decode())
     assert value(fams, "dpc_kafka_client_tx_errors", client="ingest-producer") == 3
     # The sums include the bootstrap connections' (failed sends there are real); the

@@ -813,8 +813,8 @@ class EagerAnnounce(Operator):
     event's time would show in the ledger)."""
 
     def apply(self, store: Any, partition: int, offset: int, record: bytes,
-              out: Output | None = None) -> Output:
-        out = super().apply(store, partition, offset, record, out)
+              out: Output | None = None, stamp_ms: int | None = None) -> Output:
+        out = super().apply(store, partition, offset, record, out, stamp_ms)
         if not record.startswith(b'{"v":2,"k":"m"'):
             for name in sorted({k[2:] for k in store.data if k.startswith("c/")}):
                 raw = store.get(f"c/{name}")

@@ -5,6 +5,7 @@ flight counted exactly (what `flush` waits for), also when a produce fails midwa
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ class FakeClient:
     partition, on_delivery); raises BufferError at the calls in `full` once each, and
     `fail_at`'s exception at that call."""
 
-    def __init__(self, full: frozenset[int] = frozenset(), fail_at: int | None = None) -> None:
+    def __init__(self, full: Iterable[int] = (), fail_at: int | None = None) -> None:
         self.sent: list[tuple[Any, ...]] = []
         self.calls = 0
         self.polls = 0

@@ -91,7 +91,8 @@ async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int,
     rec._set_recovery_started()  # as Faust's recovery does before it reads
     ends = _CountingEvent()
     rec._signal_recovery_end = ends
-    loop = asyncio.create_task(type(rec)._slurp_changelogs.fun(rec))  # type: ignore[attr-defined]
+    # ensure_future: mode types a task body as returning any Awaitable, not a coroutine.
+    loop = asyncio.ensure_future(type(rec)._slurp_changelogs.fun(rec))
     for i in range(0, len(records), chunk):  # the consumer hands them over in bursts
         if fetched:  # a fetch: per partition, in offset order
             fetch: dict[TP, list[Any]] = {}

@@ -180,8 +180,8 @@ def test_state_is_bound_to_a_key_fingerprint_and_version_2_is_refused() -> None:
         with pytest.raises(StateFormatError):
             PartitionState.from_bytes(b"DPP\x03" + orjson.dumps([9, 33, None, [], bad_kid]))
     # Version 3 (no offset header) is read; its offset is its last marker's.
-    v3 = PartitionState.from_bytes(b"DPP\x03" + orjson.dumps([9, 33, None, [[0, 5]], KID]))
-    assert (v3.applied, v3.input_offsets, v3.saved) == (33, {"0": 5}, None)
+    p3 = PartitionState.from_bytes(b"DPP\x03" + orjson.dumps([9, 33, None, [[0, 5]], KID]))
+    assert (p3.applied, p3.input_offsets, p3.saved) == (33, {"0": 5}, None)
 
     cs = _counter_state()
     raw = cs.to_bytes()

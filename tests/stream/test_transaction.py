@@ -74,7 +74,9 @@ def test_write_plan_goes_by_slot_rank_then_staging_order() -> None:
         b.data = b"b2"
         assert store.data == {} and txn.load(low, "b") is b
         plan = txn.prepare()
-        assert codec.encoded == 3 and txn.status is Status.PREPARED
+        # Read into a local: mypy would keep `txn.status` narrowed past complete().
+        before = txn.status
+        assert codec.encoded == 3 and before is Status.PREPARED
         zs = [("z/y", b"y2"), ("z/b", b"b2")]
         assert plan == ([*zs, ("a/0", b"p")] if first == 0 else [("a/0", b"p"), *zs])
         write_all(store, plan)
@@ -97,7 +99,8 @@ def test_illegal_status_transitions_are_refused() -> None:
                 lambda: list(txn.scan(s)), txn.prepare):
         with pytest.raises(TransactionStatusError):
             act()
-    assert txn.status is Status.PREPARED
+    before = txn.status  # a local, as above: complete() changes txn.status
+    assert before is Status.PREPARED
     txn.complete()
     for act in (txn.fail, txn.complete, txn.prepare):
         with pytest.raises(TransactionStatusError):
@@ -249,7 +252,7 @@ def test_a_slot_that_caches_nothing_keeps_its_codecs_bytes_and_reads_the_store()
     a = txn.load(s, "a")
     assert a is not None and a.saved == body and codec.decoded == 1
     b = txn.load(s, "a")
-    assert b is not a and codec.decoded == 2
+    assert b is not None and b is not a and codec.decoded == 2
     txn.stage(s, "a", b)
     assert txn.load(s, "a") is b
     plan = txn.prepare()

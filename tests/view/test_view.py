@@ -183,7 +183,7 @@ def test_page_shows_counters_and_a_new_release_without_reload(
 def test_feed_reads_only_the_public_topics() -> None:
     for role in ("input", "timeline", "deadletter"):
         with pytest.raises(ValueError, match="public topics only"):
-            PublicFeed({}, {"counts": "c", role: "x"})  # type: ignore[dict-item]
+            PublicFeed({}, {"counts": "c", role: "x"})
     PublicFeed({}, {"counts": "c", "ledger": "l"})  # the control: accepted
 
 
