@@ -208,7 +208,11 @@ def plan_for(mechanism: str, eps: float, delta: float, x0: list[float | None],
             raise AuditError("the values feature is for ecc and simecc")
         from processor.core.ecc import ecc_parameters, simecc_parameters
 
-        ep = ecc_parameters(eps, delta) if mechanism == "ecc" else simecc_parameters(eps, delta)
+        # The law of the mechanism as configured: the tight calibration gives its CC
+        # another (eps, delta) split than the paper's.
+        cal = str(params.get("calibration", "paper"))
+        ep = (ecc_parameters(eps, delta, cal) if mechanism == "ecc"
+              else simecc_parameters(eps, delta, cal))
         # ECC and SimECC release once per block (blocks of tens of ticks or more)
         law = GaussianLaw(cc_noise_cov(ep.cc_eps, ep.cc_delta, min(n, 512)))
         return Plan(x0, x1, _release_lr(law, d, s0), False, feature)

@@ -333,6 +333,34 @@ def test_true_sum_simecc_fails() -> None:
     assert not res.passed and res.eps_lb > eps, res
 
 
+def test_the_values_score_is_the_configured_calibrations_likelihood_ratio() -> None:
+    """The "values" score is the likelihood ratio under the CC law of the counter as
+    configured: with calibration="tight" that of the tight (eps, delta) split of its CC.
+    Control: the paper split's law scores the same releases differently (the score once
+    ignored the calibration)."""
+    from processor.audit.plans import _release_lr
+    from processor.audit.runs import GaussianLaw, cc_noise_cov, prefix_sums, shift_profile
+    from processor.core.params import simecc_parameters
+
+    eps, delta = 3.0, 1e-3
+    x0, x1 = make_streams("empty", 300, 150)
+    rng = np.random.default_rng(5)
+    s0 = prefix_sums(x0)
+    # Releases as a counter's: the prefix sum plus noise every 20th tick, held between.
+    y = np.zeros((8, 300))
+    for r in range(8):
+        for t in range(300):
+            y[r, t] = (s0[t] + 1000.0 + rng.normal(0.0, 30.0) if t % 20 == 19
+                       else y[r, t - 1] if t else 0.0)
+    scores = {cal: plan_for("simecc", eps, delta, x0, x1, "values", calibration=cal).score(y)
+              for cal in ("paper", "tight")}
+    p = simecc_parameters(eps, delta, "tight")
+    law = GaussianLaw(cc_noise_cov(p.cc_eps, p.cc_delta, 300))
+    expected = _release_lr(law, shift_profile(x0, x1), s0)(y)
+    np.testing.assert_allclose(scores["tight"], expected)
+    assert not np.allclose(scores["paper"], scores["tight"])
+
+
 # --------------------------------------------------------------------- correct: PASS
 
 
