@@ -82,7 +82,7 @@ from processor.stream.records import (
     marker_tick,
     sealed_through,
 )
-from processor.stream.recovery import BatchedTableManager, ChangelogConsumer
+from processor.stream.recovery import BatchedTableManager
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 from processor.stream.unit_stage import UnitStage
@@ -400,20 +400,12 @@ def backup_due(frontiers: Mapping[int, int], allowed: int, settings: Settings) -
 
 class WorkerApp(faust.App):
     """faust.App with one hook, `before_stop`, awaited when the app stops, before Faust
-    stops its consumer and closes the tables: the worker's last checkpoint; and a
-    consumer that hands changelog records to the recovery a fetch at a time
-    (recovery.ChangelogConsumer)."""
+    stops its consumer and closes the tables: the worker's last checkpoint."""
 
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: Told of the changelog records the recovery took (BatchedRecovery._take_run): copy
     #: "restore" or "standby", and how many.
     changelog_taken: Callable[[str, int], None] | None = None
-
-    def _new_consumer(self) -> ConsumerT:
-        return ChangelogConsumer(
-            self.transport, callback=self.topics.on_message, loop=self.transport.loop,
-            on_partitions_revoked=self._on_partitions_revoked,
-            on_partitions_assigned=self._on_partitions_assigned, beacon=self.beacon)
 
     async def on_stop(self) -> None:
         if self.before_stop is not None:

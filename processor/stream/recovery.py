@@ -1,8 +1,6 @@
 """Faust's table recovery (restore and standby copies) with a changelog loop that takes
 the records in batches: `BatchedRecovery`, installed by `BatchedTableManager`
-(`faust.App(TableManager=...)`), and fed by `ChangelogConsumer`, the worker's consumer,
-a fetch at a time (`BatchedRecovery.take_fetched`; the queue loop below then only sees
-records of a consumer that is not ours).
+(`faust.App(TableManager=...)`), fed by Faust's changelog queue.
 
 Faust's loop (`Recovery._slurp_changelogs`) takes one changelog record per turn of the
 event loop: a `wait_for` on its queue (a task, a timer and a future per record), debug
@@ -37,13 +35,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Collection, Mapping, MutableMapping, Sequence
+from collections.abc import Awaitable, Sequence
 from time import monotonic
 from typing import Any
 
 from faust.tables.manager import TableManager
 from faust.tables.recovery import Recovery
-from faust.transport.drivers.aiokafka import Consumer
 from faust.types import TP, EventT
 from faust.utils.tracing import finish_span
 from mode import Service
@@ -123,17 +120,6 @@ class BatchedRecovery(Recovery):
         """One changelog record from Faust's queue (see `_take_run`)."""
         await self._take_run(event.message.tp, (event,))
 
-    async def take_fetched(self, fetched: Mapping[TP, Sequence[Any]]) -> None:
-        """Changelog records straight from a fetch (`ChangelogConsumer`): each
-        partition's records in offset order, taken as Faust's loop takes them one by one
-        (`_take_run`); then the end of an active recovery and the standbys' readiness
-        are checked, as after a batch of the queue."""
-        for tp, records in fetched.items():
-            await self._checked(
-                self._take_run(tp, [ChangelogEvent(tp, record) for record in records]))
-        await self._checked(self._end_if_caught_up(0))
-        await self._checked(self._standbys_if_caught_up())
-
     async def _take_run(self, tp: TP, events: Sequence[Any]) -> None:
         """Records of one partition in offset order (each with `.message`: tp, offset,
         key, value), as Faust's loop takes each: counted toward the partition's active
@@ -149,12 +135,8 @@ class BatchedRecovery(Recovery):
             size = self._buffer_size(tp, table.standby_buffer_size)
             self._standby_events_received_at[tp] = now
         else:
-            # Faust's loop logs each such record; a fetch can bring thousands of them, so
-            # one line per run says how many and which offsets.
-            if events:
-                log.warning("recovery unknown topic %s: %d record(s), offsets %s..%s", tp,
-                            len(events), events[0].message.offset,
-                            events[-1].message.offset)
+            for event in events:
+                log.warning("recovery unknown topic %s offset %s", tp, event.message.offset)
             return
         buf = self.buffers[table]
         taken = 0
@@ -241,82 +223,3 @@ class BatchedTableManager(TableManager):
             self._recovery = BatchedRecovery(self.app, self, beacon=self.beacon,
                                              loop=self.loop)
         return self._recovery
-
-
-class ChangelogEvent:
-    """A changelog record as the recovery's buffers and `MonotoneTable` read it
-    (`.message.tp`, `.partition`, `.offset`, `.key`, `.value`), without the Faust message
-    and event made for a record of a stream."""
-
-    __slots__ = ("key", "offset", "partition", "tp", "value")
-
-    def __init__(self, tp: TP, record: Any) -> None:
-        self.tp = tp
-        self.partition: int = tp.partition
-        self.offset: int = record.offset
-        self.key: bytes | None = record.key
-        self.value: bytes | None = record.value
-
-    @property
-    def message(self) -> ChangelogEvent:
-        return self
-
-
-def split_changelog(records: MutableMapping[TP, list[Any]], topics: Collection[str],
-                    deliverable: Collection[TP],
-                    read_offsets: MutableMapping[TP, int | None],
-                    ) -> dict[TP, list[Any]]:
-    """Take the changelog partitions' records out of a fetch (`records`, the rest stays
-    for Faust's delivery) and return those Faust's delivery would hand over: of a
-    partition it delivers now (`deliverable`), at or past the partition's read offset
-    (Faust's `_drain_messages` drops a record below it, one read before a seek back);
-    the read offsets move to the last record handed over, as Faust's do."""
-    taken: dict[TP, list[Any]] = {}
-    for tp in [tp for tp in records if tp.topic in topics]:
-        batch = records.pop(tp)
-        if tp not in deliverable:
-            continue
-        floor = read_offsets.get(tp)
-        if floor is not None:
-            batch = [record for record in batch if record.offset >= floor]
-        if batch:
-            taken[tp] = batch
-            read_offsets[tp] = batch[-1].offset
-    return taken
-
-
-class ChangelogConsumer(Consumer):
-    """Faust's aiokafka consumer that hands the changelog records of a fetch to
-    `BatchedRecovery.take_fetched` in one call, instead of one Faust message each through
-    the conductor and the changelog queue (a task pair and `asyncio.wait` per record in
-    `_drain_messages`, the channel's decode, the queue): a standby reads every changelog
-    record of its peers' partitions, so that per-record path was most of what a second
-    worker costs. The timeline's records go Faust's way.
-
-    A fetch that returns while the consumer's flow is stopped, the app's flow control
-    is suspended, the consumer is stopping, or after the group's generation changed,
-    hands nothing over: a rebalance (or the stop) is under way, and Faust's recovery
-    seeks every changelog partition to what was applied before it reads again (Faust's
-    own delivery drops such records too)."""
-
-    async def _getmany(self, active_partitions: set[TP] | None,
-                       timeout: float) -> Any:
-        generation = self.app.consumer_generation_id
-        records: Any = await super()._getmany(active_partitions, timeout)
-        recovery = getattr(self.app.tables, "recovery", None)
-        if not records or not isinstance(recovery, BatchedRecovery):
-            return records
-        topics = self.app.tables.changelog_topics
-        if not any(tp.topic in topics for tp in records):
-            return records
-        current = (self.flow_active and self.app.flow_control.is_active()
-                   and not self.should_stop
-                   and generation == self.app.consumer_generation_id)
-        deliverable: set[TP] = set()
-        if current:
-            deliverable = ((set(active_partitions) if active_partitions is not None
-                            else set(records)) | self._buffered_partitions)
-        taken = split_changelog(records, topics, deliverable, self._read_offset)
-        if taken:
-            await recovery.take_fetched(taken)
-        return records

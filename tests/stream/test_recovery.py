@@ -1,26 +1,21 @@
 """recovery.BatchedRecovery against Faust's own Recovery: the same changelog records
 (active and standby partitions, records read again, a buffer filled several times, an
-active recovery that catches up), queued at once, in bursts or one by one, or handed
-over a fetch at a time (`take_fetched`, what recovery.ChangelogConsumer calls), give the
-same applied records in the same order (per partition, for fetches), buffers applied
-when full as Faust's are, the same active and standby offsets, the same end of recovery
-and standby readiness. Faust's services run on fakes of the app, the table manager and
-the table. `split_changelog` (which records of a fetch the consumer hands over) against
-what Faust's delivery would hand over."""
+active recovery that catches up), queued at once, in bursts or one by one, give the same
+applied records in the same order, buffers applied when full as Faust's are, the same
+active and standby offsets, the same end of recovery and standby readiness. Faust's
+services run on fakes of the app, the table manager and the table."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from faust.tables.recovery import Recovery
 from faust.types import TP
 
-from processor.stream.recovery import BatchedRecovery, split_changelog
+from processor.stream.recovery import BatchedRecovery
 
 ACTIVE = TP("app-state-changelog", 0)
 STANDBY = TP("app-state-changelog", 1)
@@ -68,8 +63,8 @@ def _event(tp: TP, offset: int) -> Any:
     return SimpleNamespace(message=SimpleNamespace(tp=tp, offset=offset))
 
 
-async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int,
-               fetched: bool = False) -> dict[str, Any]:
+async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int
+               ) -> dict[str, Any]:
     taken: dict[str, int] = {}
 
     def changelog_taken(copy: str, n: int) -> None:
@@ -94,15 +89,8 @@ async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int,
     # ensure_future: mode types a task body as returning any Awaitable, not a coroutine.
     loop = asyncio.ensure_future(type(rec)._slurp_changelogs.fun(rec))
     for i in range(0, len(records), chunk):  # the consumer hands them over in bursts
-        if fetched:  # a fetch: per partition, in offset order
-            fetch: dict[TP, list[Any]] = {}
-            for tp, offset in records[i:i + chunk]:
-                fetch.setdefault(tp, []).append(SimpleNamespace(offset=offset, key=None,
-                                                                value=None))
-            await rec.take_fetched(fetch)  # type: ignore[attr-defined]
-        else:
-            for tp, offset in records[i:i + chunk]:
-                tables.changelog_queue.put_nowait(_event(tp, offset))
+        for tp, offset in records[i:i + chunk]:
+            tables.changelog_queue.put_nowait(_event(tp, offset))
         await asyncio.sleep(0.05)
     for _ in range(200):
         await asyncio.sleep(0.01)
@@ -171,73 +159,3 @@ def _same(faust_run: dict[str, Any], ours: dict[str, Any],
     # The records taken, counted per copy (dpc_changelog_records_read_total).
     assert ours["taken"] == {"restore": sum(tp == ACTIVE for tp, _ in expected),
                              "standby": sum(tp == STANDBY for tp, _ in expected)}
-
-
-def _per_partition(applied: list[tuple[TP, int]]) -> dict[TP, list[int]]:
-    out: dict[TP, list[int]] = {}
-    for tp, offset in applied:
-        out.setdefault(tp, []).append(offset)
-    return out
-
-
-def test_fetched_records_are_taken_as_faust_takes_them() -> None:
-    """`take_fetched` (a fetch's records per partition, several fetches or one): each
-    partition's records past its offset applied once, in offset order, through the
-    table's apply; the same offsets, end of the active recovery and standby readiness as
-    Faust's loop; a partition assigned neither way is skipped."""
-    records = _records()
-    faust_run = asyncio.run(_run(Recovery, records, len(records)))
-    expected = [(tp, o) for tp, o in records if o > (1 if tp == ACTIVE else -1)]
-    expected = list(dict.fromkeys(expected))
-    for chunk in (len(records) + 1, 5, 1):
-        ours = asyncio.run(_run(BatchedRecovery, [*records, (OTHER, 0)], chunk,
-                                fetched=True))
-        assert _per_partition(ours["applied"]) == _per_partition(expected)
-        assert _per_partition(ours["seen"]) == _per_partition(faust_run["seen"])
-        assert all(b <= 5 for b in ours["batches"])  # a buffer applied when full
-        for name in ("ended", "in_recovery", "active", "standby", "standbys_ready_calls"):
-            assert ours[name] == faust_run[name], name
-        assert ours["taken"] == {"restore": 5, "standby": 10}
-
-
-def test_a_fetch_of_a_partition_assigned_neither_way_is_one_warning(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """A fetch of records of a changelog partition assigned neither way is skipped with
-    one warning line that counts them, not a line per record (a fetch can bring
-    thousands)."""
-    records = _records()
-    caplog.set_level(logging.WARNING, logger="processor.stream.recovery")
-    asyncio.run(_run(BatchedRecovery, [*records, (OTHER, 0), (OTHER, 1), (OTHER, 2)],
-                     len(records) + 3, fetched=True))
-    lines = [r.getMessage() for r in caplog.records if "unknown topic" in r.getMessage()]
-    assert len(lines) == 1 and "3 record(s), offsets 0..2" in lines[0], lines
-
-
-def test_split_changelog_hands_over_what_faust_would_deliver() -> None:
-    """Only changelog partitions leave the fetch; of those, a partition Faust would not
-    deliver now is dropped, records below its read offset are dropped (the record at it
-    is delivered, as Faust's `offset >= read offset` does), and the read offset moves
-    to the last record handed over."""
-    timeline = TP("app-timeline", 0)
-
-    def recs(*offsets: int) -> list[Any]:
-        return [SimpleNamespace(offset=o) for o in offsets]
-
-    fetch: dict[TP, list[Any]] = {timeline: recs(7, 8), ACTIVE: recs(3, 4, 5),
-                                  STANDBY: recs(9, 10), OTHER: recs(1)}
-    read: dict[TP, int | None] = {ACTIVE: 4, STANDBY: None}
-    taken = split_changelog(fetch, {"app-state-changelog"}, {ACTIVE, STANDBY, timeline},
-                            read)
-    assert list(fetch) == [timeline] and [r.offset for r in fetch[timeline]] == [7, 8]
-    assert {tp: [r.offset for r in rs] for tp, rs in taken.items()} == {
-        ACTIVE: [4, 5], STANDBY: [9, 10]}
-    assert read == {ACTIVE: 5, STANDBY: 10}
-    # Nothing deliverable (a rebalance under way): every changelog record is dropped and
-    # no read offset moves; Faust's recovery seeks back before it reads again.
-    fetch = {ACTIVE: recs(6), timeline: recs(9)}
-    assert split_changelog(fetch, {"app-state-changelog"}, set(), read) == {}
-    assert list(fetch) == [timeline] and read == {ACTIVE: 5, STANDBY: 10}
-    # Every record below the read offset: nothing handed over, the offset stays.
-    fetch = {STANDBY: recs(8, 9)}
-    assert split_changelog(fetch, {"app-state-changelog"}, {STANDBY}, read) == {}
-    assert read[STANDBY] == 10
