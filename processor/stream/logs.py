@@ -159,10 +159,12 @@ def parse_level(loglevel: str | int) -> int:
 
 
 class FaustSensorNoise(logging.Filter):
-    """Drops Faust's "Missing sensor state for rebalance" warnings: Faust logs one at every
-    first assignment because its sensor hook for the rebalance start has not run yet (no
+    """Drops Faust's "Missing sensor state for rebalance" warnings: Faust logs one at a
+    first assignment when its sensor hook for the rebalance start has not run yet (no
     sensors are configured here); it says nothing about the worker, and a warning at every
-    start teaches operators to ignore warnings."""
+    start teaches operators to ignore warnings. A handler filter: Faust logs it through
+    the app's logger, which is the module of the App subclass (processor.stream.app for
+    the worker), not faust.app.base."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Missing sensor state for rebalance" not in record.getMessage()
@@ -184,9 +186,9 @@ def configure_logging(loglevel: str | int = "warning", log_format: str = "text")
         for handler in root.handlers:
             handler.setFormatter(formatter)
     clamp_client_loggers(level)
-    faust_app = logging.getLogger("faust.app.base")
-    if not any(isinstance(f, FaustSensorNoise) for f in faust_app.filters):
-        faust_app.addFilter(FaustSensorNoise())
+    for handler in root.handlers:
+        if not any(isinstance(f, FaustSensorNoise) for f in handler.filters):
+            handler.addFilter(FaustSensorNoise())
     return level
 
 
