@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from importlib import import_module, metadata
 from pathlib import Path
+from typing import NoReturn
 
 from processor import errors
 from processor.commandline import PROG, dispatching
@@ -165,7 +166,7 @@ class Terminated(KeyboardInterrupt):
     unwinds its `finally` blocks as at Ctrl-C."""
 
 
-def _terminated(signum: int, frame: object) -> None:
+def _terminated(signum: int, frame: object) -> NoReturn:
     raise Terminated
 
 

@@ -403,7 +403,7 @@ class WorkerApp(faust.App):
     stops its consumer and closes the tables: the worker's last checkpoint."""
 
     before_stop: Callable[[], Awaitable[None]] | None = None
-    #: Told of the changelog records the recovery took (BatchedRecovery._take_run): copy
+    #: Told of each changelog record the recovery took (BatchedRecovery._take): copy
     #: "restore" or "standby", and how many.
     changelog_taken: Callable[[str, int], None] | None = None
 

@@ -187,9 +187,15 @@ def configure_logging(loglevel: str | int = "warning", log_format: str = "text")
             handler.setFormatter(formatter)
     clamp_client_loggers(level)
     for handler in root.handlers:
-        if not any(isinstance(f, FaustSensorNoise) for f in handler.filters):
-            handler.addFilter(FaustSensorNoise())
+        _filter_once(handler, FaustSensorNoise)
     return level
+
+
+def _filter_once(handler: logging.Handler, kind: type[logging.Filter]) -> None:
+    """Put a `kind` filter on `handler` unless it has one (configure_logging may run more
+    than once)."""
+    if not any(isinstance(f, kind) for f in handler.filters):
+        handler.addFilter(kind())
 
 
 def clamp_client_loggers(level: int) -> None:
@@ -203,5 +209,4 @@ def clamp_client_loggers(level: int) -> None:
                 and logger.level != logging.NOTSET and logger.level < child_floor):
             logger.setLevel(child_floor)
     for handler in logging.getLogger().handlers:
-        if not any(isinstance(f, ClientLogFloor) for f in handler.filters):
-            handler.addFilter(ClientLogFloor())
+        _filter_once(handler, ClientLogFloor)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable
 from time import monotonic
 from typing import Any
 
@@ -117,13 +117,11 @@ class BatchedRecovery(Recovery):
             log.warning("Error in recovery %s", exc)
 
     async def _take(self, event: EventT[Any]) -> None:
-        """One changelog record from Faust's queue (see `_take_run`)."""
-        await self._take_run(event.message.tp, (event,))
-
-    async def _take_run(self, tp: TP, events: Sequence[Any]) -> None:
-        """Records of one partition in offset order (each with `.message`: tp, offset,
-        key, value), as Faust's loop takes each: counted toward the partition's active
-        or standby offset if past it, buffered, the table's buffer applied when full."""
+        """One changelog record from Faust's queue, as Faust's loop takes it: counted
+        toward its partition's active or standby offset if past it, buffered, the
+        table's buffer applied when full."""
+        tp: TP = event.message.tp
+        offset: int = event.message.offset
         now = monotonic()
         table = self.tp_to_table.get(tp)
         if tp in self.active_tps and table is not None:
@@ -135,29 +133,24 @@ class BatchedRecovery(Recovery):
             size = self._buffer_size(tp, table.standby_buffer_size)
             self._standby_events_received_at[tp] = now
         else:
-            for event in events:
-                log.warning("recovery unknown topic %s offset %s", tp, event.message.offset)
+            log.warning("recovery unknown topic %s offset %s", tp, offset)
             return
         buf = self.buffers[table]
-        taken = 0
-        for event in events:
-            offset: int = event.message.offset
-            seen = offsets.get(tp)
-            if seen is not None and offset <= seen:
-                continue
-            offsets[tp] = offset
-            taken += 1
-            buf.append(event)
-            await table.on_changelog_event(event)
-            if len(buf) >= size:
-                table.apply_changelog_batch(buf)
-                buf.clear()
-                self._last_flush_at = now
-            if active:
-                self._sample_active(monotonic())
+        seen = offsets.get(tp)
+        if seen is not None and offset <= seen:
+            return
+        offsets[tp] = offset
+        buf.append(event)
+        await table.on_changelog_event(event)
+        if len(buf) >= size:
+            table.apply_changelog_batch(buf)
+            buf.clear()
+            self._last_flush_at = now
+        if active:
+            self._sample_active(monotonic())
         counted = getattr(self.app, "changelog_taken", None)
-        if taken and counted is not None:
-            counted("restore" if active else "standby", taken)
+        if counted is not None:
+            counted("restore" if active else "standby", 1)
 
     def _buffer_size(self, tp: TP, size: int) -> int:
         cached = self.buffer_sizes.get(tp)
