@@ -213,11 +213,12 @@ class WorkerMetrics:
     def add(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
 
-    def add_operator(self, deltas: Mapping[str, int]) -> None:
-        """Fold one batch's operator metric deltas (aggregates, see commit.Output)."""
+    def add_all(self, deltas: Mapping[str, int], prefix: str = "") -> None:
+        """Fold one batch's metric deltas (aggregates: commit.Output's, the bounding
+        stage's), each under `prefix` + its name."""
         for k, v in deltas.items():
             if v:
-                self.counts[f"operator_{k}"] += v
+                self.counts[prefix + k] += v
 
     def summary(self, extra: Mapping[str, int] | None = None) -> str:
         merged = collections.Counter(self.counts)
@@ -569,7 +570,7 @@ class Worker:
                         self._refused(CorruptStateError(exc, self.settings))
                     except Exception as exc:
                         self.operator_failed(exc)
-                    self.metrics.add_operator(out.metrics)
+                    self.metrics.add_all(out.metrics, prefix="operator_")
                     if out.sealed_through is not None:
                         self._frontiers[msg.partition] = max(
                             out.sealed_through, self._frontiers.get(msg.partition,

@@ -91,6 +91,11 @@ UNITS_SOURCE: Final = "units"
 UNIT_PREFIX: Final = "u/"
 #: Crash points of the kill tests, in order.
 CRASH_POINTS: Final = ("unit_after_forward", "unit_between_state_writes", "unit_after_state")
+#: The stage's aggregate counts (BoundOutput.metrics, folded into the worker's counts
+#: under these names; never per unit). Its dead letters count as
+#: `deadletter_contribution_bound_exceeded`, beside the ingest stage's reasons.
+METRICS: Final = ("unit_records", "unit_records_skipped_duplicates",
+                  "unit_records_malformed", "unit_events_kept", "unit_duplicates_dropped")
 
 #: One row of a units record: [unit hash, counter, ts_ms, units, in_partition, in_offset].
 UnitRow = list[Any]
@@ -410,7 +415,7 @@ class Bounder:
                 source, rows = decode_units(raw)
             except UnitsFormatError:
                 # Ingest writes only well-formed records: a foreign one counts nothing.
-                out.metrics["units_records_malformed"] += 1
+                out.metrics["unit_records_malformed"] += 1
                 continue
             labels: dict[int, str] = {}
             base = offset << SEQ_BITS

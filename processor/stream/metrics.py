@@ -65,6 +65,7 @@ from prometheus_client.metrics_core import Metric
 
 from processor.errors import StreamError
 from processor.stream import kafka_io
+from processor.stream.bounding import METRICS as UNIT_COUNTS
 from processor.stream.config import Settings
 from processor.stream.operator import METRICS as OPERATOR_COUNTS
 from processor.stream.records import REASONS
@@ -98,6 +99,26 @@ LAG_TIMEOUT_S: Final = 5.0
 _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                            2.5, 5.0, 10.0, 30.0)
 _SIZE_BUCKETS: Final = (1, 5, 10, 50, 100, 500, 1000, 2500, 5000, 10000)
+
+
+#: What each count of the bounding stage (processor/stream/bounding.py METRICS, and its
+#: checkpoints) means; privacy_unit = "user" only (0 otherwise).
+UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
+    "unit_records": "Units records the bounding stage applied (one per ingest batch per "
+                    "units partition); records",
+    "unit_records_skipped_duplicates": "Units records skipped because the stage's state "
+                                       "shows them applied already (re-delivery after a "
+                                       "restart or rebalance); records",
+    "unit_records_malformed": "Units records that could not be decoded and changed "
+                              "nothing; records",
+    "unit_events_kept": "Events the bounding stage kept within the contribution bounds "
+                        "and forwarded to the timeline; events",
+    "unit_duplicates_dropped": "Events the bounding stage dropped because an event from "
+                               "the same input partition and offset was decided already "
+                               "(the ingest stage re-sent a batch); events",
+    "unit_checkpoints": "Checkpoints of the bounding stage (its state written, its units "
+                        "records acknowledged); checkpoints",
+}
 
 
 #: What each operator count (processor/stream/operator.py METRICS) means; its unit is the
@@ -268,6 +289,9 @@ class _OperatorCounts(_CountsCollector):
             yield CounterMetricFamily(
                 f"dpc_operator_{key}", OPERATOR_COUNT_HELP.get(key, f"operator count {key}"),
                 value=c.get(f"operator_{key}", 0))
+        for key in (*UNIT_COUNTS, "unit_checkpoints"):
+            yield CounterMetricFamily(f"dpc_{key}", UNIT_COUNT_HELP[key],
+                                      value=c.get(key, 0))
         yield CounterMetricFamily(
             "dpc_timeline_records_refetched", "Timeline records the Faust consumer skipped "
             "around a rebalance and the worker re-read from the brokers (GapGuard); records",

@@ -126,7 +126,9 @@ class UnitStage:
                                                   forward=self._hold_s <= 0)
                 except Exception as exc:
                     self.worker.operator_failed(exc)
-                self.worker.metrics.add_operator(out.metrics)
+                # Under their own names (bounding.METRICS, the dead letters' reason): the
+                # surface exports them as dpc_unit_* and dpc_dead_letters{reason}.
+                self.worker.metrics.add_all(out.metrics)
                 self._pending.add(msg, gap)
                 if self._pending.due(self.commit.dirty_since):
                     await self._checkpoint()

@@ -17,6 +17,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 import pytest
@@ -39,6 +40,7 @@ from tests.stream.test_app_e2e import (
     live_factory,  # noqa: F401  (fixture)
     now_ms,
 )
+from tests.stream.test_metrics import free_port, get, parsed, value, wait_until
 
 K, M = 2, 2
 COUNTERS = ("a", "b", "c")
@@ -46,13 +48,14 @@ UNIT_TARGET = dict(privacy_unit="user", unit_epsilon=400.0, unit_delta=1e-6,
                    max_events_per_counter=K, max_counters_per_unit=M)
 
 
-def _user_live(factory: Callable[..., Live], name: str) -> Live:
+def _user_live(factory: Callable[..., Live], name: str, **overrides: Any) -> Live:
     tick = 100
     start = (now_ms() // tick) * tick
     d = Settings()
     p = derive(400.0, 1e-6, K, M, mechanism=d.mechanism, calibration=d.calibration)
     return factory(dict.fromkeys(COUNTERS, start), name=name, lateness_ms=300,
-                   **{**UNIT_TARGET, "epsilon": p.event_epsilon, "delta": p.event_delta})
+                   **{**UNIT_TARGET, "epsilon": p.event_epsilon, "delta": p.event_delta},
+                   **overrides)
 
 
 def _events(seed: int, n: int) -> list[bytes]:
@@ -146,7 +149,8 @@ def test_bounds_exactly_reached_on_the_broker(
     """alice: exactly k in a and k in b (m counters, k each: all kept), then one more in
     a and one in c (both over: dead-lettered); bob: k + 1 in c; an event without a unit
     (unit_missing). One input partition, so the input order is the log order."""
-    live = _user_live(live_factory, "ub-exact")
+    port = free_port()
+    live = _user_live(live_factory, "ub-exact", metrics_port=port)
     ev = [("alice", "a"), ("alice", "a"), ("alice", "b"), ("alice", "b"), ("alice", "a"),
           ("alice", "c"), ("bob", "c"), ("bob", "c"), ("bob", "c")]
     values = [orjson.dumps({"counter": c, "ts": now_ms(), "user": u}) for u, c in ev]
@@ -159,6 +163,24 @@ def test_bounds_exactly_reached_on_the_broker(
     assert reasons == ["contribution_bound_exceeded"] * 3 + ["unit_missing"]
     offsets = sorted(o for _, o in snap.kept)
     assert offsets == [0, 1, 2, 3, 6, 7]
+    # /metrics exports the stage's counts under their own names: the dead letters by
+    # reason beside the ingest stage's, the kept events and the checkpoints.
+    base = f"http://127.0.0.1:{port}/metrics"
+
+    def stage_counts() -> dict[str, float]:
+        m = parsed(get(base)[1])
+        return {"bound": value(m, "dpc_dead_letters", reason="contribution_bound_exceeded"),
+                "missing": value(m, "dpc_dead_letters", reason="unit_missing"),
+                "kept": value(m, "dpc_unit_events_kept"),
+                "records": value(m, "dpc_unit_records"),
+                "malformed": value(m, "dpc_unit_records_malformed"),
+                "checkpoints": value(m, "dpc_unit_checkpoints")}
+
+    wait_until("the bounding stage's counts on /metrics",
+               lambda: stage_counts()["checkpoints"] >= 1, 60, live)
+    counts = stage_counts()
+    assert (counts["bound"], counts["missing"], counts["kept"]) == (3, 1, 6), counts
+    assert counts["records"] >= 1 and counts["malformed"] == 0, counts
     # The ledger carries the unit, both bounds and both guarantees.
     ledger = [orjson.loads(r.value or b"{}")
               for r in kafka_io.iter_topic(live.conf, live.topics.ledger)]
