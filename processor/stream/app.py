@@ -47,7 +47,7 @@ from typing import Any, Final, NoReturn
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from faust.exceptions import ConsumerNotStarted, NotReady
-from faust.types import TP, ConsumerT, Message
+from faust.types import TP, ConsumerT, Message, TransportT
 from rocksdict import Options as RdictOptions
 from rocksdict import Rdict
 
@@ -85,6 +85,7 @@ from processor.stream.records import (
 from processor.stream.recovery import BatchedTableManager
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
+from processor.stream.transport import QuickPollTransport
 from processor.stream.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
@@ -401,12 +402,18 @@ def backup_due(frontiers: Mapping[int, int], allowed: int, settings: Settings) -
 
 class WorkerApp(faust.App):
     """faust.App with one hook, `before_stop`, awaited when the app stops, before Faust
-    stops its consumer and closes the tables: the worker's last checkpoint."""
+    stops its consumer and closes the tables: the worker's last checkpoint; and the
+    aiokafka transport of transport.py."""
 
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: Told of each changelog record the recovery took (BatchedRecovery._take): copy
     #: "restore" or "standby", and how many.
     changelog_taken: Callable[[str, int], None] | None = None
+
+    def _new_transport(self) -> TransportT:
+        # The worker's consumer polls idle partitions briefly (transport.py): a joining
+        # worker's recovery look-ups do not each wait out a 1.5 s fetch.
+        return QuickPollTransport(self.conf.broker_consumer, self)
 
     async def on_stop(self) -> None:
         if self.before_stop is not None:
