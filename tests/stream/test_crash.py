@@ -36,6 +36,8 @@ from tests.stream.test_app_e2e import (
     spec_expectation,
     timeline_events,
 )
+from tests.stream.test_metrics import free_port, get, parsed, wait_until
+from tests.stream.test_metrics import value as metric_value
 
 COUNTERS = ("a", "b", "c", "d")
 
@@ -207,15 +209,31 @@ def test_failed_worker_counters_move_to_the_other(
     flow. The survivor takes over its partitions with their state (from the changelog or
     its standby copy), the markers keep coming (the leader role moves if needed), and the
     published stream has no loss, no double count and equals the uninterrupted replay.
-    Before the kill the survivor kept a standby copy of the other's partitions (its
-    metrics line counts the standby records it read)."""
+
+    The survivor keeps a standby copy of the other's partitions once the group assigned
+    it one and its recovery started it: the kill comes after 4 s of events AND after the
+    survivor's /metrics shows standby records read, not at a fixed time. The first
+    release may come from a worker alone in the group, before the other one joined, and
+    a joining worker's standby starts only after its recovery's look-ups, so "4 s after
+    the first release" was not a moment at which the product promises a standby copy.
+    Its closing metrics line must still count those standby records (none lost)."""
     tick = 100
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name="failover", epsilon=500.0,
                         lateness_ms=400, partitions=4)
-    other = live.add_worker("worker-b", loglevel="info")  # same app, its own state dir
+    port = free_port()
+    # same app, its own state dir
+    other = live.add_worker("worker-b", loglevel="info", metrics_port=port)
     live.worker.start()
     other.start()
+
+    def standby_read() -> bool:
+        try:
+            families = parsed(get(f"http://127.0.0.1:{port}/metrics")[1])
+        except OSError:
+            return False  # not serving yet
+        return metric_value(families, "dpc_changelog_records_read", copy="standby") > 0
+
     try:
         live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
         stop = threading.Event()
@@ -223,7 +241,9 @@ def test_failed_worker_counters_move_to_the_other(
         producer = threading.Thread(target=_produce_steadily,
                                     args=(live, 12.0, 11, stop, sent), daemon=True)
         producer.start()
-        stop.wait(4.0)  # let both workers process for a while: the kill point
+        stop.wait(4.0)  # let both workers process for a while
+        wait_until("the survivor's standby copy reading the other's changelog",
+                   standby_read, 60, live)
         live.worker.kill()
         producer.join(timeout=120)
         assert not producer.is_alive()
