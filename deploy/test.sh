@@ -4,8 +4,24 @@
 # code is non-zero if any step failed. pytest's exit code 5 ("no tests collected") is a
 # failure too: a run that tested nothing must not pass. Arguments go to pytest, e.g.
 #   bash deploy/test.sh tests/stream -m kafka
+# The flaky-test hunt: `--repeat N` runs the broker tests (-m kafka; the remaining
+# arguments go to pytest as well) N times on one broker, without lint and type check,
+# then prints each test that failed in at least one run with its count, and exits
+# non-zero if any did:
+#   bash deploy/test.sh --repeat 5
+#   bash deploy/test.sh --repeat 10 tests/stream/test_crash.py
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+repeat=0
+if [ "${1:-}" = "--repeat" ]; then
+    repeat="${2:-}"
+    if ! [[ "$repeat" =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: --repeat needs a number of runs (1 or more), got '${repeat}'" >&2
+        exit 2
+    fi
+    shift 2
+fi
 
 bash deploy/setup.sh
 
@@ -22,20 +38,24 @@ step() {
     fi
 }
 
-step .venv/bin/ruff check processor tests bench deploy reliability
-# strict, over the `files` of pyproject.toml's [tool.mypy] (tests and deploy/kafka.py too)
-step .venv/bin/mypy
+if [ "$repeat" = 0 ]; then
+    step .venv/bin/ruff check processor tests bench deploy reliability
+    # strict, over the `files` of pyproject.toml's [tool.mypy] (tests and deploy/kafka.py too)
+    step .venv/bin/mypy
+fi
 # One broker for the whole run, shared by the test processes (each test makes its own
 # topics): started here unless KAFKA_BOOTSTRAP_SERVERS names a cluster already, stopped on
 # exit. If it cannot start, the fixtures report why (a failure in CI, a skip elsewhere).
 # PYTEST_WORKERS (default 2) test processes; 0 runs everything in this one process.
 workers="${PYTEST_WORKERS:-2}"
 broker_state=""
+reports=""
 stop_broker() {
     if [ -n "$broker_state" ]; then
         .venv/bin/python deploy/kafka.py stop --state-file "$broker_state" >/dev/null 2>&1 || true
         rm -rf "$(dirname "$broker_state")"
     fi
+    [ -z "$reports" ] || rm -rf "$reports"
 }
 trap stop_broker EXIT
 if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ] && [ "$workers" != 0 ]; then
@@ -46,11 +66,21 @@ if [ -z "${KAFKA_BOOTSTRAP_SERVERS:-}" ] && [ "$workers" != 0 ]; then
         echo "test.sh: the shared broker did not start; the broker fixtures will say why" >&2
     fi
 fi
-if [ "$workers" != 0 ]; then
-    step .venv/bin/pytest -q -n "$workers" --dist worksteal "$@"
-else
-    step .venv/bin/pytest -q "$@"
+parallel=()
+[ "$workers" = 0 ] || parallel=(-n "$workers" --dist worksteal)
+
+if [ "$repeat" != 0 ]; then
+    reports="$(mktemp -d)"
+    for i in $(seq 1 "$repeat"); do
+        echo "test.sh: broker tests, run $i of $repeat"
+        step .venv/bin/pytest -q "${parallel[@]}" -m kafka \
+            --junitxml="$reports/run-$i.xml" "$@"
+    done
+    .venv/bin/python deploy/flaky_report.py "$reports"/run-*.xml
+    exit $?
 fi
+
+step .venv/bin/pytest -q "${parallel[@]}" "$@"
 
 if [ "${#failed[@]}" -ne 0 ]; then
     echo "test.sh: FAILED steps:" >&2
