@@ -41,8 +41,10 @@ counter a second time under another creation (AnnouncedCounterError): its ticks 
 published already. A counter restored from state keeps its mechanism, epsilon and delta;
 when they differ from the settings the operator refuses (ParameterChangeError,
 `ConfiguredProvenance.check_parameters`, the one place) unless on_parameter_change =
-"keep". The state is bound to the noise key: the partition and counter values carry the
-key's public fingerprint, and a key that is not the stored one is refused
+"keep": at start for every counter the ledger announced (`app.ledger_at_start`), else at
+the marker that touches it, never at an event (the halt's time would reveal the event).
+The state is bound to the noise key: the partition and counter values carry the key's
+public fingerprint, and a key that is not the stored one is refused
 (KeyMismatchError, `_check_key`, the one place) before anything of the record is
 published.
 
@@ -76,6 +78,7 @@ from processor.errors import RefusedError
 from processor.stream.clock import TOLERANCE_MS
 from processor.stream.config import Settings
 from processor.stream.identity import calibration_of, creation_tag, key_fingerprint
+from processor.stream.lifetime import UnitClaim
 from processor.stream.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
 from processor.stream.records import (
     EventRows,
@@ -231,15 +234,19 @@ class Operator:
                  factory: CounterFactory | None = None,
                  cache_size: int = DEFAULT_CACHE_SIZE,
                  announced: Mapping[str, Collection[str]] | None = None,
-                 provenance: Provenance | None = None) -> None:
+                 provenance: Provenance | None = None,
+                 unit_claim: UnitClaim | None = None) -> None:
         """`announced`: what the ledger topic says was announced (counter -> creation tags
         of its entries, `records.announced_counters`). Given (the worker), a counter with a
         ledger entry is made again only as the re-execution of the very creation the entry
         records; anything else raises AnnouncedCounterError. None (replay, tests): no
         ledger to check against. `factory` restores counters from state (default the core
         registry); `provenance` says what a counter runs under (default the configuration,
-        with mechanisms of `factory`; replay's comes from the ledger)."""
+        with mechanisms of `factory`; replay's comes from the ledger). `unit_claim`: the
+        per-unit guarantee the ledger entries state (user mode; lifetime.unit_claim of
+        the ledger read at start), by default the configuration's own derivation."""
         self.settings = settings
+        self.unit_claim = unit_claim
         self.key = key
         self.key_id = key_fingerprint(key)
         self._announced: dict[str, set[str]] | None = (
@@ -394,10 +401,12 @@ class Operator:
         self._check_key(partition_key(partition), ps.key_id)
 
     def _check_counter(self, name: str, cs: CounterState) -> None:
-        # Declared names are public; an undeclared one is input until announced.
+        # Declared names are public; an undeclared one is input until announced. The
+        # parameters are checked by the marker that touches the counter (`_apply_marker`),
+        # never here: a counter is also loaded by its events, and a halt there would time
+        # an event.
         self._check_key(counter_key(name) if name in self._start_ticks
                         else UNDECLARED_COUNTER_KEY, cs.key_id)
-        self.provenance.check_parameters(name, cs.mechanism)
 
     def _check_key(self, store_key: str, stored: str | None) -> None:
         """THE check of the noise key against decoded state (partition and counter values
@@ -628,6 +637,11 @@ class Operator:
                 if cs.filed_due is not None:
                     wheel.file(name, cs.filed_due)
                 continue
+            else:
+                # A restored counter (the worker checked every announced one at start,
+                # from the ledger): a refusal halts at this marker, which would announce
+                # it, never at one of its events.
+                self.provenance.check_parameters(name, cs.mechanism)
             due = self.due_tick(cs)
             if due > n:
                 # A stale entry: nothing to do yet. Re-file it only if the entry it is
@@ -729,7 +743,7 @@ class Operator:
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
             parameters="configured" if same else "stored", calibration=calibration_of(c),
-            **unit_ledger_fields(s))
+            **unit_ledger_fields(s, self.unit_claim))
 
     # -- the queue and the ticks
 

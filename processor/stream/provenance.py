@@ -157,9 +157,15 @@ class ConfiguredProvenance:
         (they are taken from the running instance). Not "restart": a fresh instance would
         republish ticks already released, with new noise, which the ledger refusal
         forbids."""
+        self.check_stated(name, parameters_of(c))
+
+    def check_stated(self, name: str, stored_parameters: Parameters) -> None:
+        """check_parameters on the parameters a counter runs with, as its state or its
+        ledger entry states them (the worker checks every announced counter at start,
+        before it applies a record)."""
         if self.settings.on_parameter_change == "keep":
             return
-        for fname, stored, configured in zip(PARAMETER_FIELDS, parameters_of(c),
+        for fname, stored, configured in zip(PARAMETER_FIELDS, stored_parameters,
                                              self.configured_parameters(), strict=True):
             if stored != configured:
                 # Declared names are public; an undeclared one is input until announced.

@@ -1,0 +1,173 @@
+"""The per-unit guarantee a ledger entry states holds over the deployment's whole life
+(processor/stream/lifetime.py, docs/privacy-unit.md "Reconfiguration"): the changes that
+would make it false are refused at start with one `error:` line naming the field, a
+confirmed migration states the composed guarantee, and a refused parameter change halts
+at start or at a marker, never at an event. Pure: the operator on a dict store, the real
+ECC counters, no Kafka.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
+from processor.errors import error_line
+from processor.stream import lifetime
+from processor.stream.app import ledger_at_start
+from processor.stream.config import Settings, with_overrides, with_unit
+from processor.stream.lifetime import LifetimeError, UnitClaim
+from processor.stream.operator import Operator, Output
+from processor.stream.provenance import ParameterChangeError
+from processor.stream.records import LedgerEntry, encode_batch_rows, encode_marker
+from processor.stream.state import DictStore
+
+KEY = NoiseKey.from_seed(28)
+TICK = 1000
+# Per-event (4, 1e-6); heartbeats at every tick, so every marker releases (and a
+# reconfigured counter's entry comes with its first release).
+EVENT = with_overrides(Settings(), partitions=1, tick_ms=TICK, counters={"a": 0},
+                       mechanism="ecc", epsilon=4.0, delta=1e-6, heartbeat_ticks=1,
+                       heartbeat_spread=False)
+# k = m = 1: the derivation is the identity, the per-event parameters are EVENT's.
+USER1 = with_unit(EVENT, 4.0, 1e-6, 1, 1)
+USER3 = with_overrides(with_unit(EVENT, 4.0, 1e-6, 3, 1), on_parameter_change="keep")
+
+
+def _life(s: Settings, store: DictStore, first_offset: int, events: int, seal: int,
+          claim: UnitClaim | None = None) -> list[LedgerEntry]:
+    """`events` events of counter a at tick 1 (input offsets from `first_offset`), then
+    markers through `seal`; the ledger entries published."""
+    op = Operator(s, KEY, unit_claim=claim)
+    out = Output()
+    off = first_offset
+    rows = [["a", TICK + i, UNIT, 0, first_offset + i] for i in range(events)]
+    if rows:
+        op.apply(store, 0, off, encode_batch_rows(rows, "in"), out)
+        off += 1
+    for n in range(1, seal + 1):
+        op.apply(store, 0, off, encode_marker(n), out)
+        off += 1
+    return out.ledger
+
+
+def _values(entries: list[LedgerEntry]) -> list[bytes | None]:
+    return [e.to_json() for e in entries]
+
+
+def test_event_mode_history_refuses_user_mode_even_where_the_derivation_is_identity(
+        ) -> None:
+    """Event mode, 50 events of one person counted; then user mode with k = m = 1: the
+    per-event parameters are the same (the parameter check alone lets it through), but
+    the entry would state (4, 1e-6) per person for a counter that counted 50 of one
+    person's events. Refused at start, naming privacy_unit, remedy a new deployment (no
+    migration can bound the event-mode life). Controls: the same settings on a new
+    deployment (empty ledger) start; user mode back to event mode is refused alike."""
+    store = DictStore()
+    ledger = _values(_life(EVENT, store, 0, 50, 3))
+    assert ledger and (USER1.epsilon, USER1.delta) == (EVENT.epsilon, EVENT.delta)
+    for s in (USER1, with_overrides(USER1, unit_migration_confirmed=True)):
+        with pytest.raises(LifetimeError) as err:
+            ledger_at_start(s, KEY, ledger)
+        assert err.value.field == "privacy_unit"
+        line = error_line(err.value)
+        assert line.startswith("error: privacy_unit:") and "\n" not in line
+        assert "new deployment" in line and "confirm_migration" not in line
+    # Control: a new deployment under the same settings states the configured claim.
+    assert ledger_at_start(USER1, KEY, [])[1] == lifetime.plain(USER1)
+    # Control: the other direction.
+    user_ledger = _values(_life(USER1, DictStore(), 0, 1, 3))
+    with pytest.raises(LifetimeError) as err:
+        ledger_at_start(EVENT, KEY, user_ledger)
+    assert err.value.field == "privacy_unit"
+    # Control: unchanged configurations restart as before, stating what they stated.
+    assert ledger_at_start(EVENT, KEY, ledger)[1] is None
+    assert ledger_at_start(USER1, KEY, user_ledger)[1] == lifetime.plain(USER1)
+
+
+def test_raising_the_bound_under_keep_is_refused_unless_the_migration_states_the_composition(
+        ) -> None:
+    """k raised 1 -> 3 under on_parameter_change = "keep": counter a keeps its per-event
+    (4, 1e-6) and the stage now keeps 3 events per unit. Refused at start, naming
+    unit.max_events_per_counter. Confirmed, the migration's entries state the composed
+    guarantee, computed here independently: 3 events of (4, 1e-6) by group privacy,
+    (12, 1e-6 (1 + e^4 + e^8)) = (12, 3.04e-3); a later start whose composition the
+    ledger already states needs no confirmation; raising k again does."""
+    store = DictStore()
+    first = _values(_life(USER1, store, 0, 1, 3))
+    with pytest.raises(LifetimeError) as err:
+        ledger_at_start(USER3, KEY, first)
+    assert err.value.field == "unit.max_events_per_counter"
+    line = error_line(err.value)
+    assert line.startswith("error: unit.max_events_per_counter:") and "\n" not in line
+    assert "confirm_migration" in line and "new deployment" in line
+
+    confirmed = with_overrides(USER3, unit_migration_confirmed=True)
+    _, claim = ledger_at_start(confirmed, KEY, first)
+    assert claim is not None
+    expected = 1e-6 * math.fsum(math.exp(4.0 * j) for j in range(3))
+    assert (claim.max_events_per_counter, claim.max_counters_per_unit) == (3, 1)
+    assert claim.unit_epsilon == 12.0
+    assert expected <= claim.unit_delta <= expected * (1 + 1e-9)
+    assert claim.derivation == lifetime.METHOD_LIFETIME
+    # The configuration alone would state (4, 1e-6): what the ledger must not say.
+    assert (USER3.unit_epsilon, USER3.unit_delta) == (4.0, 1e-6)
+
+    second = _life(confirmed, store, 100, 2, 6, claim=claim)
+    reconfigured = [e for e in second if e.entry == "reconfigured"]
+    assert reconfigured, "the restored counter's first release under the new fingerprint"
+    for e in reconfigured:
+        assert (e.counter, e.epsilon, e.delta, e.parameters) == ("a", 4.0, 1e-6, "stored")
+        assert (e.contribution_bound, e.unit_epsilon, e.unit_delta, e.unit_derivation) == (
+            3, 12.0, claim.unit_delta, lifetime.METHOD_LIFETIME)
+
+    history = first + _values(second)
+    # Unconfirmed, the same configuration restarts: the ledger states the composition.
+    assert ledger_at_start(USER3, KEY, history)[1] == claim
+    # Lowering k back cannot lower what a person already got.
+    low = with_overrides(USER1, on_parameter_change="keep")
+    assert ledger_at_start(low, KEY, history)[1] == claim
+    # Control: a further raise is a new migration.
+    user4 = with_overrides(with_unit(EVENT, 4.0, 1e-6, 4, 1), on_parameter_change="keep")
+    with pytest.raises(LifetimeError) as err:
+        ledger_at_start(user4, KEY, history)
+    assert err.value.field == "unit.max_events_per_counter"
+
+
+def test_an_announced_counter_with_other_parameters_is_refused_at_start() -> None:
+    """Under on_parameter_change = "refuse", a confirmed migration that changes the
+    per-event parameters still stops at start on the announced counter (naming it and the
+    field), not at the counter's next event. Control: "keep" starts."""
+    first = _values(_life(USER1, DictStore(), 0, 1, 3))
+    refuse = with_overrides(USER3, on_parameter_change="refuse",
+                            unit_migration_confirmed=True)
+    with pytest.raises(ParameterChangeError) as err:
+        ledger_at_start(refuse, KEY, first)
+    assert (err.value.counter, err.value.field) == ("a", "epsilon")
+    keep = with_overrides(refuse, on_parameter_change="keep")
+    assert set(ledger_at_start(keep, KEY, first)[0]) == {"a"}
+
+
+def test_a_refused_parameter_change_halts_at_the_marker_never_at_an_event() -> None:
+    """A restored counter whose parameters differ (state the ledger check cannot see:
+    replay, or a counter not announced yet): its events apply without a halt (nothing is
+    published at an event), the marker that touches it refuses, before publishing.
+    Control: the same records under "keep" go on."""
+    store = DictStore()
+    _life(EVENT, store, 0, 1, 3)
+    changed = with_overrides(EVENT, epsilon=2.0)
+    op = Operator(changed, KEY)
+    out = Output()
+    op.apply(store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
+    assert out.metrics["events_applied"] == 1 and not out.releases and not out.ledger
+    with pytest.raises(ParameterChangeError) as err:
+        op.apply(store, 0, 11, encode_marker(4), out)
+    assert (err.value.counter, err.value.field) == ("a", "epsilon")
+    assert not out.releases and not out.ledger
+    kept = Operator(with_overrides(changed, on_parameter_change="keep"), KEY)
+    out = Output()
+    kept.apply(store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
+    kept.apply(store, 0, 11, encode_marker(4), out)
+    assert out.releases and {r.epsilon for r in out.releases} == {4.0}
