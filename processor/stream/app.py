@@ -568,9 +568,9 @@ class Worker:
                     try:
                         out = await self.batch_commit.apply(msg.partition, records, stamps)
                     except RefusedError as exc:
-                        self._refused(exc)
+                        self.refused(exc)
                     except StateFormatError as exc:
-                        self._refused(CorruptStateError(exc, self.settings))
+                        self.refused(CorruptStateError(exc, self.settings))
                     except Exception as exc:
                         self.operator_failed(exc)
                     self.metrics.add_operator(out.metrics)
@@ -676,7 +676,8 @@ class Worker:
         logging.shutdown()
         os._exit(FENCED_EXIT)
 
-    def _refused(self, exc: Exception) -> NoReturn:
+    def refused(self, exc: Exception) -> NoReturn:
+        """Exit (code 2) on a stage's refusal of its stored state (RefusedError)."""
         # Nothing of the record was published; exiting at once (code 2, like a start
         # error) keeps Faust from committing past it. The messages name only public
         # things (declared or announced counters, parameters, store keys), with the remedy.
