@@ -60,8 +60,10 @@ Idempotency. Each counter records the last timeline offset applied to it, the pa
 the offset of its last marker: a record is applied to a counter at most once, so
 at-least-once redelivery neither loses nor double-counts, and re-execution reproduces the
 same noise (positions are in the mechanism state). Ingest re-sends events after a crash:
-the partition's duplicate filter (input partition -> highest input offset applied) drops
-an event whose input offset is at or below it.
+each counter's duplicate filter (input partition -> highest input offset of its events
+applied, in the counter's own value) drops an event whose input offset is at or below
+it. Per counter, so that no event is ever dropped because of another counter's (a zombie
+ingest may write older offsets late), and a counter's filter is written with it.
 """
 
 from __future__ import annotations
@@ -493,8 +495,8 @@ class Operator:
         ps = self._partition(txn, partition)
         m = out.metrics
         source = rows.source
-        seen = ps.input_offsets
-        seen_changed = False
+        progress = ps.input_offsets
+        progress_changed = False
         tick_ms = self._tick_ms
         start_ticks = self._start_ticks
         # Counters this record is applied to, and those it was applied to before a crash.
@@ -504,24 +506,13 @@ class Operator:
         # Rows, not Event objects: [counter, ts_ms, units, src_partition, src_offset].
         labels: dict[int, str] = {}
         for name, ts_ms, units, src, src_offset in rows:
+            label = ""
             if src >= 0:
-                label = labels.get(src)
-                if label is None:
-                    label = labels[src] = source_label(source, src)
-                    if source and label not in seen:
-                        # The first record that names its input topic's identity: the
-                        # partition's unnamed entry (written before records named one)
-                        # is this topic's, so re-sent events stay duplicates. A later
-                        # identity (the topic recreated) starts afresh.
-                        legacy = seen.pop(str(src), None)
-                        if legacy is not None:
-                            seen[label] = legacy
-                            seen_changed = True
-                if src_offset <= seen.get(label, -1):
-                    m["duplicates_dropped"] += 1
-                    continue
-                seen[label] = src_offset
-                seen_changed = True
+                label = labels.get(src) or labels.setdefault(src, source_label(source, src))
+                # Every row of the record (a function of the log, whatever a crash left).
+                if src_offset > progress.get(label, -1):
+                    progress[label] = src_offset
+                    progress_changed = True
             n_event = ts_ms // tick_ms
             cs = applying.get(name)
             if cs is None:
@@ -529,6 +520,24 @@ class Operator:
                 if cs is None:
                     continue
                 applying[name] = cs
+            if src >= 0:
+                # The counter's own filter: only its own events make one of its events a
+                # duplicate, so a zombie ingest's out-of-order write never drops an event
+                # because of another counter's.
+                seen = cs.inputs
+                assert seen is not None  # `_first_row` starts a value written before it
+                if source and label not in seen:
+                    # The first record that names its input topic's identity: the
+                    # counter's unnamed entry (written before records named one) is this
+                    # topic's, so re-sent events stay duplicates. A later identity (the
+                    # topic recreated) starts afresh.
+                    legacy = seen.pop(str(src), None)
+                    if legacy is not None:
+                        seen[label] = legacy
+                if src_offset <= seen.get(label, -1):
+                    m["duplicates_dropped"] += 1
+                    continue
+                seen[label] = src_offset
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -548,7 +557,7 @@ class Operator:
         m["counters_touched"] += len(applying)
         if applying:
             self._file_applied(txn, partition, applying)
-        if seen_changed:
+        if progress_changed:
             self._stage_partition(txn, partition, ps)
 
     def _first_row(self, txn: PartitionTransaction, partition: int, offset: int, name: str,
@@ -584,6 +593,10 @@ class Operator:
             done.add(name)
             m["skipped_duplicates"] += 1
             return None
+        if cs.inputs is None:
+            # Written while the filter was shared by the partition's counters: its own
+            # starts where that one stood (what it had applied is at or below it).
+            cs.inputs = dict(ps.legacy_inputs)
         cs.last_offset = offset
         self._stage_counter(txn, partition, name, cs)
         return cs
