@@ -111,12 +111,13 @@ def _entries(ledger_values: Iterable[bytes | None]) -> Iterator[tuple[str, State
             continue
         if type(obj) is not dict or type(obj.get("counter")) is not str:
             continue
-        st = _statement(obj)
+        st = statement(obj)
         if st is not None:
             yield obj["counter"], st
 
 
-def _statement(obj: dict[str, Any]) -> Stated | None:
+def statement(obj: dict[str, Any]) -> Stated | None:
+    """What the decoded ledger entry `obj` states (None: not an entry of either mode)."""
     mode = _MODE_OF_ENTRY.get(obj.get("privacy_unit", "one event"))
     try:
         params = (str(obj["mechanism"]), float(obj["epsilon"]), float(obj["delta"]),

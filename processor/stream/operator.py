@@ -246,9 +246,9 @@ class Operator:
         registry); `provenance` says what a counter runs under (default the configuration,
         with mechanisms of `factory`; replay's comes from the ledger). `unit_claim`: the
         per-unit guarantee the ledger entries state (user mode; lifetime.unit_claim of
-        the ledger read at start), by default the configuration's own derivation."""
+        the ledger read at start), by default the configuration's own derivation: the
+        default provenance's (`ConfiguredProvenance`)."""
         self.settings = settings
-        self.unit_claim = unit_claim
         self.key = key
         self.key_id = key_fingerprint(key)
         self._announced: dict[str, set[str]] | None = (
@@ -257,7 +257,7 @@ class Operator:
             factory if factory is not None else CalibratedRegistry(settings.calibration))
         self.provenance: Provenance = (
             provenance if provenance is not None
-            else ConfiguredProvenance(settings, key, self.factory))
+            else ConfiguredProvenance(settings, key, self.factory, unit_claim))
         self.fingerprint = settings.fingerprint()
         self._tick_ms = settings.tick_ms
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
@@ -756,7 +756,7 @@ class Operator:
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
             parameters="configured" if same else "stored", calibration=calibration_of(c),
-            **unit_ledger_fields(s, self.unit_claim))
+            **unit_ledger_fields(s, self.provenance.unit_claim(fingerprint)))
 
     # -- the queue and the ticks
 

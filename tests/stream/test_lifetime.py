@@ -22,6 +22,7 @@ from processor.stream.lifetime import LifetimeError, UnitClaim
 from processor.stream.operator import Operator, Output
 from processor.stream.provenance import ParameterChangeError
 from processor.stream.records import LedgerEntry, encode_batch_rows, encode_marker
+from processor.stream.replay.history import LedgerProvenance, ledger_history
 from processor.stream.state import DictStore
 
 KEY = NoiseKey.from_seed(28)
@@ -37,19 +38,22 @@ USER3 = with_overrides(with_unit(EVENT, 4.0, 1e-6, 3, 1), on_parameter_change="k
 
 
 def _life(s: Settings, store: DictStore, first_offset: int, events: int, seal: int,
-          claim: UnitClaim | None = None) -> list[LedgerEntry]:
+          claim: UnitClaim | None = None, log: list[bytes] | None = None
+          ) -> list[LedgerEntry]:
     """`events` events of counter a at tick 1 (input offsets from `first_offset`), then
-    markers through `seal`; the ledger entries published."""
+    markers through `seal`, at timeline offsets from `first_offset` (each record appended
+    to `log`); the ledger entries published."""
     op = Operator(s, KEY, unit_claim=claim)
     out = Output()
-    off = first_offset
+    records = []
     rows = [["a", TICK + i, UNIT, 0, first_offset + i] for i in range(events)]
     if rows:
-        op.apply(store, 0, off, encode_batch_rows(rows, "in"), out)
-        off += 1
-    for n in range(1, seal + 1):
-        op.apply(store, 0, off, encode_marker(n), out)
-        off += 1
+        records.append(encode_batch_rows(rows, "in"))
+    records += [encode_marker(n) for n in range(1, seal + 1)]
+    for i, raw in enumerate(records):
+        op.apply(store, 0, first_offset + i, raw, out)
+    if log is not None:
+        log += records
     return out.ledger
 
 
@@ -171,3 +175,31 @@ def test_a_refused_parameter_change_halts_at_the_marker_never_at_an_event() -> N
     kept.apply(store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
     kept.apply(store, 0, 11, encode_marker(4), out)
     assert out.releases and {r.epsilon for r in out.releases} == {4.0}
+
+
+def test_replay_recomputes_the_migrated_entries() -> None:
+    """Replay takes what each fingerprint's entries state per unit from the published
+    ledger (the worker computed it from the ledger before them), so it recomputes a
+    migrated deployment's entries byte for byte. Control: under the configuration's own
+    claim (what it would state without the history) the migrated entries differ."""
+    store = DictStore()
+    records: list[bytes] = []
+    first = _life(USER1, store, 0, 1, 3, log=records)
+    confirmed = with_overrides(USER3, unit_migration_confirmed=True)
+    _, claim = ledger_at_start(confirmed, KEY, _values(first))
+    second = _life(confirmed, store, 100, 2, 6, claim=claim, log=records)
+    published = _values(first + second)
+    history = ledger_history(confirmed, KEY, published)
+    assert not history.problems
+
+    def recompute(op: Operator) -> list[bytes | None]:
+        out, fresh = Output(), DictStore()
+        for off, raw in enumerate(records):
+            op.apply(fresh, 0, off, raw, out)
+        return _values(out.ledger)
+
+    again = recompute(Operator(confirmed, KEY,
+                               provenance=LedgerProvenance(confirmed, KEY, history)))
+    assert again == published
+    plain = recompute(Operator(confirmed, KEY))
+    assert plain != published
