@@ -76,7 +76,6 @@ from processor.stream.records import (
     encode_batch_rows,
     fit_records,
     partition_for,
-    source_label,
 )
 from processor.stream.state import (
     PARTITION_PREFIX,
@@ -219,8 +218,9 @@ class UnitState:
 
     last_seq: int = -1
     kept: dict[str, Sequence[int]] = field(default_factory=dict)
-    #: The unit's input duplicate filter: input partition label -> the highest input
-    #: offset of this unit's events applied (`Bounder.apply`). Per unit, so that no
+    #: The unit's input duplicate filter: "<input identity index>/<input partition>"
+    #: (UnitsPartitionState.sources) -> the highest input offset of this unit's events
+    #: applied (`Bounder.apply`). Per unit, so that no
     #: other unit's events (a zombie ingest's late write of older offsets included) ever
     #: make one of this unit's a duplicate.
     inputs: dict[str, int] = field(default_factory=dict)
@@ -266,11 +266,23 @@ class UnitsPartitionState:
 
     last_offset: int = -1
     bounds: tuple[int, int] | None = None
+    #: The input identities its units records named, in log order: a unit's filter names
+    #: an input partition by the index of its identity here (a few bytes per unit, not a
+    #: topic id), and a recreated input topic (a new identity) starts afresh.
+    sources: list[str] = field(default_factory=list)
     saved: bytes | None = field(default=None, compare=False, repr=False)
+
+    def source_index(self, source: str) -> int:
+        """The index of `source` (appended if new)."""
+        try:
+            return self.sources.index(source)
+        except ValueError:
+            self.sources.append(source)
+            return len(self.sources) - 1
 
     def to_bytes(self) -> bytes:
         raw = (UNIT_MAGIC + self.last_offset.to_bytes(8, "big", signed=True)
-               + orjson.dumps({"b": self.bounds}))
+               + orjson.dumps({"b": self.bounds, "s": self.sources}))
         self.saved = raw
         return raw
 
@@ -281,8 +293,10 @@ class UnitsPartitionState:
             raise UnitsFormatError("not a units partition value")
         # "i", the shared input filter of earlier values, is not read: the filter is per
         # unit (UnitState.inputs).
-        b = orjson.loads(data[12:]).get("b")
-        return cls(off, None if b is None else (int(b[0]), int(b[1])), data)
+        body = orjson.loads(data[12:])
+        b = body.get("b")
+        return cls(off, None if b is None else (int(b[0]), int(b[1])),
+                   [str(x) for x in body.get("s", [])], data)
 
 
 class BoundsChangeError(RefusedError):
@@ -460,6 +474,7 @@ class Bounder:
                 out.metrics["units_records_malformed"] += 1
                 continue
             labels: dict[int, str] = {}
+            epoch = ps.source_index(source)
             base = offset << SEQ_BITS
             for i, row in enumerate(rows):
                 h, counter, ts, weight, in_p, in_o = row
@@ -476,7 +491,7 @@ class Bounder:
                         redelivered += 1
                         continue
                 else:
-                    if in_p >= 0 and not fresh(st, labels, source, in_p, in_o):
+                    if in_p >= 0 and not fresh(st, labels, epoch, in_p, in_o):
                         duplicates += 1
                         continue
                     if h not in staged:
@@ -505,15 +520,16 @@ class Bounder:
             self.take_forwards(out)
 
 
-def _fresh(st: UnitState, labels: dict[int, str], source: str, in_p: int,
+def _fresh(st: UnitState, labels: dict[int, str], epoch: int, in_p: int,
            in_o: int) -> bool:
     """Whether a new event of the unit, read at (input partition `in_p`, offset `in_o`)
-    of the input `source`, is not a re-sent copy: the unit's own filter, which only its
-    own events move (UnitState.inputs). Records it if so. `labels` memoises the labels
-    of one units record."""
+    of the input whose identity has index `epoch` (UnitsPartitionState.sources), is not a
+    re-sent copy: the unit's own filter, which only its own events move
+    (UnitState.inputs). Records it if so. `labels` memoises the labels of one units
+    record."""
     label = labels.get(in_p)
     if label is None:
-        label = labels[in_p] = source_label(source, in_p)
+        label = labels[in_p] = f"{epoch}/{in_p}"
     if in_o <= st.inputs.get(label, -1):
         return False
     st.inputs[label] = in_o

@@ -39,7 +39,7 @@ from processor.stream.bounding import (
 )
 from processor.stream.config import Settings, with_overrides, with_unit
 from processor.stream.ingest import InputRecord, Routed, route
-from processor.stream.records import TimelineBatch, decode_timeline, source_label
+from processor.stream.records import TimelineBatch, decode_timeline
 from processor.stream.state import DictStore, partition_key, supersedes
 
 NOW = 1_767_225_600_000
@@ -613,9 +613,9 @@ def _shared_filter() -> Callable[..., bool]:
     units partition (what the stage had before the filter was made per unit)."""
     shared: dict[str, int] = {}
 
-    def fresh(st: UnitState, labels: dict[int, str], source: str, in_p: int,
+    def fresh(st: UnitState, labels: dict[int, str], epoch: int, in_p: int,
               in_o: int) -> bool:
-        label = source_label(source, in_p)
+        label = f"{epoch}/{in_p}"
         if in_o <= shared.get(label, -1):
             return False
         shared[label] = in_o
@@ -725,3 +725,16 @@ def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() ->
             legacy[key] = value[:12] + b'{"i":{}}'
     asyncio.run(BoundCommit(Bounder(with_unit(BASE, 4.0, 1e-6, K + 1, M)), _copy(legacy),
                             CollectingForwarder()).commit(*log[3][:1], [log[3][1:]]))
+
+
+def test_a_recreated_input_topic_starts_each_units_filter_afresh() -> None:
+    """The unit's filter names an input partition by the index of its input identity in
+    the units partition value: a recreated input topic (a new identity, offsets from 0)
+    is not taken for copies. Control: the same identity at offset 0 is a copy."""
+    first = (0, 0, encode_units([_row("alice", "a", 20)], "topic-1"))
+    fw, store = _run([first, (0, 1, encode_units([_row("alice", "a", 0)], "topic-2"))])
+    assert _kept(fw) == [(0, 0), (0, 1 << SEQ_BITS)]
+    ps = UnitsPartitionState.from_bytes(store.data[partition_key(0)])
+    assert ps.sources == ["topic-1", "topic-2"]
+    fw2, _ = _run([first, (0, 1, encode_units([_row("alice", "a", 0)], "topic-1"))])
+    assert _kept(fw2) == [(0, 0)]
