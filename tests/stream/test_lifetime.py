@@ -9,13 +9,18 @@ ECC counters, no Kafka.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
+from typing import Any
 
+import orjson
 import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
+from processor.devtools.deployment import write_config
 from processor.errors import error_line
-from processor.stream import lifetime
+from processor.stream import kafka_io, lifetime
 from processor.stream.app import ledger_at_start
 from processor.stream.config import Settings, with_overrides, with_unit
 from processor.stream.lifetime import LifetimeError, UnitClaim
@@ -203,3 +208,43 @@ def test_replay_recomputes_the_migrated_entries() -> None:
     assert again == published
     plain = recompute(Operator(confirmed, KEY))
     assert plain != published
+
+
+@pytest.mark.kafka
+def test_a_worker_refuses_to_switch_an_event_mode_deployment_to_user_mode(
+        deployment_factory: Callable[..., Any]) -> None:
+    """Against the real broker and worker: an event-mode deployment counts events of one
+    person, stops, and restarts in user mode with k = m = 1 (the same per-event
+    parameters): exit 2, one `error:` line naming privacy_unit and the remedy, no
+    traceback, nothing published. Control: the event-mode configuration restarts and
+    publishes."""
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name="lifetime", partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    worker = dep.worker
+    worker.start()
+    now = int(time.time() * 1000)
+    dep.produce(orjson.dumps({"counter": "a", "ts": now, "value": 1, "user": "alice"})
+                for _ in range(20))
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
+    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+
+    user = with_unit(dep.settings, dep.settings.epsilon, dep.settings.delta, 1, 1)
+    assert (user.epsilon, user.delta) == (dep.settings.epsilon, dep.settings.delta)
+    write_config(user, dep.config)
+    worker.start()
+    code, log = worker.wait_exit()
+    assert code == 2, log
+    errors = [line for line in log.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: privacy_unit:"), log
+    assert "new deployment" in errors[0] and "Traceback" not in log, log
+    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
+    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+
+    write_config(dep.settings, dep.config)
+    worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= len(counts) + 2, timeout_s=120)
+    assert worker.stop() == 0, worker.log_tail()
