@@ -1088,8 +1088,11 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
     claim = lifetime.unit_claim(settings, lifetime.stated_in(ledger))
     provenance = ConfiguredProvenance(settings, key)
     for name, stated in sorted(lifetime.counter_parameters(ledger).items()):
-        for params in sorted(stated):
-            provenance.check_stated(name, params)
+        # The counters this configuration may restore: a counter no longer declared
+        # (and no undeclared ones allowed) is never loaded again.
+        if name in settings.counters or settings.allow_undeclared:
+            for params in sorted(stated):
+                provenance.check_stated(name, params)
     return announced_counters(ledger), claim
 
 

@@ -148,7 +148,8 @@ def test_raising_the_bound_under_keep_is_refused_unless_the_migration_states_the
 def test_an_announced_counter_with_other_parameters_is_refused_at_start() -> None:
     """Under on_parameter_change = "refuse", a confirmed migration that changes the
     per-event parameters still stops at start on the announced counter (naming it and the
-    field), not at the counter's next event. Control: "keep" starts."""
+    field), not at the counter's next event. Controls: "keep" starts, and so does a
+    configuration that no longer declares the counter."""
     first = _values(_life(USER1, DictStore(), 0, 1, 3))
     refuse = with_overrides(USER3, on_parameter_change="refuse",
                             unit_migration_confirmed=True)
@@ -157,6 +158,9 @@ def test_an_announced_counter_with_other_parameters_is_refused_at_start() -> Non
     assert (err.value.counter, err.value.field) == ("a", "epsilon")
     keep = with_overrides(refuse, on_parameter_change="keep")
     assert set(ledger_at_start(keep, KEY, first)[0]) == {"a"}
+    # A counter no longer declared is never restored: nothing to refuse.
+    removed = with_overrides(refuse, counters={"b": 0})
+    assert set(ledger_at_start(removed, KEY, first)[0]) == {"a"}
 
 
 def test_a_refused_parameter_change_halts_at_the_marker_never_at_an_event() -> None:
