@@ -8,11 +8,14 @@ ECC counters, no Kafka.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 import pytest
 
@@ -30,6 +33,7 @@ from processor.stream.records import LedgerEntry, encode_batch_rows, encode_mark
 from processor.stream.replay.history import LedgerProvenance, ledger_history
 from processor.stream.state import DictStore
 
+SCHEMAS = Path(__file__).parents[2] / "schemas"
 KEY = NoiseKey.from_seed(28)
 TICK = 1000
 # Per-event (4, 1e-6); heartbeats at every tick, so every marker releases (and a
@@ -127,7 +131,9 @@ def test_raising_the_bound_under_keep_is_refused_unless_the_migration_states_the
     second = _life(confirmed, store, 100, 2, 6, claim=claim)
     reconfigured = [e for e in second if e.entry == "reconfigured"]
     assert reconfigured, "the restored counter's first release under the new fingerprint"
+    schema = json.loads((SCHEMAS / "ledger-entry.schema.json").read_text())
     for e in reconfigured:
+        jsonschema.validate(orjson.loads(e.to_json()), schema)
         assert (e.counter, e.epsilon, e.delta, e.parameters) == ("a", 4.0, 1e-6, "stored")
         assert (e.contribution_bound, e.unit_epsilon, e.unit_delta, e.unit_derivation) == (
             3, 12.0, claim.unit_delta, lifetime.METHOD_LIFETIME)
