@@ -69,10 +69,12 @@ class LifetimeError(RefusedError):
     """A configuration under which a ledger entry would state a per-unit guarantee that
     does not hold over the deployment's life (module docstring). Raised at start, before
     anything is published; names the setting and the remedy (public things only: the
-    ledger and the configuration)."""
+    ledger, the configuration, a partition number). The operator raises it too, at a
+    marker, for a partition whose state counted under the other privacy_unit
+    (`operator.Operator._apply_marker`: state the ledger does not reflect yet)."""
 
     def __init__(self, field_name: str, stated: object, configured: object,
-                 migratable: bool) -> None:
+                 migratable: bool, source: str = "the ledger") -> None:
         self.field = field_name
         remedy = ("start a new deployment (new app_id and new private-count and ledger "
                   "topics)")
@@ -82,7 +84,7 @@ class LifetimeError(RefusedError):
                       "states the guarantee composed over every configuration, "
                       "docs/privacy-unit.md)")
         super().__init__(
-            f"{field_name}: the ledger states {stated!r} for this deployment but the "
+            f"{field_name}: {source} states {stated!r} for this deployment but the "
             f"configuration says {configured!r}; its per-unit guarantee would not hold "
             f"over the deployment's life. To go on, {remedy}.")
 

@@ -80,7 +80,7 @@ from processor.errors import RefusedError
 from processor.stream.clock import TOLERANCE_MS
 from processor.stream.config import Settings
 from processor.stream.identity import calibration_of, creation_tag, key_fingerprint
-from processor.stream.lifetime import UnitClaim
+from processor.stream.lifetime import LifetimeError, UnitClaim
 from processor.stream.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
 from processor.stream.records import (
     EventRows,
@@ -385,11 +385,27 @@ class Operator:
         if ps is None:
             ps = PartitionState()
             ps.key_id = self.key_id
+            ps.privacy_unit = self.settings.privacy_unit
         if ps.config_fingerprint != self.fingerprint:
             # First record of this partition, or a new configuration.
             ps.config_fingerprint = self.fingerprint
             self._stage_partition(txn, partition, ps)
         return ps
+
+    def _check_mode(self, txn: PartitionTransaction, partition: int,
+                    ps: PartitionState) -> None:
+        """The privacy_unit the partition's counters counted under must be the configured
+        one (lifetime.py: no migration covers a change; the start refuses it from the
+        ledger, this from state the ledger does not reflect yet). Checked at markers, never
+        at an event; a value that did not record it takes the configured one."""
+        mode = self.settings.privacy_unit
+        if ps.privacy_unit == mode:
+            return
+        if ps.privacy_unit is not None:
+            raise LifetimeError("privacy_unit", ps.privacy_unit, mode, migratable=False,
+                                source=f"the state of timeline partition {partition}")
+        ps.privacy_unit = mode
+        self._stage_partition(txn, partition, ps)
 
     def _stage_partition(self, txn: PartitionTransaction, partition: int,
                          ps: PartitionState) -> None:
@@ -621,6 +637,7 @@ class Operator:
     def _apply_marker(self, txn: PartitionTransaction, partition: int, offset: int, n: int,
                       out: Output) -> None:
         ps = self._partition(txn, partition)
+        self._check_mode(txn, partition, ps)
         m = out.metrics
         if offset <= ps.marker_offset:
             m["skipped_duplicates"] += 1

@@ -393,10 +393,11 @@ class PartitionState:
     was shared by all its counters: where a counter's own filter, CounterState.inputs,
     starts for a value written before it), `key_id` (the public fingerprint of the noise
     key the partition's state was made under; None only before the operator first stages
-    it)."""
+    it), `privacy_unit` (the mode its counters counted under, "event" or "user"; None in a
+    value written before it was recorded)."""
 
     __slots__ = ("applied", "config_fingerprint", "frontier", "input_offsets", "key_id",
-                 "legacy_inputs", "marker_offset", "saved")
+                 "legacy_inputs", "marker_offset", "privacy_unit", "saved")
 
     def __init__(self) -> None:
         self.applied = -1
@@ -405,6 +406,7 @@ class PartitionState:
         self.config_fingerprint: str | None = None
         self.input_offsets: dict[str, int] = {}
         self.legacy_inputs: dict[str, int] = {}
+        self.privacy_unit: str | None = None
         self.key_id: str | None = None
         self.saved: bytes | None = None
 
@@ -414,7 +416,7 @@ class PartitionState:
         raw = _PARTITION_MAGIC + _i64(self.applied) + orjson.dumps(
             [self.frontier, self.marker_offset, self.config_fingerprint,
              sorted(self.input_offsets.items()), self.key_id,
-             sorted(self.legacy_inputs.items())])
+             sorted(self.legacy_inputs.items()), self.privacy_unit])
         self.saved = raw
         return raw
 
@@ -438,7 +440,9 @@ class PartitionState:
                 # Written while the filter was shared: it is where the counters' own
                 # filters start.
                 fields.append(fields[3])
-            frontier, marker_offset, fingerprint, offsets, key_id, legacy = fields
+            if len(fields) == 6:
+                fields.append(None)  # the mode not recorded
+            frontier, marker_offset, fingerprint, offsets, key_id, legacy, mode = fields
             if type(key_id) is not str or not key_id:
                 raise TypeError
             self.key_id = key_id
@@ -449,6 +453,9 @@ class PartitionState:
             self.config_fingerprint = None if fingerprint is None else str(fingerprint)
             self.input_offsets = {str(p): int(o) for p, o in offsets}
             self.legacy_inputs = {str(p): int(o) for p, o in legacy}
+            if mode is not None and type(mode) is not str:
+                raise TypeError
+            self.privacy_unit = mode
         except StateFormatError:
             raise
         except _ORJSON_ERRORS:

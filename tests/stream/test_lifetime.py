@@ -31,7 +31,7 @@ from processor.stream.operator import Operator, Output
 from processor.stream.provenance import ParameterChangeError
 from processor.stream.records import LedgerEntry, encode_batch_rows, encode_marker
 from processor.stream.replay.history import LedgerProvenance, ledger_history
-from processor.stream.state import DictStore
+from processor.stream.state import DictStore, PartitionState, partition_key
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 KEY = NoiseKey.from_seed(28)
@@ -258,3 +258,30 @@ def test_a_worker_refuses_to_switch_an_event_mode_deployment_to_user_mode(
     worker.start()
     dep.wait_releases(lambda rs: len(rs) >= len(counts) + 2, timeout_s=120)
     assert worker.stop() == 0, worker.log_tail()
+
+
+def test_state_the_ledger_does_not_reflect_yet_is_bound_to_its_mode() -> None:
+    """Events counted in event mode before any marker (so no ledger entry to refuse the
+    start by), then user mode with k = m = 1: the partition value records the mode its
+    counters counted under, and the first marker refuses (naming privacy_unit), never
+    the event before it. Controls: event mode goes on; a value that did not record the
+    mode takes the configured one."""
+    store = DictStore()
+    op = Operator(EVENT, KEY)
+    rows = [["a", TICK + i, UNIT, 0, i] for i in range(50)]
+    op.apply(store, 0, 0, encode_batch_rows(rows, "in"), Output())
+    assert PartitionState.from_bytes(store.data[partition_key(0)]).privacy_unit == "event"
+    assert ledger_at_start(USER1, KEY, [])[1] == lifetime.plain(USER1)  # nothing to see
+    user = Operator(USER1, KEY)
+    out = Output()
+    user.apply(store, 0, 1, encode_batch_rows([["a", TICK, UNIT, 0, 50]], "in"), out)
+    with pytest.raises(LifetimeError) as err:
+        user.apply(store, 0, 2, encode_marker(1), out)
+    assert err.value.field == "privacy_unit" and not out.releases and not out.ledger
+    assert "timeline partition 0" in str(err.value)
+    Operator(EVENT, KEY).apply(store, 0, 2, encode_marker(1), Output())
+    raw = store.data[partition_key(0)]
+    legacy = raw[:12] + orjson.dumps(orjson.loads(raw[12:])[:6])
+    store.data[partition_key(0)] = legacy
+    Operator(USER1, KEY).apply(store, 0, 3, encode_marker(2), Output())
+    assert PartitionState.from_bytes(store.data[partition_key(0)]).privacy_unit == "user"

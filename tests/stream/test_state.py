@@ -103,6 +103,14 @@ def test_partition_state_roundtrip_and_errors() -> None:
     # counters): that filter is where the counters' own filters start.
     five = ps.to_bytes()[:12] + orjson.dumps(orjson.loads(ps.to_bytes()[12:])[:5])
     assert PartitionState.from_bytes(five).legacy_inputs == back.input_offsets
+    # The privacy unit its counters counted under; None in a value that did not record it.
+    assert back.privacy_unit is None
+    ps.privacy_unit = "user"
+    assert PartitionState.from_bytes(ps.to_bytes()).privacy_unit == "user"
+    six = ps.to_bytes()[:12] + orjson.dumps(orjson.loads(ps.to_bytes()[12:])[:6])
+    assert PartitionState.from_bytes(six).privacy_unit is None
+    with pytest.raises(StateFormatError):
+        PartitionState.from_bytes(six[:-1] + b",7]")
     fresh = PartitionState()
     fresh.key_id = KID
     assert PartitionState.from_bytes(fresh.to_bytes()).config_fingerprint is None
