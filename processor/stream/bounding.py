@@ -397,7 +397,7 @@ class Bounder:
     def _check_partition(self, partition: int, ps: UnitsPartitionState) -> None:
         """THE check of a restored units partition's bounds (BoundsChangeError); the
         worker refuses the same change at start from the ledger (lifetime.unit_claim)."""
-        if ps.bounds is None or self.settings.unit_migration_confirmed:
+        if ps.bounds is None or self.settings.unit_confirm_migration:
             return
         for name, stored, configured in zip(
                 ("max_events_per_counter", "max_counters_per_unit"), ps.bounds,

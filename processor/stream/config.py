@@ -194,7 +194,7 @@ class Settings:
     #: entries then state the guarantee composed over every configuration
     #: (processor/stream/lifetime.py, docs/privacy-unit.md). Not in the fingerprint: it
     #: changes what the entries state, never how a counter runs.
-    unit_migration_confirmed: bool = False
+    unit_confirm_migration: bool = False
 
     def unit_parameters(self) -> UnitParameters | None:
         """The derivation behind epsilon/delta in "user" mode (None in "event" mode)."""
@@ -446,7 +446,7 @@ def _unit_fields(top: dict[str, Any], unit: dict[str, Any], mechanism: str,
         out["unit_derivation"] = _as_str("unit.derivation", unit["derivation"])
         _check_choice("unit.derivation", out["unit_derivation"], DERIVATIONS)
     if "confirm_migration" in unit:
-        out["unit_migration_confirmed"] = _as_bool("unit.confirm_migration",
+        out["unit_confirm_migration"] = _as_bool("unit.confirm_migration",
                                                    unit["confirm_migration"])
     p = _derive(out["unit_epsilon"], out["unit_delta"], out["max_events_per_counter"],
                 out["max_counters_per_unit"], mechanism, calibration,
@@ -740,7 +740,7 @@ def _check_unit(s: Settings) -> None:
     _check_choice("privacy_unit", s.privacy_unit, PRIVACY_UNITS)
     if s.privacy_unit == "event":
         if (s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
-                s.max_counters_per_unit, s.unit_derivation, s.unit_migration_confirmed
+                s.max_counters_per_unit, s.unit_derivation, s.unit_confirm_migration
                 ) != (None, None, 1, 1, "coupling", False):
             raise ConfigError("unit", 'the [unit] fields need privacy_unit = "user"')
         return

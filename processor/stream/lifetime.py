@@ -181,7 +181,7 @@ def unit_claim(settings: Settings, history: Sequence[Stated]) -> UnitClaim | Non
     whole = composed(settings, history)
     # A confirmed migration's entries already state `whole`: this configuration adds
     # nothing to what the ledger says (the entries before it are superseded by it).
-    if settings.unit_migration_confirmed or any(h.claim == whole for h in history):
+    if settings.unit_confirm_migration or any(h.claim == whole for h in history):
         return whole
     raise _first_difference(settings, own, mine, history)
 

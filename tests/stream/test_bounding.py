@@ -713,7 +713,7 @@ def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() ->
         assert err.value.field == name and str(err.value).startswith(f"{name}:")
         assert "confirm_migration" in str(err.value)
         assert not fw.timeline and not fw.deadletters
-        confirmed = with_overrides(other, unit_migration_confirmed=True)
+        confirmed = with_overrides(other, unit_confirm_migration=True)
         asyncio.run(BoundCommit(Bounder(confirmed), _copy(store.data),
                                 CollectingForwarder()).commit(p, [(off, raw)]))
     same = CollectingForwarder()

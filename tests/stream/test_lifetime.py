@@ -81,7 +81,7 @@ def test_event_mode_history_refuses_user_mode_even_where_the_derivation_is_ident
     store = DictStore()
     ledger = _values(_life(EVENT, store, 0, 50, 3))
     assert ledger and (USER1.epsilon, USER1.delta) == (EVENT.epsilon, EVENT.delta)
-    for s in (USER1, with_overrides(USER1, unit_migration_confirmed=True)):
+    for s in (USER1, with_overrides(USER1, unit_confirm_migration=True)):
         with pytest.raises(LifetimeError) as err:
             ledger_at_start(s, KEY, ledger)
         assert err.value.field == "privacy_unit"
@@ -117,7 +117,7 @@ def test_raising_the_bound_under_keep_is_refused_unless_the_migration_states_the
     assert line.startswith("error: unit.max_events_per_counter:") and "\n" not in line
     assert "confirm_migration" in line and "new deployment" in line
 
-    confirmed = with_overrides(USER3, unit_migration_confirmed=True)
+    confirmed = with_overrides(USER3, unit_confirm_migration=True)
     _, claim = ledger_at_start(confirmed, KEY, first)
     assert claim is not None
     expected = 1e-6 * math.fsum(math.exp(4.0 * j) for j in range(3))
@@ -158,7 +158,7 @@ def test_an_announced_counter_with_other_parameters_is_refused_at_start() -> Non
     configuration that no longer declares the counter."""
     first = _values(_life(USER1, DictStore(), 0, 1, 3))
     refuse = with_overrides(USER3, on_parameter_change="refuse",
-                            unit_migration_confirmed=True)
+                            unit_confirm_migration=True)
     with pytest.raises(ParameterChangeError) as err:
         ledger_at_start(refuse, KEY, first)
     assert (err.value.counter, err.value.field) == ("a", "epsilon")
@@ -200,7 +200,7 @@ def test_replay_recomputes_the_migrated_entries() -> None:
     store = DictStore()
     records: list[bytes] = []
     first = _life(USER1, store, 0, 1, 3, log=records)
-    confirmed = with_overrides(USER3, unit_migration_confirmed=True)
+    confirmed = with_overrides(USER3, unit_confirm_migration=True)
     _, claim = ledger_at_start(confirmed, KEY, _values(first))
     second = _life(confirmed, store, 100, 2, 6, claim=claim, log=records)
     published = _values(first + second)

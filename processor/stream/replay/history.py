@@ -127,7 +127,7 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     per_event = with_overrides(
         settings, privacy_unit="event", unit_epsilon=None, unit_delta=None,
         max_events_per_counter=1, max_counters_per_unit=1, unit_derivation="coupling",
-        unit_migration_confirmed=False)
+        unit_confirm_migration=False)
     h.configured[current] = configured_now
     entries: dict[str, dict[int, str]] = {}
     by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
