@@ -33,7 +33,9 @@ from typing import Any, Final
 
 import orjson
 
-from processor.core.unit import METHOD, unit_guarantee
+from processor.core.bounded import check_eps_delta
+from processor.core.errors import InvalidParameterError
+from processor.core.unit import METHOD, check_bound, unit_guarantee
 from processor.errors import RefusedError
 from processor.stream.config import Settings
 
@@ -124,13 +126,16 @@ def statement(obj: dict[str, Any]) -> Stated | None:
     try:
         params = (str(obj["mechanism"]), float(obj["epsilon"]), float(obj["delta"]),
                   str(obj.get("calibration", "paper")))
+        # Values no worker writes (a record that is not an entry of this deployment):
+        # nothing a person's guarantee could be composed from.
+        check_eps_delta(params[1], params[2])
         claim = None
         if mode == "user":
-            claim = UnitClaim(int(obj["contribution_bound"]),
-                              int(obj["max_counters_per_unit"]),
+            claim = UnitClaim(check_bound("k", obj["contribution_bound"]),
+                              check_bound("m", obj["max_counters_per_unit"]),
                               float(obj["unit_epsilon"]), float(obj["unit_delta"]),
                               str(obj["unit_derivation"]))
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, InvalidParameterError):
         return None
     if mode is None:
         return None
