@@ -66,7 +66,8 @@ def _toml_value(v: object) -> str:
 _UNIT_FIELDS = {"unit_epsilon": "epsilon", "unit_delta": "delta",
                 "max_events_per_counter": "max_events_per_counter",
                 "max_counters_per_unit": "max_counters_per_unit",
-                "unit_derivation": "derivation"}
+                "unit_derivation": "derivation",
+                "unit_confirm_migration": "confirm_migration"}
 
 
 def render_toml(settings: Settings) -> str:

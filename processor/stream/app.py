@@ -55,7 +55,7 @@ from processor.commandline import CommandParser
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.errors import RefusedError, StreamError, print_error
-from processor.stream import kafka_io
+from processor.stream import kafka_io, lifetime
 from processor.stream.bounding import unit_key, units_changelog_topic, units_topic
 from processor.stream.clock import (
     PROBE_RECORD,
@@ -68,12 +68,14 @@ from processor.stream.config import ConfigError, Settings, load_noise_key, load_
 from processor.stream.faults import NO_FAULTS, FaultPlan
 from processor.stream.fencing import FENCED_EXIT, SuspensionFence
 from processor.stream.ingest import Ingest
+from processor.stream.lifetime import UnitClaim
 from processor.stream.logs import LOG_FORMATS, configure_logging
 from processor.stream.metrics import Surface
 from processor.stream.operator import (
     Operator,
 )
 from processor.stream.producer import AsyncProducer, DeliveryError
+from processor.stream.provenance import ConfiguredProvenance
 from processor.stream.records import (
     LedgerEntry,
     Release,
@@ -439,7 +441,8 @@ class Worker:
     def __init__(self, settings: Settings, key: NoiseKey, *, replication: int = 1,
                  faults: FaultPlan = NO_FAULTS,
                  announced: Mapping[str, frozenset[str]] | None = None,
-                 clock: ClockGuard | None = None) -> None:
+                 clock: ClockGuard | None = None,
+                 unit_claim: UnitClaim | None = None) -> None:
         self.settings = settings
         # One hook for every stage: its call counts span the process.
         crash_point = faults.crash_point()
@@ -492,7 +495,8 @@ class Worker:
                                    (COUNTER_PREFIX, PARTITION_PREFIX))
         # `announced` (the ledger read at start): the operator refuses to re-create a
         # counter the ledger announced under another creation.
-        self.batch_commit = BatchCommit(Operator(settings, key, announced=announced),
+        self.batch_commit = BatchCommit(Operator(settings, key, announced=announced,
+                                                 unit_claim=unit_claim),
                                         self.stores,
                                         KafkaPublisher(self.producer, settings, self.metrics),
                                         crash_point=crash_point, fence=self.fence.check,
@@ -572,9 +576,9 @@ class Worker:
                     try:
                         out = await self.batch_commit.apply(msg.partition, records, stamps)
                     except RefusedError as exc:
-                        self._refused(exc)
+                        self.refused(exc)
                     except StateFormatError as exc:
-                        self._refused(CorruptStateError(exc, self.settings))
+                        self.refused(CorruptStateError(exc, self.settings))
                     except Exception as exc:
                         self.operator_failed(exc)
                     self.metrics.add_all(out.metrics, prefix="operator_")
@@ -680,7 +684,8 @@ class Worker:
         logging.shutdown()
         os._exit(FENCED_EXIT)
 
-    def _refused(self, exc: Exception) -> NoReturn:
+    def refused(self, exc: Exception) -> NoReturn:
+        """Exit (code 2) on a stage's refusal of its stored state (RefusedError)."""
         # Nothing of the record was published; exiting at once (code 2, like a start
         # error) keeps Faust from committing past it. The messages name only public
         # things (declared or announced counters, parameters, store keys), with the remedy.
@@ -1061,21 +1066,42 @@ def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") 
     # After the brokers answered: a start that fails says only why (one line).
     for line in far_starts(settings, int(time.time() * 1000)):
         log.warning("%s", line)
+    announced, claim = read_ledger(settings, key)
     return Worker(settings, key, replication=replication, faults=faults,
-                  announced=read_announced(settings)).run(loglevel)
+                  announced=announced, unit_claim=claim).run(loglevel)
 
 
-def read_announced(settings: Settings) -> dict[str, frozenset[str]]:
-    """What the ledger topic announced so far (counter -> creation tags), for the operator's
-    refusal to publish a second value for a published (counter, tick)."""
+def read_ledger(settings: Settings, key: NoiseKey
+                ) -> tuple[dict[str, frozenset[str]], UnitClaim | None]:
+    """The ledger topic read at start: `ledger_at_start` of its values."""
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     try:
-        ledger = kafka_io.iter_topic(conf, kafka_io.topic_name(settings, "ledger"),
-                                     timeout_s=BROKER_WAIT_S)
-        return announced_counters(r.value for r in ledger)
+        ledger = [r.value for r in kafka_io.iter_topic(
+            conf, kafka_io.topic_name(settings, "ledger"), timeout_s=BROKER_WAIT_S)]
     except (KafkaException, RuntimeError, TimeoutError) as exc:
         raise StartError(f"cannot read the ledger topic ({type(exc).__name__}): a worker "
                          "must know what was announced before it publishes") from None
+    return ledger_at_start(settings, key, ledger)
+
+
+def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | None]
+                    ) -> tuple[dict[str, frozenset[str]], UnitClaim | None]:
+    """What the ledger announced so far (counter -> creation tags, for the operator's
+    refusal to publish a second value for a published (counter, tick)) and the per-unit
+    guarantee this start's entries state (lifetime.unit_claim). Refuses, before anything
+    is applied or published, a configuration under which an entry would state a guarantee
+    that does not hold over the deployment's life (LifetimeError) and, under
+    on_parameter_change = "refuse", one that changes an announced counter's parameters
+    (ParameterChangeError): the halt's time is the start's, never an event's."""
+    claim = lifetime.unit_claim(settings, lifetime.stated_in(ledger))
+    provenance = ConfiguredProvenance(settings, key)
+    for name, stated in sorted(lifetime.counter_parameters(ledger).items()):
+        # The counters this configuration may restore: a counter no longer declared
+        # (and no undeclared ones allowed) is never loaded again.
+        if name in settings.counters or settings.allow_undeclared:
+            for params in sorted(stated):
+                provenance.check_stated(name, params)
+    return announced_counters(ledger), claim
 
 
 def main_worker(argv: Sequence[str] | None = None) -> int:
@@ -1099,7 +1125,7 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)
         return run_worker(settings, key, loglevel=args.loglevel)
-    except (ConfigError, NoiseKeyError, StartError) as exc:
+    except (ConfigError, NoiseKeyError, StartError, RefusedError) as exc:
         print_error(exc)
     return 2
 

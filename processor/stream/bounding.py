@@ -14,13 +14,23 @@ event reaches the timeline (docs/privacy-unit.md).
   set has fewer than m counters; otherwise it is dead-lettered
   (`contribution_bound_exceeded`), never counted, never lost (the dead letter names the
   input record's topic, partition and offset).
+- **No coupling between units.** Ingest is at-least-once (a batch re-read after a crash
+  is written again) and two ingest owners of one input partition may write out of order
+  (a zombie: ingest has no fence). Each unit's value carries its own input duplicate
+  filter (input partition -> highest input offset of its events applied), so only a
+  unit's own events make one of its events a duplicate: a unit's kept set is a function
+  of its own events in log order, whatever other units send.
 - **Deterministic and crash-safe.** Decisions follow the units topic's log order (a
   sequence number seq = offset * 2^16 + index in the record). Each unit value records
   the last seq applied to it; an event at or before that seq is *looked up* (kept iff
-  its seq is in the set), never re-decided. So re-applying any prefix of the log to any
-  state a checkpoint wrote (older or newer, after a kill between a state write and a
-  forward, a rebalance, a zombie's late write, replay from scratch) yields the same
-  decisions: the kept set is a function of the log alone.
+  its seq is in the set: forwarded again; else nothing is sent again, its dead letter
+  was acknowledged before the value was written), never re-decided. So re-applying any
+  prefix of the log to any state a checkpoint wrote (older or newer, after a kill
+  between a state write and a forward, a rebalance, a zombie's late write, replay from
+  scratch) yields the same decisions: the kept set is a function of the log alone.
+- **Bound to its bounds.** Each units partition value records the (k, m) its kept sets
+  were decided under; a restore under others is refused (BoundsChangeError) unless the
+  migration is confirmed (processor/stream/lifetime.py says what the ledger then states).
 - **Forwarding is idempotent.** Kept events go to the timeline with source "units", input
   partition = the units partition and input offset = seq, strictly increasing per units
   partition: the operator's existing duplicate filter drops every re-sent copy.
@@ -51,6 +61,7 @@ from typing import Any, Final, Protocol
 import orjson
 
 from processor.core.rng import NoiseKey
+from processor.errors import RefusedError
 from processor.stream.commit import CheckpointLoop, Stores
 from processor.stream.config import Settings
 from processor.stream.records import (
@@ -65,7 +76,6 @@ from processor.stream.records import (
     encode_batch_rows,
     fit_records,
     partition_for,
-    source_label,
 )
 from processor.stream.state import (
     PARTITION_PREFIX,
@@ -213,6 +223,12 @@ class UnitState:
 
     last_seq: int = -1
     kept: dict[str, Sequence[int]] = field(default_factory=dict)
+    #: The unit's input duplicate filter: "<input identity index>/<input partition>"
+    #: (UnitsPartitionState.sources) -> the highest input offset of this unit's events
+    #: applied (`Bounder.apply`). Per unit, so that no
+    #: other unit's events (a zombie ingest's late write of older offsets included) ever
+    #: make one of this unit's a duplicate.
+    inputs: dict[str, int] = field(default_factory=dict)
     saved: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -223,7 +239,7 @@ class UnitState:
         last = self.last_seq
         # orjson writes the (counter, seqs) tuples as the arrays from_bytes reads.
         raw = _UNIT_HEAD(UNIT_MAGIC, last >> SEQ_BITS if last >= 0 else -1) + orjson.dumps(
-            (last, tuple(self.kept.items())))
+            (last, tuple(self.kept.items()), self.inputs))
         self.saved = raw
         return raw
 
@@ -235,8 +251,9 @@ class UnitState:
             raise UnitsFormatError("not a unit value")
         # Written by to_bytes only (the magic says so): orjson gives back its str and
         # int types as they were, with nothing to convert.
-        last_seq, pairs = orjson.loads(data[12:])
-        return cls(last_seq, dict(pairs), data)
+        body = orjson.loads(data[12:])
+        # A value written before the per-unit filter has no third element.
+        return cls(body[0], dict(body[1]), body[2] if len(body) > 2 else {}, data)
 
 
 #: A unit value's header: the magic, then the units offset it reflects (big-endian int64,
@@ -246,21 +263,31 @@ _UNIT_HEAD: Final = struct.Struct(">4sq").pack
 
 @dataclass
 class UnitsPartitionState:
-    """One units partition's value: the last units offset applied and the input duplicate
-    filter (input partition label -> highest input offset forwarded or dropped). Ingest is
-    at-least-once: a batch re-read after a crash is written to the units topic again, and
-    without the filter its copies would count against (and be kept within) the bounds
-    twice. Within a units partition the input offsets of one input partition only grow
-    apart from such re-sent copies (ingest writes each batch in input order), exactly as
-    on the timeline for the operator's filter."""
+    """One units partition's value: the last units offset applied and the bounds (k, m)
+    its kept sets were decided under (None: a value written before they were recorded).
+    A restore under other bounds is refused (BoundsChangeError) unless the migration is
+    confirmed: a kept set decided under other bounds says nothing the configured ledger
+    entries could state (docs/privacy-unit.md)."""
 
     last_offset: int = -1
-    inputs: dict[str, int] = field(default_factory=dict)
+    bounds: tuple[int, int] | None = None
+    #: The input identities its units records named, in log order: a unit's filter names
+    #: an input partition by the index of its identity here (a few bytes per unit, not a
+    #: topic id), and a recreated input topic (a new identity) starts afresh.
+    sources: list[str] = field(default_factory=list)
     saved: bytes | None = field(default=None, compare=False, repr=False)
+
+    def source_index(self, source: str) -> int:
+        """The index of `source` (appended if new)."""
+        try:
+            return self.sources.index(source)
+        except ValueError:
+            self.sources.append(source)
+            return len(self.sources) - 1
 
     def to_bytes(self) -> bytes:
         raw = (UNIT_MAGIC + self.last_offset.to_bytes(8, "big", signed=True)
-               + orjson.dumps({"i": self.inputs}))
+               + orjson.dumps({"b": self.bounds, "s": self.sources}))
         self.saved = raw
         return raw
 
@@ -269,8 +296,30 @@ class UnitsPartitionState:
         off = stored_offset(data)
         if off is None or bytes(data[:4]) != UNIT_MAGIC:
             raise UnitsFormatError("not a units partition value")
+        # "i", the shared input filter of earlier values, is not read: the filter is per
+        # unit (UnitState.inputs).
         body = orjson.loads(data[12:])
-        return cls(off, {str(k): int(v) for k, v in body["i"].items()}, data)
+        b = body.get("b")
+        return cls(off, None if b is None else (int(b[0]), int(b[1])),
+                   [str(x) for x in body.get("s", [])], data)
+
+
+class BoundsChangeError(RefusedError):
+    """A units partition's state decided under other contribution bounds than the
+    configuration's, restored without a confirmed migration (raised before anything of
+    the record is forwarded). Bounds and partition numbers are public."""
+
+    def __init__(self, partition: int, field_name: str, stored: int,
+                 configured: int) -> None:
+        self.field = f"unit.{field_name}"
+        super().__init__(
+            f"{self.field}: the bounding stage's state of units partition {partition} was "
+            f"decided under {field_name} = {stored} but the configuration says "
+            f"{configured}; the ledger's per-unit guarantee would not hold. Set it back "
+            f"to {stored}, or start a new deployment (new app_id and new private-count "
+            "and ledger topics), or confirm the migration ([unit] confirm_migration = "
+            "true: the ledger then states the guarantee composed over every "
+            "configuration, docs/privacy-unit.md).")
 
 
 def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
@@ -304,16 +353,15 @@ class BoundOutput:
     metrics: collections.Counter[str] = field(default_factory=collections.Counter)
 
 
-def _unchecked(ident: str | int, value: UnitState | UnitsPartitionState) -> None:
-    """A stage value is bound to nothing a check could refuse: the bounds apply when
-    deciding (a kept set decided under other bounds still answers its look-ups as
-    decided), and neither the noise key nor the configuration is stored with it."""
+def _unchecked(ident: str, value: UnitState) -> None:
+    """A unit value is checked through its partition's (`Bounder._check_partition`): a
+    unit's value is loaded only after the partition value that guards it."""
 
 
 class Bounder:
     """Applies units records to the per-unit state of one units partition, staged in a
     transaction (`transaction`) until a checkpoint writes its plan: every unit value
-    changed, then the partition value (its filter and last offset) that guards them (a
+    changed, then the partition value (its last offset and bounds) that guards them (a
     kill between two writes leaves it older). A unit's decoded value lives in the
     transaction from its first new decision to the checkpoint; the partition values stay
     decoded between checkpoints (a few per worker)."""
@@ -349,7 +397,18 @@ class Bounder:
             UNIT_PREFIX, 0, UnitState.from_bytes, UnitState.to_bytes, _unchecked, 0)
         self._partitions: Slot[int, UnitsPartitionState] = Slot(
             PARTITION_PREFIX, 1, UnitsPartitionState.from_bytes,
-            UnitsPartitionState.to_bytes, _unchecked, None)
+            UnitsPartitionState.to_bytes, self._check_partition, None)
+
+    def _check_partition(self, partition: int, ps: UnitsPartitionState) -> None:
+        """THE check of a restored units partition's bounds (BoundsChangeError); the
+        worker refuses the same change at start from the ledger (lifetime.unit_claim)."""
+        if ps.bounds is None or self.settings.unit_confirm_migration:
+            return
+        for name, stored, configured in zip(
+                ("max_events_per_counter", "max_counters_per_unit"), ps.bounds,
+                (self.k, self.m), strict=True):
+            if stored != configured:
+                raise BoundsChangeError(partition, name, stored, configured)
 
     def transaction(self, store: StateStore) -> PartitionTransaction:
         """A transaction over one units partition's store, for `apply` to stage changes
@@ -395,6 +454,7 @@ class Bounder:
         staged = self._staged.setdefault(partition, set())
         k, m, parts = self.k, self.m, self.settings.partitions
         keep = decide
+        fresh = _fresh
         dumps = orjson.dumps
         beyond = self._beyond
         tp_of = self._tp
@@ -402,8 +462,9 @@ class Bounder:
         ps = txn.load(self._partitions, partition)
         if ps is None:
             ps = UnitsPartitionState()
-        seen = ps.inputs
-        kept = dropped = duplicates = 0
+        # Written with the next staged value: the bounds these records are decided under.
+        ps.bounds = (k, m)
+        kept = dropped = duplicates = redelivered = 0
         for offset, raw in sorted(records, key=lambda r: r[0]):
             if offset <= ps.last_offset:
                 # Applied, forwarded and acknowledged before the state was written.
@@ -418,26 +479,31 @@ class Bounder:
                 out.metrics["unit_records_malformed"] += 1
                 continue
             labels: dict[int, str] = {}
+            epoch = ps.source_index(source)
             base = offset << SEQ_BITS
             for i, row in enumerate(rows):
                 h, counter, ts, weight, in_p, in_o = row
-                if in_p >= 0:
-                    label = labels.get(in_p)
-                    if label is None:
-                        label = labels[in_p] = source_label(source, in_p)
-                    if in_o <= seen.get(label, -1):
-                        duplicates += 1
-                        continue
-                    seen[label] = in_o
                 seq = base | i
                 st = states.get(h)
                 if st is None:
                     st = states[h] = txn.load(units, h) or UnitState()
-                if seq > st.last_seq and h not in staged:
-                    # A new decision changes the value (a look-up does not): written at
-                    # the next checkpoint, once however many events touched it.
-                    txn.stage(units, h, st)
-                    staged.add(h)
+                if seq <= st.last_seq:
+                    # Applied to this unit before its stored value was written, which a
+                    # checkpoint does only once the forwards and dead letters of what it
+                    # reflects are acknowledged: a kept event is sent again (the
+                    # operator's filter drops the copy), nothing else is.
+                    if seq not in st.kept.get(counter, ()):
+                        redelivered += 1
+                        continue
+                else:
+                    if in_p >= 0 and not fresh(st, labels, epoch, in_p, in_o):
+                        duplicates += 1
+                        continue
+                    if h not in staged:
+                        # A new decision changes the value (a look-up does not): written
+                        # at the next checkpoint, once however many events touched it.
+                        txn.stage(units, h, st)
+                        staged.add(h)
                 if keep(st, seq, counter, k, m):
                     tp = tp_of.get(counter)
                     if tp is None:
@@ -453,9 +519,26 @@ class Bounder:
             out.metrics["unit_records"] += 1
         self.pending_events += kept
         _count(out.metrics, unit_events_kept=kept, unit_duplicates_dropped=duplicates,
+               unit_events_redelivered_dropped=redelivered,
                deadletter_contribution_bound_exceeded=dropped)
         if forward:
             self.take_forwards(out)
+
+
+def _fresh(st: UnitState, labels: dict[int, str], epoch: int, in_p: int,
+           in_o: int) -> bool:
+    """Whether a new event of the unit, read at (input partition `in_p`, offset `in_o`)
+    of the input whose identity has index `epoch` (UnitsPartitionState.sources), is not a
+    re-sent copy: the unit's own filter, which only its own events move
+    (UnitState.inputs). Records it if so. `labels` memoises the labels of one units
+    record."""
+    label = labels.get(in_p)
+    if label is None:
+        label = labels[in_p] = f"{epoch}/{in_p}"
+    if in_o <= st.inputs.get(label, -1):
+        return False
+    st.inputs[label] = in_o
+    return True
 
 
 def _encode_forward(rows: Sequence[tuple[Any, ...]]) -> bytes:

@@ -49,7 +49,7 @@ MAX_COUNTER_NAME = 200
 PRIVACY_UNITS = ("event", "user")
 #: The [unit] section's fields (privacy_unit = "user" only).
 _UNIT_KEYS = ("epsilon", "delta", "max_events_per_counter", "max_counters_per_unit",
-              "derivation")
+              "derivation", "confirm_migration")
 
 
 #: Bounds of the derived checkpoint interval (Settings.checkpoint_interval_ms): the
@@ -189,6 +189,12 @@ class Settings:
     #: accurate) or "basic" (what user-mode deployments made before it derived; set it to
     #: keep their per-event parameters, which their stored counters were made with).
     unit_derivation: str = "coupling"
+    #: unit.confirm_migration: the operator confirms a change of the unit target, bounds,
+    #: derivation, mechanism or calibration under a ledger that states others; the ledger
+    #: entries then state the guarantee composed over every configuration
+    #: (processor/stream/lifetime.py, docs/privacy-unit.md). Not in the fingerprint: it
+    #: changes what the entries state, never how a counter runs.
+    unit_confirm_migration: bool = False
 
     def unit_parameters(self) -> UnitParameters | None:
         """The derivation behind epsilon/delta in "user" mode (None in "event" mode)."""
@@ -276,7 +282,8 @@ _ENV: dict[str, tuple[str, str]] = {f"DPC_{k.upper()}": ("", k) for k in _TOP_KE
 _ENV.update({f"DPC_{f.name.upper()}": ("security", f.name) for f in fields(SecuritySettings)})
 _ENV.update({f"DPC_TOPIC_{f.name.upper()}": ("topics", f.name) for f in fields(TopicSettings)})
 # Named after the Settings fields: DPC_UNIT_EPSILON, DPC_UNIT_DELTA,
-# DPC_MAX_EVENTS_PER_COUNTER, DPC_MAX_COUNTERS_PER_UNIT, DPC_UNIT_DERIVATION.
+# DPC_MAX_EVENTS_PER_COUNTER, DPC_MAX_COUNTERS_PER_UNIT, DPC_UNIT_DERIVATION,
+# DPC_UNIT_CONFIRM_MIGRATION.
 _ENV.update({f"DPC_{k.upper() if k.startswith('max_') else 'UNIT_' + k.upper()}": ("unit", k)
              for k in _UNIT_KEYS})
 #: Every environment variable `load_settings` reads (the development tooling strips them
@@ -438,6 +445,9 @@ def _unit_fields(top: dict[str, Any], unit: dict[str, Any], mechanism: str,
     if "derivation" in unit:
         out["unit_derivation"] = _as_str("unit.derivation", unit["derivation"])
         _check_choice("unit.derivation", out["unit_derivation"], DERIVATIONS)
+    if "confirm_migration" in unit:
+        out["unit_confirm_migration"] = _as_bool("unit.confirm_migration",
+                                                   unit["confirm_migration"])
     p = _derive(out["unit_epsilon"], out["unit_delta"], out["max_events_per_counter"],
                 out["max_counters_per_unit"], mechanism, calibration,
                 out.get("unit_derivation", "coupling"))
@@ -730,7 +740,8 @@ def _check_unit(s: Settings) -> None:
     _check_choice("privacy_unit", s.privacy_unit, PRIVACY_UNITS)
     if s.privacy_unit == "event":
         if (s.unit_epsilon, s.unit_delta, s.max_events_per_counter,
-                s.max_counters_per_unit, s.unit_derivation) != (None, None, 1, 1, "coupling"):
+                s.max_counters_per_unit, s.unit_derivation, s.unit_confirm_migration
+                ) != (None, None, 1, 1, "coupling", False):
             raise ConfigError("unit", 'the [unit] fields need privacy_unit = "user"')
         return
     if s.unit_epsilon is None or s.unit_delta is None:

@@ -41,8 +41,10 @@ counter a second time under another creation (AnnouncedCounterError): its ticks 
 published already. A counter restored from state keeps its mechanism, epsilon and delta;
 when they differ from the settings the operator refuses (ParameterChangeError,
 `ConfiguredProvenance.check_parameters`, the one place) unless on_parameter_change =
-"keep". The state is bound to the noise key: the partition and counter values carry the
-key's public fingerprint, and a key that is not the stored one is refused
+"keep": at start for every counter the ledger announced (`app.ledger_at_start`), else at
+the marker that touches it, never at an event (the halt's time would reveal the event).
+The state is bound to the noise key: the partition and counter values carry the key's
+public fingerprint, and a key that is not the stored one is refused
 (KeyMismatchError, `_check_key`, the one place) before anything of the record is
 published.
 
@@ -58,8 +60,10 @@ Idempotency. Each counter records the last timeline offset applied to it, the pa
 the offset of its last marker: a record is applied to a counter at most once, so
 at-least-once redelivery neither loses nor double-counts, and re-execution reproduces the
 same noise (positions are in the mechanism state). Ingest re-sends events after a crash:
-the partition's duplicate filter (input partition -> highest input offset applied) drops
-an event whose input offset is at or below it.
+each counter's duplicate filter (input partition -> highest input offset of its events
+applied, in the counter's own value) drops an event whose input offset is at or below
+it. Per counter, so that no event is ever dropped because of another counter's (a zombie
+ingest may write older offsets late), and a counter's filter is written with it.
 """
 
 from __future__ import annotations
@@ -76,6 +80,7 @@ from processor.errors import RefusedError
 from processor.stream.clock import TOLERANCE_MS
 from processor.stream.config import Settings
 from processor.stream.identity import calibration_of, creation_tag, key_fingerprint
+from processor.stream.lifetime import LifetimeError, UnitClaim
 from processor.stream.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
 from processor.stream.records import (
     EventRows,
@@ -231,14 +236,18 @@ class Operator:
                  factory: CounterFactory | None = None,
                  cache_size: int = DEFAULT_CACHE_SIZE,
                  announced: Mapping[str, Collection[str]] | None = None,
-                 provenance: Provenance | None = None) -> None:
+                 provenance: Provenance | None = None,
+                 unit_claim: UnitClaim | None = None) -> None:
         """`announced`: what the ledger topic says was announced (counter -> creation tags
         of its entries, `records.announced_counters`). Given (the worker), a counter with a
         ledger entry is made again only as the re-execution of the very creation the entry
         records; anything else raises AnnouncedCounterError. None (replay, tests): no
         ledger to check against. `factory` restores counters from state (default the core
         registry); `provenance` says what a counter runs under (default the configuration,
-        with mechanisms of `factory`; replay's comes from the ledger)."""
+        with mechanisms of `factory`; replay's comes from the ledger). `unit_claim`: the
+        per-unit guarantee the ledger entries state (user mode; lifetime.unit_claim of
+        the ledger read at start), by default the configuration's own derivation: the
+        default provenance's (`ConfiguredProvenance`)."""
         self.settings = settings
         self.key = key
         self.key_id = key_fingerprint(key)
@@ -248,7 +257,7 @@ class Operator:
             factory if factory is not None else CalibratedRegistry(settings.calibration))
         self.provenance: Provenance = (
             provenance if provenance is not None
-            else ConfiguredProvenance(settings, key, self.factory))
+            else ConfiguredProvenance(settings, key, self.factory, unit_claim))
         self.fingerprint = settings.fingerprint()
         self._tick_ms = settings.tick_ms
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
@@ -376,11 +385,27 @@ class Operator:
         if ps is None:
             ps = PartitionState()
             ps.key_id = self.key_id
+            ps.privacy_unit = self.settings.privacy_unit
         if ps.config_fingerprint != self.fingerprint:
             # First record of this partition, or a new configuration.
             ps.config_fingerprint = self.fingerprint
             self._stage_partition(txn, partition, ps)
         return ps
+
+    def _check_mode(self, txn: PartitionTransaction, partition: int,
+                    ps: PartitionState) -> None:
+        """The privacy_unit the partition's counters counted under must be the configured
+        one (lifetime.py: no migration covers a change; the start refuses it from the
+        ledger, this from state the ledger does not reflect yet). Checked at markers, never
+        at an event; a value that did not record it takes the configured one."""
+        mode = self.settings.privacy_unit
+        if ps.privacy_unit == mode:
+            return
+        if ps.privacy_unit is not None:
+            raise LifetimeError("privacy_unit", ps.privacy_unit, mode, migratable=False,
+                                source=f"the state of timeline partition {partition}")
+        ps.privacy_unit = mode
+        self._stage_partition(txn, partition, ps)
 
     def _stage_partition(self, txn: PartitionTransaction, partition: int,
                          ps: PartitionState) -> None:
@@ -394,10 +419,12 @@ class Operator:
         self._check_key(partition_key(partition), ps.key_id)
 
     def _check_counter(self, name: str, cs: CounterState) -> None:
-        # Declared names are public; an undeclared one is input until announced.
+        # Declared names are public; an undeclared one is input until announced. The
+        # parameters are checked by the marker that touches the counter (`_apply_marker`),
+        # never here: a counter is also loaded by its events, and a halt there would time
+        # an event.
         self._check_key(counter_key(name) if name in self._start_ticks
                         else UNDECLARED_COUNTER_KEY, cs.key_id)
-        self.provenance.check_parameters(name, cs.mechanism)
 
     def _check_key(self, store_key: str, stored: str | None) -> None:
         """THE check of the noise key against decoded state (partition and counter values
@@ -484,8 +511,8 @@ class Operator:
         ps = self._partition(txn, partition)
         m = out.metrics
         source = rows.source
-        seen = ps.input_offsets
-        seen_changed = False
+        progress = ps.input_offsets
+        progress_changed = False
         tick_ms = self._tick_ms
         start_ticks = self._start_ticks
         # Counters this record is applied to, and those it was applied to before a crash.
@@ -495,24 +522,13 @@ class Operator:
         # Rows, not Event objects: [counter, ts_ms, units, src_partition, src_offset].
         labels: dict[int, str] = {}
         for name, ts_ms, units, src, src_offset in rows:
+            label = ""
             if src >= 0:
-                label = labels.get(src)
-                if label is None:
-                    label = labels[src] = source_label(source, src)
-                    if source and label not in seen:
-                        # The first record that names its input topic's identity: the
-                        # partition's unnamed entry (written before records named one)
-                        # is this topic's, so re-sent events stay duplicates. A later
-                        # identity (the topic recreated) starts afresh.
-                        legacy = seen.pop(str(src), None)
-                        if legacy is not None:
-                            seen[label] = legacy
-                            seen_changed = True
-                if src_offset <= seen.get(label, -1):
-                    m["duplicates_dropped"] += 1
-                    continue
-                seen[label] = src_offset
-                seen_changed = True
+                label = labels.get(src) or labels.setdefault(src, source_label(source, src))
+                # Every row of the record (a function of the log, whatever a crash left).
+                if src_offset > progress.get(label, -1):
+                    progress[label] = src_offset
+                    progress_changed = True
             n_event = ts_ms // tick_ms
             cs = applying.get(name)
             if cs is None:
@@ -520,6 +536,24 @@ class Operator:
                 if cs is None:
                     continue
                 applying[name] = cs
+            if src >= 0:
+                # The counter's own filter: only its own events make one of its events a
+                # duplicate, so a zombie ingest's out-of-order write never drops an event
+                # because of another counter's.
+                seen = cs.inputs
+                assert seen is not None  # `_first_row` starts a value written before it
+                if source and label not in seen:
+                    # The first record that names its input topic's identity: the
+                    # counter's unnamed entry (written before records named one) is this
+                    # topic's, so re-sent events stay duplicates. A later identity (the
+                    # topic recreated) starts afresh.
+                    legacy = seen.pop(str(src), None)
+                    if legacy is not None:
+                        seen[label] = legacy
+                if src_offset <= seen.get(label, -1):
+                    m["duplicates_dropped"] += 1
+                    continue
+                seen[label] = src_offset
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -539,7 +573,7 @@ class Operator:
         m["counters_touched"] += len(applying)
         if applying:
             self._file_applied(txn, partition, applying)
-        if seen_changed:
+        if progress_changed:
             self._stage_partition(txn, partition, ps)
 
     def _first_row(self, txn: PartitionTransaction, partition: int, offset: int, name: str,
@@ -575,6 +609,10 @@ class Operator:
             done.add(name)
             m["skipped_duplicates"] += 1
             return None
+        if cs.inputs is None:
+            # Written while the filter was shared by the partition's counters: its own
+            # starts where that one stood (what it had applied is at or below it).
+            cs.inputs = dict(ps.legacy_inputs)
         cs.last_offset = offset
         self._stage_counter(txn, partition, name, cs)
         return cs
@@ -599,6 +637,7 @@ class Operator:
     def _apply_marker(self, txn: PartitionTransaction, partition: int, offset: int, n: int,
                       out: Output) -> None:
         ps = self._partition(txn, partition)
+        self._check_mode(txn, partition, ps)
         m = out.metrics
         if offset <= ps.marker_offset:
             m["skipped_duplicates"] += 1
@@ -628,6 +667,11 @@ class Operator:
                 if cs.filed_due is not None:
                     wheel.file(name, cs.filed_due)
                 continue
+            else:
+                # A restored counter (the worker checked every announced one at start,
+                # from the ledger): a refusal halts at this marker, which would announce
+                # it, never at one of its events.
+                self.provenance.check_parameters(name, cs.mechanism)
             due = self.due_tick(cs)
             if due > n:
                 # A stale entry: nothing to do yet. Re-file it only if the entry it is
@@ -729,7 +773,7 @@ class Operator:
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
             parameters="configured" if same else "stored", calibration=calibration_of(c),
-            **unit_ledger_fields(s))
+            **unit_ledger_fields(s, self.provenance.unit_claim(fingerprint)))
 
     # -- the queue and the ticks
 

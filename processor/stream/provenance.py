@@ -6,7 +6,8 @@ tick carries, whether a mechanism runs with the parameters a configuration gives
 counter (a ledger entry's `parameters` label), and whether a restored counter may go on
 at all (`check_parameters`). The worker answers from its one configuration
 (`ConfiguredProvenance`, the operator's default); replay answers from what the published
-ledger says each counter ran under (`replay.history.LedgerProvenance`). Everything else
+ledger says each counter ran under (`replay.history.LedgerProvenance`). Both also say
+what a ledger entry states per unit (`unit_claim`: lifetime.py). Everything else
 the operator does is the same code for both.
 """
 
@@ -25,6 +26,8 @@ from processor.stream.identity import (
     key_fingerprint,
     noise_identity,
 )
+from processor.stream.lifetime import UnitClaim
+from processor.stream.lifetime import plain as plain_claim
 from processor.stream.state import CounterFactory
 
 #: (mechanism, epsilon, delta, calibration) a counter runs with.
@@ -88,6 +91,11 @@ class Provenance(Protocol):
         """Raise if the restored counter `name`, running `c`, may not go on."""
         ...
 
+    def unit_claim(self, fingerprint: str) -> UnitClaim | None:
+        """The per-unit guarantee a ledger entry under `fingerprint` states (user mode;
+        None: the configuration's own derivation, or event mode)."""
+        ...
+
 
 class CalibratedRegistry:
     """The core registry (a CounterFactory) making counters under the configured
@@ -111,8 +119,12 @@ class ConfiguredProvenance:
     registry under the configured calibration)."""
 
     def __init__(self, settings: Settings, key: NoiseKey,
-                 factory: CounterFactory | None = None) -> None:
+                 factory: CounterFactory | None = None,
+                 unit_claim: UnitClaim | None = None) -> None:
         self.settings = settings
+        #: What the entries state per unit (lifetime.unit_claim of the ledger read at
+        #: start), by default the configuration's own derivation.
+        self.claim = unit_claim if unit_claim is not None else plain_claim(settings)
         self.key = key
         self.factory: CounterFactory = (
             factory if factory is not None else CalibratedRegistry(settings.calibration))
@@ -137,6 +149,9 @@ class ConfiguredProvenance:
     def runs_configured(self, name: str, c: Counter, fingerprint: str) -> bool:
         return parameters_of(c) == self.configured_parameters()
 
+    def unit_claim(self, fingerprint: str) -> UnitClaim | None:
+        return self.claim
+
     def configured_parameters(self) -> Parameters:
         """Mechanism, eps and delta read off one instance the factory makes (a throwaway
         key: nothing of it is kept or published), and the configured calibration."""
@@ -157,9 +172,15 @@ class ConfiguredProvenance:
         (they are taken from the running instance). Not "restart": a fresh instance would
         republish ticks already released, with new noise, which the ledger refusal
         forbids."""
+        self.check_stated(name, parameters_of(c))
+
+    def check_stated(self, name: str, stored_parameters: Parameters) -> None:
+        """check_parameters on the parameters a counter runs with, as its state or its
+        ledger entry states them (the worker checks every announced counter at start,
+        before it applies a record)."""
         if self.settings.on_parameter_change == "keep":
             return
-        for fname, stored, configured in zip(PARAMETER_FIELDS, parameters_of(c),
+        for fname, stored, configured in zip(PARAMETER_FIELDS, stored_parameters,
                                              self.configured_parameters(), strict=True):
             if stored != configured:
                 # Declared names are public; an undeclared one is input until announced.

@@ -38,6 +38,8 @@ import orjson
 from processor.core.grid import GRID_BITS, UNIT, to_units
 from processor.errors import StreamError
 from processor.stream.config import MAX_COUNTER_NAME, Settings
+from processor.stream.lifetime import UnitClaim
+from processor.stream.lifetime import plain as plain_claim
 
 #: Every reason code a Rejection may carry (the dead-letter "reason" field).
 REASONS: Final = (
@@ -256,18 +258,20 @@ _LEDGER_V1_FIELDS: Final = tuple(f for f in LedgerEntry.__dataclass_fields__
                                  if f not in _LEDGER_UNIT_FIELDS)
 
 
-def unit_ledger_fields(settings: Settings) -> dict[str, Any]:
+def unit_ledger_fields(settings: Settings, claim: UnitClaim | None = None) -> dict[str, Any]:
     """The LedgerEntry keyword arguments of the privacy unit: none in event mode (the
     entry is what it always was), the unit, both bounds and the guarantee per unit in
-    user mode (epsilon/delta of the entry are the derived per-event ones)."""
-    p = settings.unit_parameters()
-    if p is None:
+    user mode: `claim` (what holds over the deployment's life, lifetime.unit_claim), by
+    default what the configuration alone derives."""
+    if claim is None:
+        claim = plain_claim(settings)
+    if claim is None:
         return {}
     return {"schema_version": LEDGER_UNIT_SCHEMA_VERSION, "privacy_unit": "user",
-            "contribution_bound": p.max_events_per_counter, "unit_field": UNIT_FIELD,
-            "max_counters_per_unit": p.max_counters_per_unit,
-            "unit_epsilon": p.unit_epsilon, "unit_delta": p.unit_delta,
-            "unit_derivation": p.method}
+            "contribution_bound": claim.max_events_per_counter, "unit_field": UNIT_FIELD,
+            "max_counters_per_unit": claim.max_counters_per_unit,
+            "unit_epsilon": claim.unit_epsilon, "unit_delta": claim.unit_delta,
+            "unit_derivation": claim.derivation}
 
 
 def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, frozenset[str]]:

@@ -74,7 +74,8 @@ _NOT_FILED: Final = -(1 << 63)
 #: Bytes before a format-4 counter's mechanism: magic, offset, filed_due, mechanism length.
 _COUNTER_HEAD: Final = 24
 
-_ORJSON_ERRORS = (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError)
+_ORJSON_ERRORS = (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError,
+                  AttributeError)
 
 
 def _i64(value: int) -> bytes:
@@ -247,17 +248,21 @@ class CounterState:
     tick of the due wheel it is filed under (None: not filed); `key_id` is the public
     fingerprint of the noise key its mechanism was made with; `ledger_fingerprint` is the
     configuration fingerprint its last ledger entry named ("" before its first),
-    `creation` that entry's creation tag ("" before it was announced); `saved` (not
+    `creation` that entry's creation tag ("" before it was announced); `inputs` the
+    counter's input duplicate filter (input source -> highest input offset of its events
+    applied, as PartitionState.input_offsets names sources; None in a value written
+    before the filter was per counter: the operator then starts it from the partition's
+    `legacy_inputs`); `saved` (not
     encoded) is the bytes this object equals in the store (or their digest, which the
     transaction puts in their place: transaction.py), None once changed and not yet
     encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
     the operator until the mechanism takes an input.
     """
 
-    __slots__ = ("announced", "creation", "filed_due", "frontier", "key_id", "last_offset",
-                 "last_published", "ledger_fingerprint", "mechanism", "next_due",
-                 "next_due_known", "next_heartbeat", "pending", "queue", "saved",
-                 "start_tick")
+    __slots__ = ("announced", "creation", "filed_due", "frontier", "inputs", "key_id",
+                 "last_offset", "last_published", "ledger_fingerprint", "mechanism",
+                 "next_due", "next_due_known", "next_heartbeat", "pending", "queue",
+                 "saved", "start_tick")
 
     def __init__(self, mechanism: Counter, start_tick: int, next_heartbeat: int, *,
                  key_id: str) -> None:
@@ -276,6 +281,7 @@ class CounterState:
         self.next_heartbeat = next_heartbeat
         self.announced = False
         self.filed_due: int | None = None
+        self.inputs: dict[str, int] | None = {}
         self.saved: bytes | None = None
         self.next_due: int | None = None
         self.next_due_known = False
@@ -285,7 +291,8 @@ class CounterState:
         meta = orjson.dumps([
             self.start_tick, self.frontier, list(self.queue),
             sorted(self.pending.items()), self.last_published, self.next_heartbeat,
-            self.announced, self.key_id, self.ledger_fingerprint, self.creation])
+            self.announced, self.key_id, self.ledger_fingerprint, self.creation,
+            self.inputs])
         due = _NOT_FILED if self.filed_due is None else self.filed_due
         raw = b"".join((_COUNTER_MAGIC, _i64(self.last_offset), _i64(due),
                         len(mech).to_bytes(4, "big"), mech, meta))
@@ -304,13 +311,18 @@ class CounterState:
                 filed_due: int | None = None if due == _NOT_FILED else due
                 n = int.from_bytes(data[20:24], "big")
                 mech, rest = data[24:24 + n], data[24 + n:]
+                meta = orjson.loads(rest)
+                # Values written before the per-counter filter have ten fields.
+                if len(meta) == 10:
+                    meta.append(None)
                 (start, frontier, queue, pending, last_published, next_hb, announced,
-                 key_id, ledger_fp, creation) = orjson.loads(rest)
+                 key_id, ledger_fp, creation, inputs) = meta
             elif magic == _COUNTER_V3 and len(data) >= 8:
                 n = int.from_bytes(data[4:8], "big")
                 mech, rest = data[8:8 + n], data[8 + n:]
                 (start, frontier, last_offset, queue, pending, last_published, next_hb,
                  announced, filed_due, key_id, ledger_fp, creation) = orjson.loads(rest)
+                inputs = None
             else:
                 raise StateFormatError("not an operator counter state (magic/version)")
             if not (type(key_id) is str and key_id and type(ledger_fp) is str
@@ -330,6 +342,9 @@ class CounterState:
             self.last_published = float(last_published)
             self.announced = bool(announced)
             self.filed_due = None if filed_due is None else int(filed_due)
+            # Interned: a worker's counters name the same few input partitions.
+            self.inputs = (None if inputs is None
+                           else {sys.intern(str(lb)): int(o) for lb, o in inputs.items()})
         except StateFormatError:
             raise
         except _ORJSON_ERRORS:
@@ -371,14 +386,18 @@ class PartitionState:
     partition: the value's offset, `stored_offset`), `frontier` (global tick through
     which the partition is sealed), `marker_offset` (timeline offset of the last marker
     applied), `config_fingerprint` (the configuration the partition last ran under; None:
-    none yet), `input_offsets` (the duplicate filter: input source -> highest input offset
-    applied; a source is an input partition, under the input topic's identity when the
-    timeline record names it, so a recreated topic is a new source), `key_id` (the public
-    fingerprint of the noise key the partition's state was made under; None only before
-    the operator first stages it)."""
+    none yet), `input_offsets` (input source -> highest input offset applied to any
+    counter: the partition's progress, no filter; a source is an input partition, under
+    the input topic's identity when the timeline record names it, so a recreated topic is
+    a new source), `legacy_inputs` (the partition's duplicate filter as it stood when it
+    was shared by all its counters: where a counter's own filter, CounterState.inputs,
+    starts for a value written before it), `key_id` (the public fingerprint of the noise
+    key the partition's state was made under; None only before the operator first stages
+    it), `privacy_unit` (the mode its counters counted under, "event" or "user"; None in a
+    value written before it was recorded)."""
 
     __slots__ = ("applied", "config_fingerprint", "frontier", "input_offsets", "key_id",
-                 "marker_offset", "saved")
+                 "legacy_inputs", "marker_offset", "privacy_unit", "saved")
 
     def __init__(self) -> None:
         self.applied = -1
@@ -386,6 +405,8 @@ class PartitionState:
         self.marker_offset = -1
         self.config_fingerprint: str | None = None
         self.input_offsets: dict[str, int] = {}
+        self.legacy_inputs: dict[str, int] = {}
+        self.privacy_unit: str | None = None
         self.key_id: str | None = None
         self.saved: bytes | None = None
 
@@ -394,7 +415,8 @@ class PartitionState:
             raise ValueError("a partition state is bound to a noise key fingerprint")
         raw = _PARTITION_MAGIC + _i64(self.applied) + orjson.dumps(
             [self.frontier, self.marker_offset, self.config_fingerprint,
-             sorted(self.input_offsets.items()), self.key_id])
+             sorted(self.input_offsets.items()), self.key_id,
+             sorted(self.legacy_inputs.items()), self.privacy_unit])
         self.saved = raw
         return raw
 
@@ -413,7 +435,14 @@ class PartitionState:
                 body = data[4:]
             else:
                 raise StateFormatError("not an operator partition state (magic/version)")
-            frontier, marker_offset, fingerprint, offsets, key_id = orjson.loads(body)
+            fields = orjson.loads(body)
+            if len(fields) == 5:
+                # Written while the filter was shared: it is where the counters' own
+                # filters start.
+                fields.append(fields[3])
+            if len(fields) == 6:
+                fields.append(None)  # the mode not recorded
+            frontier, marker_offset, fingerprint, offsets, key_id, legacy, mode = fields
             if type(key_id) is not str or not key_id:
                 raise TypeError
             self.key_id = key_id
@@ -423,6 +452,10 @@ class PartitionState:
                 self.applied = self.marker_offset
             self.config_fingerprint = None if fingerprint is None else str(fingerprint)
             self.input_offsets = {str(p): int(o) for p, o in offsets}
+            self.legacy_inputs = {str(p): int(o) for p, o in legacy}
+            if mode is not None and type(mode) is not str:
+                raise TypeError
+            self.privacy_unit = mode
         except StateFormatError:
             raise
         except _ORJSON_ERRORS:

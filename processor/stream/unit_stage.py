@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import faust
 
+from processor.errors import RefusedError
 from processor.stream import kafka_io
 from processor.stream.bounding import (
     UNIT_PREFIX,
@@ -124,6 +125,9 @@ class UnitStage:
                 try:
                     out = await self.commit.apply(msg.partition, records,
                                                   forward=self._hold_s <= 0)
+                except RefusedError as exc:
+                    # Restored state decided under other bounds (BoundsChangeError).
+                    self.worker.refused(exc)
                 except Exception as exc:
                     self.worker.operator_failed(exc)
                 # Under their own names (bounding.METRICS, the dead letters' reason): the

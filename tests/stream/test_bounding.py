@@ -25,8 +25,10 @@ from processor.stream.bounding import (
     SEQ_BITS,
     BoundCommit,
     Bounder,
+    BoundsChangeError,
     CollectingForwarder,
     UnitRow,
+    UnitsPartitionState,
     UnitState,
     decode_units,
     encode_units,
@@ -38,7 +40,7 @@ from processor.stream.bounding import (
 from processor.stream.config import Settings, with_overrides, with_unit
 from processor.stream.ingest import InputRecord, Routed, route
 from processor.stream.records import TimelineBatch, decode_timeline
-from processor.stream.state import DictStore, supersedes
+from processor.stream.state import DictStore, partition_key, supersedes
 
 NOW = 1_767_225_600_000
 K, M = 3, 2
@@ -230,24 +232,25 @@ def test_rebalance_and_a_zombies_late_write_change_nothing() -> None:
 
 
 def test_controls_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Control 1: re-deciding instead of looking up changes the kept set after a kill
-    between state writes. Control 2: without the input filter a re-sent ingest batch
-    counts twice."""
+    """Control 1: re-deciding instead of looking up (a restored unit forgets which seqs
+    and inputs it applied) changes the kept set after a kill between state writes.
+    Control 2: without the input filter a re-sent ingest batch counts twice."""
     log = _log(2)
     ref, _ = _run(log)
+    real = UnitState.from_bytes
 
-    def redecide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
-        st.last_seq = -1  # forget what was decided: every event decided afresh
-        return real(st, seq, counter, k, m)
+    def forgetful(data: bytes) -> UnitState:
+        st = real(data)
+        st.last_seq, st.inputs = -1, {}  # every event decided afresh
+        return st
 
-    real = bounding.decide
-    monkeypatch.setattr(bounding, "decide", redecide)
-    caught = 0
-    for nth in (1, 3, 7):
-        fw, _, _ = _crash_run(log, "unit_between_state_writes", nth)
-        caught += _kept(fw) != _kept(ref) or _dead(fw) != _dead(ref)
-    assert caught
-    monkeypatch.setattr(bounding, "decide", real)
+    with monkeypatch.context() as patched:
+        patched.setattr(UnitState, "from_bytes", forgetful)
+        caught = 0
+        for nth in (1, 3, 7):
+            fw, _, _ = _crash_run(log, "unit_between_state_writes", nth)
+            caught += _kept(fw) != _kept(ref) or _dead(fw) != _dead(ref)
+        assert caught
     # Control 2: the filter off (every row gets a fresh input label).
     p, off, raw = log[-1]
     source, rows = decode_units(raw)
@@ -579,22 +582,159 @@ def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
 
 def test_unit_value_bytes_are_pinned() -> None:
     """A unit value's bytes: the magic, the units offset of its last seq (big-endian
-    int64, -1 before any), then [last seq, [[counter, [seqs]], ...]] in first-touch
-    order; a value decoded from them encodes to the same bytes, and one that decides
-    again keeps the format."""
+    int64, -1 before any), then [last seq, [[counter, [seqs]], ...] in first-touch
+    order, {input label: highest input offset}]; a value decoded from them encodes to the
+    same bytes, one that decides again keeps the format, and a value written before the
+    per-unit filter (no third element) decodes with an empty one."""
     seq = 5 << SEQ_BITS | 3
     st = UnitState()
-    assert st.to_bytes() == b"DPU\x04" + (-1).to_bytes(8, "big", signed=True) + b"[-1,[]]"
+    assert st.to_bytes() == b"DPU\x04" + (-1).to_bytes(8, "big", signed=True) + b"[-1,[],{}]"
     assert bounding.decide(st, seq, "b", K, M)
     assert bounding.decide(st, seq + 1, "a", K, M)
     assert bounding.decide(st, seq + 2, "b", K, M)
+    st.inputs["in:0"] = 7
     raw = st.to_bytes()
-    assert raw == (b"DPU\x04" + (5).to_bytes(8, "big") + b"[%d,[[\"b\",[%d,%d]],[\"a\",[%d]]]]"
+    assert raw == (b"DPU\x04" + (5).to_bytes(8, "big")
+                   + b"[%d,[[\"b\",[%d,%d]],[\"a\",[%d]]],{\"in:0\":7}]"
                    % (seq + 2, seq, seq + 2, seq + 1))
     back = UnitState.from_bytes(raw)
     assert back.to_bytes() == raw
     assert bounding.decide(back, seq + 3, "b", K, M)
     assert not bounding.decide(back, seq + 4, "c", K, M)
     assert back.to_bytes() == (b"DPU\x04" + (5).to_bytes(8, "big")
-                               + b"[%d,[[\"b\",[%d,%d,%d]],[\"a\",[%d]]]]"
+                               + b"[%d,[[\"b\",[%d,%d,%d]],[\"a\",[%d]]],{\"in:0\":7}]"
                                % (seq + 4, seq, seq + 2, seq + 3, seq + 1))
+    legacy = UnitState.from_bytes(b"DPU\x04" + (5).to_bytes(8, "big") + b"[%d,[]]" % seq)
+    assert (legacy.last_seq, legacy.kept, legacy.inputs) == (seq, {}, {})
+
+
+def _shared_filter() -> Callable[..., bool]:
+    """The broken variant of the controls below: one input filter for every unit of the
+    units partition (what the stage had before the filter was made per unit)."""
+    shared: dict[str, int] = {}
+
+    def fresh(st: UnitState, labels: dict[int, str], epoch: int, in_p: int,
+              in_o: int) -> bool:
+        label = f"{epoch}/{in_p}"
+        if in_o <= shared.get(label, -1):
+            return False
+        shared[label] = in_o
+        return True
+
+    return fresh
+
+
+def test_no_unit_is_a_duplicate_of_another_units_event(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ingest owners of input partition 0 write out of order (a zombie's late write of
+    older offsets): alice's event at input offset 20, then bob's at 10 and a re-sent copy
+    of alice's. Bob's event is kept (only alice's own events filter hers), alice's copy is
+    dropped (the filter still filters), replay agrees. Control: a filter shared by the
+    units partition drops bob's event because of alice's."""
+    log = [(0, 0, encode_units([_row("alice", "a", 20)], "in")),
+           (0, 1, encode_units([_row("bob", "a", 10), _row("alice", "a", 20)], "in"))]
+    fw, _ = _run(log)
+    assert _kept(fw) == [(0, 0), (0, 1 << SEQ_BITS)]
+    assert not fw.deadletters
+    assert kept_inputs(S, log) == {(0, 20), (0, 10)}
+    monkeypatch.setattr(bounding, "_fresh", _shared_filter())
+    fw2, _ = _run(log)
+    assert _kept(fw2) == [(0, 0)]
+
+
+def _unit_of(log: Sequence[tuple[int, int, bytes]]) -> dict[tuple[int, int], str]:
+    return {(r[4], r[5]): r[0] for _, _, raw in log for r in decode_units(raw)[1]}
+
+
+def _without(log: Sequence[tuple[int, int, bytes]], h: str
+             ) -> list[tuple[int, int, bytes]]:
+    out = []
+    for p, off, raw in log:
+        source, rows = decode_units(raw)
+        out.append((p, off, encode_units([r for r in rows if r[0] != h], source)))
+    return out
+
+
+def _independent(log: list[tuple[int, int, bytes]]) -> bool:
+    """Whether every unit's kept events are the same with and without any one other
+    unit's events in the log."""
+    unit_of = _unit_of(log)
+    kept = kept_inputs(S, log)
+    for h in sorted(set(unit_of.values())):
+        others = {c for c in kept if unit_of[c] != h}
+        if kept_inputs(S, _without(log, h)) != others:
+            return False
+    return True
+
+
+def test_kept_sets_are_independent_of_other_units_under_out_of_order_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fixed seeds (an exact property, no false alarms): a units log in which a zombie
+    ingest writes one earlier batch again, late (its input offsets below those already
+    written: the copies, and out of order); removing any one unit's events leaves every
+    other unit's kept events unchanged. Control: with a filter shared by the units
+    partition some seed's log fails the same check."""
+    logs = []
+    for seed in range(4):
+        log = _log(seed, n_records=12, partitions=1)
+        rng = random.Random(seed)
+        p, _, raw = log[rng.randrange(len(log) // 2)]
+        log.append((p, log[-1][1] + 1, raw))  # the zombie's late write
+        logs.append(log)
+    assert all(_independent(log) for log in logs)
+    monkeypatch.setattr(bounding, "_fresh", _shared_filter())
+    assert not all(_independent(log) for log in logs)
+
+
+def _copy(data: dict[str, bytes]) -> DictStore:
+    store = DictStore()
+    store.data.update(data)
+    return store
+
+
+def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() -> None:
+    """The units partition value records the bounds its kept sets were decided under; a
+    stage under other bounds refuses it (BoundsChangeError naming the field, before it
+    forwards anything), as the operator refuses a counter's other parameters. Controls:
+    the same bounds go on; a confirmed migration goes on; a value written before bounds
+    were recorded is taken."""
+    log = _log(5, n_records=6, partitions=1)
+    _, store = _run(log[:3])
+    stored = UnitsPartitionState.from_bytes(store.data[partition_key(0)])
+    assert stored.bounds == (K, M)
+    for k, m, name in ((K + 1, M, "unit.max_events_per_counter"),
+                       (K, M - 1, "unit.max_counters_per_unit")):
+        other = with_unit(BASE, 4.0, 1e-6, k, m)
+        fw = CollectingForwarder()
+        bc = BoundCommit(Bounder(other), _copy(store.data), fw)
+        p, off, raw = log[3]
+        with pytest.raises(BoundsChangeError) as err:
+            asyncio.run(bc.commit(p, [(off, raw)]))
+        assert err.value.field == name and str(err.value).startswith(f"{name}:")
+        assert "confirm_migration" in str(err.value)
+        assert not fw.timeline and not fw.deadletters
+        confirmed = with_overrides(other, unit_confirm_migration=True)
+        asyncio.run(BoundCommit(Bounder(confirmed), _copy(store.data),
+                                CollectingForwarder()).commit(p, [(off, raw)]))
+    same = CollectingForwarder()
+    asyncio.run(BoundCommit(Bounder(S), _copy(store.data), same).commit(
+        *log[3][:1], [log[3][1:]]))
+    legacy = dict(store.data)
+    for key, value in legacy.items():
+        if key.startswith("p/"):
+            legacy[key] = value[:12] + b'{"i":{}}'
+    asyncio.run(BoundCommit(Bounder(with_unit(BASE, 4.0, 1e-6, K + 1, M)), _copy(legacy),
+                            CollectingForwarder()).commit(*log[3][:1], [log[3][1:]]))
+
+
+def test_a_recreated_input_topic_starts_each_units_filter_afresh() -> None:
+    """The unit's filter names an input partition by the index of its input identity in
+    the units partition value: a recreated input topic (a new identity, offsets from 0)
+    is not taken for copies. Control: the same identity at offset 0 is a copy."""
+    first = (0, 0, encode_units([_row("alice", "a", 20)], "topic-1"))
+    fw, store = _run([first, (0, 1, encode_units([_row("alice", "a", 0)], "topic-2"))])
+    assert _kept(fw) == [(0, 0), (0, 1 << SEQ_BITS)]
+    ps = UnitsPartitionState.from_bytes(store.data[partition_key(0)])
+    assert ps.sources == ["topic-1", "topic-2"]
+    fw2, _ = _run([first, (0, 1, encode_units([_row("alice", "a", 0)], "topic-1"))])
+    assert _kept(fw2) == [(0, 0)]

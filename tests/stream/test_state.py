@@ -38,6 +38,7 @@ def _counter_state() -> CounterState:
     cs.filed_due = 103
     cs.ledger_fingerprint = "fp" * 32
     cs.creation = "cr" * 16
+    cs.inputs = {"in/0": 7}
     return cs
 
 
@@ -47,6 +48,7 @@ def test_counter_state_roundtrip() -> None:
     assert cs.saved == raw
     back = CounterState.from_bytes(raw, registry, KEY)
     assert back.saved == raw and back.to_bytes() == raw
+    assert back.inputs == {"in/0": 7}
     assert (back.start_tick, back.frontier, back.last_offset, list(back.queue),
             back.pending, back.last_published, back.next_heartbeat, back.announced,
             back.filed_due, back.key_id, back.ledger_fingerprint, back.creation) == (
@@ -95,8 +97,20 @@ def test_partition_state_roundtrip_and_errors() -> None:
     ps.key_id = KID
     back = PartitionState.from_bytes(ps.to_bytes())
     assert (back.applied, back.frontier, back.marker_offset, back.config_fingerprint,
-            back.input_offsets, back.key_id) == (
-                40, 9, 33, "ab" * 32, {"0": 5, "7": 1 << 40, "topic-id/3": 2}, KID)
+            back.input_offsets, back.key_id, back.legacy_inputs) == (
+                40, 9, 33, "ab" * 32, {"0": 5, "7": 1 << 40, "topic-id/3": 2}, KID, {})
+    # A value of five fields (written while the filter was shared by the partition's
+    # counters): that filter is where the counters' own filters start.
+    five = ps.to_bytes()[:12] + orjson.dumps(orjson.loads(ps.to_bytes()[12:])[:5])
+    assert PartitionState.from_bytes(five).legacy_inputs == back.input_offsets
+    # The privacy unit its counters counted under; None in a value that did not record it.
+    assert back.privacy_unit is None
+    ps.privacy_unit = "user"
+    assert PartitionState.from_bytes(ps.to_bytes()).privacy_unit == "user"
+    six = ps.to_bytes()[:12] + orjson.dumps(orjson.loads(ps.to_bytes()[12:])[:6])
+    assert PartitionState.from_bytes(six).privacy_unit is None
+    with pytest.raises(StateFormatError):
+        PartitionState.from_bytes(six[:-1] + b",7]")
     fresh = PartitionState()
     fresh.key_id = KID
     assert PartitionState.from_bytes(fresh.to_bytes()).config_fingerprint is None
@@ -189,10 +203,18 @@ def test_state_is_bound_to_a_key_fingerprint_and_version_2_is_refused() -> None:
     # Format 3 of the same state: no header; offset and filed_due inside the list.
     n = int.from_bytes(raw[20:24], "big")
     mech, meta = raw[24:24 + n], orjson.loads(raw[24 + n:])
+    # The counter's input filter (the 11th field) is format 4's only: a format-3 value,
+    # like a format-4 one of ten fields, decodes without one (None).
+    assert meta[10] == {"in/0": 7}
+    meta = meta[:10]
     meta3 = [*meta[:2], 41, *meta[2:7], 103, *meta[7:]]
     v3 = b"DPC\x03" + len(mech).to_bytes(4, "big") + mech + orjson.dumps(meta3)
     back = CounterState.from_bytes(v3, registry, KEY)
-    assert back.saved is None and back.to_bytes() == raw and counter_filed_due(v3) == 103
+    unfiltered = raw[:24 + n] + orjson.dumps([*meta, None])
+    assert back.saved is None and back.to_bytes() == unfiltered
+    assert back.inputs is None and counter_filed_due(v3) == 103
+    ten = CounterState.from_bytes(raw[:24 + n] + orjson.dumps(meta), registry, KEY)
+    assert ten.inputs is None and ten.to_bytes() == unfiltered
     assert meta3[-3:] == [KID, "fp" * 32, "cr" * 16]
     v2 = b"DPC\x02" + len(mech).to_bytes(4, "big") + mech + orjson.dumps(meta3[:-3])
     with pytest.raises(StateVersionError, match="did not record the noise key") as cinfo:

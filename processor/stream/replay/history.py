@@ -32,6 +32,7 @@ from processor.core.api import Counter
 from processor.core.rng import NoiseKey
 from processor.stream.config import ConfigError, Settings, with_overrides
 from processor.stream.identity import counter_id, key_fingerprint, noise_identity
+from processor.stream.lifetime import UnitClaim, statement
 from processor.stream.provenance import ConfiguredProvenance, Parameters, parameters_of
 from processor.stream.replay.report import Difference, RecordKey
 
@@ -56,6 +57,8 @@ class LedgerHistory:
     labels: dict[tuple[str, str], str] = field(default_factory=dict)
     #: counter -> the creation tag of its "created" entry.
     creation: dict[str, str] = field(default_factory=dict)
+    #: fingerprint -> the per-unit guarantee its entries state (lifetime.statement).
+    claims: dict[str, UnitClaim | None] = field(default_factory=dict)
     #: The published releases and ledger entries (bytes): which of the positions a
     #: restart may have had the worker computed (`recompute`).
     published: frozenset[bytes] = frozenset()
@@ -121,6 +124,10 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     key_id = key_fingerprint(key)
     # The operator's own reading of the settings: what a new counter runs with.
     configured_now = ConfiguredProvenance(settings, key).configured_parameters()
+    per_event = with_overrides(
+        settings, privacy_unit="event", unit_epsilon=None, unit_delta=None,
+        max_events_per_counter=1, max_counters_per_unit=1, unit_derivation="coupling",
+        unit_confirm_migration=False)
     h.configured[current] = configured_now
     entries: dict[str, dict[int, str]] = {}
     by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
@@ -136,6 +143,9 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
             inconsistent(reason)
             continue
         fp, since, kind = d["fingerprint"], d["since_tick"], d["entry"]
+        stated = statement(d)
+        if stated is not None:
+            h.claims.setdefault(fp, stated.claim)
         ticks = entries.setdefault(name, {})
         label = d.get("parameters")
         if type(label) is str:
@@ -151,7 +161,9 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
             continue
         try:
             params = _entry_parameters(d)
-            with_overrides(settings, mechanism=params[0], epsilon=params[1],
+            # The per-event parameters alone (in user mode the configuration derives
+            # them from its unit target, which an earlier configuration's need not be).
+            with_overrides(per_event, mechanism=params[0], epsilon=params[1],
                            delta=params[2], calibration=params[3])
         except (ConfigError, TypeError, KeyError) as exc:
             inconsistent(f"the configuration validation refuses its parameters ({exc}): "
@@ -230,6 +242,13 @@ class LedgerProvenance:
 
     def configured_parameters(self) -> Parameters:
         return self.configured.configured_parameters()
+
+    def unit_claim(self, fingerprint: str) -> UnitClaim | None:
+        """What the published entries under `fingerprint` state per unit (the worker
+        computed it at its start from the ledger before them), else the configuration's."""
+        if fingerprint in self.history.claims:
+            return self.history.claims[fingerprint]
+        return self.configured.unit_claim(fingerprint)
 
     def check_parameters(self, name: str, c: Counter) -> None:
         """No refusal: replay recomputes what the worker ran, and a counter runs with the
