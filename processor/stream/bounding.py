@@ -105,7 +105,8 @@ CRASH_POINTS: Final = ("unit_after_forward", "unit_between_state_writes", "unit_
 #: under these names; never per unit). Its dead letters count as
 #: `deadletter_contribution_bound_exceeded`, beside the ingest stage's reasons.
 METRICS: Final = ("unit_records", "unit_records_skipped_duplicates",
-                  "unit_records_malformed", "unit_events_kept", "unit_duplicates_dropped")
+                  "unit_records_malformed", "unit_events_kept", "unit_duplicates_dropped",
+                  "unit_events_redelivered_dropped")
 
 #: One row of a units record: [unit hash, counter, ts_ms, units, in_partition, in_offset].
 UnitRow = list[Any]

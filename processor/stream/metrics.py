@@ -116,6 +116,10 @@ UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
     "unit_duplicates_dropped": "Events the bounding stage dropped because an event from "
                                "the same input partition and offset was decided already "
                                "(the ingest stage re-sent a batch); events",
+    "unit_events_redelivered_dropped": "Events of a units record read again (a re-sent "
+                                       "batch after a restart) whose unit had decided them "
+                                       "already and did not keep them: nothing sent again; "
+                                       "events",
     "unit_checkpoints": "Checkpoints of the bounding stage (its state written, its units "
                         "records acknowledged); checkpoints",
 }

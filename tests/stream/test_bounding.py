@@ -11,6 +11,7 @@ same assertions.
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import random
 from collections.abc import Callable, Sequence
@@ -39,7 +40,7 @@ from processor.stream.bounding import (
 )
 from processor.stream.config import Settings, with_overrides, with_unit
 from processor.stream.ingest import InputRecord, Routed, route
-from processor.stream.records import TimelineBatch, decode_timeline
+from processor.stream.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
 from processor.stream.state import DictStore, partition_key, supersedes
 
 NOW = 1_767_225_600_000
@@ -156,11 +157,13 @@ def _inputs(log: Sequence[tuple[int, int, bytes]], kept: list[tuple[int, int]]
 
 
 def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
-               hold: int = 1) -> tuple[CollectingForwarder, DictStore, bool]:
+               hold: int = 1, counts: collections.Counter[str] | None = None
+               ) -> tuple[CollectingForwarder, DictStore, bool]:
     """Run `log` with a kill at the nth passage of `point`, a checkpoint every two records,
     the restarted stage re-applying from the last acknowledged record. `hold`: the kept
     events are sent with every hold-th record only (held back in between, as the worker
-    does while more units messages wait), and by the checkpoints."""
+    does while more units messages wait), and by the checkpoints. `counts` sums every
+    apply's metrics."""
     fw, store = CollectingForwarder(), DictStore()
     acked = 0  # records acknowledged to the group (after a checkpoint)
     bc = BoundCommit(Bounder(S), store, fw, crash_point=_crashing(point, nth))
@@ -169,7 +172,9 @@ def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
     while i < len(log):
         p, off, raw = log[i]
         try:
-            asyncio.run(bc.apply(p, [(off, raw)], forward=(i + 1) % hold == 0))
+            out = asyncio.run(bc.apply(p, [(off, raw)], forward=(i + 1) % hold == 0))
+            if counts is not None:
+                counts.update(out.metrics)
             if i % 2 == 1 or i == len(log) - 1:
                 asyncio.run(bc.checkpoint())
                 acked = i + 1
@@ -179,6 +184,19 @@ def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
             bc = BoundCommit(Bounder(S), store, fw)  # the restarted worker
             i = acked
     return fw, store, killed
+
+
+def test_every_count_the_stage_makes_has_an_exported_name() -> None:
+    """A run with bounds reached, re-sent batches and a kill between two state writes (so
+    re-deliveries of decided events) makes only counts of bounding.METRICS and
+    dead-letter reasons: the names the worker's /metrics exports (a count outside them
+    would be folded into the metrics line and never reach /metrics)."""
+    counts: collections.Counter[str] = collections.Counter()
+    _crash_run(_log(1), "unit_between_state_writes", 7, counts=counts)
+    made = {name for name, n in counts.items() if n}
+    assert {"unit_events_kept", "unit_events_redelivered_dropped",
+            "deadletter_contribution_bound_exceeded"} <= made, made
+    assert made <= set(bounding.METRICS) | {f"deadletter_{r}" for r in USER_MODE_REASONS}
 
 
 @pytest.mark.parametrize("point", bounding.CRASH_POINTS)

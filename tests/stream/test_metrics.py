@@ -468,10 +468,12 @@ def undocumented(registry: CollectorRegistry) -> list[str]:
 def test_every_help_text_says_what_and_its_unit() -> None:
     """Control: the help text the issue quoted (`Operator count events_applied
     (commit.Output metrics)`) is caught by the same check."""
-    from processor.stream.metrics import OPERATOR_COUNT_HELP
+    from processor.stream.bounding import METRICS as UNIT_METRICS
+    from processor.stream.metrics import OPERATOR_COUNT_HELP, UNIT_COUNT_HELP
     from processor.stream.operator import METRICS
 
     assert set(OPERATOR_COUNT_HELP) == set(METRICS)
+    assert set(UNIT_COUNT_HELP) == {*UNIT_METRICS, "unit_checkpoints"}
     sf = surface(ingest=StatsIngest(SAMPLE_STATS))
     assert undocumented(sf.operator) == []
     registry = CollectorRegistry()
