@@ -7,7 +7,8 @@ published (tick, value) records); this module never imports the gate's code
 populations of keys, each independently keyed from the audit's seed:
 
 - zero keys: the neighbour's key that one unit's events alone would create, run without
-  any event from tick 1 to the horizon. A sound gate admits one with probability at most
+  any event from tick 1 to the horizon (SimECC: at least 400 mu ticks, about 400
+  releases). A sound gate admits one with probability at most
   delta0 over the whole horizon, so the number admitted among n is at most
   binom.ppf(1 - alpha, n, delta0) but with probability alpha (check "time-uniform").
 - burst keys: first seen at tick `first`, one event per tick for `burst` ticks, then ⊥ to
@@ -105,6 +106,14 @@ class Setup:
             self.eps, self.delta, self.calibration)
         return p.cc_eps, p.cc_delta
 
+    def zero_horizon(self) -> int:
+        """The zero keys' horizon: `horizon`, or for SimECC long enough for about 400
+        checkpoints (mu ticks apart), whatever its parameters."""
+        if self.mechanism == "ecc":
+            return self.horizon
+        return max(self.horizon, 400 * simecc_parameters(
+            self.eps, self.delta, self.calibration).mu)
+
     def burst(self) -> int:
         """Events per burst key: four per-tick error bounds at the horizon and 200 more,
         so that a sound gate admits nearly every key."""
@@ -124,15 +133,16 @@ class Finding:
 
 def _zero_keys(make: Maker, s: Setup) -> Finding:
     admitted = 0
+    horizon = s.zero_horizon()
     for i in range(s.zero_keys):
         run = make(s.counter(f"audit/open/zero/{i}"), s.delta0, 1)
         run.update(None)
-        run.skip(s.horizon - 1)
+        run.skip(horizon - 1)
         admitted += run.admitted is not None
     limit = int(binom.ppf(1.0 - s.alpha, s.zero_keys, s.delta0))
     return Finding("time-uniform", admitted <= limit,
                    f"{admitted} of {s.zero_keys} keys without events admitted over "
-                   f"{s.horizon} ticks (at most {limit} at delta0 = {s.delta0})", s.alpha)
+                   f"{horizon} ticks (at most {limit} at delta0 = {s.delta0})", s.alpha)
 
 
 def _burst_keys(make: Maker, s: Setup) -> list[Finding]:

@@ -3,7 +3,7 @@
 Runs processor/audit/open_keys.py's checks on the admission gate of
 processor/core/selection.py (or on a broken control, --open-keys-control) in event mode
 (--epsilon, --delta per event; default 10, 1e-6) and in user mode (the --unit-* target,
-default 10, 1e-6, k = 8, m = 2, counters at the derived per-event parameters), under each
+default 10, 1e-6, k = 32, m = 2, counters at the derived per-event parameters), under each
 calibration (both unless --calibration). Each statistical check runs at alpha / (their
 number), so the verdict's false-alarm rate is at most --alpha. Exit 1 when a check fails.
 """
@@ -65,7 +65,7 @@ def _configs(args: argparse.Namespace) -> list[tuple[str, Setup, tuple[float, fl
             else:
                 ue = 10.0 if args.unit_epsilon is None else args.unit_epsilon
                 ud = 1e-6 if args.unit_delta is None else args.unit_delta
-                k = args.max_events_per_counter or 8
+                k = args.max_events_per_counter or 32
                 m = args.max_counters_per_unit if args.unit_epsilon is not None else 2
                 d = derive(ue, ud, k, m, mechanism=mech, calibration=cal)
                 eps, delta = d.event_epsilon, d.event_delta
