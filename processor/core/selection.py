@@ -94,13 +94,20 @@ def admission_threshold(cc_eps: float, cc_delta: float, base: str, t: int,
     return math.ceil(sd * math.sqrt(2.0 * log_over)) + _SLACK_UNITS
 
 
+def _selection_factor(eps: float, keys: int) -> float:
+    """(1 + e^eps) keys: what the gate's delta0 costs in the total delta."""
+    if keys < 1:
+        raise InvalidParameterError("keys per unit must be >= 1")
+    if not 0.0 < eps <= 700.0:
+        raise InvalidParameterError("eps must be in (0, 700] for the selection's accounting")
+    return (1.0 + math.exp(eps)) * keys
+
+
 def selection_delta(eps: float, delta_release: float, delta0: float, keys: int = 1) -> float:
     """The delta of the published output (admissions and releases) for one unit: the
     releases' (eps, delta_release) (per event, or the unit's guarantee over its counters in
     user mode) plus (1 + e^eps) keys delta0, keys = m (1 in event mode). Rounded up."""
-    if keys < 1:
-        raise InvalidParameterError("keys per unit must be >= 1")
-    total = math.fsum((delta_release, (1.0 + math.exp(eps)) * keys * delta0))
+    total = math.fsum((delta_release, _selection_factor(eps, keys) * delta0))
     return math.nextafter(total, math.inf)
 
 
@@ -109,10 +116,9 @@ def gate_delta0(eps: float, delta_sel: float, keys: int = 1) -> float:
     (1 + e^eps) keys delta0 is at most delta_sel."""
     if not 0.0 < delta_sel < 1.0:
         raise InvalidParameterError("delta_sel must be in (0, 1)")
-    if keys < 1:
-        raise InvalidParameterError("keys per unit must be >= 1")
-    d0 = delta_sel / ((1.0 + math.exp(eps)) * keys)
-    while (1.0 + math.exp(eps)) * keys * d0 > delta_sel:
+    factor = _selection_factor(eps, keys)
+    d0 = delta_sel / factor
+    while factor * d0 > delta_sel:
         d0 = math.nextafter(d0, 0.0)
     if d0 <= 0.0:
         raise InvalidParameterError("delta_sel too small for this epsilon")
@@ -192,10 +198,6 @@ class OpenKey:
         for t, y in self.counter.skip(n):
             out.extend(self._see(t, y, True))
         return out
-
-    @property
-    def y(self) -> float:
-        return self.counter.y
 
     def to_bytes(self) -> bytes:
         st: dict[str, Any] = {"d0": self.delta0, "f": self.first, "a": self.admitted,

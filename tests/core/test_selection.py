@@ -202,3 +202,13 @@ def test_bad_parameters_and_states_are_refused() -> None:
                 good.replace(b'"d0":1e-7', b'"d0":2.0'), good.replace(b'"c":"', b'"c":"!')):
         with pytest.raises(StateFormatError):
             OpenKey.from_bytes(bad, key)
+
+
+def test_bad_accounting_inputs_are_refused() -> None:
+    for eps, keys in ((0.0, 1), (701.0, 1), (1.0, 0)):
+        with pytest.raises(InvalidParameterError):
+            selection_delta(eps, 1e-7, 1e-9, keys)
+        with pytest.raises(InvalidParameterError):
+            gate_delta0(eps, 1e-7, keys)
+    with pytest.raises(InvalidParameterError):
+        gate_delta0(1.0, 0.0)
