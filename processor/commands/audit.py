@@ -35,6 +35,7 @@ from processor.audit.diagnostics import (
     plan_check,
     simecc_partition_check,
 )
+from processor.audit.open_keys import CONTROLS
 from processor.audit.plans import (
     DEFAULTS,
     FEATURES,
@@ -50,6 +51,7 @@ from processor.audit.plans import (
 from processor.audit.runs import core_releases, unit_derivation_check, unit_neighbour
 from processor.audit.statistics import AuditError, AuditResult, FloatArray, Stream, judge
 from processor.commandline import CommandParser
+from processor.commands.audit_open_keys import main_open_keys
 from processor.core import registry
 from processor.core.api import Counter
 from processor.core.errors import CoreError
@@ -214,6 +216,11 @@ def _parser() -> argparse.ArgumentParser:
                    "0.05; the noise-law check adds 0.001)")
     p.add_argument("--seed", type=int, default=0, help="seed of the public audit key / rng")
     p.add_argument("--json", action="store_true", help="print the verdict as JSON on stdout")
+    p.add_argument("--open-keys", action="store_true",
+                   help="the open-key audit of the admission gate instead (ecc, simecc; "
+                   "processor/commands/audit_open_keys.py, docs/open-keys.md)")
+    p.add_argument("--open-keys-control", choices=CONTROLS, default=None,
+                   help="with --open-keys: audit a broken gate that must FAIL")
     return p
 
 
@@ -231,6 +238,8 @@ class Check:
 def main_audit(argv: Sequence[str]) -> int:
     p = _parser()
     args = p.parse_args(argv)
+    if args.open_keys:
+        return main_open_keys(args)
     derived, params = settle_arguments(p, args)
     try:
         outcome = audit(args, params, derived)

@@ -187,6 +187,11 @@ class _EccBase(Counter):
     def y(self) -> float:
         return from_units(self._y)
 
+    @property
+    def base(self) -> str:
+        """The bounded counter inside CC and BCC (one construction in _setup)."""
+        return self._cc.base
+
     def update(self, x: float | None) -> float:
         """Validate x (InvalidInputError, state untouched), then one tick of Algorithm 2."""
         self._tick(to_units(x))
