@@ -7,6 +7,7 @@ planted traceback."""
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tomllib
@@ -395,3 +396,32 @@ def test_sigterm_before_the_worker_runs_unwinds_and_exits_143(tmp_path: Path) ->
             proc.wait()
     assert proc.returncode == 143, err
     assert "terminated" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["", *commands()])
+def test_help_into_a_reader_that_leaves_is_quiet(command: str, tmp_path: Path) -> None:
+    """`python -m processor [<command>] --help | head -1`: the first line, exit 0 and
+    nothing on stderr, for the top level and every command; and, deterministically, the
+    same when the reader has closed the pipe before a byte is written (the write fails
+    with EPIPE: no BrokenPipeError traceback, exit 0). Control: a Python that prints into
+    the closed pipe without the dispatcher's handling does print the traceback."""
+    argv = [sys.executable, "-m", "processor", *([command] if command else []), "--help"]
+    shell = subprocess.run(["bash", "-c", 'set -o pipefail; "$@" | head -1', "_", *argv],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.startswith("usage: python -m processor") and shell.stderr == ""
+
+    def into_closed_pipe(args: list[str]) -> tuple[int, str]:
+        read, write = os.pipe()
+        os.close(read)  # the reader left before the writer starts
+        try:
+            done = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True,
+                                  timeout=120, cwd=tmp_path)
+        finally:
+            os.close(write)
+        return done.returncode, done.stderr
+
+    code, err = into_closed_pipe(argv)
+    assert (code, err) == (0, "")
+    code, err = into_closed_pipe([sys.executable, "-c", "print('usage: x')"])
+    assert code != 0 and "BrokenPipeError" in err  # control
