@@ -83,6 +83,7 @@ from processor.stream.records import (
     sealed_through,
 )
 from processor.stream.recovery import BatchedTableManager
+from processor.stream.stale import stale_databases
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 from processor.stream.unit_stage import UnitStage
@@ -977,6 +978,8 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
         tabledir = Path(app.conf.tabledir)
         if not tabledir.is_absolute():
             tabledir = state_dir / tabledir
+        # Before an unclean stop's files are discarded: those of other topics are not.
+        _check_not_stale(tabledir, settings)
         if flag.exists():
             log.warning("previous worker did not stop cleanly: rebuilding table state from "
                         "the changelog")
@@ -989,6 +992,35 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
             f"the state directory {str(state_dir)!r} cannot be prepared "
             f"({type(exc).__name__}): check the path and its permissions")) from None
     return flag
+
+
+def _check_not_stale(tabledir: Path, settings: Settings) -> None:
+    """StartError (one line: the directory, the remedy) when a local partition database
+    has applied changelog records its changelog topic on the brokers does not have (the
+    brokers were recreated: processor/stream/stale.py)."""
+    conf = {**kafka_io.base_config(settings), "log_level": "0"}
+
+    def ends(topic: str) -> Mapping[int, tuple[int, int]]:
+        try:
+            return kafka_io.end_offsets(conf, topic, timeout_s=BROKER_WAIT_S)
+        except RuntimeError:  # the topic is not there: it ends at 0
+            return {}
+        except KafkaException as exc:
+            raise StartError(kafka_io.broker_failure(conf, exc)) from None
+
+    stale = stale_databases(tabledir, lambda table: f"{settings.app_id}-{table}-changelog",
+                            ends)
+    if stale:
+        first = stale[0]
+        where = Path(settings.state_dir)
+        raise StartError(
+            f"the local state directory {str(where)!r} belongs to other topics: "
+            f"{first.path.name} has applied {first.topic!r} partition {first.partition} "
+            f"through offset {first.persisted}, the brokers' topic ends at {first.end} "
+            f"({len(stale)} database(s) so; the brokers were recreated or the topic "
+            f"deleted). Remedy: remove it (rm -rf {where}) and start with a new noise key "
+            "(python -m processor keygen) or new counter starts: the old topics' releases "
+            "carry this configuration's noise (docs/state.md)")
 
 
 def _check_databases(tabledir: Path, settings: Settings) -> None:
