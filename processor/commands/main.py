@@ -37,6 +37,8 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
               "run a mechanism offline over a file of ticks (one JSON line per tick)"),
     "keygen": ("processor.commands.keygen", "main_keygen", "write a fresh random noise key file"),
     "worker": ("processor.stream.app", "main_worker", "run the stream processor"),
+    "send": ("processor.commands.send", "main_send",
+             "send events to the input topic (JSON lines or counter[,ts[,value[,user]]])"),
     "replay": ("processor.stream.replay", "main_replay",
                "audit: recompute the published topics from the timeline and compare"),
     "demo": ("processor.devtools.demo", "main_demo",
