@@ -34,8 +34,18 @@ def write(tmp_path: Path, text: str) -> str:
 
 def test_example_config_loads_and_documents_every_field() -> None:
     s = load_settings(str(EXAMPLE), env={})
-    assert s.mechanism == "ecc" and s.counters["signups"] == 1_767_225_600_000
+    assert s.counters["signups"] == 1_767_225_600_000
     text = EXAMPLE.read_text()
+    # The example's choices for a new deployment, each beside the built-in default it
+    # departs from (which stays: a deployment that left the field out keeps it).
+    base = Settings()
+    for field, chosen in (("mechanism", "simecc"), ("calibration", "tight"),
+                          ("tick_ms", 100)):
+        assert getattr(s, field) == chosen and getattr(base, field) != chosen
+        block = text.split(f"\n{field} =")[0].rsplit("\n\n", 1)[-1].rsplit("=", 1)[-1]
+        default = getattr(base, field)
+        assert f"Built-in default: {default if isinstance(default, int) else repr(default)}" \
+            in block.replace("\n# ", " ").replace('"', "'"), field
     names = {f for f in Settings.__dataclass_fields__ if f not in ("security", "topics")}
     names |= set(s.security.__dataclass_fields__) | set(s.topics.__dataclass_fields__)
     missing = {n for n in names if f"{n} =" not in text and f"[{n}]" not in text}
