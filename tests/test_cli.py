@@ -228,6 +228,7 @@ def test_the_real_entry_points(tmp_path: Path) -> None:
     # An unreachable broker: librdkafka's own lines never reach stderr, one line names it.
     key = tmp_path / "k.key"
     key.write_text("22" * 32 + "\n")
+    key.chmod(0o600)
     cfg = tmp_path / "unreachable.toml"
     cfg.write_text(f'allow_undeclared = true\nbootstrap_servers = "127.0.0.1:9"\n'
                    f'noise_key_file = "{key}"\n')
@@ -364,7 +365,7 @@ def test_sigterm_before_the_worker_runs_unwinds_and_exits_143(tmp_path: Path) ->
     handlers, here while it waits for brokers that do not answer: it unwinds, prints one
     line and exits 143, not killed by the signal (-15) midway through its start. The
     worker is caught in that wait: its first librdkafka thread exists and the wait
-    lasts BROKER_WAIT_S (15 s)."""
+    lasts BROKER_PROBE_S (5 s)."""
     import contextlib
     import signal
     import socket

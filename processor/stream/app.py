@@ -89,6 +89,10 @@ from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 from processor.stream.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
+#: The worker's start and ready lines: INFO records that show at the default level
+#: (`lifecycle_level`), naming only public things (app id, brokers, parameters, counts of
+#: counters and partitions), never a value.
+lifecycle = logging.getLogger("processor.stream.lifecycle")
 
 STATE_TABLE: Final = "dpc-state"
 #: A file in state_dir that exists while a worker runs; found at start => unclean stop.
@@ -108,8 +112,12 @@ ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number
                           "block_cache_size": 8 << 20}
 #: Timeline records per read when a worker looks back for the last marker appended.
 MARKER_LOOKBACK: Final = 2000
-#: How long the start waits for the brokers before it gives up with an error.
+#: How long the start waits for the brokers' requests (metadata, topic creation, the
+#: ledger) before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
+#: How long the start waits for the brokers to answer at all: "no broker" within seconds
+#: (a supervisor restarts the worker while the brokers come up).
+BROKER_PROBE_S: Final = 5.0
 #: A process suspended longer than this may have lost its partitions (the session
 #: timeout less heartbeats and margin): it exits before it publishes or writes state.
 SUSPENSION_LIMIT_S: Final = kafka_io.SESSION_TIMEOUT_S / 2
@@ -538,6 +546,9 @@ class Worker:
                        name=f"{settings.app_id}-markers")(self.append_markers)
         self.app.timer(interval=METRICS_LOG_S,
                        name=f"{settings.app_id}-metrics")(self.log_metrics)
+        self._announced_ready = False
+        self.app.timer(interval=0.5, on_leader=False,
+                       name=f"{settings.app_id}-ready")(self.announce_ready)
         self.app.task(self.start_ingest)
 
     # -- the operator agent
@@ -762,6 +773,17 @@ class Worker:
                         "message.timestamp.type=LogAppendTime on it; docs/time.md)",
                         self.timeline_name)
 
+    async def announce_ready(self) -> None:
+        """The ready line, once: when /readyz first passes (partitions assigned, a recent
+        marker applied on each)."""
+        if self._announced_ready:
+            return
+        ok, why = self.surface.readiness()
+        if ok:
+            self._announced_ready = True
+            lifecycle.info("worker ready: %s; publishing to %r and %r", why,
+                           self.settings.topics.counts, self.settings.topics.ledger)
+
     async def log_metrics(self) -> None:
         log.info("metrics %s", self.metrics.summary(self.ingest.metrics()))
 
@@ -874,7 +896,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
         # the kept set from it) and the bounding stage's changelog.
         keyed += [units_topic(settings), units_changelog_topic(settings)]
     try:
-        kafka_io.require_brokers(conf, BROKER_WAIT_S)
+        kafka_io.require_brokers(conf, BROKER_PROBE_S)
     except kafka_io.BrokerUnavailable as exc:
         raise StartError(str(exc)) from None
     try:
@@ -1119,9 +1141,17 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     # Whatever --loglevel says, the Kafka clients and Faust stay at or above the level
     # where they would log credentials and records (processor/stream/logs.py).
     configure_logging(args.loglevel, args.log_format)
+    level = logging.getLogger().getEffectiveLevel()
+    lifecycle.setLevel(logging.INFO if level <= logging.WARNING else level)
     try:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)
+        lifecycle.info("worker starting: app %r, brokers %s, %d counter(s), %s (%s "
+                       "calibration), epsilon %g and delta %g per event, privacy unit %s, "
+                       "ticks of %d ms; state in %s", settings.app_id,
+                       settings.bootstrap_servers, len(settings.counters), settings.mechanism,
+                       settings.calibration, settings.epsilon, settings.delta,
+                       settings.privacy_unit, settings.tick_ms, settings.state_dir)
         return run_worker(settings, key, loglevel=args.loglevel)
     except (ConfigError, NoiseKeyError, StartError) as exc:
         print_error(exc)
