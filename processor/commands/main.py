@@ -89,7 +89,8 @@ def _help(prog: str = PROG) -> str:
             + "\n".join(lines)
             + f"\n\n`{prog} <command> --help` lists a command's options.\n"
             "Exit codes: 0 success; 1 a negative verdict (replay: different, audit: "
-            "failed);\n2 an error (one `error:` line on stderr).")
+            "failed);\n2 an error (one `error:` line on stderr); 3 replay: different under "
+            "a configuration\nor key the ledger contradicts (named in its first line).")
 
 
 def invoked_as(argv0: str) -> str:

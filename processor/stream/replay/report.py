@@ -61,10 +61,19 @@ class ReplayReport:
     #: timeline partition -> (committed offset C_p, end E_p) of the cut.
     cut: dict[int, tuple[int, int]]
     differences: list[Difference] = field(default_factory=list)
+    #: What the configuration and key replay ran with contradict on the ledger
+    #: (configured.ledger_mismatch); with differences, the verdict is about them.
+    configuration: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
         return not self.differences
+
+    @property
+    def configuration_differs(self) -> bool:
+        """Differences found under a configuration or key other than the ledger's: they
+        say nothing about the published topics until replay runs with the right ones."""
+        return bool(self.differences and self.configuration)
 
     @property
     def recomputed(self) -> int:
@@ -78,12 +87,19 @@ class ReplayReport:
                   f"{self.timeline_records} timeline records")
         if self.identical:
             return f"identical ({counts})"
+        if self.configuration_differs:
+            return ("CONFIGURATION DIFFERS from the ledger's: " + "; ".join(self.configuration)
+                    + ". Run replay with the configuration (DPC_* variables included) and "
+                    f"key the worker ran; the {len(self.differences)} differences found "
+                    f"follow from it ({counts})")
         first = "; ".join(d.describe() for d in self.differences[:DESCRIBED])
         return f"DIFFERENT ({len(self.differences)} differences; {counts}): first: {first}"
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "verdict": "identical" if self.identical else "different",
+            "verdict": ("identical" if self.identical else "configuration_differs"
+                        if self.configuration_differs else "different"),
+            "configuration": self.configuration,
             "identical": self.identical,
             "cut": {"definition": CUT_DEFINITION,
                     "timeline": {str(p): {"committed": c, "end": e}

@@ -29,6 +29,7 @@ from processor.stream.replay.comparison import (
     ledger_key,
     release_key,
 )
+from processor.stream.replay.configured import ledger_mismatch
 from processor.stream.replay.history import ledger_history
 from processor.stream.replay.recompute import (
     Progress,
@@ -154,6 +155,7 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
                                                     timeout_s=timeout_s).values()
                  for _o, v in recs]
     history = ledger_history(settings, key, ledger, published)
+    configuration = ledger_mismatch(settings, key, ledger, int(time.time() * 1000))
     result = recompute_timeline(settings, key, timeline, committed, progress=progress,
                                 jobs=default_jobs(settings) if jobs is None else jobs,
                                 history=history, stamps=stamps)
@@ -166,7 +168,7 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
         diffs += _kept_set_differences(settings, conf, timeline, units_committed, timeout_s)
     cut = {p: (committed.get(p, 0), hi) for p, (_lo, hi) in tl_marks.items()}
     return ReplayReport(result.records, result.duplicates_dropped, releases, entries, cut,
-                        diffs)
+                        diffs, configuration)
 
 
 def _kept_set_differences(settings: Settings, conf: Mapping[str, str],

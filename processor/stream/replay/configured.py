@@ -1,0 +1,73 @@
+"""Whether replay was given the configuration and key the ledger was written under.
+
+Replay recomputes with the configuration and key it is given; run with another one (a
+second shell without the worker's `DPC_COUNTERS`, another key file) it finds differences
+that say nothing about the published topics. `ledger_mismatch` names what the given
+configuration and key contradict on the published ledger: counters it declares that no
+entry announced (though their start has passed) or that entries announce and it does not
+declare, a configuration fingerprint no entry carries, a key fingerprint no entry
+carries, and a counter's parameters that differ from its latest entry's. Public values
+only (the ledger is public; the key is named by its public fingerprint).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from processor.core.rng import NoiseKey
+from processor.stream.config import Settings
+from processor.stream.identity import key_fingerprint
+from processor.stream.replay.history import ledger_dicts
+
+#: How many names a difference lists before "and N more".
+SHOWN = 3
+
+
+def _names(names: Iterable[str]) -> str:
+    ordered = sorted(names)
+    more = f" and {len(ordered) - SHOWN} more" if len(ordered) > SHOWN else ""
+    return ", ".join(ordered[:SHOWN]) + more
+
+
+def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | None],
+                    now_ms: int) -> list[str]:
+    """What the configuration and key contradict on the ledger (empty: nothing, or no
+    ledger entry to compare with). `now_ms`: a declared counter whose start lies ahead
+    cannot have been announced yet."""
+    entries = ledger_dicts(ledger)
+    if not entries:
+        return []
+    latest: dict[str, Mapping[str, Any]] = {}
+    for e in entries:  # in topic order: a counter's later entries replace its earlier ones
+        latest[e["counter"]] = e
+    out: list[str] = []
+    due = {c for c, start in settings.counters.items() if start <= now_ms}
+    unannounced = due - set(latest)
+    if unannounced:
+        out.append(f"counters {_names(unannounced)} are configured but on no ledger entry")
+    undeclared = set(latest) - set(settings.counters)
+    if undeclared and not settings.allow_undeclared:
+        out.append(f"counters {_names(undeclared)} are on the ledger but not configured")
+    fingerprints = {str(e.get("fingerprint")) for e in entries}
+    if settings.fingerprint() not in fingerprints:
+        out.append(f"the configuration's fingerprint {settings.fingerprint()[:12]} is on no "
+                   f"ledger entry (the ledger has {_names(f[:12] for f in fingerprints)})")
+    key_ids = {str(e.get("key_id")) for e in entries}
+    if key_fingerprint(key) not in key_ids:
+        out.append(f"the noise key (fingerprint {key_fingerprint(key)}) is not the ledger's "
+                   f"({_names(key_ids)})")
+    configured = {"mechanism": settings.mechanism, "epsilon": settings.epsilon,
+                  "delta": settings.delta, "tick_ms": settings.tick_ms,
+                  "calibration": settings.calibration}
+    changed: dict[str, set[str]] = {}
+    for name, e in latest.items():
+        if name not in settings.counters or e.get("parameters") == "stored":
+            continue  # "stored": the counter keeps its own on purpose (on_parameter_change)
+        wanted = {**configured, "start_ms": settings.counters[name]}
+        for field, value in wanted.items():
+            if e.get(field, value) != value:
+                changed.setdefault(field, set()).add(name)
+    for field, names in sorted(changed.items()):
+        out.append(f"{field} differs from the ledger's for {_names(names)}")
+    return out
