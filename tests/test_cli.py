@@ -453,3 +453,27 @@ def test_forked_pool_workers_do_not_inherit_the_terminated_handler() -> None:
             assert pool.map(_sigterm_disposition, [0]) == ["SIG_DFL"]
         with ctx.Pool(1) as pool:
             assert pool.map(_sigterm_disposition, [0]) == ["_terminated"]
+
+
+@pytest.mark.parametrize("command", list(commands()))
+def test_epsilon_is_spelled_epsilon_everywhere(command: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every option of every command that takes an epsilon is `--epsilon` (or a
+    `--unit-epsilon`); `--eps` survives only as a second name of `experiment --epsilon`.
+    Control: a parser with a lone `--eps` is caught by the same check."""
+    def lone_eps(parser: argparse.ArgumentParser) -> list[str]:
+        bad = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    bad += lone_eps(sub)
+            names = set(action.option_strings)
+            if any("eps" in n and "epsilon" not in n for n in names) and not (
+                    names & {"--epsilon"}):
+                bad.append("/".join(sorted(names)))
+        return bad
+
+    assert lone_eps(parser_of(command, monkeypatch)) == []
+    control = argparse.ArgumentParser()
+    control.add_argument("--eps")
+    assert lone_eps(control) == ["--eps"]
