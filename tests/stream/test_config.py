@@ -9,7 +9,13 @@ import pytest
 
 from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError
-from processor.stream.config import ConfigError, Settings, load_settings, with_overrides
+from processor.stream.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    validate_settings,
+    with_overrides,
+)
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "config.example.toml"
 
@@ -235,3 +241,26 @@ def test_on_parameter_change_is_refuse_or_keep(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         with_overrides(base, on_parameter_change="restart")
     assert info.value.field == "on_parameter_change"
+
+
+@pytest.mark.parametrize("name", ["sign ups", "a,b", "a=b", 'q"uote', " lead", "-dash",
+                                  "tab\there", ""])
+def test_counter_names_outside_the_pattern_are_refused(name: str) -> None:
+    """Declared counter names match COUNTER_NAME_PATTERN (documented in
+    deploy/config.example.toml): one ConfigError naming the field and the rule."""
+    with pytest.raises(ConfigError, match="counters"):
+        validate_settings(Settings(counters={name: 0}))
+
+
+@pytest.mark.parametrize("name", ["signups", "api.v2/latency_ms", "zähler", "a:b@c+d-e",
+                                  "_x", "9lives"])
+def test_counter_names_in_the_pattern_are_accepted(name: str) -> None:
+    """Controls: names of every allowed character class, any script's letters."""
+    validate_settings(Settings(counters={name: 0}))
+    assert name in load_settings(None, env={"DPC_COUNTERS": f"{name}=0"}).counters
+
+
+def test_the_example_documents_the_counter_name_pattern() -> None:
+    from processor.stream.config import COUNTER_NAME_PATTERN
+
+    assert COUNTER_NAME_PATTERN in EXAMPLE.read_text()
