@@ -434,6 +434,8 @@ def test_help_into_a_reader_that_leaves_is_quiet(command: str, tmp_path: Path) -
 
 def _sigterm_disposition(_: int) -> str:
     handler = signal.getsignal(signal.SIGTERM)
+    if handler is None:  # set outside Python
+        return "None"
     return handler.__name__ if callable(handler) else signal.Handlers(handler).name
 
 

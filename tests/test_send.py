@@ -68,7 +68,7 @@ def test_send_puts_exactly_the_valid_lines_on_the_input_topic(
     topic = dep.settings.topics.input
     assert done.stdout == (f"sent 3 event(s) to {topic!r} at {dep.settings.bootstrap_servers}"
                            " (a 2, b 1); 2 line(s) refused\n")
-    values = [orjson.loads(r.value) for recs in read_topic(dep.conf, topic).values()
+    values = [orjson.loads(r.value or b"") for recs in read_topic(dep.conf, topic).values()
               for r in recs]
     assert sorted((v["counter"], v.get("value", 1)) for v in values) == [
         ("a", 0.25), ("a", 1), ("b", 0.5)]
@@ -88,9 +88,10 @@ def test_send_without_the_input_topic_or_a_broker_is_one_error_line(
     from processor.stream.kafka_io import missing_topics
 
     dep = deployment_factory({"a": 0}, create_topics=False)
-    done = _send(str(dep.config), "a\n")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert done.stderr.startswith("error: the input topic") and "start the worker" in done.stderr
+    done = _send(str(dep.config), "a\n", "--wait", "1")
+    waited, error = done.stderr.splitlines()
+    assert done.returncode == 2 and waited.startswith("waiting up to 1 s"), done.stderr
+    assert error.startswith("error: the input topic") and "start the worker" in error
     assert missing_topics(dep.conf, [dep.settings.topics.input]) == [
         dep.settings.topics.input]
     with socket.socket() as s:  # a port nothing listens on
@@ -104,3 +105,29 @@ def test_send_without_the_input_topic_or_a_broker_is_one_error_line(
     assert time.monotonic() - began < 15
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
     assert f"127.0.0.1:{port}" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.kafka
+def test_send_waits_for_the_input_topic_a_starting_worker_creates(
+        deployment_factory: Callable[..., Any]) -> None:
+    """The README starts the worker in the background and sends at once: send says it
+    waits, and sends once the topic exists (created here while it waits, as the worker
+    would)."""
+    from processor.stream.kafka_io import create_topics, read_topic
+
+    dep = deployment_factory({"a": 0}, create_topics=False)
+    proc = subprocess.Popen([sys.executable, "-m", "processor", "send", "--config",
+                             str(dep.config), "--wait", "120"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    try:
+        assert proc.stderr.readline().startswith("waiting up to 120 s for the input topic")
+        create_topics(dep.conf, [dep.settings.topics.input], 1)
+        out, err = proc.communicate("a\n", timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0 and err == "", err
+    assert out.startswith("sent 1 event(s)")
+    assert sum(len(v) for v in read_topic(dep.conf, dep.settings.topics.input).values()) == 1

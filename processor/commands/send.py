@@ -108,6 +108,25 @@ def send(lines: Iterable[tuple[str, int, str]], settings: Settings, producer: Pr
     return sent, refused, failed
 
 
+def _topic_appears(conf: dict[str, str], topic: str, wait_s: float) -> bool:
+    """Whether `topic` exists, waiting up to `wait_s` for it (the README starts the worker
+    in the background and sends at once: the worker creates the topics within seconds).
+    One line on stderr says what it waits for."""
+    from processor.stream import kafka_io
+
+    deadline = time.monotonic() + wait_s
+    said = False
+    while kafka_io.missing_topics(conf, [topic], PROBE_S):
+        if time.monotonic() >= deadline:
+            return False
+        if not said:
+            print(f"waiting up to {wait_s:g} s for the input topic {topic!r} (the worker "
+                  "creates it)...", file=sys.stderr, flush=True)
+            said = True
+        time.sleep(0.5)
+    return True
+
+
 def main_send(argv: Sequence[str]) -> int:
     p = CommandParser(prog="python -m processor send",
                       description="Send events to the input topic: one a line, a JSON object "
@@ -117,6 +136,9 @@ def main_send(argv: Sequence[str]) -> int:
     p.add_argument("files", nargs="*", metavar="FILE",
                    help="files of events, one a line (default, or -: standard input)")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
+    p.add_argument("--wait", type=float, default=30.0,
+                   help="seconds to wait for the input topic to exist (a worker started just "
+                   "before creates it; default 30)")
     p.add_argument("--timeout", type=float, default=30.0,
                    help="seconds to wait for the brokers to acknowledge the events at the "
                    "end (default 30)")
@@ -128,10 +150,10 @@ def main_send(argv: Sequence[str]) -> int:
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     kafka_io.require_brokers(conf, PROBE_S)
     topic = settings.topics.input
-    if kafka_io.missing_topics(conf, [topic], PROBE_S):
+    if not _topic_appears(conf, topic, args.wait):
         print_error(f"the input topic {topic!r} does not exist at "
-                    f"{settings.bootstrap_servers}: start the worker first (it creates the "
-                    "topics), or check [topics] input")
+                    f"{settings.bootstrap_servers} (waited {args.wait:g} s): start the "
+                    "worker first (it creates the topics), or check [topics] input")
         return 2
     for path in args.files:
         if path != "-" and not Path(path).is_file():

@@ -248,7 +248,7 @@ def test_the_demo_names_its_broker_and_takes_the_readmes_port_when_free(
         asked.append(cmd)
         return sp.CompletedProcess(cmd, 0, stdout="127.0.0.1:9092\n")
 
-    monkeypatch.setattr(demo.subprocess, "run", run)
+    monkeypatch.setattr(sp, "run", run)
     monkeypatch.setattr(demo, "_read_broker_state", lambda: None)
     for free in (True, False):
         monkeypatch.setattr(demo, "_port_free", lambda port, free=free: free)

@@ -8,6 +8,7 @@ a counter whose start lies ahead is not missing, and stored parameters
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import orjson
 
@@ -23,7 +24,7 @@ RAN = Settings(counters={"signups": NOW - 60_000}, mechanism="simecc", calibrati
                tick_ms=100)
 
 
-def ledger(settings: Settings, key: NoiseKey = KEY, **changed: object) -> list[bytes]:
+def ledger(settings: Settings, key: NoiseKey = KEY, **changed: Any) -> list[bytes]:
     return [dataclasses.replace(LedgerEntry(
         counter=name, mechanism=settings.mechanism, epsilon=settings.epsilon,
         delta=settings.delta, tick_ms=settings.tick_ms, start_ms=start,

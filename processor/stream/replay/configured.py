@@ -61,12 +61,12 @@ def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | 
                   "delta": settings.delta, "tick_ms": settings.tick_ms,
                   "calibration": settings.calibration}
     changed: dict[str, set[str]] = {}
-    for name, e in latest.items():
-        if name not in settings.counters or e.get("parameters") == "stored":
+    for name, entry in latest.items():
+        if name not in settings.counters or entry.get("parameters") == "stored":
             continue  # "stored": the counter keeps its own on purpose (on_parameter_change)
         wanted = {**configured, "start_ms": settings.counters[name]}
         for field, value in wanted.items():
-            if e.get(field, value) != value:
+            if entry.get(field, value) != value:
                 changed.setdefault(field, set()).add(name)
     for field, names in sorted(changed.items()):
         out.append(f"{field} differs from the ledger's for {_names(names)}")
