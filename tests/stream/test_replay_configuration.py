@@ -1,9 +1,10 @@
 """Replay given another configuration or key than the ledger's (issue 31: a second shell
 without DPC_COUNTERS): `ledger_mismatch` names what the ledger contradicts: counters,
-fingerprint, key, parameters. With differences, the verdict's first line says so and
-the command exits 3, not 1. Controls: the ledger's own configuration and key find nothing,
-a counter whose start lies ahead is not missing, and stored parameters
-(on_parameter_change = "keep") are no contradiction."""
+fingerprint, key, parameters. Replay then recomputes nothing: the verdict's first line
+says so and the command exits 3, not 1. Controls: the ledger's own configuration and key
+find nothing, a counter whose start lies ahead is not missing, and stored parameters
+(on_parameter_change = "keep") are no contradiction. tests/deploy/test_readme_commands.py
+runs the README's replay from a second shell without DPC_COUNTERS against a broker."""
 
 from __future__ import annotations
 
@@ -69,16 +70,18 @@ def test_another_key_and_other_parameters_are_named() -> None:
 
 
 def test_the_verdict_and_exit_code_put_the_configuration_first() -> None:
+    """A mismatch is the verdict (nothing recomputed): its first line names it, JSON says
+    configuration_differs, the exit code is 3. Controls: no mismatch and no difference is
+    identical; no mismatch with a difference is DIFFERENT (exit 1)."""
     from processor.stream.replay import cli
 
     diff = Difference("counts", ("signups", 5, "change"), "missing", "due, not published")
-    report = ReplayReport(10, 0, Tally(), Tally(), {0: (1, 1)}, [diff], ["counters x ..."])
+    report = ReplayReport(0, 0, Tally(), Tally(), {0: (1, 1)}, [], ["counters x ..."])
     assert report.summary().startswith("CONFIGURATION DIFFERS from the ledger's: counters x")
+    assert "Nothing was recomputed" in report.summary() and not report.identical
     assert report.to_json()["verdict"] == "configuration_differs"
-    # Controls: no difference is identical whatever the mismatch; no mismatch is DIFFERENT.
-    assert ReplayReport(10, 0, Tally(), Tally(), {}, [], ["x"]).summary().startswith(
-        "identical")
+    assert orjson.loads(orjson.dumps(report.to_json()))["configuration"] == ["counters x ..."]
+    assert ReplayReport(10, 0, Tally(), Tally(), {}, []).summary().startswith("identical")
     plain = ReplayReport(10, 0, Tally(), Tally(), {}, [diff])
     assert plain.summary().startswith("DIFFERENT") and not plain.configuration_differs
     assert cli.EXIT_CONFIGURATION == 3
-    assert orjson.loads(orjson.dumps(report.to_json()))["configuration"] == ["counters x ..."]

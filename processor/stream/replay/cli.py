@@ -81,4 +81,6 @@ def main_replay(argv: Sequence[str] | None = None) -> int:
         print(orjson.dumps(report.to_json()).decode())
     else:
         print(report.summary())
-    return 0 if report.identical else EXIT_CONFIGURATION if report.configuration_differs else 1
+    if report.configuration_differs:
+        return EXIT_CONFIGURATION
+    return 0 if report.identical else 1

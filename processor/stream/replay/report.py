@@ -61,19 +61,20 @@ class ReplayReport:
     #: timeline partition -> (committed offset C_p, end E_p) of the cut.
     cut: dict[int, tuple[int, int]]
     differences: list[Difference] = field(default_factory=list)
-    #: What the configuration and key replay ran with contradict on the ledger
-    #: (configured.ledger_mismatch); with differences, the verdict is about them.
+    #: What the configuration and key replay was given contradict on the ledger
+    #: (configured.ledger_mismatch). Non-empty: nothing was recomputed (every count
+    #: above is 0), and the verdict is about the configuration, not the topics.
     configuration: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
-        return not self.differences
+        return not self.differences and not self.configuration
 
     @property
     def configuration_differs(self) -> bool:
-        """Differences found under a configuration or key other than the ledger's: they
-        say nothing about the published topics until replay runs with the right ones."""
-        return bool(self.differences and self.configuration)
+        """Replay was given a configuration or key other than the ledger's: a
+        recomputation would say nothing about the published topics."""
+        return bool(self.configuration)
 
     @property
     def recomputed(self) -> int:
@@ -89,9 +90,8 @@ class ReplayReport:
             return f"identical ({counts})"
         if self.configuration_differs:
             return ("CONFIGURATION DIFFERS from the ledger's: " + "; ".join(self.configuration)
-                    + ". Run replay with the configuration (DPC_* variables included) and "
-                    f"key the worker ran; the {len(self.differences)} differences found "
-                    f"follow from it ({counts})")
+                    + ". Nothing was recomputed: run replay with the configuration (DPC_* "
+                    "variables included) and key the worker ran")
         first = "; ".join(d.describe() for d in self.differences[:DESCRIBED])
         return f"DIFFERENT ({len(self.differences)} differences; {counts}): first: {first}"
 
