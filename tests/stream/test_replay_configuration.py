@@ -85,3 +85,13 @@ def test_the_verdict_and_exit_code_put_the_configuration_first() -> None:
     plain = ReplayReport(10, 0, Tally(), Tally(), {}, [diff])
     assert plain.summary().startswith("DIFFERENT") and not plain.configuration_differs
     assert cli.EXIT_CONFIGURATION == 3
+
+
+def test_entries_appended_to_the_ledger_are_no_configuration_mismatch() -> None:
+    """A forgery appends: an entry for a counter nobody configured, one under another
+    fingerprint, key or epsilon for a configured counter. None of them makes a mismatch
+    (each check is an absence), so replay goes on to report them as differences."""
+    forged = dataclasses.replace(RAN, counters={**RAN.counters, "forged": NOW - 60_000},
+                                 epsilon=9.0)
+    appended = ledger(RAN) + ledger(forged, NoiseKey(b"\x33" * 32))
+    assert ledger_mismatch(RAN, KEY, appended, NOW) == []

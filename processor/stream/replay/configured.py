@@ -4,10 +4,12 @@ Replay recomputes with the configuration and key it is given; run with another o
 second shell without the worker's `DPC_COUNTERS`, another key file) it finds differences
 that say nothing about the published topics. `ledger_mismatch` names what the given
 configuration and key contradict on the published ledger: counters it declares that no
-entry announced (though their start has passed) or that entries announce and it does not
-declare, a configuration fingerprint no entry carries, a key fingerprint no entry
-carries, and a counter's parameters that differ from its latest entry's. Public values
-only (the ledger is public; the key is named by its public fingerprint).
+entry announced (though their start has passed), a configuration fingerprint no entry
+carries, a key fingerprint no entry carries, and a counter's parameter that none of its
+entries carries. Each is an absence: an entry appended to the ledger (a forgery) can
+never make one, so a tampered ledger is still reported as DIFFERENT, never blamed on the
+configuration. Public values only (the ledger is public; the key is named by its public
+fingerprint).
 """
 
 from __future__ import annotations
@@ -38,17 +40,14 @@ def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | 
     entries = ledger_dicts(ledger)
     if not entries:
         return []
-    latest: dict[str, Mapping[str, Any]] = {}
-    for e in entries:  # in topic order: a counter's later entries replace its earlier ones
-        latest[e["counter"]] = e
+    by_counter: dict[str, list[Mapping[str, Any]]] = {}
+    for e in entries:
+        by_counter.setdefault(e["counter"], []).append(e)
     out: list[str] = []
     due = {c for c, start in settings.counters.items() if start <= now_ms}
-    unannounced = due - set(latest)
+    unannounced = due - set(by_counter)
     if unannounced:
         out.append(f"counters {_names(unannounced)} are configured but on no ledger entry")
-    undeclared = set(latest) - set(settings.counters)
-    if undeclared and not settings.allow_undeclared:
-        out.append(f"counters {_names(undeclared)} are on the ledger but not configured")
     fingerprints = {str(e.get("fingerprint")) for e in entries}
     if settings.fingerprint() not in fingerprints:
         out.append(f"the configuration's fingerprint {settings.fingerprint()[:12]} is on no "
@@ -61,12 +60,12 @@ def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | 
                   "delta": settings.delta, "tick_ms": settings.tick_ms,
                   "calibration": settings.calibration}
     changed: dict[str, set[str]] = {}
-    for name, entry in latest.items():
-        if name not in settings.counters or entry.get("parameters") == "stored":
+    for name, own in by_counter.items():
+        if name not in settings.counters or any(e.get("parameters") == "stored" for e in own):
             continue  # "stored": the counter keeps its own on purpose (on_parameter_change)
         wanted = {**configured, "start_ms": settings.counters[name]}
         for field, value in wanted.items():
-            if entry.get(field, value) != value:
+            if all(e.get(field, value) != value for e in own):
                 changed.setdefault(field, set()).add(name)
     for field, names in sorted(changed.items()):
         out.append(f"{field} differs from the ledger's for {_names(names)}")
