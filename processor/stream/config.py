@@ -379,7 +379,15 @@ def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) 
             targets[section][name] = env[var]
     if "DPC_COUNTERS" in env:
         counters = _parse_counters_env(env["DPC_COUNTERS"])
-    return _build(top, sec, topics, counters, unit)
+    try:
+        return _build(top, sec, topics, counters, unit)
+    except ConfigError as exc:
+        if path is None and exc.field == "counters" and not counters:
+            # `worker` without --config: say what is missing first, not a field of it.
+            raise ConfigError("counters", "no configuration file and no counter: give "
+                              "--config F (deploy/config.example.toml documents every "
+                              "field) or DPC_COUNTERS=name=start") from None
+        raise
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -177,7 +177,7 @@ def test_fingerprint_covers_privacy_settings_only(tmp_path: Path) -> None:
 def test_defaults_without_file_need_a_counter() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(None, env={})
-    assert info.value.field == "counters"
+    assert info.value.field == "counters" and "give --config F" in str(info.value)
     s = load_settings(None, env={"DPC_COUNTERS": "a=0"})
     assert s == with_overrides(Settings(), counters={"a": 0})
     assert hash(s) == hash(with_overrides(Settings(), counters={"a": 0}))  # usable as a key
