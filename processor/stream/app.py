@@ -812,6 +812,14 @@ class Worker:
             log.critical("the worker stopped: %s", exc)
             print_error(str(exc), flush=True)
             return 1
+        # After every start check (brokers, topics, ledger, state directory): a start that
+        # is refused prints its one error line and nothing else.
+        s = self.settings
+        lifecycle.info("worker starting: app %r, brokers %s, %d counter(s), %s (%s "
+                       "calibration), epsilon %g and delta %g per event, privacy unit %s, "
+                       "ticks of %d ms; state in %s", s.app_id, s.bootstrap_servers,
+                       len(s.counters), s.mechanism, s.calibration, s.epsilon, s.delta,
+                       s.privacy_unit, s.tick_ms, s.state_dir)
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
                               override_logging=False, redirect_stdouts=False)
         # No progress spinner: it writes terminal escape codes ("\x1b[?25h") into whatever
@@ -1146,12 +1154,6 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)
-        lifecycle.info("worker starting: app %r, brokers %s, %d counter(s), %s (%s "
-                       "calibration), epsilon %g and delta %g per event, privacy unit %s, "
-                       "ticks of %d ms; state in %s", settings.app_id,
-                       settings.bootstrap_servers, len(settings.counters), settings.mechanism,
-                       settings.calibration, settings.epsilon, settings.delta,
-                       settings.privacy_unit, settings.tick_ms, settings.state_dir)
         return run_worker(settings, key, loglevel=args.loglevel)
     except (ConfigError, NoiseKeyError, StartError) as exc:
         print_error(exc)
