@@ -13,6 +13,7 @@ processor.experiments`), a CommandParser is a plain argparse.ArgumentParser.
 from __future__ import annotations
 
 import argparse
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -20,7 +21,7 @@ from typing import Any, NoReturn
 
 from processor.errors import UsageError
 
-__all__ = ["PROG", "CommandParser", "dispatching"]
+__all__ = ["PROG", "CommandParser", "dispatching", "pool_worker_signals"]
 
 #: How the commands name themselves in their `prog`: `python -m processor <command>`.
 PROG = "python -m processor"
@@ -57,3 +58,12 @@ class CommandParser(argparse.ArgumentParser):
         if _DISPATCH.get() is None:
             super().error(message)
         raise UsageError(self.prog, message)
+
+
+def pool_worker_signals() -> None:
+    """The initializer of a command's forked worker processes. A fork inherits the
+    dispatcher's SIGTERM handler (raise Terminated, processor.commands.main), so a pool's
+    terminate() at its end would print one Terminated traceback per process; here SIGTERM
+    ends the process quietly, and Ctrl-C is left to the parent (which stops the pool)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

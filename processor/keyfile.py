@@ -7,14 +7,18 @@ Outside processor/core because it does file I/O (the core only turns bytes into 
 
 from __future__ import annotations
 
+import logging
 import os
+import stat
 import tempfile
 from pathlib import Path
 
 from processor.core.errors import NoiseKeyError
 from processor.core.rng import NoiseKey
 
-__all__ = ["make_private_dirs", "read_key", "write_key"]
+__all__ = ["check_private", "make_private_dirs", "read_key", "write_key"]
+
+log = logging.getLogger("processor.keyfile")
 
 
 def read_key(path: str | os.PathLike[str], key_format: str = "hex") -> NoiseKey:
@@ -23,9 +27,26 @@ def read_key(path: str | os.PathLike[str], key_format: str = "hex") -> NoiseKey:
     p = Path(path)
     try:
         raw = p.read_bytes()
+        mode = stat.S_IMODE(p.stat().st_mode)
     except OSError as exc:
         raise NoiseKeyError(f"cannot read noise key file {str(p)!r}: {exc.strerror}") from None
+    check_private(p, mode)
     return NoiseKey.from_bytes(raw, key_format, f"noise key file {str(p)!r}")
+
+
+def check_private(path: Path, mode: int) -> None:
+    """The key file's permissions (`mode`): any access for other users is refused
+    (NoiseKeyError: whoever reads the key and the timeline can remove the noise); read
+    access for the group gets a warning, because a group the worker alone is in is how
+    Kubernetes mounts secrets (deploy/k8s: defaultMode 0440 with the pod's fsGroup)."""
+    if mode & 0o007:
+        raise NoiseKeyError(
+            f"noise key file {str(path)!r} is open to other users (mode {mode:04o}): "
+            f"whoever reads it can remove the noise; make it private (chmod 600 {path})")
+    if mode & 0o070:
+        log.warning("noise key file %r is open to its group (mode %04o): fine when the "
+                    "group is the worker's own (a Kubernetes fsGroup), else make it private "
+                    "(chmod 600 %s)", str(path), mode, path)
 
 
 def write_key(path: str | os.PathLike[str], secret: bytes | None = None, *,

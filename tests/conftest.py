@@ -46,6 +46,12 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# Files the tests write are private to their owner (umask 077), as `keygen` makes a noise
+# key: a key file open to other users is refused (processor/keyfile.py), and the many key
+# files tests write with write_text would otherwise be 0644. The tests of that refusal
+# set the modes they check explicitly.
+os.umask(0o077)
+
 # KAFKA_BOOTSTRAP_SERVERS is read once and moved out of the environment: every child
 # process a test starts (a worker, a CLI) would read it as a settings override and connect
 # to the shared broker instead of the one its test configured (an unreachable address, a

@@ -7,6 +7,8 @@ planted traceback."""
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import subprocess
 import sys
 import tomllib
@@ -137,6 +139,9 @@ def _bad_invocations(tmp: Path) -> dict[str, list[list[str]]]:
                    ["replay", "--config", str(cfg_bad_key)],
                    ["replay", "--config", str(cfg_broken)],
                    ["replay", "--config", str(unreachable), "--timeout", "2", "--quiet"]],
+        "send": [["send", "--config", missing], ["send", "--timeout", "abc"],
+                 ["send", "--config", str(cfg_broken)],
+                 ["send", "--config", str(unreachable), str(tmp / "no-such-file")]],
         "demo": [["demo", "--bogus"], ["demo", "--seconds", "abc"]],
         "experiment": [["experiment"], ["experiment", "fig9"],
                        ["experiment", "fig1a", "--runs", "abc"]],
@@ -223,6 +228,7 @@ def test_the_real_entry_points(tmp_path: Path) -> None:
     # An unreachable broker: librdkafka's own lines never reach stderr, one line names it.
     key = tmp_path / "k.key"
     key.write_text("22" * 32 + "\n")
+    key.chmod(0o600)
     cfg = tmp_path / "unreachable.toml"
     cfg.write_text(f'allow_undeclared = true\nbootstrap_servers = "127.0.0.1:9"\n'
                    f'noise_key_file = "{key}"\n')
@@ -359,7 +365,7 @@ def test_sigterm_before_the_worker_runs_unwinds_and_exits_143(tmp_path: Path) ->
     handlers, here while it waits for brokers that do not answer: it unwinds, prints one
     line and exits 143, not killed by the signal (-15) midway through its start. The
     worker is caught in that wait: its first librdkafka thread exists and the wait
-    lasts BROKER_WAIT_S (15 s)."""
+    lasts BROKER_PROBE_S (5 s)."""
     import contextlib
     import signal
     import socket
@@ -395,3 +401,81 @@ def test_sigterm_before_the_worker_runs_unwinds_and_exits_143(tmp_path: Path) ->
             proc.wait()
     assert proc.returncode == 143, err
     assert "terminated" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["", *commands()])
+def test_help_into_a_reader_that_leaves_is_quiet(command: str, tmp_path: Path) -> None:
+    """`python -m processor [<command>] --help | head -1`: the first line, exit 0 and
+    nothing on stderr, for the top level and every command; and, deterministically, the
+    same when the reader has closed the pipe before a byte is written (the write fails
+    with EPIPE: no BrokenPipeError traceback, exit 0). Control: a Python that prints into
+    the closed pipe without the dispatcher's handling does print the traceback."""
+    argv = [sys.executable, "-m", "processor", *([command] if command else []), "--help"]
+    shell = subprocess.run(["bash", "-c", 'set -o pipefail; "$@" | head -1', "_", *argv],
+                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout.startswith("usage: python -m processor") and shell.stderr == ""
+
+    def into_closed_pipe(args: list[str]) -> tuple[int, str]:
+        read, write = os.pipe()
+        os.close(read)  # the reader left before the writer starts
+        try:
+            done = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True,
+                                  timeout=120, cwd=tmp_path)
+        finally:
+            os.close(write)
+        return done.returncode, done.stderr
+
+    code, err = into_closed_pipe(argv)
+    assert (code, err) == (0, "")
+    code, err = into_closed_pipe([sys.executable, "-c", "print('usage: x')"])
+    assert code != 0 and "BrokenPipeError" in err  # control
+
+
+def _sigterm_disposition(_: int) -> str:
+    handler = signal.getsignal(signal.SIGTERM)
+    if handler is None:  # set outside Python
+        return "None"
+    return handler.__name__ if callable(handler) else signal.Handlers(handler).name
+
+
+def test_forked_pool_workers_do_not_inherit_the_terminated_handler() -> None:
+    """A pool forked while the dispatcher's SIGTERM handler is on (replay's recomputation,
+    the experiments' figures) gets SIGTERM's default back from `pool_worker_signals`, so
+    Pool.terminate() at the end prints no Terminated traceback per process. Control:
+    without the initializer the fork has the dispatcher's handler (the traceback's cause:
+    issue 31 saw it in 4 of 12 replays)."""
+    import multiprocessing
+
+    from processor.commandline import pool_worker_signals
+
+    ctx = multiprocessing.get_context("fork")
+    with cli._sigterm_unwinds():
+        with ctx.Pool(1, initializer=pool_worker_signals) as pool:
+            assert pool.map(_sigterm_disposition, [0]) == ["SIG_DFL"]
+        with ctx.Pool(1) as pool:
+            assert pool.map(_sigterm_disposition, [0]) == ["_terminated"]
+
+
+@pytest.mark.parametrize("command", list(commands()))
+def test_epsilon_is_spelled_epsilon_everywhere(command: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every option of every command that takes an epsilon is `--epsilon` (or a
+    `--unit-epsilon`); `--eps` survives only as a second name of `experiment --epsilon`.
+    Control: a parser with a lone `--eps` is caught by the same check."""
+    def lone_eps(parser: argparse.ArgumentParser) -> list[str]:
+        bad = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    bad += lone_eps(sub)
+            names = set(action.option_strings)
+            if any("eps" in n and "epsilon" not in n for n in names) and not (
+                    names & {"--epsilon"}):
+                bad.append("/".join(sorted(names)))
+        return bad
+
+    assert lone_eps(parser_of(command, monkeypatch)) == []
+    control = argparse.ArgumentParser()
+    control.add_argument("--eps")
+    assert lone_eps(control) == ["--eps"]

@@ -10,7 +10,7 @@
   lists exists;
 - the core's modules import one another at module level only (an import inside a
   function is how a cycle hides), except registry.py's deliberate lazy build;
-- no shipped command (worker, replay, count, keygen, plan, audit, view, demo) imports
+- no shipped command (worker, replay, count, keygen, send, plan, audit, view, demo) imports
   processor.experiments, the research code, at any depth, inside functions included:
   only `experiment` crosses that boundary.
 Each check has a control: the same function flags a made-up violating source.
@@ -34,7 +34,7 @@ KNOWN_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 LAZY_CORE = {"processor/core/registry.py"}
 #: The commands that ship (the dispatcher's table less `experiment`) and the research
 #: package none of them may import.
-SHIPPED = {"worker", "replay", "count", "keygen", "plan", "audit", "view", "demo"}
+SHIPPED = {"worker", "replay", "count", "keygen", "send", "plan", "audit", "view", "demo"}
 RESEARCH = "processor.experiments"
 #: What the stream layer never imports (docs/architecture.md: data flows one way).
 ABOVE_STREAM = ("processor.devtools", "processor.experiments", "processor.view",

@@ -11,6 +11,7 @@ traceback.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import sys
@@ -36,6 +37,8 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
               "run a mechanism offline over a file of ticks (one JSON line per tick)"),
     "keygen": ("processor.commands.keygen", "main_keygen", "write a fresh random noise key file"),
     "worker": ("processor.stream.app", "main_worker", "run the stream processor"),
+    "send": ("processor.commands.send", "main_send",
+             "send events to the input topic (JSON lines or counter[,ts[,value[,user]]])"),
     "replay": ("processor.stream.replay", "main_replay",
                "audit: recompute the published topics from the timeline and compare"),
     "demo": ("processor.devtools.demo", "main_demo",
@@ -86,7 +89,8 @@ def _help(prog: str = PROG) -> str:
             + "\n".join(lines)
             + f"\n\n`{prog} <command> --help` lists a command's options.\n"
             "Exit codes: 0 success; 1 a negative verdict (replay: different, audit: "
-            "failed);\n2 an error (one `error:` line on stderr).")
+            "failed);\n2 an error (one `error:` line on stderr); 3 replay: different under "
+            "a configuration\nor key the ledger contradicts (named in its first line).")
 
 
 def invoked_as(argv0: str) -> str:
@@ -115,8 +119,6 @@ def _renamed(text: str, prog: str) -> str:
 def render_help(command: str, columns: int = 80) -> str:
     """`python -m processor <command> --help` as the command itself prints it, at a fixed
     width (what processor/_help.py caches; its test compares the two)."""
-    import io
-
     entry = _DELEGATED[command]
     out = io.StringIO()
     saved = os.environ.get("COLUMNS")
@@ -184,12 +186,36 @@ def _sigterm_unwinds() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stdout_to_devnull() -> None:
+    """The reader of standard output left (`... --help | head -1`): what is still buffered
+    goes to /dev/null, so the interpreter's flush at exit raises no BrokenPipeError (and
+    prints no traceback of it)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):
+        pass  # stdout is no file (a test's capture): nothing is flushed to a pipe at exit
+    finally:
+        os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: sys.argv[1:]) to its subcommand under one error policy:
     a usage error or any exception is one `error:` line on stderr and exit code 2 (usage
     errors raise SystemExit(2), as argparse does); Ctrl-C exits 130 and SIGTERM 143
     (unless the command handles it itself, as the worker does once Faust runs), both
-    without a traceback."""
+    without a traceback. A reader of standard output that leaves early (a pipe into
+    `head`) ends the output quietly: exit 0, no BrokenPipeError."""
+    try:
+        code = _dispatch(argv)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 0
+    return code
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     prog = invoked_as(sys.argv[0]) if argv is None else PROG
     if not args or args[0] in ("-h", "--help"):
@@ -217,8 +243,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print_error(exc, foreign=_library_errors())
         raise SystemExit(2) from None
-    except BrokenPipeError:
-        return 0
     except Terminated:
         print("terminated", file=sys.stderr)
         return 143

@@ -31,6 +31,7 @@ import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -234,14 +235,40 @@ def _local_broker() -> tuple[str, bool]:
     the demo's terminal spares it, and it outlives the demo with the topics."""
     state = _read_broker_state()
     if state is not None:
+        print(f"using the local Kafka broker at {state} (python deploy/kafka.py start)",
+              flush=True)
         return state, False
-    print("starting a local Kafka broker in the background (python deploy/kafka.py start; "
-          "the first run downloads it with Maven)...", flush=True)
-    out = subprocess.run([sys.executable, str(KAFKA_CLI), "start"], stdout=subprocess.PIPE,
-                         stdin=subprocess.DEVNULL, text=True, check=False)
+    # On the README's port when it is free: then the demo's broker is the one the README's
+    # walk-through uses (deploy/config.example.toml looks at localhost:9092), and its
+    # `kafka.py start --ports 9092` finds it running instead of failing.
+    ports = ["--ports", str(README_PORT)] if _port_free(README_PORT) else []
+    command = " ".join(["python deploy/kafka.py start", *ports])
+    print(f"starting a local Kafka broker in the background ({command}; the first run "
+          "downloads it with Maven)...", flush=True)
+    out = subprocess.run([sys.executable, str(KAFKA_CLI), "start", *ports],
+                         stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                         check=False)
     if out.returncode != 0 or not out.stdout.strip():
         raise RuntimeError(f"could not start a local Kafka broker (exit {out.returncode})")
-    return out.stdout.strip().splitlines()[-1], True
+    address = out.stdout.strip().splitlines()[-1]
+    print(f"local Kafka broker at {address}: it keeps running after the demo (with the "
+          "demo's topics); `python deploy/kafka.py stop` stops it and deletes its data",
+          flush=True)
+    return address, True
+
+
+#: The port of the README's local broker (`python deploy/kafka.py start --ports 9092`).
+README_PORT = 9092
+
+
+def _port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:`port` (a bind succeeds)."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def _read_broker_state() -> str | None:

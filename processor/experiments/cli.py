@@ -34,8 +34,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="seed of the public experiment key (same seed, same numbers)")
     p.add_argument("--mechanisms", nargs="+", default=None,
                    help="mechanisms to run (default: the figure's own set)")
-    p.add_argument("--eps", type=float, nargs="+", default=None,
-                   help="eps values (default: the paper's 12-point sweep 0.1..150)")
+    p.add_argument("--epsilon", "--eps", dest="eps", type=float, nargs="+", default=None,
+                   help="epsilon values (default: the paper's 12-point sweep 0.1..150; "
+                   "--eps is the same option, as the other commands' --epsilon)")
     p.add_argument("--delta", type=float, default=F.DELTA,
                    help=f"delta of every mechanism (default: the paper's {F.DELTA:g})")
     p.add_argument("--csv", type=Path, default=None,

@@ -285,8 +285,11 @@ def sweep(setup: Setup, mechanisms: Sequence[str], eps_values: Sequence[float],
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor, as_completed
 
+            from processor.commandline import pool_worker_signals
+
             ctx = multiprocessing.get_context("fork")
-            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+            with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx,
+                                     initializer=pool_worker_signals) as pool:
                 futs = {pool.submit(_task, setup, m, es): i for i, (m, es) in enumerate(tasks)}
                 for fut in as_completed(futs):
                     i = futs[fut]

@@ -85,12 +85,17 @@ from processor.stream.records import (
     sealed_through,
 )
 from processor.stream.recovery import BatchedTableManager
+from processor.stream.stale import stale_databases
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
 from processor.stream.transport import QuickPollTransport
 from processor.stream.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
+#: The worker's start and ready lines: INFO records that show at the default level
+#: (`lifecycle_level`), naming only public things (app id, brokers, parameters, counts of
+#: counters and partitions), never a value.
+lifecycle = logging.getLogger("processor.stream.lifecycle")
 
 STATE_TABLE: Final = "dpc-state"
 #: A file in state_dir that exists while a worker runs; found at start => unclean stop.
@@ -110,8 +115,12 @@ ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number
                           "block_cache_size": 8 << 20}
 #: Timeline records per read when a worker looks back for the last marker appended.
 MARKER_LOOKBACK: Final = 2000
-#: How long the start waits for the brokers before it gives up with an error.
+#: How long the start waits for the brokers' requests (metadata, topic creation, the
+#: ledger) before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
+#: How long the start waits for the brokers to answer at all: "no broker" within seconds
+#: (a supervisor restarts the worker while the brokers come up).
+BROKER_PROBE_S: Final = 5.0
 #: A process suspended longer than this may have lost its partitions (the session
 #: timeout less heartbeats and margin): it exits before it publishes or writes state.
 SUSPENSION_LIMIT_S: Final = kafka_io.SESSION_TIMEOUT_S / 2
@@ -549,6 +558,9 @@ class Worker:
                        name=f"{settings.app_id}-markers")(self.append_markers)
         self.app.timer(interval=METRICS_LOG_S,
                        name=f"{settings.app_id}-metrics")(self.log_metrics)
+        self._announced_ready = False
+        self.app.timer(interval=0.5, on_leader=False,
+                       name=f"{settings.app_id}-ready")(self.announce_ready)
         self.app.task(self.start_ingest)
 
     # -- the operator agent
@@ -774,6 +786,17 @@ class Worker:
                         "message.timestamp.type=LogAppendTime on it; docs/time.md)",
                         self.timeline_name)
 
+    async def announce_ready(self) -> None:
+        """The ready line, once: when /readyz first passes (partitions assigned, a recent
+        marker applied on each)."""
+        if self._announced_ready:
+            return
+        ok, why = self.surface.readiness()
+        if ok:
+            self._announced_ready = True
+            lifecycle.info("worker ready: %s; publishing to %r and %r", why,
+                           self.settings.topics.counts, self.settings.topics.ledger)
+
     async def log_metrics(self) -> None:
         log.info("metrics %s", self.metrics.summary(self.ingest.metrics()))
 
@@ -802,6 +825,14 @@ class Worker:
             log.critical("the worker stopped: %s", exc)
             print_error(str(exc), flush=True)
             return 1
+        # After every start check (brokers, topics, ledger, state directory): a start that
+        # is refused prints its one error line and nothing else.
+        s = self.settings
+        lifecycle.info("worker starting: app %r, brokers %s, %d counter(s), %s (%s "
+                       "calibration), epsilon %g and delta %g per event, privacy unit %s, "
+                       "ticks of %d ms; state in %s", s.app_id, s.bootstrap_servers,
+                       len(s.counters), s.mechanism, s.calibration, s.epsilon, s.delta,
+                       s.privacy_unit, s.tick_ms, s.state_dir)
         worker = faust.Worker(self.app, loglevel=loglevel, quiet=True,
                               override_logging=False, redirect_stdouts=False)
         # No progress spinner: it writes terminal escape codes ("\x1b[?25h") into whatever
@@ -886,7 +917,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
         # the kept set from it) and the bounding stage's changelog.
         keyed += [units_topic(settings), units_changelog_topic(settings)]
     try:
-        kafka_io.require_brokers(conf, BROKER_WAIT_S)
+        kafka_io.require_brokers(conf, BROKER_PROBE_S)
     except kafka_io.BrokerUnavailable as exc:
         raise StartError(str(exc)) from None
     try:
@@ -990,6 +1021,8 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
         tabledir = Path(app.conf.tabledir)
         if not tabledir.is_absolute():
             tabledir = state_dir / tabledir
+        # Before an unclean stop's files are discarded: those of other topics are not.
+        _check_not_stale(tabledir, settings)
         if flag.exists():
             log.warning("previous worker did not stop cleanly: rebuilding table state from "
                         "the changelog")
@@ -1002,6 +1035,35 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
             f"the state directory {str(state_dir)!r} cannot be prepared "
             f"({type(exc).__name__}): check the path and its permissions")) from None
     return flag
+
+
+def _check_not_stale(tabledir: Path, settings: Settings) -> None:
+    """StartError (one line: the directory, the remedy) when a local partition database
+    has applied changelog records its changelog topic on the brokers does not have (the
+    brokers were recreated: processor/stream/stale.py)."""
+    conf = {**kafka_io.base_config(settings), "log_level": "0"}
+
+    def ends(topic: str) -> Mapping[int, tuple[int, int]]:
+        try:
+            return kafka_io.end_offsets(conf, topic, timeout_s=BROKER_WAIT_S)
+        except RuntimeError:  # the topic is not there: it ends at 0
+            return {}
+        except KafkaException as exc:
+            raise StartError(kafka_io.broker_failure(conf, exc)) from None
+
+    stale = stale_databases(tabledir, lambda table: f"{settings.app_id}-{table}-changelog",
+                            ends)
+    if stale:
+        first = stale[0]
+        where = Path(settings.state_dir)
+        raise StartError(
+            f"the local state directory {str(where)!r} belongs to other topics: "
+            f"{first.path.name} has applied {first.topic!r} partition {first.partition} "
+            f"through offset {first.persisted}, the brokers' topic ends at {first.end} "
+            f"({len(stale)} database(s) so; the brokers were recreated or the topic "
+            f"deleted). Remedy: remove it (rm -rf {where}) and start with a new noise key "
+            "(python -m processor keygen) or new counter starts: the old topics' releases "
+            "carry this configuration's noise (docs/state.md)")
 
 
 def _check_databases(tabledir: Path, settings: Settings) -> None:
@@ -1121,6 +1183,8 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     # Whatever --loglevel says, the Kafka clients and Faust stay at or above the level
     # where they would log credentials and records (processor/stream/logs.py).
     configure_logging(args.loglevel, args.log_format)
+    level = logging.getLogger().getEffectiveLevel()
+    lifecycle.setLevel(logging.INFO if level <= logging.WARNING else level)
     try:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)

@@ -44,6 +44,12 @@ PARAMETER_CHANGE_POLICIES = ("refuse", "keep")
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 #: Longest accepted counter name (bytes of UTF-8); keeps state keys and records small.
 MAX_COUNTER_NAME = 200
+#: What a declared counter's name may be: a letter, digit or underscore (any script's),
+#: then those and . : / @ + -. No white space, comma, `=` or quote: DPC_COUNTERS
+#: ("name=start,...") and `send`'s short form ("counter,ts,...") split on them, and a
+#: name with a space reads as two in every log and shell line that quotes it.
+COUNTER_NAME_PATTERN = r"\w[\w.:/@+-]*"
+_COUNTER_NAME_RE = re.compile(COUNTER_NAME_PATTERN)
 #: Values of privacy_unit: "event" (each event is the unit; today's behaviour) or "user"
 #: (the input's `user` field names the unit; contributions bounded, docs/privacy-unit.md).
 PRIVACY_UNITS = ("event", "user")
@@ -380,7 +386,15 @@ def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) 
             targets[section][name] = env[var]
     if "DPC_COUNTERS" in env:
         counters = _parse_counters_env(env["DPC_COUNTERS"])
-    return _build(top, sec, topics, counters, unit)
+    try:
+        return _build(top, sec, topics, counters, unit)
+    except ConfigError as exc:
+        if path is None and exc.field == "counters" and not counters:
+            # `worker` without --config: say what is missing first, not a field of it.
+            raise ConfigError("counters", "no configuration file and no counter: give "
+                              "--config F (deploy/config.example.toml documents every "
+                              "field) or DPC_COUNTERS=name=start") from None
+        raise
 
 
 def _read_toml(path: str) -> dict[str, Any]:
@@ -640,6 +654,10 @@ def _check_counters(s: Settings) -> None:
     for name, start in s.counters.items():
         if not isinstance(name, str) or not name or len(name.encode()) > MAX_COUNTER_NAME:
             raise ConfigError("counters", f"counter names must be 1..{MAX_COUNTER_NAME} bytes")
+        if not _COUNTER_NAME_RE.fullmatch(name):
+            raise ConfigError("counters", f"counter name {name!r} does not match "
+                              f"{COUNTER_NAME_PATTERN} (letters, digits, _ . : / @ + -; no "
+                              "spaces, commas, '=' or quotes)")
         if isinstance(start, bool) or not isinstance(start, int) or start < 0:
             raise ConfigError(f"counters.{name}", "start must be epoch ms >= 0")
         if start % s.tick_ms:

@@ -9,7 +9,8 @@ the key 0600, and git-ignored in the repository), plan, count, every command's `
 Against a real broker: the README's worker line (after its `export DPC_COUNTERS=...$(date
 ...)`, evaluated by bash) with the example configuration, pointed at the
 test broker through KAFKA_BOOTSTRAP_SERVERS and at fresh topics through DPC_* overrides,
-publishes a release for an event; then the README's replay line verifies it. Controls:
+publishes a release for an event; then the README's replay line verifies it, and from a
+second shell without DPC_COUNTERS says that its configuration differs (exit 3). Controls:
 the command extraction finds a planted line; a keygen into an existing directory leaves
 the directory's mode alone.
 """
@@ -201,3 +202,12 @@ def test_worker_and_replay_as_written_against_a_broker(tmp_path: Path,
     done = subprocess.run(replay, cwd=tmp_path, env=env, text=True, capture_output=True,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # The same replay from a second shell that lacks the README's DPC_COUNTERS (the
+    # example file's counters instead): its first line names the mismatch, exit 3.
+    second_shell = {k: v for k, v in env.items() if k != "DPC_COUNTERS"}
+    done = subprocess.run(replay, cwd=tmp_path, env=second_shell, text=True,
+                          capture_output=True, timeout=300)
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-2000:]
+    assert done.stdout.startswith("CONFIGURATION DIFFERS from the ledger's: counters "
+                                  "incidents, test_results are configured but on no ledger "
+                                  "entry"), done.stdout

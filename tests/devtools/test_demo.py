@@ -230,3 +230,31 @@ def test_client_lines_go_to_the_run_log(tmp_path: Path,
     saved = handler.save(tmp_path / "demo-clients.log")
     assert saved is not None and "127.0.0.1:9" in saved.read_text()
     assert not re.search(r"%\d\|\d+\.\d+\|", capfd.readouterr().err)
+
+
+def test_the_demo_names_its_broker_and_takes_the_readmes_port_when_free(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Without a running local broker the demo starts one on the README's port 9092 when
+    it is free (so the walk-through's `kafka.py start --ports 9092` finds it), on a free
+    port otherwise, and prints the address; a running one is named too. Control: with
+    9092 taken no --ports is asked for."""
+    import subprocess as sp
+
+    from processor.devtools import demo
+
+    asked: list[list[str]] = []
+
+    def run(cmd: list[str], **kw: object) -> sp.CompletedProcess[str]:
+        asked.append(cmd)
+        return sp.CompletedProcess(cmd, 0, stdout="127.0.0.1:9092\n")
+
+    monkeypatch.setattr(sp, "run", run)
+    monkeypatch.setattr(demo, "_read_broker_state", lambda: None)
+    for free in (True, False):
+        monkeypatch.setattr(demo, "_port_free", lambda port, free=free: free)
+        assert demo._local_broker() == ("127.0.0.1:9092", True)
+        assert asked[-1][2:] == (["start", "--ports", "9092"] if free else ["start"])
+        assert "local Kafka broker at 127.0.0.1:9092" in capsys.readouterr().out
+    monkeypatch.setattr(demo, "_read_broker_state", lambda: "127.0.0.1:4321")
+    assert demo._local_broker() == ("127.0.0.1:4321", False)
+    assert "using the local Kafka broker at 127.0.0.1:4321" in capsys.readouterr().out

@@ -299,6 +299,21 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
             [*base, "status", "--state-file", str(state)], capture_output=True, text=True
         )
         assert status.returncode == 0, status.stdout
+        # A second start asking for the running broker's ports (or none) uses it: exit 0,
+        # its address on stdout, the broker and its data untouched (the demo's broker is
+        # the README's). Asking for other ports: exit 1, saying how to use the running one.
+        port = bootstrap.rsplit(":", 1)[1]
+        for ports in ([], ["--ports", port]):
+            again = subprocess.run([*base, "start", "--state-file", str(state), *ports],
+                                   capture_output=True, text=True, timeout=60)
+            assert (again.returncode, again.stdout.strip()) == (0, bootstrap), again.stderr
+            assert "already running" in again.stderr
+        other = subprocess.run([*base, "start", "--state-file", str(state), "--ports",
+                                str(int(port) + 1)], capture_output=True, text=True, timeout=60)
+        assert other.returncode == 1 and other.stdout == ""
+        assert f"export KAFKA_BOOTSTRAP_SERVERS={bootstrap}" in other.stderr
+        assert lk_cluster.broker_ids(bootstrap, timeout=10.0) == {1}
+        assert json.loads(state.read_text()) == info
     finally:
         stopped = subprocess.run(
             [*base, "stop", "--state-file", str(state)], capture_output=True, text=True

@@ -9,7 +9,13 @@ import pytest
 
 from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError
-from processor.stream.config import ConfigError, Settings, load_settings, with_overrides
+from processor.stream.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    validate_settings,
+    with_overrides,
+)
 
 EXAMPLE = Path(__file__).parents[2] / "deploy" / "config.example.toml"
 
@@ -34,8 +40,18 @@ def write(tmp_path: Path, text: str) -> str:
 
 def test_example_config_loads_and_documents_every_field() -> None:
     s = load_settings(str(EXAMPLE), env={})
-    assert s.mechanism == "ecc" and s.counters["signups"] == 1_767_225_600_000
+    assert s.counters["signups"] == 1_767_225_600_000
     text = EXAMPLE.read_text()
+    # The example's choices for a new deployment, each beside the built-in default it
+    # departs from (which stays: a deployment that left the field out keeps it).
+    base = Settings()
+    for field, chosen in (("mechanism", "simecc"), ("calibration", "tight"),
+                          ("tick_ms", 100)):
+        assert getattr(s, field) == chosen and getattr(base, field) != chosen
+        block = text.split(f"\n{field} =")[0].rsplit("\n\n", 1)[-1].rsplit("=", 1)[-1]
+        default = getattr(base, field)
+        assert f"Built-in default: {default if isinstance(default, int) else repr(default)}" \
+            in block.replace("\n# ", " ").replace('"', "'"), field
     names = {f for f in Settings.__dataclass_fields__ if f not in ("security", "topics")}
     names |= set(s.security.__dataclass_fields__) | set(s.topics.__dataclass_fields__)
     missing = {n for n in names if f"{n} =" not in text and f"[{n}]" not in text}
@@ -161,7 +177,7 @@ def test_fingerprint_covers_privacy_settings_only(tmp_path: Path) -> None:
 def test_defaults_without_file_need_a_counter() -> None:
     with pytest.raises(ConfigError) as info:
         load_settings(None, env={})
-    assert info.value.field == "counters"
+    assert info.value.field == "counters" and "give --config F" in str(info.value)
     s = load_settings(None, env={"DPC_COUNTERS": "a=0"})
     assert s == with_overrides(Settings(), counters={"a": 0})
     assert hash(s) == hash(with_overrides(Settings(), counters={"a": 0}))  # usable as a key
@@ -225,3 +241,26 @@ def test_on_parameter_change_is_refuse_or_keep(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         with_overrides(base, on_parameter_change="restart")
     assert info.value.field == "on_parameter_change"
+
+
+@pytest.mark.parametrize("name", ["sign ups", "a,b", "a=b", 'q"uote', " lead", "-dash",
+                                  "tab\there", ""])
+def test_counter_names_outside_the_pattern_are_refused(name: str) -> None:
+    """Declared counter names match COUNTER_NAME_PATTERN (documented in
+    deploy/config.example.toml): one ConfigError naming the field and the rule."""
+    with pytest.raises(ConfigError, match="counters"):
+        validate_settings(Settings(counters={name: 0}))
+
+
+@pytest.mark.parametrize("name", ["signups", "api.v2/latency_ms", "zähler", "a:b@c+d-e",
+                                  "_x", "9lives"])
+def test_counter_names_in_the_pattern_are_accepted(name: str) -> None:
+    """Controls: names of every allowed character class, any script's letters."""
+    validate_settings(Settings(counters={name: 0}))
+    assert name in load_settings(None, env={"DPC_COUNTERS": f"{name}=0"}).counters
+
+
+def test_the_example_documents_the_counter_name_pattern() -> None:
+    from processor.stream.config import COUNTER_NAME_PATTERN
+
+    assert COUNTER_NAME_PATTERN in EXAMPLE.read_text()

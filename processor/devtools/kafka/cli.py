@@ -65,9 +65,21 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
     if old is not None:
         attached = LocalKafka.attach(old)
         if any(attached.is_alive(i) for i in range(attached.nodes)):
+            running = str(old.get("bootstrap_servers"))
+            wanted = [f"127.0.0.1:{p}" for p in args.ports.split(",")] if args.ports else None
+            if ((wanted is None or running.split(",") == wanted)
+                    and attached.nodes == nodes
+                    and old.get("security", "plaintext") == args.security):
+                # The broker asked for runs already (the demo's, say): use it, do not
+                # stop it (that would delete the topics it keeps).
+                print("a local Kafka is already running (kept as it is); bootstrap servers:",
+                      file=sys.stderr)
+                print(running, flush=True)
+                return EXIT_OK
             print(
-                f"a local Kafka is already running ({old.get('bootstrap_servers')}); "
-                "run `python deploy/kafka.py stop` first",
+                f"a local Kafka is already running on {running}, not as asked: use it "
+                f"(export KAFKA_BOOTSTRAP_SERVERS={running}), or stop it first with "
+                "`python deploy/kafka.py stop` (which deletes its topics)",
                 file=sys.stderr,
             )
             return EXIT_FAILURE

@@ -32,13 +32,18 @@ class StderrProgress:
         print(f"replay: {done}/{total} {what}", file=sys.stderr, flush=True)
 
 
+#: The exit code of differences found under a configuration or key the ledger contradicts.
+EXIT_CONFIGURATION = 3
+
+
 def _parser() -> CommandParser:
     p = CommandParser(
         prog="python -m processor replay",
         description="Recompute the private counts and ledger entries from the timeline "
         "topic and compare them with the published topics, through the cut defined in "
         "docs/replay.md (safe on a running worker and after any stop). Exit 0: identical; "
-        "1: different; 2: no verdict (an error).")
+        "1: different; 2: no verdict (an error); 3: different, and the configuration or "
+        "key given differs from the ledger's (named in the first line).")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--key-file", help="noise key file (default: the configured one)")
     p.add_argument("--key-format", choices=KEY_FORMATS,
@@ -63,7 +68,8 @@ def _parser() -> CommandParser:
 
 def main_replay(argv: Sequence[str] | None = None) -> int:
     """`python -m processor replay --config F [--key-file K] [--json]`: exit 0 identical,
-    1 different; errors propagate to the dispatcher's error policy (one line, exit 2)."""
+    1 different, 3 different under a configuration or key the ledger contradicts; errors
+    propagate to the dispatcher's error policy (one line, exit 2)."""
     args = _parser().parse_args(list(argv) if argv is not None else None)
     configure_logging("warning")  # the client loggers' floors (logs.py)
     settings = load_settings(args.config)
@@ -75,4 +81,6 @@ def main_replay(argv: Sequence[str] | None = None) -> int:
         print(orjson.dumps(report.to_json()).decode())
     else:
         print(report.summary())
+    if report.configuration_differs:
+        return EXIT_CONFIGURATION
     return 0 if report.identical else 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
+from processor.commandline import pool_worker_signals
 from processor.core.rng import NoiseKey
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings
@@ -308,7 +309,8 @@ def _recompute_parallel(settings: Settings, key: NoiseKey,
     parts: dict[int, Recomputed] = {}
     _JOB = (settings, key, timeline, settled_below, history, stamps)
     try:
-        with multiprocessing.get_context("fork").Pool(min(jobs, len(order))) as pool:
+        with multiprocessing.get_context("fork").Pool(
+                min(jobs, len(order)), initializer=pool_worker_signals) as pool:
             for p, got in zip(order, pool.imap(_recompute_partition, order), strict=True):
                 parts[p] = got
                 if progress is not None:

@@ -61,10 +61,20 @@ class ReplayReport:
     #: timeline partition -> (committed offset C_p, end E_p) of the cut.
     cut: dict[int, tuple[int, int]]
     differences: list[Difference] = field(default_factory=list)
+    #: What the configuration and key replay was given contradict on the ledger
+    #: (configured.ledger_mismatch). Non-empty: nothing was recomputed (every count
+    #: above is 0), and the verdict is about the configuration, not the topics.
+    configuration: list[str] = field(default_factory=list)
 
     @property
     def identical(self) -> bool:
-        return not self.differences
+        return not self.differences and not self.configuration
+
+    @property
+    def configuration_differs(self) -> bool:
+        """Replay was given a configuration or key other than the ledger's: a
+        recomputation would say nothing about the published topics."""
+        return bool(self.configuration)
 
     @property
     def recomputed(self) -> int:
@@ -78,12 +88,18 @@ class ReplayReport:
                   f"{self.timeline_records} timeline records")
         if self.identical:
             return f"identical ({counts})"
+        if self.configuration_differs:
+            return ("CONFIGURATION DIFFERS from the ledger's: " + "; ".join(self.configuration)
+                    + ". Nothing was recomputed: run replay with the configuration (DPC_* "
+                    "variables included) and key the worker ran")
         first = "; ".join(d.describe() for d in self.differences[:DESCRIBED])
         return f"DIFFERENT ({len(self.differences)} differences; {counts}): first: {first}"
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "verdict": "identical" if self.identical else "different",
+            "verdict": ("identical" if self.identical else "configuration_differs"
+                        if self.configuration_differs else "different"),
+            "configuration": self.configuration,
             "identical": self.identical,
             "cut": {"definition": CUT_DEFINITION,
                     "timeline": {str(p): {"committed": c, "end": e}

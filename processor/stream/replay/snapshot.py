@@ -29,6 +29,7 @@ from processor.stream.replay.comparison import (
     ledger_key,
     release_key,
 )
+from processor.stream.replay.configured import ledger_mismatch
 from processor.stream.replay.history import ledger_history
 from processor.stream.replay.recompute import (
     Progress,
@@ -36,7 +37,7 @@ from processor.stream.replay.recompute import (
     default_jobs,
     recompute_timeline,
 )
-from processor.stream.replay.report import Difference, RecordKey, ReplayReport
+from processor.stream.replay.report import Difference, RecordKey, ReplayReport, Tally
 
 
 class ReplayError(StreamError, RuntimeError):
@@ -141,15 +142,22 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
         if progress is not None:
             progress("read", n, total)
 
+    cut = {p: (committed.get(p, 0), hi) for p, (_lo, hi) in tl_marks.items()}
+    # The ledger first (within the cut's marks, so the order of reading is free): a
+    # configuration or key it contradicts makes any recomputation moot, and is said at
+    # once (configured.py), not after minutes of recomputing what the worker never ran.
+    ledger = [v for recs in kafka_io.read_values(conf, ledger_topic, ledger_marks,
+                                                 timeout_s=timeout_s).values()
+              for _o, v in recs]
+    configuration = ledger_mismatch(settings, key, ledger, int(time.time() * 1000))
+    if configuration:
+        return ReplayReport(0, 0, Tally(), Tally(), cut, [], configuration)
     stamps: dict[int, dict[int, int]] = {}
     timeline = kafka_io.read_values(conf, tl_topic, tl_marks, timeout_s=timeout_s,
                                     progress=read_progress, stamps=stamps,
                                     stamp_if=lambda v: marker_tick(v) is not None)
-    # The published topics first: the ledger says what each counter ran under
+    # The published releases: the ledger says what each counter ran under
     # (LedgerHistory), the releases place a restart the timeline does not record.
-    ledger = [v for recs in kafka_io.read_values(conf, ledger_topic, ledger_marks,
-                                                 timeout_s=timeout_s).values()
-              for _o, v in recs]
     published = [v for recs in kafka_io.read_values(conf, counts_topic, counts_marks,
                                                     timeout_s=timeout_s).values()
                  for _o, v in recs]
@@ -164,7 +172,6 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
                                  settle_s, timeout_s)
     if units_committed is not None:
         diffs += _kept_set_differences(settings, conf, timeline, units_committed, timeout_s)
-    cut = {p: (committed.get(p, 0), hi) for p, (_lo, hi) in tl_marks.items()}
     return ReplayReport(result.records, result.duplicates_dropped, releases, entries, cut,
                         diffs)
 
