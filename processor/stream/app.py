@@ -93,8 +93,8 @@ from processor.stream.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
 #: The worker's start and ready lines: INFO records that show at the default level
-#: (`lifecycle_level`), naming only public things (app id, brokers, parameters, counts of
-#: counters and partitions), never a value.
+#: (main_worker sets its level), naming only public things (app id, brokers,
+#: parameters, counts of counters and partitions), never a value.
 lifecycle = logging.getLogger("processor.stream.lifecycle")
 
 STATE_TABLE: Final = "dpc-state"

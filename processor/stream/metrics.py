@@ -65,7 +65,6 @@ from prometheus_client.metrics_core import Metric
 
 from processor.errors import StreamError
 from processor.stream import kafka_io
-from processor.stream.bounding import METRICS as UNIT_COUNTS
 from processor.stream.config import Settings
 from processor.stream.operator import METRICS as OPERATOR_COUNTS
 from processor.stream.records import REASONS
@@ -101,8 +100,9 @@ _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 _SIZE_BUCKETS: Final = (1, 5, 10, 50, 100, 500, 1000, 2500, 5000, 10000)
 
 
-#: What each count of the bounding stage (processor/stream/bounding.py METRICS, and its
-#: checkpoints) means; privacy_unit = "user" only (0 otherwise).
+#: What each count of the bounding stage (processor/stream/bounding.py METRICS, and
+#: unit_stage.py's forwards and checkpoints) means; privacy_unit = "user" only (0
+#: otherwise). Each is exported as dpc_<name>_total.
 UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
     "unit_records": "Units records the bounding stage applied (one per ingest batch per "
                     "units partition); records",
@@ -120,6 +120,8 @@ UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
                                        "batch after a restart) whose unit had decided them "
                                        "already and did not keep them: nothing sent again; "
                                        "events",
+    "unit_forward_batches": "Timeline batch records the bounding stage sent with the "
+                            "events it kept; records",
     "unit_checkpoints": "Checkpoints of the bounding stage (its state written, its units "
                         "records acknowledged); checkpoints",
 }
@@ -293,9 +295,8 @@ class _OperatorCounts(_CountsCollector):
             yield CounterMetricFamily(
                 f"dpc_operator_{key}", OPERATOR_COUNT_HELP.get(key, f"operator count {key}"),
                 value=c.get(f"operator_{key}", 0))
-        for key in (*UNIT_COUNTS, "unit_checkpoints"):
-            yield CounterMetricFamily(f"dpc_{key}", UNIT_COUNT_HELP[key],
-                                      value=c.get(key, 0))
+        for key, help_ in UNIT_COUNT_HELP.items():
+            yield CounterMetricFamily(f"dpc_{key}", help_, value=c.get(key, 0))
         yield CounterMetricFamily(
             "dpc_timeline_records_refetched", "Timeline records the Faust consumer skipped "
             "around a rebalance and the worker re-read from the brokers (GapGuard); records",

@@ -473,7 +473,8 @@ def test_every_help_text_says_what_and_its_unit() -> None:
     from processor.stream.operator import METRICS
 
     assert set(OPERATOR_COUNT_HELP) == set(METRICS)
-    assert set(UNIT_COUNT_HELP) == {*UNIT_METRICS, "unit_checkpoints"}
+    assert set(UNIT_COUNT_HELP) == {*UNIT_METRICS, "unit_forward_batches",
+                                    "unit_checkpoints"}
     sf = surface(ingest=StatsIngest(SAMPLE_STATS))
     assert undocumented(sf.operator) == []
     registry = CollectorRegistry()
