@@ -30,8 +30,8 @@ import numpy as np
 import orjson
 
 from processor.audit.diagnostics import (
-    SIMPART_GAPS,
     ecc_partition_check,
+    gaussian_counters_check,
     plan_check,
     simecc_partition_check,
 )
@@ -47,8 +47,9 @@ from processor.audit.plans import (
     plan_for,
     search_pair,
 )
-from processor.audit.runs import core_releases, unit_derivation_check, unit_neighbour
+from processor.audit.runs import core_releases, unit_neighbour
 from processor.audit.statistics import AuditError, AuditResult, FloatArray, Stream, judge
+from processor.audit.unit_accounting import unit_derivation_check
 from processor.commandline import CommandParser
 from processor.core import registry
 from processor.core.api import Counter
@@ -333,10 +334,13 @@ def audit(args: argparse.Namespace, params: dict[str, Any],
                     alpha=args.alpha)
     checks = white_box_checks(args, res.law_alpha)
     if derived is not None:
+        coupled = (registry.make(args.mechanism, args.epsilon, args.delta,
+                                 NoiseKey.from_seed(args.seed), "unit-check",
+                                 calibration=args.calibration or "paper")
+                   if args.mechanism in ("ecc", "simecc") else None)
         ok, detail = unit_derivation_check(
             args.epsilon, args.delta, derived.unit_epsilon, derived.unit_delta,
-            derived.max_events_per_counter, derived.max_counters_per_unit,
-            args.mechanism, args.calibration or "paper")
+            derived.max_events_per_counter, derived.max_counters_per_unit, coupled)
         checks.append(Check("unit derivation", ok, detail))
     return Outcome(args, plan, res, checks, derived, claim_eps, claim_delta, choice, tried)
 
@@ -443,9 +447,12 @@ def caught_by(res: AuditResult, checks: list[Check]) -> str:
 def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
     """ECC and SimECC (either calibration, either backend: the checks read fresh core
     counters): the plan check (exact: the guarantee their parameters and noise scales
-    deliver, recomputed independently of the planner) and the law check of the partition
-    on min(runs, 400) fresh partitions (ECC: Part's first checkpoint on one event per
-    tick; SimECC: SimPart's first checkpoint). Other mechanisms: none."""
+    deliver, recomputed independently of the planner), the law check of the partition over
+    the whole run on min(runs, 400) fresh partitions (ECC: every SVT instance of Part on
+    one event per tick; SimECC: every gap of SimPart; at least as many as the audit's
+    stream can hold) and the law check of CC's and BCC's noise against the sigma their
+    (eps, delta) promise. Each law check fails a correct counter with probability at most
+    law_alpha. Other mechanisms: none."""
     if args.mechanism not in ("ecc", "simecc"):
         return []
     key = NoiseKey.from_seed(args.seed)
@@ -462,14 +469,11 @@ def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
               "constants, noise scales as Algorithm 1/5 ask")
     checks = [Check("plan", pc.passed, "; ".join(pc.problems) or detail)]
     runs = min(args.runs, 400)
-    if args.mechanism == "ecc":
-        p_law = ecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
-                                    runs, args.seed, calibration=cal)
-        what = "first checkpoint of Part against Algorithm 1's law"
-    else:
-        p_law = simecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
-                                       runs, args.seed, calibration=cal)
-        what = f"first {SIMPART_GAPS} gaps of SimPart against Algorithm 5's law"
-    checks.append(Check("partition law", p_law >= law_alpha,
-                        f"KS of the {what}: p = {p_law:.3g} at {law_alpha}", p_law))
+    check = ecc_partition_check if args.mechanism == "ecc" else simecc_partition_check
+    law = check(lambda c: fresh(c)._part, args.epsilon, args.delta, runs, args.seed,
+                calibration=cal, horizon=args.events + args.gap)
+    checks.append(Check("partition law", law.p_value >= law_alpha, law.detail(law_alpha),
+                        law.p_value))
+    ok, detail, p_cc = gaussian_counters_check(fresh, runs, law_alpha)
+    checks.append(Check("CC/BCC law", ok, detail, p_cc))
     return checks

@@ -213,7 +213,7 @@ def test_partition_noise_divided_by_2_and_4_fails(mechanism: str, calibration: s
             return cls(eps, DELTA, KEY, c, calibration=calibration)._part
 
         check = ecc_partition_check if mechanism == "ecc" else simecc_partition_check
-        return check(part, eps, DELTA, 300, seed=2, calibration=calibration)
+        return check(part, eps, DELTA, 300, seed=2, calibration=calibration).p_value
 
     correct = ECC if mechanism == "ecc" else SimECC
     assert law(correct) >= 1e-3
