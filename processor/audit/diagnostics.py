@@ -45,6 +45,9 @@ MAX_UNITS = 1024
 PART_STEP_BUDGET = 8_000_000
 #: fewest partitions the check reads whatever the budget
 MIN_PARTS = 50
+#: partitions the command's law checks read (fewer for ECC when PART_STEP_BUDGET runs
+#: out): enough that a noise halved in the last eighth of the run fails at eps 150
+LAW_PARTS = 1000
 
 
 @dataclass(frozen=True)
@@ -284,11 +287,13 @@ def psum_sigma(eps: float, delta: float, sensitivity: int) -> float:
 def cc_law_check(counters: Callable[[str], UnboundedCounter], runs: int, steps: int,
                  what: str) -> tuple[LawCheck, list[str]]:
     """The law of a CC's releases over its whole run: `runs` fresh counters fed 0 for
-    `steps` steps (their release is then their noise); at every step t the release over
-    the promised sigma_t must be N(0, 1). sigma_t is the counter's own stated std, which
-    the check ties to its reported (eps, delta) at every interval end t = 2^k - 1, where
-    it must be sqrt(k) times the analytic Gaussian's std recomputed here (psum_sigma):
-    a mismatch is a problem. The steps are cut into LAW_WINDOWS windows; in each, run r
+    `steps` steps (their release is then their noise); at every step t the release minus
+    the one at the end of the last completed interval (the current interval's noise
+    alone: p_k at the interval's end, of std psum_sigma recomputed here from the reported
+    (eps, delta); inside it the running counter's error, of std sqrt(sigma_t^2 - K a^2)
+    with sigma_t the counter's stated std) over its std must be N(0, 1). The stated
+    sigma_t is tied to the reported (eps, delta) at every interval end t = 2^K - 1, where
+    it must be sqrt(K) times psum_sigma: a mismatch is a problem. The steps are cut into LAW_WINDOWS windows; in each, run r
     contributes its standardised release at one step (the window's steps in turn), so a
     window's values are independent; KS against N(0, 1) per window, Bonferroni over them."""
     samples = np.zeros((runs, steps), dtype=np.float64)
@@ -307,7 +312,18 @@ def cc_law_check(counters: Callable[[str], UnboundedCounter], runs: int, steps: 
                     break
         samples[r] = [cc.step(0) for _ in range(steps)]
     assert sigma is not None
-    z = samples / sigma[None, :]
+    # Each release minus the one at the end of the last completed interval is the noise
+    # of the current interval alone (p_k at an interval's end, the running counter's error
+    # inside it): independent of earlier intervals, so a change late in the run is not
+    # diluted by the noise drawn before it.
+    t = np.arange(1, steps + 1)
+    done = np.array([(int(v) + 1).bit_length() - 1 for v in t])  # completed intervals
+    ends = t == (1 << done) - 1
+    before = np.where(ends, (1 << np.maximum(done - 1, 0)) - 1, (1 << done) - 1)
+    padded = np.concatenate([np.zeros((runs, 1)), samples], axis=1)  # release 0 is 0
+    prev = padded[:, before]
+    var = np.where(ends, a * a, sigma**2 - done * a * a)
+    z = (samples - prev) / np.sqrt(np.maximum(var, a * a * 1e-12))[None, :]
     cols = np.array_split(np.arange(steps), min(LAW_WINDOWS, steps))
     ps = []
     for c in cols:

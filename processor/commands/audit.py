@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from processor.audit.diagnostics import (
+    LAW_PARTS,
     ecc_partition_check,
     gaussian_counters_check,
     plan_check,
@@ -448,10 +449,11 @@ def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
     """ECC and SimECC (either calibration, either backend: the checks read fresh core
     counters): the plan check (exact: the guarantee their parameters and noise scales
     deliver, recomputed independently of the planner), the law check of the partition over
-    the whole run on min(runs, 400) fresh partitions (ECC: every SVT instance of Part on
-    one event per tick; SimECC: every gap of SimPart; at least as many as the audit's
-    stream can hold) and the law check of CC's and BCC's noise against the sigma their
-    (eps, delta) promise. Each law check fails a correct counter with probability at most
+    the whole run on LAW_PARTS fresh partitions (ECC: every SVT instance of Part on one
+    event per tick, fewer partitions at small eps where the step budget runs out; SimECC:
+    every gap of SimPart; at least as many instances or gaps as the audit's stream can
+    hold) and the law check of CC's and BCC's noise over min(runs, 400) fresh counters
+    against the sigma their (eps, delta) promise. Each law check fails a correct counter with probability at most
     law_alpha. Other mechanisms: none."""
     if args.mechanism not in ("ecc", "simecc"):
         return []
@@ -468,12 +470,11 @@ def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
               "paper plan: partition, CC and BCC at least as private as the paper's "
               "constants, noise scales as Algorithm 1/5 ask")
     checks = [Check("plan", pc.passed, "; ".join(pc.problems) or detail)]
-    runs = min(args.runs, 400)
     check = ecc_partition_check if args.mechanism == "ecc" else simecc_partition_check
-    law = check(lambda c: fresh(c)._part, args.epsilon, args.delta, runs, args.seed,
+    law = check(lambda c: fresh(c)._part, args.epsilon, args.delta, LAW_PARTS, args.seed,
                 calibration=cal, horizon=args.events + args.gap)
     checks.append(Check("partition law", law.p_value >= law_alpha, law.detail(law_alpha),
                         law.p_value))
-    ok, detail, p_cc = gaussian_counters_check(fresh, runs, law_alpha)
+    ok, detail, p_cc = gaussian_counters_check(fresh, min(args.runs, 400), law_alpha)
     checks.append(Check("CC/BCC law", ok, detail, p_cc))
     return checks
