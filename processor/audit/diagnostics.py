@@ -293,9 +293,10 @@ def cc_law_check(counters: Callable[[str], UnboundedCounter], runs: int, steps: 
     (eps, delta); inside it the running counter's error, of std sqrt(sigma_t^2 - K a^2)
     with sigma_t the counter's stated std) over its std must be N(0, 1). The stated
     sigma_t is tied to the reported (eps, delta) at every interval end t = 2^K - 1, where
-    it must be sqrt(K) times psum_sigma: a mismatch is a problem. The steps are cut into LAW_WINDOWS windows; in each, run r
-    contributes its standardised release at one step (the window's steps in turn), so a
-    window's values are independent; KS against N(0, 1) per window, Bonferroni over them."""
+    it must be sqrt(K) times psum_sigma: a mismatch is a problem. The steps are cut into
+    LAW_WINDOWS windows; in each, run r contributes its standardised noise at one step
+    (the window's steps in turn), so a window's values are independent; KS against
+    N(0, 1) per window, Bonferroni over them."""
     samples = np.zeros((runs, steps), dtype=np.float64)
     problems: list[str] = []
     sigma: npt.NDArray[np.float64] | None = None

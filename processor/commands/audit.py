@@ -453,8 +453,8 @@ def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
     event per tick, fewer partitions at small eps where the step budget runs out; SimECC:
     every gap of SimPart; at least as many instances or gaps as the audit's stream can
     hold) and the law check of CC's and BCC's noise over min(runs, 400) fresh counters
-    against the sigma their (eps, delta) promise. Each law check fails a correct counter with probability at most
-    law_alpha. Other mechanisms: none."""
+    against the sigma their (eps, delta) promise. Each law check fails a correct counter
+    with probability at most law_alpha. Other mechanisms: none."""
     if args.mechanism not in ("ecc", "simecc"):
         return []
     key = NoiseKey.from_seed(args.seed)
