@@ -10,8 +10,9 @@ and judged (processor.audit): an assumption-free Clopper-Pearson bound; for know
 laws a known-null bound and an exact-pair bound (the claimed law's privacy profile on the
 pair), with a Kolmogorov-Smirnov check of that law; for ECC and SimECC, under either
 calibration, the plan check (exact: the guarantee the counter's parameters and noise scales
-deliver, recomputed independently of the planner) and a law check of the partition, which
-no bound on their releases can replace. The audit FAILS (exit 1) when a bound exceeds
+deliver, recomputed independently of the planner), a law check of the partition over the
+whole run and a law check of CC's and BCC's noise, which no bound on their releases can
+replace; in per-unit mode the unit derivation check (exact, the audit's own accounting). The audit FAILS (exit 1) when a bound exceeds
 --epsilon or a check fails, and names what caught it; false-alarm rate at most --alpha
 (+ 0.001 per law check) for a correct mechanism. Exit 2: the audit could not run (for
 example the score is constant: nothing was released in the window; lengthen the stream).
