@@ -42,7 +42,9 @@ REF_PER_WINDOW = 5_000
 MAX_UNITS = 1024
 #: most Part steps (one event per tick) the ECC check takes over all its partitions: at
 #: small eps an instance lasts thousands of ticks, and fewer partitions are read
-PART_STEP_BUDGET = 8_000_000
+PART_STEP_BUDGET = 4_000_000
+#: reference draws per instance of the ECC check, at most, per partition it reads
+REF_RATIO = 10
 #: fewest partitions the check reads whatever the budget
 MIN_PARTS = 50
 #: partitions the command's law checks read (fewer for ECC when PART_STEP_BUDGET runs
@@ -170,11 +172,13 @@ def ecc_partition_check(parts: Callable[[str], Partition], eps: float, delta: fl
     n = min(MAX_UNITS, max(PART_INSTANCES, math.ceil(horizon / shortest) + 1))
     taus = [part_threshold(p.tau, i, p.eps_part) for i in range(1, n + 1)]
     hz = np.array([part_horizon(p.eps_part, t) for t in taus], dtype=np.int64)
-    per = max(1, REF_PER_WINDOW * min(LAW_WINDOWS, n) // n)
+    mean_run = n * float(np.mean(pilot))  # later instances last a little longer
+    count = max(MIN_PARTS, min(runs, int(PART_STEP_BUDGET // max(1.0, mean_run))))
+    # the reference needs only a multiple of the sample it is compared with (the KS
+    # test's power is set by the smaller one), and costs as many steps per draw
+    per = max(1, min(REF_PER_WINDOW * min(LAW_WINDOWS, n) // n, REF_RATIO * count))
     ref = np.stack([reference_first_checkpoints(p.eps_part, t, per, int(h), rng)
                     for t, h in zip(taus, hz, strict=True)], axis=1)
-    mean_run = float(np.sum(np.minimum(ref, hz[None, :]).mean(axis=0)))
-    count = max(MIN_PARTS, min(runs, int(PART_STEP_BUDGET // max(1.0, mean_run))))
     impl = np.stack([part_gaps(parts(f"{label}/{r}"), hz) for r in range(count)])
     return windowed_law_check(impl, ref, LAW_WINDOWS,
                               "every SVT instance's gap of Part against Algorithm 1's law")

@@ -12,10 +12,11 @@ pair), with a Kolmogorov-Smirnov check of that law; for ECC and SimECC, under ei
 calibration, the plan check (exact: the guarantee the counter's parameters and noise scales
 deliver, recomputed independently of the planner), a law check of the partition over the
 whole run and a law check of CC's and BCC's noise, which no bound on their releases can
-replace; in per-unit mode the unit derivation check (exact, the audit's own accounting). The audit FAILS (exit 1) when a bound exceeds
---epsilon or a check fails, and names what caught it; false-alarm rate at most --alpha
-(+ 0.001 per law check) for a correct mechanism. Exit 2: the audit could not run (for
-example the score is constant: nothing was released in the window; lengthen the stream).
+replace; in per-unit mode the unit derivation check (exact, the audit's own accounting).
+The audit FAILS (exit 1) when a bound exceeds --epsilon or a check fails, and names what
+caught it; false-alarm rate at most --alpha (+ 0.001 per law check) for a correct
+mechanism. Exit 2: the audit could not run (for example the score is constant: nothing
+was released in the window; lengthen the stream).
 Defaults per mechanism (pattern, events, gap, feature): """
 
 from __future__ import annotations
