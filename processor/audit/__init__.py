@@ -40,9 +40,12 @@ Two bounds, each a valid lower bound with confidence 1 - alpha/2 (so the verdict
 ECC and SimECC hide their partition behind BCC's noise and leak far less than eps on any
 testable pair, so no bound on their releases can catch a partition with too little noise
 or a plan that under-charges the shift; `plan_check` (exact: what the counter's parameters
-and noise scales deliver, recomputed independently of processor.core.tight) and
-`ecc_partition_check` / `simecc_partition_check` (the partition's law against independent
-samplers of Algorithms 1 and 5) do, under both calibrations. `plan_for`,
+and noise scales deliver, recomputed independently of processor.core.tight),
+`ecc_partition_check` / `simecc_partition_check` (the partition's law over the whole run,
+in windows, against independent samplers of Algorithms 1 and 5) and
+`gaussian_counters_check` (CC's and BCC's noise against the sigma their (eps, delta)
+promise) do, under both calibrations. `unit_accounting` recomputes what a privacy unit
+gets from the per-event parameters without processor/core/unit.py. `plan_for`,
 `default_streams` and `search_pair` say which streams and which score each mechanism gets
 (docs/audit.md).
 

@@ -22,6 +22,71 @@ from processor.core.api import Counter
 from processor.core.grid import UNIT
 
 # ------------------------------------------------------------------------ partition law
+#
+# The law checks read the whole run, not its start: every SVT instance of Part and every
+# SimPart gap up to a stated count that covers the audit's stream, each window of the run
+# tested on its own at law_alpha / (number of windows) (Bonferroni), so a partition whose
+# noise changes at any point of the run fails while a correct one fails with probability
+# at most law_alpha.
+
+#: SVT instances of Part read per fresh partition (at least; more if the audit's stream
+#: holds more): each instance is one window of the run
+PART_INSTANCES = 8
+#: gaps read per fresh SimPart (at least; more if the audit's stream holds more)
+SIMPART_GAPS = 64
+#: the run is cut into at most this many windows of consecutive instances or gaps
+LAW_WINDOWS = 8
+#: reference draws per window (independent samplers of the algorithm's law)
+REF_PER_WINDOW = 5_000
+#: most instances or gaps read per partition (the cost of a very long audit stream)
+MAX_UNITS = 1024
+#: most Part steps (one event per tick) the ECC check takes over all its partitions: at
+#: small eps an instance lasts thousands of ticks, and fewer partitions are read
+PART_STEP_BUDGET = 4_000_000
+#: reference draws per instance of the ECC check, at most, per partition it reads
+REF_RATIO = 10
+#: fewest partitions the check reads whatever the budget
+MIN_PARTS = 50
+#: partitions the command's law checks read (fewer for ECC when PART_STEP_BUDGET runs
+#: out): enough that a noise halved in the last eighth of the run fails at eps 150
+LAW_PARTS = 1000
+
+
+@dataclass(frozen=True)
+class LawCheck:
+    """A windowed law check of the run: the Bonferroni-adjusted p-value (W times the
+    smallest window's KS p-value, at most 1: the check fails when it is below the law
+    level, so its false-alarm rate is at most that level), the window it came from
+    (1-based, over `units` instances or gaps of `parts` partitions), per-window p-values."""
+
+    what: str
+    p_value: float
+    worst: int
+    windows: int
+    units: int
+    parts: int
+    window_p: tuple[float, ...]
+
+    def detail(self, law_alpha: float) -> str:
+        """One line for the command's output."""
+        return (f"KS of {self.what}, {self.units} per partition x {self.parts} partitions "
+                f"in {self.windows} windows of the run, each at {law_alpha:g}/{self.windows}:"
+                f" adjusted p = {self.p_value:.3g} (window {self.worst}) at {law_alpha:g}")
+
+
+def windowed_law_check(impl: npt.NDArray[np.int64], ref: npt.NDArray[np.int64],
+                       windows: int, what: str) -> LawCheck:
+    """impl (parts x units) and ref (draws x units): column j holds instance or gap j+1
+    of every run. The columns are cut into `windows` runs of consecutive columns; each
+    window's pooled values are compared by the two-sample Kolmogorov-Smirnov test
+    (conservative on these integers), and the smallest p-value times the number of windows
+    is the check's p-value (Bonferroni: any dependence between windows is allowed)."""
+    cols = np.array_split(np.arange(impl.shape[1]), min(windows, impl.shape[1]))
+    ps = tuple(float(stats.ks_2samp(impl[:, c].ravel(), ref[:, c].ravel()).pvalue)
+               for c in cols)
+    worst = int(np.argmin(ps))
+    return LawCheck(what, min(1.0, len(ps) * ps[worst]), worst + 1, len(ps), impl.shape[1],
+                    impl.shape[0], ps)
 
 
 class Partition(Protocol):
@@ -30,26 +95,45 @@ class Partition(Protocol):
     def step(self, u: int) -> bool: ...
 
 
-def first_checkpoints(parts: Callable[[str], Partition], runs: int, horizon: int,
-                      label: str) -> npt.NDArray[np.int64]:
-    """Feed `runs` fresh partitions one event per tick (dense SVT steps) and return the
-    tick of each one's first checkpoint (horizon + 1 if none by then)."""
-    out = np.full(runs, horizon + 1, dtype=np.int64)
-    for r in range(runs):
-        part = parts(f"{label}/{r}")
-        for t in range(1, horizon + 1):
+def part_gaps(part: Partition, horizons: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """Feed a fresh Part one event per tick until len(horizons) checkpoints: the ticks
+    from each checkpoint to the next (instance l's gap; gap l lasts at most horizons[l-1]
+    in the law, so it is recorded as horizons[l-1] + 1 beyond that, and an instance that
+    has not fired after four times its horizon ends the run, its later gaps recorded so)."""
+    out = horizons + 1
+    for i, h in enumerate(horizons):
+        for s in range(1, 4 * int(h) + 1):
             if part.step(UNIT):
-                out[r] = t
+                out[i] = min(s, int(h) + 1)
                 break
+        else:
+            return out
     return out
+
+
+def part_threshold(tau: float, l: int, eps_p: float) -> float:  # noqa: E741
+    """Algorithm 3's threshold of its l-th SVT instance, tau + 16 ln(l) / eps_p, restated
+    here (the audit does not take it from the core)."""
+    return tau + 16.0 * math.log(l) / eps_p
+
+
+def part_horizon(eps_p: float, tau_l: float) -> int:
+    """A tick by which an SVT instance at threshold tau_l fed one event per tick has fired
+    except with probability far below what the check resolves: past tau_l + (8/eps_p)
+    ln(s + ceil(12/eps_p)) + 30/eps_p (Z_0 ~ Lap(2/eps_p) above 30/eps_p: e^-15 / 2)."""
+    h = tau_l + 1.0
+    for _ in range(4):  # the threshold grows with the tick: settle the fixed point
+        h = tau_l + (8.0 / eps_p) * math.log(h + math.ceil(12.0 / eps_p)) + 30.0 / eps_p + 1
+    return math.ceil(h)
 
 
 def reference_first_checkpoints(eps_p: float, tau: float, runs: int, horizon: int,
                                 rng: np.random.Generator) -> npt.NDArray[np.int64]:
-    """The same under the law Algorithm 1 states (an independent sampler, not the core's):
-    Z_0 ~ Lap(2/eps_p), Z_s ~ Lap(4/eps_p), and the first step s with
-    s + Z_s > tau + (8/eps_p) ln(s + ceil(12/eps_p)) + Z_0 (the input sum is s). The core's
-    2^-16 grid and its 2^-14 scale inflation are far below what a test can resolve."""
+    """The gap of an SVT instance at threshold tau under the law Algorithm 1 states (an
+    independent sampler, not the core's): Z_0 ~ Lap(2/eps_p), Z_s ~ Lap(4/eps_p), and the
+    first step s with s + Z_s > tau + (8/eps_p) ln(s + ceil(12/eps_p)) + Z_0 (the input sum
+    is s); horizon + 1 if none by then. The core's 2^-16 grid and its 2^-14 scale
+    inflation are far below what a test can resolve."""
     s = np.arange(1, horizon + 1, dtype=np.float64)
     thr = tau + (8.0 / eps_p) * np.log(s + math.ceil(12.0 / eps_p))
     z0 = rng.laplace(0.0, 2.0 / eps_p, runs)
@@ -67,32 +151,37 @@ def reference_first_checkpoints(eps_p: float, tau: float, runs: int, horizon: in
     return out
 
 
-def partition_law_check(impl: npt.NDArray[np.int64], ref: npt.NDArray[np.int64]) -> float:
-    """p-value of the two-sample Kolmogorov-Smirnov test of the implementation's first
-    checkpoint ticks against the reference law's (conservative on these integer ticks, so
-    the false-alarm rate is at most the level): small when the partition's noise is not
-    the one its analysis assumes."""
-    return float(stats.ks_2samp(impl, ref).pvalue)
-
-
 def ecc_partition_check(parts: Callable[[str], Partition], eps: float, delta: float,
                         runs: int, seed: int, label: str = "part",
-                        calibration: str = "paper") -> float:
-    """The law check of ECC's partition (white box: it needs the Part of fresh counters):
-    the first checkpoint of `runs` Parts on one event per tick against 20,000 draws of the
-    reference law. ECC's releases hide the partition behind BCC's noise and its share of
-    the privacy loss is far below eps, so no bound on the releases can catch a partition
-    with too little noise; this check does (docs/audit.md)."""
-    from processor.core.ecc import ecc_parameters, ecc_part_term
+                        calibration: str = "paper", horizon: int = 0) -> LawCheck:
+    """The law check of ECC's partition over the whole run (white box: it needs the Part
+    of fresh counters): every SVT instance up to max(PART_INSTANCES, the instances the
+    audit's `horizon` ticks can hold), each fed one event per tick, its gap against
+    REF_PER_WINDOW draws of Algorithm 1's law at that instance's threshold; one window
+    per instance or run of instances (windowed_law_check). At most `runs` partitions, fewer
+    when PART_STEP_BUDGET runs out (never fewer than MIN_PARTS). ECC's releases hide the
+    partition behind BCC's noise, so no bound on them can catch a partition with too
+    little noise; this check does, wherever in the run (docs/audit.md)."""
+    from processor.core.ecc import ecc_parameters
 
     p = ecc_parameters(eps, delta, calibration)
-    horizon = 1
-    for _ in range(3):  # the threshold grows with the tick: settle the fixed point
-        horizon = math.ceil(ecc_part_term(eps, delta, 1e-4, horizon, calibration))
-    impl = first_checkpoints(parts, runs, horizon, label)
-    ref = reference_first_checkpoints(p.eps_part, p.tau, 20_000, horizon,
-                                      np.random.default_rng(seed))
-    return partition_law_check(impl, ref)
+    rng = np.random.default_rng(seed)
+    first = part_horizon(p.eps_part, part_threshold(p.tau, 1, p.eps_part))
+    pilot = reference_first_checkpoints(p.eps_part, p.tau, 2000, first, rng)
+    shortest = max(1, int(np.quantile(pilot, 0.01)))  # gaps grow with the instance
+    n = min(MAX_UNITS, max(PART_INSTANCES, math.ceil(horizon / shortest) + 1))
+    taus = [part_threshold(p.tau, i, p.eps_part) for i in range(1, n + 1)]
+    hz = np.array([part_horizon(p.eps_part, t) for t in taus], dtype=np.int64)
+    mean_run = n * float(np.mean(pilot))  # later instances last a little longer
+    count = max(MIN_PARTS, min(runs, int(PART_STEP_BUDGET // max(1.0, mean_run))))
+    # the reference needs only a multiple of the sample it is compared with (the KS
+    # test's power is set by the smaller one), and costs as many steps per draw
+    per = max(1, min(REF_PER_WINDOW * min(LAW_WINDOWS, n) // n, REF_RATIO * count))
+    ref = np.stack([reference_first_checkpoints(p.eps_part, t, per, int(h), rng)
+                    for t, h in zip(taus, hz, strict=True)], axis=1)
+    impl = np.stack([part_gaps(parts(f"{label}/{r}"), hz) for r in range(count)])
+    return windowed_law_check(impl, ref, LAW_WINDOWS,
+                              "every SVT instance's gap of Part against Algorithm 1's law")
 
 
 class DataIndependentPartition(Protocol):
@@ -105,10 +194,6 @@ class DataIndependentPartition(Protocol):
     def advance(self, k: int) -> None: ...
 
     def step(self, u: int = 0) -> bool: ...
-
-
-#: gaps read per fresh SimPart by the law check (they are independent draws)
-SIMPART_GAPS = 16
 
 
 def simpart_offsets(eps_p: float, mu: int, gaps: int) -> npt.NDArray[np.int64]:
@@ -146,20 +231,143 @@ def reference_simpart_residuals(eps_p: float, offsets: npt.NDArray[np.int64], ru
 
 def simecc_partition_check(parts: Callable[[str], DataIndependentPartition], eps: float,
                            delta: float, runs: int, seed: int, label: str = "simpart",
-                           calibration: str = "paper") -> float:
-    """The law check of SimECC's partition (white box): the first SIMPART_GAPS gaps of
-    `runs` fresh SimParts (data-independent: no input needed), minus their offsets,
-    against Algorithm 5's law sampled independently (20,000 x SIMPART_GAPS draws;
-    two-sample KS, conservative on integers). SimECC's releases hide the partition as
-    ECC's do, so no bound on them catches a SimPart with too little noise."""
+                           calibration: str = "paper", horizon: int = 0) -> LawCheck:
+    """The law check of SimECC's partition over the whole run (white box): every gap up
+    to max(SIMPART_GAPS, the gaps the audit's `horizon` ticks can hold) of `runs` fresh
+    SimParts (data-independent: no input needed), minus their offsets, against
+    Algorithm 5's law sampled independently (REF_PER_WINDOW draws per window), in
+    LAW_WINDOWS windows of consecutive gaps (windowed_law_check). SimECC's releases hide
+    the partition as ECC's do, so no bound on them catches a SimPart with too little
+    noise, early or late in the run."""
     from processor.core.ecc import simecc_parameters
 
     p = simecc_parameters(eps, delta, calibration)
-    off = simpart_offsets(p.eps_part, p.mu, SIMPART_GAPS)
-    impl = np.concatenate([simpart_residuals(parts(f"{label}/{r}"), off)
-                           for r in range(runs)])
-    ref = reference_simpart_residuals(p.eps_part, off, 20_000, np.random.default_rng(seed))
-    return partition_law_check(impl, ref.ravel())
+    # the shortest gap is max(1, mu + Z): Z below -(2/eps_p) ln(1e4) with probability 1e-4
+    shortest = max(1, p.mu - math.ceil(2.0 / p.eps_part * math.log(1e4)))
+    n = min(MAX_UNITS, max(SIMPART_GAPS, math.ceil(horizon / shortest) + 1))
+    off = simpart_offsets(p.eps_part, p.mu, n)
+    impl = np.stack([simpart_residuals(parts(f"{label}/{r}"), off) for r in range(runs)])
+    per = max(1, REF_PER_WINDOW * min(LAW_WINDOWS, n) // n)
+    ref = reference_simpart_residuals(p.eps_part, off, per, np.random.default_rng(seed))
+    return windowed_law_check(impl, ref, LAW_WINDOWS,
+                              "every gap of SimPart against Algorithm 5's law")
+
+
+# ------------------------------------------------------------ CC and BCC noise law
+#
+# The plan check prices CC and BCC from the (eps, delta) they report; this check tests the
+# noise they draw against the sigma that (eps, delta) promises, so a counter that reports
+# the right parameters and draws less noise fails.
+
+#: steps of each fresh CC read by the law check (ECC and SimECC step their CC and BCC once
+#: per checkpoint: the audit's streams hold a few to a few dozen)
+CC_STEPS = 64
+#: relative allowance between the core's stated sigma at an interval's end and the
+#: analytic Gaussian's, recomputed here (the discrete Gaussian's lattice rounding)
+SIGMA_RTOL = 1e-3
+
+
+class UnboundedCounter(Protocol):
+    """What the CC law check needs of CC (and of BCC's inner CC): its reported
+    parameters, its stated error std per step, and steps on units."""
+
+    eps: float
+    delta: float
+    sensitivity: int
+
+    def step(self, u: int) -> int: ...
+
+    def sigma(self, t: int) -> float: ...
+
+
+def psum_sigma(eps: float, delta: float, sensitivity: int) -> float:
+    """The std (units) of CC's interval-sum release p_k: a Gaussian mechanism at
+    (eps/2, delta/2) on a query of sensitivity `sensitivity` units, by the analytic
+    Gaussian (recomputed here: sensitivity / mu of the GDP profile meeting (eps/2,
+    delta/2))."""
+    return sensitivity / gauss_mu(eps / 2.0, delta / 2.0)
+
+
+def cc_law_check(counters: Callable[[str], UnboundedCounter], runs: int, steps: int,
+                 what: str) -> tuple[LawCheck, list[str]]:
+    """The law of a CC's releases over its whole run: `runs` fresh counters fed 0 for
+    `steps` steps (their release is then their noise); at every step t the release minus
+    the one at the end of the last completed interval (the current interval's noise
+    alone: p_k at the interval's end, of std psum_sigma recomputed here from the reported
+    (eps, delta); inside it the running counter's error, of std sqrt(sigma_t^2 - K a^2)
+    with sigma_t the counter's stated std) over its std must be N(0, 1). The stated
+    sigma_t is tied to the reported (eps, delta) at every interval end t = 2^K - 1, where
+    it must be sqrt(K) times psum_sigma: a mismatch is a problem. The steps are cut into
+    LAW_WINDOWS windows; in each, run r contributes its standardised noise at one step
+    (the window's steps in turn), so a window's values are independent; KS against
+    N(0, 1) per window, Bonferroni over them."""
+    samples = np.zeros((runs, steps), dtype=np.float64)
+    problems: list[str] = []
+    sigma: npt.NDArray[np.float64] | None = None
+    for r in range(runs):
+        cc = counters(f"{r}")
+        if sigma is None:
+            sigma = np.array([cc.sigma(t) for t in range(1, steps + 1)])
+            a = psum_sigma(cc.eps, cc.delta, cc.sensitivity)
+            for k in range(1, (steps + 1).bit_length()):
+                got, want = float(sigma[(1 << k) - 2]), math.sqrt(k) * a
+                if abs(got - want) > SIGMA_RTOL * want:
+                    problems.append(f"{what} states sigma {got:.6g} at step {(1 << k) - 1}, "
+                                    f"its (eps, delta) promise {want:.6g}")
+                    break
+        samples[r] = [cc.step(0) for _ in range(steps)]
+    assert sigma is not None
+    # Each release minus the one at the end of the last completed interval is the noise
+    # of the current interval alone (p_k at an interval's end, the running counter's error
+    # inside it): independent of earlier intervals, so a change late in the run is not
+    # diluted by the noise drawn before it.
+    t = np.arange(1, steps + 1)
+    done = np.array([(int(v) + 1).bit_length() - 1 for v in t])  # completed intervals
+    ends = t == (1 << done) - 1
+    before = np.where(ends, (1 << np.maximum(done - 1, 0)) - 1, (1 << done) - 1)
+    padded = np.concatenate([np.zeros((runs, 1)), samples], axis=1)  # release 0 is 0
+    prev = padded[:, before]
+    var = np.where(ends, a * a, sigma**2 - done * a * a)
+    z = (samples - prev) / np.sqrt(np.maximum(var, a * a * 1e-12))[None, :]
+    cols = np.array_split(np.arange(steps), min(LAW_WINDOWS, steps))
+    ps = []
+    for c in cols:
+        pick = z[np.arange(runs), c[np.arange(runs) % c.size]]
+        ps.append(float(stats.kstest(pick, "norm").pvalue))
+    worst = int(np.argmin(ps))
+    check = LawCheck(f"{what}'s releases over their promised sigma against N(0, 1)",
+                     min(1.0, len(ps) * ps[worst]), worst + 1, len(ps), steps, runs,
+                     tuple(ps))
+    return check, problems
+
+
+def gaussian_counters_check(counters: Callable[[str], Counter], runs: int,
+                            law_alpha: float) -> tuple[bool, str, float]:
+    """CC and BCC of fresh ECC or SimECC counters (white box: `_cc` and BCC's inner CC
+    `_bcc._cc`, whose noise is BCC's; its clamp and offset are public functions of it):
+    cc_law_check on each, each at law_alpha / 2. (passed, detail, smallest adjusted p)."""
+    out: list[str] = []
+    problems: list[str] = []
+    p_min = 1.0
+
+    def cc(c: str) -> UnboundedCounter:
+        return counters(f"cc-law/{c}")._cc  # type: ignore[attr-defined, no-any-return]
+
+    def bcc(c: str) -> UnboundedCounter:
+        return counters(f"bcc-law/{c}")._bcc._cc  # type: ignore[attr-defined, no-any-return]
+
+    for name, get in (("CC", cc), ("BCC", bcc)):
+        chk, probs = cc_law_check(get, runs, CC_STEPS, name)
+        problems += probs
+        p_adj = min(1.0, 2.0 * chk.p_value)
+        p_min = min(p_min, p_adj)
+        out.append(f"{name}: adjusted p = {p_adj:.3g} (window {chk.worst})")
+        if p_adj < law_alpha:
+            problems.append(f"{name} does not draw the noise its (eps, delta) promise")
+    detail = (f"KS of CC's and BCC's releases over the sigma their (eps, delta) promise, "
+              f"{CC_STEPS} steps x {runs} counters in {LAW_WINDOWS} windows each, "
+              f"each at {law_alpha:g}/{2 * LAW_WINDOWS}: " + "; ".join(out))
+    return not problems, "; ".join(problems) + ("; " if problems else "") + detail, p_min
 
 
 # ------------------------------------------------------------------ Section 8 attack
@@ -250,6 +458,52 @@ class PlanCheck:
         return not self.problems
 
 
+def partition_terms(part: object) -> tuple[float, float, list[str]]:
+    """The partition's loss a per edit (17 eps_p/3 for Part, Lemma 4.14; eps_p for SimPart,
+    the proof of Lemma 6.2) and its bad event's mass delta_part, from the eps_p, tau or mu
+    and DLap scale the partition runs with; and the problems found (a scale below what
+    Algorithm 1 or 5 asks for)."""
+    from scipy.special import zeta
+
+    from processor.core.partition import Part, SimPart
+
+    problems: list[str] = []
+    eps_p = float(part.eps_p)  # type: ignore[attr-defined]
+    if isinstance(part, SimPart):
+        t, s = part._scale
+        if t / s < 2.0 / eps_p * (1.0 - 1e-12):
+            problems.append(f"SimPart draws DLap({t / s:.6g}) below 2/eps_p = "
+                            f"{2.0 / eps_p:.6g}")
+        r = math.exp(-s / t)
+        kappa = 4.0 * s / (eps_p * t)
+        d_part = (float(r ** (part.mu - 2) / (1.0 + r) * zeta(kappa, 1)) if kappa > 1
+                  else math.inf)
+        return eps_p, d_part, problems
+    if isinstance(part, Part):
+        svt = part._svt
+        if svt._t1 < 4.0 / eps_p * UNIT * (1.0 - 1e-12):
+            problems.append(f"Part's SVT draws Z_s at {svt._t1 / UNIT:.6g}, below 4/eps_p "
+                            f"= {4.0 / eps_p:.6g}")
+        if svt.eps != eps_p:
+            problems.append("Part's SVT runs at another eps than the partition's")
+        d_part = math.pi**2 / 4.0 * math.exp(-eps_p * (part.tau - 1.0) / 8.0)
+        return 17.0 * eps_p / 3.0, d_part, problems
+    raise AuditError(f"unknown partition {type(part).__name__}")
+
+
+def gaussian_terms(cc: object, bcc: object) -> tuple[float, float]:
+    """(mu_tot, eta) of CC and BCC from the (eps, delta) they report: mu_tot^2 = (4 mu_CC)^2
+    + (2 mu_BCC)^2 (the proof's step counts), mu_CC = sqrt(2) gauss_mu(e/2, d/2) (interval
+    sum and running counter), mu_BCC that of BCC's inner CC at (e, d/2), eta = d / (2 (1 +
+    e^e)) BCC's clamp (0 where e^e overflows)."""
+    ce, cd = float(cc.eps), float(cc.delta)  # type: ignore[attr-defined]
+    be, bd = float(bcc.eps), float(bcc.delta)  # type: ignore[attr-defined]
+    mu_cc = math.sqrt(2.0) * gauss_mu(ce / 2.0, cd / 2.0)
+    mu_bcc = math.sqrt(2.0) * gauss_mu(be / 2.0, bd / 4.0)
+    eta = 0.5 * bd / (1.0 + math.exp(be)) if be < 700 else 0.0
+    return math.hypot(PROOF_CC_STEPS * mu_cc, PROOF_BCC_STEPS * mu_bcc), eta
+
+
 def plan_check(counter: Counter, eps: float, delta: float) -> PlanCheck:
     """Recompute what a fresh ECC or SimECC delivers (white box: its `_part`, `_cc`,
     `_bcc`), by the tight analysis (docs/tight-calibration.md), which holds for any
@@ -263,43 +517,15 @@ def plan_check(counter: Counter, eps: float, delta: float) -> PlanCheck:
     that of BCC's inner CC at (e, d/2), eta = d / (2 (1 + e^e)) BCC's clamp. Also checked:
     the partition draws the noise scales Algorithm 1 (Part: Z_0 at 2/eps_p, Z_s at
     4/eps_p) or Algorithm 5 (SimPart: 2/eps_p) asks for, rounded up, never down."""
-    from scipy.special import zeta
-
-    from processor.core.partition import Part, SimPart
-
     mech = str(getattr(counter, "mechanism", ""))
     if mech not in ("ecc", "simecc"):
         raise AuditError(f"the plan check is for ecc and simecc, not {mech!r}")
     part = counter._part  # type: ignore[attr-defined]
     cc, bcc = counter._cc, counter._bcc  # type: ignore[attr-defined]
-    problems: list[str] = []
     eps_p = float(part.eps_p)
-    if isinstance(part, SimPart):
-        a = eps_p
-        t, s = part._scale
-        if t / s < 2.0 / eps_p * (1.0 - 1e-12):
-            problems.append(f"SimPart draws DLap({t / s:.6g}) below 2/eps_p = "
-                            f"{2.0 / eps_p:.6g}")
-        r = math.exp(-s / t)
-        kappa = 4.0 * s / (eps_p * t)
-        d_part = (float(r ** (part.mu - 2) / (1.0 + r) * zeta(kappa, 1)) if kappa > 1
-                  else math.inf)
-    elif isinstance(part, Part):
-        a = 17.0 * eps_p / 3.0
-        svt = part._svt
-        if svt._t1 < 4.0 / eps_p * UNIT * (1.0 - 1e-12):
-            problems.append(f"Part's SVT draws Z_s at {svt._t1 / UNIT:.6g}, below 4/eps_p "
-                            f"= {4.0 / eps_p:.6g}")
-        if svt.eps != eps_p:
-            problems.append("Part's SVT runs at another eps than the partition's")
-        d_part = math.pi**2 / 4.0 * math.exp(-eps_p * (part.tau - 1.0) / 8.0)
-    else:
-        raise AuditError(f"unknown partition {type(part).__name__}")
+    a, d_part, problems = partition_terms(part)
     b = eps - a
-    mu_cc = math.sqrt(2.0) * gauss_mu(cc.eps / 2.0, cc.delta / 2.0)
-    mu_bcc = math.sqrt(2.0) * gauss_mu(bcc.eps / 2.0, bcc.delta / 4.0)
-    mu_tot = math.hypot(PROOF_CC_STEPS * mu_cc, PROOF_BCC_STEPS * mu_bcc)
-    eta = 0.5 * bcc.delta / (1.0 + math.exp(bcc.eps)) if bcc.eps < 700 else 0.0
+    mu_tot, eta = gaussian_terms(cc, bcc)
     if b <= 0.0:
         problems.append(f"the partition's loss {a:.6g} is not below eps")
         d_gauss, total = 1.0, math.inf

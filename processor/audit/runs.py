@@ -56,28 +56,6 @@ def unit_neighbour(xs: Stream, i: int, k: int, value: float = 1.0) -> list[float
     return out
 
 
-def unit_derivation_check(eps: float, delta: float, unit_eps: float, unit_delta: float,
-                          k: int, m: int, mechanism: str | None = None,
-                          calibration: str = "paper") -> tuple[bool, str]:
-    """Exact (white box): do counters at the per-event (eps, delta) give every unit with at
-    most k events per counter in at most m counters at most (unit_eps, unit_delta)?
-    Recomputed forward by either argument of docs/privacy-unit.md (group privacy over the
-    edit relation and basic composition; for ECC and SimECC also the k-edit coupling), so
-    a per-event epsilon not derived from the unit target fails it."""
-    from processor.core.unit import COUPLED_MECHANISMS, coupled_guarantee, unit_guarantee
-
-    got_eps, got_delta = unit_guarantee(eps, delta, k, m)
-    ok = got_eps <= unit_eps * (1 + 1e-12) and got_delta <= unit_delta * (1 + 1e-12)
-    detail = (f"k = {k}, m = {m}: per event ({eps:.6g}, {delta:.3g}) gives a unit "
-              f"({got_eps:.6g}, {got_delta:.3g})")
-    if mechanism in COUPLED_MECHANISMS:
-        assert mechanism is not None
-        coupled = coupled_guarantee(eps, delta, k, m, mechanism, calibration, unit_eps)
-        ok = ok or coupled <= unit_delta * (1 + 1e-12)
-        detail += f", by the k-edit coupling ({unit_eps:.6g}, {coupled:.3g})"
-    return ok, detail + f"; target ({unit_eps:.6g}, {unit_delta:.3g})"
-
-
 def prefix_sums(xs: Stream) -> FloatArray:
     """s_1..s_T (⊥ counts as 0)."""
     return np.cumsum([0.0 if v is None else float(v) for v in xs], dtype=np.float64)

@@ -10,11 +10,13 @@ and judged (processor.audit): an assumption-free Clopper-Pearson bound; for know
 laws a known-null bound and an exact-pair bound (the claimed law's privacy profile on the
 pair), with a Kolmogorov-Smirnov check of that law; for ECC and SimECC, under either
 calibration, the plan check (exact: the guarantee the counter's parameters and noise scales
-deliver, recomputed independently of the planner) and a law check of the partition, which
-no bound on their releases can replace. The audit FAILS (exit 1) when a bound exceeds
---epsilon or a check fails, and names what caught it; false-alarm rate at most --alpha
-(+ 0.001 per law check) for a correct mechanism. Exit 2: the audit could not run (for
-example the score is constant: nothing was released in the window; lengthen the stream).
+deliver, recomputed independently of the planner), a law check of the partition over the
+whole run and a law check of CC's and BCC's noise, which no bound on their releases can
+replace; in per-unit mode the unit derivation check (exact, the audit's own accounting).
+The audit FAILS (exit 1) when a bound exceeds --epsilon or a check fails, and names what
+caught it; false-alarm rate at most --alpha (+ 0.001 per law check) for a correct
+mechanism. Exit 2: the audit could not run (for example the score is constant: nothing
+was released in the window; lengthen the stream).
 Defaults per mechanism (pattern, events, gap, feature): """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ import numpy as np
 import orjson
 
 from processor.audit.diagnostics import (
-    SIMPART_GAPS,
+    LAW_PARTS,
     ecc_partition_check,
+    gaussian_counters_check,
     plan_check,
     simecc_partition_check,
 )
@@ -48,8 +51,9 @@ from processor.audit.plans import (
     plan_for,
     search_pair,
 )
-from processor.audit.runs import core_releases, unit_derivation_check, unit_neighbour
+from processor.audit.runs import core_releases, unit_neighbour
 from processor.audit.statistics import AuditError, AuditResult, FloatArray, Stream, judge
+from processor.audit.unit_accounting import unit_derivation_check
 from processor.commandline import CommandParser
 from processor.commands.audit_open_keys import main_open_keys
 from processor.core import registry
@@ -342,10 +346,13 @@ def audit(args: argparse.Namespace, params: dict[str, Any],
                     alpha=args.alpha)
     checks = white_box_checks(args, res.law_alpha)
     if derived is not None:
+        coupled = (registry.make(args.mechanism, args.epsilon, args.delta,
+                                 NoiseKey.from_seed(args.seed), "unit-check",
+                                 calibration=args.calibration or "paper")
+                   if args.mechanism in ("ecc", "simecc") else None)
         ok, detail = unit_derivation_check(
             args.epsilon, args.delta, derived.unit_epsilon, derived.unit_delta,
-            derived.max_events_per_counter, derived.max_counters_per_unit,
-            args.mechanism, args.calibration or "paper")
+            derived.max_events_per_counter, derived.max_counters_per_unit, coupled)
         checks.append(Check("unit derivation", ok, detail))
     return Outcome(args, plan, res, checks, derived, claim_eps, claim_delta, choice, tried)
 
@@ -452,9 +459,13 @@ def caught_by(res: AuditResult, checks: list[Check]) -> str:
 def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
     """ECC and SimECC (either calibration, either backend: the checks read fresh core
     counters): the plan check (exact: the guarantee their parameters and noise scales
-    deliver, recomputed independently of the planner) and the law check of the partition
-    on min(runs, 400) fresh partitions (ECC: Part's first checkpoint on one event per
-    tick; SimECC: SimPart's first checkpoint). Other mechanisms: none."""
+    deliver, recomputed independently of the planner), the law check of the partition over
+    the whole run on LAW_PARTS fresh partitions (ECC: every SVT instance of Part on one
+    event per tick, fewer partitions at small eps where the step budget runs out; SimECC:
+    every gap of SimPart; at least as many instances or gaps as the audit's stream can
+    hold) and the law check of CC's and BCC's noise over min(runs, 400) fresh counters
+    against the sigma their (eps, delta) promise. Each law check fails a correct counter
+    with probability at most law_alpha. Other mechanisms: none."""
     if args.mechanism not in ("ecc", "simecc"):
         return []
     key = NoiseKey.from_seed(args.seed)
@@ -470,15 +481,11 @@ def white_box_checks(args: argparse.Namespace, law_alpha: float) -> list[Check]:
               "paper plan: partition, CC and BCC at least as private as the paper's "
               "constants, noise scales as Algorithm 1/5 ask")
     checks = [Check("plan", pc.passed, "; ".join(pc.problems) or detail)]
-    runs = min(args.runs, 400)
-    if args.mechanism == "ecc":
-        p_law = ecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
-                                    runs, args.seed, calibration=cal)
-        what = "first checkpoint of Part against Algorithm 1's law"
-    else:
-        p_law = simecc_partition_check(lambda c: fresh(c)._part, args.epsilon, args.delta,
-                                       runs, args.seed, calibration=cal)
-        what = f"first {SIMPART_GAPS} gaps of SimPart against Algorithm 5's law"
-    checks.append(Check("partition law", p_law >= law_alpha,
-                        f"KS of the {what}: p = {p_law:.3g} at {law_alpha}", p_law))
+    check = ecc_partition_check if args.mechanism == "ecc" else simecc_partition_check
+    law = check(lambda c: fresh(c)._part, args.epsilon, args.delta, LAW_PARTS, args.seed,
+                calibration=cal, horizon=args.events + args.gap)
+    checks.append(Check("partition law", law.p_value >= law_alpha, law.detail(law_alpha),
+                        law.p_value))
+    ok, detail, p_cc = gaussian_counters_check(fresh, min(args.runs, 400), law_alpha)
+    checks.append(Check("CC/BCC law", ok, detail, p_cc))
     return checks

@@ -457,9 +457,9 @@ def test_ecc_with_halved_svt_noise_fails(eps: float) -> None:
     """ECC whose Part has half its SVT noise. Its releases do not give it away: the bound on
     the first release (the timing channel) stays far below eps, as for the correct ECC;
     halving the noise only doubles the partition's share of the loss, which is far below
-    eps on any pair of streams an audit can run. The partition's law check does: the first
-    checkpoint of 300 fresh Parts against Algorithm 1's law (KS at 0.001) rejects the
-    broken one (p ~ 1e-14 at eps = 150) and accepts the correct one."""
+    eps on any pair of streams an audit can run. The partition's law check does: every SVT
+    instance's gap of 300 fresh Parts against Algorithm 1's law (windowed KS, 0.001 in
+    all) rejects the broken one and accepts the correct one."""
     x0, x1 = make_streams("alternating", 140, 60)
     if eps == 150.0:
         plan = plan_for("ecc", eps, DELTA, x0, x1, "first")
@@ -468,7 +468,7 @@ def test_ecc_with_halved_svt_noise_fails(eps: float) -> None:
         assert res.eps_lb <= eps  # the releases alone cannot fail it
     key = NoiseKey.from_seed(23)
     broken = ecc_partition_check(lambda c: HalfNoiseECC(eps, DELTA, key, c)._part, eps,
-                                 DELTA, 300, seed=1)
+                                 DELTA, 300, seed=1).p_value
     good = ecc_partition_check(lambda c: ECC(eps, DELTA, key, c)._part, eps, DELTA, 300,
-                               seed=1)
+                               seed=1).p_value
     assert broken < 1e-3 <= good, (broken, good)
