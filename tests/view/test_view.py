@@ -379,3 +379,50 @@ def test_view_without_brokers_is_one_error_line(tmp_path: Path) -> None:
     assert done.stderr.startswith("error: the Kafka brokers at 127.0.0.1:9 do not answer")
     assert done.stderr.count("\n") == 1 and "KafkaError{" not in done.stderr, done.stderr
     assert "view: http" not in done.stdout
+
+
+def test_one_release_and_a_few_seconds_of_them_get_a_readable_time_axis(
+        view_process: tuple[Any, str, Path], browser: Any) -> None:
+    """A counter with one release, and one with three releases within 3 s (a walk-through's
+    first minute): each chart spans at least a minute and its time axis is labelled in
+    clock time to the second, never in milliseconds (the issue saw a one-second axis with
+    millisecond labels). Control: the same reading of the canvas finds millisecond labels
+    once a chart is zoomed to half a second. The 50-hour window with many releases is
+    test_charts_have_dated_axes_titles_hover_and_zoom's."""
+    from selenium.webdriver.common.by import By
+
+    deployment, url, _overlay = view_process
+    conf, topics = deployment.conf, deployment.topics
+    kafka_io.produce_all(conf, topics.counts, [(b"purchases", _release("purchases", 5, 42.0))]
+                         + [(b"signups", _release("signups", t, 10.0 * t)) for t in (1, 2, 3)])
+    record_canvas_text(browser)
+    browser.set_window_size(1280, 1000)
+    browser.get(url)
+
+    def section(name: str) -> Any:
+        found = browser.find_elements(By.CSS_SELECTOR, f'section.counter[data-counter="{name}"]')
+        return found[0] if found else None
+
+    _wait("both charts", lambda: section("purchases") and section("signups")
+          and section("purchases").get_attribute("data-releases") == "1"
+          and section("signups").get_attribute("data-releases") == "3"
+          and section("purchases").find_elements(By.CSS_SELECTOR, ".uplot canvas"))
+    span = ("const p = window.dpcView.counters.get(arguments[0]).plot;"
+            "return p.scales.x.max - p.scales.x.min;")
+    clock_label = re.compile(r"^\d\d:\d\d(:\d\d)?$")
+    millis = re.compile(r"\d\d:\d\d:\d\d\.\d{3}")
+
+    def labels() -> list[str]:
+        return [line for t in canvas_text(browser) for line in t.split("\n")]
+
+    for name in ("purchases", "signups"):
+        assert browser.execute_script(span, name) >= 60, name
+    drawn = _wait("time labels", lambda: [t for t in labels() if clock_label.match(t)])
+    assert len(drawn) >= 4, drawn
+    assert not [t for t in labels() if millis.search(t)], labels()
+    # Control: a half-second window is labelled in milliseconds, and the check sees it.
+    browser.execute_script(
+        "const p = window.dpcView.counters.get('purchases').plot;"
+        "p.setScale('x', {min: p.scales.x.max - 0.5, max: p.scales.x.max});")
+    _wait("millisecond labels of the zoomed chart",
+          lambda: [t for t in labels() if millis.search(t)])

@@ -7,6 +7,7 @@
 const KEEP_POINTS = 3000;   // per counter, for drawing
 const TABLE_ROWS = 25;
 const CHART_H = 240;
+const MIN_SPAN_S = 60;     // the shortest time window a chart shows, in seconds
 const BLUE = "#2f6fdb", BAND = "rgba(47,111,219,0.14)", BAND_EDGE = "rgba(47,111,219,0.35)";
 const TRUE_COLOR = "#d9480f";
 
@@ -95,13 +96,14 @@ function columns(c) {
       if (v !== null) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
     }
   });
-  // One point alone gives uPlot an empty time range, which it widens to years: hold the
-  // value for one more tick (it holds until the next release anyway), without a dot.
-  if (out.x.length === 1) {
-    const tick = rel.length ? rel[0].tick_ms / 1000 : 1;
-    out.x.push(out.x[0] + tick);
-    for (const k of ["priv", "up", "lo", "tru"]) out[k].push(out[k][0]);
-    out.hb.push(null);
+  // A window shorter than MIN_SPAN_S (one release, or a few within seconds) would get a
+  // time axis of milliseconds, or years for a single point: it starts MIN_SPAN_S before
+  // the last point instead, with nothing drawn before the first release.
+  const n = out.x.length;
+  if (n && out.x[n - 1] - out.x[0] < MIN_SPAN_S) {
+    out.x.unshift(out.x[n - 1] - MIN_SPAN_S);
+    for (const k of ["priv", "up", "lo", "hb", "tru"]) out[k].unshift(null);
+    out.change = out.change.map(i => i + 1);
   }
   out.fit = lo <= hi ? [lo, hi] : null;
   return out;
