@@ -105,7 +105,9 @@ def counter_parameters(ledger_values: Iterable[bytes | None]
     return out
 
 
-def _entries(ledger_values: Iterable[bytes | None]) -> Iterator[tuple[str, Stated]]:
+def ledger_objects(ledger_values: Iterable[bytes | None]) -> Iterator[dict[str, Any]]:
+    """The values of a ledger topic that decode to an object naming a counter (a str
+    "counter"), in order; tombstones, foreign records and undecodable values skipped."""
     for raw in ledger_values:
         if not raw:
             continue
@@ -113,8 +115,12 @@ def _entries(ledger_values: Iterable[bytes | None]) -> Iterator[tuple[str, State
             obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
-        if type(obj) is not dict or type(obj.get("counter")) is not str:
-            continue
+        if type(obj) is dict and type(obj.get("counter")) is str:
+            yield obj
+
+
+def _entries(ledger_values: Iterable[bytes | None]) -> Iterator[tuple[str, Stated]]:
+    for obj in ledger_objects(ledger_values):
         st = statement(obj)
         if st is not None:
             yield obj["counter"], st

@@ -38,7 +38,7 @@ import orjson
 from processor.core.grid import GRID_BITS, UNIT, to_units
 from processor.errors import StreamError
 from processor.stream.config import MAX_COUNTER_NAME, Settings
-from processor.stream.lifetime import UnitClaim
+from processor.stream.lifetime import UnitClaim, ledger_objects
 from processor.stream.lifetime import plain as plain_claim
 
 #: Every reason code a Rejection may carry (the dead-letter "reason" field).
@@ -280,15 +280,7 @@ def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, froze
     counts with the tag "", which no creation matches: announced, so never re-created.
     Values that are not ledger entries (tombstones, foreign records) are skipped."""
     out: dict[str, set[str]] = {}
-    for raw in ledger_values:
-        if not raw:
-            continue
-        try:
-            obj = orjson.loads(raw)
-        except orjson.JSONDecodeError:
-            continue
-        if type(obj) is not dict or type(obj.get("counter")) is not str:
-            continue
+    for obj in ledger_objects(ledger_values):
         tag = obj.get("creation")
         out.setdefault(obj["counter"], set()).add(tag if type(tag) is str else "")
     return {c: frozenset(tags) for c, tags in out.items()}
