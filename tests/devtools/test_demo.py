@@ -135,10 +135,14 @@ _needs_setpriv = pytest.mark.skipif(
 
 
 def _exec_all(pids: list[int], timeout_s: float = 10.0) -> None:
-    """Wait until no process of `pids` is still setpriv (it asks for the signal just
-    before it execs the real program)."""
+    """Wait until every running process of `pids` has finished its exec: it is no longer
+    setpriv (which asks for the signal just before it execs the real program) and its
+    command line is readable. The kernel switches /proc/<pid>/exe before it sets up the
+    new program's arguments, so for a moment a process shows its new executable and an
+    empty command line (a loaded CI machine caught the test reading it then)."""
     deadline = time.monotonic() + timeout_s
-    while any(program(pid) == "setpriv" for pid in pids):
+    while any(running(pid) and (program(pid) == "setpriv" or not cmdline(pid))
+              for pid in pids):
         assert time.monotonic() < deadline, [cmdline(pid) for pid in pids]
         time.sleep(0.02)
 
