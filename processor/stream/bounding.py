@@ -323,6 +323,43 @@ class BoundsChangeError(RefusedError):
             "configuration, docs/privacy-unit.md).")
 
 
+class BoundsWatch:
+    """When the stage halts on restored state decided under other bounds: at a round of
+    its timer, never at a units record. A record that meets such state is held (`held`)
+    and the stage stops applying; each timer round (`round`) raises the held refusal, or
+    reads the value of every assigned units partition not checked yet and checks its
+    bounds. The first round after a partition's state is restored finds it whether or
+    not a record came, so the halt's time depends on the assignment and the timer, not
+    on an event (the halt's time would otherwise reveal one)."""
+
+    def __init__(self, bounder: Bounder) -> None:
+        self._bounder = bounder
+        #: Assigned units partitions whose stored value has not been read yet.
+        self._unchecked: set[int] = set()
+        self._held: RefusedError | None = None
+
+    def assigned(self, partitions: Iterable[int]) -> None:
+        """The units partitions this worker now holds: each is read at the next round."""
+        self._unchecked = set(partitions)
+
+    def held(self, exc: RefusedError) -> None:
+        """A record met refused state: the next round raises it."""
+        self._held = exc
+
+    def round(self, read: Callable[[int, str], bytes | None]) -> None:
+        """One timer round: raises the refusal held or found (BoundsChangeError). A
+        partition with no value yet is read again at the next round (its restore may
+        still run; a value the stage writes itself carries the configured bounds)."""
+        if self._held is not None:
+            raise self._held
+        for partition in sorted(self._unchecked):
+            raw = read(partition, self._bounder.partition_key(partition))
+            if raw is None:
+                continue
+            self._unchecked.discard(partition)
+            self._bounder.check_stored(partition, raw)
+
+
 def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
     """Keep the event at `seq` of this unit for `counter`? Updates `st`. An event at or
     before the unit's last applied seq is looked up, never re-decided (crash safety)."""
@@ -410,6 +447,19 @@ class Bounder:
                 (self.k, self.m), strict=True):
             if stored != configured:
                 raise BoundsChangeError(partition, name, stored, configured)
+
+    def partition_key(self, partition: int) -> str:
+        """The store key of a units partition's value."""
+        return self._partitions.key(partition)
+
+    def check_stored(self, partition: int, raw: bytes) -> None:
+        """`_check_partition` on a stored units partition value (BoundsWatch). Bytes that
+        are no such value are left to the load that meets them (UnitsFormatError there)."""
+        try:
+            ps = UnitsPartitionState.from_bytes(raw)
+        except Exception:  # the load that meets it raises the typed error
+            return
+        self._check_partition(partition, ps)
 
     def transaction(self, store: StateStore) -> PartitionTransaction:
         """A transaction over one units partition's store, for `apply` to stage changes

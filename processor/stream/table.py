@@ -244,6 +244,11 @@ class WorkerStores:
         #: Values written again over older ones that may have landed last (_rewrite).
         self.rewritten = 0
 
+    def read(self, partition: int, key: str) -> bytes | None:
+        """A stored value, read without opening the partition for writes (no changelog
+        tracking begins: its restore may still run)."""
+        return PartitionStore(self._table, partition, self._producer, self._changelog).get(key)
+
     def of(self, partition: int) -> StateStore:
         store = self._stores.get(partition)
         if store is None:

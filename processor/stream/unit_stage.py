@@ -30,6 +30,7 @@ from processor.stream.bounding import (
     BoundCommit,
     Bounder,
     BoundOutput,
+    BoundsWatch,
     units_changelog_topic,
     units_topic,
 )
@@ -100,6 +101,7 @@ class UnitStage:
             KafkaForwarder(worker.producer, kafka_io.topic_name(s, "timeline"),
                            kafka_io.topic_name(s, "deadletter"), worker.metrics.add),
             crash_point=crash_point, fence=worker.fence.check)
+        self.watch = BoundsWatch(self.commit.bounder)
         self.gaps = GapGuard(kafka_io.base_config(s), s.app_id, self.topic_name,
                              worker.metrics)
         self._lock = asyncio.Lock()
@@ -126,8 +128,12 @@ class UnitStage:
                     out = await self.commit.apply(msg.partition, records,
                                                   forward=self._hold_s <= 0)
                 except RefusedError as exc:
-                    # Restored state decided under other bounds (BoundsChangeError).
-                    self.worker.refused(exc)
+                    # Restored state decided under other bounds (BoundsChangeError):
+                    # held, with the lock, so that nothing is applied or acknowledged
+                    # past it; the next timer round halts the worker (BoundsWatch: never
+                    # at this record's time).
+                    self.watch.held(exc)
+                    await asyncio.Event().wait()
                 except Exception as exc:
                     self.worker.operator_failed(exc)
                 # Under their own names (bounding.METRICS, the dead letters' reason): the
@@ -156,6 +162,10 @@ class UnitStage:
             await self._checkpoint()
 
     async def checkpoint_timer(self) -> None:
+        try:
+            self.watch.round(self.stores.read)
+        except RefusedError as exc:
+            self.worker.refused(exc)
         if self._lock.locked() or not self._pending.timer_due(self.commit.dirty_since):
             return
         async with self._lock:
@@ -172,14 +182,16 @@ class UnitStage:
     async def on_revoked(self) -> None:
         """Checkpoint and acknowledge, then drop every decoded value (another owner may
         write the partitions before they come back: they are read again from the table)."""
+        self.watch.assigned(())
         async with self._lock:
             await self._checkpoint()
             self.commit.forget()
             self.stores.release()
 
     async def on_assigned(self, assigned: Any) -> None:
-        await self.gaps.reseed({tp.partition for tp in assigned
-                                if tp.topic == self.topic_name})
+        mine = {tp.partition for tp in assigned if tp.topic == self.topic_name}
+        self.watch.assigned(mine)
+        await self.gaps.reseed(mine)
 
     def delivered(self, topic: str, partition: int, offset: int) -> None:
         if topic == self.changelog:

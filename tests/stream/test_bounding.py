@@ -27,6 +27,7 @@ from processor.stream.bounding import (
     BoundCommit,
     Bounder,
     BoundsChangeError,
+    BoundsWatch,
     CollectingForwarder,
     UnitRow,
     UnitsPartitionState,
@@ -743,6 +744,62 @@ def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() ->
             legacy[key] = value[:12] + b'{"i":{}}'
     asyncio.run(BoundCommit(Bounder(with_unit(BASE, 4.0, 1e-6, K + 1, M)), _copy(legacy),
                             CollectingForwarder()).commit(*log[3][:1], [log[3][1:]]))
+
+
+def test_a_bounds_refusal_halts_at_a_timer_round_never_at_a_record() -> None:
+    """Restored state decided under other bounds: the watch's first round after the
+    assignment refuses it whether or not a units record met it first (a record that does
+    is held, not refused at its time), so the halt's time does not depend on an event. A
+    partition whose value is not restored yet is read again at the next round. Controls:
+    the same bounds pass every round; a partition not assigned is never read."""
+    _, store = _run(_log(5, n_records=3, partitions=1))
+    other = Bounder(with_unit(BASE, 4.0, 1e-6, K + 1, M))
+
+    def reader(data: dict[str, bytes]) -> Callable[[int, str], bytes | None]:
+        return lambda partition, key: data.get(key)
+
+    halts = []
+    for with_record in (False, True):
+        watch = BoundsWatch(other)
+        watch.assigned({0})
+        if with_record:
+            bc = BoundCommit(other, _copy(store.data), CollectingForwarder())
+            p, off, raw = _log(5, n_records=4, partitions=1)[3]
+            with pytest.raises(BoundsChangeError) as met:
+                asyncio.run(bc.commit(p, [(off, raw)]))
+            watch.held(met.value)
+        rounds = 0
+        with pytest.raises(BoundsChangeError) as err:
+            for rounds in range(1, 4):  # noqa: B007 - the round that raised is the result
+                watch.round(reader(store.data))
+        assert err.value.field == "unit.max_events_per_counter"
+        halts.append(rounds)
+    assert halts == [1, 1]
+
+    restoring: dict[str, bytes] = {}
+    watch = BoundsWatch(other)
+    watch.assigned({0})
+    watch.round(reader(restoring))
+    restoring.update(store.data)
+    with pytest.raises(BoundsChangeError):
+        watch.round(reader(restoring))
+
+    same = BoundsWatch(Bounder(S))
+    same.assigned({0})
+    for _ in range(3):
+        same.round(reader(store.data))
+    read: list[int] = []
+
+    def logged(partition: int, key: str) -> bytes | None:
+        read.append(partition)
+        return None
+
+    elsewhere = BoundsWatch(other)
+    elsewhere.assigned({1})
+    elsewhere.round(logged)
+    elsewhere.assigned(())
+    elsewhere.round(logged)
+    assert read == [1]
 
 
 def test_a_recreated_input_topic_starts_each_units_filter_afresh() -> None:
