@@ -1,17 +1,19 @@
 """White-box checks of ECC and SimECC, which no bound on their releases can replace.
 
 The partition's law against independent samplers of Algorithms 1 and 5
-(`ecc_partition_check`, `simecc_partition_check`), the exact plan check (`plan_check`:
-what the counter's parameters and noise scales deliver, recomputed independently of
-processor.core.tight) and the Section 8 attack's guess and advantage.
+(`ecc_partition_check`, `simecc_partition_check`), CC's and BCC's noise against the sigma
+recomputed here from their parameters (`gaussian_counters_check`), the exact plan check
+(`plan_check`: what the counter's parameters and noise scales deliver, recomputed
+independently of processor.core.tight) and the Section 8 attack's guess and advantage.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -257,14 +259,22 @@ def simecc_partition_check(parts: Callable[[str], DataIndependentPartition], eps
 #
 # The plan check prices CC and BCC from the (eps, delta) they report; this check tests the
 # noise they draw against the sigma that (eps, delta) promises, so a counter that reports
-# the right parameters and draws less noise fails.
+# the right parameters and draws less noise fails. Both parts of that sigma are recomputed
+# here: the interval sums' from the reported (eps, delta), the running counter's (BLT)
+# from the parameters it runs with and its factorisation's public constants, never from
+# the std the counter states (a BLT calibration stating too small a sigma for its own
+# parameters, and drawing that much, would otherwise pass).
 
 #: steps of each fresh CC read by the law check (ECC and SimECC step their CC and BCC once
 #: per checkpoint: the audit's streams hold a few to a few dozen)
 CC_STEPS = 64
-#: relative allowance between the core's stated sigma at an interval's end and the
-#: analytic Gaussian's, recomputed here (the discrete Gaussian's lattice rounding)
+#: relative allowance between the core's stated sigma at a step and the one recomputed
+#: here (the discrete Gaussian's lattice rounding, the core's float slack on its norms)
 SIGMA_RTOL = 1e-3
+#: absolute allowance (units) on the stated sigma inside an interval: BLT states its
+#: Gaussian part plus one unit for the release's rounding to units and its fixed-point
+#: roundings (blt.py's SIGMA_SLACK), which are not Gaussian and not part of the law tested
+BLT_ROUNDING_UNITS = 1.0
 
 
 class UnboundedCounter(Protocol):
@@ -288,54 +298,159 @@ def psum_sigma(eps: float, delta: float, sensitivity: int) -> float:
     return sensitivity / gauss_mu(eps / 2.0, delta / 2.0)
 
 
+@dataclass(frozen=True)
+class BLTConstants:
+    """The public constants of a BLT factorisation, read as data from the module that
+    defines the running counter's class: theta_i and omega_i as integers over
+    2^param_bits, and the fixed-point bits below a unit."""
+
+    theta_num: tuple[int, ...]
+    omega_num: tuple[int, ...]
+    param_bits: int
+    frac_bits: int
+
+    @classmethod
+    def of(cls, counter: object) -> BLTConstants:
+        mod = vars(sys.modules[type(counter).__module__])
+        return cls(tuple(mod["THETA_NUM"]), tuple(mod["OMEGA_NUM"]), int(mod["PARAM_BITS"]),
+                   int(mod["FRAC_BITS"]))
+
+    def enc_err_ulps(self) -> int:
+        """The encoder's fixed-point error bound in ulps, restated from blt.py's analysis
+        (its floor roundings: buffer i drifts < 1 / (1 - theta_i) ulps, the mixing adds < 1
+        per buffer; rounded up, plus one) because it enters the sensitivity the noise
+        must cover: an allowance the core shrank would pass if the audit took the core's."""
+        one = 1 << self.param_bits
+        return 1 + math.ceil(sum(o / (one - t) + 1
+                                 for o, t in zip(self.omega_num, self.theta_num, strict=True)))
+
+    def column(self, n: int) -> npt.NDArray[np.float64]:
+        """c_0..c_{n-1}: column 1 of C, c_0 = 1, c_k = sum_i omega_i theta_i^(k-1)."""
+        scale = float(1 << self.param_bits)
+        th = np.array(self.theta_num, dtype=np.float64) / scale
+        om = np.array(self.omega_num, dtype=np.float64) / scale
+        k = np.arange(1, n, dtype=np.float64)
+        c = np.ones(n)
+        c[1:] = (om[None, :] * th[None, :] ** (k[:, None] - 1.0)).sum(axis=1)
+        return c
+
+
+def blt_running_std(consts: BLTConstants, eps: float, delta: float, horizon: int,
+                    sensitivity: int) -> npt.NDArray[np.float64]:
+    """The std (units) of a BLT counter's error at local steps 1..horizon, recomputed here
+    from its parameters and constants: the L2 sensitivity of C x over the horizon (the
+    largest column of C, its first: C is lower-triangular Toeplitz, so every column is a
+    prefix of it; times `sensitivity`, plus the fixed-point allowance 2 enc_err_ulps
+    2^-frac_bits sqrt(horizon) of blt.py's analysis), sigma = that / mu(eps, delta) by the
+    audit's own solver, rounded up to the 2^-frac_bits lattice as the counter draws it, and
+    at step t sigma ||row t of B||, B = A C^{-1} (A the prefix-sum matrix), by a dense
+    triangular solve (the core uses closed forms and a doubling recursion)."""
+    from scipy.linalg import solve_triangular
+
+    c = consts.column(horizon)
+    l2 = (sensitivity * math.sqrt(float(np.sum(c * c)))
+          + 2.0 * consts.enc_err_ulps() / float(1 << consts.frac_bits) * math.sqrt(horizon))
+    lattice = float(1 << consts.frac_bits)
+    sigma = math.ceil(l2 / gauss_mu(eps, delta) * lattice) / lattice
+    idx = np.arange(horizon)
+    cmat = np.where(idx[:, None] >= idx[None, :], c[np.abs(idx[:, None] - idx[None, :])], 0.0)
+    amat = np.tril(np.ones((horizon, horizon)))
+    b = solve_triangular(cmat.T, amat.T, lower=False).T  # B C = A
+    return np.asarray(sigma * np.sqrt(np.sum(b * b, axis=1)), dtype=np.float64)
+
+
+def running_counter_problems(cc: UnboundedCounter, t: int) -> tuple[str, ...]:
+    """Why CC's running counter after step t (its `_inner`) is not the one its doubling
+    trick asks for: a BLT at (eps/2, delta/2), horizon 2^K - 1 (K intervals complete),
+    CC's sensitivity, at local step t - 2^K + 1. Empty: it is."""
+    inner: Any = getattr(cc, "_inner", None)
+    done = (t + 1).bit_length() - 1
+    want = (cc.eps / 2.0, cc.delta / 2.0, (1 << done) - 1, cc.sensitivity,
+            t - (1 << done) + 1)
+    if inner is None:
+        return (f"no running counter at step {t}",)
+    if getattr(type(inner), "kind", None) != "blt":
+        return (f"running counter of kind {getattr(type(inner), 'kind', '?')!r} at step {t}: "
+                f"the audit recomputes only BLT's law",)
+    got = (inner.eps, inner.delta, inner.horizon, inner.sensitivity, inner.t)
+    if got != want:
+        return (f"running counter at step {t} runs with (eps, delta, horizon, sensitivity, "
+                f"step) {got}, CC's doubling trick asks {want}",)
+    return ()
+
+
 def cc_law_check(counters: Callable[[str], UnboundedCounter], runs: int, steps: int,
                  what: str) -> tuple[LawCheck, list[str]]:
     """The law of a CC's releases over its whole run: `runs` fresh counters fed 0 for
     `steps` steps (their release is then their noise); at every step t the release minus
     the one at the end of the last completed interval (the current interval's noise
-    alone: p_k at the interval's end, of std psum_sigma recomputed here from the reported
-    (eps, delta); inside it the running counter's error, of std sqrt(sigma_t^2 - K a^2)
-    with sigma_t the counter's stated std) over its std must be N(0, 1). The stated
-    sigma_t is tied to the reported (eps, delta) at every interval end t = 2^K - 1, where
-    it must be sqrt(K) times psum_sigma: a mismatch is a problem. The steps are cut into
+    alone: p_k at the interval's end, of std a = psum_sigma recomputed here from the
+    reported (eps, delta); inside it the running BLT counter's error, of std recomputed by
+    blt_running_std from the parameters CC's doubling trick gives it, which the running
+    counter must run with: a difference is a problem) over that recomputed std must be
+    N(0, 1). The counter's stated sigma_t must equal the recomputed sqrt(K a^2 +
+    running^2) (K intervals complete) at every step, within SIGMA_RTOL plus
+    BLT_ROUNDING_UNITS inside an interval: a mismatch is a problem. The steps are cut into
     LAW_WINDOWS windows; in each, run r contributes its standardised noise at one step
     (the window's steps in turn), so a window's values are independent; KS against
     N(0, 1) per window, Bonferroni over them."""
     samples = np.zeros((runs, steps), dtype=np.float64)
     problems: list[str] = []
-    sigma: npt.NDArray[np.float64] | None = None
+    t = np.arange(1, steps + 1)
+    done = np.array([(int(v) + 1).bit_length() - 1 for v in t])  # completed intervals
+    ends = t == (1 << done) - 1
+    std = np.zeros(steps)  # the recomputed std of step t's interval noise
+    a = 1.0
     for r in range(runs):
         cc = counters(f"{r}")
-        if sigma is None:
-            sigma = np.array([cc.sigma(t) for t in range(1, steps + 1)])
-            a = psum_sigma(cc.eps, cc.delta, cc.sensitivity)
-            for k in range(1, (steps + 1).bit_length()):
-                got, want = float(sigma[(1 << k) - 2]), math.sqrt(k) * a
-                if abs(got - want) > SIGMA_RTOL * want:
-                    problems.append(f"{what} states sigma {got:.6g} at step {(1 << k) - 1}, "
-                                    f"its (eps, delta) promise {want:.6g}")
-                    break
-        samples[r] = [cc.step(0) for _ in range(steps)]
-    assert sigma is not None
+        if r > 0:
+            samples[r] = [cc.step(0) for _ in range(steps)]
+            continue
+        a = psum_sigma(cc.eps, cc.delta, cc.sensitivity)
+        runs_std: dict[int, npt.NDArray[np.float64]] = {}
+        mismatch = wrong_inner = ""
+        for i in range(steps):
+            samples[0, i] = cc.step(0)
+            step, k = i + 1, int(done[i])
+            if ends[i]:
+                std[i], slack = a, 0.0
+            else:
+                # The std the doubling trick promises: a BLT at (eps/2, delta/2), horizon
+                # 2^K - 1, CC's sensitivity, whatever the running counter says it runs with.
+                horizon, local = (1 << k) - 1, step - (1 << k) + 1
+                inner: Any = getattr(cc, "_inner", None)
+                found = running_counter_problems(cc, step)
+                if found and not wrong_inner:
+                    wrong_inner = f"{what}: {found[0]}"
+                if inner is None or getattr(type(inner), "kind", None) != "blt":
+                    std[i] = a  # a placeholder: the check fails already
+                    continue
+                if horizon not in runs_std:
+                    runs_std[horizon] = blt_running_std(
+                        BLTConstants.of(inner), cc.eps / 2.0, cc.delta / 2.0, horizon,
+                        cc.sensitivity)
+                std[i], slack = runs_std[horizon][local - 1], BLT_ROUNDING_UNITS
+            want = math.sqrt(k * a * a + (0.0 if ends[i] else std[i] ** 2))
+            got = cc.sigma(step)
+            if not mismatch and abs(got - want) > SIGMA_RTOL * want + slack:
+                mismatch = (f"{what} states sigma {got:.6g} at step {step}, its parameters "
+                            f"promise {want:.6g}")
+        problems += [m for m in (wrong_inner, mismatch) if m]
     # Each release minus the one at the end of the last completed interval is the noise
     # of the current interval alone (p_k at an interval's end, the running counter's error
     # inside it): independent of earlier intervals, so a change late in the run is not
     # diluted by the noise drawn before it.
-    t = np.arange(1, steps + 1)
-    done = np.array([(int(v) + 1).bit_length() - 1 for v in t])  # completed intervals
-    ends = t == (1 << done) - 1
     before = np.where(ends, (1 << np.maximum(done - 1, 0)) - 1, (1 << done) - 1)
     padded = np.concatenate([np.zeros((runs, 1)), samples], axis=1)  # release 0 is 0
     prev = padded[:, before]
-    var = np.where(ends, a * a, sigma**2 - done * a * a)
-    z = (samples - prev) / np.sqrt(np.maximum(var, a * a * 1e-12))[None, :]
+    z = (samples - prev) / np.maximum(std, a * 1e-6)[None, :]
     cols = np.array_split(np.arange(steps), min(LAW_WINDOWS, steps))
     ps = []
     for c in cols:
         pick = z[np.arange(runs), c[np.arange(runs) % c.size]]
         ps.append(float(stats.kstest(pick, "norm").pvalue))
     worst = int(np.argmin(ps))
-    check = LawCheck(f"{what}'s releases over their promised sigma against N(0, 1)",
+    check = LawCheck(f"{what}'s releases over their recomputed sigma against N(0, 1)",
                      min(1.0, len(ps) * ps[worst]), worst + 1, len(ps), steps, runs,
                      tuple(ps))
     return check, problems

@@ -1,5 +1,6 @@
 """The audit's new controls (issue 28): noise that changes late in the run, CC and BCC
-drawing less noise than their (eps, delta) promise, and wrong per-unit derivations. Each
+drawing less noise than their (eps, delta) promise (a BLT calibration stating and drawing
+half its sigma included), and wrong per-unit derivations. Each
 must FAIL, caught by the check named; the real counters must PASS under both calibrations.
 
 False-alarm rates: each law check (partition, CC/BCC) is a set of windowed KS tests at
@@ -22,15 +23,19 @@ from processor.audit.diagnostics import (
     LAW_PARTS,
     PART_INSTANCES,
     SIMPART_GAPS,
+    BLTConstants,
+    blt_running_std,
     ecc_partition_check,
     gaussian_counters_check,
     plan_check,
+    psum_sigma,
     simecc_partition_check,
 )
 from processor.audit.unit_accounting import unit_derivation_check
 from processor.commands import audit as audit_command
 from processor.commands.audit import main_audit
-from processor.core import registry, unit
+from processor.core import blt, registry, unit
+from processor.core import cc as cc_module
 from processor.core.bounded import gaussian_sigma2
 from processor.core.cc import UnboundedCC
 from processor.core.ecc import ECC, SimECC
@@ -190,6 +195,66 @@ def test_cc_and_bcc_drawing_half_their_noise_fail_the_cc_bcc_law(
                 ok, detail, p = gaussian_counters_check(fresh(cls), 400, LAW_ALPHA)
                 assert not ok and p < LAW_ALPHA, (eps, which, first, detail)
                 assert f"{which.upper()} does not draw" in detail, detail
+
+
+@pytest.fixture
+def half_blt_scale(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Control: the BLT calibration gives every running counter half its noise scale,
+    and its stated sigma follows (blt_sigma reads the same scale), so what the counter
+    states and what it draws agree; CC's interval sums and every reported (eps, delta)
+    stay right. The core's sigma caches are cleared on both sides."""
+    full = blt.blt_scale
+    monkeypatch.setattr(blt, "blt_scale", lambda e, d, n, s: full(e, d, n, s) // 2)
+    cc_module.cc_sigma.cache_clear()
+    cc_module.cc_sigma_max.cache_clear()
+    yield
+    cc_module.cc_sigma.cache_clear()
+    cc_module.cc_sigma_max.cache_clear()
+
+
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+@pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
+def test_a_blt_stating_and_drawing_half_its_sigma_fails_the_cc_bcc_law(
+        half_blt_scale: None, mechanism: str, calibration: str) -> None:
+    """The running BLT counter inside CC and BCC at half its scale, stated sigma and drawn
+    noise consistent, at eps 10: the plan check (it reads the reported parameters) passes;
+    the CC/BCC law check fails it, twice over: the stated sigma differs from the one the
+    audit recomputes from the counter's parameters and BLT constants, and the releases
+    standardised by the recomputed sigma are not N(0, 1). (When the check took the BLT's
+    stated sigma, this control passed: adjusted p 0.07 to 0.41.)"""
+    cls = ECC if mechanism == "ecc" else SimECC
+    assert plan_check(cls(10.0, DELTA, KEY, "p", calibration=calibration), 10.0,
+                      DELTA).passed
+    ok, detail, p = gaussian_counters_check(
+        lambda c: cls(10.0, DELTA, KEY, c, calibration=calibration), 400, LAW_ALPHA)
+    assert not ok and p < LAW_ALPHA, detail
+    for which in ("CC", "BCC"):
+        assert f"{which} states sigma" in detail, detail
+        assert f"{which} does not draw" in detail, detail
+
+
+def test_the_recomputed_running_sigma_is_the_stated_one_for_a_correct_blt() -> None:
+    """The audit's own recomputation of the running BLT's std (dense B = A C^-1, its own
+    mu solver) agrees with the core's stated one (closed forms, doubling) to 1e-5 at every
+    step of the check, at eps 1, 10 and 150 under both calibrations: the allowance
+    SIGMA_RTOL (1e-3) is 50 times the largest gap, and the control above (half the
+    scale: 21% off) is far outside it."""
+    for eps in (1.0, 10.0, 150.0):
+        for calibration in ("paper", "tight"):
+            counter = ECC(eps, DELTA, KEY, "r", calibration=calibration)
+            for cc in (counter._cc, counter._bcc._cc):
+                a = psum_sigma(cc.eps, cc.delta, cc.sensitivity)
+                cc.step(0)
+                cc.step(0)  # step 2: the first running counter exists
+                consts = BLTConstants.of(cc._inner)
+                for k in range(1, 6):
+                    h = (1 << k) - 1
+                    run = blt_running_std(consts, cc.eps / 2, cc.delta / 2, h,
+                                          cc.sensitivity)
+                    for local in range(1, h + 1):
+                        want = math.sqrt(k * a * a + run[local - 1] ** 2)
+                        assert cc.sigma(h + local) == pytest.approx(want, rel=2e-5), (
+                            eps, calibration, h + local)
 
 
 def test_the_command_names_the_cc_bcc_law(monkeypatch: pytest.MonkeyPatch,
