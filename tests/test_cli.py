@@ -432,6 +432,37 @@ def test_help_into_a_reader_that_leaves_is_quiet(command: str, tmp_path: Path) -
     assert code != 0 and "BrokenPipeError" in err  # control
 
 
+def a_socket_broke(_args: list[str]) -> int:
+    """A command entry (for the dispatcher's table) whose connection broke."""
+    raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_command_whose_reader_leaves_is_quiet_and_another_broken_pipe_is_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A command's own output into a pipe whose reader has left (`count ... | head -c 600`:
+    more than a pipe buffer, so the command's write fails, not the final flush): exit 0 and
+    nothing on stderr. Control: a BrokenPipeError while standard output is fine (a socket
+    broke) is an error, one `error:` line and exit 2."""
+    ticks = tmp_path / "ticks.txt"
+    ticks.write_text("_\n" * 20_000)
+    argv = [sys.executable, "-m", "processor", "count", "--mechanism", "simecc",
+            "--epsilon", "1", "--delta", "1e-6", "--seed", "7", "--input", str(ticks)]
+    read, write = os.pipe()
+    os.close(read)  # the reader left before the writer starts
+    try:
+        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=120, cwd=tmp_path)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (0, "")
+
+    monkeypatch.setitem(cli._DELEGATED, "broken", (__name__, "a_socket_broke"))
+    assert cli.main(["broken"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+
+
 def _sigterm_disposition(_: int) -> str:
     handler = signal.getsignal(signal.SIGTERM)
     if handler is None:  # set outside Python

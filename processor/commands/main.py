@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import select
 import signal
 import sys
 import threading
@@ -199,6 +200,18 @@ def _stdout_to_devnull() -> None:
         os.close(devnull)
 
 
+def _stdout_reader_left() -> bool:
+    """Whether standard output is a pipe whose reader has closed it (poll reports POLLERR
+    on the write end of such a pipe): a command's BrokenPipeError is then the reader
+    leaving, not a failure of the command."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False  # stdout is no file (a test's capture)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch `argv` (default: sys.argv[1:]) to its subcommand under one error policy:
     a usage error or any exception is one `error:` line on stderr and exit code 2 (usage
@@ -249,6 +262,11 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError as exc:
+        if _stdout_reader_left():  # `... | head`: main ends the output quietly
+            raise
+        print_error(exc, foreign=_library_errors())  # another pipe (a socket) broke
+        return EXIT_ERROR
     except Exception as exc:
         print_error(exc, foreign=_library_errors())
         return exc.exit_code if isinstance(exc, ProcessorError) else EXIT_ERROR

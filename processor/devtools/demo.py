@@ -24,6 +24,7 @@ directory (`demo-clients.log`), never into the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -34,11 +35,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -391,6 +394,9 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
     if args.delete:
         return delete_run(Path(args.delete))
 
+    # The first private count waits for the broker's start, then for the worker's; the
+    # demo's own heavy import (Faust's, to create the topics) runs meanwhile.
+    threading.Thread(target=_import_quietly, args=(TOPICS_MODULE,), daemon=True).start()
     started_broker = False
     bootstrap = args.bootstrap
     if not bootstrap:
@@ -405,7 +411,8 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
         partitions=2, tick_ms=tick, lateness_ms=int(args.lateness_ms), max_future_ms=60_000,
         mechanism=args.mechanism, calibration=args.calibration, epsilon=args.epsilon,
         delta=args.delta, heartbeat_ticks=max(1, 5000 // tick),  # a heartbeat every ~5 s
-        metrics_host="127.0.0.1", metrics_port=_free_port(int(args.metrics_port)))
+        metrics_host="127.0.0.1", metrics_port=_free_port(int(args.metrics_port)),
+        create_topics=False)  # created by _Run while the worker starts
     # A demo never leaves its worker running, even killed; the worker stays in the demo's
     # process group, so the terminal's Ctrl-C reaches it too.
     deployment.worker.dies_with_parent = True
@@ -418,6 +425,17 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
     else:
         _print_kept(deployment, started_broker or not args.bootstrap)
     return code
+
+
+#: Where `ensure_topics` lives (it imports Faust: about a second).
+TOPICS_MODULE = "processor.stream.app"
+
+
+def _import_quietly(module: str) -> None:
+    """Import `module` ahead of its use (a background thread's warm-up). A failure is left
+    to the real import, which raises it where it is handled."""
+    with contextlib.suppress(Exception):
+        import_module(module)
 
 
 def _free_port(wanted: int) -> int:
@@ -528,6 +546,11 @@ class _Run:
         worker = self.deployment.worker
         try:
             worker.start()
+            # The topics, for the demo's consumer and the view, while the worker imports
+            # (it creates them too: ensure_topics is made for workers starting at once).
+            from processor.stream.app import ensure_topics  # TOPICS_MODULE, warmed up
+
+            ensure_topics(self.settings)
             self._write_overlay()
             port = self.settings.metrics_port
             print(f"worker metrics: http://127.0.0.1:{port}/metrics  (operator-only: "

@@ -294,6 +294,8 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
         info = json.loads(state.read_text())
         bootstrap = started.stdout.strip()
         assert bootstrap == info["bootstrap_servers"]
+        # stderr's line is whole without stdout (the demo shows stderr, reads stdout).
+        assert "Kafka is up in " in started.stderr and f" at {bootstrap}\n" in started.stderr
         assert lk_cluster.broker_ids(bootstrap, timeout=10.0) == {1}
         status = subprocess.run(
             [*base, "status", "--state-file", str(state)], capture_output=True, text=True
@@ -307,7 +309,7 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
             again = subprocess.run([*base, "start", "--state-file", str(state), *ports],
                                    capture_output=True, text=True, timeout=60)
             assert (again.returncode, again.stdout.strip()) == (0, bootstrap), again.stderr
-            assert "already running" in again.stderr
+            assert f"already running at {bootstrap} " in again.stderr
         other = subprocess.run([*base, "start", "--state-file", str(state), "--ports",
                                 str(int(port) + 1)], capture_output=True, text=True, timeout=60)
         assert other.returncode == 1 and other.stdout == ""

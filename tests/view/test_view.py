@@ -129,6 +129,9 @@ def test_page_shows_counters_and_a_new_release_without_reload(
     _wait("the ledger entry", lambda: browser.find_elements(
         By.CSS_SELECTOR, '#ledger tbody tr[data-counter="signups"]'))
     assert "no release yet" in section("purchases").text
+    # The status line counts in words that agree with the number.
+    status = browser.find_element(By.ID, "status").text
+    assert "· 3 releases · 1 ledger entry ·" in status, status
     # The chart is uPlot's (a canvas in the section), the other one still waits.
     assert section("signups").find_elements(By.CSS_SELECTOR, ".uplot canvas")
     assert not section("purchases").find_elements(By.CSS_SELECTOR, ".uplot")

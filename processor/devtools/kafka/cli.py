@@ -72,7 +72,9 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
                     and old.get("security", "plaintext") == args.security):
                 # The broker asked for runs already (the demo's, say): use it, do not
                 # stop it (that would delete the topics it keeps).
-                print("a local Kafka is already running (kept as it is); bootstrap servers:",
+                # The address on both streams: standard output is for scripts (the demo
+                # reads it), the line on stderr is whole without it.
+                print(f"a local Kafka is already running at {running} (kept as it is)",
                       file=sys.stderr)
                 print(running, flush=True)
                 return EXIT_OK
@@ -108,7 +110,7 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
         print(f"client settings ({args.security}, mode 0600): {written[0]} (librdkafka) and "
               f"{written[1]} (the processor's bootstrap_servers and [security])",
               file=sys.stderr)
-    print(f"Kafka is up in {took:.1f}s; bootstrap servers:", file=sys.stderr)
+    print(f"Kafka is up in {took:.1f}s at {kafka.bootstrap_servers}", file=sys.stderr)
     print(kafka.bootstrap_servers, flush=True)
     if written is not None:
         print(f"client properties: {written[0]}", flush=True)

@@ -283,10 +283,13 @@ function apply(u) {
   renderTables();
   const status = $("#status");
   status.dataset.status = u.status;
-  status.textContent = `status: ${u.more ? "catching up" : u.status} · ${state.cursor.r} releases · ` +
-    `${state.ledger.length} ledger entries · updated ${stamp(Date.now())}` +
+  status.textContent = `status: ${u.more ? "catching up" : u.status} · ` +
+    `${counted(state.cursor.r, "release", "releases")} · ` +
+    `${counted(state.ledger.length, "ledger entry", "ledger entries")} · updated ${stamp(Date.now())}` +
     (u.unreadable ? ` · ${u.unreadable} unreadable records skipped` : "");
 }
+
+function counted(n, one, many) { return `${n} ${n === 1 ? one : many}`; }
 
 async function poll() {
   try {
