@@ -152,7 +152,8 @@ def deployment_phase(bootstrap: str, counters: int, seconds: float, rate: float,
             print(f"  replay {i + 1}: {v['verdict']}, {r['wall_s']:.1f} s wall "
                   f"({r['cpu_s']:.1f} CPU-s), load {r['load']:.2f}; ratio "
                   f"{run['duration_s'] / r['wall_s']:.1f}x; "
-                  f"{c['timeline_records'] / r['wall_s']:,.0f} timeline records/s; "
+                  f"{c['timeline_records'] / r['wall_s']:,.0f} timeline records/s, "
+                  f"{counters / r['wall_s']:,.0f} counters/s; "
                   f"releases {c['releases']}, ledger {c['ledger']}", flush=True)
             if v["verdict"] != "identical":
                 raise RuntimeError(f"replay verdict {v['verdict']}: {v['differences']}")
