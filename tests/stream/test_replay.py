@@ -321,6 +321,16 @@ def test_parallel_recomputation_equals_the_sequential_one(
     two = recompute_timeline(s, key, timeline, settled, jobs=2)
     assert forked == [1] or threading.active_count() > 1  # forks only single-threaded
     assert one == two
+    # The forked processes encoded their records (compare's input) where they made them:
+    # the same keys and bytes as encoding the merged records here.
+    assert two._encoded is not None or not forked
+    assert two.encoded() == one.encoded()
+    assert one.encoded() == (
+        [((r.counter, r.tick, r.kind), r.to_json()) for r in one.settled],
+        [((r.counter, r.tick, r.kind), r.to_json()) for r in one.unsettled],
+        [((e.counter, e.creation, e.fingerprint), e.to_json()) for e in one.settled_ledger],
+        [((e.counter, e.creation, e.fingerprint), e.to_json())
+         for e in one.unsettled_ledger])
     assert one.settled and one.unsettled and len(one.settled_ledger) == 6
 
 

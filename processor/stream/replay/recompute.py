@@ -24,7 +24,7 @@ import os
 import threading
 from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -44,6 +44,7 @@ from processor.stream.records import (
     marker_tick,
 )
 from processor.stream.replay.history import LedgerHistory, LedgerProvenance
+from processor.stream.replay.report import RecordKey
 from processor.stream.state import DictStore, PartitionState
 
 #: Timeline records per recomputed batch. The outputs do not depend on the batching; the
@@ -57,6 +58,10 @@ Progress = Callable[[str, int, int], None]
 TimelinePart = Sequence[tuple[int, bytes | None]]
 
 
+#: Public records as their comparison keys and bytes.
+Keyed = list[tuple[RecordKey, bytes]]
+
+
 @dataclass
 class Recomputed:
     """What the timeline recomputes to: releases and ledger entries of records below the
@@ -68,6 +73,24 @@ class Recomputed:
     unsettled_ledger: list[LedgerEntry]
     records: int
     duplicates_dropped: int
+    #: `encoded()`, once computed (the lists above are complete by then).
+    _encoded: tuple[Keyed, Keyed, Keyed, Keyed] | None = field(
+        default=None, compare=False, repr=False)
+
+    def encoded(self) -> tuple[Keyed, Keyed, Keyed, Keyed]:
+        """The four lists as (key, bytes) of each record: (counter, tick, kind) of a
+        release, (counter, creation, fingerprint) of a ledger entry. Computed once; a
+        forked recomputation computes it before it returns, so that the encoding runs in
+        parallel, not in the process that compares."""
+        if self._encoded is None:
+            self._encoded = (
+                [((r.counter, r.tick, r.kind), r.to_json()) for r in self.settled],
+                [((r.counter, r.tick, r.kind), r.to_json()) for r in self.unsettled],
+                [((e.counter, e.creation, e.fingerprint), e.to_json())
+                 for e in self.settled_ledger],
+                [((e.counter, e.creation, e.fingerprint), e.to_json())
+                 for e in self.unsettled_ledger])
+        return self._encoded
 
 
 def default_jobs(settings: Settings) -> int:
@@ -335,8 +358,10 @@ _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
     settings, key, timeline, settled_below, history, stamps = _JOB
-    return _recompute_one(settings, key, history, partition, timeline[partition],
-                          settled_below, None, stamps)
+    got = _recompute_one(settings, key, history, partition, timeline[partition],
+                         settled_below, None, stamps)
+    got.encoded()
+    return got
 
 
 def _recompute_parallel(settings: Settings, key: NoiseKey,
@@ -373,4 +398,9 @@ def _merged(parts: Mapping[int, Recomputed]) -> Recomputed:
         merged.unsettled_ledger += r.unsettled_ledger
         merged.records += r.records
         merged.duplicates_dropped += r.duplicates_dropped
+    if all(r._encoded is not None for r in parts.values()):
+        encoded = [r.encoded() for _p, r in sorted(parts.items())]
+        merged._encoded = (
+            [x for e in encoded for x in e[0]], [x for e in encoded for x in e[1]],
+            [x for e in encoded for x in e[2]], [x for e in encoded for x in e[3]])
     return merged
