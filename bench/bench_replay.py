@@ -149,6 +149,21 @@ def _commit_end(conf: Mapping[str, str], group: str, topic: str, timeline: Timel
         consumer.close()
 
 
+def deployment(args: argparse.Namespace) -> None:
+    """Phase deployment: a worker's run, then replay of its topics (its own broker unless
+    --bootstrap or KAFKA_BOOTSTRAP_SERVERS names one)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from replay_deployment import deployment_phase
+    from stream_io import broker
+
+    with broker(args.bootstrap or None) as bootstrap:
+        deployment_phase(bootstrap, args.counters, args.deployment, args.rate,
+                         {"tick_ms": args.tick_ms, "mechanism": args.mechanism,
+                          "calibration": args.calibration, "epsilon": args.epsilon,
+                          "partitions": args.partitions},
+                         args.repeats, args.replay_timeout, args.keep)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=3000, help="ticks of timeline")
@@ -162,7 +177,24 @@ def main() -> None:
                     help="a broker for the end-to-end phase (default: skip it)")
     ap.add_argument("--profile", action="store_true",
                     help="print a cProfile of one in-memory recomputation")
+    ap.add_argument("--deployment", type=float, default=0.0, metavar="SECONDS",
+                    help="instead: run a worker with --counters counters for SECONDS, then "
+                    "time the replay CLI on its topics (replay_deployment.py)")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="with --deployment: input events/s (default 0)")
+    ap.add_argument("--tick-ms", type=int, default=1000,
+                    help="with --deployment: the worker's tick_ms (default 1000)")
+    ap.add_argument("--mechanism", default="ecc", help="with --deployment: ecc or simecc")
+    ap.add_argument("--calibration", default="paper",
+                    help="with --deployment: paper or tight")
+    ap.add_argument("--replay-timeout", type=float, default=900.0,
+                    help="with --deployment: stop a replay after this many seconds")
+    ap.add_argument("--keep", default=None, metavar="DIR",
+                    help="with --deployment: keep the deployment's files in DIR")
     args = ap.parse_args()
+    if args.deployment:
+        deployment(args)
+        return
     secret = bytes(range(32))
     key = NoiseKey(secret)
     s = with_overrides(Settings(), counters={f"c{i:04d}": 0 for i in range(args.counters)},

@@ -294,6 +294,39 @@ def test_an_unannounced_fingerprint_and_a_refused_entry_are_reported_with_a_reas
     assert "validation refuses" in reason and "epsilon" in reason
 
 
+def test_each_distinct_parameters_are_validated_once(monkeypatch: pytest.MonkeyPatch,
+                                                     ) -> None:
+    """Validating settings is linear in the declared counters: a ledger of many counters
+    created with one configuration's parameters validates them once, not once per entry
+    (with 100,000 counters per entry was hours). The verdict is per entry still: two
+    entries refused for epsilon 0.0 and -0.0 (equal as floats) each carry the validation's
+    own message for their value, and the accepted ones are used. Control: the counting
+    wrapper sees every call (one per distinct parameters, one for the per-event settings)."""
+    from processor.stream.replay import history as history_module
+
+    s2, life = _kept_life()
+    created = next(e for e in life.ledger if (e.counter, e.entry) == ("a", "created"))
+    many = [dataclasses.replace(created, counter=f"m{i:04d}") for i in range(300)]
+    refused = [dataclasses.replace(created, counter="z0", epsilon=0.0),
+               dataclasses.replace(created, counter="z1", epsilon=-0.0)]
+    calls: list[dict[str, Any]] = []
+
+    def counting(s: Settings, **changes: Any) -> Settings:
+        calls.append(changes)
+        return with_overrides(s, **changes)
+
+    monkeypatch.setattr(history_module, "with_overrides", counting)
+    h = ledger_history(s2, KEY, [e.to_json() for e in (*many, *refused)])
+    assert len(calls) == 1 + 1 + 2
+    assert set(h.created) == {e.counter for e in many}
+    reasons = {d.key[0]: d.detail for d in h.problems}
+    assert set(reasons) == {"z0", "z1"}
+    for name, eps in (("z0", 0.0), ("z1", -0.0)):
+        with pytest.raises(Exception) as exc:
+            with_overrides(s2, privacy_unit="event", epsilon=eps)
+        assert f"({exc.value})" in reasons[name]
+
+
 # ----------------------------------------------------------------------- the broker
 
 

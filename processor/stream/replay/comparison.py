@@ -86,9 +86,9 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     tallies and every difference, sorted by topic, key."""
     diffs: list[Difference] = []
     ledger = list(ledger)
-    mine, settled = _recomputed(
-        "counts", [((r.counter, r.tick, r.kind), r.to_json()) for r in result.settled],
-        [((r.counter, r.tick, r.kind), r.to_json()) for r in result.unsettled], diffs)
+    settled_releases, unsettled_releases, settled_entries, unsettled_entries = (
+        result.encoded())
+    mine, settled = _recomputed("counts", settled_releases, unsettled_releases, diffs)
     theirs = _published(published, "counts", release_key, diffs)
     covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
     for c, t, _kind in theirs:
@@ -102,11 +102,8 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     releases = _check("counts", mine, settled, release_due, theirs, diffs)
     _unexplained(theirs, ledger, diffs)
 
-    mine_ledger, settled_ledger = _recomputed(
-        "ledger",
-        [((e.counter, e.creation, e.fingerprint), e.to_json()) for e in result.settled_ledger],
-        [((e.counter, e.creation, e.fingerprint), e.to_json())
-         for e in result.unsettled_ledger], diffs)
+    mine_ledger, settled_ledger = _recomputed("ledger", settled_entries, unsettled_entries,
+                                              diffs)
     theirs_ledger = _published(ledger, "ledger", ledger_key, diffs)
     entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
                            theirs_ledger, diffs)

@@ -113,6 +113,32 @@ def _unusable(d: Mapping[str, Any], key_id: str, ticks: Mapping[int, str]) -> st
     return None
 
 
+def _checked_parameters(d: Mapping[str, Any], per_event: Settings,
+                        refusals: dict[tuple[str, str, str, str], str | None],
+                        ) -> Parameters | str:
+    """The parameters of the created entry `d`, or why the configuration validation
+    refuses them: the per-event parameters alone (in user mode the configuration derives
+    them from its unit target, which an earlier configuration's need not be).
+
+    Validating settings is linear in the declared counters, and nearly every entry
+    repeats one configuration's parameters: `refusals` keeps the outcome per distinct
+    parameters (repr: -0.0 == 0.0, but the validation's message names the value given)."""
+    try:
+        params = _entry_parameters(d)
+    except (TypeError, KeyError) as exc:
+        return str(exc)
+    memo = (params[0], repr(params[1]), repr(params[2]), params[3])
+    if memo not in refusals:
+        try:
+            with_overrides(per_event, mechanism=params[0], epsilon=params[1],
+                           delta=params[2], calibration=params[3])
+            refusals[memo] = None
+        except (ConfigError, TypeError, KeyError) as exc:
+            refusals[memo] = str(exc)
+    refused = refusals[memo]
+    return params if refused is None else refused
+
+
 def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | None],
                    releases: Iterable[bytes | None] = ()) -> LedgerHistory:
     """Read the published ledger into a LedgerHistory for `settings` (the current
@@ -130,6 +156,8 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
         unit_confirm_migration=False)
     h.configured[current] = configured_now
     entries: dict[str, dict[int, str]] = {}
+    # Distinct parameters -> why the validation refuses them (None: it accepts them).
+    refusals: dict[tuple[str, str, str, str], str | None] = {}
     by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
     for d in ledger_dicts(ledger):
         name = d["counter"]
@@ -159,14 +187,9 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
             inconsistent("a second creation of the counter (the worker refuses to create "
                          "an announced counter again): not used")
             continue
-        try:
-            params = _entry_parameters(d)
-            # The per-event parameters alone (in user mode the configuration derives
-            # them from its unit target, which an earlier configuration's need not be).
-            with_overrides(per_event, mechanism=params[0], epsilon=params[1],
-                           delta=params[2], calibration=params[3])
-        except (ConfigError, TypeError, KeyError) as exc:
-            inconsistent(f"the configuration validation refuses its parameters ({exc}): "
+        params = _checked_parameters(d, per_event, refusals)
+        if isinstance(params, str):
+            inconsistent(f"the configuration validation refuses its parameters ({params}): "
                          "recomputed with the configured ones")
             continue
         if fp == current:

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import itertools
 import multiprocessing
 import os
 import threading
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Coroutine, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from processor.commandline import pool_worker_signals
 from processor.core.rng import NoiseKey
@@ -42,6 +44,7 @@ from processor.stream.records import (
     marker_tick,
 )
 from processor.stream.replay.history import LedgerHistory, LedgerProvenance
+from processor.stream.replay.report import RecordKey
 from processor.stream.state import DictStore, PartitionState
 
 #: Timeline records per recomputed batch. The outputs do not depend on the batching; the
@@ -55,6 +58,10 @@ Progress = Callable[[str, int, int], None]
 TimelinePart = Sequence[tuple[int, bytes | None]]
 
 
+#: Public records as their comparison keys and bytes.
+Keyed = list[tuple[RecordKey, bytes]]
+
+
 @dataclass
 class Recomputed:
     """What the timeline recomputes to: releases and ledger entries of records below the
@@ -66,6 +73,24 @@ class Recomputed:
     unsettled_ledger: list[LedgerEntry]
     records: int
     duplicates_dropped: int
+    #: `encoded()`, once computed (the lists above are complete by then).
+    _encoded: tuple[Keyed, Keyed, Keyed, Keyed] | None = field(
+        default=None, compare=False, repr=False)
+
+    def encoded(self) -> tuple[Keyed, Keyed, Keyed, Keyed]:
+        """The four lists as (key, bytes) of each record: (counter, tick, kind) of a
+        release, (counter, creation, fingerprint) of a ledger entry. Computed once; a
+        forked recomputation computes it before it returns, so that the encoding runs in
+        parallel, not in the process that compares."""
+        if self._encoded is None:
+            self._encoded = (
+                [((r.counter, r.tick, r.kind), r.to_json()) for r in self.settled],
+                [((r.counter, r.tick, r.kind), r.to_json()) for r in self.unsettled],
+                [((e.counter, e.creation, e.fingerprint), e.to_json())
+                 for e in self.settled_ledger],
+                [((e.counter, e.creation, e.fingerprint), e.to_json())
+                 for e in self.unsettled_ledger])
+        return self._encoded
 
 
 def default_jobs(settings: Settings) -> int:
@@ -148,6 +173,24 @@ def _unpublished(got: Recomputed, names: Collection[str], published: Collection[
     return sum(1 for r in mine if r.counter in names and r.to_json() not in published)
 
 
+@contextmanager
+def young_collections_only() -> Iterator[None]:
+    """Inside: CPython's cyclic garbage collector collects its young generations only.
+
+    Replay holds every counter's state, its releases and the published records at once
+    (about 20 KB a counter: millions of objects with 100,000 counters), none of it garbage
+    until it returns. A full collection traverses all of them, and CPython runs one each
+    time the long-lived objects grew by a quarter: a third of replay's CPU at 100,000
+    counters, reclaiming nothing. The young collections still reclaim the short-lived
+    cycles of each step. Forked recomputation processes inherit the setting."""
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(young, middle, 1 << 30)
+    try:
+        yield
+    finally:
+        gc.set_threshold(young, middle, old)
+
+
 def recompute_timeline(settings: Settings, key: NoiseKey,
                        timeline: Mapping[int, TimelinePart],
                        settled_below: Mapping[int, int], *,
@@ -167,6 +210,16 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     record of another partition's counter is skipped), every state key belongs to one
     partition, so the partitions never share state; the results are merged in partition
     order."""
+    with young_collections_only():
+        return _recompute_timeline(settings, key, timeline, settled_below, operator,
+                                   progress, jobs, history, stamps)
+
+
+def _recompute_timeline(settings: Settings, key: NoiseKey,
+                        timeline: Mapping[int, TimelinePart],
+                        settled_below: Mapping[int, int], operator: Operator | None,
+                        progress: Progress | None, jobs: int, history: LedgerHistory | None,
+                        stamps: Mapping[int, Mapping[int, int]] | None) -> Recomputed:
     # Fork only from a single-threaded process: a lock another thread holds at the fork
     # would stay held in the child forever.
     if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
@@ -174,7 +227,7 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
                                    history, stamps)
     if operator is not None or history is None:
         op = operator if operator is not None else Operator(settings, key)
-        return asyncio.run(_recompute(op, timeline, settled_below, progress, stamps=stamps))
+        return _run(_recompute(op, timeline, settled_below, progress, stamps=stamps))
     total = sum(len(v) for v in timeline.values())
     parts: dict[int, Recomputed] = {}
     for p in sorted(timeline):
@@ -206,6 +259,18 @@ def single_threaded() -> bool:
     except OSError:
         return False
     return True
+
+
+def _run(recomputation: Coroutine[Any, Any, Recomputed]) -> Recomputed:
+    """asyncio.run without its SIGINT hand-off: in the main thread asyncio.run installs a
+    handler holding the main task, and restoring the old one formats that handler's repr,
+    the task's result included (Python 3.11): every recomputed record, twice, about 5%
+    of replay's CPU with 100,000 counters. Replay's Ctrl-C is the default one."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(recomputation)
+    finally:
+        loop.close()
 
 
 async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
@@ -255,9 +320,9 @@ def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | N
     where the ledger shows the worker did (`_late_declared`)."""
     timeline = {partition: records}
     if history is None:
-        return asyncio.run(_recompute(Operator(settings, key), timeline, settled_below,
+        return _run(_recompute(Operator(settings, key), timeline, settled_below,
                                       progress, stamps=stamps))
-    got = asyncio.run(_recompute(ledger_operator(settings, key, history), timeline,
+    got = _run(_recompute(ledger_operator(settings, key, history), timeline,
                                  settled_below, progress, stamps=stamps))
     groups = _late_declared(settings, key, history, sorted(records), got)
     if not groups:
@@ -267,7 +332,7 @@ def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | N
         # Before ats[i] the counters of groups i.. are not declared yet.
         ops = [ledger_operator(_without(settings, {n for _c, g in groups[i:] for n in g}),
                                key, history) for i in range(len(groups) + 1)]
-        return asyncio.run(_recompute(ops[0], timeline, settled_below, None,
+        return _run(_recompute(ops[0], timeline, settled_below, None,
                                       [(at, ops[i + 1]) for i, at in enumerate(ats)],
                                       stamps))
 
@@ -293,8 +358,10 @@ _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
     settings, key, timeline, settled_below, history, stamps = _JOB
-    return _recompute_one(settings, key, history, partition, timeline[partition],
-                          settled_below, None, stamps)
+    got = _recompute_one(settings, key, history, partition, timeline[partition],
+                         settled_below, None, stamps)
+    got.encoded()
+    return got
 
 
 def _recompute_parallel(settings: Settings, key: NoiseKey,
@@ -331,4 +398,9 @@ def _merged(parts: Mapping[int, Recomputed]) -> Recomputed:
         merged.unsettled_ledger += r.unsettled_ledger
         merged.records += r.records
         merged.duplicates_dropped += r.duplicates_dropped
+    if all(r._encoded is not None for r in parts.values()):
+        encoded = [r.encoded() for _p, r in sorted(parts.items())]
+        merged._encoded = (
+            [x for e in encoded for x in e[0]], [x for e in encoded for x in e[1]],
+            [x for e in encoded for x in e[2]], [x for e in encoded for x in e[3]])
     return merged

@@ -36,6 +36,7 @@ from processor.stream.replay.recompute import (
     Recomputed,
     default_jobs,
     recompute_timeline,
+    young_collections_only,
 )
 from processor.stream.replay.report import Difference, RecordKey, ReplayReport, Tally
 
@@ -70,7 +71,8 @@ def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
             raise ReplayError(f"no topic {', '.join(map(repr, missing))} on the brokers at "
                               f"{settings.bootstrap_servers}: check [topics] in the "
                               "configuration")
-        return _replay(settings, key, conf, timeout_s, progress, jobs, settle_s)
+        with young_collections_only():
+            return _replay(settings, key, conf, timeout_s, progress, jobs, settle_s)
     except KafkaException as exc:
         raise ReplayError(kafka_io.broker_failure(conf, exc)) from None
 
