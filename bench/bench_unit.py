@@ -53,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -266,7 +267,7 @@ STAGE_BATCH = 500
 
 
 class RocksStore:
-    """state.StateStore and commit.BatchWriter on one rocksdict database, as
+    """state.StateStore on one rocksdict database, as
     table.PartitionStore without its changelog producer."""
 
     def __init__(self, path: str) -> None:
@@ -283,12 +284,12 @@ class RocksStore:
     def delete(self, key: str) -> None:
         self._db.delete(key.encode("utf-8"))
 
-    def write_many(self, writes: list[tuple[str, bytes]]) -> None:
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
         wb = WriteBatch(raw_mode=True)
         for key, value in writes:
             wb.put(key.encode("utf-8"), value)
+            self.writes += 1
         self._db.write(wb)
-        self.writes += len(writes)
 
     def scan(self, prefix: str) -> Any:
         return iter(())

@@ -488,8 +488,10 @@ KILL_MOMENTS: Final = ("startup", "marker", "backlog", "mid_batch")
 FENCE_WAIT_S: Final = 10.0
 #: How long a worker restarted after a fenced pause is left alone (startup and join).
 RESTART_SETTLE_S: Final = 12.0
-#: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
-MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
+#: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at (about
+#: one call of each commit point per checkpoint, every 1.2 s: between_state_writes sits
+#: between the two partitions' write batches).
+MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 8),
                            ("after_state", 5, 60), (INGEST_DELIVERED, 1, 8))
 
 

@@ -545,7 +545,7 @@ def read_unit_topics(dep: Deployment, timeout_s: float = 300.0) -> UnitTopics:
 
 #: DPC_TEST_CRASH_AT points of phase U's mid-batch kills: the bounding stage's (its
 #: checkpoint every 2 s), the operator's and ingest's (campaign.MID_BATCH_POINTS).
-UNIT_CRASH_POINTS: Final = (("unit_after_forward", 1, 6), ("unit_between_state_writes", 2, 40),
+UNIT_CRASH_POINTS: Final = (("unit_after_forward", 1, 6), ("unit_between_state_writes", 2, 8),
                             ("unit_after_state", 1, 6), *MID_BATCH_POINTS)
 #: Fault kinds of phase U: campaign.KILL_MOMENTS, and a rebalance.
 UNIT_FAULTS: Final = ("startup", "marker", "backlog", "mid_batch", "rebalance")

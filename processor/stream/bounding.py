@@ -652,9 +652,6 @@ class BoundCommit(CheckpointLoop):
         await super().checkpoint()
 
     async def write_state(self) -> None:
-        if self.crash_point is not None:
-            await super().write_state()
-            return
         with gc_deferred():  # a value per unit touched, encoded and written
             await super().write_state()
 

@@ -104,7 +104,6 @@ from processor.stream.state import (
     counter_filed_due,
     counter_key,
     partition_key,
-    write_all,
 )
 from processor.stream.transaction import PartitionTransaction, Slot, StateCache
 
@@ -341,7 +340,7 @@ class Operator:
                 txn.fail()
             raise
         if owned is not None:
-            write_all(owned, txn.prepare())
+            owned.write_many(txn.prepare())
             txn.complete()
         return out
 

@@ -172,6 +172,11 @@ class StateStore(Protocol):
 
     def delete(self, key: str) -> None: ...
 
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        """Set each (key, value) in order, at once where the store can (a checkpoint's
+        write plan for one partition: one RocksDB write batch)."""
+        ...
+
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         """Every (key, value) whose key starts with `prefix`."""
         ...
@@ -191,6 +196,10 @@ class DictStore:
 
     def delete(self, key: str) -> None:
         self.data.pop(key, None)
+
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        for key, value in writes:
+            self.set(key, value)
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
@@ -214,14 +223,12 @@ class CopyingStore:
     def delete(self, key: str) -> None:
         self.data.pop(key, None)
 
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        for key, value in writes:
+            self.set(key, value)
+
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
-
-
-def write_all(store: StateStore, writes: Iterable[tuple[str, bytes]]) -> None:
-    """Apply writes (a transaction's plan) to `store`, one at a time, in order."""
-    for key, value in writes:
-        store.set(key, value)
 
 
 # ------------------------------------------------------------------------ codecs

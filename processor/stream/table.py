@@ -208,7 +208,7 @@ class PartitionStore:
     def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
         """Several writes in one RocksDB write batch, then their changelog records in
         order: one database write per checkpoint and partition instead of one per value
-        (commit.BatchWriter: a checkpoint's plan, a value per counter or unit touched)."""
+        (a checkpoint's plan, a value per counter or unit touched)."""
         wb = WriteBatch(raw_mode=True)
         records: list[tuple[bytes, bytes]] = []
         for key, value in writes:

@@ -159,6 +159,11 @@ class PartitionTransaction:
     def status(self) -> Status:
         return self._status
 
+    @property
+    def staged(self) -> bool:
+        """Whether any value is staged (the write plan would not be empty)."""
+        return any(staged for staged, _entries in self._slots.values())
+
     def load(self, slot: Slot[Id, V], ident: Id) -> V | None:
         """The value of `ident` in `slot` as this transaction sees it (None: none stored
         or staged). A decoded value that fails its slot's check raises, and is not kept;

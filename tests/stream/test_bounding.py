@@ -14,7 +14,7 @@ import asyncio
 import collections
 import gc
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 import pytest
@@ -157,14 +157,16 @@ def _inputs(log: Sequence[tuple[int, int, bytes]], kept: list[tuple[int, int]]
 
 
 def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
-               hold: int = 1, counts: collections.Counter[str] | None = None
+               hold: int = 1, counts: collections.Counter[str] | None = None,
+               store: DictStore | None = None
                ) -> tuple[CollectingForwarder, DictStore, bool]:
     """Run `log` with a kill at the nth passage of `point`, a checkpoint every two records,
     the restarted stage re-applying from the last acknowledged record. `hold`: the kept
     events are sent with every hold-th record only (held back in between, as the worker
     does while more units messages wait), and by the checkpoints. `counts` sums every
-    apply's metrics."""
-    fw, store = CollectingForwarder(), DictStore()
+    apply's metrics; `store` (default a DictStore) may raise Killed itself."""
+    fw = CollectingForwarder()
+    store = DictStore() if store is None else store
     acked = 0  # records acknowledged to the group (after a checkpoint)
     bc = BoundCommit(Bounder(S), store, fw, crash_point=_crashing(point, nth))
     killed = False
@@ -186,13 +188,29 @@ def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
     return fw, store, killed
 
 
+class DyingStore(DictStore):
+    """A DictStore whose nth single write raises Killed (once): a kill while a
+    partition's write batch is half written (its changelog records go out one by one, so
+    a new owner may restore a prefix of them)."""
+
+    def __init__(self, nth: int) -> None:
+        super().__init__()
+        self.left = nth
+
+    def set(self, key: str, value: bytes) -> None:
+        self.left -= 1
+        if self.left == 0:
+            raise Killed("write")
+        super().set(key, value)
+
+
 def test_every_count_the_stage_makes_has_an_exported_name() -> None:
-    """A run with bounds reached, re-sent batches and a kill between two state writes (so
+    """A run with bounds reached, re-sent batches and a kill inside a write batch (so
     re-deliveries of decided events) makes only counts of bounding.METRICS and
     dead-letter reasons: the names the worker's /metrics exports (a count outside them
     would be folded into the metrics line and never reach /metrics)."""
     counts: collections.Counter[str] = collections.Counter()
-    _crash_run(_log(1), "unit_between_state_writes", 7, counts=counts)
+    _crash_run(_log(1), "unit_between_state_writes", 0, counts=counts, store=DyingStore(40))
     made = {name for name, n in counts.items() if n}
     assert {"unit_events_kept", "unit_events_redelivered_dropped",
             "deadletter_contribution_bound_exceeded"} <= made, made
@@ -379,16 +397,17 @@ def test_unit_hasher_is_the_hmac() -> None:
 
 
 class BatchStore(DictStore):
-    """A DictStore that takes many writes at once (commit.BatchWriter), counting the
+    """A DictStore that takes many writes at once (StateStore.write_many), counting the
     calls, as table.PartitionStore's one RocksDB write batch per checkpoint."""
 
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[list[str]] = []
 
-    def write_many(self, writes: Sequence[tuple[str, bytes]]) -> None:
-        self.batches.append([k for k, _ in writes])
-        for key, value in writes:
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        batch = list(writes)
+        self.batches.append([k for k, _ in batch])
+        for key, value in batch:
             self.set(key, value)
 
 
@@ -414,26 +433,23 @@ def test_checkpoint_cadence_changes_nothing(every: int) -> None:
     assert all(not k.startswith("p/") for b in store.batches for k in b[:-1])
 
 
-def test_crash_points_write_one_value_at_a_time() -> None:
-    """With a crash point (test mode), each state write is its own, a crash point
-    between any two, even on a store that takes many at once: n writes in a checkpoint,
-    n - 1 crash points between them."""
+def test_crash_points_sit_between_the_write_batches() -> None:
+    """With a crash point the writes are those of production, one batch per partition,
+    and the crash point sits between two partitions' batches: b batches in a checkpoint,
+    b - 1 crash points between them, the same store as without crash points."""
     log = _log(6)
     calls: list[str] = []
-    writes: list[str] = []
-
-    class Counting(BatchStore):
-        def set(self, key: str, value: bytes) -> None:
-            writes.append(key)
-            super().set(key, value)
-
-    store = Counting()
+    ref, store = BatchStore(), BatchStore()
+    plain = BoundCommit(Bounder(S), ref, CollectingForwarder())
     bc = BoundCommit(Bounder(S), store, CollectingForwarder(), crash_point=calls.append)
-    for p, off, raw in log[:4]:
-        asyncio.run(bc.commit(p, [(off, raw)]))
-    assert not store.batches
+    for i in range(0, 12, 3):
+        asyncio.run(plain.apply(*log[i][:1], [log[i][1:]]))
+        asyncio.run(plain.commit(*log[i + 1][:1], [log[i + 1][1:]]))
+        asyncio.run(bc.apply(*log[i][:1], [log[i][1:]]))
+        asyncio.run(bc.commit(*log[i + 1][:1], [log[i + 1][1:]]))
+    assert store.data == ref.data and store.batches == ref.batches
     assert calls.count("unit_after_state") == 4
-    assert calls.count("unit_between_state_writes") == len(writes) - 4 > 0
+    assert calls.count("unit_between_state_writes") == len(store.batches) - 4 > 0
 
 
 def test_gc_deferred_restores_the_collector() -> None:
