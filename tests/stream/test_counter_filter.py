@@ -21,6 +21,7 @@ from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import Operator, Output
 from processor.stream.records import encode_batch_rows, source_label
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, CounterState, DictStore
+from tests.stream.stores import apply_now
 
 KEY = NoiseKey.from_seed(5)
 TICK = 1000
@@ -43,7 +44,7 @@ def _applied(log: Log, store: DictStore | None = None, first: int = 100
     store = store if store is not None else DictStore()
     op = Operator(S, KEY)
     for off, rows in enumerate(log):
-        op.apply(store, 0, first + off, encode_batch_rows(rows, "in"), Output())
+        apply_now(op, store, 0, first + off, encode_batch_rows(rows, "in"), Output())
     return {k[len(COUNTER_PREFIX):]: {u - 1 for u in _pending(store, k)}
             for k in store.data if k.startswith(COUNTER_PREFIX)}
 

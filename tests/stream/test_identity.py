@@ -31,6 +31,7 @@ from processor.stream.identity import counter_id_for, key_fingerprint, noise_ide
 from processor.stream.operator import Operator, Output
 from processor.stream.records import Event, Release, encode_batch, encode_marker
 from processor.stream.state import DictStore
+from tests.stream.stores import apply_now
 
 TICK = 1000
 SECRET = hashlib.sha256(b"identity test key (public, tests only)").digest()
@@ -53,8 +54,8 @@ def run(s: Settings, key: NoiseKey = KEY, ticks: int = 100) -> list[Release]:
     store = DictStore()
     out = Output()
     for off, n in enumerate(range(ticks)):
-        op.apply(store, 0, 2 * off, encode_batch([Event("a", n * TICK, UNIT, 0, off)]), out)
-        op.apply(store, 0, 2 * off + 1, encode_marker(n), out)
+        apply_now(op, store, 0, 2 * off, encode_batch([Event("a", n * TICK, UNIT, 0, off)]), out)
+        apply_now(op, store, 0, 2 * off + 1, encode_marker(n), out)
     return [r for r in out.releases if r.counter == "a"]
 
 
@@ -107,7 +108,7 @@ def test_the_identity_never_contains_key_bytes() -> None:
     cid = counter_id_for(s, KEY, "a")
     assert cid == f"{ident}/a" and len(ident) == 32
     op = Operator(s, KEY)
-    out = op.apply(DictStore(), 0, 0, encode_marker(3))
+    out = apply_now(op, DictStore(), 0, 0, encode_marker(3))
     assert [e.key_id for e in out.ledger] == [kid]
     public = [ident, cid, kid, *(e.to_json().decode() for e in out.ledger),
               *(r.to_json().decode() for r in out.releases)]

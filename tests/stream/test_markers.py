@@ -17,6 +17,7 @@ from processor.stream.clock import TOLERANCE_MS
 from processor.stream.operator import Operator
 from processor.stream.records import encode_marker
 from processor.stream.state import DictStore
+from tests.stream.stores import apply_now
 from tests.stream.test_operator import KEY, TICK, StepFactory, settings
 
 
@@ -30,13 +31,13 @@ def test_a_marker_ahead_of_its_log_append_time_is_refused() -> None:
     store = DictStore()
     n = 40
     due = (n + 1) * TICK + s.lateness_ms
-    out = op.apply(store, 0, 0, encode_marker(n), stamp_ms=due - TOLERANCE_MS - 1)
+    out = apply_now(op, store, 0, 0, encode_marker(n), stamp_ms=due - TOLERANCE_MS - 1)
     assert out.metrics["markers_refused"] == 1 and out.releases == [] and not store.data
-    out = op.apply(store, 0, 1, encode_marker(n), stamp_ms=due - TOLERANCE_MS)
+    out = apply_now(op, store, 0, 1, encode_marker(n), stamp_ms=due - TOLERANCE_MS)
     assert out.metrics["markers_refused"] == 0 and out.sealed_through == n
     assert len(out.releases) == n + 1
     control = Operator(s, KEY, factory=StepFactory())
-    out = control.apply(DictStore(), 0, 0, encode_marker(n))
+    out = apply_now(control, DictStore(), 0, 0, encode_marker(n))
     assert out.sealed_through == n
 
 

@@ -47,6 +47,7 @@ from processor.stream.records import (
     sealed_through,
 )
 from processor.stream.state import DictStore
+from tests.stream.stores import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 
@@ -347,7 +348,7 @@ def _operator_output() -> tuple[list[LedgerEntry], list[Release]]:
         store = DictStore()
         burst = [Event("busy", i, UNIT, 0, i) for i in range(300)]
         for offset, record in enumerate((encode_batch(burst), encode_marker(400))):
-            out = op.apply(store, 0, offset, record)
+            out = apply_now(op, store, 0, offset, record)
             ledger += out.ledger
             releases += out.releases
     return ledger, releases
