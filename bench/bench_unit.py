@@ -270,6 +270,8 @@ class RocksStore:
     """state.StateStore on one rocksdict database, as
     table.PartitionStore without its changelog producer."""
 
+    shares_bytes = False
+
     def __init__(self, path: str) -> None:
         self._db = Rdict(path, options=Options(raw_mode=True))
         self.writes = 0

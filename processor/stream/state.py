@@ -166,6 +166,10 @@ class StateStore(Protocol):
     """The key-value store of one partition's state (a partition's RocksDB database
     online, a dict in replay and tests)."""
 
+    #: Whether `get` returns the very bytes object `set` was given (a dict does; RocksDB
+    #: returns a fresh copy): what the state cache's check may keep (transaction.py).
+    shares_bytes: bool
+
     def get(self, key: str) -> bytes | None: ...
 
     def set(self, key: str, value: bytes) -> None: ...
@@ -184,6 +188,8 @@ class StateStore(Protocol):
 
 class DictStore:
     """An in-memory StateStore (replay, tests, benchmarks)."""
+
+    shares_bytes = True
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -209,6 +215,8 @@ class CopyingStore:
     """An in-memory StateStore that keeps and returns copies of its bytes, as RocksDB does
     (tests, benchmarks: a DictStore shares one bytes object between the store and the
     state cache's check, so the cache keeps no digests over it: transaction.py)."""
+
+    shares_bytes = False
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}

@@ -179,6 +179,8 @@ class PartitionStore:
     """state.StateStore on one partition's RocksDB database: reads from it; a write goes
     to it and, as a changelog record of the same partition, to the producer."""
 
+    shares_bytes = False
+
     def __init__(self, table: MonotoneTable, partition: int, producer: AsyncProducer,
                  changelog: str) -> None:
         self._table = table

@@ -220,6 +220,8 @@ def test_wrong_write_order_is_caught() -> None:
     class PartitionFirst:
         """Writes partition values through, holds counter values back (lost at a crash)."""
 
+        shares_bytes = True
+
         def __init__(self, store: DictStore) -> None:
             self.store = store
             self.held: list[tuple[str, bytes]] = []
