@@ -68,13 +68,13 @@ from stream_io import broker
 from processor.core.rng import NoiseKey
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
+from processor.devtools.inmemory import CollectingForwarder
 from processor.stream import kafka_io
 from processor.stream.app import changelog_topic
 from processor.stream.bounding import (
     UNITS_SOURCE,
     BoundCommit,
     Bounder,
-    CollectingForwarder,
     unit_key,
     units_changelog_topic,
     units_topic,

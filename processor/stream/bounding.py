@@ -578,21 +578,6 @@ class Forwarder(Protocol):
     async def flush(self) -> None: ...
 
 
-class CollectingForwarder:
-    """A Forwarder that keeps what it is given (replay, tests, the bench)."""
-
-    def __init__(self) -> None:
-        self.timeline: list[tuple[int, bytes]] = []
-        self.deadletters: list[bytes] = []
-
-    def send(self, out: BoundOutput) -> None:
-        self.timeline.extend(out.timeline)
-        self.deadletters.extend(out.deadletters)
-
-    async def flush(self) -> None:
-        return None
-
-
 class BoundCommit(CheckpointLoop):
     """The commit protocol (commit.CheckpointLoop) for the bounding stage: `apply`
     applies in memory and sends the forwards at once; `checkpoint` awaits their

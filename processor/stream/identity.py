@@ -54,12 +54,6 @@ def counter_id(identity: str, counter: str) -> str:
     return f"{identity}/{counter}"
 
 
-def counter_id_for(settings: Settings, key: NoiseKey, counter: str) -> str:
-    """counter_id(noise_identity(settings, key), counter): what a new counter of this
-    deployment is keyed by (a counter restored from state keeps the id it was made with)."""
-    return counter_id(noise_identity(settings, key), counter)
-
-
 def calibration_of(c: Counter) -> str:
     """The calibration a counter runs under ("paper" for mechanisms without one)."""
     return str(getattr(c, "calibration", "paper"))

@@ -209,11 +209,6 @@ def missing_topics(conf: Mapping[str, str], topics: Iterable[str],
     return [t for t in topics if t not in md.topics or md.topics[t].error is not None]
 
 
-def plain_config(bootstrap_servers: str) -> dict[str, str]:
-    """Client config for an unsecured broker (tests and the local demo)."""
-    return {"bootstrap.servers": bootstrap_servers}
-
-
 def make_producer(conf: Mapping[str, str], **extra: str) -> Producer:
     """An idempotent producer (acks=all) on top of `conf`."""
     full = dict(conf)

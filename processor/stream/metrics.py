@@ -545,11 +545,6 @@ class LagProbe:
             self.gauges[name].set(sum(by_partition.values()))
             self._failing = False
 
-    def lag_of(self, group: str, topic: str) -> int:
-        """Records of `topic` that `group` has not committed (all of them if it committed
-        nothing). Blocking: broker requests."""
-        return sum(self.lag_by_partition(group, topic).values())
-
     def lag_by_partition(self, group: str, topic: str) -> dict[int, int]:
         """Per partition of `topic`: records `group` has not committed. Blocking."""
         consumer = self._consumers.get(group)

@@ -211,34 +211,6 @@ class DictStore:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
 
 
-class CopyingStore:
-    """An in-memory StateStore that keeps and returns copies of its bytes, as RocksDB does
-    (tests, benchmarks: a DictStore shares one bytes object between the store and the
-    state cache's check, so the cache keeps no digests over it: transaction.py)."""
-
-    shares_bytes = False
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        got = self.data.get(key)
-        return None if got is None else bytes(bytearray(got))
-
-    def set(self, key: str, value: bytes) -> None:
-        self.data[key] = bytes(bytearray(value))
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
-
-    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
-        for key, value in writes:
-            self.set(key, value)
-
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
-
-
 # ------------------------------------------------------------------------ codecs
 
 
@@ -370,9 +342,6 @@ class CounterState:
         # that the cache re-reads, and a write converts it.
         self.saved = data if magic == _COUNTER_MAGIC else None
         return self
-
-    def push(self, units: int) -> None:
-        self.push_all((units,))
 
     def push_all(self, arrivals: Iterable[int]) -> None:
         """Queue `arrivals` in order (run-length: equal neighbours share one entry); one

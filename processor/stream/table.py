@@ -136,10 +136,6 @@ class ChangelogTracker:
             self._expected[partition] = (read_through if read_through is not None else -1) + 1
             self._clean[partition] = True
 
-    def tracks(self, partition: int) -> bool:
-        with self._lock:
-            return partition in self._expected
-
     def delivered(self, partition: int, offset: int) -> None:
         """A write of this process landed at `offset` (called in the producer's thread,
         in offset order per partition)."""

@@ -14,7 +14,7 @@ from processor.stream.operator import Operator
 from processor.stream.provenance import ParameterChangeError
 from processor.stream.records import Event, LedgerEntry, encode_batch, encode_marker
 from processor.stream.state import DictStore
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 KEY = NoiseKey.from_seed(7)
 TICK = 1000

@@ -37,7 +37,7 @@ from processor.stream.operator import Operator
 from processor.stream.records import Event, Release, encode_batch, encode_marker
 from processor.stream.state import DictStore
 from tests.conftest import in_ci
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

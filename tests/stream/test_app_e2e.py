@@ -37,7 +37,7 @@ from processor.devtools.deployment import Deployment, write_config
 from processor.keyfile import read_key, write_key
 from processor.stream import kafka_io
 from processor.stream.config import Settings, with_overrides
-from processor.stream.identity import counter_id_for
+from processor.stream.identity import counter_id, noise_identity
 from processor.stream.operator import is_heartbeat_tick
 from processor.stream.records import (
     REASONS,
@@ -141,7 +141,7 @@ def spec_expectation(settings: Settings, key: NoiseKey,
     out: dict[tuple[str, int, str], float] = {}
     for c, xs in implied_ticks(settings, timeline).items():
         counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
-                                counter_id_for(settings, key, c))
+                                counter_id(noise_identity(settings, key), c))
         last = 0.0
         for t, x in enumerate(xs, start=1):
             y = counter.update(x)
@@ -162,7 +162,7 @@ def count_cli_changes(settings: Settings, key_file: str, counter: str,
         [sys.executable, "-m", "processor", "count", "--mechanism", settings.mechanism,
          "--epsilon", repr(settings.epsilon), "--delta", repr(settings.delta),
          "--key-file", key_file,
-         "--counter-id", counter_id_for(settings, read_key(key_file), counter),
+         "--counter-id", counter_id(noise_identity(settings, read_key(key_file)), counter),
          "--changes", "--input", str(ticks)],
         capture_output=True, check=True, cwd=str(Path(__file__).resolve().parents[2]))
     rows = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]

@@ -21,13 +21,13 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
+from processor.devtools.inmemory import CollectingForwarder
 from processor.stream import bounding
 from processor.stream.bounding import (
     SEQ_BITS,
     BoundCommit,
     Bounder,
     BoundsChangeError,
-    CollectingForwarder,
     UnitRow,
     UnitsPartitionState,
     UnitState,

@@ -21,7 +21,7 @@ from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import Operator, Output
 from processor.stream.records import encode_batch_rows, source_label
 from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, CounterState, DictStore
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 KEY = NoiseKey.from_seed(5)
 TICK = 1000

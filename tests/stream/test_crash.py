@@ -397,7 +397,7 @@ def test_gap_guard_returns_exactly_the_skipped_records(kafka_bootstrap: str) -> 
     returns are the topic's own, byte for byte."""
     from processor.stream.app import GapGuard, WorkerMetrics
 
-    conf = kafka_io.plain_config(kafka_bootstrap)
+    conf = {"bootstrap.servers": kafka_bootstrap}
     topic = f"gapguard-{now_ms()}"
     kafka_io.create_topics(conf, [topic], 1)
     kafka_io.produce_all(conf, topic, [(None, b"rec-%d" % i) for i in range(12)], partition=0)

@@ -131,7 +131,7 @@ def _commit_group(conf: dict[str, str], group: str, topic: str, offset: int) -> 
 def _timeline(kafka_bootstrap: str, tmp_path: Path) -> tuple[Settings, list[Any]]:
     """Settings of a one-partition deployment whose timeline holds 12 markers, the
     group committed at 2; and those records."""
-    conf = kafka_io.plain_config(kafka_bootstrap)
+    conf = {"bootstrap.servers": kafka_bootstrap}
     suffix = uuid.uuid4().hex[:10]
     base: Settings = with_overrides(Settings(), bootstrap_servers=kafka_bootstrap,
                                     app_id=f"gap-acks-{suffix}", partitions=1, tick_ms=100,

@@ -27,11 +27,11 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream import kafka_io
 from processor.stream.config import Settings, TopicSettings, with_overrides
-from processor.stream.identity import counter_id_for, key_fingerprint, noise_identity
+from processor.stream.identity import counter_id, key_fingerprint, noise_identity
 from processor.stream.operator import Operator, Output
 from processor.stream.records import Event, Release, encode_batch, encode_marker
 from processor.stream.state import DictStore
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 TICK = 1000
 SECRET = hashlib.sha256(b"identity test key (public, tests only)").digest()
@@ -105,7 +105,7 @@ def test_the_identity_never_contains_key_bytes() -> None:
     kid = key_fingerprint(KEY)
     assert kid == hmac.new(SECRET, b"fingerprint", hashlib.sha256).hexdigest()[:16]
     ident = noise_identity(s, KEY)
-    cid = counter_id_for(s, KEY, "a")
+    cid = counter_id(noise_identity(s, KEY), "a")
     assert cid == f"{ident}/a" and len(ident) == 32
     op = Operator(s, KEY)
     out = apply_now(op, DictStore(), 0, 0, encode_marker(3))

@@ -9,7 +9,7 @@ from processor.stream.ingest import InputIdentity, InputRecord, route
 from processor.stream.operator import Operator
 from processor.stream.records import Event, decode_timeline, encode_batch
 from processor.stream.state import DictStore
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 from tests.stream.test_operator import KEY, TICK, StepFactory, settings
 
 

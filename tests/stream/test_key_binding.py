@@ -33,7 +33,7 @@ from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import KeyMismatchError, Operator, Output
 from processor.stream.records import Event, encode_batch, encode_marker
 from processor.stream.state import DictStore, StateVersionError, partition_key
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 TICK = 1000
 KEY = NoiseKey(hashlib.sha256(b"key binding test key (public, tests only)").digest())

@@ -32,7 +32,7 @@ from processor.stream.provenance import ParameterChangeError
 from processor.stream.records import LedgerEntry, encode_batch_rows, encode_marker
 from processor.stream.replay.history import LedgerProvenance, ledger_history
 from processor.stream.state import DictStore, PartitionState, partition_key
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 KEY = NoiseKey.from_seed(28)

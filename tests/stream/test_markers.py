@@ -17,7 +17,7 @@ from processor.stream.clock import TOLERANCE_MS
 from processor.stream.operator import Operator
 from processor.stream.records import encode_marker
 from processor.stream.state import DictStore
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 from tests.stream.test_operator import KEY, TICK, StepFactory, settings
 
 

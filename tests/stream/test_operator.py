@@ -27,7 +27,7 @@ from processor.core.grid import UNIT, to_units
 from processor.core.rng import NoiseKey
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
-from processor.stream.identity import counter_id_for
+from processor.stream.identity import counter_id, noise_identity
 from processor.stream.operator import (
     DEFAULT_CACHE_SIZE,
     AnnouncedCounterError,
@@ -46,7 +46,7 @@ from processor.stream.records import (
 )
 from processor.stream.state import CounterState, DictStore
 from processor.stream.transaction import PartitionTransaction
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 TICK = 1000
 KEY = NoiseKey.from_seed(7)
@@ -244,7 +244,8 @@ def expected_releases(factory: StepFactory | Any, s: Settings, counter: str,
     """Run a fresh core counter directly on x_1..x_T; a record where y changes, a
     heartbeat at is_heartbeat_tick ticks otherwise (the offline count), each with
     the counter's own error bound at that tick."""
-    c = factory.make(s.mechanism, s.epsilon, s.delta, KEY, counter_id_for(s, KEY, counter))
+    c = factory.make(s.mechanism, s.epsilon, s.delta, KEY,
+                     counter_id(noise_identity(s, KEY), counter))
     out = []
     last = 0.0
     for t, u in enumerate(xs, start=1):

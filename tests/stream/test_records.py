@@ -47,7 +47,7 @@ from processor.stream.records import (
     sealed_through,
 )
 from processor.stream.state import DictStore
-from tests.stream.stores import apply_now
+from tests.stream.helpers import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 

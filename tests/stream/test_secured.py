@@ -139,7 +139,7 @@ def test_worker_and_replay_on_the_secured_broker(secured_kafka: LocalKafka,
 
     # Control: the listener really is secured (a plaintext client gets no metadata).
     with pytest.raises(KafkaException):
-        kafka_io.check_access(kafka_io.plain_config(secured_kafka.bootstrap_servers), 1.5)
+        kafka_io.check_access({"bootstrap.servers": secured_kafka.bootstrap_servers}, 1.5)
 
 
 def _refusals(kafka: LocalKafka, settings: Settings, tmp: Path) -> dict[str, Settings]:

@@ -31,7 +31,7 @@ def test_back_to_back_writes_move_the_read_point_a_foreign_one_stops_it() -> Non
     t.delivered(0, 21)
     assert t.read_through(0) == 21
     t.delivered(3, 5)
-    assert t.take_gaps() == set() and not t.tracks(3)
+    assert t.take_gaps() == set()  # never begun: not tracked
 
 
 def test_an_empty_changelog_expects_offset_zero() -> None:
@@ -40,7 +40,8 @@ def test_an_empty_changelog_expects_offset_zero() -> None:
     t.delivered(1, 0)
     assert t.read_through(1) == 0
     t.end(1)
-    assert not t.tracks(1) and t.read_through(1) is None
+    t.delivered(1, 5)  # a gap, were it still tracked
+    assert t.read_through(1) is None and t.take_gaps() == set()
 
 
 class _FakeData:

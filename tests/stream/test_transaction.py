@@ -8,7 +8,8 @@ from collections.abc import Callable
 import pytest
 
 from processor.core.errors import StateFormatError
-from processor.stream.state import CopyingStore, DictStore
+from processor.devtools.inmemory import CopyingStore
+from processor.stream.state import DictStore
 from processor.stream.transaction import (
     PartitionTransaction,
     Slot,
