@@ -55,7 +55,7 @@ from processor.commandline import CommandParser
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.errors import RefusedError, StreamError, print_error
-from processor.stream import kafka_io, lifetime
+from processor.stream import kafka_io, lifetime, transport
 from processor.stream.bounding import unit_key, units_changelog_topic, units_topic
 from processor.stream.clock import (
     PROBE_RECORD,
@@ -461,8 +461,8 @@ class Worker:
         self.failure: str | None = None
         self.app = WorkerApp(
             settings.app_id,
-            broker=kafka_io.broker_urls(settings),
-            broker_credentials=kafka_io.faust_credentials(settings),
+            broker=transport.broker_urls(settings),
+            broker_credentials=transport.faust_credentials(settings),
             store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict
             # One directory per app id: two apps never share RocksDB files.
             datadir=str(Path(settings.state_dir).resolve() / settings.app_id),

@@ -1,4 +1,6 @@
-"""Faust's aiokafka transport with a shorter fetch long-poll for the worker's consumer.
+"""Faust's connection to the brokers: their URLs and credentials from the settings
+(`broker_urls`, `faust_credentials`, from kafka_io's TLS context), and its aiokafka
+transport with a shorter fetch long-poll for the worker's consumer.
 
 Faust builds the worker's aiokafka consumer with `fetch_max_wait_ms=1500`, fixed in its
 driver (faust-streaming 0.15.3, `AIOKafkaConsumerThread._create_worker_consumer`; no
@@ -25,7 +27,12 @@ from __future__ import annotations
 from typing import Any, Final
 
 import aiokafka
+import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types.auth import CredentialsT
+
+from processor.stream import kafka_io
+from processor.stream.config import Settings
 
 #: The longest a fetch waits for records the broker does not have yet, in ms.
 FETCH_MAX_WAIT_MS: Final = 250
@@ -51,3 +58,21 @@ class QuickPollTransport(faust_aiokafka.Transport):
     """Faust's aiokafka transport with `QuickPollConsumer` (what WorkerApp uses)."""
 
     Consumer = QuickPollConsumer
+
+
+def faust_credentials(settings: Settings) -> CredentialsT | None:
+    """Faust's credentials for the configured protocol (None for PLAINTEXT)."""
+    sec = settings.security
+    ctx = kafka_io.ssl_context(settings)
+    if sec.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(username=sec.sasl_username, password=sec.sasl_password,
+                                     mechanism=sec.sasl_mechanism, ssl_context=ctx)
+    if ctx is not None:
+        return faust.SSLCredentials(ctx)
+    return None
+
+
+def broker_urls(settings: Settings) -> list[str]:
+    """The bootstrap servers as Faust broker URLs."""
+    return [f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")
+            if s.strip()]

@@ -422,7 +422,7 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
     import faust
 
     from processor.stream.config import SecuritySettings
-    from processor.stream.kafka_io import broker_urls, faust_credentials
+    from processor.stream.transport import broker_urls, faust_credentials
 
     base = with_overrides(Settings(), counters={"a": 0},
                           bootstrap_servers="k1.example:9093,k2.example:9093")
