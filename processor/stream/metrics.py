@@ -39,6 +39,7 @@ published values of its counters are. In steady state it runs from ~0 to about o
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import socket
@@ -629,7 +630,7 @@ class Surface:
     its event loop (or the ingest thread); the HTTP threads read. Shared values are replaced
     whole, never mutated in place, so a reader never sees one half-updated.
 
-    `counts()` returns the worker's aggregate counts (app.WorkerMetrics plus the ingest
+    `counts()` returns the worker's aggregate counts (WorkerMetrics plus the ingest
     stage's); `ingest` is the ingest stage (None: no ingest thread to watch).
     """
 
@@ -859,3 +860,24 @@ class Surface:
             self.lag.stop()
             self._lag_started = False
 
+
+class WorkerMetrics:
+    """Aggregate counters of one worker process. Never per counter, never values."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    def add_all(self, deltas: Mapping[str, int], prefix: str = "") -> None:
+        """Fold one batch's metric deltas (aggregates: commit.Output's, the bounding
+        stage's), each under `prefix` + its name."""
+        for k, v in deltas.items():
+            if v:
+                self.counts[prefix + k] += v
+
+    def summary(self, extra: Mapping[str, int] | None = None) -> str:
+        merged = collections.Counter(self.counts)
+        merged.update(extra or {})
+        return " ".join(f"{k}={v}" for k, v in sorted(merged.items()))

@@ -1,6 +1,7 @@
 """Faust's connection to the brokers: their URLs and credentials from the settings
-(`broker_urls`, `faust_credentials`, from kafka_io's TLS context), and its aiokafka
-transport with a shorter fetch long-poll for the worker's consumer.
+(`broker_urls`, `faust_credentials`, from kafka_io's TLS context), raw-bytes topics
+(`raw_topic`), and its aiokafka transport with a shorter fetch long-poll for the
+worker's consumer.
 
 Faust builds the worker's aiokafka consumer with `fetch_max_wait_ms=1500`, fixed in its
 driver (faust-streaming 0.15.3, `AIOKafkaConsumerThread._create_worker_consumer`; no
@@ -76,3 +77,9 @@ def broker_urls(settings: Settings) -> list[str]:
     """The bootstrap servers as Faust broker URLs."""
     return [f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")
             if s.strip()]
+
+
+def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
+    """A topic of raw bytes keys and values (our records carry their own encoding)."""
+    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                     value_serializer="raw", partitions=partitions)

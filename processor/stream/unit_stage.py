@@ -24,6 +24,7 @@ import faust
 
 from processor.errors import RefusedError
 from processor.stream import kafka_io
+from processor.stream.acks import GapGuard, PendingAcks
 from processor.stream.bounding import (
     UNIT_PREFIX,
     UNITS_TABLE,
@@ -36,7 +37,8 @@ from processor.stream.bounding import (
 from processor.stream.config import Settings
 from processor.stream.producer import AsyncProducer
 from processor.stream.state import PARTITION_PREFIX
-from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
+from processor.stream.table import ROCKSDB_OPTIONS, ChangelogTracker, MonotoneTable, WorkerStores
+from processor.stream.transport import raw_topic
 
 if TYPE_CHECKING:
     from processor.stream.app import Worker
@@ -80,8 +82,6 @@ class UnitStage:
     """The bounding agent, its table and its checkpoints, inside one `Worker`."""
 
     def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
-        from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, PendingAcks, raw_topic
-
         s = worker.settings
         self.worker = worker
         self.topic_name = units_topic(s)

@@ -395,7 +395,8 @@ def test_gap_guard_returns_exactly_the_skipped_records(kafka_bootstrap: str) -> 
     nothing for the next offset, then exactly the records of a later forward gap; a
     redelivery (an offset below the expected one) returns nothing. Control: the records it
     returns are the topic's own, byte for byte."""
-    from processor.stream.app import GapGuard, WorkerMetrics
+    from processor.stream.acks import GapGuard
+    from processor.stream.metrics import WorkerMetrics
 
     conf = {"bootstrap.servers": kafka_bootstrap}
     topic = f"gapguard-{now_ms()}"

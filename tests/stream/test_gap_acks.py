@@ -30,7 +30,8 @@ from faust.types import TP, Message
 from processor.core.rng import NoiseKey
 from processor.stream import app as app_module
 from processor.stream import kafka_io
-from processor.stream.app import Worker, ack_refetched
+from processor.stream.acks import ack_refetched
+from processor.stream.app import Worker
 from processor.stream.commit import BatchCommit, CollectingPublisher
 from processor.stream.config import Settings, with_overrides
 from processor.stream.operator import Operator
@@ -229,7 +230,7 @@ def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> Non
 
     from faust.types import TP, Message
 
-    from processor.stream.app import PendingAcks
+    from processor.stream.acks import PendingAcks
     from processor.stream.config import Settings
     from processor.stream.kafka_io import KafkaRecord
 
