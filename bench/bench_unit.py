@@ -69,9 +69,9 @@ from processor.core.rng import NoiseKey
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.devtools.inmemory import CollectingForwarder
-from processor.stream import kafka_io
-from processor.stream.app import changelog_topic
-from processor.stream.bounding import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.ingest import InputRecord, route
+from processor.stream.model.bounding import (
     UNITS_SOURCE,
     BoundCommit,
     Bounder,
@@ -79,13 +79,13 @@ from processor.stream.bounding import (
     units_changelog_topic,
     units_topic,
 )
-from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.ingest import InputRecord, route
-from processor.stream.records import (
+from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.records import (
     TimelineBatch,
     TimelineFormatError,
     decode_timeline,
 )
+from processor.stream.worker.app import changelog_topic
 
 IDLE_S = 3.0
 #: Both modes checkpoint every 2 s (the operator and the bounding stage alike): each

@@ -26,7 +26,7 @@ from confluent_kafka import (
 )
 
 from processor.devtools.deployment import Deployment
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 #: The retention of a deployment's topics: every record kept (what the worker requires of

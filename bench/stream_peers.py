@@ -97,7 +97,7 @@ def faust_table(bootstrap: str, src: str, out: str, _n: int, workdir: str) -> No
 def kafka_loop(bootstrap: str, src: str, out: str, n: int, _workdir: str) -> None:
     from confluent_kafka import Consumer
 
-    from processor.stream import kafka_io
+    from processor.stream.kafka import kafka_io
 
     conf = {**{"bootstrap.servers": bootstrap}, "log_level": "3"}
     consumer = Consumer({**conf, "group.id": f"bench-loop-{uuid.uuid4().hex[:8]}",

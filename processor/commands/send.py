@@ -30,7 +30,7 @@ from processor.errors import print_error
 if TYPE_CHECKING:
     from confluent_kafka import Producer
 
-    from processor.stream.config import Settings
+    from processor.stream.model.config import Settings
 
 #: How long `send` waits for the brokers to answer before it says they do not.
 PROBE_S = 5.0
@@ -74,7 +74,7 @@ def send(lines: Iterable[tuple[str, int, str]], settings: Settings, producer: Pr
          stderr: TextIO) -> tuple[Tally[str], int, list[str]]:
     """Check and produce each line; (events sent per counter, lines refused, delivery
     errors). Nothing is sent for a refused line."""
-    from processor.stream.records import Rejection, parse_input
+    from processor.stream.model.records import Rejection, parse_input
 
     sent: Tally[str] = Tally()
     refused = 0
@@ -112,7 +112,7 @@ def _topic_appears(conf: dict[str, str], topic: str, wait_s: float) -> bool:
     """Whether `topic` exists, waiting up to `wait_s` for it (the README starts the worker
     in the background and sends at once: the worker creates the topics within seconds).
     One line on stderr says what it waits for."""
-    from processor.stream import kafka_io
+    from processor.stream.kafka import kafka_io
 
     deadline = time.monotonic() + wait_s
     said = False
@@ -143,8 +143,8 @@ def main_send(argv: Sequence[str]) -> int:
                    help="seconds to wait for the brokers to acknowledge the events at the "
                    "end (default 30)")
     args = p.parse_args(list(argv))
-    from processor.stream import kafka_io
-    from processor.stream.config import load_settings
+    from processor.stream.kafka import kafka_io
+    from processor.stream.model.config import load_settings
 
     settings = load_settings(args.config)
     conf = {**kafka_io.base_config(settings), "log_level": "0"}

@@ -58,21 +58,21 @@ from processor.devtools.deployment import (
 )
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.proxy import ProxiedKafka, ProxyStats
-from processor.stream import kafka_io
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import MAX_COUNTER_NAME, Settings
-from processor.stream.faults import CRASH_ENV, INGEST_DELIVERED
-from processor.stream.fencing import FENCED_EXIT
-from processor.stream.operator import Operator
-from processor.stream.records import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import MAX_COUNTER_NAME, Settings
+from processor.stream.model.faults import CRASH_ENV, INGEST_DELIVERED
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import (
     Release,
     TimelineBatch,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline,
 )
+from processor.stream.model.state import DictStore, stored_offset
 from processor.stream.replay import recompute_timeline, replay
-from processor.stream.state import DictStore, stored_offset
+from processor.stream.worker.fencing import FENCED_EXIT
 
 # ------------------------------------------------------------------------ the corpus
 
@@ -987,7 +987,7 @@ def changelog_went_back(records: Iterable[kafka_io.KafkaRecord]) -> ChangelogRep
 
 def check_changelog(dep: Deployment) -> ChangelogReport:
     """`changelog_went_back` over the deployment's state changelog topic."""
-    from processor.stream.app import changelog_topic  # Faust: only when needed
+    from processor.stream.worker.app import changelog_topic  # Faust: only when needed
 
     return changelog_went_back(kafka_io.iter_topic(dep.conf, changelog_topic(dep.settings),
                                                    timeout_s=300))

@@ -49,8 +49,8 @@ from processor.commandline import CommandParser
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
 from processor.devtools.kafka.tools import die_with_parent
-from processor.stream import kafka_io
-from processor.stream.config import STREAM_MECHANISMS
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import STREAM_MECHANISMS
 from processor.view.overlay import write_overlay
 
 # --- demo traffic -----------------------------------------------------------------------
@@ -225,7 +225,7 @@ def _client_logger(handler: _ClientLogs) -> logging.Logger:
     logger = logging.getLogger("confluent_kafka.demo")
     logger.handlers[:] = [handler]
     logger.propagate = False
-    logger.setLevel(logging.INFO)  # the client families' floor (processor/stream/logs.py)
+    logger.setLevel(logging.INFO)  # the client families' floor (processor/stream/model/logs.py)
     return logger
 
 
@@ -467,7 +467,7 @@ def _print_kept(deployment: Deployment, local_broker: bool) -> None:
 def delete_run(run_dir: Path) -> int:
     """Delete a kept demo run: its five topics, the worker's internal topics (they start
     with its app id) and the directory. Refuses anything that is not a demo run."""
-    from processor.stream.config import load_settings
+    from processor.stream.model.config import load_settings
 
     config = run_dir / "worker.toml"
     settings = load_settings(str(config), {})

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-from processor.stream.bounding import BoundOutput
+from processor.stream.model.bounding import BoundOutput
 
 
 class CopyingStore:

@@ -57,9 +57,9 @@ from processor.devtools.campaign import (
     replay_cli,
 )
 from processor.devtools.deployment import Deployment, isolated_deployment
-from processor.stream import kafka_io
-from processor.stream.bounding import SEQ_BITS, UNITS_SOURCE, units_topic
-from processor.stream.records import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.bounding import SEQ_BITS, UNITS_SOURCE, units_topic
+from processor.stream.model.records import (
     UNIT_FIELD,
     TimelineBatch,
     TimelineFormatError,

@@ -26,9 +26,9 @@ from typing import Any
 from aiohttp import web
 
 from processor.commandline import CommandParser
-from processor.stream import kafka_io
-from processor.stream.config import ConfigError, Settings, load_settings
-from processor.stream.logs import configure_logging
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import ConfigError, Settings, load_settings
+from processor.stream.model.logs import configure_logging
 from processor.view.feed import PUBLIC_ROLES, FeedLog, PublicFeed
 from processor.view.overlay import OverlayFile
 

@@ -9,11 +9,11 @@ import pytest
 
 from processor.core.grid import to_units
 from processor.core.rng import NoiseKey
-from processor.stream.config import ConfigError, Settings, validate_settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.provenance import ParameterChangeError
-from processor.stream.records import Event, LedgerEntry, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.model.config import ConfigError, Settings, validate_settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.provenance import ParameterChangeError
+from processor.stream.model.records import Event, LedgerEntry, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 from tests.stream.helpers import apply_now
 
 KEY = NoiseKey.from_seed(7)

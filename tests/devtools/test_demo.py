@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 from tests.devtools.procs import cmdline, descendants, program, running, survivors
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,11 +31,11 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import Event, Release, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, Release, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 from tests.conftest import in_ci
 from tests.stream.helpers import apply_now
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from processor.stream.operator import Operator, Output
-from processor.stream.state import StateStore
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.state import StateStore
 
 
 def apply_now(op: Operator, store: StateStore, partition: int, offset: int, record: bytes,

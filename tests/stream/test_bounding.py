@@ -1,4 +1,4 @@
-"""The bounding stage (processor/stream/bounding.py): contribution bounds per unit, a
+"""The bounding stage (processor/stream/model/bounding.py): contribution bounds per unit, a
 deterministic kept set, crash safety, replay. Pure: no Kafka (the broker tests are in
 test_bounding_kafka.py when present).
 
@@ -22,8 +22,9 @@ import pytest
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.inmemory import CollectingForwarder
-from processor.stream import bounding
-from processor.stream.bounding import (
+from processor.stream.kafka.ingest import InputRecord, Routed, route
+from processor.stream.model import bounding
+from processor.stream.model.bounding import (
     SEQ_BITS,
     BoundCommit,
     Bounder,
@@ -38,10 +39,9 @@ from processor.stream.bounding import (
     unit_key,
     unit_partition,
 )
-from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.ingest import InputRecord, Routed, route
-from processor.stream.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
-from processor.stream.state import DictStore, partition_key, supersedes
+from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
+from processor.stream.model.state import DictStore, partition_key, supersedes
 
 NOW = 1_767_225_600_000
 K, M = 3, 2
@@ -360,8 +360,8 @@ def test_replay_check_of_the_kept_set_and_its_controls() -> None:
     """bounding.check_kept_set (what replay runs): no difference on a live run's
     timeline; controls: a forged forward of a dead-lettered event is "unexpected", a
     dropped forward of a committed units record is "missing"."""
-    from processor.stream.bounding import check_kept_set
-    from processor.stream.records import Event, encode_batch
+    from processor.stream.model.bounding import check_kept_set
+    from processor.stream.model.records import Event, encode_batch
 
     log = _log(6)
     fw, _ = _run(log)
@@ -388,7 +388,7 @@ def test_replay_check_of_the_kept_set_and_its_controls() -> None:
 def test_unit_hasher_is_the_hmac() -> None:
     """The prepared, caching hasher ingest uses gives unit_hash exactly (and keeps doing
     so across its cache's reset)."""
-    from processor.stream.bounding import UnitHasher
+    from processor.stream.model.bounding import UnitHasher
 
     hasher = UnitHasher(UKEY, cache=3)
     for uid in ["a", "b", "a", "é", "c", "d", "a", "x" * 256]:
@@ -607,7 +607,7 @@ def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
     """The worker holds kept events back for at most a quarter of the lateness (an event
     stamped now reaches the timeline long before the marker that seals its tick), and
     never more than HOLD_MAX_S; with no lateness, not at all."""
-    from processor.stream.unit_stage import HOLD_MAX_S, hold_s
+    from processor.stream.worker.unit_stage import HOLD_MAX_S, hold_s
 
     assert hold_s(with_overrides(S, lateness_ms=100)) == pytest.approx(0.025)
     assert hold_s(with_overrides(S, lateness_ms=60_000)) == HOLD_MAX_S

@@ -23,8 +23,8 @@ import orjson
 import pytest
 
 from processor.core.unit import derive
-from processor.stream import kafka_io
-from processor.stream.bounding import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.bounding import (
     SEQ_BITS,
     UNITS_SOURCE,
     decode_units,
@@ -32,8 +32,8 @@ from processor.stream.bounding import (
     units_changelog_topic,
     units_topic,
 )
-from processor.stream.config import Settings
-from processor.stream.records import TimelineBatch, TimelineFormatError, decode_timeline
+from processor.stream.model.config import Settings
+from processor.stream.model.records import TimelineBatch, TimelineFormatError, decode_timeline
 from processor.stream.replay import replay
 from tests.stream.test_app_e2e import (
     Live,

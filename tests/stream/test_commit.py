@@ -15,18 +15,18 @@ from unittest import mock
 import pytest
 
 from processor.core import registry
-from processor.stream import operator
-from processor.stream.commit import (
+from processor.stream.model import operator
+from processor.stream.model.commit import (
     CRASH_POINTS,
     INLINE_STEPS,
     BatchCommit,
     CollectingPublisher,
     SharedStore,
 )
-from processor.stream.config import Settings
-from processor.stream.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
-from processor.stream.records import Event, LedgerEntry, Release, encode_batch, encode_marker
-from processor.stream.state import CounterState, DictStore
+from processor.stream.model.config import Settings
+from processor.stream.model.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
+from processor.stream.model.records import Event, LedgerEntry, Release, encode_batch, encode_marker
+from processor.stream.model.state import CounterState, DictStore
 from tests.stream.test_operator import (
     KEY,
     TICK,
@@ -646,7 +646,7 @@ def test_a_lone_small_marker_is_applied_inline_and_a_large_seal_in_a_thread() ->
             asyncio.run(bc.commit(0, b))
         return list(pub.releases)
 
-    with mock.patch("processor.stream.commit.asyncio.to_thread", counting):
+    with mock.patch("processor.stream.model.commit.asyncio.to_thread", counting):
         got = run(True)
     # first marker (last seal unknown), the lone marker sealing every counter's tick 5,
     # the marker that comes with an event batch; markers 2, 3 and 4 inline

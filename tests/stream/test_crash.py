@@ -20,13 +20,13 @@ import orjson
 import pytest
 
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import Event, Release, encode_batch, encode_marker
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, Release, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 from processor.stream.replay import ReplayReport, replay
-from processor.stream.state import DictStore
 from tests.stream.test_app_e2e import (
     Live,
     committed_prefix,
@@ -395,8 +395,8 @@ def test_gap_guard_returns_exactly_the_skipped_records(kafka_bootstrap: str) -> 
     nothing for the next offset, then exactly the records of a later forward gap; a
     redelivery (an offset below the expected one) returns nothing. Control: the records it
     returns are the topic's own, byte for byte."""
-    from processor.stream.acks import GapGuard
-    from processor.stream.metrics import WorkerMetrics
+    from processor.stream.worker.acks import GapGuard
+    from processor.stream.worker.metrics import WorkerMetrics
 
     conf = {"bootstrap.servers": kafka_bootstrap}
     topic = f"gapguard-{now_ms()}"

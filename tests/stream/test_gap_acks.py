@@ -1,5 +1,5 @@
 """Records GapGuard re-reads are acked to Faust once applied, so that Faust's offset commit
-for the partition goes on (processor/stream/app.py: `ack_refetched`, `Worker.operate`).
+for the partition goes on (processor/stream/worker/app.py: `ack_refetched`, `Worker.operate`).
 
 The fault campaign's drain once waited forever: a restarted worker's Faust skipped four
 timeline records without acking them, GapGuard re-read and applied them, and Faust (which
@@ -28,15 +28,15 @@ from confluent_kafka import Consumer, TopicPartition
 from faust.types import TP, Message
 
 from processor.core.rng import NoiseKey
-from processor.stream import app as app_module
-from processor.stream import kafka_io
-from processor.stream.acks import ack_refetched
-from processor.stream.app import Worker
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import encode_marker
-from processor.stream.state import DictStore
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import encode_marker
+from processor.stream.model.state import DictStore
+from processor.stream.worker import app as app_module
+from processor.stream.worker.acks import ack_refetched
+from processor.stream.worker.app import Worker
 
 TOPIC = "timeline-under-test"
 
@@ -230,9 +230,9 @@ def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> Non
 
     from faust.types import TP, Message
 
-    from processor.stream.acks import PendingAcks
-    from processor.stream.config import Settings
-    from processor.stream.kafka_io import KafkaRecord
+    from processor.stream.kafka.kafka_io import KafkaRecord
+    from processor.stream.model.config import Settings
+    from processor.stream.worker.acks import PendingAcks
 
     class Acks:
         def __init__(self) -> None:

@@ -28,11 +28,11 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.keyfile import read_key, write_key
-from processor.stream import kafka_io
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import KeyMismatchError, Operator, Output
-from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import DictStore, StateVersionError, partition_key
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import KeyMismatchError, Operator, Output
+from processor.stream.model.records import Event, encode_batch, encode_marker
+from processor.stream.model.state import DictStore, StateVersionError, partition_key
 from tests.stream.helpers import apply_now
 
 TICK = 1000
@@ -111,7 +111,7 @@ def test_state_of_version_2_is_refused_naming_the_version() -> None:
     assert info.value.key == "p/0"
     # What the worker prints (after "error: "): the key, the version, the remedy; it is
     # not called corrupt (restoring it from the changelog would not help).
-    from processor.stream.app import CorruptStateError
+    from processor.stream.worker.app import CorruptStateError
 
     msg = str(CorruptStateError(info.value, s))
     assert msg.startswith("the stored state under key 'p/0' is an operator partition state "

@@ -1,5 +1,5 @@
 """The per-unit guarantee a ledger entry states holds over the deployment's whole life
-(processor/stream/lifetime.py, docs/privacy-unit.md "Reconfiguration"): the changes that
+(processor/stream/model/lifetime.py, docs/privacy-unit.md "Reconfiguration"): the changes that
 would make it false are refused at start with one `error:` line naming the field, a
 confirmed migration states the composed guarantee, and a refused parameter change halts
 at start or at a marker, never at an event. Pure: the operator on a dict store, the real
@@ -23,15 +23,16 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.errors import error_line
-from processor.stream import kafka_io, lifetime
-from processor.stream.app import ledger_at_start
-from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.lifetime import LifetimeError, UnitClaim
-from processor.stream.operator import Operator, Output
-from processor.stream.provenance import ParameterChangeError
-from processor.stream.records import LedgerEntry, encode_batch_rows, encode_marker
+from processor.stream.kafka import kafka_io
+from processor.stream.model import lifetime
+from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.lifetime import LifetimeError, UnitClaim
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.provenance import ParameterChangeError
+from processor.stream.model.records import LedgerEntry, encode_batch_rows, encode_marker
+from processor.stream.model.state import DictStore, PartitionState, partition_key
 from processor.stream.replay.history import LedgerProvenance, ledger_history
-from processor.stream.state import DictStore, PartitionState, partition_key
+from processor.stream.worker.app import ledger_at_start
 from tests.stream.helpers import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"

@@ -25,17 +25,17 @@ from processor.core import registry
 from processor.core.api import Counter, check_skip
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import NoiseKey
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.identity import counter_id, noise_identity
-from processor.stream.operator import (
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.identity import counter_id, noise_identity
+from processor.stream.model.operator import (
     DEFAULT_CACHE_SIZE,
     AnnouncedCounterError,
     Operator,
     Output,
     is_heartbeat_tick,
 )
-from processor.stream.records import (
+from processor.stream.model.records import (
     Event,
     LedgerEntry,
     Release,
@@ -44,8 +44,8 @@ from processor.stream.records import (
     encode_marker,
     partition_for,
 )
-from processor.stream.state import CounterState, DictStore
-from processor.stream.transaction import PartitionTransaction
+from processor.stream.model.state import CounterState, DictStore
+from processor.stream.model.transaction import PartitionTransaction
 from tests.stream.helpers import apply_now
 
 TICK = 1000
@@ -1073,7 +1073,7 @@ def test_changed_parameters_under_existing_state_are_refused_in_one_place(
     counter), before anything of the record is published or written. Control: with
     on_parameter_change = "keep" the counter continues and its releases and the ledger
     entry carry the stored parameters, never the configured ones."""
-    from processor.stream.provenance import ParameterChangeError
+    from processor.stream.model.provenance import ParameterChangeError
 
     s = settings({"a": 0}, heartbeat_ticks=2)
     store, first = _first_life(s)
@@ -1131,7 +1131,7 @@ def test_corrupt_state_error_line_names_the_key_and_the_remedy() -> None:
     one is not shown), the changelog topic and state dir to rebuild from, and a new
     deployment when the changelog itself is corrupt."""
     from processor.core.errors import StateFormatError
-    from processor.stream.app import CorruptStateError, changelog_topic
+    from processor.stream.worker.app import CorruptStateError, changelog_topic
 
     s = settings({"a": 0}, allow_undeclared=True)
     exc = StateFormatError("operator counter state is corrupt")
@@ -1150,7 +1150,7 @@ def test_catch_up_publishes_the_changes_and_only_the_last_heartbeats() -> None:
     CATCHUP_HEARTBEAT_TICKS ticks only (about 100, not 20,000), each y still readable
     from the change records (the same changes as when sealed 100 at a time). Control:
     the same ticks sealed 100 at a time publish every heartbeat (over 50 times more)."""
-    from processor.stream.operator import CATCHUP_HEARTBEAT_TICKS
+    from processor.stream.model.operator import CATCHUP_HEARTBEAT_TICKS
 
     past = 200_000
     s = settings({"a": 0}, heartbeat_ticks=10)

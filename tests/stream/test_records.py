@@ -17,10 +17,10 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import records
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import (
+from processor.stream.model import records
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import (
     DEADLETTER_RAW_LIMIT,
     LEDGER_SCHEMA_VERSION,
     LEDGER_UNIT_SCHEMA_VERSION,
@@ -46,7 +46,7 @@ from processor.stream.records import (
     partition_for,
     sealed_through,
 )
-from processor.stream.state import DictStore
+from processor.stream.model.state import DictStore
 from tests.stream.helpers import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"

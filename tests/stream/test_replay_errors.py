@@ -21,8 +21,8 @@ from pathlib import Path
 
 from processor.devtools.deployment import worker_env, write_config
 from processor.keyfile import write_key
-from processor.stream import kafka_io
-from processor.stream.config import Settings, TopicSettings, with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, TopicSettings, with_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The whole command must end within this: the probe's bound plus the interpreter's start.

@@ -37,8 +37,8 @@ from processor.devtools.deployment import (
 )
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.kafka.tls import make_tls_files
-from processor.stream import kafka_io
-from processor.stream.config import SecuritySettings, Settings, with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import SecuritySettings, Settings, with_overrides
 from tests.stream.test_app_e2e import TEST_SECRET, now_ms, published_map
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 from processor.core import registry
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
-from processor.stream.state import (
+from processor.stream.model.state import (
     CounterState,
     DueWheel,
     PartitionState,

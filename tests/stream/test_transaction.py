@@ -9,8 +9,8 @@ import pytest
 
 from processor.core.errors import StateFormatError
 from processor.devtools.inmemory import CopyingStore
-from processor.stream.state import DictStore
-from processor.stream.transaction import (
+from processor.stream.model.state import DictStore
+from processor.stream.model.transaction import (
     PartitionTransaction,
     Slot,
     StateCache,

@@ -18,10 +18,10 @@ from confluent_kafka import KafkaException
 
 from processor.core.rng import NoiseKey
 from processor.errors import StreamError
-from processor.stream import kafka_io
-from processor.stream.bounding import check_kept_set, units_topic
-from processor.stream.config import Settings
-from processor.stream.records import marker_tick
+from processor.stream.kafka import kafka_io
+from processor.stream.model.bounding import check_kept_set, units_topic
+from processor.stream.model.config import Settings
+from processor.stream.model.records import marker_tick
 from processor.stream.replay.comparison import (
     compare,
     diff_order,

@@ -25,6 +25,7 @@ aiokafka's `AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Final
 
 import aiokafka
@@ -32,8 +33,8 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.auth import CredentialsT
 
-from processor.stream import kafka_io
-from processor.stream.config import Settings
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings
 
 #: The longest a fetch waits for records the broker does not have yet, in ms.
 FETCH_MAX_WAIT_MS: Final = 250
@@ -41,6 +42,10 @@ FETCH_MAX_WAIT_MS: Final = 250
 
 class QuickPollConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
     """Faust's consumer thread, its aiokafka consumer polling at most FETCH_MAX_WAIT_MS."""
+
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.transport")
 
     def _create_worker_consumer(self, transport: Any) -> aiokafka.AIOKafkaConsumer:
         consumer = super()._create_worker_consumer(transport)
@@ -50,6 +55,10 @@ class QuickPollConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
 
 class QuickPollConsumer(faust_aiokafka.Consumer):
     """Faust's aiokafka consumer on `QuickPollConsumerThread`."""
+
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.transport")
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return QuickPollConsumerThread(self, loop=self.loop, beacon=self.beacon)

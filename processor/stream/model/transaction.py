@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from processor.core.errors import StateFormatError
-from processor.stream.state import StateStore
+from processor.stream.model.state import StateStore
 
 
 class Stored(Protocol):

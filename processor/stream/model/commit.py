@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
-from processor.stream.operator import Operator, Output
-from processor.stream.records import LedgerEntry, Release, marker_tick
-from processor.stream.state import StateStore
-from processor.stream.transaction import PartitionTransaction
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.records import LedgerEntry, Release, marker_tick
+from processor.stream.model.state import StateStore
+from processor.stream.model.transaction import PartitionTransaction
 
 #: A lone marker record is applied on the event loop itself when it can step at most this
 #: many counter ticks (the counters due through its tick times the ticks it seals, each

@@ -52,8 +52,8 @@ from confluent_kafka import (
 
 from processor.core.errors import NoiseKeyError
 from processor.errors import StreamError, print_error
-from processor.stream import kafka_io
-from processor.stream.bounding import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.bounding import (
     UnitHasher,
     UnitRow,
     encode_units,
@@ -63,11 +63,11 @@ from processor.stream.bounding import (
     unit_row,
     units_topic,
 )
-from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, SystemClock
-from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
-from processor.stream.faults import INGEST_DELIVERED, CrashPoint, FaultPlan
-from processor.stream.logs import configure_logging
-from processor.stream.records import (
+from processor.stream.model.clock import PROBE_RECORD, ClockGuard, Stamp, SystemClock
+from processor.stream.model.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.model.faults import INGEST_DELIVERED, CrashPoint, FaultPlan
+from processor.stream.model.logs import configure_logging
+from processor.stream.model.records import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
     Event,
@@ -596,10 +596,10 @@ class Ingest:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m processor.stream.ingest --config F`: the ingest stage alone, until
+    """`python -m processor.stream.kafka.ingest --config F`: the ingest stage alone, until
     SIGTERM/SIGINT (the worker runs it in a thread; this entry point serves tests that
     kill the stage on its own and measurements of it)."""
-    p = argparse.ArgumentParser(prog="python -m processor.stream.ingest",
+    p = argparse.ArgumentParser(prog="python -m processor.stream.kafka.ingest",
                                 description="Run the ingest stage alone.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--loglevel", default="warning")

@@ -54,29 +54,27 @@ from processor.commandline import CommandParser
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.errors import RefusedError, StreamError, print_error
-from processor.stream import kafka_io, lifetime, transport
-from processor.stream.acks import GapGuard, PendingAcks
-from processor.stream.bounding import unit_key, units_changelog_topic, units_topic
-from processor.stream.clock import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.ingest import Ingest
+from processor.stream.kafka.producer import AsyncProducer, DeliveryError
+from processor.stream.model import lifetime
+from processor.stream.model.bounding import unit_key, units_changelog_topic, units_topic
+from processor.stream.model.clock import (
     PROBE_RECORD,
     ClockGuard,
     Stamp,
     next_marker,
 )
-from processor.stream.commit import BatchCommit
-from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
-from processor.stream.faults import NO_FAULTS, FaultPlan
-from processor.stream.fencing import FENCED_EXIT, SuspensionFence
-from processor.stream.ingest import Ingest
-from processor.stream.lifetime import UnitClaim
-from processor.stream.logs import LOG_FORMATS, configure_logging
-from processor.stream.metrics import Surface, WorkerMetrics
-from processor.stream.operator import (
+from processor.stream.model.commit import BatchCommit
+from processor.stream.model.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.model.faults import NO_FAULTS, FaultPlan
+from processor.stream.model.lifetime import UnitClaim
+from processor.stream.model.logs import LOG_FORMATS, configure_logging
+from processor.stream.model.operator import (
     Operator,
 )
-from processor.stream.producer import AsyncProducer, DeliveryError
-from processor.stream.provenance import ConfiguredProvenance
-from processor.stream.records import (
+from processor.stream.model.provenance import ConfiguredProvenance
+from processor.stream.model.records import (
     LedgerEntry,
     Release,
     announced_counters,
@@ -84,12 +82,21 @@ from processor.stream.records import (
     marker_tick,
     sealed_through,
 )
-from processor.stream.recovery import BatchedTableManager
-from processor.stream.stale import stale_databases
-from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
-from processor.stream.table import ROCKSDB_OPTIONS, ChangelogTracker, MonotoneTable, WorkerStores
-from processor.stream.transport import QuickPollTransport, raw_topic
-from processor.stream.unit_stage import UnitStage
+from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
+from processor.stream.worker import transport
+from processor.stream.worker.acks import GapGuard, PendingAcks
+from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
+from processor.stream.worker.metrics import Surface, WorkerMetrics
+from processor.stream.worker.recovery import BatchedTableManager
+from processor.stream.worker.stale import stale_databases
+from processor.stream.worker.table import (
+    ROCKSDB_OPTIONS,
+    ChangelogTracker,
+    MonotoneTable,
+    WorkerStores,
+)
+from processor.stream.worker.transport import QuickPollTransport, raw_topic
+from processor.stream.worker.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
 #: The worker's start and ready lines: INFO records that show at the default level
@@ -254,6 +261,10 @@ class WorkerApp(faust.App):
     stops its consumer and closes the tables: the worker's last checkpoint; and the
     aiokafka transport of transport.py."""
 
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.app")
+
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: Told of each changelog record the recovery took (BatchedRecovery._take): copy
     #: "restore" or "standby", and how many.
@@ -359,7 +370,7 @@ class Worker:
                              clock=self.clock,
                              unit_key=(unit_key(key) if settings.privacy_unit == "user"
                                        else None))
-        # The operator surface (metrics, /healthz, /readyz; processor/stream/metrics.py).
+        # The operator surface (metrics, /healthz, /readyz; processor/stream/worker/metrics.py).
         # Marker age by the later clock: a seal held back by a local clock that runs
         # behind shows as stale (and not ready), as it is in the brokers' time.
         self.surface = Surface(settings, lambda: {**self.metrics.counts,
@@ -872,7 +883,7 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
 def _check_not_stale(tabledir: Path, settings: Settings) -> None:
     """StartError (one line: the directory, the remedy) when a local partition database
     has applied changelog records its changelog topic on the brokers does not have (the
-    brokers were recreated: processor/stream/stale.py)."""
+    brokers were recreated: processor/stream/worker/stale.py)."""
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
 
     def ends(topic: str) -> Mapping[int, tuple[int, int]]:
@@ -1013,7 +1024,7 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
                    "per line (ts, level, logger, msg, exc) for log shippers")
     args = p.parse_args(list(argv) if argv is not None else None)
     # Whatever --loglevel says, the Kafka clients and Faust stay at or above the level
-    # where they would log credentials and records (processor/stream/logs.py).
+    # where they would log credentials and records (processor/stream/model/logs.py).
     configure_logging(args.loglevel, args.log_format)
     level = logging.getLogger().getEffectiveLevel()
     lifecycle.setLevel(logging.INFO if level <= logging.WARNING else level)

@@ -77,12 +77,12 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
-from processor.stream.clock import TOLERANCE_MS
-from processor.stream.config import Settings
-from processor.stream.identity import calibration_of, creation_tag, key_fingerprint
-from processor.stream.lifetime import LifetimeError, UnitClaim
-from processor.stream.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
-from processor.stream.records import (
+from processor.stream.model.clock import TOLERANCE_MS
+from processor.stream.model.config import Settings
+from processor.stream.model.identity import calibration_of, creation_tag, key_fingerprint
+from processor.stream.model.lifetime import LifetimeError, UnitClaim
+from processor.stream.model.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
+from processor.stream.model.records import (
     EventRows,
     LedgerEntry,
     Release,
@@ -93,7 +93,7 @@ from processor.stream.records import (
     source_label,
     unit_ledger_fields,
 )
-from processor.stream.state import (
+from processor.stream.model.state import (
     COUNTER_PREFIX,
     PARTITION_PREFIX,
     CounterFactory,
@@ -105,7 +105,7 @@ from processor.stream.state import (
     counter_key,
     partition_key,
 )
-from processor.stream.transaction import PartitionTransaction, Slot, StateCache
+from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
 #: A marker that seals more ticks of a counter than this at once (a start in the past, a
 #: long outage) publishes heartbeats for its last max(heartbeat_ticks, this) ticks only;

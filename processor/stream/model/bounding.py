@@ -30,7 +30,7 @@ event reaches the timeline (docs/privacy-unit.md).
   scratch) yields the same decisions: the kept set is a function of the log alone.
 - **Bound to its bounds.** Each units partition value records the (k, m) its kept sets
   were decided under; a restore under others is refused (BoundsChangeError) unless the
-  migration is confirmed (processor/stream/lifetime.py says what the ledger then states).
+  migration is confirmed (processor/stream/model/lifetime.py says what the ledger then states).
 - **Forwarding is idempotent.** Kept events go to the timeline with source "units", input
   partition = the units partition and input offset = seq, strictly increasing per units
   partition: the operator's existing duplicate filter drops every re-sent copy.
@@ -62,9 +62,9 @@ import orjson
 
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
-from processor.stream.commit import CheckpointLoop, Stores
-from processor.stream.config import Settings
-from processor.stream.records import (
+from processor.stream.model.commit import CheckpointLoop, Stores
+from processor.stream.model.config import Settings
+from processor.stream.model.records import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
     DeadLetterEncoder,
@@ -77,14 +77,14 @@ from processor.stream.records import (
     fit_records,
     partition_for,
 )
-from processor.stream.state import (
+from processor.stream.model.state import (
     PARTITION_PREFIX,
     UNIT_MAGIC,
     DictStore,
     StateStore,
     stored_offset,
 )
-from processor.stream.transaction import PartitionTransaction, Slot, StateCache
+from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
 #: Version of the units topic's records.
 UNITS_VERSION: Final = 1

@@ -61,7 +61,7 @@ _NO_QUEUE: Final[deque[list[int]]] = deque()
 
 _COUNTER_MAGIC: Final = b"DPC\x04"
 _PARTITION_MAGIC: Final = b"DPP\x04"
-#: A privacy unit's value (processor/stream/bounding.py): magic, offset, then its kept set.
+#: A privacy unit's value (processor/stream/model/bounding.py): magic, offset, then its kept set.
 UNIT_MAGIC: Final = b"DPU\x04"
 #: Format 3: the same fields, without the offset header (read, converted on write).
 _COUNTER_V3: Final = b"DPC\x03"

@@ -65,10 +65,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from processor.errors import StreamError
-from processor.stream import kafka_io
-from processor.stream.config import Settings
-from processor.stream.operator import METRICS as OPERATOR_COUNTS
-from processor.stream.records import REASONS
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings
+from processor.stream.model.operator import METRICS as OPERATOR_COUNTS
+from processor.stream.model.records import REASONS
 
 log = logging.getLogger("processor.stream.metrics")
 
@@ -101,7 +101,7 @@ _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 _SIZE_BUCKETS: Final = (1, 5, 10, 50, 100, 500, 1000, 2500, 5000, 10000)
 
 
-#: What each count of the bounding stage (processor/stream/bounding.py METRICS, and
+#: What each count of the bounding stage (processor/stream/model/bounding.py METRICS, and
 #: unit_stage.py's forwards and checkpoints) means; privacy_unit = "user" only (0
 #: otherwise). Each is exported as dpc_<name>_total.
 UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
@@ -128,7 +128,7 @@ UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
 }
 
 
-#: What each operator count (processor/stream/operator.py METRICS) means; its unit is the
+#: What each operator count (processor/stream/model/operator.py METRICS) means; its unit is the
 #: word after the semicolon. tests/stream/test_metrics.py fails when a count has none.
 OPERATOR_COUNT_HELP: Final[Mapping[str, str]] = {
     "events_applied": "Events the operator put into a counter's queue (valid timeline "

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Final
 import faust
 
 from processor.errors import RefusedError
-from processor.stream import kafka_io
-from processor.stream.acks import GapGuard, PendingAcks
-from processor.stream.bounding import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.producer import AsyncProducer
+from processor.stream.model.bounding import (
     UNIT_PREFIX,
     UNITS_TABLE,
     BoundCommit,
@@ -34,14 +34,19 @@ from processor.stream.bounding import (
     units_changelog_topic,
     units_topic,
 )
-from processor.stream.config import Settings
-from processor.stream.producer import AsyncProducer
-from processor.stream.state import PARTITION_PREFIX
-from processor.stream.table import ROCKSDB_OPTIONS, ChangelogTracker, MonotoneTable, WorkerStores
-from processor.stream.transport import raw_topic
+from processor.stream.model.config import Settings
+from processor.stream.model.state import PARTITION_PREFIX
+from processor.stream.worker.acks import GapGuard, PendingAcks
+from processor.stream.worker.table import (
+    ROCKSDB_OPTIONS,
+    ChangelogTracker,
+    MonotoneTable,
+    WorkerStores,
+)
+from processor.stream.worker.transport import raw_topic
 
 if TYPE_CHECKING:
-    from processor.stream.app import Worker
+    from processor.stream.worker.app import Worker
 
 log = logging.getLogger("processor.stream.unit_stage")
 

@@ -29,6 +29,7 @@ Three things differ from a plain Faust table, each for one reason (docs/state.md
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -38,8 +39,8 @@ import faust
 from faust.types import TP
 from rocksdict import WriteBatch
 
-from processor.stream.producer import AsyncProducer
-from processor.stream.state import StateStore, supersedes
+from processor.stream.kafka.producer import AsyncProducer
+from processor.stream.model.state import StateStore, supersedes
 
 #: RocksDB options of the state tables (one database per partition). Faust's default
 #: memtable is 64 MiB, and the write-ahead log is kept until the memtable is flushed: with
@@ -65,6 +66,10 @@ STANDBY_BUFFER = 10_000
 
 class MonotoneTable(faust.Table[bytes, bytes]):
     """A Faust table of raw bytes whose changelog apply never lets a value go back."""
+
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.table")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("standby_buffer_size", STANDBY_BUFFER)

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from faust.types import TP, ConsumerT, Message
 
-from processor.stream import kafka_io
-from processor.stream.config import Settings
-from processor.stream.metrics import WorkerMetrics
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings
+from processor.stream.worker.metrics import WorkerMetrics
 
 # The worker's logger: these lines were the worker's before this module existed.
 log = logging.getLogger("processor.stream.app")

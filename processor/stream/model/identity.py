@@ -16,7 +16,7 @@ import orjson
 
 from processor.core.api import Counter
 from processor.core.rng import NoiseKey
-from processor.stream.config import Settings
+from processor.stream.model.config import Settings
 
 
 def key_fingerprint(key: NoiseKey) -> str:

@@ -21,7 +21,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[at
 from confluent_kafka.cimpl import NewTopic
 
 from processor.errors import StreamError
-from processor.stream.config import Settings
+from processor.stream.model.config import Settings
 
 #: librdkafka's own lines (connection failures, warnings) go through Python logging under
 #: this name, so they take the process's level, format and floors (logs.py) instead of
