@@ -17,10 +17,10 @@ assignment (each look-up 1.5 s), against 0.35 s with a 200 ms poll.
 partition is idle (at most 1000 / FETCH_MAX_WAIT_MS a second); while markers flow the
 fetches return with them anyway.
 
-Private names used (checked against faust-streaming 0.15.3 and aiokafka 0.14.0 by
-tests/stream/test_transport.py): `faust.App._new_transport`,
-`Consumer._new_consumer_thread`, `AIOKafkaConsumerThread._create_worker_consumer`, and
-aiokafka's `AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts.
+Private names used (listed in upstream.py; tests/stream/test_transport.py checks how
+they are used): `faust.App._new_transport`, `Consumer._new_consumer_thread`,
+`AIOKafkaConsumerThread._create_worker_consumer`, and aiokafka's
+`AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts.
 """
 
 from __future__ import annotations
