@@ -34,7 +34,7 @@ from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import Operator
 from processor.stream.model.records import encode_marker
 from processor.stream.model.state import DictStore
-from processor.stream.worker import app as app_module
+from processor.stream.worker import acks
 from processor.stream.worker.acks import ack_refetched
 from processor.stream.worker.app import Worker
 
@@ -188,7 +188,7 @@ def test_operator_agent_acks_what_gapguard_re_read(
     the commit stops at 4 and then stalls."""
     settings, records = _timeline(kafka_bootstrap, tmp_path)
     if not with_acks:
-        monkeypatch.setattr(app_module, "ack_refetched", lambda *a: None)
+        monkeypatch.setattr(acks, "ack_refetched", lambda *a: None)
     worker, consumer = _run_agent(settings, records, before=[], after=[2, 3, 8, 9, 10, 11])
     topic = settings.topics.timeline
     assert worker.metrics.counts[f"gap_records_refetched_{topic}"] == 4
