@@ -71,21 +71,14 @@ from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.devtools.inmemory import CollectingForwarder
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.ingest import InputRecord, route
-from processor.stream.model.bounding import (
-    UNITS_SOURCE,
-    BoundCommit,
-    Bounder,
-    unit_key,
-    units_changelog_topic,
-    units_topic,
-)
+from processor.stream.kafka.topics import changelog_topic, units_changelog_topic, units_topic
+from processor.stream.model.bounding import UNITS_SOURCE, BoundCommit, Bounder, unit_key
 from processor.stream.model.config import Settings, with_overrides, with_unit
 from processor.stream.model.records import (
     TimelineBatch,
     TimelineFormatError,
     decode_timeline,
 )
-from processor.stream.worker.app import changelog_topic
 
 IDLE_S = 3.0
 #: Both modes checkpoint every 2 s (the operator and the bounding stage alike): each

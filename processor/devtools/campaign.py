@@ -987,7 +987,7 @@ def changelog_went_back(records: Iterable[kafka_io.KafkaRecord]) -> ChangelogRep
 
 def check_changelog(dep: Deployment) -> ChangelogReport:
     """`changelog_went_back` over the deployment's state changelog topic."""
-    from processor.stream.worker.app import changelog_topic  # Faust: only when needed
+    from processor.stream.kafka.topics import changelog_topic  # Faust: only when needed
 
     return changelog_went_back(kafka_io.iter_topic(dep.conf, changelog_topic(dep.settings),
                                                    timeout_s=300))

@@ -58,7 +58,8 @@ from processor.devtools.campaign import (
 )
 from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.stream.kafka import kafka_io
-from processor.stream.model.bounding import SEQ_BITS, UNITS_SOURCE, units_topic
+from processor.stream.kafka.topics import units_topic
+from processor.stream.model.bounding import SEQ_BITS, UNITS_SOURCE
 from processor.stream.model.records import (
     UNIT_FIELD,
     TimelineBatch,

@@ -135,7 +135,7 @@ def test_checkers_catch_a_forged_release_and_a_stale_state_value(
     assert (caught.ahead, caught.short, caught.conflicting_ticks) == (1, 1, 2), \
         caught.as_dict()
 
-    from processor.stream.worker.app import changelog_topic
+    from processor.stream.kafka.topics import changelog_topic
 
     topic = changelog_topic(dep.settings)
     records = [r for r in kafka_io.iter_topic(dep.conf, topic, timeout_s=60)

@@ -143,7 +143,7 @@ def test_restart_after_loss_of_state_is_refused_and_nothing_is_republished(
     that would re-create an announced counter stops it with exit code 2 and an error naming
     the counter and the remedy; the private-count and ledger topics are unchanged.
     Control: the same restart WITH its state keeps running and publishing."""
-    from processor.stream.worker.app import changelog_topic
+    from processor.stream.kafka.topics import changelog_topic
 
     tick = E2E["tick_ms"]
     start = (int(time.time() * 1000) // tick) * tick - 20 * tick
@@ -229,8 +229,8 @@ def test_restart_within_the_creating_tick_does_not_meet_its_marker_again(
     never appends a second marker through that tick (which would re-create the counters
     under the same creation tag and republish their ticks); at the next tick the
     re-creation is refused (exit 2), and nothing was republished."""
+    from processor.stream.kafka.topics import changelog_topic
     from processor.stream.model.records import TimelineMarker, decode_timeline, sealed_through
-    from processor.stream.worker.app import changelog_topic
 
     tick = 40_000
     now = int(time.time() * 1000)

@@ -1131,7 +1131,8 @@ def test_corrupt_state_error_line_names_the_key_and_the_remedy() -> None:
     one is not shown), the changelog topic and state dir to rebuild from, and a new
     deployment when the changelog itself is corrupt."""
     from processor.core.errors import StateFormatError
-    from processor.stream.worker.app import CorruptStateError, changelog_topic
+    from processor.stream.kafka.topics import changelog_topic
+    from processor.stream.worker.app import CorruptStateError
 
     s = settings({"a": 0}, allow_undeclared=True)
     exc = StateFormatError("operator counter state is corrupt")

@@ -19,8 +19,8 @@ from typing import Any
 
 from processor.devtools.deployment import write_config
 from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import changelog_topic
 from processor.stream.model.config import with_overrides
-from processor.stream.worker.app import changelog_topic
 
 
 def test_changed_epsilon_is_refused_unless_kept(

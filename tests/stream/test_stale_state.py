@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
-from processor.stream.worker.app import STATE_TABLE
+from processor.stream.kafka.topics import STATE_TABLE
 from processor.stream.worker.stale import OFFSET_KEY, stale_databases
 
 

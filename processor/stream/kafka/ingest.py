@@ -53,6 +53,7 @@ from confluent_kafka import (
 from processor.core.errors import NoiseKeyError
 from processor.errors import StreamError, print_error
 from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import topic_name, units_topic
 from processor.stream.model.bounding import (
     UnitHasher,
     UnitRow,
@@ -61,7 +62,6 @@ from processor.stream.model.bounding import (
     unit_key,
     unit_partition,
     unit_row,
-    units_topic,
 )
 from processor.stream.model.clock import PROBE_RECORD, ClockGuard, Stamp, SystemClock
 from processor.stream.model.config import ConfigError, Settings, load_noise_key, load_settings
@@ -377,8 +377,8 @@ class Ingest:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._metrics: collections.Counter[str] = collections.Counter()
-        self._timeline = kafka_io.topic_name(settings, "timeline")
-        self._deadletter = kafka_io.topic_name(settings, "deadletter")
+        self._timeline = topic_name(settings, "timeline")
+        self._deadletter = topic_name(settings, "deadletter")
         #: The input topic's identity (`run` looks it up on the brokers; none until then).
         self.identity = InputIdentity(lambda: "")
         #: librdkafka's latest statistics of this stage's clients, decoded, by client name

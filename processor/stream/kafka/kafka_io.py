@@ -67,14 +67,6 @@ class KafkaRecord:
         return found
 
 
-def topic_name(settings: Settings, which: TopicRole) -> str:
-    """The configured name of topic `which` (input, timeline, counts, ledger, deadletter)."""
-    t = settings.topics
-    names: dict[str, str] = {"input": t.input, "timeline": t.timeline, "counts": t.counts,
-                             "ledger": t.ledger, "deadletter": t.deadletter}
-    return names[which]
-
-
 def security_config(settings: Settings) -> dict[str, str]:
     """librdkafka security properties (security.protocol, ssl.*, sasl.*) from Settings."""
     sec = settings.security

@@ -116,20 +116,6 @@ UnitRow = list[Any]
 #: timeline record's worth).
 HOLD_EVENTS: Final = MAX_BATCH_EVENTS
 
-#: The bounding stage's state table (its changelog: `units_changelog_topic`).
-UNITS_TABLE: Final = "units-state"
-
-
-def units_topic(settings: Settings) -> str:
-    """The units topic: the timeline's name + "-units" (internal, like the timeline; no
-    setting of its own, so that event-mode configurations are unchanged)."""
-    return f"{settings.topics.timeline}-units"
-
-
-def units_changelog_topic(settings: Settings) -> str:
-    """The name Faust gives the units table's changelog topic."""
-    return f"{settings.app_id}-{UNITS_TABLE}-changelog"
-
 
 class UnitsFormatError(ValueError):
     """A units-topic record this module did not write."""

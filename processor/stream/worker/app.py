@@ -57,8 +57,16 @@ from processor.errors import RefusedError, StreamError, print_error
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.ingest import Ingest
 from processor.stream.kafka.producer import AsyncProducer, DeliveryError
+from processor.stream.kafka.topics import (
+    STATE_TABLE,
+    changelog_topic,
+    retention_required,
+    topic_name,
+    units_changelog_topic,
+    units_topic,
+)
 from processor.stream.model import lifetime
-from processor.stream.model.bounding import unit_key, units_changelog_topic, units_topic
+from processor.stream.model.bounding import unit_key
 from processor.stream.model.clock import (
     PROBE_RECORD,
     ClockGuard,
@@ -104,7 +112,6 @@ log = logging.getLogger("processor.stream.app")
 #: parameters, counts of counters and partitions), never a value.
 lifecycle = logging.getLogger("processor.stream.lifecycle")
 
-STATE_TABLE: Final = "dpc-state"
 #: A file in state_dir that exists while a worker runs; found at start => unclean stop.
 RUNNING_FLAG: Final = "WORKER_RUNNING"
 #: How often the metrics summary (aggregate counts only) is logged.
@@ -219,8 +226,8 @@ class KafkaPublisher:
     def __init__(self, producer: AsyncProducer, settings: Settings,
                  metrics: WorkerMetrics) -> None:
         self._producer = producer
-        self._ledger = kafka_io.topic_name(settings, "ledger")
-        self._counts = kafka_io.topic_name(settings, "counts")
+        self._ledger = topic_name(settings, "ledger")
+        self._counts = topic_name(settings, "counts")
         self._metrics = metrics
 
     def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
@@ -328,7 +335,7 @@ class Worker:
             # Restore and standby copies read the changelog in batches (recovery.py).
             TableManager=BatchedTableManager,
         )
-        self.timeline_name = kafka_io.topic_name(settings, "timeline")
+        self.timeline_name = topic_name(settings, "timeline")
         timeline = raw_topic(self.app, self.timeline_name, self.partitions)
         # Raw bytes: the state codecs own their (versioned) encoding. The state of a
         # counter lives in the changelog partition of its timeline partition
@@ -734,11 +741,6 @@ def last_marker(conf: Mapping[str, str], topic: str) -> int:
     return best
 
 
-def changelog_topic(settings: Settings) -> str:
-    """The name Faust gives the state table's changelog topic."""
-    return f"{settings.app_id}-{STATE_TABLE}-changelog"
-
-
 def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     """Create the five topics and the state changelog (P partitions each; the input keeps
     its own count if it exists) and wait until every partition of the timeline and the
@@ -754,7 +756,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     # broker that does not answer is reported once, below.
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     partitions = settings.partitions
-    keyed = [kafka_io.topic_name(settings, "timeline"), changelog_topic(settings)]
+    keyed = [topic_name(settings, "timeline"), changelog_topic(settings)]
     if settings.privacy_unit == "user":
         # The units topic (log-append time, the timeline's retention: replay recomputes
         # the kept set from it) and the bounding stage's changelog.
@@ -768,7 +770,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
         # The input belongs to its producers: created (if missing) with the broker's
         # defaults. The others get their retention here, the one place (docs/downstream.md).
-        kafka_io.create_topics(conf, [kafka_io.topic_name(settings, "input")], partitions,
+        kafka_io.create_topics(conf, [topic_name(settings, "input")], partitions,
                                replication=replication, timeout_s=BROKER_WAIT_S)
         # Timeline records carry the brokers' log-append time: the clock cross-check of
         # the leader and of ingest reads it off their acknowledgements (clock.py).
@@ -799,27 +801,13 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     return replication
 
 
-def retention_required(settings: Settings) -> dict[str, int]:
-    """topic -> the retention.ms it is created with (-1: forever). The ledger is always
-    kept forever: it records every (epsilon, delta) spent, and a restarted worker refuses
-    to re-create a counter it announced (operator.AnnouncedCounterError), which it can
-    only while the entry is there."""
-    out = {kafka_io.topic_name(settings, "timeline"): settings.timeline_retention_ms,
-           kafka_io.topic_name(settings, "counts"): settings.counts_retention_ms,
-           kafka_io.topic_name(settings, "deadletter"): settings.deadletter_retention_ms,
-           kafka_io.topic_name(settings, "ledger"): -1}
-    if settings.privacy_unit == "user":
-        out[units_topic(settings)] = settings.timeline_retention_ms
-    return out
-
-
 def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:
     """Topics that existed before keep their own settings. A ledger that does not keep
     every entry is refused (StartError); any other topic that keeps records for less
     than required gets a warning (the operator may mean it: say, a shorter audit window
     agreed elsewhere). Topics that cannot be described get a warning too."""
     required = retention_required(settings)
-    ledger = kafka_io.topic_name(settings, "ledger")
+    ledger = topic_name(settings, "ledger")
     try:
         have = kafka_io.topic_configs(conf, required, BROKER_WAIT_S)
     except KafkaException as exc:
@@ -982,7 +970,7 @@ def read_ledger(settings: Settings, key: NoiseKey
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     try:
         ledger = [r.value for r in kafka_io.iter_topic(
-            conf, kafka_io.topic_name(settings, "ledger"), timeout_s=BROKER_WAIT_S)]
+            conf, topic_name(settings, "ledger"), timeout_s=BROKER_WAIT_S)]
     except (KafkaException, RuntimeError, TimeoutError) as exc:
         raise StartError(f"cannot read the ledger topic ({type(exc).__name__}): a worker "
                          "must know what was announced before it publishes") from None

@@ -66,6 +66,7 @@ from prometheus_client.metrics_core import Metric
 
 from processor.errors import StreamError
 from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import topic_name
 from processor.stream.model.config import Settings
 from processor.stream.model.operator import METRICS as OPERATOR_COUNTS
 from processor.stream.model.records import REASONS
@@ -475,8 +476,8 @@ class LagProbe:
     def __init__(self, settings: Settings, registry: CollectorRegistry) -> None:
         self._conf = {**kafka_io.base_config(settings), "log_level": "0"}
         self._targets = (
-            ("input", f"{settings.app_id}-ingest", kafka_io.topic_name(settings, "input")),
-            ("timeline", settings.app_id, kafka_io.topic_name(settings, "timeline")),
+            ("input", f"{settings.app_id}-ingest", topic_name(settings, "input")),
+            ("timeline", settings.app_id, topic_name(settings, "timeline")),
         )
         self.gauges = {
             name: Gauge(f"dpc_{name}_consumer_lag_records",
@@ -738,11 +739,11 @@ class Surface:
         and the input's (the ingest consumer, from its librdkafka statistics)."""
         out: dict[str, int] = {}
         if self._has_assignment:
-            out[kafka_io.topic_name(self.settings, "timeline")] = len(self._timeline_partitions)
+            out[topic_name(self.settings, "timeline")] = len(self._timeline_partitions)
         stats = (getattr(self.ingest, "client_stats", None) or {}).get("ingest-consumer")
         cgrp = stats.get("cgrp") if isinstance(stats, Mapping) else None
         if isinstance(cgrp, Mapping) and "assignment_size" in cgrp:
-            out[kafka_io.topic_name(self.settings, "input")] = int(cgrp["assignment_size"])
+            out[topic_name(self.settings, "input")] = int(cgrp["assignment_size"])
         return out
 
     def catchup_ticks_behind(self) -> float:

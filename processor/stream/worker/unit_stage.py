@@ -25,15 +25,13 @@ import faust
 from processor.errors import RefusedError
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.producer import AsyncProducer
-from processor.stream.model.bounding import (
-    UNIT_PREFIX,
+from processor.stream.kafka.topics import (
     UNITS_TABLE,
-    BoundCommit,
-    Bounder,
-    BoundOutput,
+    topic_name,
     units_changelog_topic,
     units_topic,
 )
+from processor.stream.model.bounding import UNIT_PREFIX, BoundCommit, Bounder, BoundOutput
 from processor.stream.model.config import Settings
 from processor.stream.model.state import PARTITION_PREFIX
 from processor.stream.worker.acks import GapGuard, PendingAcks
@@ -102,8 +100,8 @@ class UnitStage:
                                    (UNIT_PREFIX, PARTITION_PREFIX))
         self.commit = BoundCommit(
             Bounder(s), self.stores,
-            KafkaForwarder(worker.producer, kafka_io.topic_name(s, "timeline"),
-                           kafka_io.topic_name(s, "deadletter"), worker.metrics.add),
+            KafkaForwarder(worker.producer, topic_name(s, "timeline"),
+                           topic_name(s, "deadletter"), worker.metrics.add),
             crash_point=crash_point, fence=worker.fence.check)
         self.gaps = GapGuard(kafka_io.base_config(s), s.app_id, self.topic_name,
                              worker.metrics)
