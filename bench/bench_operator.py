@@ -49,11 +49,12 @@ from dataclasses import dataclass
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import DEFAULT_CACHE_SIZE, Operator
-from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import CopyingStore, DictStore
+from processor.devtools.inmemory import CopyingStore
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import DEFAULT_CACHE_SIZE, Operator
+from processor.stream.model.records import Event, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 
 TICK = 1000
 #: Marker-only ticks after the sparse workload's last events (see the module docstring).

@@ -43,9 +43,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.config import Settings, with_overrides
-from processor.stream.records import Event, encode_batch, encode_marker, partition_for
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.records import Event, encode_batch, encode_marker, partition_for
 from processor.stream.replay import compare, default_jobs, recompute_timeline, replay
 
 TICK = 100

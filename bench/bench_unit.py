@@ -53,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -67,20 +68,13 @@ from stream_io import broker
 from processor.core.rng import NoiseKey
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
-from processor.stream import kafka_io
-from processor.stream.app import changelog_topic
-from processor.stream.bounding import (
-    UNITS_SOURCE,
-    BoundCommit,
-    Bounder,
-    CollectingForwarder,
-    unit_key,
-    units_changelog_topic,
-    units_topic,
-)
-from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.ingest import InputRecord, route
-from processor.stream.records import (
+from processor.devtools.inmemory import CollectingForwarder
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.ingest import InputRecord, route
+from processor.stream.kafka.topics import changelog_topic, units_changelog_topic, units_topic
+from processor.stream.model.bounding import UNITS_SOURCE, BoundCommit, Bounder, unit_key
+from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.records import (
     TimelineBatch,
     TimelineFormatError,
     decode_timeline,
@@ -266,8 +260,10 @@ STAGE_BATCH = 500
 
 
 class RocksStore:
-    """state.StateStore and commit.BatchWriter on one rocksdict database, as
+    """state.StateStore on one rocksdict database, as
     table.PartitionStore without its changelog producer."""
+
+    shares_bytes = False
 
     def __init__(self, path: str) -> None:
         self._db = Rdict(path, options=Options(raw_mode=True))
@@ -283,12 +279,12 @@ class RocksStore:
     def delete(self, key: str) -> None:
         self._db.delete(key.encode("utf-8"))
 
-    def write_many(self, writes: list[tuple[str, bytes]]) -> None:
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
         wb = WriteBatch(raw_mode=True)
         for key, value in writes:
             wb.put(key.encode("utf-8"), value)
+            self.writes += 1
         self._db.write(wb)
-        self.writes += len(writes)
 
     def scan(self, prefix: str) -> Any:
         return iter(())

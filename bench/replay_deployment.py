@@ -42,7 +42,7 @@ from stream_io import (
 )
 
 from processor.devtools.deployment import Deployment, isolated_deployment
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 
 
 def run_deployment(bootstrap: str, counters: int, seconds: float, rate: float,

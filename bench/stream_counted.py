@@ -7,7 +7,7 @@ What "counted" means, per system (the same N input events, JSON, unkeyed, 4 part
   of the counter's queue as x_t of some tick, the operator's `events_dequeued`) inside a
   batch commit that has returned. A batch commit returns after the releases it produced
   are acknowledged by the broker and its state is written to the table (RocksDB; the
-  changelog record queued in Faust's producer) (processor/stream/commit.py), so a
+  changelog record queued in Faust's producer) (processor/stream/model/commit.py), so a
   counted event's release, if its tick made one, is on the private-count topic. The
   bench reads the worker's operator metric `dpc_operator_events_dequeued_total` (an
   operator channel, /metrics), at most every second while many events are left and every

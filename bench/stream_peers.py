@@ -97,9 +97,9 @@ def faust_table(bootstrap: str, src: str, out: str, _n: int, workdir: str) -> No
 def kafka_loop(bootstrap: str, src: str, out: str, n: int, _workdir: str) -> None:
     from confluent_kafka import Consumer
 
-    from processor.stream import kafka_io
+    from processor.stream.kafka import kafka_io
 
-    conf = {**kafka_io.plain_config(bootstrap), "log_level": "3"}
+    conf = {**{"bootstrap.servers": bootstrap}, "log_level": "3"}
     consumer = Consumer({**conf, "group.id": f"bench-loop-{uuid.uuid4().hex[:8]}",
                          "enable.auto.commit": "false", "auto.offset.reset": "earliest"})
     producer = kafka_io.make_producer(conf)

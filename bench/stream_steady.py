@@ -93,8 +93,8 @@ from processor.devtools.deployment import (
     write_config,
 )
 from processor.devtools.kafka.tools import free_port
-from processor.stream import kafka_io
-from processor.stream.config import load_settings, with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import load_settings, with_overrides
 
 #: The pause after the assignment is stable, then the idle window (each at most a third of
 #: the measured window).

@@ -26,15 +26,15 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from stream_io import Tail, changelog_topics
 
 from processor.devtools.deployment import Deployment
-from processor.stream import kafka_io
-from processor.stream.records import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.records import (
     TimelineBatch,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline,
     partition_for,
 )
-from processor.stream.state import PartitionState
+from processor.stream.model.state import PartitionState
 
 
 @dataclass

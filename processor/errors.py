@@ -10,7 +10,7 @@ ProcessorError                       root: every error raised on purpose
 │                                    announced counter whose state is gone, a noise key
 │                                    that differs from the state's, a parameter change
 ├── ConfigError                      the configuration: a missing, mistyped or
-│   (processor.stream.config)        out-of-domain value
+│   (processor.stream.model.config) out-of-domain value
 ├── UsageError                       a command line the parser refused
 ├── AuditError (processor.audit)     the audit cannot run or cannot conclude
 ├── TickSyntaxError                  a malformed tick file of `count`

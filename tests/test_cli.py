@@ -186,7 +186,7 @@ def test_the_error_policy_turns_any_exception_into_one_line(
     type; Ctrl-C is exit 130. Control: the line check rejects a traceback."""
     from processor.commands import keygen
     from processor.core.errors import NoiseKeyError
-    from processor.stream.config import ConfigError
+    from processor.stream.model.config import ConfigError
 
     def raising(exc: BaseException) -> None:
         def entry(argv: list[str]) -> int:
@@ -349,7 +349,7 @@ def test_the_hierarchy_carries_the_prefixes() -> None:
     from processor.commandline import CommandParser
     from processor.core.errors import CoreError, NoiseKeyError, StateFormatError
     from processor.errors import ProcessorError, RefusedError, StreamError, UsageError
-    from processor.stream.kafka_io import BrokerUnavailable
+    from processor.stream.kafka.kafka_io import BrokerUnavailable
 
     assert issubclass(CoreError, ProcessorError) and issubclass(BrokerUnavailable, StreamError)
     assert issubclass(RefusedError, StreamError) and issubclass(RefusedError, RuntimeError)

@@ -52,7 +52,7 @@ def test_send_puts_exactly_the_valid_lines_on_the_input_topic(
     three accepted ones reach the input topic in order and nothing else; stderr names
     the refused lines and reasons; stdout's closing line counts them. Control: a run of
     only valid lines exits 0."""
-    from processor.stream.kafka_io import read_topic
+    from processor.stream.kafka.kafka_io import read_topic
 
     start = (int(time.time() * 1000) // 1000 - 60) * 1000
     dep = deployment_factory({"a": start, "b": start})
@@ -85,7 +85,7 @@ def test_send_without_the_input_topic_or_a_broker_is_one_error_line(
     """No input topic (no worker has run): one line saying to start the worker, exit 2,
     nothing created. Brokers that do not answer: one line naming them within 5 s of
     the probe (the command's start included: under 15 s)."""
-    from processor.stream.kafka_io import missing_topics
+    from processor.stream.kafka.kafka_io import missing_topics
 
     dep = deployment_factory({"a": 0}, create_topics=False)
     done = _send(str(dep.config), "a\n", "--wait", "1")
@@ -113,7 +113,7 @@ def test_send_waits_for_the_input_topic_a_starting_worker_creates(
     """The README starts the worker in the background and sends at once: send says it
     waits, and sends once the topic exists (created here while it waits, as the worker
     would)."""
-    from processor.stream.kafka_io import create_topics, read_topic
+    from processor.stream.kafka.kafka_io import create_topics, read_topic
 
     dep = deployment_factory({"a": 0}, create_topics=False)
     proc = subprocess.Popen([sys.executable, "-m", "processor", "send", "--config",

@@ -4,10 +4,13 @@
 - no module of processor imports another module's private name (`from x import _y`) or
   reaches one through a module it imported (`m._y`);
 - processor/stream imports none of devtools, experiments, view, commands, simulator, audit;
+- processor/stream's folders are its layers (STREAM_LAYERS): every module sits in model/,
+  kafka/, worker/ or replay/; model imports no client library, kafka/ no Faust stack,
+  replay/ not the worker; only worker/ imports faust, aiokafka, rocksdict or mode;
 - the test hooks (DPC_TEST_*) are named in code only in stream/faults.py (and devtools,
   which starts workers with them); nothing patches argparse;
-- docs/architecture.md's layer list names every module of processor, and every module it
-  lists exists;
+- docs/architecture.md's layer list names every module of processor, under its folder's
+  heading, and every module it lists exists;
 - the core's modules import one another at module level only (an import inside a
   function is how a cycle hides), except registry.py's deliberate lazy build;
 - no shipped command (worker, replay, count, keygen, send, plan, audit, view, demo) imports
@@ -39,9 +42,19 @@ RESEARCH = "processor.experiments"
 #: What the stream layer never imports (docs/architecture.md: data flows one way).
 ABOVE_STREAM = ("processor.devtools", "processor.experiments", "processor.view",
                 "processor.commands", "processor.simulator", "processor.audit")
+#: The Faust stack: only processor/stream/worker/ imports it.
+FAUST_STACK = ("faust", "aiokafka", "rocksdict", "mode")
+#: processor/stream's layers, lowest first: package -> what its modules never import.
+STREAM_LAYERS: dict[str, tuple[str, ...]] = {
+    "model": ("confluent_kafka", *FAUST_STACK, "processor.stream.kafka",
+              "processor.stream.worker", "processor.stream.replay"),
+    "kafka": (*FAUST_STACK, "processor.stream.worker", "processor.stream.replay"),
+    "replay": (*FAUST_STACK, "processor.stream.worker"),
+    "worker": (),
+}
 #: Where the DPC_TEST_* hooks may be named in code (the plan, and the tooling that sets
 #: them for the workers it starts).
-FAULT_HOOK_FILES = ("processor/stream/faults.py", "processor/devtools/")
+FAULT_HOOK_FILES = ("processor/stream/model/faults.py", "processor/devtools/")
 
 
 def _imports(tree: ast.AST) -> list[tuple[ast.ImportFrom | ast.Import, bool]]:
@@ -115,6 +128,31 @@ def layer_violations(source: str, name: str) -> list[str]:
             for mod in _modules(node) if mod.startswith(ABOVE_STREAM)]
 
 
+def _is_under(module: str, names: tuple[str, ...]) -> bool:
+    return any(module == n or module.startswith(f"{n}.") for n in names)
+
+
+def stream_layer_violations(source: str, name: str) -> list[str]:
+    """A module of processor/ (`name`, its path) that breaks the stream layering: a
+    processor/stream module outside the STREAM_LAYERS packages, an import its layer never
+    makes, or the Faust stack imported anywhere but processor/stream/worker/."""
+    parts = name.split("/")
+    bad = []
+    layer = None
+    if parts[:2] == ["processor", "stream"] and name != "processor/stream/__init__.py":
+        layer = parts[2] if len(parts) > 3 and parts[2] in STREAM_LAYERS else None
+        if layer is None:
+            bad.append(f"{name}: not in a layer package ({', '.join(STREAM_LAYERS)})")
+    forbidden = STREAM_LAYERS[layer] if layer is not None else ()
+    if layer != "worker":
+        forbidden = (*forbidden, *FAUST_STACK)
+    for node, _ in _imports(ast.parse(source)):
+        for mod in _modules(node):
+            if _is_under(mod, forbidden):
+                bad.append(f"{name}: imports {mod}")
+    return sorted(set(bad))
+
+
 def _docstrings(tree: ast.AST) -> set[int]:
     out = set()
     for node in ast.walk(tree):
@@ -155,12 +193,30 @@ def hook_violations(source: str, name: str) -> list[str]:
     return bad
 
 
+def _subfolder_blocks(text: str) -> dict[str, str]:
+    """A section's subfolder headings (`  sub/`) -> their blocks (the heading's line and
+    the lines indented deeper that follow it)."""
+    subs: dict[str, str] = {}
+    sub = None
+    for line in text.splitlines():
+        m = re.match(r"  ([a-z_]\w*/)", line)
+        if m:
+            sub = m.group(1)
+            subs[sub] = line + "\n"
+        elif sub is not None and line.startswith("    "):
+            subs[sub] += line + "\n"
+        else:
+            sub = None
+    return subs
+
+
 def architecture_mismatches(doc: str, root: Path) -> list[str]:
     """What the layer list of docs/architecture.md (its first code block after "## Layers")
     and the tree under `root` disagree on: in a section (a line that starts with
     processor/...), each `name.py` it lists must exist under the section's folder, and each
-    module under that folder (bar __init__ and __main__) must be named in it; every entry
-    of processor/ needs a section."""
+    module under that folder (bar __init__ and __main__) must be named in it, under its
+    subfolder's heading where the section has one (a line `  sub/`, its block running to
+    the next line indented two spaces); every entry of processor/ needs a section."""
     block = doc.split("## Layers", 1)[1].split("```")[1]
     sections: dict[str, str] = {}
     head = ""
@@ -180,10 +236,14 @@ def architecture_mismatches(doc: str, root: Path) -> list[str]:
         for listed in re.findall(r"(?<![/\w])([a-z_]\w*)\.py\b", text):
             if not any(folder.rglob(f"{listed}.py")):
                 bad.append(f"{head}: lists {listed}.py, which does not exist")
+        subs = _subfolder_blocks(text)
         for path in sorted(folder.rglob("*.py")):
-            if (path.name not in ("__init__.py", "__main__.py")
-                    and not re.search(rf"(?<![\w/]){path.stem}\.py\b", text)):
-                bad.append(f"{path.relative_to(root)}: not in {head}'s section")
+            if path.name in ("__init__.py", "__main__.py"):
+                continue
+            first = path.relative_to(folder).parts[0] + "/"
+            where, within = (subs[first], f"{head}{first}") if first in subs else (text, head)
+            if not re.search(rf"(?<![\w/]){path.stem}\.py\b", where):
+                bad.append(f"{path.relative_to(root)}: not in {within}'s section")
     for entry in sorted((root / "processor").iterdir()):
         rel = f"processor/{entry.name}{'/' if entry.is_dir() else ''}"
         if (entry.name not in ("__init__.py", "__main__.py") and not entry.name.startswith(".")
@@ -292,6 +352,33 @@ def test_the_stream_layer_imports_no_layer_above_it() -> None:
     assert layer_violations("def f():\n    from processor.devtools import demo\n", "s.py")
 
 
+def test_the_stream_folders_are_its_layers() -> None:
+    bad = [v for name, src in _sources(PACKAGE) for v in stream_layer_violations(src, name)]
+    assert bad == []
+    # controls: each rule flags a made-up source that breaks it
+    assert stream_layer_violations("import confluent_kafka\n", "processor/stream/model/x.py"
+                                   ) == ["processor/stream/model/x.py: imports confluent_kafka"]
+    assert stream_layer_violations("from processor.stream.kafka import kafka_io\n",
+                                   "processor/stream/model/x.py")
+    assert stream_layer_violations("def f():\n    import faust\n",
+                                   "processor/stream/kafka/x.py")
+    assert stream_layer_violations("from rocksdict import Rdict\n",
+                                   "processor/stream/kafka/x.py")
+    assert stream_layer_violations("from processor.stream.worker.app import Worker\n",
+                                   "processor/stream/replay/x.py")
+    assert stream_layer_violations("from mode import Service\n", "processor/devtools/x.py")
+    assert stream_layer_violations("", "processor/stream/x.py") == [
+        "processor/stream/x.py: not in a layer package (model, kafka, replay, worker)"]
+    # what each layer may import is not flagged
+    assert stream_layer_violations("import faust\nimport aiokafka\nimport mode\n",
+                                   "processor/stream/worker/x.py") == []
+    assert stream_layer_violations("import confluent_kafka\n"
+                                   "from processor.stream.model import operator\n",
+                                   "processor/stream/kafka/x.py") == []
+    assert stream_layer_violations("from processor.stream.kafka import kafka_io\n",
+                                   "processor/stream/replay/x.py") == []
+
+
 def test_fault_hooks_only_in_faults_and_no_argparse_patch() -> None:
     bad = [v for name, src in _sources(PACKAGE) for v in hook_violations(src, name)]
     assert bad == []
@@ -301,10 +388,10 @@ def test_fault_hooks_only_in_faults_and_no_argparse_patch() -> None:
                'os.environ.get("DPC_TEST_CLOCK_OFFSET_MS")\n'
                'argparse.ArgumentParser.error = print\n'
                'setattr(argparse.ArgumentParser, "error", print)\n')
-    assert len(hook_violations(made_up, "processor/stream/clock.py")) == 3
-    assert hook_violations(made_up, "processor/stream/faults.py") == [
-        "processor/stream/faults.py:4: patches argparse",
-        "processor/stream/faults.py:5: patches argparse"]
+    assert len(hook_violations(made_up, "processor/stream/model/clock.py")) == 3
+    assert hook_violations(made_up, "processor/stream/model/faults.py") == [
+        "processor/stream/model/faults.py:4: patches argparse",
+        "processor/stream/model/faults.py:5: patches argparse"]
 
 
 def test_the_architecture_lists_every_module() -> None:
@@ -318,6 +405,11 @@ def test_the_architecture_lists_every_module() -> None:
     assert "processor/core/grid.py: not in processor/core/'s section" in found
     assert "processor/keyfiles.py: no such module" in found
     assert "processor/keyfile.py: no section" in found
+    # control: a module listed under another subfolder's heading than its own
+    moved = doc.replace("    operator.py      ticks,", "    notes            ticks,").replace(
+        "    producer.py      ", "    producer.py      operator.py, ")
+    assert architecture_mismatches(moved, ROOT) == [
+        "processor/stream/model/operator.py: not in processor/stream/model/'s section"]
 
 
 def test_no_shipped_command_imports_the_research_code() -> None:

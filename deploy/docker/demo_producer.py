@@ -20,8 +20,8 @@ from collections.abc import Sequence
 import orjson
 
 from processor.devtools.demo import TrafficPlan
-from processor.stream import kafka_io
-from processor.stream.config import ConfigError, Settings, load_settings
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import ConfigError, Settings, load_settings
 
 
 def window_records(plan: TrafficPlan, seconds: float, seed: int, late_ms: int,

@@ -37,7 +37,7 @@ _DELEGATED: dict[str, tuple[str, str] | tuple[str, str, str]] = {
     "count": ("processor.commands.count", "main_count",
               "run a mechanism offline over a file of ticks (one JSON line per tick)"),
     "keygen": ("processor.commands.keygen", "main_keygen", "write a fresh random noise key file"),
-    "worker": ("processor.stream.app", "main_worker", "run the stream processor"),
+    "worker": ("processor.stream.worker.app", "main_worker", "run the stream processor"),
     "send": ("processor.commands.send", "main_send",
              "send events to the input topic (JSON lines or counter[,ts[,value[,user]]])"),
     "replay": ("processor.stream.replay", "main_replay",

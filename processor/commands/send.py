@@ -4,7 +4,7 @@ One event a line, from the files named or standard input: a JSON object as the i
 schema has it (schemas/input-event.schema.json), or the short form
 `counter[,ts[,value[,user]]]` (ts missing or empty: the wall clock when the line is read;
 value missing: 1). Blank lines and lines starting with `#` are skipped. Each event is
-checked exactly as ingest checks it (processor.stream.records.parse_input, the one
+checked exactly as ingest checks it (processor.stream.model.records.parse_input, the one
 place of that rule) and sent only when it passes; a line that fails is reported on
 stderr with its reason and line number, never sent. Lines are sent as they are read, so
 a slow pipe (`while ...; do echo signups; sleep 1; done | ... send`) sends in step.
@@ -30,7 +30,7 @@ from processor.errors import print_error
 if TYPE_CHECKING:
     from confluent_kafka import Producer
 
-    from processor.stream.config import Settings
+    from processor.stream.model.config import Settings
 
 #: How long `send` waits for the brokers to answer before it says they do not.
 PROBE_S = 5.0
@@ -74,7 +74,7 @@ def send(lines: Iterable[tuple[str, int, str]], settings: Settings, producer: Pr
          stderr: TextIO) -> tuple[Tally[str], int, list[str]]:
     """Check and produce each line; (events sent per counter, lines refused, delivery
     errors). Nothing is sent for a refused line."""
-    from processor.stream.records import Rejection, parse_input
+    from processor.stream.model.records import Rejection, parse_input
 
     sent: Tally[str] = Tally()
     refused = 0
@@ -112,7 +112,7 @@ def _topic_appears(conf: dict[str, str], topic: str, wait_s: float) -> bool:
     """Whether `topic` exists, waiting up to `wait_s` for it (the README starts the worker
     in the background and sends at once: the worker creates the topics within seconds).
     One line on stderr says what it waits for."""
-    from processor.stream import kafka_io
+    from processor.stream.kafka import kafka_io
 
     deadline = time.monotonic() + wait_s
     said = False
@@ -143,8 +143,8 @@ def main_send(argv: Sequence[str]) -> int:
                    help="seconds to wait for the brokers to acknowledge the events at the "
                    "end (default 30)")
     args = p.parse_args(list(argv))
-    from processor.stream import kafka_io
-    from processor.stream.config import load_settings
+    from processor.stream.kafka import kafka_io
+    from processor.stream.model.config import load_settings
 
     settings = load_settings(args.config)
     conf = {**kafka_io.base_config(settings), "log_level": "0"}

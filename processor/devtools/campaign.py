@@ -58,21 +58,21 @@ from processor.devtools.deployment import (
 )
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.proxy import ProxiedKafka, ProxyStats
-from processor.stream import kafka_io
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import MAX_COUNTER_NAME, Settings
-from processor.stream.faults import CRASH_ENV, INGEST_DELIVERED
-from processor.stream.fencing import FENCED_EXIT
-from processor.stream.operator import Operator
-from processor.stream.records import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import MAX_COUNTER_NAME, Settings
+from processor.stream.model.faults import CRASH_ENV, INGEST_DELIVERED
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import (
     Release,
     TimelineBatch,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline,
 )
+from processor.stream.model.state import DictStore, stored_offset
 from processor.stream.replay import recompute_timeline, replay
-from processor.stream.state import DictStore, stored_offset
+from processor.stream.worker.fencing import FENCED_EXIT
 
 # ------------------------------------------------------------------------ the corpus
 
@@ -488,8 +488,10 @@ KILL_MOMENTS: Final = ("startup", "marker", "backlog", "mid_batch")
 FENCE_WAIT_S: Final = 10.0
 #: How long a worker restarted after a fenced pause is left alone (startup and join).
 RESTART_SETTLE_S: Final = 12.0
-#: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at.
-MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 30),
+#: DPC_TEST_CRASH_AT points of a mid-batch kill, and the call ranges they fire at (about
+#: one call of each commit point per checkpoint, every 1.2 s: between_state_writes sits
+#: between the two partitions' write batches).
+MID_BATCH_POINTS: Final = (("after_acks", 5, 60), ("between_state_writes", 2, 8),
                            ("after_state", 5, 60), (INGEST_DELIVERED, 1, 8))
 
 
@@ -985,7 +987,7 @@ def changelog_went_back(records: Iterable[kafka_io.KafkaRecord]) -> ChangelogRep
 
 def check_changelog(dep: Deployment) -> ChangelogReport:
     """`changelog_went_back` over the deployment's state changelog topic."""
-    from processor.stream.app import changelog_topic  # Faust: only when needed
+    from processor.stream.kafka.topics import changelog_topic  # Faust: only when needed
 
     return changelog_went_back(kafka_io.iter_topic(dep.conf, changelog_topic(dep.settings),
                                                    timeout_s=300))

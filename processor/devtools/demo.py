@@ -52,8 +52,8 @@ from processor.commandline import CommandParser
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.devtools.deployment import ROOT, Deployment, isolated_deployment
 from processor.devtools.kafka.tools import die_with_parent
-from processor.stream import kafka_io
-from processor.stream.config import STREAM_MECHANISMS
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import STREAM_MECHANISMS
 from processor.view.overlay import write_overlay
 
 # --- demo traffic -----------------------------------------------------------------------
@@ -228,7 +228,7 @@ def _client_logger(handler: _ClientLogs) -> logging.Logger:
     logger = logging.getLogger("confluent_kafka.demo")
     logger.handlers[:] = [handler]
     logger.propagate = False
-    logger.setLevel(logging.INFO)  # the client families' floor (processor/stream/logs.py)
+    logger.setLevel(logging.INFO)  # the client families' floor (processor/stream/model/logs.py)
     return logger
 
 
@@ -428,7 +428,7 @@ def main_demo(argv: Sequence[str] | None = None) -> int:
 
 
 #: Where `ensure_topics` lives (it imports Faust: about a second).
-TOPICS_MODULE = "processor.stream.app"
+TOPICS_MODULE = "processor.stream.worker.app"
 
 
 def _import_quietly(module: str) -> None:
@@ -485,7 +485,7 @@ def _print_kept(deployment: Deployment, local_broker: bool) -> None:
 def delete_run(run_dir: Path) -> int:
     """Delete a kept demo run: its five topics, the worker's internal topics (they start
     with its app id) and the directory. Refuses anything that is not a demo run."""
-    from processor.stream.config import load_settings
+    from processor.stream.model.config import load_settings
 
     config = run_dir / "worker.toml"
     settings = load_settings(str(config), {})
@@ -548,7 +548,7 @@ class _Run:
             worker.start()
             # The topics, for the demo's consumer and the view, while the worker imports
             # (it creates them too: ensure_topics is made for workers starting at once).
-            from processor.stream.app import ensure_topics  # TOPICS_MODULE, warmed up
+            from processor.stream.worker.app import ensure_topics  # TOPICS_MODULE, warmed up
 
             ensure_topics(self.settings)
             self._write_overlay()

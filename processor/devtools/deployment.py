@@ -38,8 +38,8 @@ import orjson
 from processor.core.rng import NoiseKey
 from processor.devtools.kafka.tools import die_with_parent
 from processor.keyfile import read_key, write_key
-from processor.stream import kafka_io
-from processor.stream.config import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import (
     SETTINGS_ENV_VARS,
     SecuritySettings,
     Settings,
@@ -341,7 +341,7 @@ def isolated_deployment(bootstrap: str, counters: Mapping[str, int], *,
         settings = with_overrides(base if base is not None else Settings(), **fields_)
         config = write_config(settings, root / "worker.toml")
         if create_topics:
-            from processor.stream.app import ensure_topics  # Faust: only when needed
+            from processor.stream.worker.app import ensure_topics  # Faust: only when needed
 
             ensure_topics(settings)
         worker = WorkerProcess(config, root / "worker.log", loglevel=loglevel, env=env)

@@ -57,9 +57,10 @@ from processor.devtools.campaign import (
     replay_cli,
 )
 from processor.devtools.deployment import Deployment, isolated_deployment
-from processor.stream import kafka_io
-from processor.stream.bounding import SEQ_BITS, UNITS_SOURCE, units_topic
-from processor.stream.records import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import units_topic
+from processor.stream.model.bounding import SEQ_BITS, UNITS_SOURCE
+from processor.stream.model.records import (
     UNIT_FIELD,
     TimelineBatch,
     TimelineFormatError,
@@ -545,8 +546,11 @@ def read_unit_topics(dep: Deployment, timeout_s: float = 300.0) -> UnitTopics:
 
 #: DPC_TEST_CRASH_AT points of phase U's mid-batch kills: the bounding stage's (its
 #: checkpoint every 2 s), the operator's and ingest's (campaign.MID_BATCH_POINTS).
-UNIT_CRASH_POINTS: Final = (("unit_after_forward", 1, 6), ("unit_between_state_writes", 2, 40),
+UNIT_CRASH_POINTS: Final = (("unit_after_forward", 1, 6), ("unit_between_state_writes", 2, 8),
                             ("unit_after_state", 1, 6), *MID_BATCH_POINTS)
+#: Timeline and units partitions of phase U: each of its two workers owns two, so that
+#: a checkpoint writes two partitions' batches and the kills between them can fire.
+UNIT_PARTITIONS: Final = 4
 #: Fault kinds of phase U: campaign.KILL_MOMENTS, and a rebalance.
 UNIT_FAULTS: Final = ("startup", "marker", "backlog", "mid_batch", "rebalance")
 
@@ -554,11 +558,12 @@ UNIT_FAULTS: Final = ("startup", "marker", "backlog", "mid_batch", "rebalance")
 def unit_settings(k: int, m: int, unit_epsilon: float, unit_delta: float = 1e-6
                   ) -> dict[str, Any]:
     """The campaign's settings in "user" mode: the [unit] target, its derived per-event
-    parameters."""
+    parameters, and UNIT_PARTITIONS partitions."""
     p = derive(unit_epsilon, unit_delta, k, m, mechanism=CAMPAIGN_SETTINGS["mechanism"],
                calibration=CAMPAIGN_SETTINGS.get("calibration", "paper"))
     base = {name: v for name, v in CAMPAIGN_SETTINGS.items() if name != "epsilon"}
-    return {**base, "privacy_unit": "user", "unit_epsilon": unit_epsilon,
+    return {**base, "partitions": UNIT_PARTITIONS, "privacy_unit": "user",
+            "unit_epsilon": unit_epsilon,
             "unit_delta": unit_delta, "max_events_per_counter": k,
             "max_counters_per_unit": m, "epsilon": p.event_epsilon, "delta": p.event_delta}
 

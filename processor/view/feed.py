@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from processor.stream.kafka_io import TopicRole, broker_failure
+from processor.stream.kafka.kafka_io import TopicRole, broker_failure
 
 #: The topics the view reads, by role: the public ones, and only those.
 PUBLIC_ROLES: tuple[TopicRole, ...] = ("counts", "ledger")

@@ -26,9 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from processor.commandline import CommandParser
-from processor.stream import kafka_io
-from processor.stream.config import ConfigError, Settings, load_settings
-from processor.stream.logs import configure_logging
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import topic_name
+from processor.stream.model.config import ConfigError, Settings, load_settings
+from processor.stream.model.logs import configure_logging
 from processor.view.feed import PUBLIC_ROLES, FeedLog, PublicFeed
 from processor.view.overlay import OverlayFile
 
@@ -60,7 +61,7 @@ class ViewServer:
         self.host, self.port = host, port
         self.poll_ms = poll_ms
         self.overlay = OverlayFile(demo_file) if demo_file is not None else None
-        topics = {role: kafka_io.topic_name(settings, role) for role in PUBLIC_ROLES}
+        topics = {role: topic_name(settings, role) for role in PUBLIC_ROLES}
         self.feed = PublicFeed(kafka_io.base_config(settings), topics, FeedLog())
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None

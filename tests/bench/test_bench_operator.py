@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import bench_operator  # noqa: E402
 
 from processor.core.grid import UNIT  # noqa: E402
-from processor.stream.config import Settings, with_overrides  # noqa: E402
-from processor.stream.records import Event  # noqa: E402
+from processor.stream.model.config import Settings, with_overrides  # noqa: E402
+from processor.stream.model.records import Event  # noqa: E402
 
 
 def _settings(counters: int) -> Settings:

@@ -229,7 +229,7 @@ def test_out_of_range_positions() -> None:
 
 def test_config_names_the_key_format(tmp_path: Path) -> None:
     """The `noise_key_format` setting takes the reader's formats only (one list, rng.py)."""
-    from processor.stream.config import ConfigError, load_settings
+    from processor.stream.model.config import ConfigError, load_settings
 
     cfg = tmp_path / "c.toml"
     cfg.write_text('allow_undeclared = true\nnoise_key_format = "raw"\n')
@@ -246,7 +246,7 @@ def test_entry_points_refuse_a_bad_key_file_naming_it(
     """`count` and `worker` stop with exit 2 and the rule, never the content; with the
     format stated, the same entry point reads a raw file (control)."""
     from processor.commands.main import main
-    from processor.stream import app
+    from processor.stream.worker import app
 
     secret = bytes(range(7, 39))
     bad = tmp_path / "commented.key"

@@ -9,11 +9,12 @@ import pytest
 
 from processor.core.grid import to_units
 from processor.core.rng import NoiseKey
-from processor.stream.config import ConfigError, Settings, validate_settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.provenance import ParameterChangeError
-from processor.stream.records import Event, LedgerEntry, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.model.config import ConfigError, Settings, validate_settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.provenance import ParameterChangeError
+from processor.stream.model.records import Event, LedgerEntry, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
+from tests.stream.helpers import apply_now
 
 KEY = NoiseKey.from_seed(7)
 TICK = 1000
@@ -31,8 +32,8 @@ def _run(s: Settings, store: DictStore, offset: int, last: int) -> list[LedgerEn
     ledger: list[LedgerEntry] = []
     for tick in range(last):
         rec = encode_batch([Event("a", tick * TICK, to_units(1.0), -1, -1)])
-        ledger += op.apply(store, 0, offset, rec).ledger
-        ledger += op.apply(store, 0, offset + 1, encode_marker(tick)).ledger
+        ledger += apply_now(op, store, 0, offset, rec).ledger
+        ledger += apply_now(op, store, 0, offset + 1, encode_marker(tick)).ledger
         offset += 2
     return ledger
 

@@ -8,7 +8,7 @@ What is checked:
   image mounts them, in process (config read, validated, key read) and as a real process
   (it gets as far as asking the configured brokers);
 - the HEALTHCHECK command, run against the real metrics listener of
-  processor/stream/metrics.py, passes while /healthz answers and fails when nothing does;
+  processor/stream/worker/metrics.py, passes while /healthz answers and fails when nothing does;
 - the build context the .dockerignore lets through holds what the build copies, and never a
   key file;
 - compose.yaml and the manifests parse, and every port, probe path, file path, secret, config
@@ -42,18 +42,18 @@ from typing import Any
 import pytest
 import yaml
 
-import processor.stream.app as worker_app
+import processor.stream.worker.app as worker_app
 from processor.commands.main import main as cli_main
 from processor.core.rng import NoiseKey
 from processor.keyfile import write_key
-from processor.stream.config import (
+from processor.stream.model.config import (
     SETTINGS_ENV_VARS,
     Settings,
     load_settings,
     with_overrides,
 )
-from processor.stream.metrics import Surface
-from processor.stream.records import Event, parse_input
+from processor.stream.model.records import Event, parse_input
+from processor.stream.worker.metrics import Surface
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -370,7 +370,7 @@ def http_status(port: int, path: str) -> int:
 
 def check_served(port: int, paths: list[str]) -> list[str]:
     """Paths the metrics listener does not serve (404)."""
-    return [f"{p} is not served by processor/stream/metrics.py" for p in paths
+    return [f"{p} is not served by processor/stream/worker/metrics.py" for p in paths
             if http_status(port, p) == 404]
 
 
@@ -438,7 +438,7 @@ def read_dockerignore(text: str) -> list[str]:
 def check_build_context(patterns: list[str], image: Image) -> list[str]:
     """What the build copies passes the ignore file; keys and local state never do."""
     problems = []
-    needed = [*image.copies, "processor/__main__.py", "processor/stream/app.py"]
+    needed = [*image.copies, "processor/__main__.py", "processor/stream/worker/app.py"]
     problems += [f"{p} is excluded from the build context" for p in needed
                  if dockerignore_excludes(patterns, p)]
     secret_like = ["deploy/docker/secrets/dpc-noise-key", "deploy/k8s/secrets/noise.key",

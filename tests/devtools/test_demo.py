@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 from tests.devtools.procs import cmdline, descendants, program, running, survivors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,7 +113,7 @@ def test_ctrl_c_is_clean_and_the_run_is_kept(kafka_bootstrap: str, tmp_path: Pat
         urllib.request.urlopen(url + "healthz", timeout=5)
 
     # The topics were kept, and --delete removes them with the directory.
-    conf = kafka_io.plain_config(kafka_bootstrap)
+    conf = {"bootstrap.servers": kafka_bootstrap}
     uid = run_dir.name.removeprefix("dpc-demo-")
     def demo_topics() -> list[str]:
         return [t for t in kafka_io.make_admin(conf).list_topics(timeout=30).topics

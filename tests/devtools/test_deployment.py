@@ -28,8 +28,8 @@ from processor.devtools.deployment import (
     write_config,
 )
 from processor.keyfile import read_key, write_key
-from processor.stream import kafka_io
-from processor.stream.config import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import (
     SETTINGS_ENV_VARS,
     ConfigError,
     SecuritySettings,

@@ -346,8 +346,8 @@ def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> No
     removes the broker, its directory and the client files. Control: the same
     configuration with a wrong password is refused."""
     from processor.keyfile import write_key
-    from processor.stream import kafka_io
-    from processor.stream.config import load_settings
+    from processor.stream.kafka import kafka_io
+    from processor.stream.model.config import load_settings
 
     state = tmp_path / "state.json"
     base = [sys.executable, str(KAFKA_SCRIPT)]

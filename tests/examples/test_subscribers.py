@@ -31,12 +31,13 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import Event, Release, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, Release, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 from tests.conftest import in_ci
+from tests.stream.helpers import apply_now
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -59,9 +60,9 @@ def _releases(heartbeat_ticks: int) -> list[Release]:
                        epsilon=10.0, heartbeat_ticks=heartbeat_ticks,
                        heartbeat_spread=False, partitions=1)
     op, store = Operator(s, NoiseKey(bytes(range(32)))), DictStore()
-    out = op.apply(store, 0, 0, encode_batch([Event("a", i, UNIT, 0, i) for i in range(300)]))
+    out = apply_now(op, store, 0, 0, encode_batch([Event("a", i, UNIT, 0, i) for i in range(300)]))
     releases = list(out.releases)
-    releases += op.apply(store, 0, 1, encode_marker(399)).releases
+    releases += apply_now(op, store, 0, 1, encode_marker(399)).releases
     return releases
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from processor.stream import kafka_io
-from processor.stream.config import ConfigError, Settings, with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import ConfigError, Settings, with_overrides
 
 BASE = with_overrides(Settings(), counters={"a": 0})
 WEEK = 604_800_000
@@ -62,7 +62,7 @@ def test_an_existing_ledger_that_would_lose_entries_is_refused(
     naming the topic and the fix; a timeline created with a week's retention (less than
     the required forever) only warns. Control: the same deployment with a ledger that
     keeps everything starts, with the timeline warning only."""
-    from processor.stream.app import StartError, ensure_topics
+    from processor.stream.worker.app import StartError, ensure_topics
 
     def prepared(ledger_config: dict[str, str]) -> Any:
         d = deployment_factory({"a": 0}, name="ret", create_topics=False)

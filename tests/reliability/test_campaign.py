@@ -34,8 +34,8 @@ from processor.devtools.campaign import (
 )
 from processor.devtools.deployment import Deployment
 from processor.devtools.unit_campaign import BOUND_REASON, MISSING_REASON, unit_phase
-from processor.stream.config import Settings, with_overrides
-from processor.stream.records import REASONS, USER_MODE_REASONS, Rejection, parse_input
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.records import REASONS, USER_MODE_REASONS, Rejection, parse_input
 from tests.stream.test_app_e2e import TEST_SECRET
 
 

@@ -38,9 +38,9 @@ from processor.devtools.campaign import (
 )
 from processor.devtools.deployment import Deployment
 from processor.devtools.proxy import ProxiedKafka
-from processor.stream import kafka_io
-from processor.stream.records import Release
-from processor.stream.state import PartitionState
+from processor.stream.kafka import kafka_io
+from processor.stream.model.records import Release
+from processor.stream.model.state import PartitionState
 from tests.stream.test_app_e2e import TEST_SECRET
 
 
@@ -135,7 +135,7 @@ def test_checkers_catch_a_forged_release_and_a_stale_state_value(
     assert (caught.ahead, caught.short, caught.conflicting_ticks) == (1, 1, 2), \
         caught.as_dict()
 
-    from processor.stream.app import changelog_topic
+    from processor.stream.kafka.topics import changelog_topic
 
     topic = changelog_topic(dep.settings)
     records = [r for r in kafka_io.iter_topic(dep.conf, topic, timeout_s=60)

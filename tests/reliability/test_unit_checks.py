@@ -36,7 +36,7 @@ from processor.devtools.unit_campaign import (
     unit_settings,
     with_unit_field,
 )
-from processor.stream.bounding import (
+from processor.stream.model.bounding import (
     SEQ_BITS,
     UNITS_SOURCE,
     Bounder,
@@ -47,8 +47,8 @@ from processor.stream.bounding import (
     unit_partition,
     unit_row,
 )
-from processor.stream.config import Settings, with_overrides
-from processor.stream.records import (
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.records import (
     Event,
     Rejection,
     deadletter_record,
@@ -56,7 +56,7 @@ from processor.stream.records import (
     encode_batch_rows,
     parse_input,
 )
-from processor.stream.state import DictStore
+from processor.stream.model.state import DictStore
 
 K, M = 2, 3
 

@@ -35,11 +35,11 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import Deployment, write_config
 from processor.keyfile import read_key, write_key
-from processor.stream import kafka_io
-from processor.stream.config import Settings, with_overrides
-from processor.stream.identity import counter_id_for
-from processor.stream.operator import is_heartbeat_tick
-from processor.stream.records import (
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.identity import counter_id, noise_identity
+from processor.stream.model.operator import is_heartbeat_tick
+from processor.stream.model.records import (
     REASONS,
     USER_MODE_REASONS,
     Event,
@@ -141,7 +141,7 @@ def spec_expectation(settings: Settings, key: NoiseKey,
     out: dict[tuple[str, int, str], float] = {}
     for c, xs in implied_ticks(settings, timeline).items():
         counter = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
-                                counter_id_for(settings, key, c))
+                                counter_id(noise_identity(settings, key), c))
         last = 0.0
         for t, x in enumerate(xs, start=1):
             y = counter.update(x)
@@ -162,7 +162,7 @@ def count_cli_changes(settings: Settings, key_file: str, counter: str,
         [sys.executable, "-m", "processor", "count", "--mechanism", settings.mechanism,
          "--epsilon", repr(settings.epsilon), "--delta", repr(settings.delta),
          "--key-file", key_file,
-         "--counter-id", counter_id_for(settings, read_key(key_file), counter),
+         "--counter-id", counter_id(noise_identity(settings, read_key(key_file)), counter),
          "--changes", "--input", str(ticks)],
         capture_output=True, check=True, cwd=str(Path(__file__).resolve().parents[2]))
     rows = [orjson.loads(line) for line in res.stdout.splitlines() if line.strip()]
@@ -398,7 +398,7 @@ def test_partition_count_mismatch_is_one_error_line_exit_2(
     """The timeline topic exists with 3 partitions, the configuration says 2: one `error:`
     line naming the topic and both counts, exit code 2, no traceback. Control: with
     `partitions = 3` (and a fresh state changelog) the same check passes."""
-    from processor.stream.app import ensure_topics
+    from processor.stream.worker.app import ensure_topics
 
     live = live_factory({"a": 0}, name="mismatch")
     timeline = f"{live.topics.timeline}-p3"
@@ -421,8 +421,8 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
 
     import faust
 
-    from processor.stream.config import SecuritySettings
-    from processor.stream.kafka_io import broker_urls, faust_credentials
+    from processor.stream.model.config import SecuritySettings
+    from processor.stream.worker.transport import broker_urls, faust_credentials
 
     base = with_overrides(Settings(), counters={"a": 0},
                           bootstrap_servers="k1.example:9093,k2.example:9093")

@@ -1,4 +1,4 @@
-"""The bounding stage (processor/stream/bounding.py): contribution bounds per unit, a
+"""The bounding stage (processor/stream/model/bounding.py): contribution bounds per unit, a
 deterministic kept set, crash safety, replay. Pure: no Kafka (the broker tests are in
 test_bounding_kafka.py when present).
 
@@ -14,21 +14,22 @@ import asyncio
 import collections
 import gc
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import orjson
 import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import bounding
-from processor.stream.bounding import (
+from processor.devtools.inmemory import CollectingForwarder
+from processor.stream.kafka.ingest import InputRecord, Routed, route
+from processor.stream.model import bounding
+from processor.stream.model.bounding import (
     SEQ_BITS,
     BoundCommit,
     Bounder,
     BoundsChangeError,
     BoundsWatch,
-    CollectingForwarder,
     UnitRow,
     UnitsPartitionState,
     UnitState,
@@ -39,10 +40,9 @@ from processor.stream.bounding import (
     unit_key,
     unit_partition,
 )
-from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.ingest import InputRecord, Routed, route
-from processor.stream.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
-from processor.stream.state import DictStore, partition_key, supersedes
+from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
+from processor.stream.model.state import DictStore, partition_key, supersedes
 
 NOW = 1_767_225_600_000
 K, M = 3, 2
@@ -158,14 +158,16 @@ def _inputs(log: Sequence[tuple[int, int, bytes]], kept: list[tuple[int, int]]
 
 
 def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
-               hold: int = 1, counts: collections.Counter[str] | None = None
+               hold: int = 1, counts: collections.Counter[str] | None = None,
+               store: DictStore | None = None
                ) -> tuple[CollectingForwarder, DictStore, bool]:
     """Run `log` with a kill at the nth passage of `point`, a checkpoint every two records,
     the restarted stage re-applying from the last acknowledged record. `hold`: the kept
     events are sent with every hold-th record only (held back in between, as the worker
     does while more units messages wait), and by the checkpoints. `counts` sums every
-    apply's metrics."""
-    fw, store = CollectingForwarder(), DictStore()
+    apply's metrics; `store` (default a DictStore) may raise Killed itself."""
+    fw = CollectingForwarder()
+    store = DictStore() if store is None else store
     acked = 0  # records acknowledged to the group (after a checkpoint)
     bc = BoundCommit(Bounder(S), store, fw, crash_point=_crashing(point, nth))
     killed = False
@@ -187,13 +189,29 @@ def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
     return fw, store, killed
 
 
+class DyingStore(DictStore):
+    """A DictStore whose nth single write raises Killed (once): a kill while a
+    partition's write batch is half written (its changelog records go out one by one, so
+    a new owner may restore a prefix of them)."""
+
+    def __init__(self, nth: int) -> None:
+        super().__init__()
+        self.left = nth
+
+    def set(self, key: str, value: bytes) -> None:
+        self.left -= 1
+        if self.left == 0:
+            raise Killed("write")
+        super().set(key, value)
+
+
 def test_every_count_the_stage_makes_has_an_exported_name() -> None:
-    """A run with bounds reached, re-sent batches and a kill between two state writes (so
+    """A run with bounds reached, re-sent batches and a kill inside a write batch (so
     re-deliveries of decided events) makes only counts of bounding.METRICS and
     dead-letter reasons: the names the worker's /metrics exports (a count outside them
     would be folded into the metrics line and never reach /metrics)."""
     counts: collections.Counter[str] = collections.Counter()
-    _crash_run(_log(1), "unit_between_state_writes", 7, counts=counts)
+    _crash_run(_log(1), "unit_between_state_writes", 0, counts=counts, store=DyingStore(40))
     made = {name for name, n in counts.items() if n}
     assert {"unit_events_kept", "unit_events_redelivered_dropped",
             "deadletter_contribution_bound_exceeded"} <= made, made
@@ -343,8 +361,8 @@ def test_replay_check_of_the_kept_set_and_its_controls() -> None:
     """bounding.check_kept_set (what replay runs): no difference on a live run's
     timeline; controls: a forged forward of a dead-lettered event is "unexpected", a
     dropped forward of a committed units record is "missing"."""
-    from processor.stream.bounding import check_kept_set
-    from processor.stream.records import Event, encode_batch
+    from processor.stream.model.bounding import check_kept_set
+    from processor.stream.model.records import Event, encode_batch
 
     log = _log(6)
     fw, _ = _run(log)
@@ -371,7 +389,7 @@ def test_replay_check_of_the_kept_set_and_its_controls() -> None:
 def test_unit_hasher_is_the_hmac() -> None:
     """The prepared, caching hasher ingest uses gives unit_hash exactly (and keeps doing
     so across its cache's reset)."""
-    from processor.stream.bounding import UnitHasher
+    from processor.stream.model.bounding import UnitHasher
 
     hasher = UnitHasher(UKEY, cache=3)
     for uid in ["a", "b", "a", "é", "c", "d", "a", "x" * 256]:
@@ -380,16 +398,17 @@ def test_unit_hasher_is_the_hmac() -> None:
 
 
 class BatchStore(DictStore):
-    """A DictStore that takes many writes at once (commit.BatchWriter), counting the
+    """A DictStore that takes many writes at once (StateStore.write_many), counting the
     calls, as table.PartitionStore's one RocksDB write batch per checkpoint."""
 
     def __init__(self) -> None:
         super().__init__()
         self.batches: list[list[str]] = []
 
-    def write_many(self, writes: Sequence[tuple[str, bytes]]) -> None:
-        self.batches.append([k for k, _ in writes])
-        for key, value in writes:
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        batch = list(writes)
+        self.batches.append([k for k, _ in batch])
+        for key, value in batch:
             self.set(key, value)
 
 
@@ -415,26 +434,23 @@ def test_checkpoint_cadence_changes_nothing(every: int) -> None:
     assert all(not k.startswith("p/") for b in store.batches for k in b[:-1])
 
 
-def test_crash_points_write_one_value_at_a_time() -> None:
-    """With a crash point (test mode), each state write is its own, a crash point
-    between any two, even on a store that takes many at once: n writes in a checkpoint,
-    n - 1 crash points between them."""
+def test_crash_points_sit_between_the_write_batches() -> None:
+    """With a crash point the writes are those of production, one batch per partition,
+    and the crash point sits between two partitions' batches: b batches in a checkpoint,
+    b - 1 crash points between them, the same store as without crash points."""
     log = _log(6)
     calls: list[str] = []
-    writes: list[str] = []
-
-    class Counting(BatchStore):
-        def set(self, key: str, value: bytes) -> None:
-            writes.append(key)
-            super().set(key, value)
-
-    store = Counting()
+    ref, store = BatchStore(), BatchStore()
+    plain = BoundCommit(Bounder(S), ref, CollectingForwarder())
     bc = BoundCommit(Bounder(S), store, CollectingForwarder(), crash_point=calls.append)
-    for p, off, raw in log[:4]:
-        asyncio.run(bc.commit(p, [(off, raw)]))
-    assert not store.batches
+    for i in range(0, 12, 3):
+        asyncio.run(plain.apply(*log[i][:1], [log[i][1:]]))
+        asyncio.run(plain.commit(*log[i + 1][:1], [log[i + 1][1:]]))
+        asyncio.run(bc.apply(*log[i][:1], [log[i][1:]]))
+        asyncio.run(bc.commit(*log[i + 1][:1], [log[i + 1][1:]]))
+    assert store.data == ref.data and store.batches == ref.batches
     assert calls.count("unit_after_state") == 4
-    assert calls.count("unit_between_state_writes") == len(writes) - 4 > 0
+    assert calls.count("unit_between_state_writes") == len(store.batches) - 4 > 0
 
 
 def test_gc_deferred_restores_the_collector() -> None:
@@ -592,7 +608,7 @@ def test_forwards_are_held_back_a_fraction_of_the_lateness() -> None:
     """The worker holds kept events back for at most a quarter of the lateness (an event
     stamped now reaches the timeline long before the marker that seals its tick), and
     never more than HOLD_MAX_S; with no lateness, not at all."""
-    from processor.stream.unit_stage import HOLD_MAX_S, hold_s
+    from processor.stream.worker.unit_stage import HOLD_MAX_S, hold_s
 
     assert hold_s(with_overrides(S, lateness_ms=100)) == pytest.approx(0.025)
     assert hold_s(with_overrides(S, lateness_ms=60_000)) == HOLD_MAX_S

@@ -23,17 +23,11 @@ import orjson
 import pytest
 
 from processor.core.unit import derive
-from processor.stream import kafka_io
-from processor.stream.bounding import (
-    SEQ_BITS,
-    UNITS_SOURCE,
-    decode_units,
-    kept_inputs,
-    units_changelog_topic,
-    units_topic,
-)
-from processor.stream.config import Settings
-from processor.stream.records import TimelineBatch, TimelineFormatError, decode_timeline
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import units_changelog_topic, units_topic
+from processor.stream.model.bounding import SEQ_BITS, UNITS_SOURCE, decode_units, kept_inputs
+from processor.stream.model.config import Settings
+from processor.stream.model.records import TimelineBatch, TimelineFormatError, decode_timeline
 from processor.stream.replay import replay
 from tests.stream.test_app_e2e import (
     Live,

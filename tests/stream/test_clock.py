@@ -28,18 +28,18 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.stream import kafka_io
-from processor.stream.clock import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.ingest import InputRecord, route
+from processor.stream.model.clock import (
     ClockGuard,
     ManualClock,
     Reading,
     Stamp,
     next_marker,
 )
-from processor.stream.config import Settings, with_overrides
-from processor.stream.faults import CLOCK_OFFSET_ENV
-from processor.stream.ingest import InputRecord, route
-from processor.stream.records import TimelineMarker, decode_timeline, sealed_through
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.faults import CLOCK_OFFSET_ENV
+from processor.stream.model.records import TimelineMarker, decode_timeline, sealed_through
 
 T0 = 1_800_000_000_000  # true epoch ms at the start of every simulation
 S = with_overrides(Settings(), counters={"a": 0}, tick_ms=100, lateness_ms=200,
@@ -281,7 +281,7 @@ def test_the_leader_learns_broker_time_only_from_log_append_times(
     time: the wall clock alone decides, and the worker says so once. A log-append time
     becomes the reference."""
     from processor.core.rng import NoiseKey
-    from processor.stream.app import Worker
+    from processor.stream.worker.app import Worker
 
     clock = ManualClock(T0, 0)
     guard = ClockGuard(clock)
@@ -306,8 +306,8 @@ def test_a_marker_round_before_the_producer_started_appends_nothing(tmp_path: Pa
     from faust.exceptions import NotReady
 
     from processor.core.rng import NoiseKey
-    from processor.stream.app import Worker
-    from processor.stream.clock import next_marker
+    from processor.stream.model.clock import next_marker
+    from processor.stream.worker.app import Worker
 
     clock = ManualClock(T0, 0)
     guard = ClockGuard(clock)

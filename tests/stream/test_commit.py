@@ -15,18 +15,18 @@ from unittest import mock
 import pytest
 
 from processor.core import registry
-from processor.stream import operator
-from processor.stream.commit import (
+from processor.stream.model import operator
+from processor.stream.model.commit import (
     CRASH_POINTS,
     INLINE_STEPS,
     BatchCommit,
     CollectingPublisher,
     SharedStore,
 )
-from processor.stream.config import Settings
-from processor.stream.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
-from processor.stream.records import Event, LedgerEntry, Release, encode_batch, encode_marker
-from processor.stream.state import CounterState, DictStore
+from processor.stream.model.config import Settings
+from processor.stream.model.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
+from processor.stream.model.records import Event, LedgerEntry, Release, encode_batch, encode_marker
+from processor.stream.model.state import CounterState, DictStore
 from tests.stream.test_operator import (
     KEY,
     TICK,
@@ -166,8 +166,9 @@ def writes_of_each_batch(s: Settings, batches: Batches, factory: Any) -> list[in
                                             (4, "simecc")])
 def test_a_crash_at_every_step_of_a_batch_loses_and_duplicates_nothing(
         seed: int, mechanism: str) -> None:
-    """For a sample of batches, a crash at every crash point (after the acks, between
-    every two state writes, after the state) and at every state write of the store;
+    """For a sample of batches, a crash at every crash point (after the acks, after the
+    state; one partition, so one write batch and no point between two) and at every
+    single state write of the store (a kill inside the write batch's changelog records);
     re-execution from that batch or an earlier one, with a warm or a cold operator.
     Published records (keyed by (counter, tick), so a redrawn noise value would show as
     a second, different record) and the final state equal those of one uninterrupted
@@ -193,7 +194,6 @@ def test_a_crash_at_every_step_of_a_batch_loses_and_duplicates_nothing(
     for at in [*sorted(rng.sample(range(len(batches)), 10)), 0, len(batches) - 1]:
         points: list[tuple[Callable[[str], None] | None, int]] = [
             (crash_at("after_acks", 1), 0), (crash_at("after_state", 1), 0)]
-        points += [(crash_at("between_state_writes", k), 0) for k in range(1, writes[at])]
         points += [(None, k) for k in range(1, writes[at] + 1)]
         for point, fail_at in points:
             back = rng.randrange(max(at - 2, 0), at + 1)
@@ -220,6 +220,8 @@ def test_wrong_write_order_is_caught() -> None:
     class PartitionFirst:
         """Writes partition values through, holds counter values back (lost at a crash)."""
 
+        shares_bytes = True
+
         def __init__(self, store: DictStore) -> None:
             self.store = store
             self.held: list[tuple[str, bytes]] = []
@@ -238,6 +240,10 @@ def test_wrong_write_order_is_caught() -> None:
 
         def delete(self, key: str) -> None:
             self.store.delete(key)
+
+        def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+            for key, value in writes:
+                self.set(key, value)
 
     bad = 0
     for at in range(len(batches)):
@@ -522,7 +528,7 @@ def test_commit_publishes_ledger_then_releases_before_any_state_write() -> None:
     asyncio.run(bc.commit(0, [(1, encode_marker(2)), (0, encode_batch([Event("a", 0, 1)]))]))
     assert events[:3] == ["publish 1 3", "flushed", "after_acks"]
     assert events[-1] == "after_state"
-    assert set(events[3:-1]) == {"write", "between_state_writes"}
+    assert set(events[3:-1]) == {"write"}  # one partition: one batch, no point between
 
 
 def test_work_per_batch_is_one_write_per_touched_counter() -> None:
@@ -558,7 +564,7 @@ def test_work_per_batch_is_one_write_per_touched_counter() -> None:
 
 
 class BatchStore(DictStore):
-    """A DictStore that takes a plan at once (commit.BatchWriter, as table.PartitionStore:
+    """A DictStore that takes a plan at once (state.StateStore.write_many, as table.PartitionStore:
     one RocksDB write batch), keeping each call's keys and counting single writes."""
 
     def __init__(self) -> None:
@@ -580,8 +586,8 @@ class BatchStore(DictStore):
 def test_a_checkpoint_writes_each_plan_in_one_batch() -> None:
     """On a store that takes many writes at once, a checkpoint writes a partition's plan
     in one call (counter values, then the partition value), and the store ends byte for
-    byte as with one write at a time. In test mode (a crash point) every write is its own
-    again, a crash point between any two."""
+    byte as with one write at a time. With crash points the writes are the same (one
+    partition: no point between two batches)."""
     names = [f"k{i:02d}" for i in range(20)]
     s = settings(dict.fromkeys(names, 0), heartbeat_ticks=1)
     records = [encode_marker(0),
@@ -604,8 +610,9 @@ def test_a_checkpoint_writes_each_plan_in_one_batch() -> None:
     assert len(batched.batches[1]) == len(names) + 1
     calls: list[str] = []
     run(each, calls.append)
-    assert each.data == ref.data and not each.batches
-    assert calls.count("between_state_writes") == each.single - len(records) > 0
+    assert each.data == ref.data and each.batches == batched.batches and each.single == 0
+    assert calls.count("after_state") == len(records)
+    assert "between_state_writes" not in calls
 
 
 def test_a_lone_small_marker_is_applied_inline_and_a_large_seal_in_a_thread() -> None:
@@ -639,7 +646,7 @@ def test_a_lone_small_marker_is_applied_inline_and_a_large_seal_in_a_thread() ->
             asyncio.run(bc.commit(0, b))
         return list(pub.releases)
 
-    with mock.patch("processor.stream.commit.asyncio.to_thread", counting):
+    with mock.patch("processor.stream.model.commit.asyncio.to_thread", counting):
         got = run(True)
     # first marker (last seal unknown), the lone marker sealing every counter's tick 5,
     # the marker that comes with an event batch; markers 2, 3 and 4 inline

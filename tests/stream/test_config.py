@@ -9,7 +9,7 @@ import pytest
 
 from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError
-from processor.stream.config import (
+from processor.stream.model.config import (
     ConfigError,
     Settings,
     load_settings,
@@ -261,6 +261,6 @@ def test_counter_names_in_the_pattern_are_accepted(name: str) -> None:
 
 
 def test_the_example_documents_the_counter_name_pattern() -> None:
-    from processor.stream.config import COUNTER_NAME_PATTERN
+    from processor.stream.model.config import COUNTER_NAME_PATTERN
 
     assert COUNTER_NAME_PATTERN in EXAMPLE.read_text()

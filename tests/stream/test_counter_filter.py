@@ -1,4 +1,4 @@
-"""The operator's input duplicate filter is per counter (processor/stream/operator.py,
+"""The operator's input duplicate filter is per counter (processor/stream/model/operator.py,
 CounterState.inputs): an event is never dropped because of an event of another counter,
 a zombie ingest's out-of-order writes included, while re-sent copies of a counter's own
 events stay duplicates. Pure: the operator on a dict store.
@@ -17,10 +17,11 @@ import orjson
 
 from processor.core import registry
 from processor.core.rng import NoiseKey
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator, Output
-from processor.stream.records import encode_batch_rows, source_label
-from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, CounterState, DictStore
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.records import encode_batch_rows, source_label
+from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, CounterState, DictStore
+from tests.stream.helpers import apply_now
 
 KEY = NoiseKey.from_seed(5)
 TICK = 1000
@@ -43,7 +44,7 @@ def _applied(log: Log, store: DictStore | None = None, first: int = 100
     store = store if store is not None else DictStore()
     op = Operator(S, KEY)
     for off, rows in enumerate(log):
-        op.apply(store, 0, first + off, encode_batch_rows(rows, "in"), Output())
+        apply_now(op, store, 0, first + off, encode_batch_rows(rows, "in"), Output())
     return {k[len(COUNTER_PREFIX):]: {u - 1 for u in _pending(store, k)}
             for k in store.data if k.startswith(COUNTER_PREFIX)}
 

@@ -20,13 +20,13 @@ import orjson
 import pytest
 
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import Event, Release, encode_batch, encode_marker
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, Release, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 from processor.stream.replay import ReplayReport, replay
-from processor.stream.state import DictStore
 from tests.stream.test_app_e2e import (
     Live,
     committed_prefix,
@@ -178,22 +178,23 @@ def _drain_and_check(live: Live, start: int, tick: int, sent: int) -> ReplayRepo
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize(("point", "k"), [("after_acks", 12), ("between_state_writes", 60)])
+@pytest.mark.parametrize(("point", "k"), [("after_acks", 12), ("between_state_writes", 8)])
 def test_kill_nine_mid_batch(live_factory: Callable[..., Live],  # noqa: F811
                              point: str, k: int) -> None:
     """The worker SIGKILLs itself inside a checkpoint while ~40 events/s flow: after the
     broker acknowledged every release sent but before any state write ("after_acks"), or
-    between two state writes of one checkpoint ("between_state_writes", each write
-    acknowledged before the next in this test mode); it is restarted at
-    once. The same checks as after random kills: nothing lost, nothing counted twice, one
-    value per (counter, tick), equal to replay and the spec. Control: the log shows the
-    crash point was reached and the process died of SIGKILL."""
+    between the two partitions' write batches of one checkpoint ("between_state_writes",
+    the first batch acknowledged); it is restarted at once. The same checks as after
+    random kills: nothing lost, nothing counted twice, one value per (counter, tick),
+    equal to replay and the spec. Control: the log shows the crash point was reached and
+    the process died of SIGKILL."""
     tick = 100
     start = (now_ms() // tick) * tick
     live = live_factory(dict.fromkeys(COUNTERS, start), name=f"mid-{point[:7]}",
                         epsilon=500.0, lateness_ms=400, checkpoint_ms=500)
-    # A checkpoint about every 0.5 s (commit.BatchCommit, checkpoint_ms), each with a
-    # few state writes: the k-th call of either point falls a few seconds into the flow.
+    # A checkpoint about every 0.5 s (commit.BatchCommit, checkpoint_ms), each writing
+    # both partitions (markers seal ticks on each): the k-th call of either point falls
+    # a few seconds into the flow.
     sent = _fault_then_restart(live, f"{point}:{k}", seconds=16.0, seed=13, exit_code=-9,
                                expected=(f"test crash point {point} reached",),
                                while_flowing=True)
@@ -394,9 +395,10 @@ def test_gap_guard_returns_exactly_the_skipped_records(kafka_bootstrap: str) -> 
     nothing for the next offset, then exactly the records of a later forward gap; a
     redelivery (an offset below the expected one) returns nothing. Control: the records it
     returns are the topic's own, byte for byte."""
-    from processor.stream.app import GapGuard, WorkerMetrics
+    from processor.stream.worker.acks import GapGuard
+    from processor.stream.worker.metrics import WorkerMetrics
 
-    conf = kafka_io.plain_config(kafka_bootstrap)
+    conf = {"bootstrap.servers": kafka_bootstrap}
     topic = f"gapguard-{now_ms()}"
     kafka_io.create_topics(conf, [topic], 1)
     kafka_io.produce_all(conf, topic, [(None, b"rec-%d" % i) for i in range(12)], partition=0)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from processor.stream.config import ConfigError
-from processor.stream.faults import (
+from processor.stream.model.config import ConfigError
+from processor.stream.model.faults import (
     CLOCK_OFFSET_ENV,
     CRASH_ENV,
     ENV_NAMES,
@@ -73,7 +73,7 @@ def test_the_raising_hook_fires_at_the_kth_call_of_its_point_only() -> None:
 
 def test_the_killing_hook_sigkills_the_process() -> None:
     code = ("import sys\n"
-            "from processor.stream.faults import FaultPlan\n"
+            "from processor.stream.model.faults import FaultPlan\n"
             "hook = FaultPlan.from_env().crash_point()\n"
             "for _ in range(2):\n"
             "    hook('between_state_writes')\n"
@@ -120,8 +120,8 @@ def test_the_worker_shares_one_hook_between_its_stages_and_shifts_its_clock(
     """A worker builds ONE crash hook from its plan (the k-th call counts the calls of
     every stage) and its clock from the plan's offset; without a plan it has neither."""
     from processor.core.rng import NoiseKey
-    from processor.stream.app import Worker
-    from processor.stream.config import Settings, with_overrides
+    from processor.stream.model.config import Settings, with_overrides
+    from processor.stream.worker.app import Worker
 
     s = with_overrides(Settings(), counters={"a": 0}, state_dir=str(tmp_path),
                        metrics_port=0, app_id="faults-wiring")

@@ -1,4 +1,4 @@
-"""Fencing after a suspension (processor/stream/fencing.py, commit.BatchCommit's `fence`):
+"""Fencing after a suspension (processor/stream/worker/fencing.py, commit.BatchCommit's `fence`):
 a process stopped for longer than the limit neither publishes nor writes state afterwards,
 and a real SIGSTOPped process exits when it runs again. Controls: the same commit without
 a fence publishes and writes, and a stop shorter than the limit leaves the process running.
@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from processor.stream.commit import BatchCommit
-from processor.stream.fencing import SuspensionFence
-from processor.stream.operator import Operator
-from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.model.commit import BatchCommit
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
+from processor.stream.worker.fencing import SuspensionFence
 from tests.stream.test_operator import KEY, StepFactory, settings
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -183,7 +183,7 @@ def test_a_suspension_while_awaiting_the_acks_stops_the_state_writes() -> None:
 #: ("sigcont"), the two ways the worker's fence notices a suspension.
 CHILD = textwrap.dedent("""
     import os, sys, time
-    from processor.stream.fencing import SuspensionFence
+    from processor.stream.worker.fencing import SuspensionFence
     fence = SuspensionFence(1.0, lambda gap: os._exit(3), interval_s=0.05)
     if sys.argv[1] == "thread":
         fence.start()

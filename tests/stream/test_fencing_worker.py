@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from processor.stream.fencing import FENCED_EXIT
+from processor.stream.worker.fencing import FENCED_EXIT
 from tests.stream.test_app_e2e import (
     Live,
     live_factory,  # noqa: F401  (the fixture, re-exported for this module)

@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 import pytest
 
-from processor.stream import kafka_io
-from processor.stream.records import TimelineBatch, TimelineMarker, decode_timeline
+from processor.stream.kafka import kafka_io
+from processor.stream.model.records import TimelineBatch, TimelineMarker, decode_timeline
 
 
 @dataclass(frozen=True)

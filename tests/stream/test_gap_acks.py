@@ -1,5 +1,5 @@
 """Records GapGuard re-reads are acked to Faust once applied, so that Faust's offset commit
-for the partition goes on (processor/stream/app.py: `ack_refetched`, `Worker.operate`).
+for the partition goes on (processor/stream/worker/app.py: `ack_refetched`, `Worker.operate`).
 
 The fault campaign's drain once waited forever: a restarted worker's Faust skipped four
 timeline records without acking them, GapGuard re-read and applied them, and Faust (which
@@ -28,14 +28,15 @@ from confluent_kafka import Consumer, TopicPartition
 from faust.types import TP, Message
 
 from processor.core.rng import NoiseKey
-from processor.stream import app as app_module
-from processor.stream import kafka_io
-from processor.stream.app import Worker, ack_refetched
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import encode_marker
-from processor.stream.state import DictStore
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import encode_marker
+from processor.stream.model.state import DictStore
+from processor.stream.worker import acks
+from processor.stream.worker.acks import ack_refetched
+from processor.stream.worker.app import Worker
 
 TOPIC = "timeline-under-test"
 
@@ -131,7 +132,7 @@ def _commit_group(conf: dict[str, str], group: str, topic: str, offset: int) -> 
 def _timeline(kafka_bootstrap: str, tmp_path: Path) -> tuple[Settings, list[Any]]:
     """Settings of a one-partition deployment whose timeline holds 12 markers, the
     group committed at 2; and those records."""
-    conf = kafka_io.plain_config(kafka_bootstrap)
+    conf = {"bootstrap.servers": kafka_bootstrap}
     suffix = uuid.uuid4().hex[:10]
     base: Settings = with_overrides(Settings(), bootstrap_servers=kafka_bootstrap,
                                     app_id=f"gap-acks-{suffix}", partitions=1, tick_ms=100,
@@ -187,7 +188,7 @@ def test_operator_agent_acks_what_gapguard_re_read(
     the commit stops at 4 and then stalls."""
     settings, records = _timeline(kafka_bootstrap, tmp_path)
     if not with_acks:
-        monkeypatch.setattr(app_module, "ack_refetched", lambda *a: None)
+        monkeypatch.setattr(acks, "ack_refetched", lambda *a: None)
     worker, consumer = _run_agent(settings, records, before=[], after=[2, 3, 8, 9, 10, 11])
     topic = settings.topics.timeline
     assert worker.metrics.counts[f"gap_records_refetched_{topic}"] == 4
@@ -229,9 +230,9 @@ def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> Non
 
     from faust.types import TP, Message
 
-    from processor.stream.app import PendingAcks
-    from processor.stream.config import Settings
-    from processor.stream.kafka_io import KafkaRecord
+    from processor.stream.kafka.kafka_io import KafkaRecord
+    from processor.stream.model.config import Settings
+    from processor.stream.worker.acks import PendingAcks
 
     class Acks:
         def __init__(self) -> None:

@@ -25,12 +25,13 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.config import Settings, TopicSettings, with_overrides
-from processor.stream.identity import counter_id_for, key_fingerprint, noise_identity
-from processor.stream.operator import Operator, Output
-from processor.stream.records import Event, Release, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, TopicSettings, with_overrides
+from processor.stream.model.identity import counter_id, key_fingerprint, noise_identity
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.records import Event, Release, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
+from tests.stream.helpers import apply_now
 
 TICK = 1000
 SECRET = hashlib.sha256(b"identity test key (public, tests only)").digest()
@@ -53,8 +54,8 @@ def run(s: Settings, key: NoiseKey = KEY, ticks: int = 100) -> list[Release]:
     store = DictStore()
     out = Output()
     for off, n in enumerate(range(ticks)):
-        op.apply(store, 0, 2 * off, encode_batch([Event("a", n * TICK, UNIT, 0, off)]), out)
-        op.apply(store, 0, 2 * off + 1, encode_marker(n), out)
+        apply_now(op, store, 0, 2 * off, encode_batch([Event("a", n * TICK, UNIT, 0, off)]), out)
+        apply_now(op, store, 0, 2 * off + 1, encode_marker(n), out)
     return [r for r in out.releases if r.counter == "a"]
 
 
@@ -104,10 +105,10 @@ def test_the_identity_never_contains_key_bytes() -> None:
     kid = key_fingerprint(KEY)
     assert kid == hmac.new(SECRET, b"fingerprint", hashlib.sha256).hexdigest()[:16]
     ident = noise_identity(s, KEY)
-    cid = counter_id_for(s, KEY, "a")
+    cid = counter_id(noise_identity(s, KEY), "a")
     assert cid == f"{ident}/a" and len(ident) == 32
     op = Operator(s, KEY)
-    out = op.apply(DictStore(), 0, 0, encode_marker(3))
+    out = apply_now(op, DictStore(), 0, 0, encode_marker(3))
     assert [e.key_id for e in out.ledger] == [kid]
     public = [ident, cid, kid, *(e.to_json().decode() for e in out.ledger),
               *(r.to_json().decode() for r in out.releases)]
@@ -142,7 +143,7 @@ def test_restart_after_loss_of_state_is_refused_and_nothing_is_republished(
     that would re-create an announced counter stops it with exit code 2 and an error naming
     the counter and the remedy; the private-count and ledger topics are unchanged.
     Control: the same restart WITH its state keeps running and publishing."""
-    from processor.stream.app import changelog_topic
+    from processor.stream.kafka.topics import changelog_topic
 
     tick = E2E["tick_ms"]
     start = (int(time.time() * 1000) // tick) * tick - 20 * tick
@@ -228,8 +229,8 @@ def test_restart_within_the_creating_tick_does_not_meet_its_marker_again(
     never appends a second marker through that tick (which would re-create the counters
     under the same creation tag and republish their ticks); at the next tick the
     re-creation is refused (exit 2), and nothing was republished."""
-    from processor.stream.app import changelog_topic
-    from processor.stream.records import TimelineMarker, decode_timeline, sealed_through
+    from processor.stream.kafka.topics import changelog_topic
+    from processor.stream.model.records import TimelineMarker, decode_timeline, sealed_through
 
     tick = 40_000
     now = int(time.time() * 1000)

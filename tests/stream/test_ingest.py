@@ -26,10 +26,10 @@ import orjson
 import pytest
 
 from processor.devtools.deployment import write_config
-from processor.stream import ingest, kafka_io
-from processor.stream.config import Settings, TopicSettings, with_overrides
-from processor.stream.ingest import InputRecord, committable, route
-from processor.stream.records import (
+from processor.stream.kafka import ingest, kafka_io
+from processor.stream.kafka.ingest import InputRecord, committable, route
+from processor.stream.model.config import Settings, TopicSettings, with_overrides
+from processor.stream.model.records import (
     REASONS,
     USER_MODE_REASONS,
     Event,
@@ -195,7 +195,7 @@ def test_committable_offsets() -> None:
 def _ingest_proc(cfg: Path, log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with open(log, "ab") as fh:
         return subprocess.Popen(
-            [sys.executable, "-m", "processor.stream.ingest", "--config", str(cfg),
+            [sys.executable, "-m", "processor.stream.kafka.ingest", "--config", str(cfg),
              "--max-consume", "400"],
             stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=str(ROOT),
             env=env)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from processor.stream.config import Settings, with_overrides
-from processor.stream.ingest import FILL_MAX_S, FILL_PER_PARTITION, Ingest, fill_window_s
+from processor.stream.kafka.ingest import FILL_MAX_S, FILL_PER_PARTITION, Ingest, fill_window_s
+from processor.stream.model.config import Settings, with_overrides
 
 POLL_S = 0.2
 BASE = with_overrides(Settings(), counters={"a": 0}, tick_ms=100)

@@ -5,10 +5,11 @@ duplicate filter keys on it. Pure: no Kafka (ingest's look-up is a function here
 
 from __future__ import annotations
 
-from processor.stream.ingest import InputIdentity, InputRecord, route
-from processor.stream.operator import Operator
-from processor.stream.records import Event, decode_timeline, encode_batch
-from processor.stream.state import DictStore
+from processor.stream.kafka.ingest import InputIdentity, InputRecord, route
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, decode_timeline, encode_batch
+from processor.stream.model.state import DictStore
+from tests.stream.helpers import apply_now
 from tests.stream.test_operator import KEY, TICK, StepFactory, settings
 
 
@@ -18,7 +19,7 @@ def applied(batches: list[bytes]) -> tuple[int, int]:
     store = DictStore()
     got = dropped = 0
     for offset, record in enumerate(batches):
-        out = op.apply(store, 0, offset, record)
+        out = apply_now(op, store, 0, offset, record)
         got += out.metrics["events_applied"]
         dropped += out.metrics["duplicates_dropped"]
     return got, dropped

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import pytest
 from confluent_kafka import Producer
 
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 
 #: A port nothing listens on (connections are refused at once).
 CLOSED = {"bootstrap.servers": "127.0.0.1:9", "reconnect.backoff.ms": "50",

@@ -28,11 +28,12 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.keyfile import read_key, write_key
-from processor.stream import kafka_io
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import KeyMismatchError, Operator, Output
-from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import DictStore, StateVersionError, partition_key
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import KeyMismatchError, Operator, Output
+from processor.stream.model.records import Event, encode_batch, encode_marker
+from processor.stream.model.state import DictStore, StateVersionError, partition_key
+from tests.stream.helpers import apply_now
 
 TICK = 1000
 KEY = NoiseKey(hashlib.sha256(b"key binding test key (public, tests only)").digest())
@@ -50,9 +51,9 @@ def run(op: Operator, store: DictStore, ticks: range, offset: int = 0) -> Output
     """One event of `a` and one marker per tick, at offsets from `offset`."""
     out = Output()
     for i, n in enumerate(ticks):
-        op.apply(store, 0, offset + 2 * i,
+        apply_now(op, store, 0, offset + 2 * i,
                  encode_batch([Event("a", n * TICK, UNIT, 0, offset + 2 * i)]), out)
-        op.apply(store, 0, offset + 2 * i + 1, encode_marker(n), out)
+        apply_now(op, store, 0, offset + 2 * i + 1, encode_marker(n), out)
     return out
 
 
@@ -66,7 +67,7 @@ def test_another_key_is_refused_on_existing_state_before_anything_is_published()
     for record in (encode_marker(10), encode_batch([Event("a", 10 * TICK, UNIT, 0, 20)])):
         out = Output()
         with pytest.raises(KeyMismatchError) as info:
-            Operator(s, OTHER).apply(store, 0, 20, record, out)
+            apply_now(Operator(s, OTHER), store, 0, 20, record, out)
         msg = str(info.value)
         assert (f"fingerprint {KEY.fingerprint()}" in msg
                 and f"fingerprint is {OTHER.fingerprint()}" in msg), msg
@@ -110,7 +111,7 @@ def test_state_of_version_2_is_refused_naming_the_version() -> None:
     assert info.value.key == "p/0"
     # What the worker prints (after "error: "): the key, the version, the remedy; it is
     # not called corrupt (restoring it from the changelog would not help).
-    from processor.stream.app import CorruptStateError
+    from processor.stream.worker.app import CorruptStateError
 
     msg = str(CorruptStateError(info.value, s))
     assert msg.startswith("the stored state under key 'p/0' is an operator partition state "

@@ -1,5 +1,5 @@
 """The per-unit guarantee a ledger entry states holds over the deployment's whole life
-(processor/stream/lifetime.py, docs/privacy-unit.md "Reconfiguration"): the changes that
+(processor/stream/model/lifetime.py, docs/privacy-unit.md "Reconfiguration"): the changes that
 would make it false are refused at start with one `error:` line naming the field, a
 confirmed migration states the composed guarantee, and a refused parameter change halts
 at start or at a marker, never at an event. Pure: the operator on a dict store, the real
@@ -23,15 +23,17 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.errors import error_line
-from processor.stream import kafka_io, lifetime
-from processor.stream.app import ledger_at_start
-from processor.stream.config import Settings, with_overrides, with_unit
-from processor.stream.lifetime import LifetimeError, UnitClaim
-from processor.stream.operator import Operator, Output
-from processor.stream.provenance import ParameterChangeError
-from processor.stream.records import LedgerEntry, encode_batch_rows, encode_marker
+from processor.stream.kafka import kafka_io
+from processor.stream.model import lifetime
+from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.lifetime import LifetimeError, UnitClaim
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.provenance import ParameterChangeError
+from processor.stream.model.records import LedgerEntry, encode_batch_rows, encode_marker
+from processor.stream.model.state import DictStore, PartitionState, partition_key
 from processor.stream.replay.history import LedgerProvenance, ledger_history
-from processor.stream.state import DictStore, PartitionState, partition_key
+from processor.stream.worker.app import ledger_at_start
+from tests.stream.helpers import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 KEY = NoiseKey.from_seed(28)
@@ -60,7 +62,7 @@ def _life(s: Settings, store: DictStore, first_offset: int, events: int, seal: i
         records.append(encode_batch_rows(rows, "in"))
     records += [encode_marker(n) for n in range(1, seal + 1)]
     for i, raw in enumerate(records):
-        op.apply(store, 0, first_offset + i, raw, out)
+        apply_now(op, store, 0, first_offset + i, raw, out)
     if log is not None:
         log += records
     return out.ledger
@@ -179,16 +181,16 @@ def test_a_refused_parameter_change_halts_at_the_marker_never_at_an_event() -> N
     changed = with_overrides(EVENT, epsilon=2.0)
     op = Operator(changed, KEY)
     out = Output()
-    op.apply(store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
+    apply_now(op, store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
     assert out.metrics["events_applied"] == 1 and not out.releases and not out.ledger
     with pytest.raises(ParameterChangeError) as err:
-        op.apply(store, 0, 11, encode_marker(4), out)
+        apply_now(op, store, 0, 11, encode_marker(4), out)
     assert (err.value.counter, err.value.field) == ("a", "epsilon")
     assert not out.releases and not out.ledger
     kept = Operator(with_overrides(changed, on_parameter_change="keep"), KEY)
     out = Output()
-    kept.apply(store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
-    kept.apply(store, 0, 11, encode_marker(4), out)
+    apply_now(kept, store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
+    apply_now(kept, store, 0, 11, encode_marker(4), out)
     assert out.releases and {r.epsilon for r in out.releases} == {4.0}
 
 
@@ -210,7 +212,7 @@ def test_replay_recomputes_the_migrated_entries() -> None:
     def recompute(op: Operator) -> list[bytes | None]:
         out, fresh = Output(), DictStore()
         for off, raw in enumerate(records):
-            op.apply(fresh, 0, off, raw, out)
+            apply_now(op, fresh, 0, off, raw, out)
         return _values(out.ledger)
 
     again = recompute(Operator(confirmed, KEY,
@@ -269,19 +271,19 @@ def test_state_the_ledger_does_not_reflect_yet_is_bound_to_its_mode() -> None:
     store = DictStore()
     op = Operator(EVENT, KEY)
     rows = [["a", TICK + i, UNIT, 0, i] for i in range(50)]
-    op.apply(store, 0, 0, encode_batch_rows(rows, "in"), Output())
+    apply_now(op, store, 0, 0, encode_batch_rows(rows, "in"), Output())
     assert PartitionState.from_bytes(store.data[partition_key(0)]).privacy_unit == "event"
     assert ledger_at_start(USER1, KEY, [])[1] == lifetime.plain(USER1)  # nothing to see
     user = Operator(USER1, KEY)
     out = Output()
-    user.apply(store, 0, 1, encode_batch_rows([["a", TICK, UNIT, 0, 50]], "in"), out)
+    apply_now(user, store, 0, 1, encode_batch_rows([["a", TICK, UNIT, 0, 50]], "in"), out)
     with pytest.raises(LifetimeError) as err:
-        user.apply(store, 0, 2, encode_marker(1), out)
+        apply_now(user, store, 0, 2, encode_marker(1), out)
     assert err.value.field == "privacy_unit" and not out.releases and not out.ledger
     assert "timeline partition 0" in str(err.value)
-    Operator(EVENT, KEY).apply(store, 0, 2, encode_marker(1), Output())
+    apply_now(Operator(EVENT, KEY), store, 0, 2, encode_marker(1), Output())
     raw = store.data[partition_key(0)]
     legacy = raw[:12] + orjson.dumps(orjson.loads(raw[12:])[:6])
     store.data[partition_key(0)] = legacy
-    Operator(USER1, KEY).apply(store, 0, 3, encode_marker(2), Output())
+    apply_now(Operator(USER1, KEY), store, 0, 3, encode_marker(2), Output())
     assert PartitionState.from_bytes(store.data[partition_key(0)]).privacy_unit == "user"

@@ -1,6 +1,6 @@
 """Secrets and private input stay out of the logs at every level.
 
-`configure_logging` (processor/stream/logs.py) keeps the Kafka clients' and Faust's loggers
+`configure_logging` (processor/stream/model/logs.py) keeps the Kafka clients' and Faust's loggers
 at INFO or above whatever `--loglevel` says. The pure tests check the clamp on the exact
 line aiokafka writes at DEBUG under SASL/PLAIN; the broker tests show that aiokafka really
 logs record values at DEBUG when unclamped (the control for the scan) and run a real worker
@@ -25,8 +25,8 @@ import orjson
 import pytest
 
 from processor.devtools.deployment import ROOT, WorkerProcess
-from processor.stream.config import SecuritySettings
-from processor.stream.logs import CLIENT_LOG_FLOORS, LOG_FORMAT, configure_logging
+from processor.stream.model.config import SecuritySettings
+from processor.stream.model.logs import CLIENT_LOG_FLOORS, LOG_FORMAT, configure_logging
 
 #: The line aiokafka's conn.py writes at DEBUG for the SASL/PLAIN authentication request.
 SASL_LINE = "Request to %s:%d %d: %s"
@@ -138,7 +138,7 @@ def test_json_log_has_the_metrics_as_structured_fields(
     summary) and as `extra={"fields": ...}`, the JSON line has msg "metrics" and the counts
     as an object of integers; in text the fields follow the message as k=v. Control: a
     message that merely starts with "metrics" but is not k=v stays a plain msg."""
-    from processor.stream.logs import TextFormatter
+    from processor.stream.model.logs import TextFormatter
 
     configure_logging("info", "json")
     own = logging.getLogger("processor.stream.app")
@@ -228,7 +228,7 @@ def scan(text: str, needles: dict[str, str]) -> list[str]:
 #: The worker with configure_logging replaced by a plain basicConfig: the control run.
 UNCLAMPED_WORKER = (
     "import logging, sys\n"
-    "import processor.stream.app as app\n"
+    "import processor.stream.worker.app as app\n"
     "app.configure_logging = lambda level, fmt='text': logging.basicConfig(level=level.upper())\n"
     "sys.exit(app.main_worker(sys.argv[1:]))\n")
 

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from processor.stream import kafka_io
-from processor.stream.app import backup_due
-from processor.stream.clock import TOLERANCE_MS
-from processor.stream.operator import Operator
-from processor.stream.records import encode_marker
-from processor.stream.state import DictStore
+from processor.stream.kafka import kafka_io
+from processor.stream.model.clock import TOLERANCE_MS
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import encode_marker
+from processor.stream.model.state import DictStore
+from processor.stream.worker.app import backup_due
+from tests.stream.helpers import apply_now
 from tests.stream.test_operator import KEY, TICK, StepFactory, settings
 
 
@@ -30,13 +31,13 @@ def test_a_marker_ahead_of_its_log_append_time_is_refused() -> None:
     store = DictStore()
     n = 40
     due = (n + 1) * TICK + s.lateness_ms
-    out = op.apply(store, 0, 0, encode_marker(n), stamp_ms=due - TOLERANCE_MS - 1)
+    out = apply_now(op, store, 0, 0, encode_marker(n), stamp_ms=due - TOLERANCE_MS - 1)
     assert out.metrics["markers_refused"] == 1 and out.releases == [] and not store.data
-    out = op.apply(store, 0, 1, encode_marker(n), stamp_ms=due - TOLERANCE_MS)
+    out = apply_now(op, store, 0, 1, encode_marker(n), stamp_ms=due - TOLERANCE_MS)
     assert out.metrics["markers_refused"] == 0 and out.sealed_through == n
     assert len(out.releases) == n + 1
     control = Operator(s, KEY, factory=StepFactory())
-    out = control.apply(DictStore(), 0, 0, encode_marker(n))
+    out = apply_now(control, DictStore(), 0, 0, encode_marker(n))
     assert out.sealed_through == n
 
 
@@ -88,7 +89,7 @@ def test_a_start_far_in_the_past_is_warned_with_its_bound() -> None:
     Control: the bound quoted is the core's (larger for the older start)."""
     from processor.core.bounds import ecc_bound
     from processor.core.cc import DEFAULT_BASE
-    from processor.stream.app import far_starts
+    from processor.stream.worker.app import far_starts
 
     now = 1_800_000_000_000
     s = settings({"old": now - 100 * 86_400_000, "new": now - 3_600_000}, tick_ms=1000,

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from processor.devtools.deployment import write_config
-from processor.stream import kafka_io
-from processor.stream.app import changelog_topic
-from processor.stream.config import with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import changelog_topic
+from processor.stream.model.config import with_overrides
 
 
 def test_changed_epsilon_is_refused_unless_kept(

@@ -1,4 +1,4 @@
-"""AsyncProducer.produce_many (processor/stream/producer.py) on a stand-in for the
+"""AsyncProducer.produce_many (processor/stream/kafka/producer.py) on a stand-in for the
 librdkafka client: records in order, a full local queue waited out, and the records in
 flight counted exactly (what `flush` waits for), also when a produce fails midway."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from processor.stream.producer import AsyncProducer
+from processor.stream.kafka.producer import AsyncProducer
 
 
 class FakeClient:

@@ -1,4 +1,4 @@
-"""The provenance seam (processor/stream/provenance.py): the Operator asks its Provenance
+"""The provenance seam (processor/stream/model/provenance.py): the Operator asks its Provenance
 what a counter runs under, and nothing else differs between the worker and replay.
 
 Without a broker: the default provenance is the configured one (identical records and
@@ -13,13 +13,13 @@ import asyncio
 from processor.core.api import Counter
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.identity import creation_tag, noise_identity
-from processor.stream.operator import Operator
-from processor.stream.provenance import ConfiguredProvenance, Parameters
-from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import DictStore, PartitionState
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.identity import creation_tag, noise_identity
+from processor.stream.model.operator import Operator
+from processor.stream.model.provenance import ConfiguredProvenance, Parameters
+from processor.stream.model.records import Event, encode_batch, encode_marker
+from processor.stream.model.state import DictStore, PartitionState
 
 KEY = NoiseKey.from_seed(21)
 TICK = 100

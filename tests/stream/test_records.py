@@ -17,10 +17,10 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream import records
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import (
+from processor.stream.model import records
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import (
     DEADLETTER_RAW_LIMIT,
     LEDGER_SCHEMA_VERSION,
     LEDGER_UNIT_SCHEMA_VERSION,
@@ -46,7 +46,8 @@ from processor.stream.records import (
     partition_for,
     sealed_through,
 )
-from processor.stream.state import DictStore
+from processor.stream.model.state import DictStore
+from tests.stream.helpers import apply_now
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 
@@ -347,7 +348,7 @@ def _operator_output() -> tuple[list[LedgerEntry], list[Release]]:
         store = DictStore()
         burst = [Event("busy", i, UNIT, 0, i) for i in range(300)]
         for offset, record in enumerate((encode_batch(burst), encode_marker(400))):
-            out = op.apply(store, 0, offset, record)
+            out = apply_now(op, store, 0, offset, record)
             ledger += out.ledger
             releases += out.releases
     return ledger, releases

@@ -15,7 +15,7 @@ from typing import Any
 from faust.tables.recovery import Recovery
 from faust.types import TP
 
-from processor.stream.recovery import BatchedRecovery
+from processor.stream.worker.recovery import BatchedRecovery
 
 ACTIVE = TP("app-state-changelog", 0)
 STANDBY = TP("app-state-changelog", 1)

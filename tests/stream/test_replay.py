@@ -25,10 +25,11 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from processor.commands import main as cli
-from processor.stream import kafka_io
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.operator import Operator
-from processor.stream.records import Release
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Release
+from processor.stream.model.state import DictStore
 from processor.stream.replay import (
     Recomputed,
     ReplayReport,
@@ -38,7 +39,6 @@ from processor.stream.replay import (
     recompute_timeline,
 )
 from processor.stream.replay.cli import StderrProgress
-from processor.stream.state import DictStore
 
 
 def _now_ms() -> int:
@@ -174,7 +174,7 @@ def _release(counter: str, tick: int, value: float = 1.0, kind: str = "heartbeat
 
 
 def _ledger(counter: str, creation: str = "t") -> Any:
-    from processor.stream.records import LedgerEntry
+    from processor.stream.model.records import LedgerEntry
 
     return LedgerEntry(counter=counter, mechanism="ecc", epsilon=1.0, delta=1e-6,
                        tick_ms=100, start_ms=0, fingerprint="f", key_id="k",
@@ -298,8 +298,8 @@ def test_parallel_recomputation_equals_the_sequential_one(
 
     monkeypatch.setattr(replay_module, "_recompute_parallel", counting)
     from processor.core.rng import NoiseKey
-    from processor.stream.config import Settings, with_overrides
-    from processor.stream.records import Event, encode_batch, encode_marker, partition_for
+    from processor.stream.model.config import Settings, with_overrides
+    from processor.stream.model.records import Event, encode_batch, encode_marker, partition_for
 
     s = with_overrides(Settings(), counters={f"c{i}": 0 for i in range(6)}, partitions=2,
                        tick_ms=100, mechanism="ecc", epsilon=50.0, delta=1e-6,

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from processor.core.rng import NoiseKey
-from processor.stream.config import Settings
-from processor.stream.records import LedgerEntry
+from processor.stream.model.config import Settings
+from processor.stream.model.records import LedgerEntry
 from processor.stream.replay.configured import ledger_mismatch
 from processor.stream.replay.report import Difference, ReplayReport, Tally
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from processor.devtools.deployment import worker_env, write_config
 from processor.keyfile import write_key
-from processor.stream import kafka_io
-from processor.stream.config import Settings, TopicSettings, with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings, TopicSettings, with_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The whole command must end within this: the probe's bound plus the interpreter's start.
@@ -75,5 +75,5 @@ def test_a_missing_topic_is_named(kafka_bootstrap: str, tmp_path: Path,
     assert topics.timeline not in lines[0] and topics.counts not in lines[0], lines
     assert took < FAIL_FAST_S, f"took {took:.1f} s"
     # And the probe did not create the missing topic (a broker may auto-create on a name).
-    assert kafka_io.missing_topics(kafka_io.plain_config(kafka_bootstrap),
+    assert kafka_io.missing_topics({"bootstrap.servers": kafka_bootstrap},
                                    [topics.ledger]) == [topics.ledger]

@@ -12,7 +12,7 @@ import pytest
 
 SCRIPT = """
 import gc
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 from processor.stream.replay import single_threaded
 print(single_threaded())
 p = kafka_io.make_producer({"bootstrap.servers": "127.0.0.1:9", "log_level": "0"})

@@ -30,11 +30,12 @@ import pytest
 
 from processor.commands import main as cli
 from processor.core.rng import NoiseKey
-from processor.stream import kafka_io
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import Event, LedgerEntry, Release, encode_batch, encode_marker
+from processor.stream.kafka import kafka_io
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, LedgerEntry, Release, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 from processor.stream.replay import (
     Difference,
     Recomputed,
@@ -42,7 +43,6 @@ from processor.stream.replay import (
     ledger_history,
     recompute_timeline,
 )
-from processor.stream.state import DictStore
 
 KEY = NoiseKey.from_seed(11)
 TICK = 100

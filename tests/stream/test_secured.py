@@ -37,8 +37,8 @@ from processor.devtools.deployment import (
 )
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.kafka.tls import make_tls_files
-from processor.stream import kafka_io
-from processor.stream.config import SecuritySettings, Settings, with_overrides
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import SecuritySettings, Settings, with_overrides
 from tests.stream.test_app_e2e import TEST_SECRET, now_ms, published_map
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,7 +139,7 @@ def test_worker_and_replay_on_the_secured_broker(secured_kafka: LocalKafka,
 
     # Control: the listener really is secured (a plaintext client gets no metadata).
     with pytest.raises(KafkaException):
-        kafka_io.check_access(kafka_io.plain_config(secured_kafka.bootstrap_servers), 1.5)
+        kafka_io.check_access({"bootstrap.servers": secured_kafka.bootstrap_servers}, 1.5)
 
 
 def _refusals(kafka: LocalKafka, settings: Settings, tmp: Path) -> dict[str, Settings]:

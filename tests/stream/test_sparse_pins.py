@@ -19,11 +19,11 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings, with_overrides
-from processor.stream.operator import Operator
-from processor.stream.records import Event, encode_batch, encode_marker
-from processor.stream.state import DictStore
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Event, encode_batch, encode_marker
+from processor.stream.model.state import DictStore
 
 COUNTERS = 12
 TICKS = 420

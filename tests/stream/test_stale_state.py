@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from rocksdict import Options, Rdict
 
-from processor.stream.app import STATE_TABLE
-from processor.stream.stale import OFFSET_KEY, stale_databases
+from processor.stream.kafka.topics import STATE_TABLE
+from processor.stream.worker.stale import OFFSET_KEY, stale_databases
 
 
 def _database(path: Path, persisted: int | None) -> Path:
@@ -76,7 +76,7 @@ def test_the_worker_refuses_a_state_directory_of_recreated_brokers(
     assert "keygen" in lines[0] and "Traceback" not in done.stderr
     assert db.exists() and took < 30, took
     # Control: on the same brokers, the same database without its offset is not stale.
-    from processor.stream.kafka_io import end_offsets
+    from processor.stream.kafka.kafka_io import end_offsets
 
     def ends(topic: str) -> Mapping[int, tuple[int, int]]:
         return end_offsets(dep.conf, topic)

@@ -8,7 +8,7 @@ import pytest
 from processor.core import registry
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
-from processor.stream.state import (
+from processor.stream.model.state import (
     CounterState,
     DueWheel,
     PartitionState,
@@ -29,9 +29,9 @@ def _counter_state() -> CounterState:
         mech.update(x)
     cs.frontier = 102
     cs.last_offset = 41
-    cs.push(65536)
-    cs.push(65536)
-    cs.push(3)
+    cs.push_all((65536,))
+    cs.push_all((65536,))
+    cs.push_all((3,))
     cs.pending = {104: [1, 2], 106: [65536]}
     cs.last_published = 1.5
     cs.announced = True

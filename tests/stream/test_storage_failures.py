@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from processor.stream.app import MIN_FREE_BYTES, changelog_topic
+from processor.stream.kafka.topics import changelog_topic
 from processor.stream.replay import replay
+from processor.stream.worker.app import MIN_FREE_BYTES
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (needs root)")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from processor.stream.table import ChangelogTracker
+from processor.stream.worker.table import ChangelogTracker
 
 
 def test_back_to_back_writes_move_the_read_point_a_foreign_one_stops_it() -> None:
@@ -31,7 +31,7 @@ def test_back_to_back_writes_move_the_read_point_a_foreign_one_stops_it() -> Non
     t.delivered(0, 21)
     assert t.read_through(0) == 21
     t.delivered(3, 5)
-    assert t.take_gaps() == set() and not t.tracks(3)
+    assert t.take_gaps() == set()  # never begun: not tracked
 
 
 def test_an_empty_changelog_expects_offset_zero() -> None:
@@ -40,7 +40,8 @@ def test_an_empty_changelog_expects_offset_zero() -> None:
     t.delivered(1, 0)
     assert t.read_through(1) == 0
     t.end(1)
-    assert not t.tracks(1) and t.read_through(1) is None
+    t.delivered(1, 5)  # a gap, were it still tracked
+    assert t.read_through(1) is None and t.take_gaps() == set()
 
 
 class _FakeData:
@@ -95,7 +96,7 @@ def test_a_gap_rewrites_every_stored_kind_of_the_stage() -> None:
     import asyncio
     from typing import Any
 
-    from processor.stream.table import WorkerStores
+    from processor.stream.worker.table import WorkerStores
 
     def run(prefixes: tuple[str, ...]) -> set[bytes]:
         db = _FakeDb({b"u/aa": b"1", b"u/bb": b"2", b"p/0": b"3", b"c/x": b"4",
@@ -116,7 +117,7 @@ def test_a_gap_rewrites_every_stored_kind_of_the_stage() -> None:
 
 def _value(applied: int) -> bytes:
     """A stored partition value reflecting the timeline through `applied`."""
-    from processor.stream.state import PartitionState
+    from processor.stream.model.state import PartitionState
     from tests.stream.test_state import KID
 
     ps = PartitionState()
@@ -132,8 +133,8 @@ def test_a_batch_merges_as_if_applied_one_by_one() -> None:
     stale: the owner writes it again); a deletion of a value with an offset loses; a key
     the store lacks takes any value. Control: the one-by-one apply over a dict gives the
     same store."""
-    from processor.stream.state import supersedes
-    from processor.stream.table import merge_changelog
+    from processor.stream.model.state import supersedes
+    from processor.stream.worker.table import merge_changelog
     from tests.stream.test_zombie import restore
 
     store = {b"a": _value(10), b"b": _value(10), b"c": _value(10), b"d": _value(10)}
@@ -173,7 +174,7 @@ def test_the_table_apply_writes_the_merge_and_the_offsets(tmp_path: Path) -> Non
     from faust.types import TP
     from rocksdict import Options, Rdict
 
-    from processor.stream.table import MonotoneTable
+    from processor.stream.worker.table import MonotoneTable
 
     dbs = {p: Rdict(str(tmp_path / f"db{p}"), Options(raw_mode=True)) for p in (0, 1)}
     dbs[0][b"k"] = _value(5)

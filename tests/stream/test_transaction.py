@@ -8,8 +8,9 @@ from collections.abc import Callable
 import pytest
 
 from processor.core.errors import StateFormatError
-from processor.stream.state import CopyingStore, DictStore, write_all
-from processor.stream.transaction import (
+from processor.devtools.inmemory import CopyingStore
+from processor.stream.model.state import DictStore
+from processor.stream.model.transaction import (
     PartitionTransaction,
     Slot,
     StateCache,
@@ -79,7 +80,7 @@ def test_write_plan_goes_by_slot_rank_then_staging_order() -> None:
         assert codec.encoded == 3 and before is Status.PREPARED
         zs = [("z/y", b"y2"), ("z/b", b"b2")]
         assert plan == ([*zs, ("a/0", b"p")] if first == 0 else [("a/0", b"p"), *zs])
-        write_all(store, plan)
+        store.write_many(plan)
         txn.complete()
         assert txn.status is Status.COMPLETE and store.data == dict(plan)
 
@@ -140,7 +141,7 @@ def test_the_cache_serves_a_value_only_while_the_store_holds_its_bytes(
     assert txn.load(s, "a") is a and codec.decoded == 1
     a.data = b"a2"
     txn.stage(s, "a", a)
-    write_all(store, txn.prepare())
+    store.write_many(txn.prepare())
     txn.complete()
     txn = PartitionTransaction(store, (s,), cache)
     assert txn.load(s, "a") is a and codec.decoded == 1
@@ -225,7 +226,7 @@ def test_over_a_copying_store_the_cache_keeps_digests_and_refuses_changed_bytes(
     assert codec.decoded == 2
     b.data = body
     txn.stage(s, "a", b)
-    write_all(store, txn.prepare())
+    store.write_many(txn.prepare())
     txn.complete()
     assert b.saved is not None and len(b.saved) == 16
     txn = PartitionTransaction(store, (s,), cache)
@@ -257,7 +258,7 @@ def test_a_slot_that_caches_nothing_keeps_its_codecs_bytes_and_reads_the_store()
     assert txn.load(s, "a") is b
     plan = txn.prepare()
     assert plan == [("u/a", body)] and b.saved == body
-    write_all(store, plan)
+    store.write_many(plan)
     txn.complete()
     txn = PartitionTransaction(store, (s,), cache)
     c = txn.load(s, "a")

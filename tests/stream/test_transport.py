@@ -1,4 +1,4 @@
-"""The worker's aiokafka transport (processor/stream/transport.py): its consumer polls
+"""The worker's aiokafka transport (processor/stream/worker/transport.py): its consumer polls
 idle partitions for at most FETCH_MAX_WAIT_MS, and the private names it relies on have
 the shape it was checked against (these tests fail when an upgrade changes them)."""
 
@@ -10,8 +10,8 @@ import inspect
 import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from processor.stream import transport
-from processor.stream.app import WorkerApp
+from processor.stream.worker import transport
+from processor.stream.worker.app import WorkerApp
 
 
 def _built_consumer() -> tuple[WorkerApp, aiokafka.AIOKafkaConsumer, int]:

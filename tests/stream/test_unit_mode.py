@@ -18,14 +18,14 @@ import pytest
 
 from processor.core import unit
 from processor.core.grid import GRID_BITS, UNIT
-from processor.stream.config import (
+from processor.stream.model.config import (
     ConfigError,
     Settings,
     load_settings,
     with_overrides,
     with_unit,
 )
-from processor.stream.records import (
+from processor.stream.model.records import (
     LEDGER_UNIT_HEADERS,
     MAX_UNIT_ID,
     Event,

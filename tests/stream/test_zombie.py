@@ -18,10 +18,10 @@ from typing import Any, TypeVar
 import pytest
 
 from processor.core import registry
-from processor.stream.commit import BatchCommit
-from processor.stream.operator import Operator
-from processor.stream.records import Release
-from processor.stream.state import DictStore, supersedes
+from processor.stream.model.commit import BatchCommit
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import Release
+from processor.stream.model.state import DictStore, supersedes
 from tests.stream.test_operator import KEY, TICK, random_timeline, settings, to_records
 
 Changelog = list[tuple[str, bytes | None]]

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from processor.stream import kafka_io
-from processor.stream.config import ConfigError
-from processor.stream.records import LedgerEntry, Release
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import ConfigError
+from processor.stream.model.records import LedgerEntry, Release
 from processor.view.feed import FeedLog, PublicFeed
 from processor.view.overlay import OverlayFile, write_overlay
 from processor.view.server import ViewServer
@@ -87,7 +87,7 @@ def view_process(deployment_factory: Callable[..., Any], tmp_path: Path
     """(deployment, URL, overlay path): topics created, the view's server running on them
     in demo mode in this process (the `python -m processor view` process itself is run by
     tests/devtools/test_demo.py, through the demo); always stopped."""
-    from processor.stream.config import load_settings
+    from processor.stream.model.config import load_settings
 
     deployment = deployment_factory({"signups": START_MS, "purchases": START_MS},
                                     name="view", tick_ms=TICK_MS)
@@ -223,7 +223,7 @@ def test_overlay_file_versions(tmp_path: Path) -> None:
 
 
 def test_demo_overlay_only_on_loopback() -> None:
-    from processor.stream.config import Settings
+    from processor.stream.model.config import Settings
 
     with pytest.raises(ConfigError, match="loopback"):
         ViewServer(Settings(), host="0.0.0.0", demo_file="/tmp/x.json")
@@ -260,7 +260,7 @@ def test_compose_view_service_matches_the_command() -> None:
 
     import yaml
 
-    from processor.stream.config import load_settings
+    from processor.stream.model.config import load_settings
     from processor.view.server import build_parser
 
     deploy = ROOT / "deploy"

@@ -32,7 +32,7 @@ a marker appended during a clean shutdown and never applied, a batch cut short b
 -9). Pending records are counted in the verdict, never flagged.
 
 One case lets a committed offset run ahead of what was published: around a rebalance Faust
-may commit past records it skipped, which the worker re-reads (app.GapGuard) and applies
+may commit past records it skipped, which the worker re-reads (acks.GapGuard) and applies
 at its next record. So a due record missing from the snapshot gets a grace period
 (`settle_s`, default 5 s): if it arrives identical meanwhile it is no difference.
 

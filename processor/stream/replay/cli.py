@@ -11,8 +11,8 @@ import orjson
 
 from processor.commandline import CommandParser
 from processor.core.rng import KEY_FORMATS
-from processor.stream.config import load_noise_key, load_settings
-from processor.stream.logs import configure_logging
+from processor.stream.model.config import load_noise_key, load_settings
+from processor.stream.model.logs import configure_logging
 from processor.stream.replay.snapshot import replay
 
 

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from processor.core.rng import NoiseKey
-from processor.stream.config import Settings
-from processor.stream.identity import key_fingerprint
+from processor.stream.model.config import Settings
+from processor.stream.model.identity import key_fingerprint
 from processor.stream.replay.history import ledger_dicts
 
 #: How many names a difference lists before "and N more".

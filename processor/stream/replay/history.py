@@ -30,10 +30,10 @@ import orjson
 from processor.core import registry
 from processor.core.api import Counter
 from processor.core.rng import NoiseKey
-from processor.stream.config import ConfigError, Settings, with_overrides
-from processor.stream.identity import counter_id, key_fingerprint, noise_identity
-from processor.stream.lifetime import UnitClaim, statement
-from processor.stream.provenance import ConfiguredProvenance, Parameters, parameters_of
+from processor.stream.model.config import ConfigError, Settings, with_overrides
+from processor.stream.model.identity import counter_id, key_fingerprint, noise_identity
+from processor.stream.model.lifetime import UnitClaim, statement
+from processor.stream.model.provenance import ConfiguredProvenance, Parameters, parameters_of
 from processor.stream.replay.report import Difference, RecordKey
 
 

@@ -30,11 +30,11 @@ from typing import Any, Final
 
 from processor.commandline import pool_worker_signals
 from processor.core.rng import NoiseKey
-from processor.stream.commit import BatchCommit, CollectingPublisher
-from processor.stream.config import Settings
-from processor.stream.identity import creation_tag
-from processor.stream.operator import Operator
-from processor.stream.records import (
+from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.config import Settings
+from processor.stream.model.identity import creation_tag
+from processor.stream.model.operator import Operator
+from processor.stream.model.records import (
     EventRow,
     LedgerEntry,
     Release,
@@ -43,9 +43,9 @@ from processor.stream.records import (
     decode_timeline_rows,
     marker_tick,
 )
+from processor.stream.model.state import DictStore, PartitionState
 from processor.stream.replay.history import LedgerHistory, LedgerProvenance
 from processor.stream.replay.report import RecordKey
-from processor.stream.state import DictStore, PartitionState
 
 #: Timeline records per recomputed batch. The outputs do not depend on the batching; the
 #: cost does: state is written once per batch, but a marker walks the due ticks consumed

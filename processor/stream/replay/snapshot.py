@@ -18,10 +18,11 @@ from confluent_kafka import KafkaException
 
 from processor.core.rng import NoiseKey
 from processor.errors import StreamError
-from processor.stream import kafka_io
-from processor.stream.bounding import check_kept_set, units_topic
-from processor.stream.config import Settings
-from processor.stream.records import marker_tick
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import topic_name, units_topic
+from processor.stream.model.bounding import check_kept_set
+from processor.stream.model.config import Settings
+from processor.stream.model.records import marker_tick
 from processor.stream.replay.comparison import (
     compare,
     diff_order,
@@ -64,7 +65,7 @@ def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
         kafka_io.require_brokers(conf, min(timeout_s, kafka_io.PROBE_TIMEOUT_S))
     except kafka_io.BrokerUnavailable as exc:
         raise ReplayError(str(exc)) from None
-    topics = [kafka_io.topic_name(settings, t) for t in ("timeline", "counts", "ledger")]
+    topics = [topic_name(settings, t) for t in ("timeline", "counts", "ledger")]
     try:
         missing = kafka_io.missing_topics(conf, topics, timeout_s)
         if missing:
@@ -122,9 +123,9 @@ def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference], result: R
 
 def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_s: float,
             progress: Progress | None, jobs: int | None, settle_s: float) -> ReplayReport:
-    tl_topic = kafka_io.topic_name(settings, "timeline")
-    counts_topic = kafka_io.topic_name(settings, "counts")
-    ledger_topic = kafka_io.topic_name(settings, "ledger")
+    tl_topic = topic_name(settings, "timeline")
+    counts_topic = topic_name(settings, "counts")
+    ledger_topic = topic_name(settings, "ledger")
     # privacy_unit = "user": the bounding stage's committed offsets come before the
     # timeline's snapshot (its forwards were acknowledged before it committed).
     units_committed = (None if settings.privacy_unit != "user" else

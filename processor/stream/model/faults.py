@@ -28,8 +28,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from processor.stream.clock import SystemClock
-from processor.stream.config import ConfigError
+from processor.stream.model.clock import SystemClock
+from processor.stream.model.config import ConfigError
 
 log = logging.getLogger("processor.stream.faults")
 

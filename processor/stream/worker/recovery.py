@@ -45,7 +45,7 @@ from faust.types import TP, EventT
 from faust.utils.tracing import finish_span
 from mode import Service
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("processor.stream.recovery")
 
 #: Seconds the loop waits for a record before it checks again whether an idle active
 #: recovery is complete (Faust's figure).
@@ -59,6 +59,10 @@ LINGER_S = 0.02
 class BatchedRecovery(Recovery):
     """faust.tables.recovery.Recovery whose changelog loop takes the queued records in
     batches (see the module doc); everything else is Faust's."""
+
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.recovery")
 
     @Service.task
     async def _slurp_changelogs(self) -> None:
@@ -209,6 +213,10 @@ class BatchedRecovery(Recovery):
 
 class BatchedTableManager(TableManager):
     """faust's TableManager with `BatchedRecovery` as its recovery service."""
+
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.recovery")
 
     @property
     def recovery(self) -> Recovery:

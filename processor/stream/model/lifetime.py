@@ -37,7 +37,7 @@ from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError
 from processor.core.unit import METHOD, check_bound, unit_guarantee
 from processor.errors import RefusedError
-from processor.stream.config import Settings
+from processor.stream.model.config import Settings
 
 #: The `unit_derivation` of an entry stating the composed guarantee.
 METHOD_LIFETIME: Final = "lifetime:" + METHOD

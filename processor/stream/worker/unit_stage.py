@@ -23,24 +23,34 @@ from typing import TYPE_CHECKING, Any, Final
 import faust
 
 from processor.errors import RefusedError
-from processor.stream import kafka_io
-from processor.stream.bounding import (
-    UNIT_PREFIX,
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.producer import AsyncProducer
+from processor.stream.kafka.topics import (
     UNITS_TABLE,
+    topic_name,
+    units_changelog_topic,
+    units_topic,
+)
+from processor.stream.model.bounding import (
+    UNIT_PREFIX,
     BoundCommit,
     Bounder,
     BoundOutput,
     BoundsWatch,
-    units_changelog_topic,
-    units_topic,
 )
-from processor.stream.config import Settings
-from processor.stream.producer import AsyncProducer
-from processor.stream.state import PARTITION_PREFIX
-from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
+from processor.stream.model.config import Settings
+from processor.stream.model.state import PARTITION_PREFIX
+from processor.stream.worker.acks import GapGuard, PendingAcks
+from processor.stream.worker.table import (
+    ROCKSDB_OPTIONS,
+    ChangelogTracker,
+    MonotoneTable,
+    WorkerStores,
+)
+from processor.stream.worker.transport import raw_topic
 
 if TYPE_CHECKING:
-    from processor.stream.app import Worker
+    from processor.stream.worker.app import Worker
 
 log = logging.getLogger("processor.stream.unit_stage")
 
@@ -81,8 +91,6 @@ class UnitStage:
     """The bounding agent, its table and its checkpoints, inside one `Worker`."""
 
     def __init__(self, worker: Worker, crash_point: Callable[[str], None] | None) -> None:
-        from processor.stream.app import ROCKSDB_OPTIONS, GapGuard, PendingAcks, raw_topic
-
         s = worker.settings
         self.worker = worker
         self.topic_name = units_topic(s)
@@ -98,8 +106,8 @@ class UnitStage:
                                    (UNIT_PREFIX, PARTITION_PREFIX))
         self.commit = BoundCommit(
             Bounder(s), self.stores,
-            KafkaForwarder(worker.producer, kafka_io.topic_name(s, "timeline"),
-                           kafka_io.topic_name(s, "deadletter"), worker.metrics.add),
+            KafkaForwarder(worker.producer, topic_name(s, "timeline"),
+                           topic_name(s, "deadletter"), worker.metrics.add),
             crash_point=crash_point, fence=worker.fence.check)
         self.watch = BoundsWatch(self.commit.bounder)
         self.gaps = GapGuard(kafka_io.base_config(s), s.app_id, self.topic_name,

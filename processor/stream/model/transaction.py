@@ -27,13 +27,14 @@ never the truth: a value is served only while the store holds its `saved` bytes.
 Restoring from bytes and continuing equals never stopping (the Counter contract), so
 reusing the object equals decoding the stored bytes again.
 
-What `saved` holds depends on the store. A `DictStore` keeps the very bytes objects it is
-given and returns them: `saved` is those bytes (shared with the store, so free, and an
-`is` answers the check). Any other store (RocksDB) returns a fresh copy at every get, so
-bytes in `saved` would be a second copy of every cached value (about 1 KB a counter):
-the transaction replaces them by a 16-byte digest (SHA-256, truncated) when it decodes or
-encodes a value of a slot that caches values, and a load compares the digest of the stored
-bytes (equal digests: equal bytes, but for a collision of a 128-bit hash). The codecs
+What `saved` holds depends on the store (`StateStore.shares_bytes`). A `DictStore` keeps
+the very bytes objects it is given and returns them: `saved` is those bytes (shared with
+the store, so free, and an `is` answers the check). Any other store (RocksDB) returns a
+fresh copy at every get, so bytes in `saved` would be a second copy of every cached value
+(about 1 KB a counter): the transaction replaces them by a 16-byte digest (SHA-256,
+truncated) when it decodes or encodes a value of a slot that caches values, and a load
+compares the digest of the stored bytes (equal digests: equal bytes, but for a collision
+of a 128-bit hash). The codecs
 always set `saved` to the bytes; a slot that caches nothing (cache 0) keeps them there.
 """
 
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, NoReturn, Protocol, TypeVar
 
 from processor.core.errors import StateFormatError
-from processor.stream.state import DictStore, StateStore
+from processor.stream.model.state import StateStore
 
 
 class Stored(Protocol):
@@ -147,7 +148,7 @@ class PartitionTransaction:
                  cache: StateCache) -> None:
         self._store = store
         # Whether `saved` holds digests rather than the bytes (the module doc).
-        self._digests = not isinstance(store, DictStore)
+        self._digests = not store.shares_bytes
         self._cache = cache
         self._order = sorted(slots, key=lambda s: s.rank)
         # Per slot: its staged values (key -> value) and its cache section.
@@ -158,6 +159,11 @@ class PartitionTransaction:
     @property
     def status(self) -> Status:
         return self._status
+
+    @property
+    def staged(self) -> bool:
+        """Whether any value is staged (the write plan would not be empty)."""
+        return any(staged for staged, _entries in self._slots.values())
 
     def load(self, slot: Slot[Id, V], ident: Id) -> V | None:
         """The value of `ident` in `slot` as this transaction sees it (None: none stored

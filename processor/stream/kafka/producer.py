@@ -24,7 +24,7 @@ from typing import Any, Final
 from confluent_kafka import KafkaError, Message, Producer
 
 from processor.errors import StreamError
-from processor.stream import kafka_io
+from processor.stream.kafka import kafka_io
 
 log = logging.getLogger("processor.stream.producer")
 

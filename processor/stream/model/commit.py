@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Protocol, cast
+from typing import Protocol
 
-from processor.stream.operator import Operator, Output
-from processor.stream.records import LedgerEntry, Release, marker_tick
-from processor.stream.state import StateStore, write_all
-from processor.stream.transaction import PartitionTransaction
+from processor.stream.model.operator import Operator, Output
+from processor.stream.model.records import LedgerEntry, Release, marker_tick
+from processor.stream.model.state import StateStore
+from processor.stream.model.transaction import PartitionTransaction
 
 #: A lone marker record is applied on the event loop itself when it can step at most this
 #: many counter ticks (the counters due through its tick times the ticks it seals, each
@@ -96,13 +96,6 @@ class Flushable(Protocol):
     async def flush(self) -> None: ...
 
 
-class BatchWriter(Protocol):
-    """A StateStore that takes many writes at once, in order (table.PartitionStore: one
-    RocksDB write batch, then the changelog records in the same order)."""
-
-    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None: ...
-
-
 class CheckpointLoop:
     """The commit protocol, whatever is applied (the operator's timeline records:
     BatchCommit; the bounding stage's units records: bounding.BoundCommit), each
@@ -113,10 +106,9 @@ class CheckpointLoop:
     outputs there (after `fence`); nothing is durable until `checkpoint()`:
 
     1. await `outputs.flush()`: every record handed over is acknowledged;
-    2. `write_state()`: each transaction's write plan, partition by partition (each
-       changed value once, in its slots' rank order); a plan in one call where the
-       store takes many writes at once (`BatchWriter`: one RocksDB write batch), one
-       write at a time in test mode;
+    2. `write_state()`: each transaction's write plan, partition by partition, in one
+       `write_many` call each (each changed value once, in its slots' rank order; on the
+       worker's stores one RocksDB write batch);
     3. await the stores' durability (changelog acknowledgements); the transactions
        complete (`written`).
 
@@ -126,9 +118,10 @@ class CheckpointLoop:
     records are re-applied from the last acknowledged one.
 
     `crash_point(name)` is a test hook, called with `crash_names`: [0] once per
-    checkpoint after step 1, [1] between any two state writes of step 2 (each write made
-    durable first: `between_writes`), [2] after step 3; the worker turns
-    DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call.
+    checkpoint after step 1, [1] between any two partitions' write batches of step 2
+    (the earlier ones made durable first: `between_writes`), [2] after step 3; the
+    worker turns DPC_TEST_CRASH_AT=<name>:<k> into a SIGKILL at the k-th call. The
+    writes are the same with or without it: one batch per partition.
 
     `fence()` is called before anything is handed to the outputs and before a
     checkpoint flushes or writes; it does not return when this process may have lost its
@@ -180,50 +173,32 @@ class CheckpointLoop:
             self.dirty_since = time.monotonic()
 
     async def between_writes(self) -> None:
-        """Between two state writes in test mode: the earlier one made durable, then the
-        crash point (a kill there leaves exactly a prefix of the writes)."""
+        """Between two partitions' write batches when `crash_point` is set: the earlier
+        ones made durable, then the crash point (a kill there leaves exactly a prefix of
+        the batches)."""
         await self.stores.flush()
         self._crash(self.crash_names[1])
 
-    def _write_all(self) -> None:
-        """Step 2 without crash points: every transaction's write plan, in partition
-        order."""
-        for partition in sorted(self._buffers):
-            plan = self._buffers[partition].prepare()
-            if not plan:
-                continue
-            store = self.stores.of(partition)
-            # hasattr, not isinstance: a runtime Protocol check walks the protocol's
-            # attributes at every call (a few % of a checkpoint over many partitions).
-            if hasattr(store, "write_many"):
-                cast(BatchWriter, store).write_many(plan)
-            else:
-                write_all(store, plan)
-
-    async def _write_each(self) -> None:
-        """Step 2 in test mode: each write acknowledged before the next, a crash point
-        between any two (a kill there leaves exactly a prefix of them)."""
-        first = True
-        for partition in sorted(self._buffers):
-            plan = self._buffers[partition].prepare()
-            if not plan:
-                continue
-            store = self.stores.of(partition)
-            for key, value in plan:
-                if not first:
-                    await self.between_writes()
-                first = False
-                store.set(key, value)
+    def _write_partition(self, partition: int) -> bool:
+        """Write the partition's transaction's plan in one batch; False if it had none."""
+        plan = self._buffers[partition].prepare()
+        if not plan:
+            return False
+        self.stores.of(partition).write_many(plan)
+        return True
 
     async def write_state(self) -> None:
-        """Step 2: write each changed value of every transaction once, in its plan's
-        order, calling `between_writes` between any two when `crash_point` is set."""
-        if self.crash_point is not None:
-            await self._write_each()
-        elif self.offload:
-            await asyncio.to_thread(self._write_all)
-        else:
-            self._write_all()
+        """Step 2: write each changed value of every transaction once, one batch per
+        partition in partition order (in a thread when `offload`), calling
+        `between_writes` between two batches when `crash_point` is set."""
+        written = False
+        for partition in sorted(self._buffers):
+            if written and self.crash_point is not None and self._buffers[partition].staged:
+                await self.between_writes()
+            if self.offload:
+                written = await asyncio.to_thread(self._write_partition, partition) or written
+            else:
+                written = self._write_partition(partition) or written
 
     async def checkpoint(self) -> None:
         """Make everything applied so far durable (see the class doc). With nothing

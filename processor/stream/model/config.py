@@ -145,7 +145,7 @@ class Settings:
     #: writes) or "raw" bytes. Stated, never guessed from the file's content.
     noise_key_format: str = "hex"
     state_dir: str = ".dpc-state"
-    #: The operator metrics and health endpoints (processor/stream/metrics.py): /metrics,
+    #: The operator metrics and health endpoints (processor/stream/worker/metrics.py): /metrics,
     #: /metrics/public, /healthz, /readyz on metrics_host:metrics_port (0: not served).
     #: Operator-only: /metrics reveals exact aggregate counts (docs/operator-channels.md).
     metrics_host: str = "127.0.0.1"
@@ -198,7 +198,7 @@ class Settings:
     #: unit.confirm_migration: the operator confirms a change of the unit target, bounds,
     #: derivation, mechanism or calibration under a ledger that states others; the ledger
     #: entries then state the guarantee composed over every configuration
-    #: (processor/stream/lifetime.py, docs/privacy-unit.md). Not in the fingerprint: it
+    #: (processor/stream/model/lifetime.py, docs/privacy-unit.md). Not in the fingerprint: it
     #: changes what the entries state, never how a counter runs.
     unit_confirm_migration: bool = False
 

@@ -52,8 +52,9 @@ from confluent_kafka import (
 
 from processor.core.errors import NoiseKeyError
 from processor.errors import StreamError, print_error
-from processor.stream import kafka_io
-from processor.stream.bounding import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import topic_name, units_topic
+from processor.stream.model.bounding import (
     UnitHasher,
     UnitRow,
     encode_units,
@@ -61,13 +62,12 @@ from processor.stream.bounding import (
     unit_key,
     unit_partition,
     unit_row,
-    units_topic,
 )
-from processor.stream.clock import PROBE_RECORD, ClockGuard, Stamp, SystemClock
-from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
-from processor.stream.faults import INGEST_DELIVERED, CrashPoint, FaultPlan
-from processor.stream.logs import configure_logging
-from processor.stream.records import (
+from processor.stream.model.clock import PROBE_RECORD, ClockGuard, Stamp, SystemClock
+from processor.stream.model.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.model.faults import INGEST_DELIVERED, CrashPoint, FaultPlan
+from processor.stream.model.logs import configure_logging
+from processor.stream.model.records import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
     Event,
@@ -377,8 +377,8 @@ class Ingest:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._metrics: collections.Counter[str] = collections.Counter()
-        self._timeline = kafka_io.topic_name(settings, "timeline")
-        self._deadletter = kafka_io.topic_name(settings, "deadletter")
+        self._timeline = topic_name(settings, "timeline")
+        self._deadletter = topic_name(settings, "deadletter")
         #: The input topic's identity (`run` looks it up on the brokers; none until then).
         self.identity = InputIdentity(lambda: "")
         #: librdkafka's latest statistics of this stage's clients, decoded, by client name
@@ -596,10 +596,10 @@ class Ingest:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m processor.stream.ingest --config F`: the ingest stage alone, until
+    """`python -m processor.stream.kafka.ingest --config F`: the ingest stage alone, until
     SIGTERM/SIGINT (the worker runs it in a thread; this entry point serves tests that
     kill the stage on its own and measurements of it)."""
-    p = argparse.ArgumentParser(prog="python -m processor.stream.ingest",
+    p = argparse.ArgumentParser(prog="python -m processor.stream.kafka.ingest",
                                 description="Run the ingest stage alone.")
     p.add_argument("--config", help="TOML configuration (DPC_* environment overrides apply)")
     p.add_argument("--loglevel", default="warning")

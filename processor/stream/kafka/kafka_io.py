@@ -2,10 +2,8 @@
 included), topic creation, producing, and reading a whole topic.
 
 Used by the ingest stage, replay, the demo, the tests and the benchmark: everything that
-talks to Kafka outside Faust's own clients. `faust_credentials` is the same security
-configuration for Faust (built here, next to `security_config`, so both client libraries
-get their credentials from one reading of the settings). Nothing here logs record contents
-or secrets.
+talks to Kafka outside Faust's own clients (Faust's credentials are transport.py's, from
+the same `ssl_context`). Nothing here logs record contents or secrets.
 """
 
 from __future__ import annotations
@@ -16,17 +14,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource  # type: ignore[attr-defined]
 from confluent_kafka.cimpl import NewTopic
 
 from processor.errors import StreamError
-from processor.stream.config import Settings
-
-if TYPE_CHECKING:
-    from faust.types.auth import CredentialsT
+from processor.stream.model.config import Settings
 
 #: librdkafka's own lines (connection failures, warnings) go through Python logging under
 #: this name, so they take the process's level, format and floors (logs.py) instead of
@@ -72,14 +67,6 @@ class KafkaRecord:
         return found
 
 
-def topic_name(settings: Settings, which: TopicRole) -> str:
-    """The configured name of topic `which` (input, timeline, counts, ledger, deadletter)."""
-    t = settings.topics
-    names: dict[str, str] = {"input": t.input, "timeline": t.timeline, "counts": t.counts,
-                             "ledger": t.ledger, "deadletter": t.deadletter}
-    return names[which]
-
-
 def security_config(settings: Settings) -> dict[str, str]:
     """librdkafka security properties (security.protocol, ssl.*, sasl.*) from Settings."""
     sec = settings.security
@@ -107,27 +94,6 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     if sec.ssl_certfile:
         ctx.load_cert_chain(sec.ssl_certfile, sec.ssl_keyfile)
     return ctx
-
-
-def faust_credentials(settings: Settings) -> CredentialsT | None:
-    """Faust's credentials for the configured protocol (None for PLAINTEXT)."""
-    # Imported here: replay, the demo and the tests use this module without Faust.
-    import faust
-
-    sec = settings.security
-    ctx = ssl_context(settings)
-    if sec.security_protocol.startswith("SASL"):
-        return faust.SASLCredentials(username=sec.sasl_username, password=sec.sasl_password,
-                                     mechanism=sec.sasl_mechanism, ssl_context=ctx)
-    if ctx is not None:
-        return faust.SSLCredentials(ctx)
-    return None
-
-
-def broker_urls(settings: Settings) -> list[str]:
-    """The bootstrap servers as Faust broker URLs."""
-    return [f"kafka://{s.strip()}" for s in settings.bootstrap_servers.split(",")
-            if s.strip()]
 
 
 def base_config(settings: Settings) -> dict[str, str]:
@@ -207,11 +173,6 @@ def missing_topics(conf: Mapping[str, str], topics: Iterable[str],
     topics: naming a missing one could make a broker auto-create it)."""
     md = make_admin(conf).list_topics(timeout=timeout_s)
     return [t for t in topics if t not in md.topics or md.topics[t].error is not None]
-
-
-def plain_config(bootstrap_servers: str) -> dict[str, str]:
-    """Client config for an unsecured broker (tests and the local demo)."""
-    return {"bootstrap.servers": bootstrap_servers}
 
 
 def make_producer(conf: Mapping[str, str], **extra: str) -> Producer:

@@ -30,7 +30,7 @@ event reaches the timeline (docs/privacy-unit.md).
   scratch) yields the same decisions: the kept set is a function of the log alone.
 - **Bound to its bounds.** Each units partition value records the (k, m) its kept sets
   were decided under; a restore under others is refused (BoundsChangeError) unless the
-  migration is confirmed (processor/stream/lifetime.py says what the ledger then states).
+  migration is confirmed (processor/stream/model/lifetime.py says what the ledger then states).
 - **Forwarding is idempotent.** Kept events go to the timeline with source "units", input
   partition = the units partition and input offset = seq, strictly increasing per units
   partition: the operator's existing duplicate filter drops every re-sent copy.
@@ -62,9 +62,9 @@ import orjson
 
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
-from processor.stream.commit import CheckpointLoop, Stores
-from processor.stream.config import Settings
-from processor.stream.records import (
+from processor.stream.model.commit import CheckpointLoop, Stores
+from processor.stream.model.config import Settings
+from processor.stream.model.records import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
     DeadLetterEncoder,
@@ -77,14 +77,14 @@ from processor.stream.records import (
     fit_records,
     partition_for,
 )
-from processor.stream.state import (
+from processor.stream.model.state import (
     PARTITION_PREFIX,
     UNIT_MAGIC,
     DictStore,
     StateStore,
     stored_offset,
 )
-from processor.stream.transaction import PartitionTransaction, Slot, StateCache
+from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
 #: Version of the units topic's records.
 UNITS_VERSION: Final = 1
@@ -115,20 +115,6 @@ UnitRow = list[Any]
 #: BoundCommit.apply sends the kept events it holds back once they are this many (a
 #: timeline record's worth).
 HOLD_EVENTS: Final = MAX_BATCH_EVENTS
-
-#: The bounding stage's state table (its changelog: `units_changelog_topic`).
-UNITS_TABLE: Final = "units-state"
-
-
-def units_topic(settings: Settings) -> str:
-    """The units topic: the timeline's name + "-units" (internal, like the timeline; no
-    setting of its own, so that event-mode configurations are unchanged)."""
-    return f"{settings.topics.timeline}-units"
-
-
-def units_changelog_topic(settings: Settings) -> str:
-    """The name Faust gives the units table's changelog topic."""
-    return f"{settings.app_id}-{UNITS_TABLE}-changelog"
 
 
 class UnitsFormatError(ValueError):
@@ -628,21 +614,6 @@ class Forwarder(Protocol):
     async def flush(self) -> None: ...
 
 
-class CollectingForwarder:
-    """A Forwarder that keeps what it is given (replay, tests, the bench)."""
-
-    def __init__(self) -> None:
-        self.timeline: list[tuple[int, bytes]] = []
-        self.deadletters: list[bytes] = []
-
-    def send(self, out: BoundOutput) -> None:
-        self.timeline.extend(out.timeline)
-        self.deadletters.extend(out.deadletters)
-
-    async def flush(self) -> None:
-        return None
-
-
 class BoundCommit(CheckpointLoop):
     """The commit protocol (commit.CheckpointLoop) for the bounding stage: `apply`
     applies in memory and sends the forwards at once; `checkpoint` awaits their
@@ -702,9 +673,6 @@ class BoundCommit(CheckpointLoop):
         await super().checkpoint()
 
     async def write_state(self) -> None:
-        if self.crash_point is not None:
-            await super().write_state()
-            return
         with gc_deferred():  # a value per unit touched, encoded and written
             await super().write_state()
 

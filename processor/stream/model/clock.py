@@ -33,8 +33,8 @@ import time
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-from processor.stream.config import Settings
-from processor.stream.records import encode_batch, sealed_through
+from processor.stream.model.config import Settings
+from processor.stream.model.records import encode_batch, sealed_through
 
 log = logging.getLogger("processor.stream.clock")
 

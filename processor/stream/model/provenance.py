@@ -19,16 +19,16 @@ from processor.core import registry
 from processor.core.api import Counter
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
-from processor.stream.config import Settings
-from processor.stream.identity import (
+from processor.stream.model.config import Settings
+from processor.stream.model.identity import (
     calibration_of,
     counter_id,
     key_fingerprint,
     noise_identity,
 )
-from processor.stream.lifetime import UnitClaim
-from processor.stream.lifetime import plain as plain_claim
-from processor.stream.state import CounterFactory
+from processor.stream.model.lifetime import UnitClaim
+from processor.stream.model.lifetime import plain as plain_claim
+from processor.stream.model.state import CounterFactory
 
 #: (mechanism, epsilon, delta, calibration) a counter runs with.
 Parameters = tuple[str, float, float, str]

@@ -5,7 +5,7 @@ offset order, one partition at a time, to a key-value store (`state.py`: a Faust
 online, a `DictStore` in replay and tests). It imports nothing from Kafka or Faust.
 `commit.BatchCommit` applies a batch of records in a partition transaction
 (`transaction.py`: the operator loads and stages its values there only), publishes,
-then writes; `Operator.apply` on a store is a one-record commit without publishing.
+then writes; `Operator.apply` takes that transaction and nothing else.
 
 Time. Global tick n covers event time [n*tick_ms, (n+1)*tick_ms). A counter declared with
 start S (a multiple of tick_ms) has start_tick = S // tick_ms, and its local tick is
@@ -77,12 +77,12 @@ from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
-from processor.stream.clock import TOLERANCE_MS
-from processor.stream.config import Settings
-from processor.stream.identity import calibration_of, creation_tag, key_fingerprint
-from processor.stream.lifetime import LifetimeError, UnitClaim
-from processor.stream.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
-from processor.stream.records import (
+from processor.stream.model.clock import TOLERANCE_MS
+from processor.stream.model.config import Settings
+from processor.stream.model.identity import calibration_of, creation_tag, key_fingerprint
+from processor.stream.model.lifetime import LifetimeError, UnitClaim
+from processor.stream.model.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
+from processor.stream.model.records import (
     EventRows,
     LedgerEntry,
     Release,
@@ -93,7 +93,7 @@ from processor.stream.records import (
     source_label,
     unit_ledger_fields,
 )
-from processor.stream.state import (
+from processor.stream.model.state import (
     COUNTER_PREFIX,
     PARTITION_PREFIX,
     CounterFactory,
@@ -104,9 +104,8 @@ from processor.stream.state import (
     counter_filed_due,
     counter_key,
     partition_key,
-    write_all,
 )
-from processor.stream.transaction import PartitionTransaction, Slot, StateCache
+from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
 #: A marker that seals more ticks of a counter than this at once (a start in the past, a
 #: long outage) publishes heartbeats for its last max(heartbeat_ticks, this) ticks only;
@@ -291,19 +290,18 @@ class Operator:
         # Per partition: counters advanced by ⊥ ticks only since their stored value, each
         # with the tick its stored value is filed under (`_keep`, `stage_deferred`).
         self._deferred: dict[int, dict[str, int]] = {}
-        self._may_defer = False
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
     # -- public entry points
 
-    def apply(self, store: StateStore | PartitionTransaction, partition: int, offset: int,
+    def apply(self, txn: PartitionTransaction, partition: int, offset: int,
               record: bytes, out: Output | None = None,
               stamp_ms: int | None = None) -> Output:
-        """Apply the timeline record at (`partition`, `offset`) and add what it produced
-        to `out` (a new Output if None). In a transaction (`transaction`) the changes stay
-        staged for the commit; on a store they are written before this returns. Never raises
-        on a well-formed record; a malformed one is counted and changes nothing.
+        """Apply the timeline record at (`partition`, `offset`) in the partition's
+        transaction (`transaction`), where the changes stay staged for the commit, and add
+        what it produced to `out` (a new Output if None). Never raises on a well-formed
+        record; a malformed one is counted and changes nothing.
 
         `stamp_ms` is the record's Kafka timestamp (the brokers' log-append time on the
         timeline topic): a marker that seals a tick whose end plus the lateness is later
@@ -312,19 +310,12 @@ class Operator:
         came from a clock far ahead or from someone else with write access."""
         if out is None:
             out = Output()
-        owned: StateStore | None = None
-        if isinstance(store, PartitionTransaction):
-            txn = store
-        else:
-            txn, owned = self.transaction(store), store
         try:
             rec = decode_timeline_rows(record)
         except TimelineFormatError:
             out.metrics["malformed_records"] += 1
             return out
         self._offset = offset
-        # On a store the record is its own checkpoint: every change is written.
-        self._may_defer = owned is None
         try:
             if isinstance(rec, TimelineMarker):
                 if stamp_ms is not None and self._ahead_of(rec.sealed_through, stamp_ms):
@@ -337,12 +328,7 @@ class Operator:
             # Changed objects carry saved=None, so the cache cannot serve them; dropping
             # the cache as well keeps this path obviously safe.
             self.forget()
-            if owned is not None:
-                txn.fail()
             raise
-        if owned is not None:
-            write_all(owned, txn.prepare())
-            txn.complete()
         return out
 
     def transaction(self, store: StateStore) -> PartitionTransaction:
@@ -725,7 +711,7 @@ class Operator:
         checkpoint stages it: restoring the stored value and sealing the same ticks again
         gives this very state, and sends none of their heartbeats again
         (`heartbeat_floor`; docs/state.md)."""
-        if (quiet and self._may_defer and cs.saved is not None
+        if (quiet and cs.saved is not None
                 and len(self._cached_counters) < self._cache_size):
             deferred = self._deferred.get(partition)
             if deferred is None:

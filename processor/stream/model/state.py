@@ -61,7 +61,7 @@ _NO_QUEUE: Final[deque[list[int]]] = deque()
 
 _COUNTER_MAGIC: Final = b"DPC\x04"
 _PARTITION_MAGIC: Final = b"DPP\x04"
-#: A privacy unit's value (processor/stream/bounding.py): magic, offset, then its kept set.
+#: A privacy unit's value (processor/stream/model/bounding.py): magic, offset, then its kept set.
 UNIT_MAGIC: Final = b"DPU\x04"
 #: Format 3: the same fields, without the offset header (read, converted on write).
 _COUNTER_V3: Final = b"DPC\x03"
@@ -166,11 +166,20 @@ class StateStore(Protocol):
     """The key-value store of one partition's state (a partition's RocksDB database
     online, a dict in replay and tests)."""
 
+    #: Whether `get` returns the very bytes object `set` was given (a dict does; RocksDB
+    #: returns a fresh copy): what the state cache's check may keep (transaction.py).
+    shares_bytes: bool
+
     def get(self, key: str) -> bytes | None: ...
 
     def set(self, key: str, value: bytes) -> None: ...
 
     def delete(self, key: str) -> None: ...
+
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        """Set each (key, value) in order, at once where the store can (a checkpoint's
+        write plan for one partition: one RocksDB write batch)."""
+        ...
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         """Every (key, value) whose key starts with `prefix`."""
@@ -179,6 +188,8 @@ class StateStore(Protocol):
 
 class DictStore:
     """An in-memory StateStore (replay, tests, benchmarks)."""
+
+    shares_bytes = True
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
@@ -192,36 +203,12 @@ class DictStore:
     def delete(self, key: str) -> None:
         self.data.pop(key, None)
 
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
-
-
-class CopyingStore:
-    """An in-memory StateStore that keeps and returns copies of its bytes, as RocksDB does
-    (tests, benchmarks: a DictStore shares one bytes object between the store and the
-    state cache's check, so the cache keeps no digests over it: transaction.py)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def get(self, key: str) -> bytes | None:
-        got = self.data.get(key)
-        return None if got is None else bytes(bytearray(got))
-
-    def set(self, key: str, value: bytes) -> None:
-        self.data[key] = bytes(bytearray(value))
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
+    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
+        for key, value in writes:
+            self.set(key, value)
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
-
-
-def write_all(store: StateStore, writes: Iterable[tuple[str, bytes]]) -> None:
-    """Apply writes (a transaction's plan) to `store`, one at a time, in order."""
-    for key, value in writes:
-        store.set(key, value)
 
 
 # ------------------------------------------------------------------------ codecs
@@ -355,9 +342,6 @@ class CounterState:
         # that the cache re-reads, and a write converts it.
         self.saved = data if magic == _COUNTER_MAGIC else None
         return self
-
-    def push(self, units: int) -> None:
-        self.push_all((units,))
 
     def push_all(self, arrivals: Iterable[int]) -> None:
         """Queue `arrivals` in order (run-length: equal neighbours share one entry); one

@@ -39,6 +39,7 @@ published values of its counters are. In steady state it runs from ~0 to about o
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import socket
@@ -64,10 +65,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
 from processor.errors import StreamError
-from processor.stream import kafka_io
-from processor.stream.config import Settings
-from processor.stream.operator import METRICS as OPERATOR_COUNTS
-from processor.stream.records import REASONS
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import topic_name
+from processor.stream.model.config import Settings
+from processor.stream.model.operator import METRICS as OPERATOR_COUNTS
+from processor.stream.model.records import REASONS
 
 log = logging.getLogger("processor.stream.metrics")
 
@@ -100,7 +102,7 @@ _LATENCY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 _SIZE_BUCKETS: Final = (1, 5, 10, 50, 100, 500, 1000, 2500, 5000, 10000)
 
 
-#: What each count of the bounding stage (processor/stream/bounding.py METRICS, and
+#: What each count of the bounding stage (processor/stream/model/bounding.py METRICS, and
 #: unit_stage.py's forwards and checkpoints) means; privacy_unit = "user" only (0
 #: otherwise). Each is exported as dpc_<name>_total.
 UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
@@ -127,7 +129,7 @@ UNIT_COUNT_HELP: Final[Mapping[str, str]] = {
 }
 
 
-#: What each operator count (processor/stream/operator.py METRICS) means; its unit is the
+#: What each operator count (processor/stream/model/operator.py METRICS) means; its unit is the
 #: word after the semicolon. tests/stream/test_metrics.py fails when a count has none.
 OPERATOR_COUNT_HELP: Final[Mapping[str, str]] = {
     "events_applied": "Events the operator put into a counter's queue (valid timeline "
@@ -474,8 +476,8 @@ class LagProbe:
     def __init__(self, settings: Settings, registry: CollectorRegistry) -> None:
         self._conf = {**kafka_io.base_config(settings), "log_level": "0"}
         self._targets = (
-            ("input", f"{settings.app_id}-ingest", kafka_io.topic_name(settings, "input")),
-            ("timeline", settings.app_id, kafka_io.topic_name(settings, "timeline")),
+            ("input", f"{settings.app_id}-ingest", topic_name(settings, "input")),
+            ("timeline", settings.app_id, topic_name(settings, "timeline")),
         )
         self.gauges = {
             name: Gauge(f"dpc_{name}_consumer_lag_records",
@@ -544,11 +546,6 @@ class LagProbe:
                 self.per_partition.labels(group, topic, str(partition)).set(lag)
             self.gauges[name].set(sum(by_partition.values()))
             self._failing = False
-
-    def lag_of(self, group: str, topic: str) -> int:
-        """Records of `topic` that `group` has not committed (all of them if it committed
-        nothing). Blocking: broker requests."""
-        return sum(self.lag_by_partition(group, topic).values())
 
     def lag_by_partition(self, group: str, topic: str) -> dict[int, int]:
         """Per partition of `topic`: records `group` has not committed. Blocking."""
@@ -634,7 +631,7 @@ class Surface:
     its event loop (or the ingest thread); the HTTP threads read. Shared values are replaced
     whole, never mutated in place, so a reader never sees one half-updated.
 
-    `counts()` returns the worker's aggregate counts (app.WorkerMetrics plus the ingest
+    `counts()` returns the worker's aggregate counts (WorkerMetrics plus the ingest
     stage's); `ingest` is the ingest stage (None: no ingest thread to watch).
     """
 
@@ -742,11 +739,11 @@ class Surface:
         and the input's (the ingest consumer, from its librdkafka statistics)."""
         out: dict[str, int] = {}
         if self._has_assignment:
-            out[kafka_io.topic_name(self.settings, "timeline")] = len(self._timeline_partitions)
+            out[topic_name(self.settings, "timeline")] = len(self._timeline_partitions)
         stats = (getattr(self.ingest, "client_stats", None) or {}).get("ingest-consumer")
         cgrp = stats.get("cgrp") if isinstance(stats, Mapping) else None
         if isinstance(cgrp, Mapping) and "assignment_size" in cgrp:
-            out[kafka_io.topic_name(self.settings, "input")] = int(cgrp["assignment_size"])
+            out[topic_name(self.settings, "input")] = int(cgrp["assignment_size"])
         return out
 
     def catchup_ticks_behind(self) -> float:
@@ -864,3 +861,24 @@ class Surface:
             self.lag.stop()
             self._lag_started = False
 
+
+class WorkerMetrics:
+    """Aggregate counters of one worker process. Never per counter, never values."""
+
+    def __init__(self) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.counts[name] += n
+
+    def add_all(self, deltas: Mapping[str, int], prefix: str = "") -> None:
+        """Fold one batch's metric deltas (aggregates: commit.Output's, the bounding
+        stage's), each under `prefix` + its name."""
+        for k, v in deltas.items():
+            if v:
+                self.counts[prefix + k] += v
+
+    def summary(self, extra: Mapping[str, int] | None = None) -> str:
+        merged = collections.Counter(self.counts)
+        merged.update(extra or {})
+        return " ".join(f"{k}={v}" for k, v in sorted(merged.items()))

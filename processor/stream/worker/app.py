@@ -15,8 +15,8 @@ One `Worker` holds:
 
 The commit protocol (releases acknowledged before any state write; the order of the state
 writes; what a crash at each step leaves) is documented in `commit.py`, its one home.
-Faust-specific defences stay here: `GapGuard` re-reads timeline records Faust skipped
-around a rebalance, after an unclean stop the local RocksDB files are discarded and
+Faust-specific defences: `acks.GapGuard` re-reads timeline records Faust skipped around
+a rebalance (acks.py), after an unclean stop the local RocksDB files are discarded and
 rebuilt from the changelog, since they may hold writes the changelog never received, and
 a process suspended past the session timeout exits before it publishes or writes state
 (`fencing.SuspensionFence`): its partitions have moved meanwhile.
@@ -28,7 +28,6 @@ private topic, like the input. The private-count and ledger topics are public.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import errno
 import gc
@@ -40,14 +39,14 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from faust.exceptions import ConsumerNotStarted, NotReady
-from faust.types import TP, ConsumerT, Message, TransportT
+from faust.types import TransportT
 from rocksdict import Options as RdictOptions
 from rocksdict import Rdict
 
@@ -55,28 +54,35 @@ from processor.commandline import CommandParser
 from processor.core.errors import NoiseKeyError, StateFormatError
 from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.errors import RefusedError, StreamError, print_error
-from processor.stream import kafka_io, lifetime
-from processor.stream.bounding import unit_key, units_changelog_topic, units_topic
-from processor.stream.clock import (
+from processor.stream.kafka import kafka_io
+from processor.stream.kafka.ingest import Ingest
+from processor.stream.kafka.producer import AsyncProducer, DeliveryError
+from processor.stream.kafka.topics import (
+    STATE_TABLE,
+    changelog_topic,
+    retention_required,
+    topic_name,
+    units_changelog_topic,
+    units_topic,
+)
+from processor.stream.model import lifetime
+from processor.stream.model.bounding import unit_key
+from processor.stream.model.clock import (
     PROBE_RECORD,
     ClockGuard,
     Stamp,
     next_marker,
 )
-from processor.stream.commit import BatchCommit
-from processor.stream.config import ConfigError, Settings, load_noise_key, load_settings
-from processor.stream.faults import NO_FAULTS, FaultPlan
-from processor.stream.fencing import FENCED_EXIT, SuspensionFence
-from processor.stream.ingest import Ingest
-from processor.stream.lifetime import UnitClaim
-from processor.stream.logs import LOG_FORMATS, configure_logging
-from processor.stream.metrics import Surface
-from processor.stream.operator import (
+from processor.stream.model.commit import BatchCommit
+from processor.stream.model.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.model.faults import NO_FAULTS, FaultPlan
+from processor.stream.model.lifetime import UnitClaim
+from processor.stream.model.logs import LOG_FORMATS, configure_logging
+from processor.stream.model.operator import (
     Operator,
 )
-from processor.stream.producer import AsyncProducer, DeliveryError
-from processor.stream.provenance import ConfiguredProvenance
-from processor.stream.records import (
+from processor.stream.model.provenance import ConfiguredProvenance
+from processor.stream.model.records import (
     LedgerEntry,
     Release,
     announced_counters,
@@ -84,12 +90,21 @@ from processor.stream.records import (
     marker_tick,
     sealed_through,
 )
-from processor.stream.recovery import BatchedTableManager
-from processor.stream.stale import stale_databases
-from processor.stream.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
-from processor.stream.table import ChangelogTracker, MonotoneTable, WorkerStores
-from processor.stream.transport import QuickPollTransport
-from processor.stream.unit_stage import UnitStage
+from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
+from processor.stream.worker import transport
+from processor.stream.worker.acks import GapGuard, PendingAcks
+from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
+from processor.stream.worker.metrics import Surface, WorkerMetrics
+from processor.stream.worker.recovery import BatchedTableManager
+from processor.stream.worker.stale import stale_databases
+from processor.stream.worker.table import (
+    ROCKSDB_OPTIONS,
+    ChangelogTracker,
+    MonotoneTable,
+    WorkerStores,
+)
+from processor.stream.worker.transport import QuickPollTransport, raw_topic
+from processor.stream.worker.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
 #: The worker's start and ready lines: INFO records that show at the default level
@@ -97,22 +112,10 @@ log = logging.getLogger("processor.stream.app")
 #: parameters, counts of counters and partitions), never a value.
 lifecycle = logging.getLogger("processor.stream.lifecycle")
 
-STATE_TABLE: Final = "dpc-state"
 #: A file in state_dir that exists while a worker runs; found at start => unclean stop.
 RUNNING_FLAG: Final = "WORKER_RUNNING"
 #: How often the metrics summary (aggregate counts only) is logged.
 METRICS_LOG_S: Final = 30.0
-#: RocksDB options of the state table (one database per partition). Faust's default
-#: memtable is 64 MiB, and the write-ahead log is kept until the memtable is flushed: with
-#: counter states rewritten at every batch, the WAL alone grew to 10x the table's live
-#: size. A small memtable is flushed (and its WAL dropped) often; flushing keeps only the
-#: latest value of each key, so the files stay near the live size. Faust's default block
-#: cache is 2 GiB per database, so it ends up holding every value once read (the whole
-#: state, about 1 KB a counter: 87 MiB for 100,000 counters in 4 partitions); the operator
-#: keeps its own cache of decoded counters, and reads past a small block cache cost no
-#: measurable CPU more (the blocks are in the page cache).
-ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number": 2,
-                          "block_cache_size": 8 << 20}
 #: Timeline records per read when a worker looks back for the last marker appended.
 MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers' requests (metadata, topic creation, the
@@ -216,28 +219,6 @@ class CorruptStateError(RuntimeError):
             "topics).")
 
 
-class WorkerMetrics:
-    """Aggregate counters of one worker process. Never per counter, never values."""
-
-    def __init__(self) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def add(self, name: str, n: int = 1) -> None:
-        self.counts[name] += n
-
-    def add_all(self, deltas: Mapping[str, int], prefix: str = "") -> None:
-        """Fold one batch's metric deltas (aggregates: commit.Output's, the bounding
-        stage's), each under `prefix` + its name."""
-        for k, v in deltas.items():
-            if v:
-                self.counts[prefix + k] += v
-
-    def summary(self, extra: Mapping[str, int] | None = None) -> str:
-        merged = collections.Counter(self.counts)
-        merged.update(extra or {})
-        return " ".join(f"{k}={v}" for k, v in sorted(merged.items()))
-
-
 class KafkaPublisher:
     """commit.Publisher on the worker's librdkafka producer: ledger entries, then
     releases, in order; `flush` returns once the broker acknowledged every one."""
@@ -245,8 +226,8 @@ class KafkaPublisher:
     def __init__(self, producer: AsyncProducer, settings: Settings,
                  metrics: WorkerMetrics) -> None:
         self._producer = producer
-        self._ledger = kafka_io.topic_name(settings, "ledger")
-        self._counts = kafka_io.topic_name(settings, "counts")
+        self._ledger = topic_name(settings, "ledger")
+        self._counts = topic_name(settings, "counts")
         self._metrics = metrics
 
     def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
@@ -265,135 +246,6 @@ class KafkaPublisher:
 
     async def flush(self) -> None:
         await self._producer.flush()
-
-
-class GapGuard:
-    """Records of one topic that Faust never handed to our agent, fetched directly.
-
-    Around a rebalance Faust skips messages it fetched under the old consumer generation
-    or while flow control was suspended; when it does not seek back, those offsets would
-    never be processed, and at-least-once would lose them. The guard keeps, per
-    partition, the next offset this process expects (from the group's committed offset at
-    each assignment) and returns the records of any forward gap, read with a plain
-    consumer, so the agent processes them first, in order, and then acks them to Faust
-    (`ack_refetched`). Re-processing is always safe: the operator is idempotent per
-    timeline offset.
-    """
-
-    def __init__(self, conf: Mapping[str, str], group_id: str, topic: str,
-                 metrics: WorkerMetrics) -> None:
-        self._conf = dict(conf)
-        self._group = group_id
-        self._topic = topic
-        self._metrics = metrics
-        self._next: dict[int, int] = {}
-
-    @property
-    def topic(self) -> str:
-        return self._topic
-
-    async def reseed(self, partitions: set[int]) -> None:
-        """At a (re)assignment, before anything is fetched under it: expect each assigned
-        partition from the group's committed offset as it is now, and forget the others.
-
-        Faust seeks every assigned partition back to that offset, and it can commit only
-        once every offset from there on is acked (`ack_refetched`). With the expectation
-        fixed here, the first message it does deliver reveals whatever it skipped, which
-        `missing` then re-reads, even on a partition this worker keeps and had applied
-        further: those records are applied again (no-ops) so that Faust sees them acked.
-        """
-        loop = asyncio.get_running_loop()
-        committed: dict[int, int] = {}
-        for p in sorted(partitions):
-            committed[p] = await loop.run_in_executor(
-                None, kafka_io.committed_offset, self._conf, self._group, self._topic, p)
-        # Replaced in one step, after every await. Where the agent got to on a partition
-        # it had before does not count: its acks there died with the old assignment, and
-        # a worker paused past the session timeout had it "before" while another worker
-        # owned it, whose changelog writes then replaced this worker's state.
-        self._next = committed
-
-    async def missing(self, partition: int, offset: int) -> list[kafka_io.KafkaRecord]:
-        loop = asyncio.get_running_loop()
-        expected = self._next.get(partition)
-        if expected is None:
-            expected = await loop.run_in_executor(
-                None, kafka_io.committed_offset, self._conf, self._group, self._topic,
-                partition)
-        gap: list[kafka_io.KafkaRecord] = []
-        if offset > expected:
-            gap = await loop.run_in_executor(
-                None, kafka_io.read_range, self._conf, self._topic, partition, expected,
-                offset)
-            if gap:
-                self._metrics.add(f"gap_records_refetched_{self._topic}", len(gap))
-                log.warning("re-read %d record(s) of %s partition %d that the consumer "
-                            "skipped", len(gap), self._topic, partition)
-        self._next[partition] = max(expected, offset + 1)
-        return gap
-
-
-def ack_refetched(consumer: ConsumerT, tp: TP, offsets: Iterable[int]) -> None:
-    """Ack to Faust's consumer the records of `tp` at `offsets` that GapGuard re-read and
-    the agent then applied (call it only after they are applied: an acked offset may be
-    committed).
-
-    faust-streaming 0.15.3 commits a partition up to the end of the run of acked offsets
-    that starts at its committed offset, and commits nothing while the smallest acked
-    offset is more than one past that (`Consumer._new_offset`). The records it skips
-    around a rebalance are never acked (its Cython stream iterator, the one in use,
-    returns a skipped event before the ack), so without these acks the partition's commit
-    stalls at the first of them until the next rebalance while the agent goes on.
-    `Consumer.ack` is the call Faust's own stream makes for each event it handled; a
-    `Message` carrying the consumer's own `tp` object is all it reads.
-    tests/stream/test_gap_acks.py fails if that bookkeeping changes shape.
-    """
-    for offset in offsets:
-        consumer.ack(Message(tp.topic, tp.partition, offset, 0.0, 0, None, None, None, None,
-                             tp=tp))
-
-
-class PendingAcks:
-    """What an agent applied since its last checkpoint and acknowledges to the group only
-    after the checkpoint that covers it: its messages, and the offsets of the records
-    GapGuard re-read for them. Holds the one rule of when a checkpoint is due (the
-    operator's agent and the bounding stage alike): `checkpoint_records` messages, or
-    applied state older than the checkpoint interval."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.max_records = settings.checkpoint_records
-        self.interval_s = settings.checkpoint_interval_ms() / 1000
-        self._messages: list[Message] = []
-        self._gaps: dict[TP, list[int]] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self._messages)
-
-    def add(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord]) -> None:
-        self._messages.append(msg)
-        if gap:
-            self._gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
-
-    def due(self, dirty_since: float | None) -> bool:
-        """After a message: whether to checkpoint now."""
-        return len(self._messages) >= self.max_records or (
-            dirty_since is not None and time.monotonic() - dirty_since >= self.interval_s)
-
-    def timer_due(self, dirty_since: float | None) -> bool:
-        """On the checkpoint timer: something to make durable or acknowledge, and no
-        applied state younger than the interval (a quiet stream)."""
-        if dirty_since is None:
-            return bool(self._messages)
-        return time.monotonic() - dirty_since >= self.interval_s
-
-    def ack(self, consumer: ConsumerT) -> None:
-        """Acknowledge everything held (after the checkpoint that covers it)."""
-        for msg in self._messages:
-            consumer.ack(msg)
-        for tp, offsets in self._gaps.items():
-            ack_refetched(consumer, tp, offsets)
-        self._messages.clear()
-        self._gaps.clear()
 
 
 #: How far behind what the clocks allow a non-leader lets its partitions' seal fall
@@ -416,6 +268,10 @@ class WorkerApp(faust.App):
     stops its consumer and closes the tables: the worker's last checkpoint; and the
     aiokafka transport of transport.py."""
 
+    #: Faust names a service's logger after its module: kept as it was before the
+    #: worker package, so that log lines keep their logger names.
+    logger = logging.getLogger("processor.stream.app")
+
     before_stop: Callable[[], Awaitable[None]] | None = None
     #: Told of each changelog record the recovery took (BatchedRecovery._take): copy
     #: "restore" or "standby", and how many.
@@ -430,12 +286,6 @@ class WorkerApp(faust.App):
         if self.before_stop is not None:
             await self.before_stop()
         await super().on_stop()
-
-
-def raw_topic(app: faust.App, name: str, partitions: int | None = None) -> faust.TopicT:
-    """A topic of raw bytes keys and values (our records carry their own encoding)."""
-    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
-                     value_serializer="raw", partitions=partitions)
 
 
 class Worker:
@@ -461,8 +311,8 @@ class Worker:
         self.failure: str | None = None
         self.app = WorkerApp(
             settings.app_id,
-            broker=kafka_io.broker_urls(settings),
-            broker_credentials=kafka_io.faust_credentials(settings),
+            broker=transport.broker_urls(settings),
+            broker_credentials=transport.faust_credentials(settings),
             store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict
             # One directory per app id: two apps never share RocksDB files.
             datadir=str(Path(settings.state_dir).resolve() / settings.app_id),
@@ -485,7 +335,7 @@ class Worker:
             # Restore and standby copies read the changelog in batches (recovery.py).
             TableManager=BatchedTableManager,
         )
-        self.timeline_name = kafka_io.topic_name(settings, "timeline")
+        self.timeline_name = topic_name(settings, "timeline")
         timeline = raw_topic(self.app, self.timeline_name, self.partitions)
         # Raw bytes: the state codecs own their (versioned) encoding. The state of a
         # counter lives in the changelog partition of its timeline partition
@@ -527,7 +377,7 @@ class Worker:
                              clock=self.clock,
                              unit_key=(unit_key(key) if settings.privacy_unit == "user"
                                        else None))
-        # The operator surface (metrics, /healthz, /readyz; processor/stream/metrics.py).
+        # The operator surface (metrics, /healthz, /readyz; processor/stream/worker/metrics.py).
         # Marker age by the later clock: a seal held back by a local clock that runs
         # behind shows as stale (and not ready), as it is in the brokers' time.
         self.surface = Surface(settings, lambda: {**self.metrics.counts,
@@ -891,11 +741,6 @@ def last_marker(conf: Mapping[str, str], topic: str) -> int:
     return best
 
 
-def changelog_topic(settings: Settings) -> str:
-    """The name Faust gives the state table's changelog topic."""
-    return f"{settings.app_id}-{STATE_TABLE}-changelog"
-
-
 def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     """Create the five topics and the state changelog (P partitions each; the input keeps
     its own count if it exists) and wait until every partition of the timeline and the
@@ -911,7 +756,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     # broker that does not answer is reported once, below.
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     partitions = settings.partitions
-    keyed = [kafka_io.topic_name(settings, "timeline"), changelog_topic(settings)]
+    keyed = [topic_name(settings, "timeline"), changelog_topic(settings)]
     if settings.privacy_unit == "user":
         # The units topic (log-append time, the timeline's retention: replay recomputes
         # the kept set from it) and the bounding stage's changelog.
@@ -925,7 +770,7 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
             replication = kafka_io.replication_for(conf, timeout_s=BROKER_WAIT_S)
         # The input belongs to its producers: created (if missing) with the broker's
         # defaults. The others get their retention here, the one place (docs/downstream.md).
-        kafka_io.create_topics(conf, [kafka_io.topic_name(settings, "input")], partitions,
+        kafka_io.create_topics(conf, [topic_name(settings, "input")], partitions,
                                replication=replication, timeout_s=BROKER_WAIT_S)
         # Timeline records carry the brokers' log-append time: the clock cross-check of
         # the leader and of ingest reads it off their acknowledgements (clock.py).
@@ -956,27 +801,13 @@ def ensure_topics(settings: Settings, replication: int | None = None) -> int:
     return replication
 
 
-def retention_required(settings: Settings) -> dict[str, int]:
-    """topic -> the retention.ms it is created with (-1: forever). The ledger is always
-    kept forever: it records every (epsilon, delta) spent, and a restarted worker refuses
-    to re-create a counter it announced (operator.AnnouncedCounterError), which it can
-    only while the entry is there."""
-    out = {kafka_io.topic_name(settings, "timeline"): settings.timeline_retention_ms,
-           kafka_io.topic_name(settings, "counts"): settings.counts_retention_ms,
-           kafka_io.topic_name(settings, "deadletter"): settings.deadletter_retention_ms,
-           kafka_io.topic_name(settings, "ledger"): -1}
-    if settings.privacy_unit == "user":
-        out[units_topic(settings)] = settings.timeline_retention_ms
-    return out
-
-
 def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:
     """Topics that existed before keep their own settings. A ledger that does not keep
     every entry is refused (StartError); any other topic that keeps records for less
     than required gets a warning (the operator may mean it: say, a shorter audit window
     agreed elsewhere). Topics that cannot be described get a warning too."""
     required = retention_required(settings)
-    ledger = kafka_io.topic_name(settings, "ledger")
+    ledger = topic_name(settings, "ledger")
     try:
         have = kafka_io.topic_configs(conf, required, BROKER_WAIT_S)
     except KafkaException as exc:
@@ -1040,7 +871,7 @@ def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
 def _check_not_stale(tabledir: Path, settings: Settings) -> None:
     """StartError (one line: the directory, the remedy) when a local partition database
     has applied changelog records its changelog topic on the brokers does not have (the
-    brokers were recreated: processor/stream/stale.py)."""
+    brokers were recreated: processor/stream/worker/stale.py)."""
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
 
     def ends(topic: str) -> Mapping[int, tuple[int, int]]:
@@ -1139,7 +970,7 @@ def read_ledger(settings: Settings, key: NoiseKey
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     try:
         ledger = [r.value for r in kafka_io.iter_topic(
-            conf, kafka_io.topic_name(settings, "ledger"), timeout_s=BROKER_WAIT_S)]
+            conf, topic_name(settings, "ledger"), timeout_s=BROKER_WAIT_S)]
     except (KafkaException, RuntimeError, TimeoutError) as exc:
         raise StartError(f"cannot read the ledger topic ({type(exc).__name__}): a worker "
                          "must know what was announced before it publishes") from None
@@ -1181,7 +1012,7 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
                    "per line (ts, level, logger, msg, exc) for log shippers")
     args = p.parse_args(list(argv) if argv is not None else None)
     # Whatever --loglevel says, the Kafka clients and Faust stay at or above the level
-    # where they would log credentials and records (processor/stream/logs.py).
+    # where they would log credentials and records (processor/stream/model/logs.py).
     configure_logging(args.loglevel, args.log_format)
     level = logging.getLogger().getEffectiveLevel()
     lifecycle.setLevel(logging.INFO if level <= logging.WARNING else level)

@@ -37,9 +37,9 @@ import orjson
 
 from processor.core.grid import GRID_BITS, UNIT, to_units
 from processor.errors import StreamError
-from processor.stream.config import MAX_COUNTER_NAME, Settings
-from processor.stream.lifetime import UnitClaim, ledger_objects
-from processor.stream.lifetime import plain as plain_claim
+from processor.stream.model.config import MAX_COUNTER_NAME, Settings
+from processor.stream.model.lifetime import UnitClaim, ledger_objects
+from processor.stream.model.lifetime import plain as plain_claim
 
 #: Every reason code a Rejection may carry (the dead-letter "reason" field).
 REASONS: Final = (
@@ -52,7 +52,7 @@ REASONS: Final = (
     "timestamp_too_far_in_future",
     "before_start",
     # privacy_unit = "user" (docs/privacy-unit.md): no unit id, a bad one, and an event
-    # beyond a contribution bound (the bounding stage's, processor/stream/bounding.py).
+    # beyond a contribution bound (the bounding stage's, processor/stream/model/bounding.py).
     "unit_missing",
     "invalid_unit",
     "contribution_bound_exceeded",

@@ -16,7 +16,7 @@ import orjson
 
 from processor.core.api import Counter
 from processor.core.rng import NoiseKey
-from processor.stream.config import Settings
+from processor.stream.model.config import Settings
 
 
 def key_fingerprint(key: NoiseKey) -> str:
@@ -52,12 +52,6 @@ def noise_identity(settings: Settings, key: NoiseKey, fingerprint: str | None = 
 def counter_id(identity: str, counter: str) -> str:
     """The label a counter's mechanism is keyed by: its name under the noise identity."""
     return f"{identity}/{counter}"
-
-
-def counter_id_for(settings: Settings, key: NoiseKey, counter: str) -> str:
-    """counter_id(noise_identity(settings, key), counter): what a new counter of this
-    deployment is keyed by (a counter restored from state keeps the id it was made with)."""
-    return counter_id(noise_identity(settings, key), counter)
 
 
 def calibration_of(c: Counter) -> str:

@@ -1,0 +1,49 @@
+"""Every private name of faust-streaming and aiokafka the worker uses or relies on, in one
+place, with the versions they were checked against (tests/stream/test_upstream.py fails
+when an installed version differs or a name changes shape; pyproject.toml pins
+faust-streaming to the checked version). Each entry: the name (`module:Class.attr`), the
+worker module that uses it, and why.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The distributions whose private names are listed, and the versions checked.
+CHECKED_VERSIONS: Final = {"faust-streaming": "0.15.3", "aiokafka": "0.14.0"}
+
+#: (name, user, why). An attribute that is not on the class is one its __init__ sets.
+PRIVATE_NAMES: Final = (
+    ("faust.app.base:App._new_transport", "app.py",
+     "overridden: the transport with a short fetch long-poll (transport.py)"),
+    ("faust.transport.drivers.aiokafka:Consumer._new_consumer_thread", "transport.py",
+     "overridden: the consumer thread that builds the quick-poll consumer"),
+    ("faust.transport.drivers.aiokafka:AIOKafkaConsumerThread._create_worker_consumer",
+     "transport.py", "overridden: sets the consumer's fetch wait"),
+    ("aiokafka.consumer.consumer:AIOKafkaConsumer._fetch_max_wait_ms", "transport.py",
+     "set before start: Faust fixes 1.5 s, no setting changes it"),
+    ("faust.tables.recovery:Recovery._slurp_changelogs", "recovery.py",
+     "overridden: the changelog loop that takes records in batches"),
+    ("faust.tables.recovery:Recovery._active_events_received_at", "recovery.py",
+     "kept as Faust's loop keeps it"),
+    ("faust.tables.recovery:Recovery._standby_events_received_at", "recovery.py",
+     "kept as Faust's loop keeps it"),
+    ("faust.tables.recovery:Recovery._last_flush_at", "recovery.py",
+     "kept as Faust's loop keeps it"),
+    ("faust.tables.recovery:Recovery._last_active_event_processed_at", "recovery.py",
+     "the restore's time estimate, kept as Faust's loop keeps it"),
+    ("faust.tables.recovery:Recovery._processing_times", "recovery.py",
+     "the restore's time estimate, kept as Faust's loop keeps it"),
+    ("faust.tables.recovery:Recovery._set_recovery_ended", "recovery.py",
+     "called where Faust's loop ends an active recovery"),
+    ("faust.tables.recovery:Recovery._actives_span", "recovery.py",
+     "tagged where Faust's loop tags it"),
+    ("faust.tables.recovery:Recovery._standbys_span", "recovery.py",
+     "finished where Faust's loop finishes it"),
+    ("faust.tables.manager:TableManager._recovery", "recovery.py",
+     "the recovery service BatchedTableManager builds (BatchedRecovery)"),
+    ("faust.stores.rocksdb:Store._db_for_partition", "table.py",
+     "the partition's rocksdict database: checkpoints write it in one batch"),
+    ("faust.transport.consumer:Consumer._new_offset", "acks.py",
+     "relied on: commits only up to the run of acked offsets (ack_refetched)"),
+)
