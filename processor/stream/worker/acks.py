@@ -85,8 +85,11 @@ class GapGuard:
                 offset)
             if gap:
                 self._metrics.add(f"gap_records_refetched_{self._topic}", len(gap))
-                log.warning("re-read %d record(s) of %s partition %d that the consumer "
-                            "skipped", len(gap), self._topic, partition)
+                # INFO, not a warning: Faust skips records around every assignment,
+                # a fresh start's included, and re-reading them is this defence working
+                # (nothing is lost); the metric above counts each.
+                log.info("re-read %d record(s) of %s partition %d that the consumer "
+                         "skipped", len(gap), self._topic, partition)
         self._next[partition] = max(expected, offset + 1)
         return gap
 
