@@ -32,6 +32,7 @@ from processor.stream.model.operator import Operator, Output
 from processor.stream.model.records import Event, Release, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 from tests.stream.helpers import apply_now
+from tests.stream.refusals import public_records
 
 TICK = 1000
 SECRET = hashlib.sha256(b"identity test key (public, tests only)").digest()
@@ -161,8 +162,7 @@ def test_restart_after_loss_of_state_is_refused_and_nothing_is_republished(
     dep.wait_releases(lambda rs: len(rs) > before_control + 4, timeout_s=90)
     assert dep.worker.stop() == 0, dep.worker.log_tail()
 
-    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
-    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+    ledger, counts = public_records(dep)
     assert sorted(orjson.loads(v or b"")["counter"] for v in ledger) == ["a", "b"]
 
     shutil.rmtree(Path(dep.settings.state_dir))
@@ -173,8 +173,7 @@ def test_restart_after_loss_of_state_is_refused_and_nothing_is_republished(
     assert "already announced on the ledger topic" in log, log
     assert ("counter 'a'" in log or "counter 'b'" in log) and "new app_id" in log, log
     assert "Traceback" not in log, log
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+    assert public_records(dep) == (ledger, counts)
 
 
 def test_topic_settings_are_all_part_of_the_identity() -> None:
@@ -245,8 +244,7 @@ def test_restart_within_the_creating_tick_does_not_meet_its_marker_again(
     dep.worker.start()
     dep.wait_releases(lambda rs: {r["counter"] for r in rs} == {"a", "b"}, timeout_s=60)
     assert dep.worker.stop() == 0, dep.worker.log_tail()
-    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
-    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+    ledger, counts = public_records(dep)
     shutil.rmtree(Path(dep.settings.state_dir))
     _delete_topic(dep.conf, changelog_topic(dep.settings))
     dep.worker.start()
@@ -255,8 +253,7 @@ def test_restart_within_the_creating_tick_does_not_meet_its_marker_again(
     assert sealed_through(restarted_at, dep.settings) == first_n, "restart too slow: " \
         "not within the creating tick, so this run shows nothing"
     assert code == 2 and "already announced on the ledger topic" in log, log
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+    assert public_records(dep) == (ledger, counts)
     records = [decode_timeline(r.value or b"")
                for r in kafka_io.iter_topic(dep.conf, dep.topics.timeline)]
     marks = [m.sealed_through for m in records if isinstance(m, TimelineMarker)]

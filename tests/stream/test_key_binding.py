@@ -28,12 +28,12 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.keyfile import read_key, write_key
-from processor.stream.kafka import kafka_io
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import KeyMismatchError, Operator, Output
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore, StateVersionError, partition_key
 from tests.stream.helpers import apply_now
+from tests.stream.refusals import public_records, refused
 
 TICK = 1000
 KEY = NoiseKey(hashlib.sha256(b"key binding test key (public, tests only)").digest())
@@ -137,8 +137,7 @@ def test_restart_with_a_fresh_key_file_is_refused(
     worker.start()
     dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
     assert worker.stop() == 0, worker.log_tail()
-    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
-    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+    ledger, counts = public_records(dep)
 
     fresh = write_key(dep.directory / "fresh.key")
     given = read_key(str(fresh), "hex").fingerprint()
@@ -146,16 +145,11 @@ def test_restart_with_a_fresh_key_file_is_refused(
     assert given != stored
     write_config(with_overrides(dep.settings, noise_key_file=str(fresh)), dep.config)
     worker.start()
-    code, log = worker.wait_exit()
-    assert code == 2, log
-    errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, log
-    assert errors[0].startswith("error: noise key: the state under key 'p/0'"), log
-    assert f"fingerprint {stored}" in errors[0] and f"is {given}" in errors[0], log
-    assert "new deployment" in errors[0], log
-    assert "Traceback" not in log, log
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+    error, log = refused(worker)
+    assert error.startswith("error: noise key: the state under key 'p/0'"), log
+    assert f"fingerprint {stored}" in error and f"is {given}" in error, log
+    assert "new deployment" in error, log
+    assert public_records(dep) == (ledger, counts)
 
     # Control: the key the state was made with.
     write_config(dep.settings, dep.config)

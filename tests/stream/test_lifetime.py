@@ -23,7 +23,6 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.errors import error_line
-from processor.stream.kafka import kafka_io
 from processor.stream.model import lifetime
 from processor.stream.model.config import Settings, with_overrides, with_unit
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
@@ -34,6 +33,7 @@ from processor.stream.model.state import DictStore, PartitionState, partition_ke
 from processor.stream.replay.history import LedgerProvenance, ledger_history
 from processor.stream.worker.app import ledger_at_start
 from tests.stream.helpers import apply_now
+from tests.stream.refusals import public_records, refused
 
 SCHEMAS = Path(__file__).parents[2] / "schemas"
 KEY = NoiseKey.from_seed(28)
@@ -241,20 +241,15 @@ def test_a_worker_refuses_to_switch_an_event_mode_deployment_to_user_mode(
                 for _ in range(20))
     dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
     assert worker.stop() == 0, worker.log_tail()
-    ledger = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
-    counts = [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)]
+    ledger, counts = public_records(dep)
 
     user = with_unit(dep.settings, dep.settings.epsilon, dep.settings.delta, 1, 1)
     assert (user.epsilon, user.delta) == (dep.settings.epsilon, dep.settings.delta)
     write_config(user, dep.config)
     worker.start()
-    code, log = worker.wait_exit()
-    assert code == 2, log
-    errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and errors[0].startswith("error: privacy_unit:"), log
-    assert "new deployment" in errors[0] and "Traceback" not in log, log
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)] == ledger
-    assert [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)] == counts
+    error, log = refused(worker)
+    assert error.startswith("error: privacy_unit:") and "new deployment" in error, log
+    assert public_records(dep) == (ledger, counts)
 
     write_config(dep.settings, dep.config)
     worker.start()

@@ -19,6 +19,7 @@ import pytest
 from processor.stream.kafka.topics import changelog_topic
 from processor.stream.replay import replay
 from processor.stream.worker.app import MIN_FREE_BYTES
+from tests.stream.refusals import one_error_line
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (needs root)")
 
@@ -45,13 +46,6 @@ def _deployment(factory: Callable[..., Any], name: str, state_dir: Path) -> Any:
                    state_dir=str(state_dir))
 
 
-def _one_error_line(log: str) -> str:
-    errors = [line for line in log.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, log
-    assert "Traceback" not in log, log
-    return errors[0]
-
-
 @pytest.mark.kafka
 def test_a_full_disk_stops_the_worker_with_one_line_and_the_restart_loses_nothing(
         deployment_factory: Callable[..., Any], tmp_path: Path) -> None:
@@ -69,7 +63,7 @@ def test_a_full_disk_stops_the_worker_with_one_line_and_the_restart_loses_nothin
             f.write(b"\0" * (free - MIN_FREE_BYTES // 2))
         code, log = dep.worker.wait_exit(timeout_s=60)
         assert code == 1, log
-        line = _one_error_line(log)
+        line = one_error_line(log)
         assert "is full" in line and str(disk) in line and "Remedy" in line, line
         assert changelog_topic(dep.settings) in line, line
         filler.unlink()
@@ -89,7 +83,7 @@ def test_an_unwritable_state_directory_is_one_line_exit_2(
         dep.worker.start()
         code, log = dep.worker.wait_exit(timeout_s=60)
         assert code == 2, log
-        line = _one_error_line(log)
+        line = one_error_line(log)
         assert "cannot be written" in line and str(ro) in line and "Remedy" in line, line
 
 
@@ -116,7 +110,7 @@ def test_a_corrupt_local_file_is_one_line_and_the_restart_rebuilds(
     dep.worker.start()
     code, log = dep.worker.wait_exit(timeout_s=90)
     assert code == 1, log
-    line = _one_error_line(log)
+    line = one_error_line(log)
     assert "corrupt" in line and dep.settings.app_id in line and "Remedy" in line, line
     before = len(dep.releases())
     dep.worker.start()
