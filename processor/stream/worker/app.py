@@ -435,9 +435,11 @@ class Worker:
         self._probed = False
         self._warned_create_time = False
 
-        # privacy_unit = "user": the bounding stage, a second agent (unit_stage.py).
-        self.units = (UnitStage(self, crash_point) if settings.privacy_unit == "user"
-                      else None)
+        #: Every stage, in the order they checkpoint, revoke and are assigned: the
+        #: operator's, then (privacy_unit = "user") the bounding stage (unit_stage.py).
+        self.stages: list[StageShell[Any, Any]] = [self.operator]
+        if settings.privacy_unit == "user":
+            self.stages.append(UnitStage(self, crash_point))
         self.app.before_stop = self.checkpoint
         self.app.changelog_taken = self._changelog_taken
         self.app.on_partitions_assigned.connect(self.on_assigned)
@@ -458,23 +460,20 @@ class Worker:
     async def checkpoint(self) -> None:
         """A checkpoint of every stage now (at a clean stop: a restart then finds every
         counter's state, under whatever configuration it is started with)."""
-        await self.operator.checkpoint()
-        if self.units is not None:
-            await self.units.checkpoint()
+        for stage in self.stages:
+            await stage.checkpoint()
 
     async def on_revoked(self, sender: Any, /, *args: Any, signal: Any,
                          **kwargs: Any) -> None:
         """Faust's on_partitions_revoked: each stage makes what it applied durable and
         acknowledged, then drops every decoded state (StageShell.on_revoked)."""
-        await self.operator.on_revoked()
-        if self.units is not None:
-            await self.units.on_revoked()
+        for stage in self.stages:
+            await stage.on_revoked()
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         # In the producer's thread: where this worker's changelog writes landed.
-        self.operator.delivered(topic, partition, offset)
-        if self.units is not None:
-            self.units.delivered(topic, partition, offset)
+        for stage in self.stages:
+            stage.delivered(topic, partition, offset)
 
     def operator_failed(self, exc: BaseException) -> NoReturn:
         """Exit at once after a failure of a stage's apply or checkpoint (the operator's
@@ -522,9 +521,8 @@ class Worker:
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
         assigned = args[0]  # the set of TPs assigned to this worker
-        await self.operator.on_assigned(assigned)
-        if self.units is not None:
-            await self.units.on_assigned(assigned)
+        for stage in self.stages:
+            await stage.on_assigned(assigned)
 
     # -- timers
 
