@@ -128,12 +128,12 @@ def test_the_worker_shares_one_hook_between_its_stages_and_shifts_its_clock(
     plan = FaultPlan(crash_at=CrashAt("after_acks", 2, raise_fault=True),
                      clock_offset_ms=-60_000)
     worker = Worker(s, NoiseKey.from_seed(1), faults=plan)
-    hook = worker.batch_commit.crash_point
+    hook = worker.operator.commit.crash_point
     assert hook is not None and worker.ingest._crash_point is hook
     assert abs(worker.clock.clock.wall_ms() + 60_000 - int(time.time() * 1000)) < 1_000
     hook("after_acks")
     with pytest.raises(InjectedFault):
         worker.ingest._crash_point("after_acks")
     plain = Worker(with_overrides(s, app_id="faults-none"), NoiseKey.from_seed(1))
-    assert plain.batch_commit.crash_point is None and plain.ingest._crash_point is None
+    assert plain.operator.commit.crash_point is None and plain.ingest._crash_point is None
     assert abs(plain.clock.clock.wall_ms() - int(time.time() * 1000)) < 1_000

@@ -1,5 +1,6 @@
 """Records GapGuard re-reads are acked to Faust once applied, so that Faust's offset commit
-for the partition goes on (processor/stream/worker/app.py: `ack_refetched`, `Worker.operate`).
+for the partition goes on (processor/stream/worker: `acks.ack_refetched`,
+`stage.StageShell.agent`).
 
 The fault campaign's drain once waited forever: a restarted worker's Faust skipped four
 timeline records without acking them, GapGuard re-read and applied them, and Faust (which
@@ -157,20 +158,20 @@ def _run_agent(settings: Settings, records: list[Any], before: Sequence[int],
     (GapGuard reseeded, Faust's committed offset 2), over `after`."""
     key = NoiseKey.from_seed(5)
     worker = Worker(settings, key)
-    worker.batch_commit = BatchCommit(Operator(settings, key), DictStore(),
+    worker.operator.commit = BatchCommit(Operator(settings, key), DictStore(),
                                       CollectingPublisher())
     topic = settings.topics.timeline
     consumer = _consumer(worker.app, topic, committed=0)
 
     async def run() -> None:
-        await worker.gaps.reseed({0})
-        await worker.operate(_SkippingStream(consumer, records, before))  # type: ignore[arg-type]
+        await worker.operator.gaps.reseed({0})
+        await worker.operator.agent(_SkippingStream(consumer, records, before))  # type: ignore[arg-type]
         await worker.checkpoint()
         for bookkeeping in (consumer._acked, consumer._acked_index, consumer._gap):
             bookkeeping.pop(TP(topic, 0), None)  # what Faust's revocation does
         consumer._committed_offset[TP(topic, 0)] = 2  # and its seek at the assignment
-        await worker.gaps.reseed({0})
-        await worker.operate(_SkippingStream(consumer, records, after))  # type: ignore[arg-type]
+        await worker.operator.gaps.reseed({0})
+        await worker.operator.agent(_SkippingStream(consumer, records, after))  # type: ignore[arg-type]
         await worker.checkpoint()
 
     asyncio.run(run())

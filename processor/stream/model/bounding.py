@@ -52,7 +52,6 @@ import collections
 import gc
 import hashlib
 import hmac
-import struct
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -82,6 +81,7 @@ from processor.stream.model.state import (
     UNIT_MAGIC,
     DictStore,
     StateStore,
+    monotone_header,
     stored_offset,
 )
 from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
@@ -225,7 +225,7 @@ class UnitState:
     def to_bytes(self) -> bytes:
         last = self.last_seq
         # orjson writes the (counter, seqs) tuples as the arrays from_bytes reads.
-        raw = _UNIT_HEAD(UNIT_MAGIC, last >> SEQ_BITS if last >= 0 else -1) + orjson.dumps(
+        raw = monotone_header(UNIT_MAGIC, last >> SEQ_BITS if last >= 0 else -1) + orjson.dumps(
             (last, tuple(self.kept.items()), self.inputs))
         self.saved = raw
         return raw
@@ -241,11 +241,6 @@ class UnitState:
         body = orjson.loads(data[12:])
         # A value written before the per-unit filter has no third element.
         return cls(body[0], dict(body[1]), body[2] if len(body) > 2 else {}, data)
-
-
-#: A unit value's header: the magic, then the units offset it reflects (big-endian int64,
-#: as every monotone value: state.stored_offset).
-_UNIT_HEAD: Final = struct.Struct(">4sq").pack
 
 
 @dataclass
@@ -273,7 +268,7 @@ class UnitsPartitionState:
             return len(self.sources) - 1
 
     def to_bytes(self) -> bytes:
-        raw = (UNIT_MAGIC + self.last_offset.to_bytes(8, "big", signed=True)
+        raw = (monotone_header(UNIT_MAGIC, self.last_offset)
                + orjson.dumps({"b": self.bounds, "s": self.sources}))
         self.saved = raw
         return raw

@@ -44,7 +44,7 @@ log = logging.getLogger("processor.stream.clock")
 TOLERANCE_MS: Final = 1000
 #: The record a worker appends to timeline partition 0 to learn the brokers' time: an
 #: empty event batch, which changes nothing in the operator or in replay (the worker does
-#: not even commit it: `app.Worker.operate`).
+#: not even commit it: `app.OperatorStage.apply`).
 PROBE_RECORD: Final = encode_batch([])
 
 

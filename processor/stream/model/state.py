@@ -43,6 +43,7 @@ filter drops input the counters must already hold).
 from __future__ import annotations
 
 import heapq
+import struct
 import sys
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -80,6 +81,11 @@ _ORJSON_ERRORS = (orjson.JSONDecodeError, KeyError, IndexError, TypeError, Value
 
 def _i64(value: int) -> bytes:
     return value.to_bytes(8, "big", signed=True)
+
+
+#: The 12-byte header every monotone value starts with: its magic (4 bytes), then the
+#: offset it reflects (big-endian int64), which `stored_offset` reads. Written here only.
+monotone_header: Final = struct.Struct(">4sq").pack
 
 
 def _read_i64(data: bytes, at: int) -> int:
@@ -281,7 +287,7 @@ class CounterState:
             self.announced, self.key_id, self.ledger_fingerprint, self.creation,
             self.inputs])
         due = _NOT_FILED if self.filed_due is None else self.filed_due
-        raw = b"".join((_COUNTER_MAGIC, _i64(self.last_offset), _i64(due),
+        raw = b"".join((monotone_header(_COUNTER_MAGIC, self.last_offset), _i64(due),
                         len(mech).to_bytes(4, "big"), mech, meta))
         self.saved = raw
         return raw
@@ -397,7 +403,7 @@ class PartitionState:
     def to_bytes(self) -> bytes:
         if not self.key_id:
             raise ValueError("a partition state is bound to a noise key fingerprint")
-        raw = _PARTITION_MAGIC + _i64(self.applied) + orjson.dumps(
+        raw = monotone_header(_PARTITION_MAGIC, self.applied) + orjson.dumps(
             [self.frontier, self.marker_offset, self.config_fingerprint,
              sorted(self.input_offsets.items()), self.key_id,
              sorted(self.legacy_inputs.items()), self.privacy_unit])

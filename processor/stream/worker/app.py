@@ -46,7 +46,7 @@ from typing import Any, Final, NoReturn
 import faust
 from confluent_kafka import KafkaError, KafkaException
 from faust.exceptions import ConsumerNotStarted, NotReady
-from faust.types import TransportT
+from faust.types import Message, TransportT
 from rocksdict import Options as RdictOptions
 from rocksdict import Rdict
 
@@ -78,9 +78,7 @@ from processor.stream.model.config import ConfigError, Settings, load_noise_key,
 from processor.stream.model.faults import NO_FAULTS, FaultPlan
 from processor.stream.model.lifetime import UnitClaim
 from processor.stream.model.logs import LOG_FORMATS, configure_logging
-from processor.stream.model.operator import (
-    Operator,
-)
+from processor.stream.model.operator import Operator, Output
 from processor.stream.model.provenance import ConfiguredProvenance
 from processor.stream.model.records import (
     LedgerEntry,
@@ -92,18 +90,13 @@ from processor.stream.model.records import (
 )
 from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.worker import transport
-from processor.stream.worker.acks import GapGuard, PendingAcks
 from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
 from processor.stream.worker.metrics import Surface, WorkerMetrics
 from processor.stream.worker.recovery import BatchedTableManager
+from processor.stream.worker.stage import StageShell
 from processor.stream.worker.stale import stale_databases
-from processor.stream.worker.table import (
-    ROCKSDB_OPTIONS,
-    ChangelogTracker,
-    MonotoneTable,
-    WorkerStores,
-)
-from processor.stream.worker.transport import QuickPollTransport, raw_topic
+from processor.stream.worker.table import WorkerStores
+from processor.stream.worker.transport import QuickPollTransport
 from processor.stream.worker.unit_stage import UnitStage
 
 log = logging.getLogger("processor.stream.app")
@@ -263,6 +256,81 @@ def backup_due(frontiers: Mapping[int, int], allowed: int, settings: Settings) -
     return min(frontiers.values()) < allowed - behind
 
 
+class OperatorStage(StageShell[BatchCommit, Output]):
+    """The operator's agent over the timeline, its table and checkpoints: a declaration on
+    the stage shell (stage.py). Clock probes are not applied; the log-append times go with
+    the records (a marker ahead of them is refused); a stored state the operator cannot
+    decode is a refusal (CorruptStateError)."""
+
+    checkpoint_metric = "checkpoints"
+    refusals = (RefusedError, StateFormatError)
+
+    def __init__(self, worker: Worker, operator: Operator,
+                 crash_point: Callable[[str], None] | None) -> None:
+        s = worker.settings
+        self._operator = operator
+        self._crash_point = crash_point
+        #: Timeline partition -> the tick its markers seal through, as applied here (what
+        #: `backup_due` watches); emptied when the partitions change hands.
+        self.frontiers: dict[int, int] = {}
+        super().__init__(worker, topic=worker.timeline_name, table=STATE_TABLE,
+                         changelog=changelog_topic(s),
+                         prefixes=(COUNTER_PREFIX, PARTITION_PREFIX),
+                         agent=f"{s.app_id}-operator", timer=f"{s.app_id}-checkpoint")
+
+    def make_commit(self, stores: WorkerStores) -> BatchCommit:
+        w = self.worker
+        return BatchCommit(self._operator, stores,
+                           KafkaPublisher(w.producer, w.settings, w.metrics),
+                           crash_point=self._crash_point, fence=w.fence.check, offload=True)
+
+    async def apply(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord],
+                    records: list[tuple[int, bytes]]) -> Output | None:
+        # Log-append times: a marker ahead of them is refused (Operator.apply).
+        stamps = {r.offset: r.timestamp_ms for r in gap}
+        stamps[msg.offset] = round(msg.timestamp * 1000)
+        # A clock probe changes nothing: not applying it keeps the batches those of the
+        # records that carry something.
+        records = [r for r in records if r[1] != PROBE_RECORD]
+        if not records:
+            return None
+        return await self.commit.apply(msg.partition, records, stamps)
+
+    async def refuse(self, exc: Exception) -> NoReturn:
+        if isinstance(exc, StateFormatError):
+            self.worker.refused(CorruptStateError(exc, self.worker.settings))
+        self.worker.refused(exc)
+
+    def fold(self, partition: int, out: Output, elapsed_s: float) -> None:
+        self.worker.metrics.add_all(out.metrics, prefix="operator_")
+        if out.sealed_through is not None:
+            self.frontiers[partition] = max(
+                out.sealed_through, self.frontiers.get(partition, out.sealed_through))
+        if out.metrics["markers_refused"]:
+            log.error("ALARM: refused %d marker(s) on timeline partition %d that seal ticks "
+                      "the brokers' clock had not reached (written by a worker with a clock "
+                      "far ahead, or by someone else with write access to the timeline; "
+                      "docs/time.md)", out.metrics["markers_refused"], partition)
+        self.worker.surface.batch_committed(partition, out.sealed_through, out.metrics,
+                                            elapsed_s)
+
+    async def write(self, full: bool) -> None:
+        """Not `full` (the periodic checkpoints): counters advanced by ⊥ ticks only may stay
+        behind in the store (docs/state.md)."""
+        try:
+            check_free_space(self.worker.settings)
+            await self.commit.checkpoint(full=full)
+        except DeliveryError as exc:
+            self.worker.surface.producer_error("operator", exc)
+            raise
+
+    def assigned(self, partitions: set[int]) -> None:
+        self.worker.surface.assigned(partitions)
+
+    def forgotten(self) -> None:
+        self.frontiers.clear()
+
+
 class WorkerApp(faust.App):
     """faust.App with one hook, `before_stop`, awaited when the app stops, before Faust
     stops its consumer and closes the tables: the worker's last checkpoint; and the
@@ -336,39 +404,14 @@ class Worker:
             TableManager=BatchedTableManager,
         )
         self.timeline_name = topic_name(settings, "timeline")
-        timeline = raw_topic(self.app, self.timeline_name, self.partitions)
-        # Raw bytes: the state codecs own their (versioned) encoding. The state of a
-        # counter lives in the changelog partition of its timeline partition
-        # (table.PartitionStore writes it there).
-        self.table = MonotoneTable(self.app, name=STATE_TABLE, default=None,
-                                   beacon=self.app.tables.beacon, partitions=self.partitions,
-                                   key_type=bytes, value_type=bytes,
-                                   options=dict(ROCKSDB_OPTIONS))
-        self.app.tables.add(self.table)
         self.fence = SuspensionFence(SUSPENSION_LIMIT_S, self.fenced)
-        self.changelog = changelog_topic(settings)
-        self.tracker = ChangelogTracker()
         self.producer = AsyncProducer(kafka_io.base_config(settings),
                                       on_delivered=self._delivered)
-        self.stores = WorkerStores(self.table, self.producer, self.changelog, self.tracker,
-                                   (COUNTER_PREFIX, PARTITION_PREFIX))
-        # `announced` (the ledger read at start): the operator refuses to re-create a
-        # counter the ledger announced under another creation.
-        self.batch_commit = BatchCommit(Operator(settings, key, announced=announced,
-                                                 unit_claim=unit_claim),
-                                        self.stores,
-                                        KafkaPublisher(self.producer, settings, self.metrics),
-                                        crash_point=crash_point, fence=self.fence.check,
-                                        offload=True)
-        # One applier at a time: the agent, the checkpoint timer, the revocation handler.
-        self._lock = asyncio.Lock()
-        # Timeline partition -> the tick its markers seal through, as applied here (what
-        # `backup_due` watches); emptied when the partitions change hands.
-        self._frontiers: dict[int, int] = {}
-        # Applied since the last checkpoint, acknowledged to the group by the next one.
-        self._pending = PendingAcks(settings)
-        self.gaps = GapGuard(kafka_io.base_config(settings), settings.app_id,
-                             self.timeline_name, self.metrics)
+        # The operator's stage (OperatorStage): its agent over the timeline, its table and
+        # checkpoints. `announced` (the ledger read at start): the operator refuses to
+        # re-create a counter the ledger announced under another creation.
+        self.operator = OperatorStage(self, Operator(settings, key, announced=announced,
+                                                     unit_claim=unit_claim), crash_point)
         # One guard for the marker timer and ingest: both learn the brokers' time from
         # the timeline records they write, and both decide by it (clock.py).
         self.clock = clock if clock is not None else ClockGuard(faults.clock())
@@ -392,17 +435,16 @@ class Worker:
         self._probed = False
         self._warned_create_time = False
 
-        self.app.agent(timeline, name=f"{settings.app_id}-operator")(self.operate)
-        # privacy_unit = "user": the bounding stage, a second agent (unit_stage.py).
-        self.units = (UnitStage(self, crash_point) if settings.privacy_unit == "user"
-                      else None)
+        #: Every stage, in the order they checkpoint, revoke and are assigned: the
+        #: operator's, then (privacy_unit = "user") the bounding stage (unit_stage.py).
+        self.stages: list[StageShell[Any, Any]] = [self.operator]
+        if settings.privacy_unit == "user":
+            self.stages.append(UnitStage(self, crash_point))
         self.app.before_stop = self.checkpoint
         self.app.changelog_taken = self._changelog_taken
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
-        self.app.timer(interval=settings.checkpoint_interval_ms() / 2000,
-                       name=f"{settings.app_id}-checkpoint")(self.checkpoint_timer)
         interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
         self.app.timer(interval=interval, on_leader=False,
                        name=f"{settings.app_id}-markers")(self.append_markers)
@@ -413,105 +455,25 @@ class Worker:
                        name=f"{settings.app_id}-ready")(self.announce_ready)
         self.app.task(self.start_ingest)
 
-    # -- the operator agent
-
-    async def operate(self, stream: faust.StreamT[bytes]) -> None:
-        """Each timeline message: applied in memory (its releases sent at once), and
-        acknowledged to the group by the next checkpoint (`_checkpoint`)."""
-        async for event in stream.noack().events():  # type: ignore[attr-defined]
-            msg = event.message
-            async with self._lock:
-                # Records Faust skipped are applied first, in order, in the same batch:
-                # their state belongs to the same partition.
-                gap = await self.gaps.missing(msg.partition, msg.offset)
-                records = [(r.offset, r.value or b"") for r in gap]
-                records.append((msg.offset,
-                                msg.value if isinstance(msg.value, bytes) else b""))
-                # Log-append times: a marker ahead of them is refused (Operator.apply).
-                stamps = {r.offset: r.timestamp_ms for r in gap}
-                stamps[msg.offset] = round(msg.timestamp * 1000)
-                # A clock probe changes nothing: not applying it keeps the batches those
-                # of the records that carry something.
-                records = [r for r in records if r[1] != PROBE_RECORD]
-                if records:
-                    started = time.perf_counter()
-                    try:
-                        out = await self.batch_commit.apply(msg.partition, records, stamps)
-                    except RefusedError as exc:
-                        self.refused(exc)
-                    except StateFormatError as exc:
-                        self.refused(CorruptStateError(exc, self.settings))
-                    except Exception as exc:
-                        self.operator_failed(exc)
-                    self.metrics.add_all(out.metrics, prefix="operator_")
-                    if out.sealed_through is not None:
-                        self._frontiers[msg.partition] = max(
-                            out.sealed_through, self._frontiers.get(msg.partition,
-                                                                    out.sealed_through))
-                    if out.metrics["markers_refused"]:
-                        log.error("ALARM: refused %d marker(s) on timeline partition %d "
-                                  "that seal ticks the brokers' clock had not reached "
-                                  "(written by a worker with a clock far ahead, or by "
-                                  "someone else with write access to the timeline; "
-                                  "docs/time.md)", out.metrics["markers_refused"],
-                                  msg.partition)
-                    self.surface.batch_committed(msg.partition, out.sealed_through,
-                                                 out.metrics, time.perf_counter() - started)
-                self._pending.add(msg, gap)
-                if self._pending.due(self.batch_commit.dirty_since):
-                    await self._checkpoint(full=False)
+    # -- the stages
 
     async def checkpoint(self) -> None:
-        """A checkpoint now (at a clean stop: a restart then finds every counter's state,
-        under whatever configuration it is started with)."""
-        async with self._lock:
-            await self._checkpoint()
-        if self.units is not None:
-            await self.units.checkpoint()
-
-    async def checkpoint_timer(self) -> None:
-        """A checkpoint when applied state has waited the checkpoint interval (a quiet
-        stream)."""
-        if self._lock.locked() or not self._pending.timer_due(self.batch_commit.dirty_since):
-            return
-        async with self._lock:
-            await self._checkpoint(full=False)
-
-    async def _checkpoint(self, full: bool = True) -> None:
-        """Make what was applied durable (commit.BatchCommit.checkpoint), then acknowledge
-        its timeline records, and only them, to the consumer group. Called holding the
-        lock. Not `full` (the periodic ones): counters advanced by ⊥ ticks only may stay
-        behind in the store (docs/state.md)."""
-        try:
-            check_free_space(self.settings)
-            await self.batch_commit.checkpoint(full=full)
-        except Exception as exc:
-            if isinstance(exc, DeliveryError):
-                self.surface.producer_error("operator", exc)
-            self.operator_failed(exc)
-        self._pending.ack(self.app.consumer)
-        self.metrics.add("checkpoints")
+        """A checkpoint of every stage now (at a clean stop: a restart then finds every
+        counter's state, under whatever configuration it is started with)."""
+        for stage in self.stages:
+            await stage.checkpoint()
 
     async def on_revoked(self, sender: Any, /, *args: Any, signal: Any,
                          **kwargs: Any) -> None:
-        """Faust's on_partitions_revoked: make what was applied durable and acknowledged,
-        then drop every decoded state. The partitions this worker gets back are read again
-        from their databases, restored by Faust from the changelog meanwhile
-        (table.MonotoneTable): another owner may have written them since."""
-        async with self._lock:
-            await self._checkpoint()
-            self.batch_commit.forget()
-            self.stores.release()
-            self._frontiers.clear()
-        if self.units is not None:
-            await self.units.on_revoked()
+        """Faust's on_partitions_revoked: each stage makes what it applied durable and
+        acknowledged, then drops every decoded state (StageShell.on_revoked)."""
+        for stage in self.stages:
+            await stage.on_revoked()
 
     def _delivered(self, topic: str, partition: int, offset: int) -> None:
         # In the producer's thread: where this worker's changelog writes landed.
-        if topic == self.changelog:
-            self.tracker.delivered(partition, offset)
-        elif self.units is not None:
-            self.units.delivered(topic, partition, offset)
+        for stage in self.stages:
+            stage.delivered(topic, partition, offset)
 
     def operator_failed(self, exc: BaseException) -> NoReturn:
         """Exit at once after a failure of a stage's apply or checkpoint (the operator's
@@ -559,12 +521,8 @@ class Worker:
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
         assigned = args[0]  # the set of TPs assigned to this worker
-        self.surface.assigned(tp.partition for tp in assigned
-                              if tp.topic == self.timeline_name)
-        await self.gaps.reseed({tp.partition for tp in assigned
-                                if tp.topic == self.timeline_name})
-        if self.units is not None:
-            await self.units.on_assigned(assigned)
+        for stage in self.stages:
+            await stage.on_assigned(assigned)
 
     # -- timers
 
@@ -582,7 +540,7 @@ class Worker:
             return  # the timer fired before the group was joined: the next round decides
         if not leader:
             allowed = sealed_through(self.clock.read().seal_ms, self.settings)
-            if not backup_due(self._frontiers, allowed, self.settings):
+            if not backup_due(self.operator.frontiers, allowed, self.settings):
                 return
             # A stalled leader: start from the timeline's last marker, whoever wrote it.
             self._last_marker = None

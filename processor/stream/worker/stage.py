@@ -1,0 +1,201 @@
+"""The agent shell every stage of the worker is declared through (the operator:
+`app.OperatorStage`; the bounding stage: `unit_stage.UnitStage`).
+
+A stage reads one topic with one Faust agent and keeps its state in its own monotone
+table (changelogged), applied through a `commit.CheckpointLoop`. The shell does what
+every stage does alike. Per message, under the stage's lock: the records Faust skipped
+are re-read first (`acks.GapGuard`) and applied in the same batch; the message is
+acknowledged to the group only after the checkpoint that covers it (`acks.PendingAcks`),
+which runs when due after a message, on the stage's checkpoint timer, at a clean stop and
+at a revocation (which then drops every decoded value). A failed apply or checkpoint
+stops the worker (`Worker.operator_failed`), a refusal does what the stage says.
+
+A stage declares what differs: its commit (`make_commit`), how it applies one batch and
+folds what the batch returned (`apply`, `fold`), which errors are refusals and what a
+refusal does (`refusals`, `refuse`), how a checkpoint writes (`write`), and what runs
+after a message that did not checkpoint (`after_message`), before the timer's lock check
+(`before_timer`), at an assignment (`assigned`) and after a revocation (`forgotten`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
+
+import faust
+from faust.types import Message
+
+from processor.errors import RefusedError
+from processor.stream.kafka import kafka_io
+from processor.stream.worker.acks import GapGuard, PendingAcks
+from processor.stream.worker.table import (
+    ROCKSDB_OPTIONS,
+    ChangelogTracker,
+    MonotoneTable,
+    WorkerStores,
+)
+from processor.stream.worker.transport import raw_topic
+
+if TYPE_CHECKING:
+    from processor.stream.worker.app import Worker
+
+
+class Commit(Protocol):
+    """What the shell needs of a stage's `commit.CheckpointLoop`."""
+
+    dirty_since: float | None
+
+    def forget(self) -> None: ...
+
+
+C = TypeVar("C", bound=Commit)
+Out = TypeVar("Out")
+
+
+class StageShell(ABC, Generic[C, Out]):
+    """One stage's agent, table, checkpoints and acks inside one `Worker` (see the module
+    doc); a subclass declares the hooks."""
+
+    #: The metric counted at each checkpoint.
+    checkpoint_metric: ClassVar[str]
+    #: The errors of `apply` that are refusals (`refuse`); any other stops the worker.
+    refusals: ClassVar[tuple[type[Exception], ...]] = (RefusedError,)
+
+    def __init__(self, worker: Worker, *, topic: str, table: str, changelog: str,
+                 prefixes: tuple[str, ...], agent: str, timer: str) -> None:
+        s = worker.settings
+        self.worker = worker
+        self.topic_name = topic
+        faust_topic = raw_topic(worker.app, topic, s.partitions)
+        # Raw bytes: the state codecs own their (versioned) encoding. A partition's state
+        # lives in the changelog partition of its input partition (table.PartitionStore).
+        self.table = MonotoneTable(worker.app, name=table, default=None,
+                                   beacon=worker.app.tables.beacon, partitions=s.partitions,
+                                   key_type=bytes, value_type=bytes,
+                                   options=dict(ROCKSDB_OPTIONS))
+        worker.app.tables.add(self.table)
+        self.changelog = changelog
+        self.tracker = ChangelogTracker()
+        self.stores = WorkerStores(self.table, worker.producer, changelog, self.tracker,
+                                   prefixes)
+        self.commit: C = self.make_commit(self.stores)
+        self.gaps = GapGuard(kafka_io.base_config(s), s.app_id, topic, worker.metrics)
+        # One applier at a time: the agent, the checkpoint timer, the revocation handler.
+        self.lock = asyncio.Lock()
+        # Applied since the last checkpoint, acknowledged to the group by the next one.
+        self._pending = PendingAcks(s)
+        worker.app.agent(faust_topic, name=agent)(self.agent)
+        worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
+                         name=timer)(self.checkpoint_timer)
+
+    # -- the hooks a stage declares
+
+    @abstractmethod
+    def make_commit(self, stores: WorkerStores) -> C:
+        """The stage's commit protocol over its stores."""
+
+    @abstractmethod
+    async def apply(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord],
+                    records: list[tuple[int, bytes]]) -> Out | None:
+        """Apply one batch (the re-read `gap`, then `msg`; `records` their offsets and
+        values) in memory; None when there was nothing to apply."""
+
+    def fold(self, partition: int, out: Out, elapsed_s: float) -> None:
+        """Count what an applied batch returned (its metrics, the stage's watches)."""
+
+    async def refuse(self, exc: Exception) -> NoReturn:
+        """A refusal of `apply` (one of `refusals`): by default the worker exits (code 2)."""
+        self.worker.refused(exc)
+
+    @abstractmethod
+    async def write(self, full: bool) -> None:
+        """The checkpoint's write (`full`: at a clean stop or a revocation)."""
+
+    def after_message(self) -> None:
+        """After a message whose batch did not checkpoint."""
+
+    def before_timer(self) -> None:
+        """Each checkpoint timer round, before it looks at the lock."""
+
+    def assigned(self, partitions: set[int]) -> None:
+        """At an assignment: the partitions of the stage's topic this worker now holds."""
+
+    def forgotten(self) -> None:
+        """After a revocation dropped the decoded values, under the lock."""
+
+    # -- the shell
+
+    async def agent(self, stream: faust.StreamT[bytes]) -> None:
+        """Each message: applied in memory, acknowledged to the group by the next
+        checkpoint (`_checkpoint`)."""
+        async for event in stream.noack().events():  # type: ignore[attr-defined]
+            msg = event.message
+            async with self.lock:
+                # Records Faust skipped are applied first, in order, in the same batch:
+                # their state belongs to the same partition.
+                gap = await self.gaps.missing(msg.partition, msg.offset)
+                records = [(r.offset, r.value or b"") for r in gap]
+                records.append((msg.offset,
+                                msg.value if isinstance(msg.value, bytes) else b""))
+                started = time.perf_counter()
+                try:
+                    out = await self.apply(msg, gap, records)
+                except self.refusals as exc:
+                    await self.refuse(exc)
+                except Exception as exc:
+                    self.worker.operator_failed(exc)
+                if out is not None:
+                    self.fold(msg.partition, out, time.perf_counter() - started)
+                self._pending.add(msg, gap)
+                if self._pending.due(self.commit.dirty_since):
+                    await self._checkpoint(full=False)
+                else:
+                    self.after_message()
+
+    async def checkpoint(self) -> None:
+        """A checkpoint now (at a clean stop: a restart then finds every state)."""
+        async with self.lock:
+            await self._checkpoint()
+
+    async def checkpoint_timer(self) -> None:
+        """A checkpoint when applied state has waited the checkpoint interval (a quiet
+        stream)."""
+        self.before_timer()
+        if self.lock.locked() or not self._pending.timer_due(self.commit.dirty_since):
+            return
+        async with self.lock:
+            await self._checkpoint(full=False)
+
+    async def _checkpoint(self, full: bool = True) -> None:
+        """Make what was applied durable (`write`), then acknowledge its records, and only
+        them, to the consumer group. Called holding the lock."""
+        try:
+            await self.write(full)
+        except Exception as exc:
+            self.worker.operator_failed(exc)
+        self._pending.ack(self.worker.app.consumer)
+        self.worker.metrics.add(self.checkpoint_metric)
+
+    async def on_revoked(self) -> None:
+        """Checkpoint and acknowledge, then drop every decoded value: the partitions this
+        worker gets back are read again from their databases, restored by Faust from the
+        changelog meanwhile (table.MonotoneTable): another owner may have written them."""
+        async with self.lock:
+            await self._checkpoint()
+            self.commit.forget()
+            self.stores.release()
+            self.forgotten()
+
+    async def on_assigned(self, assigned: Iterable[Any]) -> None:
+        """Faust's assignment (its TPs): expect the stage's partitions anew (GapGuard)."""
+        mine = {tp.partition for tp in assigned if tp.topic == self.topic_name}
+        self.assigned(mine)
+        await self.gaps.reseed(mine)
+
+    def delivered(self, topic: str, partition: int, offset: int) -> None:
+        """In the producer's thread: where this stage's changelog writes landed."""
+        if topic == self.changelog:
+            self.tracker.delivered(partition, offset)
