@@ -16,7 +16,6 @@ with), or sooner by a checkpoint.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, NoReturn
 
@@ -46,7 +45,6 @@ from processor.stream.worker.table import WorkerStores
 if TYPE_CHECKING:
     from processor.stream.worker.app import Worker
 
-log = logging.getLogger("processor.stream.unit_stage")
 
 #: The longest the stage holds kept events back (`hold_s`).
 HOLD_MAX_S: Final = 0.05
