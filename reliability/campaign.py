@@ -269,6 +269,19 @@ def _interrupt(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+@contextmanager
+def _parent(keep: str | None) -> Iterator[Path]:
+    """Where the deployments' files go: `keep` (made if missing, left in place), else a
+    temporary directory deleted at the end."""
+    if keep is not None:
+        path = Path(keep)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="dpc-campaign-") as tmp:
+        yield Path(tmp)
+
+
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     signal.signal(signal.SIGINT, _interrupt)
@@ -313,12 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--bootstrap", help="broker of phases A and B (default: start one)")
     p.add_argument("--out", help="also write the JSON figures to this file")
+    p.add_argument("--keep", metavar="DIR",
+                   help="keep every deployment's files (configurations, worker logs, "
+                        "state directories) in DIR, to read after a failed phase; with "
+                        "--bootstrap its topics stay on that broker too")
     args = p.parse_args(argv)
     rng = random.Random(args.seed)
     started = time.monotonic()
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="dpc-campaign-") as tmp:
-        parent = Path(tmp)
+    with _parent(args.keep) as parent:
         needs_single = bool({"A", "B", "U"} & set(args.phases))
         ctx = broker(args.bootstrap) if needs_single else nullcontext(("", None))
         with ctx as (bootstrap, _kafka):
