@@ -4,20 +4,17 @@ RocksDB does, and a bounding-stage forwarder that only collects."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
 from processor.stream.model.bounding import BoundOutput
+from processor.stream.model.state import DictStore
 
 
-class CopyingStore:
+class CopyingStore(DictStore):
     """An in-memory state.StateStore that keeps and returns copies of its bytes, as RocksDB
     does (a DictStore shares one bytes object between the store and the state cache's
-    check, so the cache keeps no digests over it: transaction.py)."""
+    check, so the cache keeps no digests over it: transaction.py). Only get and set
+    differ from DictStore's."""
 
     shares_bytes = False
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
 
     def get(self, key: str) -> bytes | None:
         got = self.data.get(key)
@@ -25,16 +22,6 @@ class CopyingStore:
 
     def set(self, key: str, value: bytes) -> None:
         self.data[key] = bytes(bytearray(value))
-
-    def delete(self, key: str) -> None:
-        self.data.pop(key, None)
-
-    def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
-        for key, value in writes:
-            self.set(key, value)
-
-    def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
-        return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
 
 
 class CollectingForwarder:
