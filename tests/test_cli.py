@@ -416,20 +416,23 @@ def test_help_into_a_reader_that_leaves_is_quiet(command: str, tmp_path: Path) -
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout.startswith("usage: python -m processor") and shell.stderr == ""
 
-    def into_closed_pipe(args: list[str]) -> tuple[int, str]:
-        read, write = os.pipe()
-        os.close(read)  # the reader left before the writer starts
-        try:
-            done = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True,
-                                  timeout=120, cwd=tmp_path)
-        finally:
-            os.close(write)
-        return done.returncode, done.stderr
-
-    code, err = into_closed_pipe(argv)
+    code, err = _into_closed_pipe(argv, tmp_path)
     assert (code, err) == (0, "")
-    code, err = into_closed_pipe([sys.executable, "-c", "print('usage: x')"])
+    code, err = _into_closed_pipe([sys.executable, "-c", "print('usage: x')"], tmp_path)
     assert code != 0 and "BrokenPipeError" in err  # control
+
+
+def _into_closed_pipe(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run `args` with standard output a pipe whose reader left before the writer
+    started: (exit code, stderr)."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(args, stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=120, cwd=cwd)
+    finally:
+        os.close(write)
+    return done.returncode, done.stderr
 
 
 def a_socket_broke(_args: list[str]) -> int:
@@ -448,14 +451,7 @@ def test_a_command_whose_reader_leaves_is_quiet_and_another_broken_pipe_is_not(
     ticks.write_text("_\n" * 20_000)
     argv = [sys.executable, "-m", "processor", "count", "--mechanism", "simecc",
             "--epsilon", "1", "--delta", "1e-6", "--seed", "7", "--input", str(ticks)]
-    read, write = os.pipe()
-    os.close(read)  # the reader left before the writer starts
-    try:
-        done = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True,
-                              timeout=120, cwd=tmp_path)
-    finally:
-        os.close(write)
-    assert (done.returncode, done.stderr) == (0, "")
+    assert _into_closed_pipe(argv, tmp_path) == (0, "")
 
     monkeypatch.setitem(cli._DELEGATED, "broken", (__name__, "a_socket_broke"))
     assert cli.main(["broken"]) == 2
