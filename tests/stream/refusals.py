@@ -3,6 +3,8 @@ traceback, and nothing new on the public topics."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from processor.stream.kafka import kafka_io
@@ -28,3 +30,16 @@ def public_records(dep: Any) -> tuple[list[bytes | None], list[bytes | None]]:
     """The values on the deployment's ledger and private-count topics, in log order."""
     return ([r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.ledger)],
             [r.value for r in kafka_io.iter_topic(dep.conf, dep.topics.counts)])
+
+
+def ran_and_stopped(deployment_factory: Callable[..., Any], name: str) -> Any:
+    """A deployment of counter `a` (epsilon 500, 200 ms ticks) whose worker published two
+    releases and stopped cleanly: the state a refused restart is tried on."""
+    tick = 200
+    start = (int(time.time() * 1000) // tick) * tick
+    dep = deployment_factory({"a": start}, name=name, partitions=1, tick_ms=tick,
+                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    dep.worker.start()
+    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
+    assert dep.worker.stop() == 0, dep.worker.log_tail()
+    return dep

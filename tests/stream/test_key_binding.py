@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +32,7 @@ from processor.stream.model.operator import KeyMismatchError, Operator, Output
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore, StateVersionError, partition_key
 from tests.stream.helpers import apply_now
-from tests.stream.refusals import public_records, refused
+from tests.stream.refusals import public_records, ran_and_stopped, refused
 
 TICK = 1000
 KEY = NoiseKey(hashlib.sha256(b"key binding test key (public, tests only)").digest())
@@ -129,14 +128,8 @@ def test_restart_with_a_fresh_key_file_is_refused(
     with a fresh key file: exit 2, one `error:` line naming the stored and the given
     fingerprint and the remedy, no traceback, nothing published. Control: the original
     key file restarts and publishes."""
-    tick = 200
-    start = (int(time.time() * 1000) // tick) * tick
-    dep = deployment_factory({"a": start}, name="keybind", partitions=1, tick_ms=tick,
-                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
+    dep = ran_and_stopped(deployment_factory, "keybind")
     worker = dep.worker
-    worker.start()
-    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
-    assert worker.stop() == 0, worker.log_tail()
     ledger, counts = public_records(dep)
 
     fresh = write_key(dep.directory / "fresh.key")

@@ -12,7 +12,6 @@ epsilon (500), not the configured one.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,12 +20,12 @@ from processor.devtools.deployment import write_config
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.topics import changelog_topic
 from processor.stream.model.config import with_overrides
-from tests.stream.refusals import refused
+from tests.stream.refusals import ran_and_stopped, refused
 
 
 def test_changed_epsilon_is_refused_unless_kept(
         deployment_factory: Callable[..., Any]) -> None:
-    dep = _ran_and_stopped(deployment_factory, "params")
+    dep = ran_and_stopped(deployment_factory, "params")
     worker = dep.worker
     published = len(dep.releases())
 
@@ -57,7 +56,7 @@ def test_corrupt_state_names_the_key_and_the_remedy(
     local state from it) stops the worker with exit code 2 and one `error:` line naming the
     key (a declared counter: public) and the remedy, no traceback. Before, it exited 1
     with "operator failed (StateFormatError)", naming neither."""
-    dep = _ran_and_stopped(deployment_factory, "corrupt")
+    dep = ran_and_stopped(deployment_factory, "corrupt")
     worker = dep.worker
     # The newest changelog value of c/a is garbage behind a valid header that says it is
     # newer than anything written (a value without one would not replace a newer one:
@@ -71,16 +70,3 @@ def test_corrupt_state_names_the_key_and_the_remedy(
     error, log = refused(worker)
     assert "'c/a'" in error and changelog_topic(dep.settings) in error, log
     assert "new deployment" in error, log
-
-
-def _ran_and_stopped(deployment_factory: Callable[..., Any], name: str) -> Any:
-    """A deployment of counter `a` (epsilon 500, 200 ms ticks) whose worker published two
-    releases and stopped cleanly."""
-    tick = 200
-    start = (int(time.time() * 1000) // tick) * tick
-    dep = deployment_factory({"a": start}, name=name, partitions=1, tick_ms=tick,
-                             lateness_ms=200, heartbeat_ticks=5, epsilon=500.0)
-    dep.worker.start()
-    dep.wait_releases(lambda rs: len(rs) >= 2, timeout_s=120)
-    assert dep.worker.stop() == 0, dep.worker.log_tail()
-    return dep
