@@ -74,6 +74,7 @@ def send(lines: Iterable[tuple[str, int, str]], settings: Settings, producer: Pr
          stderr: TextIO) -> tuple[Tally[str], int, list[str]]:
     """Check and produce each line; (events sent per counter, lines refused, delivery
     errors). Nothing is sent for a refused line."""
+    from processor.stream.kafka.kafka_io import produce_waiting
     from processor.stream.model.records import Rejection, parse_input
 
     sent: Tally[str] = Tally()
@@ -97,12 +98,7 @@ def send(lines: Iterable[tuple[str, int, str]], settings: Settings, producer: Pr
             print(f"{source}:{number}: not sent ({checked.reason}): {checked.detail}",
                   file=stderr, flush=True)
             continue
-        while True:
-            try:
-                producer.produce(topic, value=raw, on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, value=raw, on_delivery=delivered)
         producer.poll(0)
         sent[checked.counter] += 1
     return sent, refused, failed

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from processor.stream.kafka.kafka_io import produce_waiting
 from processor.stream.kafka.producer import AsyncProducer
 
 
@@ -96,3 +97,40 @@ def test_a_failed_produce_leaves_only_the_sent_records_in_flight() -> None:
         await asyncio.wait_for(p.flush(), 1.0)  # returns: the two sent are acknowledged
 
     asyncio.run(flush_after_acks())
+
+
+class _FullQueue:
+    """A confluent-kafka Producer stand-in whose local queue is full for its first
+    `full` produce calls; it records the calls and the polls."""
+
+    def __init__(self, full: int) -> None:
+        self.full = full
+        self.produced: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.polls: list[float] = []
+
+    def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+        if self.full > 0:
+            self.full -= 1
+            raise BufferError("Local: Queue full")
+        self.produced.append((topic, args, kwargs))
+
+    def poll(self, timeout: float) -> int:
+        self.polls.append(timeout)
+        return 0
+
+
+def test_produce_waiting_polls_while_the_queue_is_full_then_sends_once() -> None:
+    """kafka_io.produce_waiting, which every single-record producer path sends through:
+    a full local queue is drained by polling (50 ms each) and the record is then sent
+    exactly once, with its arguments unchanged. Control: another error is not swallowed."""
+    client = _FullQueue(full=2)
+    produce_waiting(client, "t", b"v", key=b"k", partition=3)  # type: ignore[arg-type]
+    assert client.polls == [0.05, 0.05]
+    assert client.produced == [("t", (b"v",), {"key": b"k", "partition": 3})]
+
+    class Broken(_FullQueue):
+        def produce(self, topic: str, *args: Any, **kwargs: Any) -> None:
+            raise KeyError("not a full queue")
+
+    with pytest.raises(KeyError):
+        produce_waiting(Broken(full=0), "t", b"v")  # type: ignore[arg-type]

@@ -587,12 +587,7 @@ class Ingest:
         kwargs: dict[str, Any] = {"value": value, "on_delivery": on_delivery}
         if partition is not None:
             kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                return
-            except BufferError:
-                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+        kafka_io.produce_waiting(producer, topic, **kwargs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

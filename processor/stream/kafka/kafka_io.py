@@ -292,6 +292,17 @@ def replication_for(conf: Mapping[str, str], timeout_s: float = _DEFAULT_TIMEOUT
     return max(1, min(3, len(md.brokers)))
 
 
+def produce_waiting(producer: Producer, topic: str, *args: Any, **kwargs: Any) -> None:
+    """`producer.produce(topic, ...)`, waiting while its local queue is full (BufferError)
+    for deliveries to drain it: every producer of the project sends through this."""
+    while True:
+        try:
+            producer.produce(topic, *args, **kwargs)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
 def produce_all(
     conf: Mapping[str, str],
     topic: str,
@@ -313,12 +324,7 @@ def produce_all(
         kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": on_delivery}
         if partition is not None:
             kwargs["partition"] = partition
-        while True:
-            try:
-                producer.produce(topic, **kwargs)
-                break
-            except BufferError:
-                producer.poll(0.05)
+        produce_waiting(producer, topic, **kwargs)
         producer.poll(0)
         n += 1
     remaining = producer.flush(timeout_s)

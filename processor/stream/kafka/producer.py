@@ -25,6 +25,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from processor.errors import StreamError
 from processor.stream.kafka import kafka_io
+from processor.stream.kafka.kafka_io import produce_waiting
 
 log = logging.getLogger("processor.stream.producer")
 
@@ -95,16 +96,12 @@ class AsyncProducer:
             kw["headers"] = list(headers)
         with self._lock:
             self._in_flight += 1
-        while True:
-            try:
-                self._producer.produce(topic, **kw)
-                return
-            except BufferError:
-                self._producer.poll(0.05)  # the local queue is full: let it drain
-            except BaseException:
-                with self._lock:
-                    self._in_flight -= 1
-                raise
+        try:
+            produce_waiting(self._producer, topic, **kw)
+        except BaseException:
+            with self._lock:
+                self._in_flight -= 1
+            raise
 
     def produce_many(self, topic: str, records: Sequence[tuple[bytes | None, bytes | None]],
                      partition: int = -1) -> None:
@@ -118,6 +115,8 @@ class AsyncProducer:
         with self._lock:
             self._in_flight += len(records)
         for i, (key, value) in enumerate(records):
+            # kafka_io.produce_waiting inlined: a call per record costs about 0.25 us
+            # here, 40% of the enqueue (a checkpoint's changelog records go this way).
             while True:
                 try:
                     send(topic, value, key, partition, delivered)
