@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from processor.core.api import Counter
@@ -81,6 +80,7 @@ from processor.stream.model.clock import TOLERANCE_MS
 from processor.stream.model.config import Settings
 from processor.stream.model.identity import calibration_of, creation_tag, key_fingerprint
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
+from processor.stream.model.outputs import Output
 from processor.stream.model.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
 from processor.stream.model.records import (
     EventRows,
@@ -125,7 +125,7 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
-#: The metric names an Output reports (aggregates only, never per counter).
+#: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
     "events_applied",
     "markers_applied",
@@ -141,18 +141,6 @@ METRICS: Final = (
     "events_dequeued",
     "markers_refused",
 )
-
-
-@dataclass
-class Output:
-    """What applying timeline records produced: ledger entries (counters announced),
-    releases, and metric deltas (names in METRICS; aggregates only, never per counter)."""
-
-    releases: list[Release] = field(default_factory=list)
-    ledger: list[LedgerEntry] = field(default_factory=list)
-    metrics: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
-    #: The newest tick a marker applied here sealed through (None: no marker applied).
-    sealed_through: int | None = None
 
 
 class AnnouncedCounterError(RefusedError):
@@ -849,7 +837,7 @@ class Operator:
         if cs.ledger_fingerprint != fingerprint:
             # The configuration changed under this counter's state: its first release under
             # the new fingerprint is preceded by the entry that explains it (published
-            # first: the publisher sends a batch's ledger entries before its releases).
+            # first: a sink sends a batch's ledger entries before its releases).
             out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
