@@ -42,7 +42,7 @@ from processor.stream.model.bounding import (
 from processor.stream.model.config import Settings, with_overrides, with_unit
 from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
-from processor.stream.model.state import DictStore, partition_key, supersedes
+from processor.stream.model.state import DictStore, DuplicateFilter, partition_key, supersedes
 
 NOW = 1_767_225_600_000
 K, M = 3, 2
@@ -278,7 +278,7 @@ def test_controls_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def forgetful(data: bytes) -> UnitState:
         st = real(data)
-        st.last_seq, st.inputs = -1, {}  # every event decided afresh
+        st.last_seq, st.inputs = -1, DuplicateFilter()  # every event decided afresh
         return st
 
     with monkeypatch.context() as patched:

@@ -81,6 +81,7 @@ from processor.stream.model.state import (
     PARTITION_PREFIX,
     UNIT_MAGIC,
     DictStore,
+    DuplicateFilter,
     StateStore,
     monotone_header,
     stored_offset,
@@ -216,7 +217,7 @@ class UnitState:
     #: applied (`Bounder.apply`). Per unit, so that no
     #: other unit's events (a zombie ingest's late write of older offsets included) ever
     #: make one of this unit's a duplicate.
-    inputs: dict[str, int] = field(default_factory=dict)
+    inputs: DuplicateFilter = field(default_factory=DuplicateFilter)
     saved: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -241,7 +242,8 @@ class UnitState:
         # int types as they were, with nothing to convert.
         body = orjson.loads(data[12:])
         # A value written before the per-unit filter has no third element.
-        return cls(body[0], dict(body[1]), body[2] if len(body) > 2 else {}, data)
+        return cls(body[0], dict(body[1]),
+                   DuplicateFilter(body[2]) if len(body) > 2 else DuplicateFilter(), data)
 
 
 @dataclass
@@ -558,10 +560,7 @@ def _fresh(st: UnitState, labels: dict[int, str], epoch: int, in_p: int,
     label = labels.get(in_p)
     if label is None:
         label = labels[in_p] = f"{epoch}/{in_p}"
-    if in_o <= st.inputs.get(label, -1):
-        return False
-    st.inputs[label] = in_o
-    return True
+    return st.inputs.admit(label, in_o)
 
 
 def _encode_forward(rows: Sequence[tuple[Any, ...]]) -> bytes:

@@ -99,6 +99,7 @@ from processor.stream.model.state import (
     CounterFactory,
     CounterState,
     DueWheel,
+    DuplicateFilter,
     PartitionState,
     StateStore,
     counter_filed_due,
@@ -517,17 +518,10 @@ class Operator:
                 seen = cs.inputs
                 assert seen is not None  # `_first_row` starts a value written before it
                 if source and label not in seen:
-                    # The first record that names its input topic's identity: the
-                    # counter's unnamed entry (written before records named one) is this
-                    # topic's, so re-sent events stay duplicates. A later identity (the
-                    # topic recreated) starts afresh.
-                    legacy = seen.pop(str(src), None)
-                    if legacy is not None:
-                        seen[label] = legacy
-                if src_offset <= seen.get(label, -1):
+                    seen.adopt(str(src), label)
+                if not seen.admit(label, src_offset):
                     m["duplicates_dropped"] += 1
                     continue
-                seen[label] = src_offset
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -586,7 +580,7 @@ class Operator:
         if cs.inputs is None:
             # Written while the filter was shared by the partition's counters: its own
             # starts where that one stood (what it had applied is at or below it).
-            cs.inputs = dict(ps.legacy_inputs)
+            cs.inputs = DuplicateFilter(ps.legacy_inputs)
         cs.last_offset = offset
         self._stage_counter(txn, partition, name, cs)
         return cs
