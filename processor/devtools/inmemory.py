@@ -8,10 +8,11 @@ from processor.stream.model.state import DictStore
 
 
 class CopyingStore(DictStore):
-    """An in-memory state.StateStore that keeps and returns copies of its bytes, as RocksDB
-    does (a DictStore shares one bytes object between the store and the state cache's
-    check, so the cache keeps no digests over it: transaction.py). Only get and set
-    differ from DictStore's."""
+    """A DictStore that keeps and returns copies of its bytes, as RocksDB does.
+
+    A DictStore shares one bytes object between the store and the state cache's check,
+    so the cache keeps no digests over it (transaction.py): this one exercises the
+    worker's path in tests and benchmarks. Only get and set differ from DictStore's."""
 
     shares_bytes = False
 

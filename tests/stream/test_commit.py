@@ -16,7 +16,7 @@ import pytest
 
 from processor.core import registry
 from processor.stream.model import operator
-from processor.stream.model.commit import CRASH_POINTS, INLINE_STEPS, BatchCommit, SharedStore
+from processor.stream.model.commit import CRASH_POINTS, INLINE_STEPS, BatchCommit
 from processor.stream.model.config import Settings
 from processor.stream.model.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
 from processor.stream.model.outputs import CollectingSink, Output
@@ -213,7 +213,8 @@ def test_wrong_write_order_is_caught() -> None:
     _, clean_pub = run_clean(s, batches, factory)
 
     class PartitionFirst:
-        """Writes partition values through, holds counter values back (lost at a crash)."""
+        """Writes partition values through, holds counter values back (lost at a crash);
+        its own Stores, as a DictStore is."""
 
         shares_bytes = True
 
@@ -240,6 +241,12 @@ def test_wrong_write_order_is_caught() -> None:
             for key, value in writes:
                 self.set(key, value)
 
+        def of(self, partition: int) -> PartitionFirst:
+            return self
+
+        async def flush(self) -> None:
+            return None
+
     bad = 0
     for at in range(len(batches)):
         store = DictStore()
@@ -248,7 +255,7 @@ def test_wrong_write_order_is_caught() -> None:
         for b in batches[:at]:
             asyncio.run(BatchCommit(op, store, pub).commit(0, b))
         with pytest.raises(Crash):
-            asyncio.run(BatchCommit(op, SharedStore(PartitionFirst(store)), pub,
+            asyncio.run(BatchCommit(op, PartitionFirst(store), pub,
                                     crash_at("after_state", 1)).commit(0, batches[at]))
         op = Operator(s, KEY, factory=factory)
         try:

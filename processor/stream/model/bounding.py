@@ -601,10 +601,10 @@ class BoundCommit(CheckpointLoop):
 
     crash_names = CRASH_POINTS
 
-    def __init__(self, bounder: Bounder, store: StateStore | Stores, sink: Sink,
+    def __init__(self, bounder: Bounder, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None) -> None:
-        super().__init__(store, sink, crash_point, fence)
+        super().__init__(stores, sink, crash_point, fence)
         self.bounder = bounder
 
     def open_buffer(self, partition: int) -> PartitionTransaction:

@@ -41,26 +41,14 @@ CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
 
 
 class Stores(Protocol):
-    """Each partition's StateStore, and when what was written to them is durable."""
+    """Each partition's StateStore and when writes to them are durable: what a commit
+    writes through (the worker's `table.WorkerStores`; a `DictStore` in replay and tests)."""
 
     def of(self, partition: int) -> StateStore: ...
 
     async def flush(self) -> None:
         """Return only once every write made so far is durable (its changelog records
         acknowledged); raise if one was not."""
-
-
-class SharedStore:
-    """One StateStore for every partition, durable as soon as written (replay, tests)."""
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-
-    def of(self, partition: int) -> StateStore:
-        return self.store
-
-    async def flush(self) -> None:
-        return None
 
 
 class CheckpointLoop:
@@ -101,14 +89,14 @@ class CheckpointLoop:
     #: writes, after the state.
     crash_names: tuple[str, str, str] = CRASH_POINTS
 
-    def __init__(self, store: StateStore | Stores, sink: Sink,
+    def __init__(self, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None, offload: bool = False) -> None:
         #: Run the heavy steps in a thread, so that the event loop of a worker keeps its
         #: group heartbeats going meanwhile. One step at a time still: the caller awaits
         #: each.
         self.offload = offload
-        self.stores: Stores = _stores(store)
+        self.stores = stores
         self.sink = sink
         self.crash_point = crash_point
         self.fence = fence
@@ -242,12 +230,12 @@ class BatchCommit(CheckpointLoop):
     `commit(partition, records)` is apply and checkpoint in one.
     """
 
-    def __init__(self, operator: Operator, store: StateStore | Stores, sink: Sink,
+    def __init__(self, operator: Operator, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None, offload: bool = False) -> None:
         # offload: a batch with a marker (it may create or seal thousands of counters)
         # and a checkpoint's encoding and writes run in a thread.
-        super().__init__(store, sink, crash_point, fence, offload)
+        super().__init__(stores, sink, crash_point, fence, offload)
         self.operator = operator
         #: Partition -> the newest tick a marker applied here sealed (what `_heavy` counts
         #: the ticks of the next marker from); emptied by `forget`.
@@ -320,8 +308,3 @@ class BatchCommit(CheckpointLoop):
         self.operator.forget()
         self._sealed.clear()
 
-
-def _stores(store: StateStore | Stores) -> Stores:
-    if callable(getattr(store, "of", None)) and callable(getattr(store, "flush", None)):
-        return store  # type: ignore[return-value]
-    return SharedStore(store)  # type: ignore[arg-type]

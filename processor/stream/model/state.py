@@ -169,8 +169,8 @@ def counter_filed_due(value: bytes) -> int | None:
 
 
 class StateStore(Protocol):
-    """The key-value store of one partition's state (a partition's RocksDB database
-    online, a dict in replay and tests)."""
+    """One partition's key-value store of state values, what a transaction reads and a
+    checkpoint writes (the worker's `table.PartitionStore`, a `DictStore` offline)."""
 
     #: Whether `get` returns the very bytes object `set` was given (a dict does; RocksDB
     #: returns a fresh copy): what the state cache's check may keep (transaction.py).
@@ -193,7 +193,8 @@ class StateStore(Protocol):
 
 
 class DictStore:
-    """An in-memory StateStore (replay, tests, benchmarks)."""
+    """An in-memory StateStore that is its own commit.Stores: every partition's, durable
+    as soon as written (replay, tests, benchmarks)."""
 
     shares_bytes = True
 
@@ -215,6 +216,13 @@ class DictStore:
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
+
+    def of(self, partition: int) -> DictStore:
+        """The store of `partition`: this one (one store holds every partition's keys)."""
+        return self
+
+    async def flush(self) -> None:
+        """Every write is durable once made."""
 
 
 # ------------------------------------------------------------------------ codecs
