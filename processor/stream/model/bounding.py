@@ -584,7 +584,7 @@ def gc_deferred() -> Iterator[None]:
         gc.enable()
 
 
-def _count(metrics: collections.Counter[str], **counts: int) -> None:
+def _count(metrics: collections.defaultdict[str, int], **counts: int) -> None:
     """Add the non-zero counts (a metric appears once it happened)."""
     for name, n in counts.items():
         if n:
