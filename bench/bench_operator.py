@@ -1,5 +1,5 @@
 """Throughput of the pure operator (no Kafka): `BatchCommit.commit` on a DictStore with a
-publisher that only collects, i.e. the worker's per-batch work without the broker.
+sink that only collects, i.e. the worker's per-batch work without the broker.
 
 Workloads, each a timeline of event-batch records and "sealed through" markers (one
 marker per tick, as the leader's timer writes them), committed one tick per batch (the
@@ -50,9 +50,10 @@ from dataclasses import dataclass
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.devtools.inmemory import CopyingStore
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import DEFAULT_CACHE_SIZE, Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 
@@ -139,7 +140,7 @@ def heartbeat(s: Settings, ticks: int, counters: int) -> Workload:
 async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile | None
                        ) -> tuple[float, float, int, int, int, int, int]:
     bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
-                     DictStore(), CollectingPublisher())
+                     DictStore(), CollectingSink())
     for b in w.warm:
         await bc.commit(0, b)
     releases = touched = markers = stepped = queued = 0
@@ -168,7 +169,7 @@ def memory(w: Workload, cache_size: int, counters: int, top: int) -> None:
     before = tracemalloc.take_snapshot()
     store = CopyingStore()
     bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
-                     store, CollectingPublisher())
+                     store, CollectingSink())
     for b in [*w.warm, *w.timed]:
         asyncio.run(bc.commit(0, b))
     gc.collect()

@@ -68,12 +68,12 @@ from stream_io import broker
 from processor.core.rng import NoiseKey
 from processor.core.unit import derive
 from processor.devtools.deployment import Deployment, isolated_deployment
-from processor.devtools.inmemory import CollectingForwarder
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.ingest import InputRecord, route
 from processor.stream.kafka.topics import changelog_topic, units_changelog_topic, units_topic
 from processor.stream.model.bounding import UNITS_SOURCE, BoundCommit, Bounder, unit_key
 from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import (
     TimelineBatch,
     TimelineFormatError,
@@ -326,7 +326,7 @@ def stage_run(n: int, users: int, seed: int, root: Path) -> dict[str, Any]:
             units.append((up, next_offset[up], data))
             next_offset[up] += 1
     stores = RocksStores(root, settings.partitions)
-    fw = CollectingForwarder()
+    fw = CollectingSink()
     bc = BoundCommit(Bounder(settings), stores, fw)
     per_record = n / max(1, len(units))
     gc_s = [0.0, 0.0]

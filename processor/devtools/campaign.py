@@ -59,10 +59,11 @@ from processor.devtools.deployment import (
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream.kafka import kafka_io
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import MAX_COUNTER_NAME, Settings
 from processor.stream.model.faults import CRASH_ENV, INGEST_DELIVERED
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import (
     Release,
     TimelineBatch,
@@ -362,7 +363,7 @@ def events_applied(settings: Settings, key: Any,
     """How many events the operator applies over the whole timeline (re-sent copies are
     dropped by its duplicate filter), run with the worker's own commit code."""
     async def run() -> int:
-        commit = BatchCommit(Operator(settings, key), DictStore(), CollectingPublisher())
+        commit = BatchCommit(Operator(settings, key), DictStore(), CollectingSink())
         applied = 0
         for p in sorted(timeline):
             recs = sorted(timeline[p], key=lambda r: r.offset)

@@ -1,5 +1,5 @@
 """The example subscribers (examples/python, examples/java) against the real broker, on
-releases the project's own worker published (its one publisher path, FaustPublisher):
+releases the project's own worker published (its one sink, KafkaSink):
 each must end with the current private value of every counter, the one with the largest
 tick, and reject a record without schema_version.
 

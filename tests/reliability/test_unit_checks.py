@@ -40,7 +40,6 @@ from processor.stream.model.bounding import (
     SEQ_BITS,
     UNITS_SOURCE,
     Bounder,
-    BoundOutput,
     encode_units,
     unit_hash,
     unit_key,
@@ -48,6 +47,7 @@ from processor.stream.model.bounding import (
     unit_row,
 )
 from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.outputs import Output
 from processor.stream.model.records import (
     Event,
     Rejection,
@@ -151,7 +151,7 @@ def _world(seed: int = 11) -> World:
     timeline: list[tuple[int, int, bytes]] = []
     rows: dict[tuple[int, int], tuple[tuple[int, int], list[object]]] = {}
     for p, off, raw in units_log:
-        out = BoundOutput()
+        out = Output()
         bounder.apply(stores[p], p, [(off, raw)], out)
         deadletters += out.deadletters
         for i, row in enumerate(orjson.loads(raw)["e"]):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from processor.stream.model.operator import Operator, Output
+from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.state import StateStore
 
 

@@ -21,7 +21,6 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.devtools.inmemory import CollectingForwarder
 from processor.stream.kafka.ingest import InputRecord, Routed, route
 from processor.stream.model import bounding
 from processor.stream.model.bounding import (
@@ -41,8 +40,9 @@ from processor.stream.model.bounding import (
     unit_partition,
 )
 from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import USER_MODE_REASONS, TimelineBatch, decode_timeline
-from processor.stream.model.state import DictStore, partition_key, supersedes
+from processor.stream.model.state import DictStore, DuplicateFilter, partition_key, supersedes
 
 NOW = 1_767_225_600_000
 K, M = 3, 2
@@ -56,7 +56,7 @@ def _row(uid: str, counter: str, in_offset: int, in_partition: int = 0) -> list[
     return [unit_hash(UKEY, uid), counter, NOW, UNIT, in_partition, in_offset]
 
 
-def _kept(fw: CollectingForwarder) -> list[tuple[int, int]]:
+def _kept(fw: CollectingSink) -> list[tuple[int, int]]:
     """(units partition, seq) of every forwarded event, deduplicated as the operator's
     filter does (per source label, strictly increasing offsets), in forward order."""
     hw: dict[tuple[int, int], int] = {}
@@ -73,8 +73,8 @@ def _kept(fw: CollectingForwarder) -> list[tuple[int, int]]:
 
 
 def _run(records: Sequence[tuple[int, int, bytes]], settings: Settings = S,
-         ) -> tuple[CollectingForwarder, DictStore]:
-    fw, store = CollectingForwarder(), DictStore()
+         ) -> tuple[CollectingSink, DictStore]:
+    fw, store = CollectingSink(), DictStore()
     bc = BoundCommit(Bounder(settings), store, fw)
     for p, off, raw in records:
         asyncio.run(bc.commit(p, [(off, raw)]))
@@ -143,7 +143,7 @@ def _crashing(point: str, nth: int) -> Callable[[str], None]:
     return crash
 
 
-def _dead(fw: CollectingForwarder) -> set[tuple[int, int]]:
+def _dead(fw: CollectingSink) -> set[tuple[int, int]]:
     return {(d["partition"], d["offset"]) for d in map(orjson.loads, fw.deadletters)}
 
 
@@ -160,13 +160,13 @@ def _inputs(log: Sequence[tuple[int, int, bytes]], kept: list[tuple[int, int]]
 def _crash_run(log: Sequence[tuple[int, int, bytes]], point: str, nth: int,
                hold: int = 1, counts: collections.Counter[str] | None = None,
                store: DictStore | None = None
-               ) -> tuple[CollectingForwarder, DictStore, bool]:
+               ) -> tuple[CollectingSink, DictStore, bool]:
     """Run `log` with a kill at the nth passage of `point`, a checkpoint every two records,
     the restarted stage re-applying from the last acknowledged record. `hold`: the kept
     events are sent with every hold-th record only (held back in between, as the worker
     does while more units messages wait), and by the checkpoints. `counts` sums every
     apply's metrics; `store` (default a DictStore) may raise Killed itself."""
-    fw = CollectingForwarder()
+    fw = CollectingSink()
     store = DictStore() if store is None else store
     acked = 0  # records acknowledged to the group (after a checkpoint)
     bc = BoundCommit(Bounder(S), store, fw, crash_point=_crashing(point, nth))
@@ -249,7 +249,7 @@ def test_rebalance_and_a_zombies_late_write_change_nothing() -> None:
     log = _log(9)
     ref, ref_store = _run(log)
     shared = DictStore()
-    fw = CollectingForwarder()
+    fw = CollectingSink()
     a = BoundCommit(Bounder(S), shared, fw)
     half = len(log) // 2
     for p, off, raw in log[:half]:
@@ -278,7 +278,7 @@ def test_controls_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def forgetful(data: bytes) -> UnitState:
         st = real(data)
-        st.last_seq, st.inputs = -1, {}  # every event decided afresh
+        st.last_seq, st.inputs = -1, DuplicateFilter()  # every event decided afresh
         return st
 
     with monkeypatch.context() as patched:
@@ -421,7 +421,7 @@ def test_checkpoint_cadence_changes_nothing(every: int) -> None:
     partition value last."""
     log = _log(5, n_records=40)
     ref, ref_store = _run(log)
-    fw, store = CollectingForwarder(), BatchStore()
+    fw, store = CollectingSink(), BatchStore()
     bc = BoundCommit(Bounder(S), store, fw)
     for i, (p, off, raw) in enumerate(log):
         asyncio.run(bc.apply(p, [(off, raw)]))
@@ -441,8 +441,8 @@ def test_crash_points_sit_between_the_write_batches() -> None:
     log = _log(6)
     calls: list[str] = []
     ref, store = BatchStore(), BatchStore()
-    plain = BoundCommit(Bounder(S), ref, CollectingForwarder())
-    bc = BoundCommit(Bounder(S), store, CollectingForwarder(), crash_point=calls.append)
+    plain = BoundCommit(Bounder(S), ref, CollectingSink())
+    bc = BoundCommit(Bounder(S), store, CollectingSink(), crash_point=calls.append)
     for i in range(0, 12, 3):
         asyncio.run(plain.apply(*log[i][:1], [log[i][1:]]))
         asyncio.run(plain.commit(*log[i + 1][:1], [log[i + 1][1:]]))
@@ -488,7 +488,7 @@ def test_a_unit_is_read_from_the_store_once_per_checkpoint() -> None:
     def unit_reads(every: int) -> int:
         reads.clear()
         store = Counting()
-        bc = BoundCommit(Bounder(S), store, CollectingForwarder())
+        bc = BoundCommit(Bounder(S), store, CollectingSink())
         for i, (p, off, raw) in enumerate(log):
             asyncio.run(bc.apply(p, [(off, raw)]))
             if (i + 1) % every == 0:
@@ -510,7 +510,7 @@ def test_a_failed_batch_forgets_every_unwritten_change() -> None:
     forwards and dead letters."""
     log = _log(8)
     ref, ref_store = _run(log)
-    fw, store = CollectingForwarder(), DictStore()
+    fw, store = CollectingSink(), DictStore()
     bc = BoundCommit(Bounder(S), store, fw)
     half = len(log) // 2
     for p, off, raw in log[:half]:
@@ -545,7 +545,7 @@ def test_held_forwards_share_timeline_records() -> None:
     re-applying sends them."""
     log = _log(4, n_records=40)
     ref, ref_store = _run(log)
-    fw, store = CollectingForwarder(), DictStore()
+    fw, store = CollectingSink(), DictStore()
     bc = BoundCommit(Bounder(S), store, fw)
     half = len(log) // 2
     for p, off, raw in log[:half]:
@@ -571,7 +571,7 @@ def test_held_forwards_share_timeline_records() -> None:
             n += 1
     assert n == len(_kept(ref))
     # A failure: the held events go with the unwritten state, and come back.
-    fw2, store2 = CollectingForwarder(), DictStore()
+    fw2, store2 = CollectingSink(), DictStore()
     bc2 = BoundCommit(Bounder(S), store2, fw2)
     for p, off, raw in log[:half]:
         asyncio.run(bc2.apply(p, [(off, raw)], forward=False))
@@ -592,7 +592,7 @@ def test_held_forwards_are_split_at_the_record_limits(monkeypatch: pytest.Monkey
     monkeypatch.setattr(bounding, "MAX_BATCH_BYTES", 300)
     log = _log(5, n_records=40)
     ref, _ = _run(log)
-    fw, store = CollectingForwarder(), DictStore()
+    fw, store = CollectingSink(), DictStore()
     bc = BoundCommit(Bounder(S), store, fw)
     for p, off, raw in log:
         asyncio.run(bc.apply(p, [(off, raw)], forward=False))
@@ -740,7 +740,7 @@ def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() ->
     for k, m, name in ((K + 1, M, "unit.max_events_per_counter"),
                        (K, M - 1, "unit.max_counters_per_unit")):
         other = with_unit(BASE, 4.0, 1e-6, k, m)
-        fw = CollectingForwarder()
+        fw = CollectingSink()
         bc = BoundCommit(Bounder(other), _copy(store.data), fw)
         p, off, raw = log[3]
         with pytest.raises(BoundsChangeError) as err:
@@ -750,8 +750,8 @@ def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() ->
         assert not fw.timeline and not fw.deadletters
         confirmed = with_overrides(other, unit_confirm_migration=True)
         asyncio.run(BoundCommit(Bounder(confirmed), _copy(store.data),
-                                CollectingForwarder()).commit(p, [(off, raw)]))
-    same = CollectingForwarder()
+                                CollectingSink()).commit(p, [(off, raw)]))
+    same = CollectingSink()
     asyncio.run(BoundCommit(Bounder(S), _copy(store.data), same).commit(
         *log[3][:1], [log[3][1:]]))
     legacy = dict(store.data)
@@ -759,7 +759,7 @@ def test_the_state_records_its_bounds_and_a_restore_under_others_is_refused() ->
         if key.startswith("p/"):
             legacy[key] = value[:12] + b'{"i":{}}'
     asyncio.run(BoundCommit(Bounder(with_unit(BASE, 4.0, 1e-6, K + 1, M)), _copy(legacy),
-                            CollectingForwarder()).commit(*log[3][:1], [log[3][1:]]))
+                            CollectingSink()).commit(*log[3][:1], [log[3][1:]]))
 
 
 def test_a_bounds_refusal_halts_at_a_timer_round_never_at_a_record() -> None:
@@ -779,7 +779,7 @@ def test_a_bounds_refusal_halts_at_a_timer_round_never_at_a_record() -> None:
         watch = BoundsWatch(other)
         watch.assigned({0})
         if with_record:
-            bc = BoundCommit(other, _copy(store.data), CollectingForwarder())
+            bc = BoundCommit(other, _copy(store.data), CollectingSink())
             p, off, raw = _log(5, n_records=4, partitions=1)[3]
             with pytest.raises(BoundsChangeError) as met:
                 asyncio.run(bc.commit(p, [(off, raw)]))

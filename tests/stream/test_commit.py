@@ -16,15 +16,10 @@ import pytest
 
 from processor.core import registry
 from processor.stream.model import operator
-from processor.stream.model.commit import (
-    CRASH_POINTS,
-    INLINE_STEPS,
-    BatchCommit,
-    CollectingPublisher,
-    SharedStore,
-)
+from processor.stream.model.commit import CRASH_POINTS, INLINE_STEPS, BatchCommit
 from processor.stream.model.config import Settings
 from processor.stream.model.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
+from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import Event, LedgerEntry, Release, encode_batch, encode_marker
 from processor.stream.model.state import CounterState, DictStore
 from tests.stream.test_operator import (
@@ -78,11 +73,11 @@ class Published:
         #: Every release sent, re-sends included, in order.
         self.sent: list[Release] = []
 
-    def send(self, ledger: Any, releases: Any) -> None:
-        self.sent.extend(releases)
-        for e in ledger:
+    def send(self, out: Output) -> None:
+        self.sent.extend(out.releases)
+        for e in out.ledger:
             assert self.ledger.setdefault(e.counter, e) == e, "ledger entry changed"
-        for r in releases:
+        for r in out.releases:
             got = self.releases.setdefault((r.counter, r.tick), r)
             assert got == r, f"a second, different value for {(r.counter, r.tick)}"
             if got is r:
@@ -154,7 +149,7 @@ def crash_at(name: str, k: int) -> Callable[[str], None]:
 def writes_of_each_batch(s: Settings, batches: Batches, factory: Any) -> list[int]:
     counts = []
     store = FailingStore({}, 0)
-    bc = BatchCommit(Operator(s, KEY, factory=factory), store, CollectingPublisher())
+    bc = BatchCommit(Operator(s, KEY, factory=factory), store, CollectingSink())
     for b in batches:
         before = store.writes
         asyncio.run(bc.commit(0, b))
@@ -218,7 +213,8 @@ def test_wrong_write_order_is_caught() -> None:
     _, clean_pub = run_clean(s, batches, factory)
 
     class PartitionFirst:
-        """Writes partition values through, holds counter values back (lost at a crash)."""
+        """Writes partition values through, holds counter values back (lost at a crash);
+        its own Stores, as a DictStore is."""
 
         shares_bytes = True
 
@@ -245,6 +241,12 @@ def test_wrong_write_order_is_caught() -> None:
             for key, value in writes:
                 self.set(key, value)
 
+        def of(self, partition: int) -> PartitionFirst:
+            return self
+
+        async def flush(self) -> None:
+            return None
+
     bad = 0
     for at in range(len(batches)):
         store = DictStore()
@@ -253,7 +255,7 @@ def test_wrong_write_order_is_caught() -> None:
         for b in batches[:at]:
             asyncio.run(BatchCommit(op, store, pub).commit(0, b))
         with pytest.raises(Crash):
-            asyncio.run(BatchCommit(op, SharedStore(PartitionFirst(store)), pub,
+            asyncio.run(BatchCommit(op, PartitionFirst(store), pub,
                                     crash_at("after_state", 1)).commit(0, batches[at]))
         op = Operator(s, KEY, factory=factory)
         try:
@@ -410,7 +412,7 @@ def test_nothing_is_left_behind_while_the_cache_is_full() -> None:
     deferred = 0
     for cache_size in (10, 1000):
         bc = BatchCommit(Operator(s, KEY, factory=registry, cache_size=cache_size),
-                         DictStore(), CollectingPublisher())
+                         DictStore(), CollectingSink())
         for i, n in enumerate(range(100, 160)):
             asyncio.run(bc.apply(0, [(i, encode_marker(n))]))
             asyncio.run(bc.checkpoint(full=False))
@@ -450,7 +452,7 @@ def test_due_wheel_is_never_late(seed: int, mechanism: str) -> None:
     batches = batches_of(to_records(recs, rng.choice([1, 4, 50])), rng)
 
     def run(op_class: type[Operator]) -> tuple[list[LedgerEntry], list[Release], int]:
-        pub = CollectingPublisher()
+        pub = CollectingSink()
         bc = BatchCommit(op_class(s, KEY, factory=factory), DictStore(), pub)
         touched = 0
         for b in batches:
@@ -484,7 +486,7 @@ def test_each_touched_counter_is_encoded_once_per_checkpoint() -> None:
 
     s = settings({"a": 0, "b": 0}, heartbeat_ticks=2)
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, factory=Factory()), store, CollectingPublisher())
+    bc = BatchCommit(Operator(s, KEY, factory=Factory()), store, CollectingSink())
     records = []
     src = 0
     for n in range(3):
@@ -499,7 +501,7 @@ def test_each_touched_counter_is_encoded_once_per_checkpoint() -> None:
     assert sorted(k for k in store.data if k.startswith("c/")) == ["c/a", "c/b"]
     encoded["n"] = 0
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, factory=Factory()), store, CollectingPublisher())
+    bc = BatchCommit(Operator(s, KEY, factory=Factory()), store, CollectingSink())
     for offset, record in enumerate(records):
         asyncio.run(bc.apply(0, [(offset, record)]))
     assert encoded["n"] == 0 and not store.data
@@ -516,8 +518,8 @@ def test_commit_publishes_ledger_then_releases_before_any_state_write() -> None:
             super().set(key, value)
 
     class Pub:
-        def send(self, ledger: Any, releases: Any) -> None:
-            events.append(f"publish {len(ledger)} {len(releases)}")
+        def send(self, out: Output) -> None:
+            events.append(f"publish {len(out.ledger)} {len(out.releases)}")
 
         async def flush(self) -> None:
             events.append("flushed")
@@ -539,7 +541,7 @@ def test_work_per_batch_is_one_write_per_touched_counter() -> None:
     names = {f"k{i:03d}": 0 for i in range(100)}
     s = settings(names, heartbeat_ticks=1_000_000)
     store = FailingStore({}, 0)
-    bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store, CollectingPublisher())
+    bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store, CollectingSink())
     off = 0
 
     def commit(records: list[bytes]) -> list[str]:
@@ -596,7 +598,7 @@ def test_a_checkpoint_writes_each_plan_in_one_batch() -> None:
 
     def run(store: DictStore, crash_point: Callable[[str], None] | None = None) -> None:
         bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store,
-                         CollectingPublisher(), crash_point)
+                         CollectingSink(), crash_point)
         for offset, record in enumerate(records):
             asyncio.run(bc.commit(0, [(offset, record)]))
 
@@ -639,7 +641,7 @@ def test_a_lone_small_marker_is_applied_inline_and_a_large_seal_in_a_thread() ->
         return await real(fn, *args)
 
     def run(offload: bool) -> list[Release]:
-        pub = CollectingPublisher()
+        pub = CollectingSink()
         bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), DictStore(), pub,
                          offload=offload)
         for b in batches:

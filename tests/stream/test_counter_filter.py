@@ -18,7 +18,8 @@ import orjson
 from processor.core import registry
 from processor.core.rng import NoiseKey
 from processor.stream.model.config import Settings, with_overrides
-from processor.stream.model.operator import Operator, Output
+from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.records import encode_batch_rows, source_label
 from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, CounterState, DictStore
 from tests.stream.helpers import apply_now

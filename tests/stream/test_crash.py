@@ -21,9 +21,10 @@ import pytest
 
 from processor.core.rng import NoiseKey
 from processor.stream.kafka import kafka_io
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import Event, Release, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 from processor.stream.replay import ReplayReport, replay
@@ -65,7 +66,7 @@ def _commit_all(settings: Settings, key: NoiseKey,
     """BatchCommit over a timeline (partition -> [(offset, value)]), one record per batch
     as the worker does; returns (releases, events applied)."""
     async def run() -> tuple[list[Release], int]:
-        publisher = CollectingPublisher()
+        publisher = CollectingSink()
         commit = BatchCommit(Operator(settings, key), DictStore(), publisher)
         applied = 0
         for p, rs in sorted(timeline.items()):

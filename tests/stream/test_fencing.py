@@ -23,6 +23,7 @@ import pytest
 
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 from processor.stream.worker.fencing import SuspensionFence
@@ -125,7 +126,7 @@ class Recorder(DictStore):
         super().set(key, value)
 
 
-class SlowPublisher:
+class SlowSink:
     """Publishes, and the clock jumps while it waits for the acks (a SIGSTOP then)."""
 
     def __init__(self, clock: FakeClock, jump_s: float) -> None:
@@ -133,8 +134,8 @@ class SlowPublisher:
         self.jump_s = jump_s
         self.releases: list[Any] = []
 
-    def send(self, ledger: Any, releases: Any) -> None:
-        self.releases.extend(releases)
+    def send(self, out: Output) -> None:
+        self.releases.extend(out.releases)
 
     async def flush(self) -> None:
         self.clock.now += self.jump_s
@@ -144,11 +145,11 @@ BATCH = [(1, encode_marker(2)), (0, encode_batch([Event("a", 0, 1)]))]
 
 
 def commit(fenced: bool, jump_before: float, jump_in_publish: float
-           ) -> tuple[Recorder, SlowPublisher, bool]:
+           ) -> tuple[Recorder, SlowSink, bool]:
     clock = FakeClock()
     fence = SuspensionFence(5.0, raise_fenced, interval_s=0.2, clock=clock)
     store = Recorder()
-    pub = SlowPublisher(clock, jump_in_publish)
+    pub = SlowSink(clock, jump_in_publish)
     s = settings({"a": 0}, heartbeat_ticks=1)
     bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store, pub,
                      fence=fence.check if fenced else None)

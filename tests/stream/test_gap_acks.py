@@ -30,9 +30,10 @@ from faust.types import TP, Message
 
 from processor.core.rng import NoiseKey
 from processor.stream.kafka import kafka_io
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import encode_marker
 from processor.stream.model.state import DictStore
 from processor.stream.worker import acks
@@ -159,7 +160,7 @@ def _run_agent(settings: Settings, records: list[Any], before: Sequence[int],
     key = NoiseKey.from_seed(5)
     worker = Worker(settings, key)
     worker.operator.commit = BatchCommit(Operator(settings, key), DictStore(),
-                                      CollectingPublisher())
+                                      CollectingSink())
     topic = settings.topics.timeline
     consumer = _consumer(worker.app, topic, committed=0)
 

@@ -28,7 +28,8 @@ from processor.core.rng import NoiseKey
 from processor.stream.kafka import kafka_io
 from processor.stream.model.config import Settings, TopicSettings, with_overrides
 from processor.stream.model.identity import counter_id, key_fingerprint, noise_identity
-from processor.stream.model.operator import Operator, Output
+from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.records import Event, Release, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 from tests.stream.helpers import apply_now

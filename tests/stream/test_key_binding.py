@@ -28,7 +28,8 @@ from processor.core.rng import NoiseKey
 from processor.devtools.deployment import write_config
 from processor.keyfile import read_key, write_key
 from processor.stream.model.config import Settings, with_overrides
-from processor.stream.model.operator import KeyMismatchError, Operator, Output
+from processor.stream.model.operator import KeyMismatchError, Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore, StateVersionError, partition_key
 from tests.stream.helpers import apply_now

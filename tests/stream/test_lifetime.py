@@ -26,7 +26,8 @@ from processor.errors import error_line
 from processor.stream.model import lifetime
 from processor.stream.model.config import Settings, with_overrides, with_unit
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
-from processor.stream.model.operator import Operator, Output
+from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.provenance import ParameterChangeError
 from processor.stream.model.records import LedgerEntry, encode_batch_rows, encode_marker
 from processor.stream.model.state import DictStore, PartitionState, partition_key

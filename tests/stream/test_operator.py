@@ -25,16 +25,16 @@ from processor.core import registry
 from processor.core.api import Counter, check_skip
 from processor.core.grid import UNIT, to_units
 from processor.core.rng import NoiseKey
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.identity import counter_id, noise_identity
 from processor.stream.model.operator import (
     DEFAULT_CACHE_SIZE,
     AnnouncedCounterError,
     Operator,
-    Output,
     is_heartbeat_tick,
 )
+from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import (
     Event,
     LedgerEntry,
@@ -976,11 +976,11 @@ def test_due_wheel_stays_small_with_spread_heartbeats() -> None:
 
 
 def _commit_markers(op: Operator, store: DictStore, offsets_and_ticks: list[tuple[int, int]],
-                    crash_after_acks: bool = False) -> CollectingPublisher:
+                    crash_after_acks: bool = False) -> CollectingSink:
     """Commit one marker record per (offset, n) with BatchCommit; the publisher keeps what
     was acknowledged. With crash_after_acks, the first batch dies once its records are
     acknowledged, before any state write (the commit protocol's re-execution window)."""
-    pub = CollectingPublisher()
+    pub = CollectingSink()
 
     def crash(point: str) -> None:
         if crash_after_acks and point == "after_acks":
@@ -1006,7 +1006,7 @@ def test_announced_counter_without_state_is_refused_and_nothing_is_published() -
 
     store = DictStore()
     op = Operator(s, KEY, factory=StepFactory(2, 3), announced=announced)
-    pub = CollectingPublisher()
+    pub = CollectingSink()
     bc = BatchCommit(op, store, pub)
     with pytest.raises(AnnouncedCounterError) as err:
         asyncio.run(bc.commit(0, [(7, encode_marker(6))]))
@@ -1080,7 +1080,7 @@ def test_changed_parameters_under_existing_state_are_refused_in_one_place(
     field_name = next(iter(change))
     changed = with_overrides(s, **change)
     before = dict(store.data)
-    pub = CollectingPublisher()
+    pub = CollectingSink()
     bc = BatchCommit(Operator(changed, KEY, factory=StepFactory(2, 3)), store, pub)
     with pytest.raises(ParameterChangeError) as err:
         asyncio.run(bc.commit(0, [(10, encode_marker(8))]))

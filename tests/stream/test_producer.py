@@ -1,17 +1,23 @@
 """AsyncProducer.produce_many (processor/stream/kafka/producer.py) on a stand-in for the
 librdkafka client: records in order, a full local queue waited out, and the records in
-flight counted exactly (what `flush` waits for), also when a produce fails midway."""
+flight counted exactly (what `flush` waits for), also when a produce fails midway; and
+KafkaSink, the one sink of every stage, on a stand-in for the producer."""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Iterable
 from typing import Any
 
 import pytest
 
 from processor.stream.kafka.kafka_io import produce_waiting
-from processor.stream.kafka.producer import AsyncProducer
+from processor.stream.kafka.producer import AsyncProducer, KafkaSink
+from processor.stream.kafka.topics import topic_name
+from processor.stream.model.config import Settings
+from processor.stream.model.outputs import Output
+from processor.stream.model.records import LedgerEntry, Release
 
 
 class FakeClient:
@@ -134,3 +140,46 @@ def test_produce_waiting_polls_while_the_queue_is_full_then_sends_once() -> None
 
     with pytest.raises(KeyError):
         produce_waiting(Broken(full=0), "t", b"v")  # type: ignore[arg-type]
+
+
+class RecordingProducer:
+    """Takes AsyncProducer's produce and produce_many calls, in one list."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, Any, Any]] = []
+
+    def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
+                partition: int | None = None, timestamp_ms: int | None = None,
+                headers: Any = None) -> None:
+        self.calls.append((topic, value, key, partition))
+
+    def produce_many(self, topic: str, records: list[tuple[bytes | None, bytes | None]],
+                     partition: int = -1) -> None:
+        self.calls.extend((topic, v, k, None) for k, v in records)
+
+
+def test_kafka_sink_sends_each_kind_to_its_topic_in_order_and_counts_the_stages_own(
+        ) -> None:
+    """The one sink of both stages: ledger entries before releases (keyed by counter),
+    timeline forwards to their partition, dead letters; per send, only the metrics the
+    stage named (the operator's here: nothing counted for the other kinds)."""
+    s = Settings()
+    names = {kind: topic_name(s, kind) for kind in ("ledger", "counts", "timeline",
+                                                    "deadletter")}
+    entry = LedgerEntry("a", "ecc", 1.0, 1e-6, 100, 0)
+    release = Release("a", 1, 0, 100, 0.5, "change", "ecc", 1.0, 1e-6, 3.0, 0.05, "fp")
+    out = Output(ledger=[entry], releases=[release], timeline=[(3, b"t")],
+                 deadletters=[b"d"])
+    producer = RecordingProducer()
+    counts: collections.Counter[str] = collections.Counter()
+
+    def add(name: str, n: int) -> None:
+        counts[name] += n
+
+    sink = KafkaSink(producer, s, add, (("releases", "releases_sent"),))  # type: ignore[arg-type]
+    sink.send(out)
+    want = [(names["ledger"], entry.to_json(), b"a", None),
+            (names["counts"], release.to_json(), b"a", None),
+            (names["timeline"], b"t", None, 3), (names["deadletter"], b"d", None, None)]
+    assert producer.calls == want
+    assert counts == {"releases_sent": 1}

@@ -13,10 +13,11 @@ import asyncio
 from processor.core.api import Counter
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.identity import creation_tag, noise_identity
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.provenance import ConfiguredProvenance, Parameters
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore, PartitionState
@@ -39,8 +40,8 @@ def _records() -> list[tuple[int, bytes]]:
     return list(enumerate(recs))
 
 
-def _run(op: Operator) -> tuple[CollectingPublisher, DictStore]:
-    pub, store = CollectingPublisher(), DictStore()
+def _run(op: Operator) -> tuple[CollectingSink, DictStore]:
+    pub, store = CollectingSink(), DictStore()
     asyncio.run(BatchCommit(op, store, pub).commit(0, _records()))
     return pub, store
 

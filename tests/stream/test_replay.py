@@ -26,8 +26,9 @@ from confluent_kafka.admin import AdminClient
 
 from processor.commands import main as cli
 from processor.stream.kafka import kafka_io
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import Release
 from processor.stream.model.state import DictStore
 from processor.stream.replay import (
@@ -238,7 +239,7 @@ def test_recompute_splits_at_the_settled_offsets_and_equals_one_pass() -> None:
     rng = random.Random(8)
     s = settings({"a": 100 * TICK, "b": 100 * TICK}, heartbeat_ticks=3)
     records = records_of(random_timeline(rng, ["a", "b"], 100, 30, 0.5), 3)
-    pub = CollectingPublisher()
+    pub = CollectingSink()
     bc = BatchCommit(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(), pub)
     for off, r in enumerate(records):
         asyncio.run(bc.commit(0, [(off, r)]))

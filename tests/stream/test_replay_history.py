@@ -31,9 +31,10 @@ import pytest
 from processor.commands import main as cli
 from processor.core.rng import NoiseKey
 from processor.stream.kafka import kafka_io
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import Event, LedgerEntry, Release, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 from processor.stream.replay import (
@@ -76,7 +77,7 @@ def _live(phases: Sequence[tuple[Settings, list[bytes]]]) -> Life:
     """A worker restarted under each phase's settings (a new Operator on the same store,
     as after a stop), applying that phase's timeline records one batch at a time."""
     store = DictStore()
-    pub = CollectingPublisher()
+    pub = CollectingSink()
     timeline: list[tuple[int, bytes | None]] = []
     for s, records in phases:
         commit = BatchCommit(Operator(s, KEY), store, pub)

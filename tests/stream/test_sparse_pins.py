@@ -19,9 +19,10 @@ import pytest
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 
@@ -39,7 +40,7 @@ def run_sparse(mechanism: str, epsilon: float) -> tuple[list[tuple[str, int, flo
     s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mechanism,
                        epsilon=epsilon, delta=1e-6, heartbeat_ticks=10**6, tick_ms=1000)
     store = DictStore()
-    pub = CollectingPublisher()
+    pub = CollectingSink()
     commit = BatchCommit(Operator(s, NoiseKey(bytes(range(32)))), store, pub)
 
     async def play() -> None:

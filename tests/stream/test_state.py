@@ -11,6 +11,7 @@ from processor.core.rng import NoiseKey
 from processor.stream.model.state import (
     CounterState,
     DueWheel,
+    DuplicateFilter,
     PartitionState,
     StateVersionError,
     counter_filed_due,
@@ -38,8 +39,35 @@ def _counter_state() -> CounterState:
     cs.filed_due = 103
     cs.ledger_fingerprint = "fp" * 32
     cs.creation = "cr" * 16
-    cs.inputs = {"in/0": 7}
+    cs.inputs = DuplicateFilter({"in/0": 7})
     return cs
+
+
+def test_duplicate_filter_admits_each_input_offset_once_and_encodes_as_its_mapping(
+        ) -> None:
+    """One filter rule for counters and units: per source label, an offset at or below
+    the highest admitted is a duplicate; an unnamed entry moves to the first identity
+    named. Encoded as the plain mapping it holds (state bytes unchanged). Control: a
+    filter that compares with `<` instead of `<=` admits a re-sent copy."""
+    f = DuplicateFilter({"0": 5})
+    f.adopt("0", "topic-id/0")
+    assert f == {"topic-id/0": 5}
+    assert not f.admit("topic-id/0", 5) and not f.admit("topic-id/0", 4)
+    assert f.admit("topic-id/0", 6) and f.admit("topic-id/1", 0)
+    assert not f.admit("topic-id/0", 6)
+    f.adopt("0", "other-id/0")  # nothing unnamed left: a new identity starts afresh
+    assert f.admit("other-id/0", 0)
+    assert orjson.dumps([1, f]) == orjson.dumps([1, dict(f)])
+
+    class Loose(DuplicateFilter):
+        def admit(self, label: str, offset: int) -> bool:
+            if offset < self.get(label, -1):
+                return False
+            self[label] = offset
+            return True
+
+    loose = Loose({"a": 3})
+    assert loose.admit("a", 3), "control: the loose filter must admit the re-sent copy"
 
 
 def test_counter_state_roundtrip() -> None:

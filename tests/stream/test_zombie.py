@@ -20,6 +20,7 @@ import pytest
 from processor.core import registry
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.records import Release
 from processor.stream.model.state import DictStore, supersedes
 from tests.stream.test_operator import KEY, TICK, random_timeline, settings, to_records
@@ -88,11 +89,11 @@ class Held:
         self.held = held
         self.pending: list[Release] = []
 
-    def send(self, ledger: Any, releases: Any) -> None:
+    def send(self, out: Output) -> None:
         if self.held:
-            self.pending.extend(releases)
+            self.pending.extend(out.releases)
         else:
-            self.sub.take(list(releases))
+            self.sub.take(list(out.releases))
 
     async def flush(self) -> None:
         return None

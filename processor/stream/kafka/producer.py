@@ -1,5 +1,6 @@
-"""The worker's librdkafka producer for everything the operator writes: releases, ledger
-entries and the state table's changelog records.
+"""The worker's librdkafka producer for everything its stages write: releases, ledger
+entries, the bounding stage's forwards and dead letters (`KafkaSink`, the one sink of
+every stage), and the state tables' changelog records.
 
 Faust's producer is pure Python on the event loop, one send and one future per record;
 the operator's records through it cost more CPU than everything else per counted event.
@@ -26,6 +27,9 @@ from confluent_kafka import KafkaError, Message, Producer
 from processor.errors import StreamError
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.kafka_io import produce_waiting
+from processor.stream.kafka.topics import topic_name
+from processor.stream.model.config import Settings
+from processor.stream.model.outputs import Output, RecordKind
 
 log = logging.getLogger("processor.stream.producer")
 
@@ -178,3 +182,42 @@ class AsyncProducer:
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+class KafkaSink:
+    """outputs.Sink on the worker's producer, for every stage: each kind of record to its
+    topic, in the order Output lists the kinds (ledger entries, releases, timeline
+    forwards to their partition, dead letters); `flush` returns once the brokers
+    acknowledged every one. `counted`: the worker metric each kind's count is added to
+    at every send, where the stage counts one (`add_metric`)."""
+
+    def __init__(self, producer: AsyncProducer, settings: Settings,
+                 add_metric: Callable[[str, int], None],
+                 counted: Sequence[tuple[RecordKind, str]]) -> None:
+        self._producer = producer
+        self._ledger = topic_name(settings, "ledger")
+        self._counts = topic_name(settings, "counts")
+        self._timeline = topic_name(settings, "timeline")
+        self._deadletter = topic_name(settings, "deadletter")
+        self._add = add_metric
+        self._counted = tuple(counted)
+
+    def send(self, out: Output) -> None:
+        # Headers (content type, schema/version) travel beside the value: replay compares
+        # values only, and a subscriber can route on them before decoding. Record
+        # timestamps come from public fields, not the send time (records.py).
+        produce = self._producer.produce
+        for e in out.ledger:
+            produce(self._ledger, e.to_json(), key=e.key(), timestamp_ms=e.timestamp_ms(),
+                    headers=e.headers())
+        for r in out.releases:
+            produce(self._counts, r.to_json(), key=r.key(), timestamp_ms=r.timestamp_ms(),
+                    headers=r.headers())
+        for tp, data in out.timeline:
+            produce(self._timeline, data, partition=tp)
+        self._producer.produce_many(self._deadletter, [(None, d) for d in out.deadletters])
+        for kind, metric in self._counted:
+            self._add(metric, out.count(kind))
+
+    async def flush(self) -> None:
+        await self._producer.flush()

@@ -43,7 +43,7 @@ event reaches the timeline (docs/privacy-unit.md).
   partition value, in one write batch per partition, await the changelog, then
   acknowledge to the group.
 
-Pure apart from the `Forwarder` and `Stores` it is handed; no raw unit id anywhere.
+Pure apart from the `Sink` and `Stores` it is handed; no raw unit id anywhere.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ import hmac
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import orjson
 
@@ -63,6 +63,7 @@ from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
 from processor.stream.model.commit import CheckpointLoop, Stores
 from processor.stream.model.config import Settings
+from processor.stream.model.outputs import Output, Sink
 from processor.stream.model.records import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
@@ -80,6 +81,7 @@ from processor.stream.model.state import (
     PARTITION_PREFIX,
     UNIT_MAGIC,
     DictStore,
+    DuplicateFilter,
     StateStore,
     monotone_header,
     stored_offset,
@@ -101,7 +103,7 @@ UNITS_SOURCE: Final = "units"
 UNIT_PREFIX: Final = "u/"
 #: Crash points of the kill tests, in order.
 CRASH_POINTS: Final = ("unit_after_forward", "unit_between_state_writes", "unit_after_state")
-#: The stage's aggregate counts (BoundOutput.metrics, folded into the worker's counts
+#: The stage's aggregate counts (Output.metrics, folded into the worker's counts
 #: under these names; never per unit). Its dead letters count as
 #: `deadletter_contribution_bound_exceeded`, beside the ingest stage's reasons.
 METRICS: Final = ("unit_records", "unit_records_skipped_duplicates",
@@ -215,7 +217,7 @@ class UnitState:
     #: applied (`Bounder.apply`). Per unit, so that no
     #: other unit's events (a zombie ingest's late write of older offsets included) ever
     #: make one of this unit's a duplicate.
-    inputs: dict[str, int] = field(default_factory=dict)
+    inputs: DuplicateFilter = field(default_factory=DuplicateFilter)
     saved: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
@@ -240,7 +242,8 @@ class UnitState:
         # int types as they were, with nothing to convert.
         body = orjson.loads(data[12:])
         # A value written before the per-unit filter has no third element.
-        return cls(body[0], dict(body[1]), body[2] if len(body) > 2 else {}, data)
+        return cls(body[0], dict(body[1]),
+                   DuplicateFilter(body[2]) if len(body) > 2 else DuplicateFilter(), data)
 
 
 @dataclass
@@ -362,16 +365,6 @@ def decide(st: UnitState, seq: int, counter: str, k: int, m: int) -> bool:
 # ---------------------------------------------------------------------- the stage
 
 
-@dataclass
-class BoundOutput:
-    """What applying units records gives: timeline batch records (partition, bytes),
-    dead-letter values, aggregate metrics (never per unit)."""
-
-    timeline: list[tuple[int, bytes]] = field(default_factory=list)
-    deadletters: list[bytes] = field(default_factory=list)
-    metrics: collections.Counter[str] = field(default_factory=collections.Counter)
-
-
 def _unchecked(ident: str, value: UnitState) -> None:
     """A unit value is checked through its partition's (`Bounder._check_partition`): a
     unit's value is loaded only after the partition value that guards it."""
@@ -461,7 +454,7 @@ class Bounder:
         self._loaded.clear()
         self._staged.clear()
 
-    def take_forwards(self, out: BoundOutput) -> None:
+    def take_forwards(self, out: Output) -> None:
         """Hand every kept event not yet handed over to `out.timeline`: per timeline
         partition in order, as few records as the size limits allow. Events of several
         units records (and units partitions) share a record; per (timeline partition,
@@ -474,7 +467,7 @@ class Bounder:
         self.pending_events = 0
 
     def apply(self, txn: PartitionTransaction, partition: int,
-              records: Sequence[tuple[int, bytes]], out: BoundOutput,
+              records: Sequence[tuple[int, bytes]], out: Output,
               forward: bool = True) -> None:
         """Apply units records (offset, bytes) of `partition`, in offset order. The kept
         events are handed to `out.timeline` if `forward`, else held for a later call
@@ -567,10 +560,7 @@ def _fresh(st: UnitState, labels: dict[int, str], epoch: int, in_p: int,
     label = labels.get(in_p)
     if label is None:
         label = labels[in_p] = f"{epoch}/{in_p}"
-    if in_o <= st.inputs.get(label, -1):
-        return False
-    st.inputs[label] = in_o
-    return True
+    return st.inputs.admit(label, in_o)
 
 
 def _encode_forward(rows: Sequence[tuple[Any, ...]]) -> bytes:
@@ -594,19 +584,11 @@ def gc_deferred() -> Iterator[None]:
         gc.enable()
 
 
-def _count(metrics: collections.Counter[str], **counts: int) -> None:
+def _count(metrics: collections.defaultdict[str, int], **counts: int) -> None:
     """Add the non-zero counts (a metric appears once it happened)."""
     for name, n in counts.items():
         if n:
             metrics[name] += n
-
-
-class Forwarder(Protocol):
-    """Where the stage's output goes (the timeline and dead-letter topics)."""
-
-    def send(self, out: BoundOutput) -> None: ...
-
-    async def flush(self) -> None: ...
 
 
 class BoundCommit(CheckpointLoop):
@@ -619,46 +601,39 @@ class BoundCommit(CheckpointLoop):
 
     crash_names = CRASH_POINTS
 
-    def __init__(self, bounder: Bounder, store: StateStore | Stores, forwarder: Forwarder,
+    def __init__(self, bounder: Bounder, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None) -> None:
-        super().__init__(store, forwarder, crash_point, fence)
+        super().__init__(stores, sink, crash_point, fence)
         self.bounder = bounder
-        self.forwarder = forwarder
 
     def open_buffer(self, partition: int) -> PartitionTransaction:
         return self.bounder.transaction(self.stores.of(partition))
 
     async def apply(self, partition: int, records: Sequence[tuple[int, bytes]],
-                    forward: bool = True) -> BoundOutput:
+                    forward: bool = True) -> Output:
         """Apply `records` and send what they give; their kept events are held back
         unless `forward` or HOLD_EVENTS are held (sent by a later apply, `forward_held`
         or the next checkpoint, whichever comes first)."""
-        out = BoundOutput()
+        out = Output()
         with self.applying(partition) as txn:
             with gc_deferred():
                 self.bounder.apply(txn, partition, records, out, forward=forward)
                 if self.bounder.pending_events >= HOLD_EVENTS:
                     self.bounder.take_forwards(out)
-            self._send(out)
+            self.send(out)
         return out
 
-    def forward_held(self) -> BoundOutput:
+    def forward_held(self) -> Output:
         """Send the kept events held back (nothing if none)."""
-        out = BoundOutput()
+        out = Output()
         try:
             self.bounder.take_forwards(out)
-            self._send(out)
+            self.send(out)
         except BaseException:
             self.forget()
             raise
         return out
-
-    def _send(self, out: BoundOutput) -> None:
-        if out.timeline or out.deadletters:
-            if self.fence is not None:
-                self.fence()
-            self.forwarder.send(out)
 
     async def checkpoint(self) -> None:
         """commit.CheckpointLoop.checkpoint, the kept events held back sent first (its
@@ -680,7 +655,7 @@ class BoundCommit(CheckpointLoop):
         super().forget()
         self.bounder.forget()
 
-    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> BoundOutput:
+    async def commit(self, partition: int, records: Sequence[tuple[int, bytes]]) -> Output:
         out = await self.apply(partition, records)
         await self.checkpoint()
         return out
@@ -700,7 +675,7 @@ def kept_inputs(settings: Settings, units_log: Iterable[tuple[int, int, bytes]]
         txn = txns.get(partition)
         if txn is None:
             txn = txns[partition] = bounder.transaction(DictStore())
-        out = BoundOutput()
+        out = Output()
         try:
             _, rows = decode_units(raw)
         except UnitsFormatError:

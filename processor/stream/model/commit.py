@@ -2,7 +2,7 @@
 once, and make the state durable at checkpoints, releases first.
 
 Used by the Faust worker (per-partition RocksDB stores with the changelog, a librdkafka
-publisher) and by replay and tests (one `DictStore`, a collecting publisher) alike, so
+sink) and by replay and tests (one `DictStore`, a collecting sink) alike, so
 both run the very same steps. `CheckpointLoop` is the protocol (outputs acknowledged,
 state written, changelog acknowledged; its crash points and fence), shared with the
 bounding stage of privacy_unit = "user" (bounding.BoundCommit).
@@ -23,8 +23,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
-from processor.stream.model.operator import Operator, Output
-from processor.stream.model.records import LedgerEntry, Release, marker_tick
+from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output, Sink
+from processor.stream.model.records import marker_tick
 from processor.stream.model.state import StateStore
 from processor.stream.model.transaction import PartitionTransaction
 
@@ -39,35 +40,9 @@ INLINE_STEPS = 256
 CRASH_POINTS = ("after_acks", "between_state_writes", "after_state")
 
 
-class Publisher(Protocol):
-    """Where the public records go (the ledger and private-count topics)."""
-
-    def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
-        """Hand the records over, ledger entries before releases, in order (the
-        publisher may buffer them; it must not drop or reorder them)."""
-
-    async def flush(self) -> None:
-        """Return only once the broker acknowledged every record sent so far; raise if
-        any was not."""
-
-
-class CollectingPublisher:
-    """A Publisher that keeps what it is given (replay, tests, benchmarks)."""
-
-    def __init__(self) -> None:
-        self.ledger: list[LedgerEntry] = []
-        self.releases: list[Release] = []
-
-    def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
-        self.ledger.extend(ledger)
-        self.releases.extend(releases)
-
-    async def flush(self) -> None:
-        return None
-
-
 class Stores(Protocol):
-    """Each partition's StateStore, and when what was written to them is durable."""
+    """Each partition's StateStore and when writes to them are durable: what a commit
+    writes through (the worker's `table.WorkerStores`; a `DictStore` in replay and tests)."""
 
     def of(self, partition: int) -> StateStore: ...
 
@@ -76,36 +51,16 @@ class Stores(Protocol):
         acknowledged); raise if one was not."""
 
 
-class SharedStore:
-    """One StateStore for every partition, durable as soon as written (replay, tests)."""
-
-    def __init__(self, store: StateStore) -> None:
-        self.store = store
-
-    def of(self, partition: int) -> StateStore:
-        return self.store
-
-    async def flush(self) -> None:
-        return None
-
-
-class Flushable(Protocol):
-    """What a commit hands its outputs to: `flush()` returns only once the broker
-    acknowledged every record handed over so far, and raises if one was not."""
-
-    async def flush(self) -> None: ...
-
-
 class CheckpointLoop:
     """The commit protocol, whatever is applied (the operator's timeline records:
     BatchCommit; the bounding stage's units records: bounding.BoundCommit), each
     partition's changes staged in a `PartitionTransaction` until a checkpoint.
 
     A subclass opens a partition's transaction (`open_buffer`), applies records to
-    `buffer(partition)` inside `applying(partition)` and hands what they produce to its
-    outputs there (after `fence`); nothing is durable until `checkpoint()`:
+    `buffer(partition)` inside `applying(partition)` and hands the Output they produce
+    to its sink there (`send`, after `fence`); nothing is durable until `checkpoint()`:
 
-    1. await `outputs.flush()`: every record handed over is acknowledged;
+    1. await `sink.flush()`: every record handed over is acknowledged;
     2. `write_state()`: each transaction's write plan, partition by partition, in one
        `write_many` call each (each changed value once, in its slots' rank order; on the
        worker's stores one RocksDB write batch);
@@ -134,15 +89,15 @@ class CheckpointLoop:
     #: writes, after the state.
     crash_names: tuple[str, str, str] = CRASH_POINTS
 
-    def __init__(self, store: StateStore | Stores, outputs: Flushable,
+    def __init__(self, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None, offload: bool = False) -> None:
         #: Run the heavy steps in a thread, so that the event loop of a worker keeps its
         #: group heartbeats going meanwhile. One step at a time still: the caller awaits
         #: each.
         self.offload = offload
-        self.stores: Stores = _stores(store)
-        self.outputs = outputs
+        self.stores = stores
+        self.sink = sink
         self.crash_point = crash_point
         self.fence = fence
         self._buffers: dict[int, PartitionTransaction] = {}
@@ -171,6 +126,12 @@ class CheckpointLoop:
             raise
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
+
+    def send(self, out: Output) -> None:
+        """Hand `out`'s records to the sink at once (after `fence`), if it has any."""
+        if out.has_records():
+            self._fence()
+            self.sink.send(out)
 
     async def between_writes(self) -> None:
         """Between two partitions' write batches when `crash_point` is set: the earlier
@@ -207,7 +168,7 @@ class CheckpointLoop:
             return
         try:
             self._fence()
-            await self.outputs.flush()
+            await self.sink.flush()
             self._crash(self.crash_names[0])
             self._fence()
             await self.write_state()
@@ -249,11 +210,11 @@ class BatchCommit(CheckpointLoop):
     the CheckpointLoop protocol (crash points: CRASH_POINTS).
 
     `apply(partition, records)` applies records in offset order to the partition's
-    buffered state and hands the releases they produce to the publisher at once (their
+    buffered state and hands the releases they produce to the sink at once (their
     existence, order and timing follow the markers, never the checkpoints).
     `checkpoint()`:
 
-    1. await the publisher's acknowledgement of every release and ledger entry sent;
+    1. await the sink's acknowledgement of every release and ledger entry sent;
     2. write each changed value once per partition, by its transaction's write plan:
        counter states, then the partition value (transaction.PartitionTransaction); on
        the worker's stores a partition's plan is one RocksDB write batch. A checkpoint
@@ -269,14 +230,13 @@ class BatchCommit(CheckpointLoop):
     `commit(partition, records)` is apply and checkpoint in one.
     """
 
-    def __init__(self, operator: Operator, store: StateStore | Stores, publisher: Publisher,
+    def __init__(self, operator: Operator, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
                  fence: Callable[[], None] | None = None, offload: bool = False) -> None:
         # offload: a batch with a marker (it may create or seal thousands of counters)
         # and a checkpoint's encoding and writes run in a thread.
-        super().__init__(store, publisher, crash_point, fence, offload)
+        super().__init__(stores, sink, crash_point, fence, offload)
         self.operator = operator
-        self.publisher = publisher
         #: Partition -> the newest tick a marker applied here sealed (what `_heavy` counts
         #: the ticks of the next marker from); emptied by `forget`.
         self._sealed: dict[int, int] = {}
@@ -296,9 +256,7 @@ class BatchCommit(CheckpointLoop):
                 await asyncio.to_thread(self._apply_all, txn, partition, records, stamps, out)
             else:
                 self._apply_all(txn, partition, records, stamps, out)
-            if out.ledger or out.releases:
-                self._fence()
-                self.publisher.send(out.ledger, out.releases)
+            self.send(out)
         if out.sealed_through is not None:
             self._sealed[partition] = max(out.sealed_through,
                                           self._sealed.get(partition, out.sealed_through))
@@ -350,8 +308,3 @@ class BatchCommit(CheckpointLoop):
         self.operator.forget()
         self._sealed.clear()
 
-
-def _stores(store: StateStore | Stores) -> Stores:
-    if callable(getattr(store, "of", None)) and callable(getattr(store, "flush", None)):
-        return store  # type: ignore[return-value]
-    return SharedStore(store)  # type: ignore[arg-type]

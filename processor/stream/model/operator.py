@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from processor.core.api import Counter
@@ -81,6 +80,7 @@ from processor.stream.model.clock import TOLERANCE_MS
 from processor.stream.model.config import Settings
 from processor.stream.model.identity import calibration_of, creation_tag, key_fingerprint
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
+from processor.stream.model.outputs import Output
 from processor.stream.model.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
 from processor.stream.model.records import (
     EventRows,
@@ -99,6 +99,7 @@ from processor.stream.model.state import (
     CounterFactory,
     CounterState,
     DueWheel,
+    DuplicateFilter,
     PartitionState,
     StateStore,
     counter_filed_due,
@@ -125,7 +126,7 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
-#: The metric names an Output reports (aggregates only, never per counter).
+#: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
     "events_applied",
     "markers_applied",
@@ -141,18 +142,6 @@ METRICS: Final = (
     "events_dequeued",
     "markers_refused",
 )
-
-
-@dataclass
-class Output:
-    """What applying timeline records produced: ledger entries (counters announced),
-    releases, and metric deltas (names in METRICS; aggregates only, never per counter)."""
-
-    releases: list[Release] = field(default_factory=list)
-    ledger: list[LedgerEntry] = field(default_factory=list)
-    metrics: dict[str, int] = field(default_factory=lambda: dict.fromkeys(METRICS, 0))
-    #: The newest tick a marker applied here sealed through (None: no marker applied).
-    sealed_through: int | None = None
 
 
 class AnnouncedCounterError(RefusedError):
@@ -529,17 +518,10 @@ class Operator:
                 seen = cs.inputs
                 assert seen is not None  # `_first_row` starts a value written before it
                 if source and label not in seen:
-                    # The first record that names its input topic's identity: the
-                    # counter's unnamed entry (written before records named one) is this
-                    # topic's, so re-sent events stay duplicates. A later identity (the
-                    # topic recreated) starts afresh.
-                    legacy = seen.pop(str(src), None)
-                    if legacy is not None:
-                        seen[label] = legacy
-                if src_offset <= seen.get(label, -1):
+                    seen.adopt(str(src), label)
+                if not seen.admit(label, src_offset):
                     m["duplicates_dropped"] += 1
                     continue
-                seen[label] = src_offset
             if n_event < cs.start_tick and name in start_ticks:
                 m["before_start_skipped"] += 1
                 continue
@@ -598,7 +580,7 @@ class Operator:
         if cs.inputs is None:
             # Written while the filter was shared by the partition's counters: its own
             # starts where that one stood (what it had applied is at or below it).
-            cs.inputs = dict(ps.legacy_inputs)
+            cs.inputs = DuplicateFilter(ps.legacy_inputs)
         cs.last_offset = offset
         self._stage_counter(txn, partition, name, cs)
         return cs
@@ -849,7 +831,7 @@ class Operator:
         if cs.ledger_fingerprint != fingerprint:
             # The configuration changed under this counter's state: its first release under
             # the new fingerprint is preceded by the entry that explains it (published
-            # first: the publisher sends a batch's ledger entries before its releases).
+            # first: a sink sends a batch's ledger entries before its releases).
             out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.

@@ -169,8 +169,8 @@ def counter_filed_due(value: bytes) -> int | None:
 
 
 class StateStore(Protocol):
-    """The key-value store of one partition's state (a partition's RocksDB database
-    online, a dict in replay and tests)."""
+    """One partition's key-value store of state values, what a transaction reads and a
+    checkpoint writes (the worker's `table.PartitionStore`, a `DictStore` offline)."""
 
     #: Whether `get` returns the very bytes object `set` was given (a dict does; RocksDB
     #: returns a fresh copy): what the state cache's check may keep (transaction.py).
@@ -193,7 +193,8 @@ class StateStore(Protocol):
 
 
 class DictStore:
-    """An in-memory StateStore (replay, tests, benchmarks)."""
+    """An in-memory StateStore that is its own commit.Stores: every partition's, durable
+    as soon as written (replay, tests, benchmarks)."""
 
     shares_bytes = True
 
@@ -216,6 +217,13 @@ class DictStore:
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         return iter([(k, v) for k, v in self.data.items() if k.startswith(prefix)])
 
+    def of(self, partition: int) -> DictStore:
+        """The store of `partition`: this one (one store holds every partition's keys)."""
+        return self
+
+    async def flush(self) -> None:
+        """Every write is durable once made."""
+
 
 # ------------------------------------------------------------------------ codecs
 
@@ -227,6 +235,32 @@ class CounterFactory(Protocol):
              counter_id: str) -> Counter: ...
 
     def restore(self, data: bytes, key: NoiseKey) -> Counter: ...
+
+
+class DuplicateFilter(dict[str, int]):
+    """An input duplicate filter: input source label -> the highest input offset of its
+    owner's events applied. Ingest is at-least-once, so an event at or below it is a
+    re-sent copy. One per counter (CounterState.inputs) and one per unit
+    (bounding.UnitState.inputs): only the owner's own events make one of its events a
+    duplicate. Stored as this mapping, a JSON object inside its owner's value."""
+
+    __slots__ = ()
+
+    def admit(self, label: str, offset: int) -> bool:
+        """Whether the event at input `offset` of source `label` is new; records it if so."""
+        if offset <= self.get(label, -1):
+            return False
+        self[label] = offset
+        return True
+
+    def adopt(self, unnamed: str, label: str) -> None:
+        """The entry of a source named by its input partition alone (`unnamed`, written
+        before timeline records named the input topic's identity) becomes `label`'s, the
+        first identity named: re-sent events stay duplicates. A later identity (the
+        topic recreated) starts afresh."""
+        legacy = self.pop(unnamed, None)
+        if legacy is not None:
+            self[label] = legacy
 
 
 class CounterState:
@@ -274,7 +308,7 @@ class CounterState:
         self.next_heartbeat = next_heartbeat
         self.announced = False
         self.filed_due: int | None = None
-        self.inputs: dict[str, int] | None = {}
+        self.inputs: DuplicateFilter | None = DuplicateFilter()
         self.saved: bytes | None = None
         self.next_due: int | None = None
         self.next_due_known = False
@@ -336,8 +370,8 @@ class CounterState:
             self.announced = bool(announced)
             self.filed_due = None if filed_due is None else int(filed_due)
             # Interned: a worker's counters name the same few input partitions.
-            self.inputs = (None if inputs is None
-                           else {sys.intern(str(lb)): int(o) for lb, o in inputs.items()})
+            self.inputs = (None if inputs is None else DuplicateFilter(
+                (sys.intern(str(lb)), int(o)) for lb, o in inputs.items()))
         except StateFormatError:
             raise
         except _ORJSON_ERRORS:

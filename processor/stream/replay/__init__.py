@@ -2,7 +2,7 @@
 topic and compare them, record by record, with what was published.
 
 It runs the very code the worker runs, `commit.BatchCommit`, over the timeline (per
-partition, in offset order) on a `DictStore` with a publisher that only collects. No
+partition, in offset order) on a `DictStore` with a sink that only collects. No
 Faust import here. docs/replay.md is the auditor's guide; the cut below is its contract.
 
 The cut (what must have been published, on a live system or after any stop)

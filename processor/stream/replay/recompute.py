@@ -1,5 +1,5 @@
 """Recompute the timeline: the worker's own `commit.BatchCommit` over each partition's
-records in offset order on a `DictStore`, with a publisher that only collects, under the
+records in offset order on a `DictStore`, with a sink that only collects, under the
 provenance the published ledger gives (`history.LedgerProvenance`), in forked processes
 when there are several partitions.
 
@@ -30,10 +30,11 @@ from typing import Any, Final
 
 from processor.commandline import pool_worker_signals
 from processor.core.rng import NoiseKey
-from processor.stream.model.commit import BatchCommit, CollectingPublisher
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings
 from processor.stream.model.identity import creation_tag
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import (
     EventRow,
     LedgerEntry,
@@ -280,8 +281,8 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                      stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
     """Records from offset o of `switches` (o, op) on go through op, as after a worker's
     restart under another configuration (`_late_declared`)."""
-    settled = CollectingPublisher()
-    unsettled = CollectingPublisher()
+    settled = CollectingSink()
+    unsettled = CollectingSink()
     total = sum(len(v) for v in timeline.values())
     records = dups = 0
     store = DictStore()

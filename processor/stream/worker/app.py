@@ -7,7 +7,7 @@ One `Worker` holds:
   input topic -> timeline topic (event batches per partition) or dead-letter topic;
 - the operator agent: each timeline message -> `commit.BatchCommit.commit(partition,
   [(offset, value)])` on a Faust table (RocksDB via rocksdict, changelogged to Kafka), with
-  a Faust `Publisher` for the private-count and ledger topics;
+  the worker's producer for the private-count and ledger topics (`KafkaSink`);
 - the leader's timer: appends "sealed through n" markers to every timeline partition once
   tick n's end plus the allowed lateness has passed on the wall clock, cross-checked
   against the brokers' clock (`clock.ClockGuard`, shared with ingest; docs/time.md);
@@ -56,7 +56,7 @@ from processor.core.rng import KEY_FORMATS, NoiseKey
 from processor.errors import RefusedError, StreamError, print_error
 from processor.stream.kafka import kafka_io
 from processor.stream.kafka.ingest import Ingest
-from processor.stream.kafka.producer import AsyncProducer, DeliveryError
+from processor.stream.kafka.producer import AsyncProducer, DeliveryError, KafkaSink
 from processor.stream.kafka.topics import (
     STATE_TABLE,
     changelog_topic,
@@ -78,11 +78,10 @@ from processor.stream.model.config import ConfigError, Settings, load_noise_key,
 from processor.stream.model.faults import NO_FAULTS, FaultPlan
 from processor.stream.model.lifetime import UnitClaim
 from processor.stream.model.logs import LOG_FORMATS, configure_logging
-from processor.stream.model.operator import Operator, Output
+from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import Output
 from processor.stream.model.provenance import ConfiguredProvenance
 from processor.stream.model.records import (
-    LedgerEntry,
-    Release,
     announced_counters,
     encode_marker,
     marker_tick,
@@ -212,35 +211,6 @@ class CorruptStateError(RuntimeError):
             "topics).")
 
 
-class KafkaPublisher:
-    """commit.Publisher on the worker's librdkafka producer: ledger entries, then
-    releases, in order; `flush` returns once the broker acknowledged every one."""
-
-    def __init__(self, producer: AsyncProducer, settings: Settings,
-                 metrics: WorkerMetrics) -> None:
-        self._producer = producer
-        self._ledger = topic_name(settings, "ledger")
-        self._counts = topic_name(settings, "counts")
-        self._metrics = metrics
-
-    def send(self, ledger: Sequence[LedgerEntry], releases: Sequence[Release]) -> None:
-        # Headers (content type, schema/version) travel beside the value: replay compares
-        # values only, and a subscriber can route on them before decoding. Record
-        # timestamps come from public fields, not the send time (records.py).
-        produce = self._producer.produce
-        for e in ledger:
-            produce(self._ledger, e.to_json(), key=e.key(), timestamp_ms=e.timestamp_ms(),
-                    headers=e.headers())
-        for r in releases:
-            produce(self._counts, r.to_json(), key=r.key(), timestamp_ms=r.timestamp_ms(),
-                    headers=r.headers())
-        self._metrics.add("releases_sent", len(releases))
-        self._metrics.add("ledger_entries_sent", len(ledger))
-
-    async def flush(self) -> None:
-        await self._producer.flush()
-
-
 #: How far behind what the clocks allow a non-leader lets its partitions' seal fall
 #: before it appends markers itself (`backup_due`).
 BACKUP_SEAL_S: Final = 2.0
@@ -281,7 +251,9 @@ class OperatorStage(StageShell[BatchCommit, Output]):
     def make_commit(self, stores: WorkerStores) -> BatchCommit:
         w = self.worker
         return BatchCommit(self._operator, stores,
-                           KafkaPublisher(w.producer, w.settings, w.metrics),
+                           KafkaSink(w.producer, w.settings, w.metrics.add,
+                                     (("releases", "releases_sent"),
+                                      ("ledger", "ledger_entries_sent"))),
                            crash_point=self._crash_point, fence=w.fence.check, offload=True)
 
     async def apply(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord],

@@ -872,8 +872,8 @@ class WorkerMetrics:
         self.counts[name] += n
 
     def add_all(self, deltas: Mapping[str, int], prefix: str = "") -> None:
-        """Fold one batch's metric deltas (aggregates: commit.Output's, the bounding
-        stage's), each under `prefix` + its name."""
+        """Fold one batch's metric deltas (aggregates: a stage's outputs.Output
+        metrics), each under `prefix` + its name."""
         for k, v in deltas.items():
             if v:
                 self.counts[prefix + k] += v

@@ -188,8 +188,8 @@ class ChangelogTracker:
 
 
 class PartitionStore:
-    """state.StateStore on one partition's RocksDB database: reads from it; a write goes
-    to it and, as a changelog record of the same partition, to the producer."""
+    """The worker's state.StateStore: one partition's RocksDB database, each write also
+    a changelog record of the same partition, sent through the producer."""
 
     shares_bytes = False
 
@@ -241,9 +241,10 @@ class PartitionStore:
 
 
 class WorkerStores:
-    """commit.Stores on the table: a PartitionStore per partition; `flush` awaits the
-    changelog acknowledgements, then moves each partition's persisted offset over this
-    process's own writes where the tracker saw no gap."""
+    """The worker's commit.Stores: a PartitionStore per partition of a stage's table.
+
+    `flush` awaits the changelog acknowledgements, then moves each partition's persisted
+    offset over this process's own writes where the tracker saw no gap."""
 
     def __init__(self, table: MonotoneTable, producer: AsyncProducer, changelog: str,
                  tracker: ChangelogTracker, prefixes: Sequence[str]) -> None:

@@ -23,21 +23,11 @@ from faust.types import Message
 
 from processor.errors import RefusedError
 from processor.stream.kafka import kafka_io
-from processor.stream.kafka.producer import AsyncProducer
-from processor.stream.kafka.topics import (
-    UNITS_TABLE,
-    topic_name,
-    units_changelog_topic,
-    units_topic,
-)
-from processor.stream.model.bounding import (
-    UNIT_PREFIX,
-    BoundCommit,
-    Bounder,
-    BoundOutput,
-    BoundsWatch,
-)
+from processor.stream.kafka.producer import KafkaSink
+from processor.stream.kafka.topics import UNITS_TABLE, units_changelog_topic, units_topic
+from processor.stream.model.bounding import UNIT_PREFIX, BoundCommit, Bounder, BoundsWatch
 from processor.stream.model.config import Settings
+from processor.stream.model.outputs import Output
 from processor.stream.model.state import PARTITION_PREFIX
 from processor.stream.worker.stage import StageShell
 from processor.stream.worker.table import WorkerStores
@@ -57,29 +47,7 @@ def hold_s(settings: Settings) -> float:
     return min(HOLD_MAX_S, settings.lateness_ms / 4000.0)
 
 
-class KafkaForwarder:
-    """bounding.Forwarder on the worker's producer: kept events to the timeline (their
-    partition by counter), bound-exceeding events to the dead-letter topic."""
-
-    def __init__(self, producer: AsyncProducer, timeline: str, deadletter: str,
-                 add_metric: Callable[[str, int], None]) -> None:
-        self._producer = producer
-        self._timeline = timeline
-        self._deadletter = deadletter
-        self._add = add_metric
-
-    def send(self, out: BoundOutput) -> None:
-        produce = self._producer.produce
-        for tp, data in out.timeline:
-            produce(self._timeline, data, partition=tp)
-        self._producer.produce_many(self._deadletter, [(None, d) for d in out.deadletters])
-        self._add("unit_forward_batches", len(out.timeline))
-
-    async def flush(self) -> None:
-        await self._producer.flush()
-
-
-class UnitStage(StageShell[BoundCommit, BoundOutput]):
+class UnitStage(StageShell[BoundCommit, Output]):
     """The bounding agent, its table and its checkpoints, inside one `Worker`: a
     declaration on the stage shell (stage.py), with the hold timer and BoundsWatch."""
 
@@ -103,12 +71,11 @@ class UnitStage(StageShell[BoundCommit, BoundOutput]):
         s = w.settings
         return BoundCommit(
             Bounder(s), stores,
-            KafkaForwarder(w.producer, topic_name(s, "timeline"),
-                           topic_name(s, "deadletter"), w.metrics.add),
+            KafkaSink(w.producer, s, w.metrics.add, (("timeline", "unit_forward_batches"),)),
             crash_point=self._crash_point, fence=w.fence.check)
 
     async def apply(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord],
-                    records: list[tuple[int, bytes]]) -> BoundOutput:
+                    records: list[tuple[int, bytes]]) -> Output:
         """Each units message: applied in memory (its forwards sent within `hold_s`)."""
         return await self.commit.apply(msg.partition, records, forward=self._hold_s <= 0)
 
@@ -121,7 +88,7 @@ class UnitStage(StageShell[BoundCommit, BoundOutput]):
         while True:
             await asyncio.Event().wait()
 
-    def fold(self, partition: int, out: BoundOutput, elapsed_s: float) -> None:
+    def fold(self, partition: int, out: Output, elapsed_s: float) -> None:
         # Under their own names (bounding.METRICS, the dead letters' reason): the surface
         # exports them as dpc_unit_* and dpc_dead_letters{reason}.
         self.worker.metrics.add_all(out.metrics)
