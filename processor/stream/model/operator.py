@@ -79,6 +79,7 @@ from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
 from processor.stream.model.clock import TOLERANCE_MS
 from processor.stream.model.config import Settings
+from processor.stream.model.families import Admission, family_of
 from processor.stream.model.identity import calibration_of, creation_tag, key_fingerprint
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
 from processor.stream.model.provenance import CalibratedRegistry, ConfiguredProvenance, Provenance
@@ -262,6 +263,11 @@ class Operator:
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
         P = settings.partitions
         self._home = {c: partition_for(c, P) for c in settings.counters}
+        # Open families: each key's counter starts at its family's start tick; its gate's
+        # delta0 (families.py, docs/open-keys.md).
+        self._family_starts = {f: fam.start_ms // settings.tick_ms
+                               for f, fam in settings.families.items()}
+        self._delta0 = {f: fam.delta0(settings.epsilon) for f, fam in settings.families.items()}
         self._phases: dict[str, int] = {}
         # What the operator stores (transaction.Slot): counter values, then the partition
         # value they are guarded by (write plan ranks); every partition value and up to
@@ -471,7 +477,10 @@ class Operator:
         """A global tick at or before the next one at which `cs` has anything to do."""
         start = cs.start_tick
         due = start + cs.next_heartbeat - 1
-        if not cs.announced or cs.queue:
+        adm = cs.admission
+        # A key not admitted yet waits like an announced counter once its gate looks
+        # (a change of y comes only at an input or at next_due).
+        if cs.queue or not (cs.announced or (adm is not None and adm.first is not None)):
             due = cs.frontier + 1
         elif cs.pending:
             due = min(due, min(cs.pending))
@@ -540,7 +549,7 @@ class Operator:
                     m["duplicates_dropped"] += 1
                     continue
                 seen[label] = src_offset
-            if n_event < cs.start_tick and name in start_ticks:
+            if n_event < cs.start_tick and (name in start_ticks or cs.admission is not None):
                 m["before_start_skipped"] += 1
                 continue
             open_tick = (cs.frontier if cs.frontier > ps.frontier else ps.frontier) + 1
@@ -580,8 +589,11 @@ class Operator:
         cs = txn.load(self._counters, name)
         if cs is None:
             start = self._start_ticks.get(name)
+            family = None if start is not None or not self._family_starts else family_of(name)
+            if family is not None:
+                start = self._family_starts.get(family)
             if start is None:
-                if not self.settings.allow_undeclared:
+                if family is not None or not self.settings.allow_undeclared:
                     m["undeclared_skipped"] += 1
                     return None
                 # An undeclared counter starts at its first event's tick (or the
@@ -591,6 +603,10 @@ class Operator:
                 m["before_start_skipped"] += 1
                 return None
             cs = self._new_counter(name, start)
+            if family is not None:
+                # A key's counter, as if declared at its family's start; published only
+                # once admitted (`_seal_key`).
+                cs.admission = Admission()
         elif cs.last_offset >= offset:
             done.add(name)
             m["skipped_duplicates"] += 1
@@ -671,16 +687,11 @@ class Operator:
                     self._keep(txn, partition, name, cs, n, filed, True)
                 continue
             filed = cs.filed_due
-            quiet = announced = cs.announced
-            if not announced:
-                self._announce(name, cs, n, ps.frontier, out)
-            if cs.frontier < n:
-                first = len(out.releases)
-                ledger = len(out.ledger)
-                published = ps.frontier if announced else None
-                if self._seal(name, cs, n, out, published) or len(out.ledger) != ledger or any(
-                        r.kind != "heartbeat" for r in out.releases[first:]):
-                    quiet = False
+            quiet = cs.announced
+            if cs.admission is not None and cs.admission.admitted is None:
+                quiet = self._seal_key(name, cs, n, ps.frontier, out)
+            elif self._seal_declared(name, cs, n, ps.frontier, out):
+                quiet = False
             cs.last_offset = offset
             due = self.due_tick(cs)
             wheel.file(name, due)
@@ -693,6 +704,55 @@ class Operator:
         m["counters_touched"] += touched
         m["markers_applied"] += 1
         out.sealed_through = max(n, out.sealed_through or n)
+
+    def _seal_declared(self, name: str, cs: CounterState, n: int, frontier: int,
+                       out: Output) -> bool:
+        """Announce `cs` if it is not yet, and seal it through n (the partition sealed
+        through `frontier` before). Returns whether it published anything but heartbeats
+        or took an input."""
+        announced = cs.announced
+        if not announced:
+            self._announce(name, cs, n, frontier, out)
+        if cs.frontier >= n:
+            return not announced
+        first = len(out.releases)
+        ledger = len(out.ledger)
+        published = frontier if announced else None
+        return bool(self._seal(name, cs, n, out, published) or not announced
+                    or len(out.ledger) != ledger
+                    or any(r.kind != "heartbeat" for r in out.releases[first:]))
+
+    def _seal_key(self, name: str, cs: CounterState, n: int, frontier: int,
+                  out: Output) -> bool:
+        """Seal a key of an open family that is not admitted yet through n: its records
+        go aside, and the gate (families.Admission, core/selection.OpenKey) decides. Not
+        admitted: nothing of it is published. Admitted at tick a: its ledger entry
+        (effective from a), its release at a, then every record of it after a. Returns
+        whether the marker only advanced it by ⊥ ticks with nothing published (`_keep`)."""
+        adm = cs.admission
+        assert adm is not None
+        c = cs.mechanism
+        if adm.first is None and cs.pending and min(cs.pending) <= n:
+            # The key's first event is in these ticks: the gate looks from its tick on
+            # (made by an event, the key had pending arrivals until this first seal).
+            adm.first = min(cs.pending) - cs.start_tick + 1
+        before = (c.t, c.y)
+        aside = Output()
+        dequeued = self._seal(name, cs, n, aside, None)
+        out.metrics["events_dequeued"] += dequeued
+        if adm.first is None:
+            return not dequeued
+        family = family_of(name)
+        assert family is not None
+        got = adm.gate(c, self._delta0[family], before,
+                       [(r.tick, r.value) for r in aside.releases if r.kind == "change"])
+        if got is None:
+            return not dequeued
+        a, y = got
+        self._announce(name, cs, n, frontier, out, a)
+        self._release(name, cs, a, y, "change", out)
+        out.releases += [r for r in aside.releases if r.tick > a]
+        return False
 
     def _stage_counter(self, txn: PartitionTransaction, partition: int, name: str,
                        cs: CounterState) -> None:
@@ -726,7 +786,7 @@ class Operator:
     # -- announcing
 
     def _announce(self, name: str, cs: CounterState, n: int, frontier: int,
-                  out: Output) -> None:
+                  out: Output, since_tick: int = 1) -> None:
         """Emit the ledger entry of a counter the marker through `n` brings into being (on
         a partition sealed through `frontier` before it), unless the ledger already
         announced it under another creation (AnnouncedCounterError: raised before anything
@@ -738,7 +798,7 @@ class Operator:
                 raise AnnouncedCounterError(name)
             self._announced.setdefault(name, set()).add(tag)
         cs.creation = tag
-        out.ledger.append(self._ledger_entry(name, cs, "created", 1))
+        out.ledger.append(self._ledger_entry(name, cs, "created", since_tick))
         cs.announced = True
 
     def _ledger_entry(self, name: str, cs: CounterState,
