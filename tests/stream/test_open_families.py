@@ -35,6 +35,7 @@ from processor.stream.model.records import (
     parse_input,
 )
 from processor.stream.model.state import CounterState, DictStore
+from processor.stream.replay import compare, ledger_history, recompute_timeline
 from tests.stream.test_operator import KEY, TICK, Run, settings
 
 START = 0
@@ -321,3 +322,46 @@ def test_the_development_config_writer_keeps_the_families(tmp_path: Any) -> None
     s = open_settings()
     path = write_config(s, tmp_path / "c.toml")
     assert load_settings(str(path), env={}) == s
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def _published(s: Settings, op_class: type[Operator],
+               records: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    run = Run(s, registry)
+    run.op = op_class(s, KEY, factory=registry)
+    for r in records:
+        run.feed(r)
+    return [x.to_json() for x in run.releases], [e.to_json() for e in run.ledger]
+
+
+def _replay_diffs(s: Settings, records: list[bytes], releases: list[bytes],
+                  ledger: list[bytes]) -> list[tuple[str, str, str]]:
+    history = ledger_history(s, KEY, ledger, releases)
+    res = recompute_timeline(s, KEY, {0: list(enumerate(records))}, {0: len(records)},
+                             history=history)
+    _rel, _led, diffs = compare(res, releases, ledger, history)
+    return [(d.topic, d.key[0], d.problem) for d in diffs]
+
+
+def test_replay_recomputes_every_admission() -> None:
+    """Replay, from the timeline and the key, finds the worker's open-key output
+    identical; it flags a key published that the gate does not admit (a worker without
+    the gate: "unexpected" releases and entries of the light keys) and an admitted key
+    not published ("missing")."""
+    s = open_settings(mechanism="simecc")
+    T = 500
+    keys = {"heavy": list(range(20, T + 1)), "light": [30, 31, 200], "one": [40]}
+    records = _timeline(keys, T, declared=[3, 4, 9])
+    releases, ledger = _published(s, Operator, records)
+    assert any(b'"pages[heavy]"' in r for r in releases)
+    assert _replay_diffs(s, records, releases, ledger) == []
+    forged_rel, forged_led = _published(s, NoGate, records)
+    flagged = set(_replay_diffs(s, records, forged_rel, forged_led))
+    for key in ("light", "one"):
+        assert ("counts", f"pages[{key}]", "unexpected") in flagged
+        assert ("ledger", f"pages[{key}]", "unexpected") in flagged
+    dropped = [r for r in releases if b'"pages[heavy]"' not in r]
+    assert ("counts", "pages[heavy]", "missing") in set(
+        _replay_diffs(s, records, dropped, ledger))
