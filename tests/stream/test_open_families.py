@@ -26,6 +26,7 @@ from processor.stream.model.families import (
 )
 from processor.stream.model.identity import counter_id, noise_identity
 from processor.stream.model.operator import Operator
+from processor.stream.model.provenance import ParameterChangeError
 from processor.stream.model.records import (
     REASONS,
     Event,
@@ -365,3 +366,30 @@ def test_replay_recomputes_every_admission() -> None:
     dropped = [r for r in releases if b'"pages[heavy]"' not in r]
     assert ("counts", "pages[heavy]", "missing") in set(
         _replay_diffs(s, records, dropped, ledger))
+
+
+def test_a_key_keeps_its_gate_and_parameters_and_never_halts_before_admission() -> None:
+    """A configuration change under a key not admitted yet (epsilon and selection_delta
+    changed): its marker does not refuse (a halt would reveal the key), the key goes on
+    under its stored parameters and gate. Control: the same change under an admitted key
+    is refused at its marker, as for a declared counter."""
+    s = settings({}, families={"pages": FAMILY}, epsilon=50.0, heartbeat_ticks=50)
+    s2 = with_overrides(s, epsilon=40.0, families={"pages": OpenFamily(START, 1e-9)})
+    for keys, refused in (({"light": [3, 4]}, False), ({"heavy": list(range(1, 400))}, True)):
+        first = Run(s, registry)
+        for r in _timeline(keys, 420):
+            first.feed(r)
+        assert bool(first.ledger) is refused  # the heavy key was admitted, the light not
+        later = Run(s2, registry, store=first.store)
+        later.offset = first.offset
+        if refused:
+            with pytest.raises(ParameterChangeError):
+                later.marker(1000)
+            continue
+        later.marker(1000)
+        values = {k: v for k, v in later.store.data.items() if k.startswith("c/")}
+        (raw,) = values.values()
+        kept = CounterState.from_bytes(raw, later.op.factory, KEY)
+        assert kept.mechanism.eps == 50.0 and kept.frontier == 1000
+        assert kept.admission is not None and kept.admission.delta0 == FAMILY.delta0(50.0)
+        assert later.releases == [] and later.ledger == []

@@ -83,14 +83,17 @@ def key_problem(key: object) -> str | None:
 
 @dataclass(slots=True)
 class Admission:
-    """A key's admission state (kept in its counter state): `first`, the key's local
-    tick of its first event (None before its first marker), and `admitted`, its admission
-    tick (None: not admitted)."""
+    """A key's admission state (kept in its counter state): `delta0`, its gate's failure
+    probability, fixed when the key is made (a key keeps its gate as a counter keeps its
+    parameters: the proof's schedule is one schedule); `first`, the key's local tick of
+    its first event (None before its first marker); `admitted`, its admission tick
+    (None: not admitted)."""
 
+    delta0: float
     first: int | None = None
     admitted: int | None = None
 
-    def gate(self, counter: Counter, delta0: float, before: tuple[int, float],
+    def gate(self, counter: Counter, before: tuple[int, float],
              changes: list[tuple[int, float]]) -> tuple[int, float] | None:
         """After one sealing of the not yet admitted key: `before` its (t, y) ahead of
         it, `changes` every (t, y) where y changed inside it, in tick order (through
@@ -101,7 +104,7 @@ class Admission:
         assert self.first is not None and self.admitted is None
         assert isinstance(counter, ECC | SimECC)  # families run ECC or SimECC (config)
         first = self.first
-        gate = OpenKey(counter, delta0, first)
+        gate = OpenKey(counter, self.delta0, first)
         t0, y = before
         points: list[tuple[int, float, bool]] = []
         if t0 < first <= counter.t:

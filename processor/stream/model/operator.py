@@ -606,7 +606,7 @@ class Operator:
             if family is not None:
                 # A key's counter, as if declared at its family's start; published only
                 # once admitted (`_seal_key`).
-                cs.admission = Admission()
+                cs.admission = Admission(self._delta0[family])
         elif cs.last_offset >= offset:
             done.add(name)
             m["skipped_duplicates"] += 1
@@ -669,10 +669,12 @@ class Operator:
                 if cs.filed_due is not None:
                     wheel.file(name, cs.filed_due)
                 continue
-            else:
+            elif cs.admission is None or cs.admission.admitted is not None:
                 # A restored counter (the worker checked every announced one at start,
                 # from the ledger): a refusal halts at this marker, which would announce
-                # it, never at one of its events.
+                # it, never at one of its events. Not a key not admitted yet: a halt would
+                # reveal that it exists; it goes on under its stored parameters, and its
+                # ledger entry, if it is ever admitted, says so (`_ledger_entry`).
                 self.provenance.check_parameters(name, cs.mechanism)
             due = self.due_tick(cs)
             if due > n:
@@ -742,9 +744,7 @@ class Operator:
         out.metrics["events_dequeued"] += dequeued
         if adm.first is None:
             return not dequeued
-        family = family_of(name)
-        assert family is not None
-        got = adm.gate(c, self._delta0[family], before,
+        got = adm.gate(c, before,
                        [(r.tick, r.value) for r in aside.releases if r.kind == "change"])
         if got is None:
             return not dequeued
@@ -810,8 +810,10 @@ class Operator:
         s = self.settings
         c = cs.mechanism
         fingerprint = self.provenance.fingerprint_at(name, since_tick)
-        # A new counter runs with the configured parameters by construction.
-        same = entry == "created" or self.provenance.runs_configured(name, c, fingerprint)
+        # A new counter runs with the configured parameters by construction; a key may
+        # have been made under an earlier configuration.
+        same = (entry == "created" and cs.admission is None) or self.provenance.runs_configured(
+            name, c, fingerprint)
         cs.ledger_fingerprint = fingerprint
         return LedgerEntry(
             counter=name, mechanism=c.mechanism, epsilon=c.eps,

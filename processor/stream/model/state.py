@@ -291,7 +291,8 @@ counter's value is what it always was); `saved` (not
             self.announced, self.key_id, self.ledger_fingerprint, self.creation,
             self.inputs]
         if self.admission is not None:
-            fields.append([self.admission.first, self.admission.admitted])
+            a = self.admission
+            fields.append([a.delta0, a.first, a.admitted])
         meta = orjson.dumps(fields)
         due = _NOT_FILED if self.filed_due is None else self.filed_due
         raw = b"".join((monotone_header(_COUNTER_MAGIC, self.last_offset), _i64(due),
@@ -348,8 +349,8 @@ counter's value is what it always was); `saved` (not
             self.inputs = (None if inputs is None
                            else {sys.intern(str(lb)): int(o) for lb, o in inputs.items()})
             if admission is not None:
-                first, admitted = admission
-                self.admission = Admission(None if first is None else int(first),
+                delta0, first, admitted = admission
+                self.admission = Admission(float(delta0), None if first is None else int(first),
                                            None if admitted is None else int(admitted))
         except StateFormatError:
             raise
