@@ -65,6 +65,8 @@ REASONS: Final = (
 #: The reasons only a privacy_unit = "user" deployment gives (an event-mode record is
 #: never rejected for them).
 USER_MODE_REASONS: Final = ("unit_missing", "contribution_bound_exceeded")
+#: The reasons only a deployment with open families gives (families.py).
+OPEN_FAMILY_REASONS: Final = ("key_missing", "invalid_key")
 #: The input field naming the privacy unit, and its longest accepted value (UTF-8 bytes).
 UNIT_FIELD: Final = "user"
 MAX_UNIT_ID: Final = 256
