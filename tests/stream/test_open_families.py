@@ -403,3 +403,23 @@ def test_a_key_keeps_its_gate_and_parameters_and_never_halts_before_admission() 
         assert kept.mechanism.eps == 50.0 and kept.frontier == 1000
         assert kept.admission is not None and kept.admission.delta0 == FAMILY.delta0(50.0)
         assert later.releases == [] and later.ledger == []
+
+
+def test_a_key_not_admitted_is_touched_at_its_inputs_and_next_due_only() -> None:
+    """A key with two events, never admitted: markers touch it at its first tick and at
+    its counter's next_due (SimECC's checkpoints), not at every heartbeat, which it does
+    not publish. Control: a declared counter with the same events is touched at every
+    heartbeat (at least T / heartbeat_ticks times)."""
+    T, h = 2000, 5
+    s = settings({}, families={"pages": FAMILY}, epsilon=50.0, mechanism="simecc",
+                 heartbeat_ticks=h)
+    run = Run(s, registry)
+    for r in _timeline({"light": [3, 4]}, T):
+        run.feed(r)
+    assert run.ledger == [] and run.releases == []
+    declared = Run(settings({"declared": START}, epsilon=50.0, mechanism="simecc",
+                            heartbeat_ticks=h), registry)
+    for r in _timeline({}, T, declared=[3, 4]):
+        declared.feed(r)
+    assert declared.metrics["counters_touched"] >= T // h
+    assert run.metrics["counters_touched"] < T // h // 4

@@ -478,9 +478,15 @@ class Operator:
         start = cs.start_tick
         due = start + cs.next_heartbeat - 1
         adm = cs.admission
-        # A key not admitted yet waits like an announced counter once its gate looks
-        # (a change of y comes only at an input or at next_due).
-        if cs.queue or not (cs.announced or (adm is not None and adm.first is not None)):
+        if adm is not None and adm.admitted is None and adm.first is not None and not cs.queue:
+            # A key not admitted publishes no heartbeat: only its next input or a change
+            # of y (at next_due: the Counter contract) can admit it.
+            nd = self._next_due(cs)
+            waits = [min(cs.pending)] if cs.pending else []
+            if nd is not None:
+                waits.append(start + nd - 1)
+            return min(waits) if waits else due
+        if cs.queue or not cs.announced:
             due = cs.frontier + 1
         elif cs.pending:
             due = min(due, min(cs.pending))
