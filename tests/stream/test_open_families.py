@@ -423,3 +423,23 @@ def test_a_key_not_admitted_is_touched_at_its_inputs_and_next_due_only() -> None
         declared.feed(r)
     assert declared.metrics["counters_touched"] >= T // h
     assert run.metrics["counters_touched"] < T // h // 4
+
+
+def test_the_start_refuses_a_parameter_change_under_an_admitted_key() -> None:
+    """At start, from the ledger alone, before anything is applied: a changed epsilon
+    under an admitted key (on the ledger) is refused, as under a declared counter; the
+    unchanged configuration starts. Control: a ledger whose only entries are another
+    family's keys refuses nothing."""
+    from processor.stream.worker.app import ledger_at_start
+
+    s = settings({}, families={"pages": FAMILY}, epsilon=50.0, heartbeat_ticks=50)
+    run = Run(s, registry)
+    for r in _timeline({"heavy": list(range(1, 400))}, 420):
+        run.feed(r)
+    ledger = [e.to_json() for e in run.ledger]
+    assert [e.counter for e in run.ledger] == ["pages[heavy]"]
+    ledger_at_start(s, KEY, ledger)
+    with pytest.raises(ParameterChangeError):
+        ledger_at_start(with_overrides(s, epsilon=40.0), KEY, ledger)
+    other = with_overrides(s, epsilon=40.0, families={"other": FAMILY})
+    ledger_at_start(other, KEY, ledger)
