@@ -443,3 +443,31 @@ def test_the_start_refuses_a_parameter_change_under_an_admitted_key() -> None:
         ledger_at_start(with_overrides(s, epsilon=40.0), KEY, ledger)
     other = with_overrides(s, epsilon=40.0, families={"other": FAMILY})
     ledger_at_start(other, KEY, ledger)
+
+
+def test_the_campaigns_independent_checker_finds_the_worker_right_and_a_forgery_wrong(
+        ) -> None:
+    """processor/devtools/open_campaign.check_open_keys (the campaign's checker, apart
+    from the operator's code) on the operator's output: no violation, every key seen,
+    the heavy one admitted. Controls: a worker without the gate, and the heavy key's
+    first record dropped, are both caught."""
+    from processor.devtools.open_campaign import check_open_keys
+    from processor.stream.kafka.kafka_io import KafkaRecord
+
+    s = open_settings(mechanism="simecc")
+    T = 500
+    keys = {"heavy": list(range(20, T + 1)), "light": [30, 31, 200], "one": [40]}
+    records = _timeline(keys, T, declared=[3, 4, 9])
+    timeline = {0: [KafkaRecord("t", 0, i, None, r, (), 0) for i, r in enumerate(records)]}
+
+    def verdict(op_class: type[Operator], drop_first: bool = False) -> Any:
+        releases, ledger = _published(s, op_class, records)
+        rel = [orjson.loads(r) for r in releases]
+        if drop_first:
+            rel.remove(next(r for r in rel if r["counter"] == "pages[heavy]"))
+        return check_open_keys(s, KEY, timeline, rel, [orjson.loads(e) for e in ledger])
+
+    good = verdict(Operator)
+    assert good.ok and (good.keys_seen, good.keys_admitted) == (3, 1), good.violations
+    assert not verdict(NoGate).ok
+    assert not verdict(Operator, drop_first=True).ok
