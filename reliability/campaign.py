@@ -32,7 +32,8 @@ U. privacy_unit = "user" (processor/devtools/unit_campaign.py): one deployment w
    recomputation and replay's, no raw unit id outside the input and dead-letter topics;
 K. open keys (processor/devtools/open_campaign.py): one worker of a deployment with an
    open family, keys from a Zipf(1.1) law over `--open-keys` keys fed at `--open-rate`
-   events/s for `--open-seconds` s, `--open-kills` SIGKILLs meanwhile; checked: every
+   events/s for `--open-seconds` s, `--open-kills` SIGKILLs meanwhile (with
+   `--open-workers 2`, two workers of one group, a kill striking one); checked: every
    key's admission and records against the core gate on its input implied by the
    timeline (apart from the worker's code), and replay.
 
@@ -249,11 +250,12 @@ def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
 
 
 def phase_k(bootstrap: str, parent: Path, rng: random.Random, seconds: float, rate: float,
-            keys: int, kills: int) -> dict[str, Any]:
-    """Open keys: Zipf keys, one worker, kills, the independent admission checker."""
-    say(f"K: {seconds:g} s at {rate:g} events/s over {keys} keys, {kills} kills")
+            keys: int, kills: int, workers: int) -> dict[str, Any]:
+    """Open keys: Zipf keys, one or two workers, kills, the independent admission checker."""
+    say(f"K: {seconds:g} s at {rate:g} events/s over {keys} keys, {kills} kills, "
+        f"{workers} worker(s)")
     result = open_key_phase(bootstrap, parent, rng, seconds=seconds, rate=rate, keys=keys,
-                            kills=kills)
+                            kills=kills, workers=workers)
     say(f"K: ok={result['ok']} keys seen={result['keys_seen']} admitted="
         f"{result['keys_admitted']} violations={result['violations']} "
         f"replay identical={result['replay_identical']}")
@@ -346,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase K: keys of the Zipf law (default %(default)s)")
     p.add_argument("--open-kills", type=int, default=3,
                    help="phase K: SIGKILLs of the worker (default %(default)s)")
+    p.add_argument("--open-workers", type=int, choices=(1, 2), default=1,
+                   help="phase K: workers of the group, a kill strikes one (default 1)")
     p.add_argument("--phases", default="ABCD",
                    help="which phases to run (default ABCD; E: network partitions; "
                         "U: privacy_unit = user; K: open keys)")
@@ -372,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                                       args.unit_kills, args.unit_rebalances, args.unit_k,
                                       args.unit_m)),
                 ("K", lambda: phase_k(bootstrap, parent, rng, args.open_seconds,
-                                      args.open_rate, args.open_keys, args.open_kills)),
+                                      args.open_rate, args.open_keys, args.open_kills,
+                                      args.open_workers)),
             ]
             for name, run in runs:
                 if name in args.phases:

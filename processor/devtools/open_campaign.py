@@ -191,8 +191,10 @@ def _feed(dep: Deployment, rng: random.Random, stop: threading.Event, rate: floa
 
 
 def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds: float,
-                   rate: float, keys: int, kills: int) -> dict[str, Any]:
-    """Phase K (module docstring): returns its figures and the check's verdict."""
+                   rate: float, keys: int, kills: int, workers: int = 1) -> dict[str, Any]:
+    """Phase K (module docstring): returns its figures and the check's verdict. With
+    `workers` = 2, two workers of one group, each kill striking one of them at random
+    (its partitions, keys included, move to the other and back)."""
     started = time.monotonic()
     now = int(time.time() * 1000)
     tick = int(OPEN_SETTINGS["tick_ms"])
@@ -201,7 +203,10 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
                               families={FAMILY: OpenFamily(start, 1e-7)}, **OPEN_SETTINGS)
     try:
         driver = KillDriver(dep, rng, bad_share=0.0)
-        dep.worker.start()
+        for i in range(1, workers):
+            dep.add_worker(f"w{i}")
+        for w in dep.workers:
+            w.start()
         dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
         stop, sent = threading.Event(), [0]
         feeder = threading.Thread(target=_feed, args=(dep, rng, stop, rate, keys, sent),
@@ -211,8 +216,9 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
         try:
             for at in sorted(rng.uniform(1.0, seconds - 1.0) for _ in range(kills)):
                 stop.wait(max(0.0, t0 + at - time.monotonic()))  # the kill schedule
-                dep.worker.kill()
-                dep.worker.start()
+                victim = rng.choice(dep.workers)
+                victim.kill()
+                victim.start()
             stop.wait(max(0.0, t0 + seconds - time.monotonic()))
         finally:
             stop.set()
@@ -229,9 +235,10 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
         from processor.stream.replay import replay  # the audit, the worker's own code
 
         replayed = replay(dep.settings, dep.key)
-        return {"phase": "K: open keys (Zipf), one worker, kills", "events_sent": sent[0],
+        return {"phase": f"K: open keys (Zipf), {workers} worker(s), kills",
+                "events_sent": sent[0],
                 "driver": {**dict(sorted(driver.counts.items())), "kills_sigkill": kills},
-                "starts": dep.worker.starts, "caught_up": caught_up,
+                "starts": sum(w.starts for w in dep.workers), "caught_up": caught_up,
                 **report.as_dict(), "replay_identical": replayed.identical,
                 "ok": report.ok and replayed.identical,
                 "wall_s": round(time.monotonic() - started, 1)}

@@ -151,14 +151,15 @@ def test_small_unit_campaign_with_kills_and_a_rebalance(kafka_bootstrap: str,
 
 @pytest.mark.kafka
 def test_small_open_key_campaign_with_kills(kafka_bootstrap: str, tmp_path: Path) -> None:
-    """Phase K small: Zipf keys for 40 s, two SIGKILLs; the independent checker finds
+    """Phase K small: Zipf keys for 40 s, two workers of one group, two SIGKILLs of one
+    of them (its keys move to the other and back); the independent checker finds
     every key's records as the core gate says (some admitted, most not), replay the
     same. The checker's controls are in tests/stream/test_open_families.py."""
     from processor.devtools.open_campaign import open_key_phase
 
     result = open_key_phase(kafka_bootstrap, tmp_path, random.Random(1732), seconds=40.0,
-                            rate=40.0, keys=100, kills=2)
+                            rate=40.0, keys=100, kills=2, workers=2)
     assert result["ok"], result
     assert result["violations"] == 0 and result["replay_identical"]
     assert 0 < result["keys_admitted"] < result["keys_seen"]
-    assert result["driver"]["kills_sigkill"] == 2 and result["starts"] == 3
+    assert result["driver"]["kills_sigkill"] == 2 and result["starts"] == 4
