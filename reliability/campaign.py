@@ -33,9 +33,11 @@ U. privacy_unit = "user" (processor/devtools/unit_campaign.py): one deployment w
 K. open keys (processor/devtools/open_campaign.py): one worker of a deployment with an
    open family, keys from a Zipf(1.1) law over `--open-keys` keys fed at `--open-rate`
    events/s for `--open-seconds` s, `--open-kills` SIGKILLs meanwhile (with
-   `--open-workers 2`, two workers of one group, a kill striking one); checked: every
+   `--open-workers 2`, two workers of one group, a kill striking one; with
+   `--open-partition-faults N`, N network partitions of one of two workers through a
+   proxy, as phase E); checked: every
    key's admission and records against the core gate on its input implied by the
-   timeline (apart from the worker's code), and replay.
+   timeline (apart from the worker's code), replay, and the changelog never going back.
 
 Phases A, B, U and K use `--bootstrap` or, by default, a single local node this script starts;
 phases C and D always start their own cluster, phase E its own proxied node. Every broker
@@ -250,12 +252,25 @@ def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
 
 
 def phase_k(bootstrap: str, parent: Path, rng: random.Random, seconds: float, rate: float,
-            keys: int, kills: int, workers: int) -> dict[str, Any]:
-    """Open keys: Zipf keys, one or two workers, kills, the independent admission checker."""
+            keys: int, kills: int, workers: int, faults: int) -> dict[str, Any]:
+    """Open keys: Zipf keys, one or two workers, kills, with `faults` > 0 network
+    partitions of one of two workers (on a proxied broker of its own), the independent
+    admission checker."""
     say(f"K: {seconds:g} s at {rate:g} events/s over {keys} keys, {kills} kills, "
-        f"{workers} worker(s)")
-    result = open_key_phase(bootstrap, parent, rng, seconds=seconds, rate=rate, keys=keys,
-                            kills=kills, workers=workers)
+        f"{workers} worker(s), {faults} network partition faults")
+    if faults:
+        plan = partition_plan(faults, rng)
+        kafka = ProxiedKafka(1, heap="512m", start_timeout=300.0)
+        kafka.start()
+        try:
+            result = open_key_phase("", parent, rng, seconds=seconds, rate=rate, keys=keys,
+                                    kills=kills, kafka=kafka, faults=plan)
+        finally:
+            kafka.stop()
+        result["faults"] = plan
+    else:
+        result = open_key_phase(bootstrap, parent, rng, seconds=seconds, rate=rate,
+                                keys=keys, kills=kills, workers=workers)
     say(f"K: ok={result['ok']} keys seen={result['keys_seen']} admitted="
         f"{result['keys_admitted']} violations={result['violations']} "
         f"replay identical={result['replay_identical']}")
@@ -350,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase K: SIGKILLs of the worker (default %(default)s)")
     p.add_argument("--open-workers", type=int, choices=(1, 2), default=1,
                    help="phase K: workers of the group, a kill strikes one (default 1)")
+    p.add_argument("--open-partition-faults", type=int, default=0,
+                   help="phase K: network partitions of one of two workers, on a proxied "
+                        "broker of its own (default %(default)s)")
     p.add_argument("--phases", default="ABCD",
                    help="which phases to run (default ABCD; E: network partitions; "
                         "U: privacy_unit = user; K: open keys)")
@@ -377,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                                       args.unit_m)),
                 ("K", lambda: phase_k(bootstrap, parent, rng, args.open_seconds,
                                       args.open_rate, args.open_keys, args.open_kills,
-                                      args.open_workers)),
+                                      args.open_workers, args.open_partition_faults)),
             ]
             for name, run in runs:
                 if name in args.phases:

@@ -2,15 +2,18 @@
 
 One worker of a deployment with an open family counts keys drawn from a Zipf law (a few
 heavy keys, a long tail of keys with a handful of events) fed at the wall clock, while it
-is SIGKILLed and restarted at random moments. Checked against the timeline by
+is SIGKILLed and restarted at random moments; with a proxied broker, a second worker
+reaches it through the proxy and is cut off from it (network partitions, as phase E).
+Checked against the timeline by
 `check_open_keys`, independently of the operator's code: per key, its input as the design
 implies it (each event at max(its tick, the partition's first open tick), one a tick out
-of a FIFO queue, re-ingested copies dropped by input offset), its counter as if declared
+of a FIFO queue, re-ingested copies dropped by input offset per key), its counter as if declared
 at the family's start (the core mechanism under its name's noise identity), and the core
 gate (`OpenKey`) on it: a key the gate does not admit has no record and no ledger entry;
 an admitted key's first record is its admission (tick, value), its changes after it are
 its counter's, and its one ledger entry starts at the admission tick. Replay must find
-everything identical too.
+everything identical too, and no stored value may go back (`check_changelog`, the
+monotone state rule).
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from processor.core.ecc import ECC, SimECC
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.core.selection import OpenKey
-from processor.devtools.campaign import KillDriver
+from processor.devtools.campaign import PARTITION_FAULTS, KillDriver, check_changelog
 from processor.devtools.deployment import Deployment, isolated_deployment
+from processor.devtools.proxy import ProxiedKafka
 from processor.stream.kafka import kafka_io
 from processor.stream.model.config import Settings
 from processor.stream.model.families import OpenFamily
@@ -80,7 +84,9 @@ def implied_inputs(settings: Settings, starts: Mapping[str, int],
     final: dict[int, int] = {}
     for p, recs in timeline.items():
         frontier = -1
-        seen: dict[int, int] = {}
+        # Per counter and input partition: a zombie ingest may write older offsets late,
+        # and an event is a re-sent copy only if its own counter had its offset.
+        seen: dict[tuple[str, int], int] = {}
         for r in sorted(recs, key=lambda r: r.offset):
             rec = decode_timeline(r.value or b"")
             if isinstance(rec, TimelineMarker):
@@ -88,9 +94,9 @@ def implied_inputs(settings: Settings, starts: Mapping[str, int],
                 continue
             assert isinstance(rec, TimelineBatch)
             for ev in rec.events:
-                if ev.src_offset <= seen.get(ev.src_partition, -1):
+                if ev.src_offset <= seen.get((ev.counter, ev.src_partition), -1):
                     continue  # a copy re-sent by ingest after a crash
-                seen[ev.src_partition] = ev.src_offset
+                seen[ev.counter, ev.src_partition] = ev.src_offset
                 start = starts.get(ev.counter)
                 if start is None:
                     continue
@@ -190,21 +196,54 @@ def _feed(dep: Deployment, rng: random.Random, stop: threading.Event, rate: floa
     assert producer.flush(60) == 0
 
 
+def _partitions(kafka: ProxiedKafka, dep: Deployment, rng: random.Random,
+                faults: Sequence[str], settle_s: float, counts: Any) -> None:
+    """Each fault cuts the proxied worker off (a blackhole keeps its connections open, a
+    reset drops them) for a random duration of its range, then heals and settles; a
+    worker that gave up meanwhile is counted and restarted."""
+    proxy = kafka.proxy
+    assert proxy is not None
+    for kind in faults:
+        lo, hi = PARTITION_FAULTS[kind]
+        if kind == "reset":
+            proxy.reset()
+        else:
+            proxy.blackhole()
+        time.sleep(rng.uniform(lo, hi))  # the fault's duration, not a synchronisation wait
+        proxy.heal()
+        counts[f"faults_{kind}"] += 1
+        time.sleep(settle_s)  # the cut-off worker rejoins before the next fault
+        for i, w in enumerate(dep.workers):
+            if not w.alive():
+                counts[f"worker_{i}_exit_{w.stop()}"] += 1
+                w.start()
+
+
 def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds: float,
-                   rate: float, keys: int, kills: int, workers: int = 1) -> dict[str, Any]:
+                   rate: float, keys: int, kills: int, workers: int = 1,
+                   kafka: ProxiedKafka | None = None, faults: Sequence[str] = (),
+                   settle_s: float = 20.0) -> dict[str, Any]:
     """Phase K (module docstring): returns its figures and the check's verdict. With
     `workers` = 2, two workers of one group, each kill striking one of them at random
-    (its partitions, keys included, move to the other and back)."""
+    (its partitions, keys included, move to the other and back). With `kafka` (a proxied
+    broker: `bootstrap` is then ignored), the second worker goes through its proxy, and
+    after the kills each of `faults` (PARTITION_FAULTS kinds) cuts it off for a random
+    duration of its range, heals, and leaves `settle_s`, while keyed events flow."""
     started = time.monotonic()
     now = int(time.time() * 1000)
     tick = int(OPEN_SETTINGS["tick_ms"])
     start = now // tick * tick
+    if kafka is not None:
+        bootstrap, workers = kafka.bootstrap_servers, 2
     dep = isolated_deployment(bootstrap, {"declared": start}, parent=parent, name="campK",
                               families={FAMILY: OpenFamily(start, 1e-7)}, **OPEN_SETTINGS)
     try:
         driver = KillDriver(dep, rng, bad_share=0.0)
         for i in range(1, workers):
-            dep.add_worker(f"w{i}")
+            if kafka is not None:
+                dep.add_worker(f"w{i}", bootstrap_servers=kafka.proxied_bootstrap)
+            else:
+                dep.add_worker(f"w{i}")
         for w in dep.workers:
             w.start()
         dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
@@ -220,6 +259,9 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
                 victim.kill()
                 victim.start()
             stop.wait(max(0.0, t0 + seconds - time.monotonic()))
+            if faults:
+                assert kafka is not None and kafka.proxy is not None
+                _partitions(kafka, dep, rng, faults, settle_s, driver.counts)
         finally:
             stop.set()
             feeder.join(timeout=120)
@@ -232,6 +274,7 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
         ledger = [orjson.loads(r.value or b"") for r in
                   kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
         report = check_open_keys(dep.settings, dep.key, timeline, dep.releases(), ledger)
+        changelog = check_changelog(dep)
         from processor.stream.replay import replay  # the audit, the worker's own code
 
         replayed = replay(dep.settings, dep.key)
@@ -240,7 +283,8 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
                 "driver": {**dict(sorted(driver.counts.items())), "kills_sigkill": kills},
                 "starts": sum(w.starts for w in dep.workers), "caught_up": caught_up,
                 **report.as_dict(), "replay_identical": replayed.identical,
-                "ok": report.ok and replayed.identical,
+                "changelog": changelog.as_dict(),
+                "ok": report.ok and replayed.identical and changelog.ok,
                 "wall_s": round(time.monotonic() - started, 1)}
     finally:
         dep.close()
