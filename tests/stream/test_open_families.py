@@ -252,6 +252,10 @@ def _problems(s: Settings, op_class: type[Operator], keys: dict[str, list[int]],
             problems.append(f"{key}: releases are not the as-if-declared counter's")
         if [(e.since_tick, e.start_ms) for e in entries] != [(a, START)]:
             problems.append(f"{key}: ledger entry")
+        # Each record's error bound: the counter's at its tick (public quantities only).
+        bound = registry.make(s.mechanism, s.epsilon, s.delta, KEY, "bound-only")
+        if any(r.error_bound != float(bound.error_bound_at(r.tick, s.beta)) for r in mine):
+            problems.append(f"{key}: error bounds")
     return problems
 
 

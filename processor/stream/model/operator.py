@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 from processor.core.api import Counter
@@ -757,7 +757,10 @@ class Operator:
         a, y = got
         self._announce(name, cs, n, frontier, out, a)
         self._release(name, cs, a, y, "change", out)
-        out.releases += [r for r in aside.releases if r.tick > a]
+        # The records after a, with the error bound each would have had (a function of
+        # the counter's parameters and the tick only: `_error_bound`).
+        out.releases += [replace(r, error_bound=self._error_bound(c, r.tick))
+                         for r in aside.releases if r.tick > a]
         return False
 
     def _stage_counter(self, txn: PartitionTransaction, partition: int, name: str,
@@ -921,11 +924,14 @@ class Operator:
             out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
+        # A key not admitted: set aside, its bound computed only if published (`_seal_key`).
+        adm = cs.admission
+        aside = adm is not None and adm.admitted is None
         out.releases.append(Release(
             counter=name, tick=t, tick_start_ms=(cs.start_tick + t - 1) * s.tick_ms,
             tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,
             epsilon=c.eps, delta=c.delta,
-            error_bound=self._error_bound(c, t), beta=s.beta,
+            error_bound=0.0 if aside else self._error_bound(c, t), beta=s.beta,
             fingerprint=fingerprint))
 
     def _error_bound(self, c: Counter, t: int) -> float:
