@@ -29,9 +29,17 @@ U. privacy_unit = "user" (processor/devtools/unit_campaign.py): one deployment w
    the bounding stage, the operator and ingest) and `--unit-rebalances` rebalances;
    checked: every record counted or dead-lettered once, the kept set against a
    recomputation of the bound, no unit beyond a bound, the published counts against the
-   recomputation and replay's, no raw unit id outside the input and dead-letter topics.
+   recomputation and replay's, no raw unit id outside the input and dead-letter topics;
+K. open keys (processor/devtools/open_campaign.py): one worker of a deployment with an
+   open family, keys from a Zipf(1.1) law over `--open-keys` keys fed at `--open-rate`
+   events/s for `--open-seconds` s, `--open-kills` SIGKILLs meanwhile (with
+   `--open-workers 2`, two workers of one group, a kill striking one; with
+   `--open-partition-faults N`, N network partitions of one of two workers through a
+   proxy, as phase E); checked: every
+   key's admission and records against the core gate on its input implied by the
+   timeline (apart from the worker's code), replay, and the changelog never going back.
 
-Phases A, B and U use `--bootstrap` or, by default, a single local node this script starts;
+Phases A, B, U and K use `--bootstrap` or, by default, a single local node this script starts;
 phases C and D always start their own cluster, phase E its own proxied node. Every broker
 and worker started here is stopped at the end. Prints one JSON document of figures; exit
 code 0 when every phase passed.
@@ -66,6 +74,7 @@ from processor.devtools.campaign import (  # noqa: E402
 )
 from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
 from processor.devtools.kafka.cluster import LocalKafka  # noqa: E402
+from processor.devtools.open_campaign import open_key_phase  # noqa: E402
 from processor.devtools.proxy import ProxiedKafka  # noqa: E402
 from processor.devtools.unit_campaign import unit_phase  # noqa: E402
 
@@ -242,6 +251,32 @@ def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
     return out
 
 
+def phase_k(bootstrap: str, parent: Path, rng: random.Random, seconds: float, rate: float,
+            keys: int, kills: int, workers: int, faults: int) -> dict[str, Any]:
+    """Open keys: Zipf keys, one or two workers, kills, with `faults` > 0 network
+    partitions of one of two workers (on a proxied broker of its own), the independent
+    admission checker."""
+    say(f"K: {seconds:g} s at {rate:g} events/s over {keys} keys, {kills} kills, "
+        f"{workers} worker(s), {faults} network partition faults")
+    if faults:
+        plan = partition_plan(faults, rng)
+        kafka = ProxiedKafka(1, heap="512m", start_timeout=300.0)
+        kafka.start()
+        try:
+            result = open_key_phase("", parent, rng, seconds=seconds, rate=rate, keys=keys,
+                                    kills=kills, kafka=kafka, faults=plan)
+        finally:
+            kafka.stop()
+        result["faults"] = plan
+    else:
+        result = open_key_phase(bootstrap, parent, rng, seconds=seconds, rate=rate,
+                                keys=keys, kills=kills, workers=workers)
+    say(f"K: ok={result['ok']} keys seen={result['keys_seen']} admitted="
+        f"{result['keys_admitted']} violations={result['violations']} "
+        f"replay identical={result['replay_identical']}")
+    return result
+
+
 def phase_u(bootstrap: str, parent: Path, rng: random.Random, records: int, kills: int,
             rebalances: int, k: int, m: int) -> dict[str, Any]:
     """privacy_unit = "user": two workers, kills (the stage's crash points too) and
@@ -320,9 +355,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase U: max_events_per_counter (default %(default)s)")
     p.add_argument("--unit-m", type=int, default=3,
                    help="phase U: max_counters_per_unit (default %(default)s)")
+    p.add_argument("--open-seconds", type=float, default=60.0,
+                   help="phase K: how long keyed events are fed (default %(default)s)")
+    p.add_argument("--open-rate", type=float, default=40.0,
+                   help="phase K: keyed events a second (default %(default)s)")
+    p.add_argument("--open-keys", type=int, default=300,
+                   help="phase K: keys of the Zipf law (default %(default)s)")
+    p.add_argument("--open-kills", type=int, default=3,
+                   help="phase K: SIGKILLs of the worker (default %(default)s)")
+    p.add_argument("--open-workers", type=int, choices=(1, 2), default=1,
+                   help="phase K: workers of the group, a kill strikes one (default 1)")
+    p.add_argument("--open-partition-faults", type=int, default=0,
+                   help="phase K: network partitions of one of two workers, on a proxied "
+                        "broker of its own (default %(default)s)")
     p.add_argument("--phases", default="ABCD",
                    help="which phases to run (default ABCD; E: network partitions; "
-                        "U: privacy_unit = user)")
+                        "U: privacy_unit = user; K: open keys)")
     p.add_argument("--seed", type=int, default=20261130)
     p.add_argument("--bootstrap", help="broker of phases A and B (default: start one)")
     p.add_argument("--out", help="also write the JSON figures to this file")
@@ -335,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: list[dict[str, Any]] = []
     with _parent(args.keep) as parent:
-        needs_single = bool({"A", "B", "U"} & set(args.phases))
+        needs_single = bool({"A", "B", "U", "K"} & set(args.phases))
         ctx = broker(args.bootstrap) if needs_single else nullcontext(("", None))
         with ctx as (bootstrap, _kafka):
             runs: list[tuple[str, Callable[[], dict[str, Any]]]] = [
@@ -345,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
                 ("U", lambda: phase_u(bootstrap, parent, rng, args.unit_records,
                                       args.unit_kills, args.unit_rebalances, args.unit_k,
                                       args.unit_m)),
+                ("K", lambda: phase_k(bootstrap, parent, rng, args.open_seconds,
+                                      args.open_rate, args.open_keys, args.open_kills,
+                                      args.open_workers, args.open_partition_faults)),
             ]
             for name, run in runs:
                 if name in args.phases:

@@ -8,6 +8,9 @@
  *   - Records are idempotent by (counter, tick) and may be re-sent after a crash: the
  *     current value of a counter is that of its record with the LARGEST tick, never simply
  *     the last one to arrive. y_t at a tick t is the value of the largest tick <= t.
+ *   - Counters may appear while it runs (a map keyed by name): a key of an open family, a
+ *     counter named "family[key]", is published from its admission tick on, its first
+ *     record carrying its whole count; its y before that tick is not published (not 0).
  *
  * Run (after examples/java/fetch-deps.sh):
  *   java -cp 'examples/java/target/lib/*' examples/java/Subscriber.java \

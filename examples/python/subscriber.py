@@ -7,6 +7,9 @@ docs/downstream.md.
 - Records are idempotent by (counter, tick) and may be re-sent after a crash: a counter's
   current value is that of its record with the LARGEST tick, never simply the last one to
   arrive. y_t at any tick t is the value of the largest tick <= t (`Subscriber.y_at`).
+- Counters may appear while it runs: a key of an open family (a counter named
+  `family[key]`) is published from its admission tick on, its first record carrying its
+  whole count; before that tick its y is not published (not 0).
 
 Run (needs only `pip install confluent-kafka`):
     python examples/python/subscriber.py --bootstrap-servers localhost:9092 \\
@@ -33,6 +36,12 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 KNOWN_VERSION = 1
 #: Kafka's "from the beginning of the partition" offset.
 OFFSET_BEGINNING = -2
+
+
+def open_key(counter: str) -> bool:
+    """Whether `counter` is a key of an open family, `family[key]` (a declared counter's
+    name has no '[')."""
+    return "[" in counter and counter.endswith("]")
 
 
 @dataclass
@@ -92,13 +101,16 @@ class Subscriber:
 
     def y_at(self, counter: str, t: int) -> float | None:
         """y_t of `counter`: the value of its record with the largest tick <= t (0 before
-        its first record: y starts at 0); None for a tick beyond the newest record, which
-        the stream may not have sealed yet."""
+        its first record: y starts at 0; but None for an open family's key, whose y is
+        not published before its admission); None for a tick beyond the newest record,
+        which the stream may not have sealed yet."""
         ticks = self.history.get(counter, [])
         if ticks and t > ticks[-1][0]:
             return None
         i = bisect.bisect_right(ticks, (t, float("inf")))
-        return ticks[i - 1][1] if i else 0.0
+        if i:
+            return ticks[i - 1][1]
+        return None if open_key(counter) else 0.0
 
     def summary(self) -> dict[str, Any]:
         return {"records": self.records, "rejected": self.rejected,

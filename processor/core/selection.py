@@ -171,7 +171,10 @@ class OpenKey:
         """A(t) in units for this key's counter."""
         return admission_threshold(*self._cc, self._base, t, self.delta0)
 
-    def _see(self, t: int, y: float, changed: bool) -> list[Change]:
+    def observe(self, t: int, y: float, changed: bool) -> list[Change]:
+        """The records published at tick t >= first of a counter whose release there is
+        y (`changed`: y differs from tick t - 1's); for a caller that steps the counter
+        itself (the stream operator) and shows it every tick where y changed."""
         if self.admitted is not None:
             return [(t, y)] if changed else []
         # y is constant between its changes and A never decreases, so the first tick
@@ -187,7 +190,7 @@ class OpenKey:
             raise InvalidParameterError("an open key steps from its first tick on")
         before = self.counter.y
         after = self.counter.update(x)
-        return self._see(self.counter.t, after, after != before)
+        return self.observe(self.counter.t, after, after != before)
 
     def skip(self, n: int) -> list[Change]:
         """n ⊥ ticks (exact, the counter's skip); the records published inside them."""
@@ -196,7 +199,7 @@ class OpenKey:
             raise InvalidParameterError("an open key steps from its first tick on")
         out: list[Change] = []
         for t, y in self.counter.skip(n):
-            out.extend(self._see(t, y, True))
+            out.extend(self.observe(t, y, True))
         return out
 
     def to_bytes(self) -> bytes:

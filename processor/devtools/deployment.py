@@ -76,7 +76,7 @@ def render_toml(settings: Settings) -> str:
     user = settings.privacy_unit == "user"
     # The unit target lives in a [unit] section; in user mode epsilon/delta are derived
     # from it and must not be written (docs/privacy-unit.md).
-    skip = {"security", "topics", "counters", *_UNIT_FIELDS} | (
+    skip = {"security", "topics", "counters", "families", *_UNIT_FIELDS} | (
         {"epsilon", "delta"} if user else set())
     for f in fields(Settings):
         if f.name in skip:
@@ -99,6 +99,11 @@ def render_toml(settings: Settings) -> str:
     lines.append("[counters]")
     for name, start in settings.counters.items():
         lines.append(f"{_toml_value(name)} = {int(start)}")
+    if settings.families:
+        lines.append("[families]")
+        for name, fam in settings.families.items():
+            lines.append(f"{_toml_value(name)} = {{ open = true, start = {fam.start_ms}, "
+                         f"selection_delta = {fam.selection_delta!r} }}")
     return "\n".join(lines) + "\n"
 
 

@@ -126,9 +126,10 @@ def test_worker_environment_has_no_settings_overrides() -> None:
            "KAFKA_BOOTSTRAP_SERVERS": "elsewhere:9092", "DPC_SASL_PASSWORD": "pw",
            "DPC_TEST_CRASH_AT": "after_acks:1"}
     assert worker_env(env) == {"PATH": "/bin", "DPC_TEST_CRASH_AT": "after_acks:1"}
-    # Every setting has its override variable in the set (so none can leak through).
+    # Every setting has its override variable in the set (so none can leak through);
+    # open families are read from the file only (no variable to leak).
     names = {f"DPC_{f.name.upper()}" for f in fields(Settings)
-             if f.name not in ("security", "topics")}
+             if f.name not in ("security", "topics", "families")}
     names |= {f"DPC_{f.name.upper()}" for f in fields(SecuritySettings)}
     names |= {f"DPC_TOPIC_{f.name.upper()}" for f in fields(TopicSettings)}
     assert names <= SETTINGS_ENV_VARS

@@ -189,3 +189,31 @@ def test_java_subscriber(published: dict[str, Any]) -> None:
     assert proc.returncode == 0, proc.stderr
     assert "rejected a record: no schema_version >= 1" in proc.stderr
     _check_summary(proc.stdout, published)
+
+
+def test_python_subscriber_follows_a_key_that_appears_while_it_runs() -> None:
+    """An open family's key is published from its admission tick on: the subscriber
+    picks the new counter up, y_at before its first record is None (not published; a
+    declared counter's is 0), and after it the published values. Pure: the operator's
+    records, fed as they come."""
+    from processor.stream.model.families import OpenFamily
+
+    s = with_overrides(Settings(), counters={"a": 0}, tick_ms=1, mechanism="simecc",
+                       epsilon=200.0, heartbeat_ticks=50, heartbeat_spread=False,
+                       partitions=1, families={"pages": OpenFamily(0, 1e-7)})
+    op, store = Operator(s, NoiseKey(bytes(range(32)))), DictStore()
+    sub = _python_example().Subscriber()
+    offset = 0
+    seen_before_key = False
+    for n in range(600):
+        recs = [encode_batch([Event("pages[k]", n, UNIT, 0, n)]), encode_marker(n)]
+        for rec in recs:
+            for r in apply_now(op, store, 0, offset, rec).releases:
+                assert sub.apply(r.to_json(), r.headers()) is not None
+            offset += 1
+        seen_before_key |= "a" in sub.current and "pages[k]" not in sub.current
+    assert seen_before_key and "pages[k]" in sub.current  # it appeared while running
+    first = min(t for t, _y in sub.history["pages[k]"])
+    assert first > 1 and sub.y_at("pages[k]", first - 1) is None
+    assert sub.y_at("a", 1) == 0.0
+    assert sub.y_at("pages[k]", first) == sub.history["pages[k]"][0][1] > 50

@@ -35,7 +35,13 @@ from processor.devtools.campaign import (
 from processor.devtools.deployment import Deployment
 from processor.devtools.unit_campaign import BOUND_REASON, MISSING_REASON, unit_phase
 from processor.stream.model.config import Settings, with_overrides
-from processor.stream.model.records import REASONS, USER_MODE_REASONS, Rejection, parse_input
+from processor.stream.model.records import (
+    OPEN_FAMILY_REASONS,
+    REASONS,
+    USER_MODE_REASONS,
+    Rejection,
+    parse_input,
+)
 from tests.stream.test_app_e2e import TEST_SECRET
 
 
@@ -65,7 +71,7 @@ def test_every_category_gets_its_outcome_from_parse_input() -> None:
     ctx = CorpusContext(tuple(counters), min(counters.values()), now, settings.max_future_ms)
     corpus = fuzz_corpus(ctx, random.Random(20261130), bad=10_000, valid=1_000)
     assert len(BAD) >= 44 and {reason for reason, _ in BAD.values()} == set(REASONS) - set(
-        USER_MODE_REASONS)  # the campaign runs in event mode
+        USER_MODE_REASONS) - set(OPEN_FAMILY_REASONS)  # event mode, no open family
     assert {r.category for r in corpus} >= set(BAD) | set(VALID)
     assert _mismatches(corpus, settings, now) == set()
     loose = replace(settings, allow_undeclared=True)
@@ -105,7 +111,8 @@ def test_small_campaign_with_a_kill_at_every_moment(
     print("small campaign:", dict(driver.counts), report.as_dict())
     assert report.ok, report.as_dict()
     assert report.bad_records >= len(BAD) and report.valid_records >= len(VALID)
-    assert set(report.dead_letters_by_reason) == set(REASONS) - set(USER_MODE_REASONS)
+    assert set(report.dead_letters_by_reason) == set(REASONS) - set(USER_MODE_REASONS) - set(
+        OPEN_FAMILY_REASONS)
     assert sum(driver.counts[f"kills_{m}"] for m in KILL_MOMENTS) >= 3, driver.counts
 
     nan = next(raw for raw, r in driver.expected.items() if r.category == "value_nan")
@@ -140,3 +147,19 @@ def test_small_unit_campaign_with_kills_and_a_rebalance(kafka_bootstrap: str,
     assert units["ids_scanned"] > 0 and units["topics_scanned"] >= 5
     assert result["driver"].get("kills_mid_batch", 0) + result["driver"].get(
         "kills_startup", 0) >= 1, result["driver"]
+
+
+@pytest.mark.kafka
+def test_small_open_key_campaign_with_kills(kafka_bootstrap: str, tmp_path: Path) -> None:
+    """Phase K small: Zipf keys for 40 s, two workers of one group, two SIGKILLs of one
+    of them (its keys move to the other and back); the independent checker finds
+    every key's records as the core gate says (some admitted, most not), replay the
+    same. The checker's controls are in tests/stream/test_open_families.py."""
+    from processor.devtools.open_campaign import open_key_phase
+
+    result = open_key_phase(kafka_bootstrap, tmp_path, random.Random(1732), seconds=40.0,
+                            rate=40.0, keys=100, kills=2, workers=2)
+    assert result["ok"], result
+    assert result["violations"] == 0 and result["replay_identical"]
+    assert 0 < result["keys_admitted"] < result["keys_seen"]
+    assert result["driver"]["kills_sigkill"] == 2 and result["starts"] == 4

@@ -40,6 +40,7 @@ from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.identity import counter_id, noise_identity
 from processor.stream.model.operator import is_heartbeat_tick
 from processor.stream.model.records import (
+    OPEN_FAMILY_REASONS,
     REASONS,
     USER_MODE_REASONS,
     Event,
@@ -292,7 +293,8 @@ def test_known_sequence_matches_operator_spec_and_dead_letters(
     inputs = {r.value: r for r in kafka_io.iter_topic(live.conf, live.topics.input)}
     dead = [orjson.loads(r.value or b"") for r in
             kafka_io.iter_topic(live.conf, live.topics.deadletter)]
-    assert sorted(d["reason"] for d in dead) == sorted(set(REASONS) - set(USER_MODE_REASONS))
+    assert sorted(d["reason"] for d in dead) == sorted(
+        set(REASONS) - set(USER_MODE_REASONS) - set(OPEN_FAMILY_REASONS))
     for d in dead:
         raw = base64.b64decode(d["raw"])
         assert raw == bad[d["reason"]]

@@ -29,6 +29,7 @@ from processor.devtools.deployment import write_config
 from processor.stream.kafka import ingest, kafka_io
 from processor.stream.kafka.ingest import InputRecord, committable, route
 from processor.stream.model.config import Settings, TopicSettings, with_overrides
+from processor.stream.model.families import OpenFamily
 from processor.stream.model.records import (
     REASONS,
     USER_MODE_REASONS,
@@ -70,6 +71,9 @@ def _bad(now: int) -> dict[str, bytes]:
         "timestamp_too_far_in_future": orjson.dumps({"counter": "a", "ts": now + 600_000}),
         "before_start": orjson.dumps({"counter": "a", "ts": START - 5_000}),
         "invalid_unit": orjson.dumps({"counter": "a", "ts": now, "user": ["x"]}),
+        # An open family's event without a key, and with a key too long.
+        "key_missing": orjson.dumps({"counter": "pages", "ts": now}),
+        "invalid_key": orjson.dumps({"counter": "pages", "ts": now, "key": "k" * 129}),
     }
 
 
@@ -127,9 +131,10 @@ def test_every_bad_record_is_dead_lettered_with_its_reason_and_bytes() -> None:
     """Every reason, plus a counter named by a lone surrogate: one dead
     letter each, with its reason, raw bytes and input coordinates; valid events around
     them are routed. Nothing is lost: events + dead letters = records."""
-    s = _settings(allow_undeclared=False)
+    s = _settings(allow_undeclared=False, families={"pages": OpenFamily(START, 1e-7)})
     bad = _bad(NOW)
-    raws = [_valid("a", 1), *bad.values(), LONE_SURROGATE, _valid("b", 2)]
+    keyed = orjson.dumps({"counter": "pages", "ts": NOW, "key": "/home"})
+    raws = [_valid("a", 1), *bad.values(), LONE_SURROGATE, _valid("b", 2), keyed]
     recs = [InputRecord(0, i, raw) for i, raw in enumerate(raws)]
     routed = route(recs, s, NOW)
     dead = [orjson.loads(d) for d in routed.deadletters]
@@ -139,8 +144,9 @@ def test_every_bad_record_is_dead_lettered_with_its_reason_and_bytes() -> None:
         raw = base64.b64decode(d["raw"])
         assert (d["topic"], d["partition"], d["offset"]) == (s.topics.input, 0,
                                                              raws.index(raw))
-    assert sum(len(v) for v in _events(routed.timeline).values()) == 2
-    assert len(dead) + 2 == len(recs)
+    routed_events = [e for v in _events(routed.timeline).values() for e in v]
+    assert sorted(e.counter for e in routed_events) == ["a", "b", "pages[/home]"]
+    assert len(dead) + 3 == len(recs)
     # With undeclared counters allowed, the surrogate is still rejected (not encodable).
     loose = route([InputRecord(0, 0, LONE_SURROGATE)], _settings(allow_undeclared=True), NOW)
     assert [orjson.loads(d)["reason"] for d in loose.deadletters] == ["schema_violation"]

@@ -19,6 +19,7 @@ from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
 from processor.stream.model import records
 from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.families import MAX_KEY_BYTES, OpenFamily
 from processor.stream.model.operator import Operator
 from processor.stream.model.records import (
     DEADLETTER_RAW_LIMIT,
@@ -53,7 +54,8 @@ SCHEMAS = Path(__file__).parents[2] / "schemas"
 
 NOW = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 S = with_overrides(Settings(), counters={"signups": NOW - 3_600_000, "late": NOW + 10_000},
-                   max_future_ms=60_000)
+                   max_future_ms=60_000,
+                   families={"pages": OpenFamily(NOW - 3_600_000, 1e-7)})
 
 BAD: list[tuple[str, bytes]] = [
     ("unparsable", b"{not json"),
@@ -92,6 +94,13 @@ BAD: list[tuple[str, bytes]] = [
     # The unit field is validated in every mode (it is part of the schema).
     ("invalid_unit", b'{"counter": "signups", "ts": 1767225600000, "user": 7}'),
     ("invalid_unit", b'{"counter": "signups", "ts": 1767225600000, "user": ""}'),
+    # An open family's key: required, checked (families.key_problem), its family's only.
+    ("key_missing", b'{"counter": "pages", "ts": 1767225600000}'),
+    ("invalid_key", b'{"counter": "pages", "ts": 1767225600000, "key": ""}'),
+    ("invalid_key", b'{"counter": "pages", "ts": 1767225600000, "key": "\\ud800"}'),
+    ("invalid_key", b'{"counter": "pages", "ts": 1767225600000, "key": "a\\u0007"}'),
+    ("schema_violation", b'{"counter": "signups", "ts": 1767225600000, "key": "k"}'),
+    ("before_start", b'{"counter": "pages", "ts": 1767221999999, "key": "k"}'),
 ]
 
 
@@ -131,7 +140,7 @@ def test_valid_events() -> None:
 
 
 def test_undeclared_counter_with_option() -> None:
-    s = with_overrides(S, allow_undeclared=True)
+    s = with_overrides(S, allow_undeclared=True, families={})
     assert parse_input(b'{"counter":"new","ts":1767225600000}', s, NOW) == Event(
         "new", NOW, UNIT)
     # Non-ASCII names are fine as long as they are real text.
@@ -263,7 +272,9 @@ def test_input_event_schema_agrees_with_the_parser() -> None:
             continue  # not JSON (or NaN/Infinity): no document to validate
         # (Lone surrogates and ISO strings are beyond what the schema language checks:
         # jsonschema does not enforce "format" without extra packages.)
-        if reason in shape and b"\\u" not in raw and b'"ts": "' not in raw:
+        # (Nor which counters are open families: a key is a schema field.)
+        if (reason in shape and b"\\u" not in raw and b'"ts": "' not in raw
+                and b'"key"' not in raw):
             assert not v.is_valid(doc), raw
             rejected += 1
     assert rejected >= 15
@@ -424,8 +435,9 @@ def test_release_schema_states_the_unit_and_how_to_rebuild_y() -> None:
 def test_schema_file_matches_parser() -> None:
     """The JSON schema documents the same fields and bounds as parse_input."""
     schema = json.loads((SCHEMAS / "input-event.schema.json").read_text())
-    assert set(schema["properties"]) == {"counter", "ts", "value", "user"}
+    assert set(schema["properties"]) == {"counter", "ts", "value", "user", "key"}
     assert schema["properties"]["user"]["maxLength"] == MAX_UNIT_ID
+    assert schema["properties"]["key"]["maxLength"] == MAX_KEY_BYTES
     assert schema["required"] == ["counter", "ts"]
     assert schema["additionalProperties"] is False
     v = schema["properties"]["value"]

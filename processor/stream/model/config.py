@@ -34,6 +34,7 @@ from processor.core.tight import CALIBRATIONS
 from processor.core.unit import DERIVATIONS, UnitParameters, derive
 from processor.errors import ProcessorError
 from processor.keyfile import read_key
+from processor.stream.model.families import MAX_FAMILY_NAME, OpenFamily
 
 #: Mechanisms the stream layer may run: only those private under the queue shift.
 STREAM_MECHANISMS = ("ecc", "simecc")
@@ -140,6 +141,9 @@ class Settings:
     #: Accept events for undeclared counters (the counter starts at its first event's tick,
     #: which itself reveals that event's existence: off by default, see the example config).
     allow_undeclared: bool = False
+    #: Open counter families: name -> its start and selection delta (families.py; a key's
+    #: counter is published only once the private gate admits it, docs/open-keys.md).
+    families: Mapping[str, OpenFamily] = field(default_factory=lambda: MappingProxyType({}))
     noise_key_file: str | None = None
     #: How the key file is read (processor.core.rng.KEY_FORMATS): "hex" (what keygen
     #: writes) or "raw" bytes. Stated, never guessed from the file's content.
@@ -253,6 +257,10 @@ class Settings:
             relevant["unit_delta"] = self.unit_delta
             relevant["contribution_bound"] = [self.max_events_per_counter,
                                               self.max_counters_per_unit]
+        if self.families:
+            # Only when set: the fingerprints of deployments without families are unchanged.
+            relevant["families"] = sorted(
+                (n, f.start_ms, f.selection_delta) for n, f in self.families.items())
         fp = hashlib.sha256(orjson.dumps(relevant, option=orjson.OPT_SORT_KEYS)).hexdigest()
         # Memoised (the settings are frozen): with 10^4 counters hashing costs milliseconds,
         # and the operator asks once per new counter.
@@ -278,7 +286,9 @@ _TOP_KEYS = {
     "timeline_retention_ms", "counts_retention_ms", "deadletter_retention_ms",
     "privacy_unit",
 }
-_SECTIONS = {"security", "topics", "counters", "unit"}
+_SECTIONS = {"security", "topics", "counters", "unit", "families"}
+#: The fields of one [families] entry.
+_FAMILY_KEYS = ("open", "start", "selection_delta")
 #: One table of the file: setting -> raw value (TOML or environment text).
 Table = dict[str, Any]
 
@@ -387,7 +397,7 @@ def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) 
     if "DPC_COUNTERS" in env:
         counters = _parse_counters_env(env["DPC_COUNTERS"])
     try:
-        return _build(top, sec, topics, counters, unit)
+        return _build(top, sec, topics, counters, unit, _families(raw))
     except ConfigError as exc:
         if path is None and exc.field == "counters" and not counters:
             # `worker` without --config: say what is missing first, not a field of it.
@@ -429,6 +439,28 @@ def _sections(raw: Mapping[str, Any]) -> tuple[Table, Table, Table, Table, Table
         return dict(raw.get(name, {}))
 
     return top, table("security"), table("topics"), table("counters"), table("unit")
+
+
+def _families(raw: Mapping[str, Any]) -> dict[str, OpenFamily]:
+    """The [families] table: name -> { open = true, start = ..., selection_delta = ... }."""
+    out: dict[str, OpenFamily] = {}
+    for name, entry in dict(raw.get("families", {})).items():
+        where = f"families.{name}"
+        if not isinstance(entry, dict):
+            raise ConfigError(where, "must be a table { open = true, start = ..., "
+                              "selection_delta = ... }")
+        for k in entry:
+            if k not in _FAMILY_KEYS:
+                raise ConfigError(f"{where}.{k}", "unknown setting (typo?)")
+        if entry.get("open") is not True:
+            raise ConfigError(f"{where}.open", "must be true (the only kind of family)")
+        for k in ("start", "selection_delta"):
+            if k not in entry:
+                raise ConfigError(f"{where}.{k}", "is required")
+        out[name] = OpenFamily(_start_ms(f"{where}.start", entry["start"]),
+                               _as_float(f"{where}.selection_delta",
+                                         entry["selection_delta"]))
+    return out
 
 
 def _unit_fields(top: dict[str, Any], unit: dict[str, Any], mechanism: str,
@@ -499,7 +531,8 @@ def with_unit(s: Settings, unit_epsilon: float, unit_delta: float,
 
 
 def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
-           counters: dict[str, Any], unit: dict[str, Any] | None = None) -> Settings:
+           counters: dict[str, Any], unit: dict[str, Any] | None = None,
+           families: dict[str, OpenFamily] | None = None) -> Settings:
     d = Settings()
     s: dict[str, Any] = {}
     s["app_id"] = _as_str("app_id", top.get("app_id", d.app_id))
@@ -558,7 +591,8 @@ def _build(top: dict[str, Any], sec: dict[str, Any], topics: dict[str, Any],
         cd[name] = _start_ms(f"counters.{name}", start)
 
     settings = Settings(security=SecuritySettings(**sd), topics=TopicSettings(**td),
-                        counters=MappingProxyType(cd), **s)
+                        counters=MappingProxyType(cd),
+                        families=MappingProxyType(dict(families or {})), **s)
     validate_settings(settings)
     return settings
 
@@ -575,6 +609,7 @@ def validate_settings(s: Settings) -> Settings:
     _check_security(s.security)
     _check_topics(s.topics)
     _check_counters(s)
+    _check_families(s)
     _check_metrics(s)
     return s
 
@@ -663,8 +698,41 @@ def _check_counters(s: Settings) -> None:
         if start % s.tick_ms:
             raise ConfigError(f"counters.{name}",
                               f"start must be a multiple of tick_ms ({s.tick_ms})")
-    if not s.counters and not s.allow_undeclared:
-        raise ConfigError("counters", "declare at least one counter (or set allow_undeclared)")
+    if not s.counters and not s.allow_undeclared and not s.families:
+        raise ConfigError("counters", "declare at least one counter or open family (or set "
+                          "allow_undeclared)")
+
+
+def _check_families(s: Settings) -> None:
+    """Open families: names as declared counters' (at most MAX_FAMILY_NAME bytes) and
+    none of them, starts on the tick grid, delta_sel the gate can meet; event mode, no
+    undeclared counters beside them (either would break what the gate's proof assumes:
+    one key per unit, and no counter named like a key's), and the bases the gate covers
+    (ECC and SimECC run BLT)."""
+    for name, fam in s.families.items():
+        where = f"families.{name}"
+        if (not isinstance(name, str) or not _COUNTER_NAME_RE.fullmatch(name)
+                or len(name.encode()) > MAX_FAMILY_NAME):
+            raise ConfigError("families", f"family names must match {COUNTER_NAME_PATTERN} "
+                              f"and be 1..{MAX_FAMILY_NAME} bytes")
+        if name in s.counters:
+            raise ConfigError(where, "is also a declared counter: one name, one meaning")
+        if not isinstance(fam, OpenFamily):
+            raise ConfigError(where, "must be an OpenFamily")
+        if fam.start_ms < 0 or fam.start_ms % s.tick_ms:
+            raise ConfigError(f"{where}.start", "must be epoch ms >= 0, a multiple of tick_ms")
+        if not 0.0 < fam.selection_delta < 1.0:
+            raise ConfigError(f"{where}.selection_delta", "must be in (0, 1)")
+        try:
+            fam.delta0(s.epsilon)
+        except InvalidParameterError as exc:
+            raise ConfigError(f"{where}.selection_delta", str(exc)) from None
+    if s.families and s.privacy_unit != "event":
+        raise ConfigError("families", 'open families need privacy_unit = "event" (user mode '
+                          "is not built in the stream yet)")
+    if s.families and s.allow_undeclared:
+        raise ConfigError("allow_undeclared", "must be false beside open families (an "
+                          "undeclared counter could be named like a key's)")
 
 
 def _check_metrics(s: Settings) -> None:
@@ -788,6 +856,8 @@ def with_overrides(s: Settings, **changes: Any) -> Settings:
     """A validated copy of `s` with some fields replaced (tests, the demo)."""
     if "counters" in changes:
         changes["counters"] = MappingProxyType(dict(changes["counters"]))
+    if "families" in changes:
+        changes["families"] = MappingProxyType(dict(changes["families"]))
     return validate_settings(replace(s, **changes))
 
 

@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from typing import Final, Literal
 
 from processor.core.api import Counter
@@ -78,6 +79,7 @@ from processor.core.rng import NoiseKey
 from processor.errors import RefusedError
 from processor.stream.model.clock import TOLERANCE_MS
 from processor.stream.model.config import Settings
+from processor.stream.model.families import Admission, family_of
 from processor.stream.model.identity import calibration_of, creation_tag, key_fingerprint
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
 from processor.stream.model.outputs import Output
@@ -251,6 +253,11 @@ class Operator:
         self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
         P = settings.partitions
         self._home = {c: partition_for(c, P) for c in settings.counters}
+        # Open families: each key's counter starts at its family's start tick; its gate's
+        # delta0 (families.py, docs/open-keys.md).
+        self._family_starts = {f: fam.start_ms // settings.tick_ms
+                               for f, fam in settings.families.items()}
+        self._delta0 = {f: fam.delta0(settings.epsilon) for f, fam in settings.families.items()}
         self._phases: dict[str, int] = {}
         # What the operator stores (transaction.Slot): counter values, then the partition
         # value they are guarded by (write plan ranks); every partition value and up to
@@ -460,7 +467,16 @@ class Operator:
         """A global tick at or before the next one at which `cs` has anything to do."""
         start = cs.start_tick
         due = start + cs.next_heartbeat - 1
-        if not cs.announced or cs.queue:
+        adm = cs.admission
+        if adm is not None and adm.admitted is None and adm.first is not None and not cs.queue:
+            # A key not admitted publishes no heartbeat: only its next input or a change
+            # of y (at next_due: the Counter contract) can admit it.
+            nd = self._next_due(cs)
+            waits = [min(cs.pending)] if cs.pending else []
+            if nd is not None:
+                waits.append(start + nd - 1)
+            return min(waits) if waits else due
+        if cs.queue or not cs.announced:
             due = cs.frontier + 1
         elif cs.pending:
             due = min(due, min(cs.pending))
@@ -522,7 +538,7 @@ class Operator:
                 if not seen.admit(label, src_offset):
                     m["duplicates_dropped"] += 1
                     continue
-            if n_event < cs.start_tick and name in start_ticks:
+            if n_event < cs.start_tick and (name in start_ticks or cs.admission is not None):
                 m["before_start_skipped"] += 1
                 continue
             open_tick = (cs.frontier if cs.frontier > ps.frontier else ps.frontier) + 1
@@ -562,8 +578,11 @@ class Operator:
         cs = txn.load(self._counters, name)
         if cs is None:
             start = self._start_ticks.get(name)
+            family = None if start is not None or not self._family_starts else family_of(name)
+            if family is not None:
+                start = self._family_starts.get(family)
             if start is None:
-                if not self.settings.allow_undeclared:
+                if family is not None or not self.settings.allow_undeclared:
                     m["undeclared_skipped"] += 1
                     return None
                 # An undeclared counter starts at its first event's tick (or the
@@ -573,6 +592,10 @@ class Operator:
                 m["before_start_skipped"] += 1
                 return None
             cs = self._new_counter(name, start)
+            if family is not None:
+                # A key's counter, as if declared at its family's start; published only
+                # once admitted (`_seal_key`).
+                cs.admission = Admission(self._delta0[family])
         elif cs.last_offset >= offset:
             done.add(name)
             m["skipped_duplicates"] += 1
@@ -635,10 +658,12 @@ class Operator:
                 if cs.filed_due is not None:
                     wheel.file(name, cs.filed_due)
                 continue
-            else:
+            elif cs.admission is None or cs.admission.admitted is not None:
                 # A restored counter (the worker checked every announced one at start,
                 # from the ledger): a refusal halts at this marker, which would announce
-                # it, never at one of its events.
+                # it, never at one of its events. Not a key not admitted yet: a halt would
+                # reveal that it exists; it goes on under its stored parameters, and its
+                # ledger entry, if it is ever admitted, says so (`_ledger_entry`).
                 self.provenance.check_parameters(name, cs.mechanism)
             due = self.due_tick(cs)
             if due > n:
@@ -653,16 +678,11 @@ class Operator:
                     self._keep(txn, partition, name, cs, n, filed, True)
                 continue
             filed = cs.filed_due
-            quiet = announced = cs.announced
-            if not announced:
-                self._announce(name, cs, n, ps.frontier, out)
-            if cs.frontier < n:
-                first = len(out.releases)
-                ledger = len(out.ledger)
-                published = ps.frontier if announced else None
-                if self._seal(name, cs, n, out, published) or len(out.ledger) != ledger or any(
-                        r.kind != "heartbeat" for r in out.releases[first:]):
-                    quiet = False
+            quiet = cs.announced
+            if cs.admission is not None and cs.admission.admitted is None:
+                quiet = self._seal_key(name, cs, n, ps.frontier, out)
+            elif self._seal_declared(name, cs, n, ps.frontier, out):
+                quiet = False
             cs.last_offset = offset
             due = self.due_tick(cs)
             wheel.file(name, due)
@@ -675,6 +695,56 @@ class Operator:
         m["counters_touched"] += touched
         m["markers_applied"] += 1
         out.sealed_through = max(n, out.sealed_through or n)
+
+    def _seal_declared(self, name: str, cs: CounterState, n: int, frontier: int,
+                       out: Output) -> bool:
+        """Announce `cs` if it is not yet, and seal it through n (the partition sealed
+        through `frontier` before). Returns whether it published anything but heartbeats
+        or took an input."""
+        announced = cs.announced
+        if not announced:
+            self._announce(name, cs, n, frontier, out)
+        if cs.frontier >= n:
+            return not announced
+        first = len(out.releases)
+        ledger = len(out.ledger)
+        published = frontier if announced else None
+        return bool(self._seal(name, cs, n, out, published) or not announced
+                    or len(out.ledger) != ledger
+                    or any(r.kind != "heartbeat" for r in out.releases[first:]))
+
+    def _seal_key(self, name: str, cs: CounterState, n: int, frontier: int,
+                  out: Output) -> bool:
+        """Seal a key of an open family that is not admitted yet through n: its records
+        go aside, and the gate (families.Admission, core/selection.OpenKey) decides. Not
+        admitted: nothing of it is published. Admitted at tick a: its ledger entry
+        (effective from a), its release at a, then every record of it after a. Returns
+        whether the marker only advanced it by ⊥ ticks with nothing published (`_keep`)."""
+        adm = cs.admission
+        assert adm is not None
+        c = cs.mechanism
+        if adm.first is None and cs.pending and min(cs.pending) <= n:
+            # The key's first event is in these ticks: the gate looks from its tick on
+            # (made by an event, the key had pending arrivals until this first seal).
+            adm.first = min(cs.pending) - cs.start_tick + 1
+        before = (c.t, c.y)
+        aside = Output()
+        dequeued = self._seal(name, cs, n, aside, None)
+        out.metrics["events_dequeued"] += dequeued
+        if adm.first is None:
+            return not dequeued
+        got = adm.gate(c, before,
+                       [(r.tick, r.value) for r in aside.releases if r.kind == "change"])
+        if got is None:
+            return not dequeued
+        a, y = got
+        self._announce(name, cs, n, frontier, out, a)
+        self._release(name, cs, a, y, "change", out)
+        # The records after a, with the error bound each would have had (a function of
+        # the counter's parameters and the tick only: `_error_bound`).
+        out.releases += [replace(r, error_bound=self._error_bound(c, r.tick))
+                         for r in aside.releases if r.tick > a]
+        return False
 
     def _stage_counter(self, txn: PartitionTransaction, partition: int, name: str,
                        cs: CounterState) -> None:
@@ -708,7 +778,7 @@ class Operator:
     # -- announcing
 
     def _announce(self, name: str, cs: CounterState, n: int, frontier: int,
-                  out: Output) -> None:
+                  out: Output, since_tick: int = 1) -> None:
         """Emit the ledger entry of a counter the marker through `n` brings into being (on
         a partition sealed through `frontier` before it), unless the ledger already
         announced it under another creation (AnnouncedCounterError: raised before anything
@@ -720,7 +790,7 @@ class Operator:
                 raise AnnouncedCounterError(name)
             self._announced.setdefault(name, set()).add(tag)
         cs.creation = tag
-        out.ledger.append(self._ledger_entry(name, cs, "created", 1))
+        out.ledger.append(self._ledger_entry(name, cs, "created", since_tick))
         cs.announced = True
 
     def _ledger_entry(self, name: str, cs: CounterState,
@@ -732,8 +802,10 @@ class Operator:
         s = self.settings
         c = cs.mechanism
         fingerprint = self.provenance.fingerprint_at(name, since_tick)
-        # A new counter runs with the configured parameters by construction.
-        same = entry == "created" or self.provenance.runs_configured(name, c, fingerprint)
+        # A new counter runs with the configured parameters by construction; a key may
+        # have been made under an earlier configuration.
+        same = (entry == "created" and cs.admission is None) or self.provenance.runs_configured(
+            name, c, fingerprint)
         cs.ledger_fingerprint = fingerprint
         return LedgerEntry(
             counter=name, mechanism=c.mechanism, epsilon=c.eps,
@@ -835,11 +907,14 @@ class Operator:
             out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
+        # A key not admitted: set aside, its bound computed only if published (`_seal_key`).
+        adm = cs.admission
+        aside = adm is not None and adm.admitted is None
         out.releases.append(Release(
             counter=name, tick=t, tick_start_ms=(cs.start_tick + t - 1) * s.tick_ms,
             tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,
             epsilon=c.eps, delta=c.delta,
-            error_bound=self._error_bound(c, t), beta=s.beta,
+            error_bound=0.0 if aside else self._error_bound(c, t), beta=s.beta,
             fingerprint=fingerprint))
 
     def _error_bound(self, c: Counter, t: int) -> float:

@@ -38,6 +38,7 @@ import orjson
 from processor.core.grid import GRID_BITS, UNIT, to_units
 from processor.errors import StreamError
 from processor.stream.model.config import MAX_COUNTER_NAME, Settings
+from processor.stream.model.families import key_counter, key_problem
 from processor.stream.model.lifetime import UnitClaim, ledger_objects
 from processor.stream.model.lifetime import plain as plain_claim
 
@@ -56,13 +57,21 @@ REASONS: Final = (
     "unit_missing",
     "invalid_unit",
     "contribution_bound_exceeded",
+    # Open families (families.py): an event of one without a key, a bad key, and a key
+    # given to a counter that is not an open family.
+    "key_missing",
+    "invalid_key",
 )
 #: The reasons only a privacy_unit = "user" deployment gives (an event-mode record is
 #: never rejected for them).
 USER_MODE_REASONS: Final = ("unit_missing", "contribution_bound_exceeded")
+#: The reasons only a deployment with open families gives (families.py).
+OPEN_FAMILY_REASONS: Final = ("key_missing", "invalid_key")
 #: The input field naming the privacy unit, and its longest accepted value (UTF-8 bytes).
 UNIT_FIELD: Final = "user"
 MAX_UNIT_ID: Final = 256
+#: The input field naming an open family's key (families.py).
+KEY_FIELD: Final = "key"
 #: The dead-letter record keeps at most this many bytes of the original record.
 DEADLETTER_RAW_LIMIT = 4096
 #: The version of the timeline records this module writes (and the only one it reads).
@@ -92,7 +101,7 @@ def _headers(schema: str, version: int) -> tuple[tuple[str, bytes], ...]:
 RELEASE_HEADERS: Final = _headers("private-count", RELEASE_SCHEMA_VERSION)
 LEDGER_HEADERS: Final = _headers("ledger-entry", LEDGER_SCHEMA_VERSION)
 LEDGER_UNIT_HEADERS: Final = _headers("ledger-entry", LEDGER_UNIT_SCHEMA_VERSION)
-_INPUT_FIELDS = frozenset({"counter", "ts", "value", UNIT_FIELD})
+_INPUT_FIELDS = frozenset({"counter", "ts", "value", UNIT_FIELD, KEY_FIELD})
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -367,10 +376,12 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
         return Rejection("schema_violation", "an event must be a JSON object")
     extra = set(obj) - _INPUT_FIELDS
     if extra:
-        return Rejection("schema_violation", "unknown field(s); allowed: counter, ts, value")
-    counter = _input_counter(obj.get("counter"))
-    if isinstance(counter, Rejection):
-        return counter
+        return Rejection("schema_violation",
+                         "unknown field(s); allowed: counter, ts, value, user, key")
+    named = _input_name(obj, settings)
+    if isinstance(named, Rejection):
+        return named
+    counter, start = named
     unit = _input_unit(obj.get(UNIT_FIELD), settings)
     if isinstance(unit, Rejection):
         return unit
@@ -386,7 +397,6 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
         return Rejection("value_not_finite", "value must be finite")
     if value < 0 or value > 1:
         return Rejection("value_out_of_range", "value must be in [0, 1]")
-    start = settings.counters.get(counter)
     if start is None and not settings.allow_undeclared:
         return Rejection("undeclared_counter", "counter is not declared in the configuration")
     if ts > now_ms + settings.max_future_ms:
@@ -398,6 +408,35 @@ def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
     if not 0 <= units <= UNIT:
         return Rejection("value_out_of_range", "value must be in [0, 1]")
     return Event(counter, ts, units, partition, offset, unit)
+
+
+def _input_name(obj: dict[str, Any], settings: Settings) -> tuple[str, int | None] | Rejection:
+    """The counter an event counts into (a declared or undeclared counter's name, or an
+    open family's key's counter, families.py) and its start (None: undeclared)."""
+    counter = _input_counter(obj.get("counter"))
+    if isinstance(counter, Rejection):
+        return counter
+    family = settings.families.get(counter)
+    key = _input_key(obj.get(KEY_FIELD), family is not None)
+    if isinstance(key, Rejection):
+        return key
+    if family is None or key is None:
+        return counter, settings.counters.get(counter)
+    return key_counter(counter, key), family.start_ms
+
+
+def _input_key(key: object, open_family: bool) -> str | Rejection | None:
+    """The event's key: required for an open family's counter, refused for any other."""
+    if not open_family:
+        if key is None:
+            return None
+        return Rejection("schema_violation", f"{KEY_FIELD} is only accepted for an open family")
+    if key is None:
+        return Rejection("key_missing", f"{KEY_FIELD} is required for an open family")
+    problem = key_problem(key)
+    if problem is not None:
+        return Rejection("invalid_key", problem)
+    return cast(str, key)  # key_problem found it a string
 
 
 def _input_counter(counter: object) -> str | Rejection:

@@ -54,6 +54,7 @@ import orjson
 from processor.core.api import Counter
 from processor.core.errors import StateFormatError
 from processor.core.rng import NoiseKey
+from processor.stream.model.families import Admission
 
 #: The queue of every counter with nothing queued (most of them, most of the time): an
 #: empty deque costs about 600 bytes. Only push_all and pop change a queue, and they
@@ -279,14 +280,16 @@ class CounterState:
     counter's input duplicate filter (input source -> highest input offset of its events
     applied, as PartitionState.input_offsets names sources; None in a value written
     before the filter was per counter: the operator then starts it from the partition's
-    `legacy_inputs`); `saved` (not
+    `legacy_inputs`); `admission` the gate's state of an open family's key
+(families.Admission; None for every other counter, and then not encoded, so a declared
+counter's value is what it always was); `saved` (not
     encoded) is the bytes this object equals in the store (or their digest, which the
     transaction puts in their place: transaction.py), None once changed and not yet
     encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
     the operator until the mechanism takes an input.
     """
 
-    __slots__ = ("announced", "creation", "filed_due", "frontier", "inputs", "key_id",
+    __slots__ = ("admission", "announced", "creation", "filed_due", "frontier", "inputs", "key_id",
                  "last_offset", "last_published", "ledger_fingerprint", "mechanism",
                  "next_due", "next_due_known", "next_heartbeat", "pending", "queue",
                  "saved", "start_tick")
@@ -312,14 +315,19 @@ class CounterState:
         self.saved: bytes | None = None
         self.next_due: int | None = None
         self.next_due_known = False
+        self.admission: Admission | None = None
 
     def to_bytes(self) -> bytes:
         mech = self.mechanism.to_bytes()
-        meta = orjson.dumps([
+        fields: list[object] = [
             self.start_tick, self.frontier, list(self.queue),
             sorted(self.pending.items()), self.last_published, self.next_heartbeat,
             self.announced, self.key_id, self.ledger_fingerprint, self.creation,
-            self.inputs])
+            self.inputs]
+        if self.admission is not None:
+            a = self.admission
+            fields.append([a.delta0, a.first, a.admitted])
+        meta = orjson.dumps(fields)
         due = _NOT_FILED if self.filed_due is None else self.filed_due
         raw = b"".join((monotone_header(_COUNTER_MAGIC, self.last_offset), _i64(due),
                         len(mech).to_bytes(4, "big"), mech, meta))
@@ -342,14 +350,16 @@ class CounterState:
                 # Values written before the per-counter filter have ten fields.
                 if len(meta) == 10:
                     meta.append(None)
+                if len(meta) == 11:
+                    meta.append(None)
                 (start, frontier, queue, pending, last_published, next_hb, announced,
-                 key_id, ledger_fp, creation, inputs) = meta
+                 key_id, ledger_fp, creation, inputs, admission) = meta
             elif magic == _COUNTER_V3 and len(data) >= 8:
                 n = int.from_bytes(data[4:8], "big")
                 mech, rest = data[8:8 + n], data[8 + n:]
                 (start, frontier, last_offset, queue, pending, last_published, next_hb,
                  announced, filed_due, key_id, ledger_fp, creation) = orjson.loads(rest)
-                inputs = None
+                inputs = admission = None
             else:
                 raise StateFormatError("not an operator counter state (magic/version)")
             if not (type(key_id) is str and key_id and type(ledger_fp) is str
@@ -372,6 +382,10 @@ class CounterState:
             # Interned: a worker's counters name the same few input partitions.
             self.inputs = (None if inputs is None else DuplicateFilter(
                 (sys.intern(str(lb)), int(o)) for lb, o in inputs.items()))
+            if admission is not None:
+                delta0, first, admitted = admission
+                self.admission = Admission(float(delta0), None if first is None else int(first),
+                                           None if admitted is None else int(admitted))
         except StateFormatError:
             raise
         except _ORJSON_ERRORS:

@@ -31,6 +31,7 @@ from processor.core import registry
 from processor.core.api import Counter
 from processor.core.rng import NoiseKey
 from processor.stream.model.config import ConfigError, Settings, with_overrides
+from processor.stream.model.families import family_of
 from processor.stream.model.identity import counter_id, key_fingerprint, noise_identity
 from processor.stream.model.lifetime import UnitClaim, statement
 from processor.stream.model.provenance import ConfiguredProvenance, Parameters, parameters_of
@@ -95,9 +96,12 @@ def ledger_dicts(values: Iterable[bytes | None]) -> list[dict[str, Any]]:
     return out
 
 
-def _unusable(d: Mapping[str, Any], key_id: str, ticks: Mapping[int, str]) -> str | None:
+def _unusable(d: Mapping[str, Any], key_id: str, ticks: Mapping[int, str],
+              key: bool) -> str | None:
     """Why replay can take nothing from the ledger entry `d` (None: it can), given the
-    fingerprints its counter's entries read so far put in force (`ticks`)."""
+    fingerprints its counter's entries read so far put in force (`ticks`); `key`: the
+    counter is an open family's key, whose created entry starts at its admission tick
+    (families.py)."""
     fp, since, kind = d.get("fingerprint"), d.get("since_tick"), d.get("entry")
     if d.get("key_id") != key_id:
         return (f"announced under the noise key {d.get('key_id')!r}, not this "
@@ -105,7 +109,7 @@ def _unusable(d: Mapping[str, Any], key_id: str, ticks: Mapping[int, str]) -> st
     if type(fp) is not str or type(since) is not int or since < 1 or kind not in (
             "created", "reconfigured"):
         return "no fingerprint, since_tick or entry kind replay can use"
-    if (kind == "created") != (since == 1):
+    if (kind == "created") != (since == 1) and not (key and kind == "created"):
         return (f"a {kind!r} entry from tick {since}: created entries start at "
                 "tick 1, reconfigured ones after it")
     if ticks.get(since, fp) != fp:
@@ -166,7 +170,8 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
         def inconsistent(reason: str, k: RecordKey = k) -> None:
             h.problems.append(Difference("ledger", k, "inconsistent", reason))
 
-        reason = _unusable(d, key_id, entries.get(name, {}))
+        reason = _unusable(d, key_id, entries.get(name, {}),
+                           family_of(name) in settings.families)
         if reason is not None:
             inconsistent(reason)
             continue

@@ -75,6 +75,7 @@ from processor.stream.model.clock import (
 )
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import ConfigError, Settings, load_noise_key, load_settings
+from processor.stream.model.families import family_of
 from processor.stream.model.faults import NO_FAULTS, FaultPlan
 from processor.stream.model.lifetime import UnitClaim
 from processor.stream.model.logs import LOG_FORMATS, configure_logging
@@ -920,8 +921,10 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
     provenance = ConfiguredProvenance(settings, key)
     for name, stated in sorted(lifetime.counter_parameters(ledger).items()):
         # The counters this configuration may restore: a counter no longer declared
-        # (and no undeclared ones allowed) is never loaded again.
-        if name in settings.counters or settings.allow_undeclared:
+        # (and no undeclared ones allowed) is never loaded again. An admitted key of a
+        # configured open family is announced like a declared counter.
+        if (name in settings.counters or settings.allow_undeclared
+                or family_of(name) in settings.families):
             for params in sorted(stated):
                 provenance.check_stated(name, params)
     return announced_counters(ledger), claim

@@ -1,0 +1,290 @@
+"""The campaign's open-key phase (reliability/campaign.py, phase K; docs/open-keys.md).
+
+One worker of a deployment with an open family counts keys drawn from a Zipf law (a few
+heavy keys, a long tail of keys with a handful of events) fed at the wall clock, while it
+is SIGKILLed and restarted at random moments; with a proxied broker, a second worker
+reaches it through the proxy and is cut off from it (network partitions, as phase E).
+Checked against the timeline by
+`check_open_keys`, independently of the operator's code: per key, its input as the design
+implies it (each event at max(its tick, the partition's first open tick), one a tick out
+of a FIFO queue, re-ingested copies dropped by input offset per key), its counter as if declared
+at the family's start (the core mechanism under its name's noise identity), and the core
+gate (`OpenKey`) on it: a key the gate does not admit has no record and no ledger entry;
+an admitted key's first record is its admission (tick, value), its changes after it are
+its counter's, and its one ledger entry starts at the admission tick. Replay must find
+everything identical too, and no stored value may go back (`check_changelog`, the
+monotone state rule).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+
+from processor.core import registry
+from processor.core.ecc import ECC, SimECC
+from processor.core.grid import UNIT
+from processor.core.rng import NoiseKey
+from processor.core.selection import OpenKey
+from processor.devtools.campaign import PARTITION_FAULTS, KillDriver, check_changelog
+from processor.devtools.deployment import Deployment, isolated_deployment
+from processor.devtools.proxy import ProxiedKafka
+from processor.stream.kafka import kafka_io
+from processor.stream.model.config import Settings
+from processor.stream.model.families import OpenFamily
+from processor.stream.model.identity import counter_id, noise_identity
+from processor.stream.model.records import (
+    TimelineBatch,
+    TimelineMarker,
+    decode_timeline,
+    partition_for,
+)
+
+#: The phase's settings: short ticks and a large epsilon, so that the Zipf head is
+#: admitted within a minute (the gate's threshold is about 100 events then).
+OPEN_SETTINGS: Final[dict[str, Any]] = dict(
+    partitions=2, tick_ms=100, lateness_ms=300, max_future_ms=3000, heartbeat_ticks=10,
+    mechanism="simecc", epsilon=200.0)
+FAMILY: Final = "pages"
+
+
+@dataclass
+class OpenKeyReport:
+    """What `check_open_keys` found: keys seen, admitted, and every violation."""
+
+    keys_seen: int = 0
+    keys_admitted: int = 0
+    records_checked: int = 0
+    violations: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"keys_seen": self.keys_seen, "keys_admitted": self.keys_admitted,
+                "records_checked": self.records_checked,
+                "violations": len(self.violations), "first_violations": self.violations[:10]}
+
+
+def implied_inputs(settings: Settings, starts: Mapping[str, int],
+                   timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]]
+                   ) -> dict[str, list[float | None]]:
+    """Per counter of `starts` (name -> start tick) with events, x_1, x_2, ... through its
+    partition's last marker (None: ⊥), from the timeline alone."""
+    arrivals: dict[str, dict[int, list[int]]] = {}
+    final: dict[int, int] = {}
+    for p, recs in timeline.items():
+        frontier = -1
+        # Per counter and input partition: a zombie ingest may write older offsets late,
+        # and an event is a re-sent copy only if its own counter had its offset.
+        seen: dict[tuple[str, int], int] = {}
+        for r in sorted(recs, key=lambda r: r.offset):
+            rec = decode_timeline(r.value or b"")
+            if isinstance(rec, TimelineMarker):
+                frontier = max(frontier, rec.sealed_through)
+                continue
+            assert isinstance(rec, TimelineBatch)
+            for ev in rec.events:
+                if ev.src_offset <= seen.get((ev.counter, ev.src_partition), -1):
+                    continue  # a copy re-sent by ingest after a crash
+                seen[ev.counter, ev.src_partition] = ev.src_offset
+                start = starts.get(ev.counter)
+                if start is None:
+                    continue
+                g = max(ev.ts_ms // settings.tick_ms, frontier + 1, start)
+                arrivals.setdefault(ev.counter, {}).setdefault(g, []).append(ev.units)
+        final[p] = frontier
+    out: dict[str, list[float | None]] = {}
+    for c, ticks in arrivals.items():
+        queue: deque[int] = deque()
+        xs: list[float | None] = []
+        for g in range(starts[c], final.get(partition_for(c, settings.partitions), -1) + 1):
+            queue.extend(ticks.get(g, []))
+            xs.append(queue.popleft() / UNIT if queue else None)
+        out[c] = xs
+    return out
+
+
+def expected_key(settings: Settings, key: NoiseKey, name: str,
+                 xs: Sequence[float | None]
+                 ) -> tuple[tuple[int, float] | None, list[tuple[int, float]]]:
+    """The core gate on the key's as-if-declared counter: its admission (tick, value) or
+    None, and its counter's changes after the admission tick."""
+    c = registry.make(settings.mechanism, settings.epsilon, settings.delta, key,
+                      counter_id(noise_identity(settings, key), name))
+    assert isinstance(c, ECC | SimECC)
+    first = next((t for t, x in enumerate(xs, start=1) if x is not None), None)
+    if first is None:
+        return None, []  # its events are in ticks no marker sealed: nothing is due
+    gate = OpenKey.first_seen(c, settings.families[FAMILY].delta0(settings.epsilon), first)
+    admitted: tuple[int, float] | None = None
+    changes: list[tuple[int, float]] = []
+    for x in xs[first - 1:]:
+        before = c.y
+        got = gate.update(x)
+        if admitted is None:
+            admitted = got[0] if got else None
+        elif c.y != before:
+            changes.append((c.t, c.y))
+    return admitted, changes
+
+
+def check_open_keys(settings: Settings, key: NoiseKey,
+                    timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
+                    releases: Sequence[Mapping[str, Any]],
+                    ledger: Sequence[Mapping[str, Any]]) -> OpenKeyReport:
+    """Every key's published records and ledger entries against the core gate on its
+    input implied by the timeline (module docstring). `releases`/`ledger`: the decoded
+    public records (a worker stopped cleanly after draining: everything is due)."""
+    start_tick = settings.families[FAMILY].start_ms // settings.tick_ms
+    names: set[str] = set()
+    for recs in timeline.values():
+        for r in recs:
+            rec = decode_timeline(r.value or b"")
+            if isinstance(rec, TimelineBatch):
+                names.update(e.counter for e in rec.events if e.counter.startswith(FAMILY + "["))
+    inputs = implied_inputs(settings, dict.fromkeys(names, start_tick), timeline)
+    report = OpenKeyReport(keys_seen=len(inputs))
+    published = {str(r["counter"]) for r in releases} | {str(e["counter"]) for e in ledger}
+    for stray in sorted(published - inputs.keys() - set(settings.counters)):
+        report.violations.append(f"{stray!r} published without an event on the timeline")
+    for name, xs in sorted(inputs.items()):
+        mine = sorted((r for r in releases if r["counter"] == name), key=lambda r: r["tick"])
+        entries = [e for e in ledger if e["counter"] == name]
+        report.records_checked += len(mine) + len(entries)
+        admitted, changes = expected_key(settings, key, name, xs)
+        if admitted is None:
+            if mine or entries:
+                report.violations.append(f"{name!r}: published, but the gate admits it not")
+            continue
+        report.keys_admitted += 1
+        a, y = admitted
+        if not mine or (mine[0]["tick"], mine[0]["value"], mine[0]["kind"]) != (a, y, "change"):
+            report.violations.append(f"{name!r}: its first record is not its admission "
+                                     f"({a}, {y})")
+        got = sorted({(r["tick"], r["value"]) for r in mine if r["kind"] == "change"
+                      and r["tick"] > a})
+        if got != changes:
+            report.violations.append(f"{name!r}: its changes after admission are not its "
+                                     "counter's")
+        if sorted({(e["since_tick"], e["entry"]) for e in entries}) != [(a, "created")]:
+            report.violations.append(f"{name!r}: its ledger entries do not start at {a}")
+    return report
+
+
+def _feed(dep: Deployment, rng: random.Random, stop: threading.Event, rate: float,
+          keys: int, sent: list[int]) -> None:
+    """Keyed events at about `rate` a second, keys Zipf(1.1) over `keys`, at the clock."""
+    weights = [1.0 / (i + 1) ** 1.1 for i in range(keys)]
+    producer = kafka_io.make_producer(dep.conf)
+    while not stop.is_set():
+        for k in rng.choices(range(keys), weights, k=max(1, int(rate / 10))):
+            producer.produce(dep.topics.input, value=orjson.dumps(
+                {"counter": FAMILY, "key": f"k{k}", "ts": int(time.time() * 1000)}))
+            sent[0] += 1
+        producer.poll(0)
+        stop.wait(0.1)  # the feeding rate, not a synchronisation wait
+    assert producer.flush(60) == 0
+
+
+def _partitions(kafka: ProxiedKafka, dep: Deployment, rng: random.Random,
+                faults: Sequence[str], settle_s: float, counts: Any) -> None:
+    """Each fault cuts the proxied worker off (a blackhole keeps its connections open, a
+    reset drops them) for a random duration of its range, then heals and settles; a
+    worker that gave up meanwhile is counted and restarted."""
+    proxy = kafka.proxy
+    assert proxy is not None
+    for kind in faults:
+        lo, hi = PARTITION_FAULTS[kind]
+        if kind == "reset":
+            proxy.reset()
+        else:
+            proxy.blackhole()
+        time.sleep(rng.uniform(lo, hi))  # the fault's duration, not a synchronisation wait
+        proxy.heal()
+        counts[f"faults_{kind}"] += 1
+        time.sleep(settle_s)  # the cut-off worker rejoins before the next fault
+        for i, w in enumerate(dep.workers):
+            if not w.alive():
+                counts[f"worker_{i}_exit_{w.stop()}"] += 1
+                w.start()
+
+
+def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds: float,
+                   rate: float, keys: int, kills: int, workers: int = 1,
+                   kafka: ProxiedKafka | None = None, faults: Sequence[str] = (),
+                   settle_s: float = 20.0) -> dict[str, Any]:
+    """Phase K (module docstring): returns its figures and the check's verdict. With
+    `workers` = 2, two workers of one group, each kill striking one of them at random
+    (its partitions, keys included, move to the other and back). With `kafka` (a proxied
+    broker: `bootstrap` is then ignored), the second worker goes through its proxy, and
+    after the kills each of `faults` (PARTITION_FAULTS kinds) cuts it off for a random
+    duration of its range, heals, and leaves `settle_s`, while keyed events flow."""
+    started = time.monotonic()
+    now = int(time.time() * 1000)
+    tick = int(OPEN_SETTINGS["tick_ms"])
+    start = now // tick * tick
+    if kafka is not None:
+        bootstrap, workers = kafka.bootstrap_servers, 2
+    dep = isolated_deployment(bootstrap, {"declared": start}, parent=parent, name="campK",
+                              families={FAMILY: OpenFamily(start, 1e-7)}, **OPEN_SETTINGS)
+    try:
+        driver = KillDriver(dep, rng, bad_share=0.0)
+        for i in range(1, workers):
+            if kafka is not None:
+                dep.add_worker(f"w{i}", bootstrap_servers=kafka.proxied_bootstrap)
+            else:
+                dep.add_worker(f"w{i}")
+        for w in dep.workers:
+            w.start()
+        dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
+        stop, sent = threading.Event(), [0]
+        feeder = threading.Thread(target=_feed, args=(dep, rng, stop, rate, keys, sent),
+                                  daemon=True)
+        t0 = time.monotonic()
+        feeder.start()
+        try:
+            for at in sorted(rng.uniform(1.0, seconds - 1.0) for _ in range(kills)):
+                stop.wait(max(0.0, t0 + at - time.monotonic()))  # the kill schedule
+                victim = rng.choice(dep.workers)
+                victim.kill()
+                victim.start()
+            stop.wait(max(0.0, t0 + seconds - time.monotonic()))
+            if faults:
+                assert kafka is not None and kafka.proxy is not None
+                _partitions(kafka, dep, rng, faults, settle_s, driver.counts)
+        finally:
+            stop.set()
+            feeder.join(timeout=120)
+        # The last events' queues drain at one a tick: let the markers pass them.
+        last = max(r["tick"] for r in dep.releases() if r["counter"] == "declared")
+        dep.wait_releases(lambda rs: any(r["counter"] == "declared"
+                                         and r["tick"] > last + 50 for r in rs), timeout_s=120)
+        caught_up = driver.drain_and_stop(dep.workers)
+        timeline = kafka_io.read_topic(dep.conf, dep.topics.timeline)
+        ledger = [orjson.loads(r.value or b"") for r in
+                  kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
+        report = check_open_keys(dep.settings, dep.key, timeline, dep.releases(), ledger)
+        changelog = check_changelog(dep)
+        from processor.stream.replay import replay  # the audit, the worker's own code
+
+        replayed = replay(dep.settings, dep.key)
+        return {"phase": f"K: open keys (Zipf), {workers} worker(s), kills",
+                "events_sent": sent[0],
+                "driver": {**dict(sorted(driver.counts.items())), "kills_sigkill": kills},
+                "starts": sum(w.starts for w in dep.workers), "caught_up": caught_up,
+                **report.as_dict(), "replay_identical": replayed.identical,
+                "changelog": changelog.as_dict(),
+                "ok": report.ok and replayed.identical and changelog.ok,
+                "wall_s": round(time.monotonic() - started, 1)}
+    finally:
+        dep.close()
