@@ -265,15 +265,13 @@ class Operator:
         self._phases: dict[str, int] = {}
         # What the operator stores (transaction.Slot): counter values, then the partition
         # value they are guarded by (write plan ranks); every partition value and up to
-        # `cache_size` counter values stay decoded between checkpoints (`_cache`).
+        # `cache_size` counter values stay decoded between checkpoints (`_cache`), idle
+        # counters never (`_keep` releases them).
         self._cache_size = cache_size
         self._cache = StateCache()
         self._counters: Slot[str, CounterState] = Slot(
             COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
             self._check_counter, cache_size)
-        # Deferred progress lives in the cached objects only: not while the cache is full
-        # (an evicted one would be decoded again from its older stored value).
-        self._cached_counters = self._cache.section(self._counters)
         self._partitions: Slot[int, PartitionState] = Slot(
             PARTITION_PREFIX, 1, PartitionState.from_bytes, PartitionState.to_bytes,
             self._check_partition, None)
@@ -288,8 +286,10 @@ class Operator:
         # reflects it: PartitionState.applied).
         self._offset = -1
         # Per partition: counters advanced by ⊥ ticks only since their stored value, each
-        # with the tick its stored value is filed under (`_keep`, `stage_deferred`).
-        self._deferred: dict[int, dict[str, int]] = {}
+        # with (the tick its stored value is filed under, the tick it is sealed through,
+        # the offset it reflects): what `_load_counter` re-seals a value decoded again
+        # (released, evicted) to (`_keep`, `stage_deferred`).
+        self._deferred: dict[int, dict[str, tuple[int, int, int]]] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -359,10 +359,11 @@ class Operator:
     def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
         checkpoint: a clean stop, a revocation)."""
-        for name in self._deferred.pop(partition, {}):
-            cs = txn.load(self._counters, name)
+        for name in list(self._deferred.get(partition, ())):
+            cs = self._load_counter(txn, partition, name)
             if cs is not None:
-                txn.stage(self._counters, name, cs)
+                self._stage_counter(txn, partition, name, cs)
+        self._deferred.pop(partition, None)
 
     # -- loading and staging
 
@@ -577,7 +578,7 @@ class Operator:
                 != partition):
             m["misrouted_skipped"] += 1
             return None
-        cs = txn.load(self._counters, name)
+        cs = self._load_counter(txn, partition, name)
         if cs is None:
             start = self._start_ticks.get(name)
             if start is None:
@@ -638,7 +639,7 @@ class Operator:
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
-            cs = txn.load(self._counters, name)
+            cs = self._load_counter(txn, partition, name)
             if cs is None:
                 start = self._start_ticks.get(name)
                 if start is None or self._home[name] != partition:
@@ -668,24 +669,28 @@ class Operator:
                     wheel.file(name, due)
                     cs.filed_due = due
                     cs.last_offset = offset
-                    self._keep(txn, partition, name, cs, n, filed, True)
+                    self._keep(txn, partition, name, cs, n, filed, True,
+                               self._idle(cs, due))
                 continue
             filed = cs.filed_due
             quiet = announced = cs.announced
             if not announced:
                 self._announce(name, cs, n, ps.frontier, out)
+            took = 0
             if cs.frontier < n:
                 first = len(out.releases)
                 ledger = len(out.ledger)
                 published = ps.frontier if announced else None
-                if self._seal(name, cs, n, out, published) or len(out.ledger) != ledger or any(
+                took = self._seal(name, cs, n, out, published)
+                if took or len(out.ledger) != ledger or any(
                         r.kind != "heartbeat" for r in out.releases[first:]):
                     quiet = False
             cs.last_offset = offset
             due = self.due_tick(cs)
             wheel.file(name, due)
             cs.filed_due = due
-            self._keep(txn, partition, name, cs, n, filed, quiet)
+            self._keep(txn, partition, name, cs, n, filed, quiet,
+                       not took and self._idle(cs, due))
             touched += 1
         ps.frontier = n
         ps.marker_offset = offset
@@ -702,26 +707,55 @@ class Operator:
         txn.stage(self._counters, name, cs)
 
     def _keep(self, txn: PartitionTransaction, partition: int, name: str,
-              cs: CounterState, n: int, filed: int | None, quiet: bool) -> None:
+              cs: CounterState, n: int, filed: int | None, quiet: bool, idle: bool) -> None:
         """After a marker through n changed `cs` (filed under `filed` before it): stage
         it, unless the marker only advanced it by ⊥ ticks (`quiet`: no input taken, no
         ledger entry, nothing published but heartbeats) and its stored value is filed at
-        most `_defer_ticks` before n. Such progress stays in the cached object (whose
-        `saved` still names the stored bytes it continues) until a later change or a full
-        checkpoint stages it: restoring the stored value and sealing the same ticks again
-        gives this very state, and sends none of their heartbeats again
-        (`heartbeat_floor`; docs/state.md)."""
-        if (quiet and cs.saved is not None
-                and len(self._cached_counters) < self._cache_size):
+        most `_defer_ticks` before n. Such progress is not written until a later change
+        or a full checkpoint stages it: restoring the stored value and sealing the same
+        ticks again gives this very state, and sends none of their heartbeats again
+        (`heartbeat_floor`; docs/state.md). `_deferred` records how far: a value decoded
+        again (`_load_counter`) is re-sealed to it. An `idle` counter (it took no input
+        here, nothing queued or pending, nothing due before its next heartbeat) is
+        released: it leaves the decoded-value cache at the end of the transaction."""
+        if quiet and cs.saved is not None:
             deferred = self._deferred.get(partition)
             if deferred is None:
                 deferred = self._deferred[partition] = {}
-            since = deferred.get(name)
-            if since is None and filed is not None:
-                since = deferred[name] = filed
+            got = deferred.get(name)
+            since = filed if got is None else got[0]
             if since is not None and n - since <= self._defer_ticks:
+                deferred[name] = (since, cs.frontier, cs.last_offset)
+                if idle:
+                    txn.release(self._counters, name)
                 return
         self._stage_counter(txn, partition, name, cs)
+        if idle:
+            txn.release(self._counters, name)
+
+    def _idle(self, cs: CounterState, due: int) -> bool:
+        """Whether `cs`, filed at `due`, has nothing queued or pending and nothing due
+        before its next heartbeat."""
+        return (not cs.queue and not cs.pending and cs.announced
+                and due == cs.start_tick + cs.next_heartbeat - 1)
+
+    def _load_counter(self, txn: PartitionTransaction, partition: int,
+                      name: str) -> CounterState | None:
+        """The counter's value (`txn.load`), with its deferred ⊥-only progress: a value
+        decoded again from the store after it was released or evicted is re-sealed to
+        the tick and offset `_keep` recorded (publishing nothing: those ticks were), so
+        it is the very object that would have stayed decoded."""
+        cs = txn.load(self._counters, name)
+        if cs is not None:
+            deferred = self._deferred.get(partition)
+            if deferred:
+                got = deferred.get(name)
+                if got is not None and cs.last_offset < got[2]:
+                    if cs.frontier < got[1]:
+                        self._seal(name, cs, got[1], Output(), got[1])
+                    cs.last_offset = got[2]
+                    cs.filed_due = self.due_tick(cs)
+        return cs
 
     # -- announcing
 

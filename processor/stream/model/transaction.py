@@ -11,7 +11,10 @@ decoded value while the store still holds exactly the bytes it was decoded from 
 encoded to (`saved`), else the value decoded from the store (checked, then cached);
 `stage(slot, ident, value)` makes `value` the new value of its key, encoded once when the
 plan is made, however many records changed it meanwhile; `scan(slot)` lists a slot's
-identifiers with their staged values or stored bytes, decoding nothing. `prepare()`
+identifiers with their staged values or stored bytes, decoding nothing;
+`release(slot, ident)` says the value need not stay decoded: it leaves the cache when the
+plan is made (after it is encoded, if staged: the store then holds what it equals).
+`prepare()`
 returns the write plan: every staged value, encoded, by slot rank (a partition value
 after the counter values it guards), in staging order within a slot.
 The caller writes the plan, makes it durable, then calls `complete()`; on any failure
@@ -142,7 +145,7 @@ class PartitionTransaction:
     """The loads and staged changes of one partition's store until a checkpoint (see the
     module doc). `slots`: every slot a value may be staged under."""
 
-    __slots__ = ("_cache", "_digests", "_order", "_slots", "_status", "_store")
+    __slots__ = ("_cache", "_digests", "_order", "_released", "_slots", "_status", "_store")
 
     def __init__(self, store: StateStore, slots: Sequence[Slot[Any, Any]],
                  cache: StateCache) -> None:
@@ -154,6 +157,8 @@ class PartitionTransaction:
         # Per slot: its staged values (key -> value) and its cache section.
         self._slots: dict[Slot[Any, Any], tuple[dict[str, Any], OrderedDict[str, Any]]] = {
             s: ({}, cache.section(s)) for s in slots}
+        # Values released (`release`): key -> its cache section, emptied by the plan.
+        self._released: dict[str, OrderedDict[str, Any]] = {}
         self._status = Status.STARTED
 
     @property
@@ -213,6 +218,14 @@ class PartitionTransaction:
         if entries.get(key) is not value:
             self._cache.remember(slot, key, value)
 
+    def release(self, slot: Slot[Id, V], ident: Id) -> None:
+        """The value of `ident` in `slot` need not stay decoded after this transaction:
+        the plan drops it from the cache (once encoded, if staged). A load in a later
+        transaction decodes the stored bytes again."""
+        if self._status is not Status.STARTED:
+            self._refuse("release")
+        self._released[slot.key(ident)] = self._slots[slot][1]
+
     def scan(self, slot: Slot[str, V]) -> Iterator[tuple[str, V | bytes]]:
         """Every identifier of `slot` with a stored or staged value, the stored ones
         first: (ident, its staged value, else its stored bytes). Nothing is decoded (what
@@ -242,6 +255,8 @@ class PartitionTransaction:
                 if digests:
                     value.saved = digest(raw)
                 plan.append((key, raw))
+        for key, entries in self._released.items():
+            entries.pop(key, None)
         self._drop_staged()
         return plan
 
@@ -258,6 +273,7 @@ class PartitionTransaction:
     def _drop_staged(self) -> None:
         for staged, _entries in self._slots.values():
             staged.clear()
+        self._released.clear()
 
     def _move(self, to: Status) -> None:
         if to not in _ALLOWED[self._status]:
