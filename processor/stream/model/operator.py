@@ -259,7 +259,11 @@ class Operator:
             else ConfiguredProvenance(settings, key, self.factory, unit_claim))
         self.fingerprint = settings.fingerprint()
         self._tick_ms = settings.tick_ms
-        self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
+        # Equal start ticks share one int (most counters of a deployment start together:
+        # 32 bytes a counter otherwise).
+        shared: dict[int, int] = {}
+        self._start_ticks = {c: shared.setdefault(s // settings.tick_ms, s // settings.tick_ms)
+                             for c, s in settings.counters.items()}
         P = settings.partitions
         self._home = {c: partition_for(c, P) for c in settings.counters}
         self._phases: dict[str, int] = {}
@@ -725,7 +729,9 @@ class Operator:
             got = deferred.get(name)
             since = filed if got is None else got[0]
             if since is not None and n - since <= self._defer_ticks:
-                deferred[name] = (since, cs.frontier, cs.last_offset)
+                # `n` itself where it is the frontier: one int for every counter it sealed.
+                deferred[name] = (since, n if cs.frontier == n else cs.frontier,
+                                  cs.last_offset)
                 if idle:
                     txn.release(self._counters, name)
                 return
