@@ -29,7 +29,10 @@ Releases: a "change" record when y changes, a "heartbeat" otherwise at every tic
 (t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only. A
 counter a marker advanced by ⊥ ticks only (no input, heartbeats only) is not staged while
 its stored value is at most DEFERRED_HEARTBEATS heartbeat intervals behind (`_keep`); a
-full checkpoint stages it (`stage_deferred`; docs/state.md).
+full checkpoint stages it (`stage_deferred`; docs/state.md). A counter that took no input
+in the last heartbeat interval and has nothing to do before its next heartbeat is idle
+(`_idle`): it does not stay decoded (`PartitionTransaction.release`), and a value decoded
+again is re-sealed to its deferred progress (`_load_counter`).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
@@ -674,7 +677,7 @@ class Operator:
                     cs.filed_due = due
                     cs.last_offset = offset
                     self._keep(txn, partition, name, cs, n, filed, True,
-                               self._idle(cs, due))
+                               self._idle(cs, n, due))
                 continue
             filed = cs.filed_due
             quiet = announced = cs.announced
@@ -689,12 +692,14 @@ class Operator:
                 if took or len(out.ledger) != ledger or any(
                         r.kind != "heartbeat" for r in out.releases[first:]):
                     quiet = False
+            if took:
+                cs.busy_until = n + self.settings.heartbeat_ticks
             cs.last_offset = offset
             due = self.due_tick(cs)
             wheel.file(name, due)
             cs.filed_due = due
             self._keep(txn, partition, name, cs, n, filed, quiet,
-                       not took and self._idle(cs, due))
+                       not took and self._idle(cs, n, due))
             touched += 1
         ps.frontier = n
         ps.marker_offset = offset
@@ -720,8 +725,9 @@ class Operator:
         ticks again gives this very state, and sends none of their heartbeats again
         (`heartbeat_floor`; docs/state.md). `_deferred` records how far: a value decoded
         again (`_load_counter`) is re-sealed to it. An `idle` counter (it took no input
-        here, nothing queued or pending, nothing due before its next heartbeat) is
-        released: it leaves the decoded-value cache at the end of the transaction."""
+        here or in the last heartbeat interval, nothing queued or pending, nothing due
+        before its next heartbeat: `_idle`) is released: it leaves the decoded-value cache
+        at the end of the transaction."""
         if quiet and cs.saved is not None:
             deferred = self._deferred.get(partition)
             if deferred is None:
@@ -739,10 +745,12 @@ class Operator:
         if idle:
             txn.release(self._counters, name)
 
-    def _idle(self, cs: CounterState, due: int) -> bool:
-        """Whether `cs`, filed at `due`, has nothing queued or pending and nothing due
-        before its next heartbeat."""
-        return (not cs.queue and not cs.pending and cs.announced
+    def _idle(self, cs: CounterState, n: int, due: int) -> bool:
+        """Whether `cs`, filed at `due` after a marker through n, is idle: it took no
+        input in the last heartbeat interval (`busy_until`: the hot counters stay
+        decoded), has nothing queued or pending, and nothing due before its next
+        heartbeat."""
+        return (n >= cs.busy_until and not cs.queue and not cs.pending and cs.announced
                 and due == cs.start_tick + cs.next_heartbeat - 1)
 
     def _load_counter(self, txn: PartitionTransaction, partition: int,
