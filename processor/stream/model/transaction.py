@@ -12,8 +12,9 @@ encoded to (`saved`), else the value decoded from the store (checked, then cache
 `stage(slot, ident, value)` makes `value` the new value of its key, encoded once when the
 plan is made, however many records changed it meanwhile; `scan(slot)` lists a slot's
 identifiers with their staged values or stored bytes, decoding nothing;
-`release(slot, ident)` says the value need not stay decoded: it leaves the cache when the
-plan is made (after it is encoded, if staged: the store then holds what it equals).
+`release(slot, ident)` says the value need not stay decoded: a staged one is encoded at
+once and only its bytes wait for the plan (a load decodes them again); any other leaves
+the cache when the plan is made.
 `prepare()`
 returns the write plan: every staged value, encoded, by slot rank (a partition value
 after the counter values it guards), in staging order within a slot.
@@ -157,7 +158,8 @@ class PartitionTransaction:
         # Per slot: its staged values (key -> value) and its cache section.
         self._slots: dict[Slot[Any, Any], tuple[dict[str, Any], OrderedDict[str, Any]]] = {
             s: ({}, cache.section(s)) for s in slots}
-        # Values released (`release`): key -> its cache section, emptied by the plan.
+        # Values released unstaged (`release`): key -> its cache section, which the plan
+        # drops them from.
         self._released: dict[str, OrderedDict[str, Any]] = {}
         self._status = Status.STARTED
 
@@ -178,8 +180,15 @@ class PartitionTransaction:
             self._refuse("load")
         key = slot.key(ident)
         staged, entries = self._slots[slot]
-        value: V | None = staged.get(key)
+        value: V | bytes | None = staged.get(key)
         if value is not None:
+            if type(value) is not bytes:
+                return value  # type: ignore[return-value]
+            # Released after it was staged: still staged, as an object again.
+            value = slot.decode(value)
+            slot.check(ident, value)
+            value.saved = None
+            staged[key] = value
             return value
         raw = self._store.get(key)
         if raw is None:
@@ -219,17 +228,27 @@ class PartitionTransaction:
             self._cache.remember(slot, key, value)
 
     def release(self, slot: Slot[Id, V], ident: Id) -> None:
-        """The value of `ident` in `slot` need not stay decoded after this transaction:
-        the plan drops it from the cache (once encoded, if staged). A load in a later
-        transaction decodes the stored bytes again."""
+        """The value of `ident` in `slot` need not stay decoded: staged, it is encoded now
+        and leaves the cache (the plan writes those bytes: it must not change after
+        this call but through a new load); otherwise the plan drops it from the cache. A
+        later load decodes its bytes again."""
         if self._status is not Status.STARTED:
             self._refuse("release")
-        self._released[slot.key(ident)] = self._slots[slot][1]
+        key = slot.key(ident)
+        staged, entries = self._slots[slot]
+        value = staged.get(key)
+        if value is None:
+            self._released[key] = entries
+        elif type(value) is not bytes:
+            staged[key] = slot.encode(value)
+            if entries.get(key) is value:
+                del entries[key]
 
     def scan(self, slot: Slot[str, V]) -> Iterator[tuple[str, V | bytes]]:
         """Every identifier of `slot` with a stored or staged value, the stored ones
-        first: (ident, its staged value, else its stored bytes). Nothing is decoded (what
-        a caller reads from the bytes is its business)."""
+        first: (ident, its staged value, else its stored bytes; the bytes of a staged
+        value released). Nothing is decoded (what a caller reads from the bytes is its
+        business)."""
         if self._status is not Status.STARTED:
             self._refuse("scan")
         staged = self._slots[slot][0]
@@ -251,6 +270,9 @@ class PartitionTransaction:
         for slot in self._order:
             digests = self._digests and slot.cache != 0
             for key, value in self._slots[slot][0].items():
+                if type(value) is bytes:  # released: encoded then
+                    plan.append((key, value))
+                    continue
                 raw = slot.encode(value)
                 if digests:
                     value.saved = digest(raw)
