@@ -253,8 +253,10 @@ class Operator:
         self.settings = settings
         self.key = key
         self.key_id = key_fingerprint(key)
-        self._announced: dict[str, set[str]] | None = (
-            None if announced is None else {c: set(t) for c, t in announced.items()})
+        # The caller's collections of tags as they are (frozen: a set copied per counter
+        # costs about 200 bytes a counter, and the worker keeps the ledger's).
+        self._announced: dict[str, Collection[str]] | None = (
+            None if announced is None else dict(announced))
         self.factory: CounterFactory = (
             factory if factory is not None else CalibratedRegistry(settings.calibration))
         self.provenance: Provenance = (
@@ -784,7 +786,8 @@ class Operator:
             seen = self._announced.get(name)
             if seen is not None and tag not in seen:
                 raise AnnouncedCounterError(name)
-            self._announced.setdefault(name, set()).add(tag)
+            if seen is None:
+                self._announced[name] = (tag,)
         cs.creation = tag
         out.ledger.append(self._ledger_entry(name, cs, "created", 1))
         cs.announced = True
