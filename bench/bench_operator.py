@@ -31,7 +31,8 @@ per-marker work.
 `--ticks` ticks of 1 s with the README's heartbeats, every 60 ticks, and a checkpoint that
 is not full every 6 ticks, on a store that keeps and returns copies of its bytes as
 RocksDB does; the store's own keys and values, which RocksDB holds outside Python online,
-are left out) and the allocation sites that hold the most.
+are left out) and the allocation sites that hold the most. With `--idle-decoded 0` every
+idle counter is released (what each counter beyond the operator's IDLE_DECODED costs).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from processor.core.rng import NoiseKey
 from processor.devtools.inmemory import CopyingStore
 from processor.stream.model.commit import BatchCommit, CollectingPublisher
 from processor.stream.model.config import Settings, with_overrides
-from processor.stream.model.operator import DEFAULT_CACHE_SIZE, Operator
+from processor.stream.model.operator import DEFAULT_CACHE_SIZE, IDLE_DECODED, Operator
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 
@@ -172,7 +173,8 @@ class _Discarding:
         return None
 
 
-def memory(mech: str, ticks: int, counters: int, cache_size: int, top: int) -> None:
+def memory(mech: str, ticks: int, counters: int, cache_size: int, idle_decoded: int,
+           top: int) -> None:
     """Print what `counters` idle counters leave allocated per counter, the store's keys
     and values apart: declared in the configuration (made inside the measured window),
     the README's heartbeats (every 60 ticks of 1 s, spread), created by the first marker
@@ -186,8 +188,8 @@ def memory(mech: str, ticks: int, counters: int, cache_size: int, top: int) -> N
     s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
                        epsilon=1.0, delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True)
     store = CopyingStore()
-    bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), cache_size=cache_size), store,
-                     _Discarding())
+    bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), cache_size=cache_size,
+                              idle_decoded=idle_decoded), store, _Discarding())
     for i, n in enumerate(range(start, start + ticks + 1)):
         asyncio.run(bc.apply(0, [(i, encode_marker(n))]))
         if i % 6 == 5:
@@ -216,6 +218,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--cache-size", type=int, default=DEFAULT_CACHE_SIZE,
                     help=f"decoded-state LRU size (default {DEFAULT_CACHE_SIZE})")
+    ap.add_argument("--idle-decoded", type=int, default=IDLE_DECODED,
+                    help=f"idle counters stay decoded up to this many (default {IDLE_DECODED};"
+                    " 0 releases every idle counter)")
     ap.add_argument("--only", help="run only workloads whose name contains this")
     ap.add_argument("--memory", action="store_true",
                     help="measure the memory per idle counter instead (see the doc)")
@@ -238,7 +243,7 @@ def main() -> None:
                      idle(big, args.ticks, args.counters),
                      heartbeat(beat, args.ticks, args.counters)]
         if args.memory:
-            memory(mech, args.ticks, args.counters, args.cache_size, 15)
+            memory(mech, args.ticks, args.counters, args.cache_size, args.idle_decoded, 15)
             continue
         for w in workloads:
             if args.only and args.only not in w.name:

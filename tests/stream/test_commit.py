@@ -431,7 +431,8 @@ def cache_run(s: Settings, batches: Batches, cache_size: int, seed: int,
     states were decoded. The schedule depends on `seed` only."""
     schedule = random.Random(seed)
     store, pub, factory = DictStore(), Published(), CountingRegistry()
-    bc = BatchCommit(Operator(s, KEY, factory=factory, cache_size=cache_size), store, pub)
+    bc = BatchCommit(Operator(s, KEY, factory=factory, cache_size=cache_size,
+                              idle_decoded=0), store, pub)
     snapshots: list[dict[str, bytes]] = []
     i = done = 0
     while i < len(batches):
@@ -444,8 +445,8 @@ def cache_run(s: Settings, batches: Batches, cache_size: int, seed: int,
             done = i
         elif roll > 0.97 and crashes and i > done:
             crashes -= 1
-            bc = BatchCommit(Operator(s, KEY, factory=factory, cache_size=cache_size),
-                             store, pub)
+            bc = BatchCommit(Operator(s, KEY, factory=factory, cache_size=cache_size,
+                                      idle_decoded=0), store, pub)
             i = done
     asyncio.run(bc.checkpoint())
     snapshots.append(dict(store.data))
@@ -493,26 +494,31 @@ def test_the_cache_bound_changes_no_byte_published_or_stored(seed: int) -> None:
 def test_an_idle_counter_is_released_and_one_with_input_stays_decoded() -> None:
     """After a marker, a counter that took no input there and has nothing queued,
     pending or due before its next heartbeat leaves the decoded-value cache (the next
-    marker decodes it again); one that took an input stays decoded while the cache has
-    room."""
+    marker decodes it again) while the cache holds more than `idle_decoded` counters;
+    one that took an input stays decoded while the cache has room. Control: with the
+    default `idle_decoded` (more than these 20 counters) nothing is decoded again."""
     names = [f"k{i:02d}" for i in range(20)]
     s = settings(dict.fromkeys(names, 100 * TICK), mechanism="ecc", epsilon=1.0,
                  heartbeat_ticks=5)
-    factory = CountingRegistry()
-    op = Operator(s, KEY, factory=factory)
-    pub = CollectingPublisher()
-    bc = BatchCommit(op, DictStore(), pub)
-    cached = op._cache.section(op._counters)
-    off = 0
-    for n in range(100, 130):
-        events = [Event(name, n * TICK, UNIT) for name in names[:5]]
-        asyncio.run(bc.apply(0, [(off, encode_batch(events)), (off + 1, encode_marker(n))]))
-        asyncio.run(bc.checkpoint(full=False))
-        off += 2
-        assert sorted(cached) == [f"c/{name}" for name in names[:5]]
-    # The busy five never decoded again; each idle one once per heartbeat it sent.
-    beats = [r for r in pub.releases if r.counter not in names[:5]]
-    assert factory.restored == len(beats) > 15 * 4
+    for idle_decoded in (0, operator.IDLE_DECODED):
+        factory = CountingRegistry()
+        op = Operator(s, KEY, factory=factory, idle_decoded=idle_decoded)
+        pub = CollectingPublisher()
+        bc = BatchCommit(op, DictStore(), pub)
+        cached = op._cache.section(op._counters)
+        off = 0
+        for n in range(100, 130):
+            events = [Event(name, n * TICK, UNIT) for name in names[:5]]
+            asyncio.run(bc.apply(0, [(off, encode_batch(events)),
+                                     (off + 1, encode_marker(n))]))
+            asyncio.run(bc.checkpoint(full=False))
+            off += 2
+            assert len(cached) == (5 if idle_decoded == 0 else 20)
+            assert all(f"c/{name}" in cached for name in names[:5])
+        # The busy five never decoded again; each idle one once per heartbeat it sent.
+        beats = [r for r in pub.releases if r.counter not in names[:5]]
+        assert factory.restored == (len(beats) if idle_decoded == 0 else 0)
+        assert len(beats) > 15 * 4
 
 
 class AlwaysDue(Operator):

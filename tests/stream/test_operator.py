@@ -943,7 +943,7 @@ def test_decoded_state_cache_holds_ten_thousand_counters_with_input() -> None:
     busy(run, 2)
     assert small.restored == 20_000  # each at its event, and evicted, at the marker
     idle = CountingFactory()
-    run.op = Operator(s, KEY, factory=idle)
+    run.op = Operator(s, KEY, factory=idle, idle_decoded=0)
     run.marker(3)
     run.marker(4)
     assert idle.restored == 20_000

@@ -128,6 +128,11 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
+#: Idle counters stay decoded while the cache holds at most this many counters: a worker
+#: of about 10^4 counters keeps them all (no decoding per heartbeat or first event, at
+#: about 7 KB each); beyond it an idle counter is released (docs/state.md).
+IDLE_DECODED: Final = 1 << 14
+
 #: The metric names an Output reports (aggregates only, never per counter).
 METRICS: Final = (
     "events_applied",
@@ -236,7 +241,7 @@ class Operator:
 
     def __init__(self, settings: Settings, key: NoiseKey, *,
                  factory: CounterFactory | None = None,
-                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 cache_size: int = DEFAULT_CACHE_SIZE, idle_decoded: int = IDLE_DECODED,
                  announced: Mapping[str, Collection[str]] | None = None,
                  provenance: Provenance | None = None,
                  unit_claim: UnitClaim | None = None) -> None:
@@ -249,7 +254,9 @@ class Operator:
         with mechanisms of `factory`; replay's comes from the ledger). `unit_claim`: the
         per-unit guarantee the ledger entries state (user mode; lifetime.unit_claim of
         the ledger read at start), by default the configuration's own derivation: the
-        default provenance's (`ConfiguredProvenance`)."""
+        default provenance's (`ConfiguredProvenance`). `cache_size`: how many counters
+        stay decoded at most (least recently used out); `idle_decoded`: idle counters
+        stay decoded while the cache holds at most this many (`_keep`)."""
         self.settings = settings
         self.key = key
         self.key_id = key_fingerprint(key)
@@ -277,10 +284,12 @@ class Operator:
         # `cache_size` counter values stay decoded between checkpoints (`_cache`), idle
         # counters never (`_keep` releases them).
         self._cache_size = cache_size
+        self._idle_decoded = idle_decoded
         self._cache = StateCache()
         self._counters: Slot[str, CounterState] = Slot(
             COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
             self._check_counter, cache_size)
+        self._cached_counters = self._cache.section(self._counters)
         self._partitions: Slot[int, PartitionState] = Slot(
             PARTITION_PREFIX, 1, PartitionState.from_bytes, PartitionState.to_bytes,
             self._check_partition, None)
@@ -728,8 +737,8 @@ class Operator:
         (`heartbeat_floor`; docs/state.md). `_deferred` records how far: a value decoded
         again (`_load_counter`) is re-sealed to it. An `idle` counter (it took no input
         here or in the last heartbeat interval, nothing queued or pending, nothing due
-        before its next heartbeat: `_idle`) is released: it leaves the decoded-value cache
-        at the end of the transaction."""
+        before its next heartbeat: `_idle`) is released while the cache holds more than
+        `idle_decoded` counters: it does not stay decoded past the transaction."""
         if quiet and cs.saved is not None:
             deferred = self._deferred.get(partition)
             if deferred is None:
@@ -740,11 +749,11 @@ class Operator:
                 # `n` itself where it is the frontier: one int for every counter it sealed.
                 deferred[name] = (since, n if cs.frontier == n else cs.frontier,
                                   cs.last_offset)
-                if idle:
+                if idle and len(self._cached_counters) > self._idle_decoded:
                     txn.release(self._counters, name)
                 return
         self._stage_counter(txn, partition, name, cs)
-        if idle:
+        if idle and len(self._cached_counters) > self._idle_decoded:
             txn.release(self._counters, name)
 
     def _idle(self, cs: CounterState, n: int, due: int) -> bool:
