@@ -31,8 +31,9 @@ counter a marker advanced by ⊥ ticks only (no input, heartbeats only) is not s
 its stored value is at most DEFERRED_HEARTBEATS heartbeat intervals behind (`_keep`); a
 full checkpoint stages it (`stage_deferred`; docs/state.md). A counter that took no input
 in the last heartbeat interval and has nothing to do before its next heartbeat is idle
-(`_idle`): it does not stay decoded (`PartitionTransaction.release`), and a value decoded
-again is re-sealed to its deferred progress (`_load_counter`).
+(`_idle`): beyond IDLE_DECODED decoded counters it does not stay decoded
+(`PartitionTransaction.release`), and a value decoded again is re-sealed to its deferred
+progress (`_load_counter`).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
