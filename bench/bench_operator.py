@@ -26,11 +26,13 @@ per-marker work.
     .venv/bin/python bench/bench_operator.py [--mechanism ecc simecc] [--ticks 200]
         [--counters 10000] [--repeats 3] [--profile]
 
-`--memory` measures instead what the idle workload leaves allocated per declared counter
-(tracemalloc over the operator and its cache after the markers, on a store that keeps and
-returns copies of its bytes as RocksDB does; the store's own keys and values, which
-RocksDB holds outside Python online, are left out) and the allocation sites that hold the
-most.
+`--memory` measures instead what idle counters leave allocated per declared counter
+(tracemalloc over the configuration, the operator and its cache after markers through
+`--ticks` ticks of 1 s with the README's heartbeats, every 60 ticks, and a checkpoint that
+is not full every 6 ticks, on a store that keeps and returns copies of its bytes as
+RocksDB does; the store's own keys and values, which RocksDB holds outside Python online,
+are left out) and the allocation sites that hold the most. With `--idle-decoded 0` every
+idle counter is released (what each counter beyond the operator's IDLE_DECODED costs).
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ from processor.core.rng import NoiseKey
 from processor.devtools.inmemory import CopyingStore
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
-from processor.stream.model.operator import DEFAULT_CACHE_SIZE, Operator
-from processor.stream.model.outputs import CollectingSink
+from processor.stream.model.operator import DEFAULT_CACHE_SIZE, IDLE_DECODED, Operator
+from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import Event, encode_batch, encode_marker
 from processor.stream.model.state import DictStore
 
@@ -162,27 +164,50 @@ async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile |
     return dt, cpu, releases, touched, markers, stepped, queued
 
 
-def memory(w: Workload, cache_size: int, counters: int, top: int) -> None:
-    """Print what `w` leaves allocated per counter, the store's keys and values apart."""
+class _Discarding:
+    """A Sink that keeps nothing (what a worker keeps of what it published)."""
+
+    def send(self, out: Output) -> None:
+        return None
+
+    async def flush(self) -> None:
+        return None
+
+
+def memory(mech: str, ticks: int, counters: int, cache_size: int, idle_decoded: int,
+           top: int) -> None:
+    """Print what `counters` idle counters leave allocated per counter, the store's keys
+    and values apart: declared in the configuration (made inside the measured window),
+    the README's heartbeats (every 60 ticks of 1 s, spread), created by the first marker
+    and then `ticks` markers, a checkpoint that is not full every 6 (the worker's periodic
+    one), measured after the last marker as a running worker holds them."""
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
+    start = 1_767_225_600  # a tick of 1 s (2026-01-01), as a deployment's start
+    names = {f"counter-{c:07d}": start * TICK for c in range(counters)}
+    s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
+                       epsilon=1.0, delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True)
     store = CopyingStore()
-    bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
-                     store, CollectingSink())
-    for b in [*w.warm, *w.timed]:
-        asyncio.run(bc.commit(0, b))
+    bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), cache_size=cache_size,
+                              idle_decoded=idle_decoded), store, _Discarding())
+    for i, n in enumerate(range(start, start + ticks + 1)):
+        asyncio.run(bc.apply(0, [(i, encode_marker(n))]))
+        if i % 6 == 5:
+            asyncio.run(bc.checkpoint(full=False))
+    asyncio.run(bc.checkpoint(full=False))
     gc.collect()
     after = tracemalloc.take_snapshot()
     tracemalloc.stop()
     stats = after.compare_to(before, "lineno")
-    total = sum(s.size_diff for s in stats)
+    total = sum(st.size_diff for st in stats)
     stored = sum(sys.getsizeof(k) + sys.getsizeof(v) for k, v in store.data.items())
-    print(f"{w.name}: {(total - stored) / counters:,.0f} bytes per counter allocated, "
-          f"besides the store's keys and values ({stored / counters:,.0f})")
-    for s in [s for s in stats if s.traceback[0].filename != __file__][:top]:
-        frame = s.traceback[0]
-        print(f"  {s.size_diff / counters:>7,.0f} B/counter {s.count_diff:>9,} blocks  "
+    print(f"idle {mech} ({counters} ctrs, {ticks} ticks): {(total - stored) / counters:,.0f} "
+          f"bytes per counter allocated, besides the store's keys and values "
+          f"({stored / counters:,.0f})")
+    for st in [st for st in stats if st.traceback[0].filename != __file__][:top]:
+        frame = st.traceback[0]
+        print(f"  {st.size_diff / counters:>7,.0f} B/counter {st.count_diff:>9,} blocks  "
               f"{frame.filename.split('/processor/')[-1]}:{frame.lineno}")
 
 
@@ -194,6 +219,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--cache-size", type=int, default=DEFAULT_CACHE_SIZE,
                     help=f"decoded-state LRU size (default {DEFAULT_CACHE_SIZE})")
+    ap.add_argument("--idle-decoded", type=int, default=IDLE_DECODED,
+                    help=f"idle counters stay decoded up to this many (default {IDLE_DECODED};"
+                    " 0 releases every idle counter)")
     ap.add_argument("--only", help="run only workloads whose name contains this")
     ap.add_argument("--memory", action="store_true",
                     help="measure the memory per idle counter instead (see the doc)")
@@ -216,7 +244,7 @@ def main() -> None:
                      idle(big, args.ticks, args.counters),
                      heartbeat(beat, args.ticks, args.counters)]
         if args.memory:
-            memory(idle(big, args.ticks, args.counters), args.cache_size, args.counters, 15)
+            memory(mech, args.ticks, args.counters, args.cache_size, args.idle_decoded, 15)
             continue
         for w in workloads:
             if args.only and args.only not in w.name:

@@ -15,6 +15,7 @@ from unittest import mock
 import pytest
 
 from processor.core import registry
+from processor.core.grid import UNIT
 from processor.stream.model import operator
 from processor.stream.model.commit import CRASH_POINTS, INLINE_STEPS, BatchCommit
 from processor.stream.model.config import Settings
@@ -404,22 +405,122 @@ def test_what_a_restart_re_sends_does_not_depend_on_which_counters_had_input() -
     assert leaky.sent != full_pub.sent
 
 
-def test_nothing_is_left_behind_while_the_cache_is_full() -> None:
-    """Progress left behind lives in the cached object only: with fewer cache entries than
-    counters every touched counter is written, as with full checkpoints."""
-    s = settings({f"k{i:02d}": 100 * TICK for i in range(20)}, mechanism="ecc",
-                 epsilon=1.0, heartbeat_ticks=5)
-    deferred = 0
-    for cache_size in (10, 1000):
-        bc = BatchCommit(Operator(s, KEY, factory=registry, cache_size=cache_size),
-                         DictStore(), CollectingSink())
-        for i, n in enumerate(range(100, 160)):
-            asyncio.run(bc.apply(0, [(i, encode_marker(n))]))
+class CountingRegistry:
+    """The core registry, counting the counter states it decodes."""
+
+    def __init__(self) -> None:
+        self.restored = 0
+
+    def make(self, *args: Any) -> Any:
+        return registry.make(*args)
+
+    def restore(self, data: bytes, key: Any) -> Any:
+        self.restored += 1
+        return registry.restore(data, key)
+
+
+#: The bounds compared: a cache that evicts at every load beyond one counter, and one
+#: that never fills.
+TINY, UNBOUNDED = 1, 1 << 30
+
+
+def cache_run(s: Settings, batches: Batches, cache_size: int, seed: int,
+              crashes: int = 0) -> tuple[list[dict[str, bytes]], Published, int]:
+    """Apply `batches` with random checkpoints that are not full (the worker's periodic
+    ones), at most `crashes` crashes between them (a cold operator on the store, the
+    batches after the last checkpoint delivered again), then a full checkpoint. Returns
+    the store's bytes after every checkpoint, what was published and how many counter
+    states were decoded. The schedule depends on `seed` only."""
+    schedule = random.Random(seed)
+    store, pub, factory = DictStore(), Published(), CountingRegistry()
+    bc = BatchCommit(Operator(s, KEY, factory=factory, cache_size=cache_size,
+                              idle_decoded=0), store, pub)
+    snapshots: list[dict[str, bytes]] = []
+    i = done = 0
+    while i < len(batches):
+        asyncio.run(bc.apply(0, batches[i]))
+        i += 1
+        roll = schedule.random()
+        if roll < 0.3:
             asyncio.run(bc.checkpoint(full=False))
-            deferred += bool(bc.operator.deferred_partitions())
-        if cache_size == 10:
-            assert deferred == 0
-    assert deferred > 0
+            snapshots.append(dict(store.data))
+            done = i
+        elif roll > 0.97 and crashes and i > done:
+            crashes -= 1
+            bc = BatchCommit(Operator(s, KEY, factory=factory, cache_size=cache_size,
+                                      idle_decoded=0), store, pub)
+            i = done
+    asyncio.run(bc.checkpoint())
+    snapshots.append(dict(store.data))
+    return snapshots, pub, factory.restored
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_cache_bound_changes_no_byte_published_or_stored(seed: int) -> None:
+    """A seeded workload (ECC, heartbeats every 5 ticks, sparse events on a third of the
+    counters, idle ones, periodic checkpoints that are not full and leave heartbeat-only
+    counters behind): with a cache of one entry (evicting at nearly every load) and with
+    one that never fills, every release and ledger entry, in order and re-sends
+    included, and the store's bytes after every checkpoint are identical; the tiny cache
+    decoded several times as many states. Restore and continue (crashes between the
+    checkpoints) under eviction equals the unbounded run that never stopped. Control:
+    without re-sealing a value decoded again to its deferred progress
+    (`Operator._load_counter` reduced to the bare load) the tiny cache's stored bytes
+    differ."""
+    names = [f"k{i:02d}" for i in range(24)]
+    s = settings(dict.fromkeys(names, 100 * TICK), mechanism="ecc", epsilon=1.0,
+                 heartbeat_ticks=5)
+    rng = random.Random(seed)
+    recs = random_timeline(rng, names[:8], 100, 240, 0.1)
+    batches = batches_of(to_records(recs, 4), rng)
+    states, pub, decoded = cache_run(s, batches, UNBOUNDED, seed)
+    tiny_states, tiny_pub, tiny_decoded = cache_run(s, batches, TINY, seed)
+    assert tiny_pub.sent == pub.sent and tiny_pub.ledger == pub.ledger
+    assert tiny_states == states
+    assert len(states) > 20 and tiny_decoded > 3 * decoded // 2
+    # Restore and continue under eviction, the crashes re-sending what the never-stopped
+    # run sent (Published refuses a second, different record for a key).
+    crashed_states, crashed_pub, _ = cache_run(s, batches, TINY, seed, crashes=4)
+    assert len(crashed_pub.sent) > len(pub.sent)
+    assert crashed_pub.releases == pub.releases and crashed_pub.ledger == pub.ledger
+    assert crashed_states[-1] == states[-1]
+
+    def bare(self: Operator, txn: Any, partition: int, name: str) -> Any:
+        return txn.load(self._counters, name)
+
+    with mock.patch.object(Operator, "_load_counter", bare):
+        broken, _, _ = cache_run(s, batches, TINY, seed)
+    assert broken != states
+
+
+def test_an_idle_counter_is_released_and_one_with_input_stays_decoded() -> None:
+    """After a marker, a counter that took no input there and has nothing queued,
+    pending or due before its next heartbeat leaves the decoded-value cache (the next
+    marker decodes it again) while the cache holds more than `idle_decoded` counters;
+    one that took an input stays decoded while the cache has room. Control: with the
+    default `idle_decoded` (more than these 20 counters) nothing is decoded again."""
+    names = [f"k{i:02d}" for i in range(20)]
+    s = settings(dict.fromkeys(names, 100 * TICK), mechanism="ecc", epsilon=1.0,
+                 heartbeat_ticks=5)
+    for idle_decoded in (0, operator.IDLE_DECODED):
+        factory = CountingRegistry()
+        op = Operator(s, KEY, factory=factory, idle_decoded=idle_decoded)
+        pub = CollectingSink()
+        bc = BatchCommit(op, DictStore(), pub)
+        cached = op._cache.section(op._counters)
+        off = 0
+        for n in range(100, 130):
+            events = [Event(name, n * TICK, UNIT) for name in names[:5]]
+            asyncio.run(bc.apply(0, [(off, encode_batch(events)),
+                                     (off + 1, encode_marker(n))]))
+            asyncio.run(bc.checkpoint(full=False))
+            off += 2
+            assert len(cached) == (5 if idle_decoded == 0 else 20)
+            assert all(f"c/{name}" in cached for name in names[:5])
+        # The busy five never decoded again; each idle one once per heartbeat it sent.
+        beats = [r for r in pub.releases if r.counter not in names[:5]]
+        assert factory.restored == (len(beats) if idle_decoded == 0 else 0)
+        assert len(beats) > 15 * 4
 
 
 class AlwaysDue(Operator):

@@ -918,32 +918,42 @@ class CountingFactory(StepFactory):
         return super().restore(data, key)
 
 
-def test_decoded_state_cache_holds_ten_thousand_counters() -> None:
-    """With the default cache size, markers that touch each of 10^4 counters decode no
-    state from bytes; a cold operator (or a small cache) does. A store value changed
-    behind the operator's back is decoded again (the cache is never the truth)."""
+def test_decoded_state_cache_holds_ten_thousand_counters_with_input() -> None:
+    """With the default cache size, markers that step an input of each of 10^4 counters
+    decode no state from bytes; a cold operator (or a small cache) does, and so does
+    every marker for counters that took no input (idle ones are released). A store value
+    changed behind the operator's back is decoded again (the cache is never the
+    truth)."""
     assert DEFAULT_CACHE_SIZE >= 10_000
     names = {f"k{i:05d}": 0 for i in range(10_000)}
     s = settings(names, heartbeat_ticks=1)
+
+    def busy(run: Run, n: int) -> None:
+        run.feed(encode_batch([Event(c, n * TICK, UNIT) for c in names]))
+        run.marker(n)
+
     factory = CountingFactory()
     run = Run(s, factory, cache_size=DEFAULT_CACHE_SIZE)
     run.op = Operator(s, KEY, factory=factory)
-    run.marker(0)
-    run.marker(1)
+    busy(run, 0)
+    busy(run, 1)
     assert factory.restored == 0 and len(run.releases) == 20_000
     small = CountingFactory()
     run.op = Operator(s, KEY, factory=small, cache_size=100)
-    run.marker(2)
-    # Each counter once, and again the 99 whose heartbeat-only progress was deferred while
-    # the cache had room: evicted by the time the record's full checkpoint stages them.
-    assert small.restored == 10_000 + 99
+    busy(run, 2)
+    assert small.restored == 20_000  # each at its event, and evicted, at the marker
+    idle = CountingFactory()
+    run.op = Operator(s, KEY, factory=idle, idle_decoded=0)
+    run.marker(3)
+    run.marker(4)
+    assert idle.restored == 20_000
     # Behind its back: k00007's state replaced by an older copy.
     old = run.store.data["c/k00007"]
     run.op = Operator(s, KEY, factory=factory)
-    run.marker(3)
+    busy(run, 5)
     run.store.data["c/k00007"] = old
     before = factory.restored
-    run.marker(4)
+    busy(run, 6)
     assert factory.restored == before + 1
 
 

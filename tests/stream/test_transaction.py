@@ -263,3 +263,36 @@ def test_a_slot_that_caches_nothing_keeps_its_codecs_bytes_and_reads_the_store()
     txn = PartitionTransaction(store, (s,), cache)
     c = txn.load(s, "a")
     assert c is not b and c is not None and codec.decoded == 3
+
+
+def test_a_released_value_leaves_the_cache_and_keeps_its_place_in_the_plan() -> None:
+    """`release`: a staged value is encoded at once and leaves the cache; the plan writes
+    those bytes in the value's staging place, and a load before the plan decodes them
+    into a staged object again (whose later changes count). An unstaged value stays
+    served until the plan, then leaves the cache; the next transaction decodes it from
+    the store. Control: without the release, both stay cached."""
+    for release in (True, False):
+        codec = Codec()
+        values = slot(codec, "v/", 0)
+        store, cache = DictStore(), StateCache()
+        store.data.update({"v/a": b"a0", "v/b": b"b0", "v/c": b"c0"})
+        txn = PartitionTransaction(store, (values,), cache)
+        a, b = txn.load(values, "a"), txn.load(values, "b")
+        assert a is not None and b is not None
+        a.data = b"a1"
+        txn.stage(values, "a", a)
+        txn.stage(values, "c", Val(b"c1"))
+        if release:
+            txn.release(values, "a")
+            txn.release(values, "b")
+            assert codec.encoded == 1 and "v/a" not in cache.section(values)
+            assert list(txn.scan(values)) == [("a", b"a1"), ("b", b"b0"),
+                                              ("c", txn.load(values, "c"))]
+            again = txn.load(values, "a")
+            assert again is not None and again is not a and again.data == b"a1"
+            again.data = b"a2"
+            assert txn.load(values, "b") is b  # still served until the plan
+        plan = txn.prepare()
+        assert plan == [("v/a", b"a2" if release else b"a1"), ("v/c", b"c1")]
+        assert sorted(cache.section(values)) == (
+            ["v/c"] if release else ["v/a", "v/b", "v/c"])

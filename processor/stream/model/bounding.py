@@ -375,8 +375,9 @@ class Bounder:
     transaction (`transaction`) until a checkpoint writes its plan: every unit value
     changed, then the partition value (its last offset and bounds) that guards them (a
     kill between two writes leaves it older). A unit's decoded value lives in the
-    transaction from its first new decision to the checkpoint; the partition values stay
-    decoded between checkpoints (a few per worker)."""
+    transaction, staged, from its first new decision to the checkpoint (a look-up decodes
+    it from the store); the partition values stay decoded between checkpoints (a few per
+    worker). The transaction's state cache is the only one."""
 
     def __init__(self, settings: Settings) -> None:
         p = settings.unit_parameters()
@@ -397,11 +398,6 @@ class Bounder:
         #: units, units partition, seq), in the order decided (`take_forwards`).
         self._pending: dict[int, list[tuple[Any, ...]]] = {}
         self.pending_events = 0
-        #: Per units partition, the unit values loaded since the partition's last
-        #: checkpoint, and those staged in its transaction (each loaded and staged once
-        #: per checkpoint however many records touch it): dropped with the transaction.
-        self._loaded: dict[int, dict[str, UnitState]] = {}
-        self._staged: dict[int, set[str]] = {}
         # A unit's value stays decoded only while staged (cache 0): there is a value per
         # unit ever seen, and keeping them past the checkpoint would hold the table in
         # memory twice (decoded, and the bytes each equals).
@@ -446,13 +442,6 @@ class Bounder:
         self._cache.clear()
         self._pending.clear()
         self.pending_events = 0
-        self.written()
-
-    def written(self) -> None:
-        """Every transaction completed or failed: the next record of a partition loads
-        its units from a new one."""
-        self._loaded.clear()
-        self._staged.clear()
 
     def take_forwards(self, out: Output) -> None:
         """Hand every kept event not yet handed over to `out.timeline`: per timeline
@@ -475,8 +464,6 @@ class Bounder:
         so a caller with more units records waiting lets their forwards share records."""
         # Timeline rows ([counter, ts_ms, units, partition, seq]) by timeline partition.
         pending = self._pending
-        states = self._loaded.setdefault(partition, {})
-        staged = self._staged.setdefault(partition, set())
         k, m, parts = self.k, self.m, self.settings.partitions
         keep = decide
         fresh = _fresh
@@ -509,9 +496,8 @@ class Bounder:
             for i, row in enumerate(rows):
                 h, counter, ts, weight, in_p, in_o = row
                 seq = base | i
-                st = states.get(h)
-                if st is None:
-                    st = states[h] = txn.load(units, h) or UnitState()
+                loaded = txn.load(units, h)  # the staged value once staged
+                st = UnitState() if loaded is None else loaded
                 if seq <= st.last_seq:
                     # Applied to this unit before its stored value was written, which a
                     # checkpoint does only once the forwards and dead letters of what it
@@ -524,11 +510,11 @@ class Bounder:
                     if in_p >= 0 and not fresh(st, labels, epoch, in_p, in_o):
                         duplicates += 1
                         continue
-                    if h not in staged:
-                        # A new decision changes the value (a look-up does not): written
-                        # at the next checkpoint, once however many events touched it.
+                    if loaded is None or st.saved is not None:
+                        # A new decision changes the value (a look-up does not): staged
+                        # (which clears `saved`), written at the next checkpoint, once
+                        # however many events touched it.
                         txn.stage(units, h, st)
-                        staged.add(h)
                 if keep(st, seq, counter, k, m):
                     tp = tp_of.get(counter)
                     if tp is None:
@@ -645,10 +631,6 @@ class BoundCommit(CheckpointLoop):
     async def write_state(self) -> None:
         with gc_deferred():  # a value per unit touched, encoded and written
             await super().write_state()
-
-    def written(self) -> None:
-        super().written()
-        self.bounder.written()
 
     def forget(self) -> None:
         """Fail every open transaction and drop every decoded value (the bounder's)."""

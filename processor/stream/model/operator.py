@@ -29,7 +29,11 @@ Releases: a "change" record when y changes, a "heartbeat" otherwise at every tic
 (t + phase) % heartbeat_ticks == 0 (`is_heartbeat_tick`). Public quantities only. A
 counter a marker advanced by ⊥ ticks only (no input, heartbeats only) is not staged while
 its stored value is at most DEFERRED_HEARTBEATS heartbeat intervals behind (`_keep`); a
-full checkpoint stages it (`stage_deferred`; docs/state.md).
+full checkpoint stages it (`stage_deferred`; docs/state.md). A counter that took no input
+in the last heartbeat interval and has nothing to do before its next heartbeat is idle
+(`_idle`): beyond IDLE_DECODED decoded counters it does not stay decoded
+(`PartitionTransaction.release`), and a value decoded again is re-sealed to its deferred
+progress (`_load_counter`).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
@@ -128,6 +132,11 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
+#: Idle counters stay decoded while the cache holds at most this many counters: a worker
+#: of about 10^4 counters keeps them all (no decoding per heartbeat or first event, at
+#: about 7 KB each); beyond it an idle counter is released (docs/state.md).
+IDLE_DECODED: Final = 1 << 14
+
 #: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
     "events_applied",
@@ -224,7 +233,7 @@ class Operator:
 
     def __init__(self, settings: Settings, key: NoiseKey, *,
                  factory: CounterFactory | None = None,
-                 cache_size: int = DEFAULT_CACHE_SIZE,
+                 cache_size: int = DEFAULT_CACHE_SIZE, idle_decoded: int = IDLE_DECODED,
                  announced: Mapping[str, Collection[str]] | None = None,
                  provenance: Provenance | None = None,
                  unit_claim: UnitClaim | None = None) -> None:
@@ -237,12 +246,16 @@ class Operator:
         with mechanisms of `factory`; replay's comes from the ledger). `unit_claim`: the
         per-unit guarantee the ledger entries state (user mode; lifetime.unit_claim of
         the ledger read at start), by default the configuration's own derivation: the
-        default provenance's (`ConfiguredProvenance`)."""
+        default provenance's (`ConfiguredProvenance`). `cache_size`: how many counters
+        stay decoded at most (least recently used out); `idle_decoded`: idle counters
+        stay decoded while the cache holds at most this many (`_keep`)."""
         self.settings = settings
         self.key = key
         self.key_id = key_fingerprint(key)
-        self._announced: dict[str, set[str]] | None = (
-            None if announced is None else {c: set(t) for c, t in announced.items()})
+        # The caller's collections of tags as they are (frozen: a set copied per counter
+        # costs about 200 bytes a counter, and the worker keeps the ledger's).
+        self._announced: dict[str, Collection[str]] | None = (
+            None if announced is None else dict(announced))
         self.factory: CounterFactory = (
             factory if factory is not None else CalibratedRegistry(settings.calibration))
         self.provenance: Provenance = (
@@ -250,7 +263,11 @@ class Operator:
             else ConfiguredProvenance(settings, key, self.factory, unit_claim))
         self.fingerprint = settings.fingerprint()
         self._tick_ms = settings.tick_ms
-        self._start_ticks = {c: s // settings.tick_ms for c, s in settings.counters.items()}
+        # Equal start ticks share one int (most counters of a deployment start together:
+        # 32 bytes a counter otherwise).
+        shared: dict[int, int] = {}
+        self._start_ticks = {c: shared.setdefault(s // settings.tick_ms, s // settings.tick_ms)
+                             for c, s in settings.counters.items()}
         P = settings.partitions
         self._home = {c: partition_for(c, P) for c in settings.counters}
         # Open families: each key's counter starts at its family's start tick; its gate's
@@ -261,14 +278,14 @@ class Operator:
         self._phases: dict[str, int] = {}
         # What the operator stores (transaction.Slot): counter values, then the partition
         # value they are guarded by (write plan ranks); every partition value and up to
-        # `cache_size` counter values stay decoded between checkpoints (`_cache`).
+        # `cache_size` counter values stay decoded between checkpoints (`_cache`), idle
+        # counters never (`_keep` releases them).
         self._cache_size = cache_size
+        self._idle_decoded = idle_decoded
         self._cache = StateCache()
         self._counters: Slot[str, CounterState] = Slot(
             COUNTER_PREFIX, 0, self._decode_counter, CounterState.to_bytes,
             self._check_counter, cache_size)
-        # Deferred progress lives in the cached objects only: not while the cache is full
-        # (an evicted one would be decoded again from its older stored value).
         self._cached_counters = self._cache.section(self._counters)
         self._partitions: Slot[int, PartitionState] = Slot(
             PARTITION_PREFIX, 1, PartitionState.from_bytes, PartitionState.to_bytes,
@@ -284,8 +301,10 @@ class Operator:
         # reflects it: PartitionState.applied).
         self._offset = -1
         # Per partition: counters advanced by ⊥ ticks only since their stored value, each
-        # with the tick its stored value is filed under (`_keep`, `stage_deferred`).
-        self._deferred: dict[int, dict[str, int]] = {}
+        # with (the tick its stored value is filed under, the tick it is sealed through,
+        # the offset it reflects): what `_load_counter` re-seals a value decoded again
+        # (released, evicted) to (`_keep`, `stage_deferred`).
+        self._deferred: dict[int, dict[str, tuple[int, int, int]]] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -355,10 +374,11 @@ class Operator:
     def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
         checkpoint: a clean stop, a revocation)."""
-        for name in self._deferred.pop(partition, {}):
-            cs = txn.load(self._counters, name)
+        for name in list(self._deferred.get(partition, ())):
+            cs = self._load_counter(txn, partition, name)
             if cs is not None:
-                txn.stage(self._counters, name, cs)
+                self._stage_counter(txn, partition, name, cs)
+        self._deferred.pop(partition, None)
 
     # -- loading and staging
 
@@ -575,7 +595,7 @@ class Operator:
                 != partition):
             m["misrouted_skipped"] += 1
             return None
-        cs = txn.load(self._counters, name)
+        cs = self._load_counter(txn, partition, name)
         if cs is None:
             start = self._start_ticks.get(name)
             family = None if start is not None or not self._family_starts else family_of(name)
@@ -643,7 +663,7 @@ class Operator:
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
-            cs = txn.load(self._counters, name)
+            cs = self._load_counter(txn, partition, name)
             if cs is None:
                 start = self._start_ticks.get(name)
                 if start is None or self._home[name] != partition:
@@ -675,7 +695,8 @@ class Operator:
                     wheel.file(name, due)
                     cs.filed_due = due
                     cs.last_offset = offset
-                    self._keep(txn, partition, name, cs, n, filed, True)
+                    self._keep(txn, partition, name, cs, n, filed, True,
+                               self._idle(cs, n, due))
                 continue
             filed = cs.filed_due
             quiet = cs.announced
@@ -687,7 +708,8 @@ class Operator:
             due = self.due_tick(cs)
             wheel.file(name, due)
             cs.filed_due = due
-            self._keep(txn, partition, name, cs, n, filed, quiet)
+            self._keep(txn, partition, name, cs, n, filed, quiet,
+                       self._idle(cs, n, due))
             touched += 1
         ps.frontier = n
         ps.marker_offset = offset
@@ -754,26 +776,60 @@ class Operator:
         txn.stage(self._counters, name, cs)
 
     def _keep(self, txn: PartitionTransaction, partition: int, name: str,
-              cs: CounterState, n: int, filed: int | None, quiet: bool) -> None:
+              cs: CounterState, n: int, filed: int | None, quiet: bool, idle: bool) -> None:
         """After a marker through n changed `cs` (filed under `filed` before it): stage
         it, unless the marker only advanced it by ⊥ ticks (`quiet`: no input taken, no
         ledger entry, nothing published but heartbeats) and its stored value is filed at
-        most `_defer_ticks` before n. Such progress stays in the cached object (whose
-        `saved` still names the stored bytes it continues) until a later change or a full
-        checkpoint stages it: restoring the stored value and sealing the same ticks again
-        gives this very state, and sends none of their heartbeats again
-        (`heartbeat_floor`; docs/state.md)."""
-        if (quiet and cs.saved is not None
-                and len(self._cached_counters) < self._cache_size):
+        most `_defer_ticks` before n. Such progress is not written until a later change
+        or a full checkpoint stages it: restoring the stored value and sealing the same
+        ticks again gives this very state, and sends none of their heartbeats again
+        (`heartbeat_floor`; docs/state.md). `_deferred` records how far: a value decoded
+        again (`_load_counter`) is re-sealed to it. An `idle` counter (it took no input
+        here or in the last heartbeat interval, nothing queued or pending, nothing due
+        before its next heartbeat: `_idle`) is released while the cache holds more than
+        `idle_decoded` counters: it does not stay decoded past the transaction."""
+        if quiet and cs.saved is not None:
             deferred = self._deferred.get(partition)
             if deferred is None:
                 deferred = self._deferred[partition] = {}
-            since = deferred.get(name)
-            if since is None and filed is not None:
-                since = deferred[name] = filed
+            got = deferred.get(name)
+            since = filed if got is None else got[0]
             if since is not None and n - since <= self._defer_ticks:
+                # `n` itself where it is the frontier: one int for every counter it sealed.
+                deferred[name] = (since, n if cs.frontier == n else cs.frontier,
+                                  cs.last_offset)
+                if idle and len(self._cached_counters) > self._idle_decoded:
+                    txn.release(self._counters, name)
                 return
         self._stage_counter(txn, partition, name, cs)
+        if idle and len(self._cached_counters) > self._idle_decoded:
+            txn.release(self._counters, name)
+
+    def _idle(self, cs: CounterState, n: int, due: int) -> bool:
+        """Whether `cs`, filed at `due` after a marker through n, is idle: it took no
+        input in the last heartbeat interval (`busy_until`: the hot counters stay
+        decoded), has nothing queued or pending, and nothing due before its next
+        heartbeat."""
+        return (n >= cs.busy_until and not cs.queue and not cs.pending and cs.announced
+                and due == cs.start_tick + cs.next_heartbeat - 1)
+
+    def _load_counter(self, txn: PartitionTransaction, partition: int,
+                      name: str) -> CounterState | None:
+        """The counter's value (`txn.load`), with its deferred ⊥-only progress: a value
+        decoded again from the store after it was released or evicted is re-sealed to
+        the tick and offset `_keep` recorded (publishing nothing: those ticks were), so
+        it is the very object that would have stayed decoded."""
+        cs = txn.load(self._counters, name)
+        if cs is not None:
+            deferred = self._deferred.get(partition)
+            if deferred:
+                got = deferred.get(name)
+                if got is not None and cs.last_offset < got[2]:
+                    if cs.frontier < got[1]:
+                        self._seal(name, cs, got[1], Output(), got[1])
+                    cs.last_offset = got[2]
+                    cs.filed_due = self.due_tick(cs)
+        return cs
 
     # -- announcing
 
@@ -788,7 +844,8 @@ class Operator:
             seen = self._announced.get(name)
             if seen is not None and tag not in seen:
                 raise AnnouncedCounterError(name)
-            self._announced.setdefault(name, set()).add(tag)
+            if seen is None:
+                self._announced[name] = (tag,)
         cs.creation = tag
         out.ledger.append(self._ledger_entry(name, cs, "created", since_tick))
         cs.announced = True
@@ -875,6 +932,9 @@ class Operator:
             c.update(None)
             cs.frontier = g
             self._emit(name, cs, out)
+        if dequeued:
+            # It took an input: it stays decoded for a heartbeat interval (`_idle`).
+            cs.busy_until = n + h
         out.metrics["events_dequeued"] += dequeued
         return dequeued
 

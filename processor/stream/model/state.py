@@ -286,13 +286,14 @@ counter's value is what it always was); `saved` (not
     encoded) is the bytes this object equals in the store (or their digest, which the
     transaction puts in their place: transaction.py), None once changed and not yet
     encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
-    the operator until the mechanism takes an input.
+    the operator until the mechanism takes an input; `busy_until` (not encoded) is the
+    global tick until which the operator keeps it decoded since it last took an input.
     """
 
-    __slots__ = ("admission", "announced", "creation", "filed_due", "frontier", "inputs", "key_id",
-                 "last_offset", "last_published", "ledger_fingerprint", "mechanism",
-                 "next_due", "next_due_known", "next_heartbeat", "pending", "queue",
-                 "saved", "start_tick")
+    __slots__ = ("admission", "announced", "busy_until", "creation", "filed_due", "frontier",
+                 "inputs", "key_id", "last_offset", "last_published", "ledger_fingerprint",
+                 "mechanism", "next_due", "next_due_known", "next_heartbeat", "pending",
+                 "queue", "saved", "start_tick")
 
     def __init__(self, mechanism: Counter, start_tick: int, next_heartbeat: int, *,
                  key_id: str) -> None:
@@ -316,6 +317,7 @@ counter's value is what it always was); `saved` (not
         self.next_due: int | None = None
         self.next_due_known = False
         self.admission: Admission | None = None
+        self.busy_until = 0
 
     def to_bytes(self) -> bytes:
         mech = self.mechanism.to_bytes()

@@ -11,7 +11,11 @@ decoded value while the store still holds exactly the bytes it was decoded from 
 encoded to (`saved`), else the value decoded from the store (checked, then cached);
 `stage(slot, ident, value)` makes `value` the new value of its key, encoded once when the
 plan is made, however many records changed it meanwhile; `scan(slot)` lists a slot's
-identifiers with their staged values or stored bytes, decoding nothing. `prepare()`
+identifiers with their staged values or stored bytes, decoding nothing;
+`release(slot, ident)` says the value need not stay decoded: a staged one is encoded at
+once and only its bytes wait for the plan (a load decodes them again); any other leaves
+the cache when the plan is made.
+`prepare()`
 returns the write plan: every staged value, encoded, by slot rank (a partition value
 after the counter values it guards), in staging order within a slot.
 The caller writes the plan, makes it durable, then calls `complete()`; on any failure
@@ -142,7 +146,7 @@ class PartitionTransaction:
     """The loads and staged changes of one partition's store until a checkpoint (see the
     module doc). `slots`: every slot a value may be staged under."""
 
-    __slots__ = ("_cache", "_digests", "_order", "_slots", "_status", "_store")
+    __slots__ = ("_cache", "_digests", "_order", "_released", "_slots", "_status", "_store")
 
     def __init__(self, store: StateStore, slots: Sequence[Slot[Any, Any]],
                  cache: StateCache) -> None:
@@ -154,6 +158,9 @@ class PartitionTransaction:
         # Per slot: its staged values (key -> value) and its cache section.
         self._slots: dict[Slot[Any, Any], tuple[dict[str, Any], OrderedDict[str, Any]]] = {
             s: ({}, cache.section(s)) for s in slots}
+        # Values released unstaged (`release`): key -> its cache section, which the plan
+        # drops them from.
+        self._released: dict[str, OrderedDict[str, Any]] = {}
         self._status = Status.STARTED
 
     @property
@@ -173,8 +180,15 @@ class PartitionTransaction:
             self._refuse("load")
         key = slot.key(ident)
         staged, entries = self._slots[slot]
-        value: V | None = staged.get(key)
+        value: V | bytes | None = staged.get(key)
         if value is not None:
+            if type(value) is not bytes:
+                return value  # type: ignore[return-value]
+            # Released after it was staged: still staged, as an object again.
+            value = slot.decode(value)
+            slot.check(ident, value)
+            value.saved = None
+            staged[key] = value
             return value
         raw = self._store.get(key)
         if raw is None:
@@ -213,10 +227,28 @@ class PartitionTransaction:
         if entries.get(key) is not value:
             self._cache.remember(slot, key, value)
 
+    def release(self, slot: Slot[Id, V], ident: Id) -> None:
+        """The value of `ident` in `slot` need not stay decoded: staged, it is encoded now
+        and leaves the cache (the plan writes those bytes: it must not change after
+        this call but through a new load); otherwise the plan drops it from the cache. A
+        later load decodes its bytes again."""
+        if self._status is not Status.STARTED:
+            self._refuse("release")
+        key = slot.key(ident)
+        staged, entries = self._slots[slot]
+        value = staged.get(key)
+        if value is None:
+            self._released[key] = entries
+        elif type(value) is not bytes:
+            staged[key] = slot.encode(value)
+            if entries.get(key) is value:
+                del entries[key]
+
     def scan(self, slot: Slot[str, V]) -> Iterator[tuple[str, V | bytes]]:
         """Every identifier of `slot` with a stored or staged value, the stored ones
-        first: (ident, its staged value, else its stored bytes). Nothing is decoded (what
-        a caller reads from the bytes is its business)."""
+        first: (ident, its staged value, else its stored bytes; the bytes of a staged
+        value released). Nothing is decoded (what a caller reads from the bytes is its
+        business)."""
         if self._status is not Status.STARTED:
             self._refuse("scan")
         staged = self._slots[slot][0]
@@ -238,10 +270,15 @@ class PartitionTransaction:
         for slot in self._order:
             digests = self._digests and slot.cache != 0
             for key, value in self._slots[slot][0].items():
+                if type(value) is bytes:  # released: encoded then
+                    plan.append((key, value))
+                    continue
                 raw = slot.encode(value)
                 if digests:
                     value.saved = digest(raw)
                 plan.append((key, raw))
+        for key, entries in self._released.items():
+            entries.pop(key, None)
         self._drop_staged()
         return plan
 
@@ -258,6 +295,7 @@ class PartitionTransaction:
     def _drop_staged(self) -> None:
         for staged, _entries in self._slots.values():
             staged.clear()
+        self._released.clear()
 
     def _move(self, to: Status) -> None:
         if to not in _ALLOWED[self._status]:
