@@ -133,9 +133,10 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
 #: Idle counters stay decoded while the cache holds at most this many counters: a worker
-#: of about 10^4 counters keeps them all (no decoding per heartbeat or first event, at
-#: about 7 KB each); beyond it an idle counter is released (docs/state.md).
-IDLE_DECODED: Final = 1 << 14
+#: of up to about 10^5 counters keeps them all (no decoding per heartbeat or first event,
+#: at about 7 KB each: about 900 MB at most); beyond it an idle counter is released, its
+#: memory bytes rather than kilobytes at the CPU of a decode per heartbeat (docs/state.md).
+IDLE_DECODED: Final = 1 << 17
 
 #: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
