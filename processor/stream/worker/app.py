@@ -373,7 +373,7 @@ class Worker:
                  unit_claim: UnitClaim | None = None) -> None:
         self.settings = settings
         # One hook for every stage: its call counts span the process.
-        crash_point = faults.crash_point()
+        crash_point = self._crash_point = faults.crash_point()
         self.metrics = WorkerMetrics()
         self.partitions = settings.partitions
         #: Why the worker stopped itself (an error type name), None while healthy.
@@ -638,7 +638,8 @@ class Worker:
         flag.unlink()
         conf = {**kafka_io.base_config(s), "log_level": "0"}
         try:
-            got = bulk_load(conf, tabledir, {st.table.name: st.changelog for st in self.stages})
+            got = bulk_load(conf, tabledir, {st.table.name: st.changelog for st in self.stages},
+                            crash_point=self._crash_point)
         except LocalDatabaseError as exc:
             cause = exc.__cause__ if exc.__cause__ is not None else exc
             raise StorageError(storage_failure(cause, s) or (

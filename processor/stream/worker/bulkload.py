@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -37,6 +37,9 @@ from processor.stream.model.restore import Chunk, PartitionLoad, load_span
 from processor.stream.worker.stale import OFFSET_KEY
 
 log = logging.getLogger("processor.stream.bulkload")
+
+#: The crash point (faults.py) reached after each write batch of the load.
+CHUNK_WRITTEN: Final = "bulk_chunk_written"
 
 #: Records of one partition per database write batch: large enough that a batch's fixed
 #: cost vanishes, small enough that a crash repeats little and memory stays small.
@@ -68,10 +71,12 @@ class LoadResult:
 
 
 def bulk_load(conf: Mapping[str, str], tabledir: Path, tables: Mapping[str, str], *,
-              timeout_s: float = LOAD_TIMEOUT_S, chunk: int = CHUNK_RECORDS) -> LoadResult:
+              timeout_s: float = LOAD_TIMEOUT_S, chunk: int = CHUNK_RECORDS,
+              crash_point: Callable[[str], None] | None = None) -> LoadResult:
     """Load every partition of each changelog `tables` names (table name -> changelog
     topic) into `tabledir/<table>-<partition>.db` (Faust's file names). A topic the
-    brokers do not have has nothing to load."""
+    brokers do not have has nothing to load. `crash_point` is the kill -9 tests' hook
+    (faults.py; None: none), called with CHUNK_WRITTEN after each write batch."""
     began = time.monotonic()
     result = LoadResult()
     tabledir.mkdir(parents=True, exist_ok=True)
@@ -80,7 +85,8 @@ def bulk_load(conf: Mapping[str, str], tabledir: Path, tables: Mapping[str, str]
             marks = kafka_io.end_offsets(conf, topic)
         except RuntimeError:  # no such topic yet
             continue
-        _load_topic(conf, tabledir, table, topic, marks, timeout_s, chunk, result)
+        _load_topic(conf, tabledir, table, topic, marks, timeout_s, chunk, result,
+                    crash_point)
     result.seconds = time.monotonic() - began
     return result
 
@@ -97,7 +103,7 @@ def _open(path: Path) -> Any:
 
 def _load_topic(conf: Mapping[str, str], tabledir: Path, table: str, topic: str,
                 marks: Mapping[int, tuple[int, int]], timeout_s: float, chunk: int,
-                result: LoadResult) -> None:
+                result: LoadResult, crash_point: Callable[[str], None] | None) -> None:
     dbs: dict[int, Any] = {}
     loads: dict[int, PartitionLoad] = {}
     try:
@@ -118,6 +124,8 @@ def _load_topic(conf: Mapping[str, str], tabledir: Path, table: str, topic: str,
                 if len(buf) >= chunk:
                     result.records += _apply(dbs[partition], loads[partition], buf)
                     buf.clear()
+                    if crash_point is not None:
+                        crash_point(CHUNK_WRITTEN)
         except (TimeoutError, RuntimeError, KafkaException) as exc:
             # Whatever was read is a run of consecutive records of its partition: it is
             # applied below; the rest is Faust's recovery's.
@@ -127,6 +135,8 @@ def _load_topic(conf: Mapping[str, str], tabledir: Path, table: str, topic: str,
         for partition, buf in pending.items():
             if buf:
                 result.records += _apply(dbs[partition], loads[partition], buf)
+                if crash_point is not None:
+                    crash_point(CHUNK_WRITTEN)
         result.partitions += len(loads)
         stale = {p: load.stale for p, load in loads.items() if load.stale}
         if stale:
