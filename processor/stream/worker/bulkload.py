@@ -85,6 +85,11 @@ def bulk_load(conf: Mapping[str, str], tabledir: Path, tables: Mapping[str, str]
             marks = kafka_io.end_offsets(conf, topic)
         except RuntimeError:  # no such topic yet
             continue
+        except KafkaException as exc:  # the brokers went away since the start's checks
+            result.complete = False
+            log.warning("bulk load of %s skipped (%s): the recovery reads it all", topic,
+                        type(exc).__name__)
+            continue
         _load_topic(conf, tabledir, table, topic, marks, timeout_s, chunk, result,
                     crash_point)
     result.seconds = time.monotonic() - began
