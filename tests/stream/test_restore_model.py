@@ -307,3 +307,19 @@ def test_load_span_starts_after_the_persisted_offset_and_within_the_log() -> Non
     assert load_span(3, 2, 5, 9) == LoadSpan(3, 5, 9)
     assert load_span(3, 8, 5, 9) is None
     assert load_span(3, None, 0, 0) is None
+
+
+def test_a_chunk_persists_its_last_record_in_the_span_only() -> None:
+    """A chunk persists the offset of its last record inside the span: one without a key
+    counts (nothing to apply, but read), one at or past the span's end does not (Faust's
+    recovery reads it), a run of records wholly outside is no chunk. Control: the merge
+    keeps the newer value of a key read twice and reports the older one stale."""
+    load = PartitionLoad(LoadSpan(0, 10, 14))
+    held: dict[bytes, bytes] = {b"a": _value(b"a", 7)}
+    assert load.take([(8, b"a", _value(b"a", 1)), (9, b"b", _value(b"b", 1))], held.get) is None
+    got = load.take([(10, b"a", _value(b"a", 5)), (11, None, None)], held.get)
+    assert got == Chunk({}, 11) and load.stale == {b"a"} and not load.done()
+    got = load.take([(12, b"a", _value(b"a", 9)), (13, b"b", None), (14, b"c", _value(b"c", 1))],
+                    held.get)
+    assert got == Chunk({b"a": _value(b"a", 9), b"b": None}, 13)
+    assert load.stale == set() and load.done()
