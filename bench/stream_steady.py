@@ -55,6 +55,7 @@ back from the changelog and the operator applies the timeline again); ready = to
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -95,6 +96,10 @@ from processor.devtools.deployment import (
 from processor.devtools.kafka.tools import free_port
 from processor.stream.kafka import kafka_io
 from processor.stream.model.config import load_settings, with_overrides
+
+#: The worker's bulk load line (docs/operator-channels.md): records, seconds, records/s.
+_BULK_LOAD = re.compile(r"bulk load: (\d+) changelog record\(s\) of \d+ partition\(s\) in "
+                        r"([\d.]+) s \((\d+) records/s\)")
 
 #: The pause after the assignment is stable, then the idle window (each at most a third of
 #: the measured window).
@@ -368,6 +373,10 @@ class SteadyRun:
             r.setdefault("restore_rss", rss_bytes(fresh.proc.pid) if fresh.proc else 0)
             r["restore_waited_s"] = time.monotonic() - t0
         r["restore_changelog_records"] = records_in(self.conf, self._changelogs())
+        # The worker's own account of its start's bulk load (records, seconds, records/s).
+        loaded = _BULK_LOAD.search(fresh.log_tail(2000))
+        if loaded is not None:
+            r["bulk_load"] = [float(x) for x in loaded.groups()]
 
     def close(self) -> None:
         self.ledger.close()
@@ -640,5 +649,9 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
         lines.append(f"  restore on a fresh worker (empty state dir, same group): {first}; "
                      f"{ready}; changelog {r['restore_changelog_records']:,} records; its RSS "
                      f"{_mib(r['restore_rss'])}")
+        if "bulk_load" in r:
+            n, secs, rate = r["bulk_load"]
+            lines.append(f"  its bulk load (before joining the group): {n:,.0f} changelog "
+                         f"records in {secs:.1f} s, {rate:,.0f} records/s")
     lines += _log_lines([r["logs"]])
     return lines

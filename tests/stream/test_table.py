@@ -133,8 +133,8 @@ def test_a_batch_merges_as_if_applied_one_by_one() -> None:
     stale: the owner writes it again); a deletion of a value with an offset loses; a key
     the store lacks takes any value. Control: the one-by-one apply over a dict gives the
     same store."""
+    from processor.stream.model.restore import merge_changelog
     from processor.stream.model.state import supersedes
-    from processor.stream.worker.table import merge_changelog
     from tests.stream.test_zombie import restore
 
     store = {b"a": _value(10), b"b": _value(10), b"c": _value(10), b"d": _value(10)}

@@ -501,7 +501,7 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
     `progress(records read so far)` after each batch. With `stamps`, the timestamp of
     each record whose value passes `stamp_if` goes into stamps[partition][offset]."""
     out: dict[int, list[tuple[int, bytes | None]]] = {p: [] for p in marks}
-    for msg in _messages(conf, topic, marks, timeout_s, progress):
+    for msg in messages(conf, topic, marks, timeout_s, progress):
         value = msg.value()
         out[msg.partition()].append((msg.offset(), value))
         if stamps is not None and (stamp_if is None or stamp_if(value)):
@@ -509,7 +509,7 @@ def read_values(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[i
     return out
 
 
-def _messages(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[int, int]],
+def messages(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[int, int]],
               timeout_s: float, progress: Callable[[int], None] | None = None,
               ) -> Iterator[Any]:
     """The confluent-kafka messages of `topic` in [low, high) of `marks` per partition, in
@@ -570,7 +570,7 @@ def _read(conf: Mapping[str, str], topic: str,
           timeout_s: float) -> list[tuple[int, list[KafkaRecord]]]:
     marks = end_offsets(conf, topic)
     out: dict[int, list[KafkaRecord]] = {p: [] for p in marks}
-    for msg in _messages(conf, topic, marks, timeout_s):
+    for msg in messages(conf, topic, marks, timeout_s):
         out[msg.partition()].append(_record(msg))
     return sorted(out.items())
 

@@ -7,7 +7,8 @@ The kill -9 tests, the clock tests and the reliability campaign
   process kills itself with SIGKILL, so no cleanup runs, exactly like a machine crash;
   with `:raise` it raises InjectedFault there instead, the failure path a bug or a broker
   error takes. The points are named by the stages that call the hook:
-  `commit.CRASH_POINTS`, `bounding.CRASH_POINTS` and INGEST_DELIVERED.
+  `commit.CRASH_POINTS`, `bounding.CRASH_POINTS`, INGEST_DELIVERED and the bulk load's
+  `bulk_chunk_written` (worker/bulkload.py).
 - `DPC_TEST_CLOCK_OFFSET_MS=<ms>`: shifts the worker's wall clock (a clock that runs
   ahead or behind), never the process's own time (Faust, the Kafka clients). Should it
   be set in production, the brokers' clock still bounds what is sealed and the clock

@@ -90,6 +90,7 @@ from processor.stream.model.records import (
 )
 from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.worker import transport
+from processor.stream.worker.bulkload import LocalDatabaseError, bulk_load
 from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
 from processor.stream.worker.metrics import Surface, WorkerMetrics
 from processor.stream.worker.recovery import BatchedTableManager
@@ -345,7 +346,7 @@ class Worker:
                  unit_claim: UnitClaim | None = None) -> None:
         self.settings = settings
         # One hook for every stage: its call counts span the process.
-        crash_point = faults.crash_point()
+        crash_point = self._crash_point = faults.crash_point()
         self.metrics = WorkerMetrics()
         self.partitions = settings.partitions
         #: Why the worker stopped itself (an error type name), None while healthy.
@@ -598,10 +599,42 @@ class Worker:
 
     # -- running
 
+    def _bulk_load(self, tabledir: Path) -> None:
+        """Fill the local databases from the changelogs before joining the group
+        (bulkload.py), without the running flag: the load writes nothing the changelog
+        lacks, so a crash during it leaves databases the next start keeps and continues.
+        The keys it found stale go to their tables (the owner writes them again)."""
+        s = self.settings
+        if not tabledir.is_absolute():
+            tabledir = Path(s.state_dir) / tabledir
+        flag = Path(s.state_dir) / f"{s.app_id}.{RUNNING_FLAG}"
+        flag.unlink()
+        conf = {**kafka_io.base_config(s), "log_level": "0"}
+        try:
+            got = bulk_load(conf, tabledir, {st.table.name: st.changelog for st in self.stages},
+                            crash_point=self._crash_point)
+        except LocalDatabaseError as exc:
+            cause = exc.__cause__ if exc.__cause__ is not None else exc
+            raise StorageError(storage_failure(cause, s) or (
+                f"a local state database under {str(tabledir)!r} cannot be loaded "
+                f"({type(cause).__name__}). Remedy: restart: the restart rebuilds the local "
+                "state from the changelog and loses nothing")) from None
+        finally:
+            flag.write_text(str(os.getpid()))
+        for stage in self.stages:
+            for partition, keys in got.stale.get(stage.table.name, {}).items():
+                stage.table.stale[partition].update(keys)
+        self.metrics.add("changelog_bulk_records", got.records)
+        lifecycle.info("bulk load: %d changelog record(s) of %d partition(s) in %.1f s "
+                       "(%.0f records/s)%s", got.records, got.partitions, got.seconds,
+                       got.records / max(got.seconds, 1e-3),
+                       "" if got.complete else "; stopped early, the recovery reads the rest")
+
     def run(self, loglevel: str = "warning") -> int:
         """Run until SIGTERM/SIGINT (or a failure); returns the exit code."""
         try:
             flag = _prepare_state_dir(self.settings, self.app)
+            self._bulk_load(Path(self.app.conf.tabledir))
         except StorageError as exc:
             log.critical("the worker stopped: %s", exc)
             print_error(str(exc), flush=True)

@@ -287,10 +287,11 @@ class _OperatorCounts(_CountsCollector):
             yield CounterMetricFamily(f"dpc_{key}", help_, value=c.get(key, 0))
         taken = CounterMetricFamily(
             "dpc_changelog_records_read", "State changelog records this worker read into "
-            "its state table, by copy (restore: a partition it owns, brought back after a "
+            "its state table, by copy (bulk: every partition, by the bulk load at start, "
+            "before joining the group; restore: a partition it owns, brought back after a "
             "rebalance or restart; standby: a copy of a partition another worker owns); "
             "records", labels=["copy"])
-        for copy in ("restore", "standby"):
+        for copy in ("bulk", "restore", "standby"):
             taken.add_metric([copy], c.get(f"changelog_{copy}_records", 0))
         yield taken
         for key in OPERATOR_COUNTS:

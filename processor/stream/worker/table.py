@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
 
 import faust
@@ -40,7 +40,8 @@ from faust.types import TP
 from rocksdict import WriteBatch
 
 from processor.stream.kafka.producer import AsyncProducer
-from processor.stream.model.state import StateStore, supersedes
+from processor.stream.model.restore import merge_changelog
+from processor.stream.model.state import StateStore
 
 #: RocksDB options of the state tables (one database per partition). Faust's default
 #: memtable is 64 MiB, and the write-ahead log is kept until the memtable is flushed: with
@@ -107,30 +108,6 @@ class MonotoneTable(faust.Table[bytes, bytes]):
                 db.write(wb)
         for tp, offset in offsets.items():
             store.set_persisted_offset(tp, offset)
-
-
-def merge_changelog(records: Iterable[tuple[bytes, bytes | None]],
-                    get: Callable[[bytes], Any],
-                    ) -> tuple[dict[bytes, bytes | None], set[bytes]]:
-    """One partition's changelog records (key, value; None: a deletion), in offset order,
-    merged into a store by `state.supersedes` as if applied one by one: returns the value
-    to write for each key that takes one (its last accepted record) and the keys whose
-    last record was refused (older than what the store, or an earlier record of the
-    batch, holds). `get` reads a key's stored value (None: absent), once per key: a
-    key's records repeat within a batch (one per checkpoint that changed it), and its
-    database write is one."""
-    current: dict[bytes, bytes | None] = {}
-    writes: dict[bytes, bytes | None] = {}
-    stale: set[bytes] = set()
-    for key, value in records:
-        held = current[key] if key in current else get(key)
-        if supersedes(value, held):
-            current[key] = writes[key] = value
-            stale.discard(key)
-        else:
-            current[key] = held
-            stale.add(key)
-    return writes, stale
 
 
 class ChangelogTracker:

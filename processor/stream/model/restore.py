@@ -1,0 +1,112 @@
+"""The restore's bookkeeping: which changelog records a local partition database takes,
+and which offset it then says it has applied through. No Kafka, no RocksDB.
+
+Two readers fill a partition's database from its changelog, both through
+`merge_changelog` (THE monotone rule, `state.supersedes`, record by record):
+
+- the bulk load (worker/bulkload.py), before the worker joins its group: each changelog
+  partition from `load_span(...).first` up to the end it had when the load began
+  (`PartitionLoad`);
+- Faust's recovery (worker/recovery.py, worker/table.py), at each assignment: from the
+  persisted offset up to the end the partition had at that assignment.
+
+The persisted offset is "every record at or below it is applied" and nothing more: the
+bulk load writes it in the same database write batch as the values of the records it
+covers, and only ever the offset of the last record applied (`Chunk.through`), so a crash
+at any point leaves it true, and the next reader (the load again, or Faust) starts right
+after it. Applying a record twice changes nothing (the merge is idempotent and, for
+values whose offsets say how new they are, order-insensitive), so overlap costs time
+only. The argument in full: docs/state.md, "Restore".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from processor.stream.model.state import supersedes
+
+
+def merge_changelog(records: Iterable[tuple[bytes, bytes | None]],
+                    get: Callable[[bytes], Any],
+                    ) -> tuple[dict[bytes, bytes | None], set[bytes]]:
+    """One partition's changelog records (key, value; None: a deletion), in offset order,
+    merged into a store by `state.supersedes` as if applied one by one: returns the value
+    to write for each key that takes one (its last accepted record) and the keys whose
+    last record was refused (older than what the store, or an earlier record of the
+    batch, holds). `get` reads a key's stored value (None: absent), once per key: a
+    key's records repeat within a batch (one per checkpoint that changed it), and its
+    database write is one."""
+    current: dict[bytes, bytes | None] = {}
+    writes: dict[bytes, bytes | None] = {}
+    stale: set[bytes] = set()
+    for key, value in records:
+        held = current[key] if key in current else get(key)
+        if supersedes(value, held):
+            current[key] = writes[key] = value
+            stale.discard(key)
+        else:
+            current[key] = held
+            stale.add(key)
+    return writes, stale
+
+
+@dataclass(frozen=True)
+class LoadSpan:
+    """What the bulk load reads of one changelog partition: offsets `first` <= o < `end`
+    (`end`: the partition's high watermark when the load began)."""
+
+    partition: int
+    first: int
+    end: int
+
+
+def load_span(partition: int, persisted: int | None, low: int, high: int) -> LoadSpan | None:
+    """The span a database that applied through `persisted` (None: nothing) reads of a
+    partition holding offsets `low` <= o < `high` (None: nothing to read). Records below
+    `low` are gone from the brokers (compacted or deleted): reading starts at the
+    first one there is, as Faust's recovery does."""
+    first = low if persisted is None else max(persisted + 1, low)
+    return LoadSpan(partition, first, high) if first < high else None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One database write batch: the values to write (None: delete) and the offset to
+    persist with them, the last record they cover."""
+
+    writes: dict[bytes, bytes | None]
+    through: int
+
+
+@dataclass
+class PartitionLoad:
+    """The bulk load of one span: `take` turns each run of records read into a `Chunk`;
+    `stale` collects the keys whose last record read was older than the value held (the
+    owner writes them again, table.MonotoneTable.stale)."""
+
+    span: LoadSpan
+    stale: set[bytes] = field(default_factory=set)
+    #: The offset of the last record taken (None: none yet).
+    through: int | None = None
+
+    def take(self, records: Sequence[tuple[int, bytes | None, bytes | None]],
+             get: Callable[[bytes], Any]) -> Chunk | None:
+        """(offset, key, value) records read next, in offset order, merged against the
+        database (`get`); None when none of them is in the span. Records at or past the
+        span's end are left to Faust's recovery; a record without a key has nothing to
+        apply but is covered by the offset all the same."""
+        inside = [r for r in records if self.span.first <= r[0] < self.span.end]
+        if not inside:
+            return None
+        writes, stale = merge_changelog(
+            ((key, value) for _o, key, value in inside if key is not None), get)
+        self.stale.difference_update(writes)
+        self.stale.update(stale)
+        self.through = inside[-1][0]
+        return Chunk(writes, self.through)
+
+    def done(self) -> bool:
+        """Whether the last record of the span was taken."""
+        return self.through is not None and self.through >= self.span.end - 1
