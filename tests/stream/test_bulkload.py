@@ -76,6 +76,18 @@ def _loaded(log: str, group: int = 1) -> list[int]:
     return [int(m.group(group)) for m in _LOADED.finditer(log)]
 
 
+def _released(factory: Callable[..., Live], name: str) -> tuple[Live, int, int]:
+    """A deployment of COUNTERS on 100 ms ticks, started and past its first release:
+    (it, its start, its tick)."""
+    tick = 100
+    start = (now_ms() // tick) * tick
+    live = factory(dict.fromkeys(COUNTERS, start), name=name, epsilon=500.0,
+                   lateness_ms=400, checkpoint_ms=500)
+    live.worker.start()
+    live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+    return live, start, tick
+
+
 def _flowing(live: Live, seconds: float, seed: int) -> tuple[threading.Thread,
                                                               threading.Event, list[int]]:
     stop = threading.Event()
@@ -109,12 +121,7 @@ def test_restore_from_an_empty_state_dir_equals_never_stopping(
     changelog (its log says how many records, more than zero) and goes on: nothing lost,
     nothing counted twice, the releases equal the uninterrupted recomputation, and each
     database equals its changelog's merge."""
-    tick = 100
-    start = (now_ms() // tick) * tick
-    live = live_factory(dict.fromkeys(COUNTERS, start), name="bulk-fresh", epsilon=500.0,
-                        lateness_ms=400, checkpoint_ms=500)
-    live.worker.start()
-    live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+    live, start, tick = _released(live_factory, "bulk-fresh")
     producer, stop, sent = _flowing(live, 12.0, 31)
     try:
         stop.wait(5.0)  # events flow for a while before the kill (a schedule, not a sync)
@@ -140,12 +147,7 @@ def test_a_bulk_load_killed_halfway_then_restarted_is_complete(
     partition loaded, the other not: control, read from the databases); the next start
     keeps the loaded partition and reads only the rest (its load reads fewer records than
     there are), and the worker goes on: the same checks as after a fresh restore."""
-    tick = 100
-    start = (now_ms() // tick) * tick
-    live = live_factory(dict.fromkeys(COUNTERS, start), name="bulk-half", epsilon=500.0,
-                        lateness_ms=400, checkpoint_ms=500)
-    live.worker.start()
-    live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
+    live, start, tick = _released(live_factory, "bulk-half")
     producer, stop, sent = _flowing(live, 16.0, 37)
     try:
         stop.wait(5.0)  # events flow for a while before the kill (a schedule, not a sync)
