@@ -25,10 +25,11 @@ from processor.devtools.deployment import write_config
 from processor.errors import error_line
 from processor.stream.model import lifetime
 from processor.stream.model.config import Settings, with_overrides, with_unit
+from processor.stream.model.families import family_of
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
 from processor.stream.model.operator import Operator
 from processor.stream.model.outputs import Output
-from processor.stream.model.provenance import ParameterChangeError
+from processor.stream.model.provenance import ConfiguredProvenance, ParameterChangeError
 from processor.stream.model.records import LedgerEntry, encode_batch_rows, encode_marker
 from processor.stream.model.state import DictStore, PartitionState, partition_key
 from processor.stream.replay.history import LedgerProvenance, ledger_history
@@ -283,3 +284,92 @@ def test_state_the_ledger_does_not_reflect_yet_is_bound_to_its_mode() -> None:
     store.data[partition_key(0)] = legacy
     apply_now(Operator(USER1, KEY), store, 0, 3, encode_marker(2), Output())
     assert PartitionState.from_bytes(store.data[partition_key(0)]).privacy_unit == "user"
+
+
+def _plain_ledger_at_start(s: Settings, ledger: list[bytes | None]
+                           ) -> tuple[dict[str, frozenset[str]], UnitClaim | None]:
+    """ledger_at_start without its shortcuts: every value decoded in each pass, every
+    entry's statement and every announced counter's parameters checked on their own."""
+    objs = [o for o in (orjson.loads(v) if v and v[:1] == b"{" else None for v in ledger)
+            if type(o) is dict and type(o.get("counter")) is str]
+    pairs = [(o["counter"], st) for o in objs
+             if (st := lifetime.statement(o)) is not None]
+    claim = lifetime.unit_claim(s, list(dict.fromkeys(st for _, st in pairs)))
+    provenance = ConfiguredProvenance(s, KEY)
+    params: dict[str, set[tuple[str, float, float, str]]] = {}
+    for name, st in pairs:
+        params.setdefault(name, set()).add(st.parameters)
+    for name in sorted(params):
+        if name in s.counters or s.allow_undeclared or family_of(name) in s.families:
+            for p in sorted(params[name]):
+                provenance.check_stated(name, p)
+    tags: dict[str, set[str]] = {}
+    for o in objs:
+        tag = o.get("creation")
+        tags.setdefault(o["counter"], set()).add(tag if type(tag) is str else "")
+    return {c: frozenset(t) for c, t in tags.items()}, claim
+
+
+def _outcome(f: Callable[..., object], *args: Any) -> object:
+    try:
+        return f(*args)
+    except (LifetimeError, ParameterChangeError) as exc:
+        return type(exc), str(exc), getattr(exc, "counter", None), exc.field
+
+
+def test_the_start_check_answers_what_the_plain_check_answers() -> None:
+    """ledger_at_start (one statement per distinct entry, one parameter check per distinct
+    parameter set) answers exactly what checking every entry on its own answers: the same
+    announced map and claim, the same refusal naming the same counter and field. Over
+    ledgers of 300 counters of one template entry with single entries altered: values a
+    shared statement must not conflate (1 and 1.0, "4.0" and 4.0, -0.0 and 0.0, null and
+    absent), a second creation tag, an undeclared counter, tombstones and foreign values.
+    Control: one counter among the 300 with another epsilon is refused, by name."""
+    template = orjson.loads(_values(_life(USER1, DictStore(), 0, 1, 3))[0] or b"")
+    names = [f"c{i:03d}" for i in range(300)]
+
+    def ledger(**changed: dict[str, Any]) -> list[bytes | None]:
+        out: list[bytes | None] = [None, b"not json", b'{"counter": 7}']
+        for n in names:
+            obj = {**template, "counter": n, **changed.get(n, {})}
+            out.append(orjson.dumps({k: v for k, v in obj.items() if v is not _DROP}))
+        return out
+
+    eps = template["epsilon"]
+    variants = {
+        "same": ledger(),
+        "eps_changed": ledger(c150={"epsilon": eps * 2}),
+        "eps_as_int": ledger(c007={"epsilon": int(eps)} if eps == int(eps) else {}),
+        "eps_as_text": ledger(c008={"epsilon": str(eps)}),
+        "negative_zero_delta": ledger(c009={"delta": -0.0}),
+        "calibration_null": ledger(c010={"calibration": None}),
+        "calibration_absent": ledger(c011={"calibration": _DROP}),
+        "mechanism_true": ledger(c012={"mechanism": True}),
+        "bound_as_float": ledger(c013={"contribution_bound": 1.0}),
+        "bound_as_list": ledger(c014={"contribution_bound": [1]}),
+        "event_entry": ledger(c015={"privacy_unit": "one event"}),
+        "unit_null": ledger(c016={"privacy_unit": None}),
+        "second_tag": ledger(c017={"creation": "other"}) + ledger()[3:4],
+        "tag_not_text": ledger(c018={"creation": 5}),
+    }
+    declared = {n: 0 for n in names[:-1]}  # the last one undeclared
+    # A confirmed migration: the parameter check, not the claim's, meets a changed epsilon.
+    migrated = with_overrides(USER1, counters=declared, unit_confirm_migration=True)
+    configs = [migrated, with_overrides(migrated, on_parameter_change="keep"),
+               with_overrides(migrated, counters={n: 0 for n in names if n != "c150"}),
+               with_overrides(EVENT, counters=declared)]
+    refused_by_name = 0
+    for label, values in variants.items():
+        for s in configs:
+            fast = _outcome(ledger_at_start, s, KEY, values)
+            plain = _outcome(_plain_ledger_at_start, s, values)
+            assert fast == plain, (label, s.on_parameter_change, s.privacy_unit)
+            if isinstance(fast, tuple) and len(fast) == 4 and fast[2] == "c150":
+                refused_by_name += 1
+    # The control: refused under "refuse" where c150 is declared, only there.
+    assert refused_by_name == 1
+    assert ledger_at_start(configs[0], KEY, variants["same"]) == (
+        _plain_ledger_at_start(configs[0], variants["same"]))
+
+
+_DROP = object()

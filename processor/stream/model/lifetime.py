@@ -91,17 +91,19 @@ class LifetimeError(RefusedError):
             f"over the deployment's life. To go on, {remedy}.")
 
 
-def stated_in(ledger_values: Iterable[bytes | None]) -> list[Stated]:
-    """The distinct statements of the published ledger entries (other values skipped)."""
-    return list(dict.fromkeys(st for _, st in _entries(ledger_values)))
+def stated_in(entries: dict[Stated, list[str]]) -> list[Stated]:
+    """The distinct statements of the published ledger entries (`entries_of`), in the
+    order they first appear."""
+    return list(entries)
 
 
-def counter_parameters(ledger_values: Iterable[bytes | None]
+def counter_parameters(entries: dict[Stated, list[str]]
                        ) -> dict[str, set[tuple[str, float, float, str]]]:
-    """counter -> the per-event parameters its published entries state."""
+    """counter -> the per-event parameters its published entries (`entries_of`) state."""
     out: dict[str, set[tuple[str, float, float, str]]] = {}
-    for name, st in _entries(ledger_values):
-        out.setdefault(name, set()).add(st.parameters)
+    for st, names in entries.items():
+        for name in names:
+            out.setdefault(name, set()).add(st.parameters)
     return out
 
 
@@ -119,11 +121,34 @@ def ledger_objects(ledger_values: Iterable[bytes | None]) -> Iterator[dict[str, 
             yield obj
 
 
-def _entries(ledger_values: Iterable[bytes | None]) -> Iterator[tuple[str, Stated]]:
-    for obj in ledger_objects(ledger_values):
-        st = statement(obj)
-        if st is not None:
-            yield obj["counter"], st
+#: The fields of an entry `statement` reads: what it states is a function of these alone.
+_STATED_FIELDS: Final = ("privacy_unit", "mechanism", "epsilon", "delta", "calibration",
+                         "contribution_bound", "max_counters_per_unit", "unit_epsilon",
+                         "unit_delta", "unit_derivation")
+
+
+def entries_of(objects: Iterable[dict[str, Any]]) -> dict[Stated, list[str]]:
+    """What the decoded ledger entries `objects` (`ledger_objects`) state -> the counters
+    of the entries that state it, in the order both first appear (values that state
+    nothing skipped). A ledger has an entry per counter but few distinct statements
+    (every entry of one configuration states the same), so `statement` runs once per
+    distinct projection of an entry on the fields it reads, keyed by that projection's
+    JSON (which keeps 1 and 1.0, -0.0 and 0.0, "1" and 1, null and absent apart), and
+    sees that projection only: a field it read and the key left out would show as absent
+    in every answer, never as a stale one."""
+    out: dict[Stated, list[str]] = {}
+    counters_of: dict[bytes, list[str] | None] = {}
+    for obj in objects:
+        projection: dict[str, Any] = {f: obj[f] for f in _STATED_FIELDS if f in obj}
+        key = orjson.dumps(projection)
+        if key in counters_of:
+            names = counters_of[key]
+        else:
+            st = statement(projection)
+            names = counters_of[key] = None if st is None else out.setdefault(st, [])
+        if names is not None:
+            names.append(obj["counter"])
+    return out
 
 
 def statement(obj: dict[str, Any]) -> Stated | None:

@@ -178,11 +178,24 @@ class ConfiguredProvenance:
         """check_parameters on the parameters a counter runs with, as its state or its
         ledger entry states them (the worker checks every announced counter at start,
         before it applies a record)."""
+        change = self._refused_change(stored_parameters)
+        if change is not None:
+            # Declared names are public; an undeclared one is input until announced.
+            shown = name if name in self.settings.counters else "(undeclared)"
+            raise ParameterChangeError(shown, *change)
+
+    def passes(self, stored_parameters: Parameters) -> bool:
+        """Whether check_stated lets a counter with these parameters go on (whatever its
+        name: the name only goes into the error)."""
+        return self._refused_change(stored_parameters) is None
+
+    def _refused_change(self, stored_parameters: Parameters
+                        ) -> tuple[str, object, object] | None:
+        """The first field check_stated refuses, with its stored and configured values."""
         if self.settings.on_parameter_change == "keep":
-            return
+            return None
         for fname, stored, configured in zip(PARAMETER_FIELDS, stored_parameters,
                                              self.configured_parameters(), strict=True):
             if stored != configured:
-                # Declared names are public; an undeclared one is input until announced.
-                shown = name if name in self.settings.counters else "(undeclared)"
-                raise ParameterChangeError(shown, fname, stored, configured)
+                return fname, stored, configured
+        return None

@@ -288,11 +288,23 @@ def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, froze
     Operator's `announced`). A counter's entry without a tag (written before tags existed)
     counts with the tag "", which no creation matches: announced, so never re-created.
     Values that are not ledger entries (tombstones, foreign records) are skipped."""
-    out: dict[str, set[str]] = {}
+    out: dict[str, frozenset[str]] = {}
+    # Nearly every counter has one tag, and all of them the same: one shared set per tag
+    # (a worker holds as many counters as the ledger has entries).
+    alone: dict[str, frozenset[str]] = {}
     for obj in ledger_objects(ledger_values):
         tag = obj.get("creation")
-        out.setdefault(obj["counter"], set()).add(tag if type(tag) is str else "")
-    return {c: frozenset(tags) for c, tags in out.items()}
+        if type(tag) is not str:
+            tag = ""
+        name = obj["counter"]
+        tags = out.get(name)
+        if tags is None:
+            if tag not in alone:
+                alone[tag] = frozenset((tag,))
+            out[name] = alone[tag]
+        elif tag not in tags:
+            out[name] = tags | {tag}
+    return out
 
 
 # ------------------------------------------------------------------------ partitioning

@@ -950,16 +950,22 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
     that does not hold over the deployment's life (LifetimeError) and, under
     on_parameter_change = "refuse", one that changes an announced counter's parameters
     (ParameterChangeError): the halt's time is the start's, never an event's."""
-    claim = lifetime.unit_claim(settings, lifetime.stated_in(ledger))
+    entries = lifetime.entries_of(lifetime.ledger_objects(ledger))
+    statements = lifetime.stated_in(entries)
+    claim = lifetime.unit_claim(settings, statements)
     provenance = ConfiguredProvenance(settings, key)
-    for name, stated in sorted(lifetime.counter_parameters(ledger).items()):
-        # The counters this configuration may restore: a counter no longer declared
-        # (and no undeclared ones allowed) is never loaded again. An admitted key of a
-        # configured open family is announced like a declared counter.
-        if (name in settings.counters or settings.allow_undeclared
-                or family_of(name) in settings.families):
-            for params in sorted(stated):
-                provenance.check_stated(name, params)
+    # check_stated's verdict on a set of parameters does not depend on the counter (the
+    # name only goes into its error), and a ledger states few sets: when each passes, no
+    # counter can be refused; else the check per counter finds and names the first.
+    if not all(provenance.passes(st.parameters) for st in statements):
+        for name, stated in sorted(lifetime.counter_parameters(entries).items()):
+            # The counters this configuration may restore: a counter no longer declared
+            # (and no undeclared ones allowed) is never loaded again. An admitted key of
+            # a configured open family is announced like a declared counter.
+            if (name in settings.counters or settings.allow_undeclared
+                    or family_of(name) in settings.families):
+                for params in sorted(stated):
+                    provenance.check_stated(name, params)
     return announced_counters(ledger), claim
 
 
