@@ -91,12 +91,6 @@ class LifetimeError(RefusedError):
             f"over the deployment's life. To go on, {remedy}.")
 
 
-def stated_in(entries: dict[Stated, list[str]]) -> list[Stated]:
-    """The distinct statements of the published ledger entries (`entries_of`), in the
-    order they first appear."""
-    return list(entries)
-
-
 def counter_parameters(entries: dict[Stated, list[str]]
                        ) -> dict[str, set[tuple[str, float, float, str]]]:
     """counter -> the per-event parameters its published entries (`entries_of`) state."""

@@ -789,22 +789,26 @@ class Operator:
         here or in the last heartbeat interval, nothing queued or pending, nothing due
         before its next heartbeat: `_idle`) is released while the cache holds more than
         `idle_decoded` counters: it does not stay decoded past the transaction."""
-        if quiet and cs.saved is not None:
-            deferred = self._deferred.get(partition)
-            if deferred is None:
-                deferred = self._deferred[partition] = {}
-            got = deferred.get(name)
-            since = filed if got is None else got[0]
-            if since is not None and n - since <= self._defer_ticks:
-                # `n` itself where it is the frontier: one int for every counter it sealed.
-                deferred[name] = (since, n if cs.frontier == n else cs.frontier,
-                                  cs.last_offset)
-                if idle and len(self._cached_counters) > self._idle_decoded:
-                    txn.release(self._counters, name)
-                return
-        self._stage_counter(txn, partition, name, cs)
+        if not (quiet and cs.saved is not None and self._defer(partition, name, cs, n, filed)):
+            self._stage_counter(txn, partition, name, cs)
         if idle and len(self._cached_counters) > self._idle_decoded:
             txn.release(self._counters, name)
+
+    def _defer(self, partition: int, name: str, cs: CounterState, n: int,
+               filed: int | None) -> bool:
+        """Record `cs`'s ⊥-only progress through n in `_deferred` instead of staging it,
+        if its stored value (filed under `filed`) is at most `_defer_ticks` behind n;
+        returns whether it did."""
+        deferred = self._deferred.get(partition)
+        if deferred is None:
+            deferred = self._deferred[partition] = {}
+        got = deferred.get(name)
+        since = filed if got is None else got[0]
+        if since is None or n - since > self._defer_ticks:
+            return False
+        # `n` itself where it is the frontier: one int for every counter it sealed.
+        deferred[name] = (since, n if cs.frontier == n else cs.frontier, cs.last_offset)
+        return True
 
     def _idle(self, cs: CounterState, n: int, due: int) -> bool:
         """Whether `cs`, filed at `due` after a marker through n, is idle: it took no

@@ -951,7 +951,7 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
     on_parameter_change = "refuse", one that changes an announced counter's parameters
     (ParameterChangeError): the halt's time is the start's, never an event's."""
     entries = lifetime.entries_of(lifetime.ledger_objects(ledger))
-    statements = lifetime.stated_in(entries)
+    statements = list(entries)  # the distinct statements, in the order they first appear
     claim = lifetime.unit_claim(settings, statements)
     provenance = ConfiguredProvenance(settings, key)
     # check_stated's verdict on a set of parameters does not depend on the counter (the
