@@ -149,6 +149,14 @@ class KeyedStream:
     def label(self) -> str:
         return self._prefix + self._suffix
 
+    def derived_key(self) -> bytes:
+        """The label's ChaCha20 key, for the native sampler's call alone (samplers/native.py):
+        as secret as the noise key, never logged, stored or returned to a caller outside
+        the samplers."""
+        if self._key is None:
+            self._key = self._noise_key.derive(self.label)
+        return self._key
+
     def words(self, lane: int, start: int, n: int) -> np.ndarray:
         """n uint64 words of lane `lane` from word index `start`."""
         if n <= 0:
