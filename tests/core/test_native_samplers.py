@@ -15,6 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
+from processor.core import rng
 from processor.core.ecc import ECC, SimECC
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import native, scalar
@@ -28,6 +29,13 @@ pytestmark = pytest.mark.skipif(NATIVE is None, reason="dpc_native is not instal
 SCALES = [(1, 1), (1, 7), (2, 1), (3, 2), (7, 1), (100, 1), (2 ** 16 + 1, 3),
           (1 << 48, 1), ((1 << 48) + 1, 5), ((1 << 63) + 12345, 1), (U64_MAX, 1),
           (U64_MAX, U64_MAX), (5, 1000), (2, U64_MAX), (1000, 999_999)]
+
+
+@pytest.fixture(autouse=True)
+def _reference_keystream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference reads its words through the reference cipher; a test that runs the
+    production path sets rng.NATIVE back itself."""
+    monkeypatch.setattr(rng, "NATIVE", None)
 
 
 def _streams(count: int) -> Iterator[tuple[KeyedStream, int]]:
@@ -53,6 +61,7 @@ def _native(stream: KeyedStream, lane: int, pos: int, t: int, s: int, n: int) ->
 
 
 def test_keystream_is_the_reference_cipher() -> None:
+    """The extension's words against the reference cipher (rng.py's path without it)."""
     assert NATIVE is not None
     for stream, lane in _streams(20):
         for start, n in [(0, 1), (0, 8), (5, 3), (7, 2), (8, 17), (1021, 40)]:
@@ -108,6 +117,7 @@ def test_into_and_scalar_entry_points(monkeypatch: pytest.MonkeyPatch) -> None:
     results = []
     for mod in (NATIVE, None):
         monkeypatch.setattr(scalar, "NATIVE", mod)
+        monkeypatch.setattr(rng, "NATIVE", mod)
         got: list[object] = []
         for stream, lane in _streams(6):
             for t, s in SCALES:
@@ -128,6 +138,7 @@ def test_the_lanes_end_raises_as_the_reference(monkeypatch: pytest.MonkeyPatch) 
     outs = []
     for mod in (NATIVE, None):
         monkeypatch.setattr(scalar, "NATIVE", mod)
+        monkeypatch.setattr(rng, "NATIVE", mod)
         cur = WordCursor(stream, 0, pos)
         out: list[int] = []
         with pytest.raises(ValueError, match="beyond 2"):
@@ -144,11 +155,12 @@ def test_mechanisms_release_and_encode_the_same(mech: type[ECC] | type[SimECC],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A mixed stream (dense steps, ⊥ runs through skip) with the extension and without:
     the same releases at every step and the same state bytes, also after a restore."""
-    rng = np.random.default_rng(11)
-    xs = [None if r < 0.6 else 1.0 for r in rng.random(3000)]
+    gen = np.random.default_rng(11)
+    xs = [None if r < 0.6 else 1.0 for r in gen.random(3000)]
     runs = []
     for mod in (NATIVE, None):
         monkeypatch.setattr(scalar, "NATIVE", mod)
+        monkeypatch.setattr(rng, "NATIVE", mod)
         key = NoiseKey.from_seed(42)
         m = mech(1.0, 1e-5, key, "c/native")
         outs: list[object] = []

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, chi2_contingency, chisquare
 
+from processor.core import rng
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
@@ -48,6 +49,7 @@ N = 20_000
 @pytest.fixture(autouse=True)
 def _reference_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(smp_scalar, "NATIVE", None)
+    monkeypatch.setattr(rng, "NATIVE", None)
 
 
 def _cursor(seed: int, label: str = "test", lane: int = 0) -> WordCursor:
