@@ -194,13 +194,20 @@ def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, 
             print(f"phase scaleout: {w} worker(s), set {k + 1}", flush=True)
             kill = (BrokerKill(cluster, a.broker_down_s, seed=k * 10 + w)
                     if a.kill_broker and cluster is not None else None)
-            got[w] = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, w, counters, rate, seconds,
-                                ctx.children, ctx.standby, steady_settings(a, ctx), kill)
+            try:
+                got[w] = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, w, counters, rate,
+                                    seconds, ctx.children, ctx.standby,
+                                    steady_settings(a, ctx), kill)
+            except TimeoutError as exc:  # a group that never settled: the next run goes on
+                lines += _shown([f"Phase scaleout: {w} worker(s) (set {k + 1}): no result: "
+                                 f"{exc}"])
+                continue
             got[w]["order"] = [str(x) for x in order]
-            lines += report_steady(got[w], f"Phase scaleout: {w} worker(s) (set {k + 1})")
+            lines += _shown(report_steady(got[w],
+                                          f"Phase scaleout: {w} worker(s) (set {k + 1})"))
         sets.append(got)
     results["scaleout"] = [{str(w): r for w, r in s.items()} for s in sets]
-    return lines + report_scaleout(sets)
+    return lines + _shown(report_scaleout(sets, counts))
 
 
 def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
@@ -219,7 +226,7 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
         results["many"] = r
         lines += _shown(report_steady(r, "Phase many counters"))
     if a.phase in ("scaleout", "all"):
-        lines += _shown(run_scaleout(a, ctx, counters, rate, seconds, results, cluster))
+        lines += run_scaleout(a, ctx, counters, rate, seconds, results, cluster)
     if a.phase == "idle":
         print("phase idle: declared counters, no input", flush=True)
         r = idle_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,

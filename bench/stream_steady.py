@@ -655,12 +655,16 @@ def _span(xs: Sequence[float], fmt: str = ".3f") -> str:
             else f"{min(xs):{fmt}} - {max(xs):{fmt}}")
 
 
-def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str]:
-    """Per set (one run per worker count, one after the other, order rotated between
-    sets): CPU per event, total and marginal, and each worker count's ratio to 1 worker;
-    then the ranges over the sets."""
-    counts = sorted(sets[0])
-    first = sets[0][counts[0]]
+def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]],
+                    counts: Sequence[int]) -> list[str]:
+    """Per set (one run per worker count of `counts`, one after the other, order rotated
+    between sets; a run that had no result is missing from its set): CPU per event, total
+    and marginal, and each worker count's ratio to 1 worker; then the ranges over the
+    sets."""
+    done = [r for runs in sets for r in runs.values()]
+    if not done:
+        return ["Phase scaleout: no run had a result"]
+    first = done[0]
     lines = [f"Phase scaleout: CPU-ms per event (user + system of the worker processes "
              f"and all their threads; standby_replicas = {first.get('standby_replicas', 1)}; "
              f"{len(sets)} set(s) of {', '.join(map(str, counts))} worker(s), order rotated)",
@@ -672,6 +676,9 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str
     for k, runs in enumerate(sets):
         base = runs.get(1)
         for w in counts:
+            if w not in runs:
+                lines.append(f"  {k + 1:<4}{w:>8}  no result")
+                continue
             r = runs[w]
             t, m = total_cpu_per_event(r), marginal_cpu_per_event(r)
             rt = rm = float("nan")
@@ -707,6 +714,8 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str
                  "in it (100% in a steady state)")
     for k, runs in enumerate(sets):
         for w in counts[1:]:
+            if w not in runs:
+                continue
             r = runs[w]
             lines.append(f"  set {k + 1}, {w} workers: partitions held {r['assign_end']} "
                          f"(worker1 alone before the join: {r['assign_before']['worker1']});"
