@@ -304,7 +304,9 @@ class SteadyRun:
             producer.poll(0)
             time.sleep(0.005)  # pacing of the load generator
         cpu1 = [cpu_seconds(pid) for pid in pids]
+        machine1, w1_ms = psutil.cpu_times(), int(time.time() * 1000)
         r = self.res
+        r["threads"] = [cpu_diff(a, thread_cpu(pid)) for a, pid in zip(th0, pids, strict=True)]
         if striking is not None:
             striking[0].join()
             if striking[1]:
@@ -313,10 +315,8 @@ class SteadyRun:
             # The restarted node is up, but may not answer the group listing below yet.
             r["cluster_answers_s"] = wait_until(self._groups_listed, 300,
                                                 "every broker answering after the kill", 1.0)
-        r["threads"] = [cpu_diff(a, thread_cpu(pid)) for a, pid in zip(th0, pids, strict=True)]
-        r["machine_busy"] = machine_busy(machine0, psutil.cpu_times())
+        r["machine_busy"] = machine_busy(machine0, machine1)
         r["loadavg"] = os.getloadavg()[0]
-        w1_ms = int(time.time() * 1000)
         r["changelog_records"] = records_in(self.conf, self._changelogs()) - r.pop("chl0")
         r["rss"] = [rss_bytes(pid) for pid in pids]
         r["rss_peak"] = [max(p, q) for p, q in zip(peak, r["rss"], strict=True)]
