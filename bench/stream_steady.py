@@ -58,8 +58,9 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import psutil
 from stream_io import (
@@ -100,6 +101,27 @@ from processor.stream.model.config import load_settings, with_overrides
 #: The worker's bulk load line (docs/operator-channels.md): records, seconds, records/s.
 _BULK_LOAD = re.compile(r"bulk load: (\d+) changelog record\(s\) of \d+ partition\(s\) in "
                         r"([\d.]+) s \((\d+) records/s\)")
+_CHECKS = re.compile(r"start checks: (.*)$", re.M)
+
+#: The worker's lifecycle lines (docs/operator-channels.md) whose log times mark the
+#: steps of a start: the start checks done, the bulk load done, Faust started, ready.
+_START_MARKS: Final = (("checks", "start checks: "), ("bulk load", "bulk load: "),
+                       ("faust", "worker starting: "), ("ready", "worker ready: "))
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def start_marks(log: str, t0_ms: int) -> dict[str, float]:
+    """Seconds from `t0_ms` (epoch ms) to the first log line of each of _START_MARKS
+    (log times in this host's local time, as the worker writes them)."""
+    marks: dict[str, float] = {}
+    for line in log.splitlines():
+        when = _LOG_TIME.match(line)
+        for name, text in _START_MARKS:
+            if when is not None and name not in marks and text in line:
+                at = datetime.strptime(when.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                marks[name] = at.timestamp() - t0_ms / 1000
+    return marks
+
 
 #: The pause after the assignment is stable, then the idle window (each at most a third of
 #: the measured window).
@@ -377,6 +399,9 @@ class SteadyRun:
         loaded = _BULK_LOAD.search(fresh.log_tail(2000))
         if loaded is not None:
             r["bulk_load"] = [float(x) for x in loaded.groups()]
+        checks = _CHECKS.search(fresh.log_tail(2000))
+        r["start_checks"] = checks.group(1) if checks is not None else ""
+        r["start_marks"] = start_marks(fresh.log_tail(2000), t0_ms)
 
     def close(self) -> None:
         self.ledger.close()
@@ -653,5 +678,9 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
             n, secs, rate = r["bulk_load"]
             lines.append(f"  its bulk load (before joining the group): {n:,.0f} changelog "
                          f"records in {secs:.1f} s, {rate:,.0f} records/s")
+        if r.get("start_marks"):
+            lines.append("  its start, s after the process start: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in r["start_marks"].items())
+                + f" (start checks: {r['start_checks']})")
     lines += _log_lines([r["logs"]])
     return lines

@@ -916,14 +916,33 @@ def far_starts(settings: Settings, now_ms: int) -> list[str]:
     return lines
 
 
-def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
-    """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
+def since_process_start() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere)."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(stat[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
+               phases: Sequence[tuple[str, float]] = ()) -> int:
+    """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code.
+    `phases`: the start's steps before this call and their seconds (the `start checks`
+    line)."""
+    steps = list(phases)
+    began = time.monotonic()
     faults = FaultPlan.from_env()
     replication = ensure_topics(settings)
     # After the brokers answered: a start that fails says only why (one line).
     for line in far_starts(settings, int(time.time() * 1000)):
         log.warning("%s", line)
+    steps.append(("topics", time.monotonic() - began))
+    began = time.monotonic()
     announced, claim = read_ledger(settings, key)
+    steps.append(("ledger", time.monotonic() - began))
+    lifecycle.info("start checks: %s", ", ".join(f"{name} {s:.2f} s" for name, s in steps))
     return Worker(settings, key, replication=replication, faults=faults,
                   announced=announced, unit_claim=claim).run(loglevel)
 
@@ -988,10 +1007,14 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.loglevel, args.log_format)
     level = logging.getLogger().getEffectiveLevel()
     lifecycle.setLevel(logging.INFO if level <= logging.WARNING else level)
+    imports = since_process_start()
+    began = time.monotonic()
     try:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)
-        return run_worker(settings, key, loglevel=args.loglevel)
+        phases = [] if imports is None else [("process start to main", imports)]
+        phases.append(("configuration", time.monotonic() - began))
+        return run_worker(settings, key, loglevel=args.loglevel, phases=phases)
     except (ConfigError, NoiseKeyError, StartError, RefusedError) as exc:
         print_error(exc)
     return 2
