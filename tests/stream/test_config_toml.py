@@ -7,7 +7,6 @@ import tomllib
 
 import pytest
 
-from processor.stream.model import config
 from processor.stream.model.config import toml_loads
 
 PLAIN = ('app_id = "a"\ntick_ms = 1000\n[topics]\ninput = "in"\n[counters]\n'
@@ -57,7 +56,12 @@ def test_plain_table_skips_tomllib_per_key(monkeypatch: pytest.MonkeyPatch) -> N
     text = 'app_id = "a"\n[counters]\n' + "".join(f'"c{i}" = {i}\n' for i in range(1000))
     seen: list[str] = []
     real = tomllib.loads
-    monkeypatch.setattr(config.tomllib, "loads", lambda t: seen.append(t) or real(t))
+
+    def loads(t: str) -> dict[str, object]:
+        seen.append(t)
+        return real(t)
+
+    monkeypatch.setattr(tomllib, "loads", loads)
     got = toml_loads(text)
     assert got == real(text)
     assert len(seen) == 1 and '"c999"' not in seen[0]
