@@ -49,7 +49,11 @@ ledger holds them and a 10 s pause, its CPU-s per second over S seconds (per thr
 and RSS; then every worker stopped and a fresh one (empty state dir, same group) started:
 restore = from its start to its first commit on every timeline partition (its state came
 back from the changelog and the operator applies the timeline again); ready = to its
-/readyz answering 200 (it also caught up with the ticks sealed while no worker ran).
+/readyz answering 200 (it also caught up with the ticks sealed while no worker ran),
+polled once the first commit is seen, so never before it. Its start's steps: the seconds
+from its start to the log times of its lifecycle lines (`start checks`, `bulk load`,
+`worker starting`, `worker ready`: the worker's own readiness) and the start checks
+line's own seconds per step.
 """
 
 from __future__ import annotations
