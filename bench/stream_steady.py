@@ -49,7 +49,11 @@ ledger holds them and a 10 s pause, its CPU-s per second over S seconds (per thr
 and RSS; then every worker stopped and a fresh one (empty state dir, same group) started:
 restore = from its start to its first commit on every timeline partition (its state came
 back from the changelog and the operator applies the timeline again); ready = to its
-/readyz answering 200 (it also caught up with the ticks sealed while no worker ran).
+/readyz answering 200 (it also caught up with the ticks sealed while no worker ran),
+polled once the first commit is seen, so never before it. Its start's steps: the seconds
+from its start to the log times of its lifecycle lines (`start checks`, `bulk load`,
+`worker starting`, `worker ready`: the worker's own readiness) and the start checks
+line's own seconds per step.
 
 A broker kill (scaleout on a three-node cluster, `BrokerKill`): in the middle of each
 run's measured window one node, chosen at random, is SIGKILLed and restarted after a
@@ -69,8 +73,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import psutil
 from confluent_kafka import KafkaException
@@ -115,6 +120,27 @@ from processor.stream.model.config import load_settings, with_overrides
 #: The worker's bulk load line (docs/operator-channels.md): records, seconds, records/s.
 _BULK_LOAD = re.compile(r"bulk load: (\d+) changelog record\(s\) of \d+ partition\(s\) in "
                         r"([\d.]+) s \((\d+) records/s\)")
+_CHECKS = re.compile(r"start checks: (.*)$", re.M)
+
+#: The worker's lifecycle lines (docs/operator-channels.md) whose log times mark the
+#: steps of a start: the start checks done, the bulk load done, Faust started, ready.
+_START_MARKS: Final = (("checks", "start checks: "), ("bulk load", "bulk load: "),
+                       ("faust", "worker starting: "), ("ready", "worker ready: "))
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def start_marks(log: str, t0_ms: int) -> dict[str, float]:
+    """Seconds from `t0_ms` (epoch ms) to the first log line of each of _START_MARKS
+    (log times in this host's local time, as the worker writes them)."""
+    marks: dict[str, float] = {}
+    for line in log.splitlines():
+        when = _LOG_TIME.match(line)
+        for name, text in _START_MARKS:
+            if when is not None and name not in marks and text in line:
+                at = datetime.strptime(when.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                marks[name] = at.timestamp() - t0_ms / 1000
+    return marks
+
 
 #: The pause after the assignment is stable, then the idle window (each at most a third of
 #: the measured window).
@@ -452,6 +478,9 @@ class SteadyRun:
         loaded = _BULK_LOAD.search(fresh.log_tail(2000))
         if loaded is not None:
             r["bulk_load"] = [float(x) for x in loaded.groups()]
+        checks = _CHECKS.search(fresh.log_tail(2000))
+        r["start_checks"] = checks.group(1) if checks is not None else ""
+        r["start_marks"] = start_marks(fresh.log_tail(2000), t0_ms)
 
     def close(self) -> None:
         self.ledger.close()
@@ -756,5 +785,9 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
             n, secs, rate = r["bulk_load"]
             lines.append(f"  its bulk load (before joining the group): {n:,.0f} changelog "
                          f"records in {secs:.1f} s, {rate:,.0f} records/s")
+        if r.get("start_marks"):
+            lines.append("  its start, s after the process start: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in r["start_marks"].items())
+                + f" (start checks: {r['start_checks']})")
     lines += _log_lines([r["logs"]])
     return lines

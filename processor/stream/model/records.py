@@ -288,11 +288,17 @@ def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, froze
     Operator's `announced`). A counter's entry without a tag (written before tags existed)
     counts with the tag "", which no creation matches: announced, so never re-created.
     Values that are not ledger entries (tombstones, foreign records) are skipped."""
+    return announced_in(ledger_objects(ledger_values))
+
+
+def announced_in(objects: Iterable[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """`announced_counters` of the ledger entries already decoded (`ledger_objects`): a
+    start that reads them for other checks too decodes each once."""
     out: dict[str, frozenset[str]] = {}
     # Nearly every counter has one tag, and all of them the same: one shared set per tag
     # (a worker holds as many counters as the ledger has entries).
     alone: dict[str, frozenset[str]] = {}
-    for obj in ledger_objects(ledger_values):
+    for obj in objects:
         tag = obj.get("creation")
         if type(tag) is not str:
             tag = ""
