@@ -156,6 +156,30 @@ METRICS: Final = (
 )
 
 
+class IdleShape:
+    """What the idle entries of counters that run with the same parameters under the same
+    configuration share: the release fields, the start tick, the fingerprint their last
+    ledger entry named, and one decoded mechanism of those parameters whose
+    `error_bound_at(t)` gives every such counter's bound at t (a function of the
+    parameters and t only: the Counter contract)."""
+
+    __slots__ = ("bound_key", "ledger_fingerprint", "rep", "start_tick")
+
+    def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str) -> None:
+        self.rep = rep
+        self.bound_key = rep.bound_key()
+        self.start_tick = start_tick
+        self.ledger_fingerprint = ledger_fingerprint
+
+
+#: `Operator._deferred`'s entry of a counter: (the tick its stored value is filed under,
+#: the tick it is sealed through, the offset it reflects), and for a counter released as
+#: idle (`IdleEntry`) also its next heartbeat (local tick), its value y, the global tick
+#: its mechanism is next due at (None: never) and its `IdleShape`.
+Deferred = tuple[int, int, int] | tuple[int, int, int, int, float, int | None, IdleShape]
+IdleEntry = tuple[int, int, int, int, float, int | None, IdleShape]
+
+
 class AnnouncedCounterError(RefusedError):
     """A counter whose ledger entry was already published but whose state is gone: making
     it again would publish a second, differently noised value for ticks already released.
@@ -305,7 +329,11 @@ class Operator:
         # with (the tick its stored value is filed under, the tick it is sealed through,
         # the offset it reflects): what `_load_counter` re-seals a value decoded again
         # (released, evicted) to (`_keep`, `stage_deferred`).
-        self._deferred: dict[int, dict[str, tuple[int, int, int]]] = {}
+        # A counter released as idle (`_keep`) carries in its entry, after those three,
+        # what its next heartbeats need without decoding it (`IdleEntry`, `_beat_idle`).
+        self._deferred: dict[int, dict[str, Deferred]] = {}
+        # The shared part of idle entries: one per (parameters, configuration, start).
+        self._shapes: dict[tuple[object, ...], IdleShape] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -664,6 +692,12 @@ class Operator:
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
+            deferred = self._deferred.get(partition)
+            entry = None if deferred is None else deferred.get(name)
+            if entry is not None and len(entry) > 3 and self._beat_idle(
+                    txn, partition, name, entry, n, offset, ps.frontier, out, wheel):
+                touched += 1
+                continue
             cs = self._load_counter(txn, partition, name)
             if cs is None:
                 start = self._start_ticks.get(name)
@@ -793,6 +827,7 @@ class Operator:
             self._stage_counter(txn, partition, name, cs)
         if idle and len(self._cached_counters) > self._idle_decoded:
             txn.release(self._counters, name)
+            self._remember_idle(partition, name, cs)
 
     def _defer(self, partition: int, name: str, cs: CounterState, n: int,
                filed: int | None) -> bool:
@@ -809,6 +844,92 @@ class Operator:
         # `n` itself where it is the frontier: one int for every counter it sealed.
         deferred[name] = (since, n if cs.frontier == n else cs.frontier, cs.last_offset)
         return True
+
+    def _remember_idle(self, partition: int, name: str, cs: CounterState) -> None:
+        """Give the deferred entry of `cs`, just released as idle, what its heartbeats
+        need without decoding it (`IdleEntry`; `_beat_idle`): a declared, announced
+        counter with nothing queued or pending, whose mechanism's bound is a function of
+        its parameters and the tick (`error_bound_at`)."""
+        c = cs.mechanism
+        if (cs.admission is not None or not cs.announced or cs.queue or cs.pending
+                or type(c).error_bound_at is Counter.error_bound_at):
+            return
+        deferred = self._deferred.get(partition)
+        if deferred is None:
+            deferred = self._deferred[partition] = {}
+        got = deferred.get(name)
+        since = cs.filed_due if got is None else got[0]
+        if since is None:
+            return
+        key = (c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
+               cs.ledger_fingerprint)
+        shape = self._shapes.get(key)
+        if shape is None:
+            # A copy: the counter itself may be loaded and changed again.
+            shape = self._shapes[key] = IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
+                                                  cs.start_tick, cs.ledger_fingerprint)
+        nd = self._next_due(cs)
+        deferred[name] = (since, cs.frontier, cs.last_offset, cs.next_heartbeat, c.y,
+                          None if nd is None else cs.start_tick + nd - 1, shape)
+
+    def _beat_idle(self, txn: PartitionTransaction, partition: int, name: str,
+                   entry: IdleEntry, n: int, offset: int, frontier: int, out: Output,
+                   wheel: DueWheel) -> bool:
+        """What the marker through n does to a counter released as idle, from its
+        `IdleEntry` alone, when that is all it does: seal ⊥ ticks short of the
+        mechanism's next due tick (by the Counter contract they change nothing but t),
+        publish the heartbeats among them, defer that progress (`_defer`) and file it
+        again. Returns False, changing nothing, whenever the marker would do anything
+        else (then the counter is loaded and sealed as usual): its stored value beyond
+        the deferral bound, a staged value, a ledger entry due, the mechanism due."""
+        since, through, last, nh, y, mdue, shape = entry
+        start = shape.start_tick
+        if (last >= offset or through >= n or start + nh - 1 > n
+                or (mdue is not None and mdue <= n) or n - since > self._defer_ticks
+                or txn.is_staged(self._counters, name)):
+            return False
+        h = self.settings.heartbeat_ticks
+        phase = self._phase(name)
+        # `_seal`'s heartbeats, tick for tick: the floor, then every heartbeat through n.
+        floor = heartbeat_floor(n, start, h, frontier)
+        if nh <= floor:
+            nh = next_heartbeat(floor, phase, h)
+        beats: list[tuple[int, str]] = []
+        fingerprint_at = self.provenance.fingerprint_at
+        while start + nh - 1 <= n:
+            fingerprint = fingerprint_at(name, nh)
+            if fingerprint != shape.ledger_fingerprint:
+                return False  # a "reconfigured" entry first: `_release`
+            beats.append((nh, fingerprint))
+            nh = next_heartbeat(nh, phase, h)
+        rep = shape.rep
+        self.provenance.check_parameters(name, rep)
+        s = self.settings
+        tick_ms, beta = s.tick_ms, s.beta
+        for t, fingerprint in beats:
+            out.releases.append(Release(
+                counter=name, tick=t, tick_start_ms=(start + t - 1) * tick_ms,
+                tick_ms=tick_ms, value=y, kind="heartbeat", mechanism=rep.mechanism,
+                epsilon=rep.eps, delta=rep.delta, error_bound=self._bound_at(shape, t),
+                beta=beta, fingerprint=fingerprint))
+        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due.
+        due = start + nh - 1
+        if due > n + 1 and mdue is not None:
+            due = min(due, mdue)
+        wheel.file(name, due)
+        self._deferred[partition][name] = (since, n, offset, nh, y, mdue, shape)
+        return True
+
+    def _bound_at(self, shape: IdleShape, t: int) -> float:
+        """`_error_bound` of a counter of `shape` at its tick t."""
+        beta = self.settings.beta
+        k = (shape.bound_key, beta, t)
+        bound = self._bounds.get(k)
+        if bound is None:
+            if len(self._bounds) >= 4096:
+                self._bounds.clear()
+            bound = self._bounds[k] = float(shape.rep.error_bound_at(t, beta))
+        return bound
 
     def _idle(self, cs: CounterState, n: int, due: int) -> bool:
         """Whether `cs`, filed at `due` after a marker through n, is idle: it took no

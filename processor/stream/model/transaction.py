@@ -227,6 +227,10 @@ class PartitionTransaction:
         if entries.get(key) is not value:
             self._cache.remember(slot, key, value)
 
+    def is_staged(self, slot: Slot[Id, V], ident: Id) -> bool:
+        """Whether a value of `ident` in `slot` is staged (released or not)."""
+        return slot.key(ident) in self._slots[slot][0]
+
     def release(self, slot: Slot[Id, V], ident: Id) -> None:
         """The value of `ident` in `slot` need not stay decoded: staged, it is encoded now
         and leaves the cache (the plan writes those bytes: it must not change after
