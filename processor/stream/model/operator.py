@@ -108,6 +108,7 @@ from processor.stream.model.state import (
     DuplicateFilter,
     PartitionState,
     StateStore,
+    advance_counter_value,
     counter_filed_due,
     counter_key,
     partition_key,
@@ -161,15 +162,18 @@ class IdleShape:
     configuration share: the release fields, the start tick, the fingerprint their last
     ledger entry named, and one decoded mechanism of those parameters whose
     `error_bound_at(t)` gives every such counter's bound at t (a function of the
-    parameters and t only: the Counter contract)."""
+    parameters and t only: the Counter contract). `checked`: the provenance's parameter
+    check passed for these parameters (it decides by the parameters alone; the name only
+    goes into its error)."""
 
-    __slots__ = ("bound_key", "ledger_fingerprint", "rep", "start_tick")
+    __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick")
 
     def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str) -> None:
         self.rep = rep
         self.bound_key = rep.bound_key()
         self.start_tick = start_tick
         self.ledger_fingerprint = ledger_fingerprint
+        self.checked = False
 
 
 #: `Operator._deferred`'s entry of a counter: (the tick its stored value is filed under,
@@ -885,8 +889,7 @@ class Operator:
         since, through, last, nh, y, mdue, shape = entry
         start = shape.start_tick
         if (last >= offset or through >= n or start + nh - 1 > n
-                or (mdue is not None and mdue <= n) or n - since > self._defer_ticks
-                or txn.is_staged(self._counters, name)):
+                or (mdue is not None and mdue <= n) or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks
         phase = self._phase(name)
@@ -902,8 +905,23 @@ class Operator:
                 return False  # a "reconfigured" entry first: `_release`
             beats.append((nh, fingerprint))
             nh = next_heartbeat(nh, phase, h)
+        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due.
+        due = start + nh - 1
+        if due > n + 1 and mdue is not None:
+            due = min(due, mdue)
         rep = shape.rep
-        self.provenance.check_parameters(name, rep)
+        written = None
+        if n - since > self._defer_ticks:
+            # Beyond the deferral bound the sealed value is written (`_keep`): computed
+            # on the stored bytes where the mechanism can (`Counter.advance_state`).
+            raw = txn.stored(self._counters, name)
+            written = None if raw is None else advance_counter_value(
+                raw, type(rep).advance_state, n, nh, offset, due)
+            if written is None:
+                return False
+        if not shape.checked:
+            self.provenance.check_parameters(name, rep)
+            shape.checked = True
         s = self.settings
         tick_ms, beta = s.tick_ms, s.beta
         for t, fingerprint in beats:
@@ -912,11 +930,10 @@ class Operator:
                 tick_ms=tick_ms, value=y, kind="heartbeat", mechanism=rep.mechanism,
                 epsilon=rep.eps, delta=rep.delta, error_bound=self._bound_at(shape, t),
                 beta=beta, fingerprint=fingerprint))
-        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due.
-        due = start + nh - 1
-        if due > n + 1 and mdue is not None:
-            due = min(due, mdue)
         wheel.file(name, due)
+        if written is not None:
+            txn.stage_encoded(self._counters, name, written)
+            since = due
         self._deferred[partition][name] = (since, n, offset, nh, y, mdue, shape)
         return True
 
