@@ -5,7 +5,8 @@ both calibrations, every idle counter released (idle_decoded = 0) with periodic
 checkpoints that are not full, hashed (SHA-256 of every release and ledger entry as
 published, in order) and compared with the hashes the code before gave for the same
 runs (main at 5665904, computed by `_digest` on it). Deterministic: fixed seeds, no
-false alarms. Control: the run that keeps every counter decoded gives the same hash, and a run with one event more does not."""
+false alarms. The run that keeps every counter decoded gives the same hash; control: a
+heartbeat floor one tick later (heartbeats left out here and there) changes it."""
 
 from __future__ import annotations
 
