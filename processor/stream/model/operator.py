@@ -133,11 +133,11 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
-#: Idle counters stay decoded while the cache holds at most this many counters: a worker
-#: of up to about 10^5 counters keeps them all (no decoding per heartbeat or first event,
-#: at about 7 KB each: about 900 MB at most); beyond it an idle counter is released, its
-#: memory bytes rather than kilobytes at the CPU of a decode per heartbeat (docs/state.md).
-IDLE_DECODED: Final = 1 << 17
+#: Idle counters stay decoded while the cache holds at most this many counters (about
+#: 7 KB each: about 115 MB at most); beyond it an idle counter is released: its heartbeats
+#: come from its idle entry (`_beat_idle`, cheaper than a decoded counter's), its memory
+#: is bytes rather than kilobytes, and its next event decodes it again (docs/state.md).
+IDLE_DECODED: Final = 1 << 14
 
 #: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
