@@ -33,7 +33,10 @@ full checkpoint stages it (`stage_deferred`; docs/state.md). A counter that took
 in the last heartbeat interval and has nothing to do before its next heartbeat is idle
 (`_idle`): beyond IDLE_DECODED decoded counters it does not stay decoded
 (`PartitionTransaction.release`), and a value decoded again is re-sealed to its deferred
-progress (`_load_counter`).
+progress (`_load_counter`). A released idle counter's deferred entry carries what its
+heartbeats need (`IdleEntry`): a marker that only seals quiet ticks of it publishes them
+from the entry, and writes it at the deferral bound from its stored bytes
+(`_beat_idle`), without decoding it.
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
