@@ -160,6 +160,13 @@ METRICS: Final = (
 )
 
 
+def _waiting(cs: CounterState) -> bool:
+    """Whether `cs` is a key of an open family not admitted yet whose first tick is sealed
+    (the gate waits for its next change of y)."""
+    adm = cs.admission
+    return adm is not None and adm.admitted is None and adm.first is not None
+
+
 class IdleShape:
     """What the idle entries of counters that run with the same parameters under the same
     configuration share: the release fields, the start tick, the fingerprint their last
@@ -167,12 +174,15 @@ class IdleShape:
     `error_bound_at(t)` gives every such counter's bound at t (a function of the
     parameters and t only: the Counter contract). `checked`: the provenance's parameter
     check passed for these parameters (it decides by the parameters alone; the name only
-    goes into its error)."""
+    goes into its error). `waiting`: keys of an open family not admitted yet, which
+    publish nothing (`_waiting`)."""
 
-    __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick")
+    __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick", "waiting")
 
-    def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str) -> None:
+    def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str,
+                 waiting: bool) -> None:
         self.rep = rep
+        self.waiting = waiting
         self.bound_key = rep.bound_key()
         self.start_tick = start_tick
         self.ledger_fingerprint = ledger_fingerprint
@@ -858,7 +868,8 @@ class Operator:
         counter with nothing queued or pending, whose mechanism's bound is a function of
         its parameters and the tick (`error_bound_at`)."""
         c = cs.mechanism
-        if (cs.admission is not None or not cs.announced or cs.queue or cs.pending
+        waiting = _waiting(cs)
+        if (not (cs.announced or waiting) or cs.queue or cs.pending
                 or type(c).error_bound_at is Counter.error_bound_at):
             return
         deferred = self._deferred.get(partition)
@@ -869,12 +880,13 @@ class Operator:
         if since is None:
             return
         key = (c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
-               cs.ledger_fingerprint)
+               cs.ledger_fingerprint, waiting)
         shape = self._shapes.get(key)
         if shape is None:
             # A copy: the counter itself may be loaded and changed again.
             shape = self._shapes[key] = IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
-                                                  cs.start_tick, cs.ledger_fingerprint)
+                                                  cs.start_tick, cs.ledger_fingerprint,
+                                                  waiting)
         nd = self._next_due(cs)
         deferred[name] = (since, cs.frontier, cs.last_offset, cs.next_heartbeat, c.y,
                           None if nd is None else cs.start_tick + nd - 1, shape)
@@ -891,24 +903,30 @@ class Operator:
         the deferral bound, a staged value, a ledger entry due, the mechanism due."""
         since, through, last, nh, y, mdue, shape = entry
         start = shape.start_tick
+        waiting = shape.waiting
         if (last >= offset or through >= n or start + nh - 1 > n
-                or (mdue is not None and mdue <= n) or txn.is_staged(self._counters, name)):
+                or (mdue is not None and (mdue <= n or waiting))
+                or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks
         phase = self._phase(name)
-        # `_seal`'s heartbeats, tick for tick: the floor, then every heartbeat through n.
-        floor = heartbeat_floor(n, start, h, frontier)
+        # `_seal`'s heartbeats, tick for tick: the floor (a key not admitted is sealed
+        # as unpublished: `_seal_key`), then every heartbeat through n; a waiting key's
+        # go nowhere (its gate sees no change of y in quiet ticks: `Admission.gate`).
+        floor = heartbeat_floor(n, start, h, None if waiting else frontier)
         if nh <= floor:
             nh = next_heartbeat(floor, phase, h)
         beats: list[tuple[int, str]] = []
         fingerprint_at = self.provenance.fingerprint_at
         while start + nh - 1 <= n:
-            fingerprint = fingerprint_at(name, nh)
-            if fingerprint != shape.ledger_fingerprint:
-                return False  # a "reconfigured" entry first: `_release`
-            beats.append((nh, fingerprint))
+            if not waiting:
+                fingerprint = fingerprint_at(name, nh)
+                if fingerprint != shape.ledger_fingerprint:
+                    return False  # a "reconfigured" entry first: `_release`
+                beats.append((nh, fingerprint))
             nh = next_heartbeat(nh, phase, h)
-        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due.
+        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due
+        # (a waiting key's mechanism is never due here: checked above).
         due = start + nh - 1
         if due > n + 1 and mdue is not None:
             due = min(due, mdue)
@@ -922,7 +940,8 @@ class Operator:
                 raw, type(rep).advance_state, n, nh, offset, due)
             if written is None:
                 return False
-        if not shape.checked:
+        if not (shape.checked or waiting):
+            # Not for a key not admitted: a halt would reveal that it exists.
             self.provenance.check_parameters(name, rep)
             shape.checked = True
         s = self.settings
@@ -955,9 +974,14 @@ class Operator:
         """Whether `cs`, filed at `due` after a marker through n, is idle: it took no
         input in the last heartbeat interval (`busy_until`: the hot counters stay
         decoded), has nothing queued or pending, and nothing due before its next
-        heartbeat."""
-        return (n >= cs.busy_until and not cs.queue and not cs.pending and cs.announced
-                and due == cs.start_tick + cs.next_heartbeat - 1)
+        heartbeat; a key not admitted yet, once its first tick is sealed, publishes
+        nothing and waits for its next input or its mechanism's next due tick, so it
+        is idle under the first two conditions alone."""
+        if n < cs.busy_until or cs.queue or cs.pending:
+            return False
+        if _waiting(cs):
+            return True
+        return cs.announced and due == cs.start_tick + cs.next_heartbeat - 1
 
     def _load_counter(self, txn: PartitionTransaction, partition: int,
                       name: str) -> CounterState | None:
@@ -1106,16 +1130,18 @@ class Operator:
         s = self.settings
         c = cs.mechanism
         fingerprint = self.provenance.fingerprint_at(name, t)
-        if cs.ledger_fingerprint != fingerprint:
+        # A key not admitted: set aside, its bound computed only if published, and no
+        # ledger entry (its admission's comes first: `_seal_key`), so its stored value
+        # does not depend on which of its ticks were sealed again (`_load_counter`).
+        adm = cs.admission
+        aside = adm is not None and adm.admitted is None
+        if cs.ledger_fingerprint != fingerprint and not aside:
             # The configuration changed under this counter's state: its first release under
             # the new fingerprint is preceded by the entry that explains it (published
             # first: a sink sends a batch's ledger entries before its releases).
             out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
-        # A key not admitted: set aside, its bound computed only if published (`_seal_key`).
-        adm = cs.admission
-        aside = adm is not None and adm.admitted is None
         out.releases.append(Release(
             counter=name, tick=t, tick_start_ms=(cs.start_tick + t - 1) * s.tick_ms,
             tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,

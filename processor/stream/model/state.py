@@ -173,8 +173,8 @@ def advance_counter_value(raw: bytes, advance: Callable[[bytes, int], bytes | No
     that publish nothing but heartbeats, without decoding it: its mechanism moved by
     `advance` (`Counter.advance_state`), its frontier, next heartbeat, offset and
     filed_due set; what `CounterState.to_bytes` of the decoded, sealed value gives. None
-    where that is not exact here (another format, a value with events queued or pending
-    or an admission, a mechanism that cannot advance without its noise key)."""
+    where that is not exact here (another format, a value with events queued or pending,
+    a mechanism that cannot advance without its noise key)."""
     data = bytes(raw)
     if data[:4] != _COUNTER_MAGIC or len(data) < _COUNTER_HEAD:
         return None
@@ -183,9 +183,10 @@ def advance_counter_value(raw: bytes, advance: Callable[[bytes, int], bytes | No
         meta = orjson.loads(data[24 + n:])
     except orjson.JSONDecodeError:
         return None
-    # Eleven fields: the format to_bytes writes for a counter without an admission.
-    if (not isinstance(meta, list) or len(meta) != 11 or type(meta[1]) is not int
-            or meta[2] or meta[3] or frontier < meta[1]):
+    # The fields to_bytes writes: eleven, and a key's admission (which quiet ticks keep).
+    if (not isinstance(meta, list) or len(meta) not in (11, 12) or type(meta[1]) is not int
+            or meta[2] or meta[3] or frontier < meta[1]
+            or (len(meta) == 12 and not isinstance(meta[11], list))):
         return None
     mech = advance(data[24:24 + n], frontier - meta[1])
     if mech is None:
