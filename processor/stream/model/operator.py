@@ -76,6 +76,7 @@ ingest may write older offsets late), and a counter's filter is written with it.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Final, Literal
@@ -158,6 +159,15 @@ METRICS: Final = (
     "events_dequeued",
     "markers_refused",
 )
+
+
+#: The value of most idle counters: one float for all of their entries.
+_ZERO: Final = 0.0
+
+
+def _is_zero(y: float) -> bool:
+    """y is +0.0 (the entry may then hold _ZERO: the same float, sign included)."""
+    return y == 0.0 and math.copysign(1.0, y) > 0
 
 
 def _waiting(cs: CounterState) -> bool:
@@ -351,6 +361,9 @@ class Operator:
         self._deferred: dict[int, dict[str, Deferred]] = {}
         # The shared part of idle entries: one per (parameters, configuration, start).
         self._shapes: dict[tuple[object, ...], IdleShape] = {}
+        # Equal ticks of idle entries share one int (`_shared`): counters with the same
+        # heartbeat phase hold the same ticks, 60 bytes a counter otherwise.
+        self._ints: dict[int, int] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -888,8 +901,19 @@ class Operator:
                                                   cs.start_tick, cs.ledger_fingerprint,
                                                   waiting)
         nd = self._next_due(cs)
-        deferred[name] = (since, cs.frontier, cs.last_offset, cs.next_heartbeat, c.y,
+        y = c.y
+        deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
+                          self._shared(cs.next_heartbeat), _ZERO if _is_zero(y) else y,
                           None if nd is None else cs.start_tick + nd - 1, shape)
+
+    def _shared(self, v: int) -> int:
+        """One int object for every equal tick of the idle entries (bounded)."""
+        got = self._ints.get(v)
+        if got is None:
+            if len(self._ints) >= 1 << 16:
+                self._ints.clear()
+            got = self._ints[v] = v
+        return got
 
     def _beat_idle(self, txn: PartitionTransaction, partition: int, name: str,
                    entry: IdleEntry, n: int, offset: int, frontier: int, out: Output,
@@ -955,8 +979,8 @@ class Operator:
         wheel.file(name, due)
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
-            since = due
-        self._deferred[partition][name] = (since, n, offset, nh, y, mdue, shape)
+            since = self._shared(due)
+        self._deferred[partition][name] = (since, n, offset, self._shared(nh), y, mdue, shape)
         return True
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:
