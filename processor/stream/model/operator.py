@@ -362,7 +362,8 @@ class Operator:
         # The shared part of idle entries: one per (parameters, configuration, start).
         self._shapes: dict[tuple[object, ...], IdleShape] = {}
         # Equal ticks of idle entries share one int (`_shared`): counters with the same
-        # heartbeat phase hold the same ticks, 60 bytes a counter otherwise.
+        # heartbeat phase hold the same ticks (and SimECC's checkpoints fall on few),
+        # about 90 bytes a counter otherwise.
         self._ints: dict[int, int] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
@@ -904,7 +905,7 @@ class Operator:
         y = c.y
         deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
                           self._shared(cs.next_heartbeat), _ZERO if _is_zero(y) else y,
-                          None if nd is None else cs.start_tick + nd - 1, shape)
+                          None if nd is None else self._shared(cs.start_tick + nd - 1), shape)
 
     def _shared(self, v: int) -> int:
         """One int object for every equal tick of the idle entries (bounded)."""
