@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Final, Literal
 
@@ -986,14 +986,7 @@ class Operator:
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:
         """`_error_bound` of a counter of `shape` at its tick t."""
-        beta = self.settings.beta
-        k = (shape.bound_key, beta, t)
-        bound = self._bounds.get(k)
-        if bound is None:
-            if len(self._bounds) >= 4096:
-                self._bounds.clear()
-            bound = self._bounds[k] = float(shape.rep.error_bound_at(t, beta))
-        return bound
+        return self._cached_bound(shape.bound_key, t, shape.rep.error_bound_at)
 
     def _idle(self, cs: CounterState, n: int, due: int) -> bool:
         """Whether `cs`, filed at `due` after a marker through n, is idle: it took no
@@ -1178,10 +1171,18 @@ class Operator:
         beta = self.settings.beta
         if c.t != t:  # a change reported inside a skip: the bound as of that tick (it
             return float(c.error_bound_at(t, beta))  # may decrease in t: bounds.py)
-        k = (c.bound_key(), beta, t)  # mechanism, eps, delta, calibration, base
+        # mechanism, eps, delta, calibration, base
+        return self._cached_bound(c.bound_key(), t, lambda _t, b: c.error_bound(b))
+
+    def _cached_bound(self, bound_key: tuple[object, ...], t: int,
+                      compute: Callable[[int, float], float]) -> float:
+        """The error bound at tick t of a counter whose `bound_key` it is, `compute(t,
+        beta)` computed once per (bound_key, beta, t) (`_bounds`)."""
+        beta = self.settings.beta
+        k = (bound_key, beta, t)
         bound = self._bounds.get(k)
         if bound is None:
             if len(self._bounds) >= 4096:
                 self._bounds.clear()
-            bound = self._bounds[k] = float(c.error_bound(beta))
+            bound = self._bounds[k] = float(compute(t, beta))
         return bound
