@@ -202,9 +202,9 @@ class IdleShape:
 #: `Operator._deferred`'s entry of a counter: (the tick its stored value is filed under,
 #: the tick it is sealed through, the offset it reflects), and for a counter released as
 #: idle (`IdleEntry`) also its next heartbeat (local tick), its value y, the global tick
-#: its mechanism is next due at (None: never) and its `IdleShape`.
-Deferred = tuple[int, int, int] | tuple[int, int, int, int, float, int | None, IdleShape]
-IdleEntry = tuple[int, int, int, int, float, int | None, IdleShape]
+#: its mechanism is next due at (None: never) and its `IdleShape`'s index.
+Deferred = tuple[int, int, int] | tuple[int, int, int, int, float, int | None, int]
+IdleEntry = tuple[int, int, int, int, float, int | None, int]
 
 
 class AnnouncedCounterError(RefusedError):
@@ -359,8 +359,12 @@ class Operator:
         # A counter released as idle (`_keep`) carries in its entry, after those three,
         # what its next heartbeats need without decoding it (`IdleEntry`, `_beat_idle`).
         self._deferred: dict[int, dict[str, Deferred]] = {}
-        # The shared part of idle entries: one per (parameters, configuration, start).
-        self._shapes: dict[tuple[object, ...], IdleShape] = {}
+        # The shared part of idle entries: one per (parameters, configuration, start),
+        # named in an entry by its index in `_shape_list` (an entry of ints, floats and
+        # None only is a tuple the cyclic garbage collector stops tracking: a million
+        # of them are not walked at every full collection).
+        self._shapes: dict[tuple[object, ...], int] = {}
+        self._shape_list: list[IdleShape] = []
         # Equal ticks of idle entries share one int (`_shared`): counters with the same
         # heartbeat phase hold the same ticks (and SimECC's checkpoints fall on few),
         # about 90 bytes a counter otherwise.
@@ -898,9 +902,9 @@ class Operator:
         shape = self._shapes.get(key)
         if shape is None:
             # A copy: the counter itself may be loaded and changed again.
-            shape = self._shapes[key] = IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
-                                                  cs.start_tick, cs.ledger_fingerprint,
-                                                  waiting)
+            shape = self._shapes[key] = len(self._shape_list)
+            self._shape_list.append(IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
+                                              cs.start_tick, cs.ledger_fingerprint, waiting))
         nd = self._next_due(cs)
         y = c.y
         deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
@@ -926,7 +930,8 @@ class Operator:
         again. Returns False, changing nothing, whenever the marker would do anything
         else (then the counter is loaded and sealed as usual): its stored value beyond
         the deferral bound, a staged value, a ledger entry due, the mechanism due."""
-        since, through, last, nh, y, mdue, shape = entry
+        since, through, last, nh, y, mdue, index = entry
+        shape = self._shape_list[index]
         start = shape.start_tick
         waiting = shape.waiting
         if (last >= offset or through >= n or start + nh - 1 > n
@@ -981,7 +986,7 @@ class Operator:
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
             since = self._shared(due)
-        self._deferred[partition][name] = (since, n, offset, self._shared(nh), y, mdue, shape)
+        self._deferred[partition][name] = (since, n, offset, self._shared(nh), y, mdue, index)
         return True
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:
