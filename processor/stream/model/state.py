@@ -46,7 +46,7 @@ import heapq
 import struct
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Protocol
 
 import orjson
@@ -164,6 +164,37 @@ def counter_filed_due(value: bytes) -> int | None:
     if data[:4] == _COUNTER_V2:
         raise StateVersionError("an operator counter state", 2, _COUNTER_MAGIC[3])
     raise StateFormatError("not an operator counter state (magic/version)")
+
+
+def advance_counter_value(raw: bytes, advance: Callable[[bytes, int], bytes | None],
+                          frontier: int, next_heartbeat: int, offset: int,
+                          filed_due: int) -> bytes | None:
+    """The stored counter value `raw` sealed on through global tick `frontier` by ⊥ ticks
+    that publish nothing but heartbeats, without decoding it: its mechanism moved by
+    `advance` (`Counter.advance_state`), its frontier, next heartbeat, offset and
+    filed_due set; what `CounterState.to_bytes` of the decoded, sealed value gives. None
+    where that is not exact here (another format, a value with events queued or pending,
+    a mechanism that cannot advance without its noise key)."""
+    data = bytes(raw)
+    if data[:4] != _COUNTER_MAGIC or len(data) < _COUNTER_HEAD:
+        return None
+    n = int.from_bytes(data[20:24], "big")
+    try:
+        meta = orjson.loads(data[24 + n:])
+    except orjson.JSONDecodeError:
+        return None
+    # The fields to_bytes writes: eleven, and a key's admission (which quiet ticks keep).
+    if (not isinstance(meta, list) or len(meta) not in (11, 12) or type(meta[1]) is not int
+            or meta[2] or meta[3] or frontier < meta[1]
+            or (len(meta) == 12 and not isinstance(meta[11], list))):
+        return None
+    mech = advance(data[24:24 + n], frontier - meta[1])
+    if mech is None:
+        return None
+    meta[1] = frontier
+    meta[5] = next_heartbeat
+    return b"".join((monotone_header(_COUNTER_MAGIC, offset), _i64(filed_due),
+                     len(mech).to_bytes(4, "big"), mech, orjson.dumps(meta)))
 
 
 # ------------------------------------------------------------------------ stores
