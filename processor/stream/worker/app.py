@@ -633,10 +633,19 @@ class Worker:
                        got.records / max(got.seconds, 1e-3),
                        "" if got.complete else "; stopped early, the recovery reads the rest")
 
-    def run(self, loglevel: str = "warning") -> int:
-        """Run until SIGTERM/SIGINT (or a failure); returns the exit code."""
+    def run(self, loglevel: str = "warning",
+            start_steps: Sequence[tuple[str, float]] = ()) -> int:
+        """Run until SIGTERM/SIGINT (or a failure); returns the exit code. `start_steps`:
+        the start's steps before this call and their seconds, logged with the state
+        directory's once it passed too (the `start checks` line)."""
         try:
+            began = time.monotonic()
             flag = _prepare_state_dir(self.settings, self.app)
+            # Only now: a start refused by any check (the state directory's included)
+            # prints its one error line and nothing else.
+            steps = [*start_steps, ("state directory", time.monotonic() - began)]
+            lifecycle.info("start checks: %s",
+                           ", ".join(f"{name} {s:.2f} s" for name, s in steps))
             self._bulk_load(Path(self.app.conf.tabledir))
         except StorageError as exc:
             log.critical("the worker stopped: %s", exc)
@@ -945,9 +954,8 @@ def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
     began = time.monotonic()
     announced, claim = read_ledger(settings, key)
     steps.append(("ledger", time.monotonic() - began))
-    lifecycle.info("start checks: %s", ", ".join(f"{name} {s:.2f} s" for name, s in steps))
     return Worker(settings, key, replication=replication, faults=faults,
-                  announced=announced, unit_claim=claim).run(loglevel)
+                  announced=announced, unit_claim=claim).run(loglevel, steps)
 
 
 def read_ledger(settings: Settings, key: NoiseKey
