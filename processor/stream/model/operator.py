@@ -290,7 +290,7 @@ class Operator:
                  provenance: Provenance | None = None,
                  unit_claim: UnitClaim | None = None) -> None:
         """`announced`: what the ledger topic says was announced (counter -> creation tags
-        of its entries, `records.announced_counters`). Given (the worker), a counter with a
+        of its entries, `records.announced_in`). Given (the worker), a counter with a
         ledger entry is made again only as the re-execution of the very creation the entry
         records; anything else raises AnnouncedCounterError. None (replay, tests): no
         ledger to check against. `factory` restores counters from state (default the core
