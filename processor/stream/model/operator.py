@@ -275,7 +275,7 @@ class Operator:
         # delta0 (families.py, docs/open-keys.md).
         self._family_starts = {f: fam.start_ms // settings.tick_ms
                                for f, fam in settings.families.items()}
-        self._delta0 = {f: fam.delta0(settings.epsilon) for f, fam in settings.families.items()}
+        self._delta0 = {f: settings.gate_delta0(f) for f in settings.families}
         self._phases: dict[str, int] = {}
         # What the operator stores (transaction.Slot): counter values, then the partition
         # value they are guarded by (write plan ranks); every partition value and up to
@@ -875,7 +875,8 @@ class Operator:
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
             parameters="configured" if same else "stored", calibration=calibration_of(c),
-            **unit_ledger_fields(s, self.provenance.unit_claim(fingerprint)))
+            **unit_ledger_fields(s, self.provenance.unit_claim(fingerprint),
+                                 None if cs.admission is None else cs.admission.delta0))
 
     # -- the queue and the ticks
 
