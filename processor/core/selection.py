@@ -35,7 +35,7 @@ from typing import Any, Final, Self
 from processor.core.api import Change, check_skip
 from processor.core.cc import cc_sigma_max
 from processor.core.ecc import ECC, SimECC
-from processor.core.errors import InvalidParameterError, StateFormatError
+from processor.core.errors import InvalidParameterError, StateFormatError, StateParameterError
 from processor.core.grid import UNIT
 from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.rng import NoiseKey
@@ -208,16 +208,25 @@ class OpenKey:
         return pack_owned(_NAME, _VERSION, st)
 
     @classmethod
-    def from_bytes(cls, data: bytes, key: NoiseKey) -> Self:
+    def from_bytes(cls, data: bytes, key: NoiseKey, delta0: float | None = None) -> Self:
+        """The key restored from `to_bytes`'s bytes; every field checked before anything
+        is built. `delta0`: the gate's delta0 the caller runs the key under; a state
+        stored under another is refused (StateParameterError), never continued under a
+        gate whose accounting nobody configured."""
         st = unpack(data, _NAME, _VERSION)
         try:
             raw = base64.b64decode(st["c"], validate=True)
             first, admitted, d0 = st["f"], st["a"], st["d0"]
             if not isinstance(first, int) or isinstance(first, bool) or first < 1:
                 raise StateFormatError("open key: bad first tick")
+            if isinstance(d0, bool) or not isinstance(d0, float) or not 0.0 < d0 < 1.0:
+                raise StateFormatError("open key: bad delta0")
+            if delta0 is not None and d0 != delta0:
+                raise StateParameterError(_NAME, "delta0", d0, delta0)
             counter = _MECHANISMS[peek_mechanism(raw)].from_bytes(raw, key)
             if counter.t < first - 1 or not (
                     admitted is None or (isinstance(admitted, int)
+                                         and not isinstance(admitted, bool)
                                          and first <= admitted <= counter.t)):
                 raise StateFormatError("open key: ticks out of range")
             return cls(counter, d0, first, admitted)

@@ -21,7 +21,7 @@ from scipy.stats import binom
 from processor.core.bounds import simecc_bound
 from processor.core.cc import cc_sigma
 from processor.core.ecc import ECC, SimECC
-from processor.core.errors import InvalidParameterError, StateFormatError
+from processor.core.errors import InvalidParameterError, StateFormatError, StateParameterError
 from processor.core.grid import UNIT
 from processor.core.params import simecc_parameters
 from processor.core.rng import NoiseKey
@@ -202,6 +202,15 @@ def test_bad_parameters_and_states_are_refused() -> None:
                 good.replace(b'"d0":1e-7', b'"d0":2.0'), good.replace(b'"c":"', b'"c":"!')):
         with pytest.raises(StateFormatError):
             OpenKey.from_bytes(bad, key)
+    # delta0 as the stored float only (an int or a bool is no state to_bytes writes).
+    for bad in (good.replace(b'"d0":1e-7', b'"d0":1'), good.replace(b'"d0":1e-7', b'"d0":true')):
+        with pytest.raises(StateFormatError):
+            OpenKey.from_bytes(bad, key)
+    # A state stored under another gate's delta0 is refused, not continued under it.
+    assert OpenKey.from_bytes(good, key, 1e-7).to_bytes() == good
+    with pytest.raises(StateParameterError) as err:
+        OpenKey.from_bytes(good, key, 2e-7)
+    assert err.value.field == "delta0"
 
 
 def test_bad_accounting_inputs_are_refused() -> None:
