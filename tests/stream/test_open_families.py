@@ -150,6 +150,9 @@ def test_families_refuse_undeclared_counters_and_accept_user_mode() -> None:
     s = with_unit(with_overrides(Settings(), counters={"a": 0}, families={"pages": FAMILY}),
                   1.0, 1e-6, 2, 2)
     assert s.gate_delta0("pages") == FAMILY.delta0(1.0, 2)  # the unit's epsilon, m keys
+    with pytest.raises(ConfigError) as err:
+        with_overrides(s, unit_confirm_migration=True)
+    assert err.value.field == "unit.confirm_migration"
 
 
 # --------------------------------------------------------------------------- the operator

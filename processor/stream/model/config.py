@@ -737,6 +737,11 @@ def _check_families(s: Settings) -> None:
             s.gate_delta0(name)
         except InvalidParameterError as exc:
             raise ConfigError(f"{where}.selection_delta", str(exc)) from None
+    if s.families and s.unit_confirm_migration:
+        # Keys made before a migration keep their gate's delta0 (for the old m and
+        # epsilon): a unit_delta_total stated with the new ones would not hold for them.
+        raise ConfigError("unit.confirm_migration", "must be false beside open families "
+                          "(the keys' gates would not match what the entries state)")
     if s.families and s.allow_undeclared:
         raise ConfigError("allow_undeclared", "must be false beside open families (an "
                           "undeclared counter could be named like a key's)")
