@@ -8,9 +8,12 @@ statistical claim)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import orjson
 
 from processor.core import registry
@@ -152,6 +155,21 @@ def test_a_unit_is_capped_at_m_counters_keys_included_and_k_events_per_key() -> 
     assert DELTA_U + SEL * (1 - 1e-9) <= total <= DELTA_U + SEL * (1 + 1e-9)
     (declared,) = [e for e in run.ledger if e.counter == "declared"]
     assert b"unit_delta_total" not in declared.to_json()  # declared counters' bytes
+    schema = json.loads((Path(__file__).parents[2] / "schemas" / "ledger-entry.schema.json"
+                         ).read_text())
+    v = jsonschema.Draft202012Validator(schema)
+    for e in (entry, declared):
+        v.validate(orjson.loads(e.to_json()))
+    # Control: the field is refused on an event-mode entry.
+    with_total = {**orjson.loads(declared.to_json()), "schema_version": 1,
+                  "privacy_unit": "one event", "contribution_bound": 1,
+                  "unit_delta_total": total}
+    for k in ("unit_field", "max_counters_per_unit", "unit_epsilon", "unit_delta",
+              "unit_derivation"):
+        with_total.pop(k)
+    assert not v.is_valid(with_total)
+    with_total.pop("unit_delta_total")
+    assert v.is_valid(with_total)
     assert _replay(s, timeline, run) == set()
 
 
