@@ -33,6 +33,10 @@ is not full every 6 ticks, on a store that keeps and returns copies of its bytes
 RocksDB does; the store's own keys and values, which RocksDB holds outside Python online,
 are left out) and the allocation sites that hold the most. With `--idle-decoded 0` every
 idle counter is released (what each counter beyond the operator's IDLE_DECODED costs).
+
+`--idle-cpu WARM TICKS` measures instead the CPU per tick of 1 s of `--counters` idle
+counters with the same heartbeats and checkpoints, after WARM ticks, over TICKS ticks
+(`idle_cpu`): what one worker's operator spends on them per second, without the broker.
 """
 
 from __future__ import annotations
@@ -211,6 +215,37 @@ def memory(mech: str, ticks: int, counters: int, cache_size: int, idle_decoded: 
               f"{frame.filename.split('/processor/')[-1]}:{frame.lineno}")
 
 
+def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int) -> None:
+    """Print the CPU of `counters` idle counters per tick of 1 s (= CPU-s per second of a
+    worker's operator), the README's heartbeats (every 60 ticks, spread) and a checkpoint
+    that is not full every 6 ticks, on a store that copies bytes as RocksDB does: markers
+    through `warm` ticks first (creating the counters, and writing each once at the
+    deferral bound), then `ticks` more, timed. Releases go to a sink that keeps nothing
+    (no broker: their encoding and sending are not included)."""
+    start = 1_767_225_600
+    names = {f"counter-{c:07d}": start * TICK for c in range(counters)}
+    s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
+                       epsilon=1.0, delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True)
+    bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), idle_decoded=idle_decoded),
+                     CopyingStore(), _Discarding())
+
+    async def run(first: int, last: int) -> None:
+        for i in range(first, last):
+            await bc.apply(0, [(i, encode_marker(start + i))])
+            if i % 6 == 5:
+                await bc.checkpoint(full=False)
+
+    c0 = time.process_time()
+    asyncio.run(run(0, warm + 1))
+    c1 = time.process_time()
+    asyncio.run(run(warm + 1, warm + 1 + ticks))
+    cpu = time.process_time() - c1
+    beats = counters * ticks / 60
+    print(f"idle {mech} ({counters} ctrs, idle_decoded {idle_decoded}): warm-up "
+          f"{c1 - c0:.1f} CPU-s, then {cpu / ticks:.4f} CPU-s per tick of 1 s over {ticks} "
+          f"ticks ({cpu / beats * 1e6:.1f} us per heartbeat)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mechanism", nargs="+", default=["ecc", "simecc"])
@@ -225,10 +260,13 @@ def main() -> None:
     ap.add_argument("--only", help="run only workloads whose name contains this")
     ap.add_argument("--memory", action="store_true",
                     help="measure the memory per idle counter instead (see the doc)")
+    ap.add_argument("--idle-cpu", type=int, nargs=2, metavar=("WARM", "TICKS"),
+                    help="measure instead the CPU per tick of idle counters after WARM "
+                    "ticks, over TICKS ticks (see idle_cpu)")
     ap.add_argument("--profile", action="store_true",
                     help="print a cProfile of the timed part (one run per workload)")
     args = ap.parse_args()
-    if not args.memory:
+    if not (args.memory or args.idle_cpu):
         print(f"{'workload':<36} {'mech':<7} {'stepped':>8} {'queued':>8} {'events/s':>10} "
               f"{'ev/CPU-s':>10} {'records/s':>10} {'releases':>9} {'touched/marker':>15}")
     for mech in args.mechanism:
@@ -245,6 +283,9 @@ def main() -> None:
                      heartbeat(beat, args.ticks, args.counters)]
         if args.memory:
             memory(mech, args.ticks, args.counters, args.cache_size, args.idle_decoded, 15)
+            continue
+        if args.idle_cpu:
+            idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters, args.idle_decoded)
             continue
         for w in workloads:
             if args.only and args.only not in w.name:

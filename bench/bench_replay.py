@@ -191,7 +191,19 @@ def main() -> None:
                     help="with --deployment: stop a replay after this many seconds")
     ap.add_argument("--keep", default=None, metavar="DIR",
                     help="with --deployment: keep the deployment's files in DIR")
+    ap.add_argument("--replay-config", default=None, metavar="FILE",
+                    help="instead: only the replays of a deployment kept with --keep (its "
+                    "worker.toml; its broker still up), each against --deployment seconds "
+                    "(the duration it printed)")
     args = ap.parse_args()
+    if args.replay_config:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from pathlib import Path
+
+        from replay_deployment import replay_runs
+        replay_runs(Path(args.replay_config), args.counters, args.deployment or float("nan"),
+                    args.repeats, args.replay_timeout)
+        return
     if args.deployment:
         deployment(args)
         return

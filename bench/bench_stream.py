@@ -3,10 +3,12 @@
     python bench/bench_stream.py [--phase throughput|many|scaleout|idle|all] [--quick]
         [--events 20000] [--repeat 3] [--loads dense sparse] [--systems ...]
         [--counters 10000] [--rate 1000] [--seconds 60] [--workers 1 2]
+        [--cluster [--kill-broker [--broker-down-s 10]]]
         [--quix-python PY] [--bootstrap HOST:PORT] [--json FILE]
 
-Starts a local single-node broker (processor.devtools.kafka) unless --bootstrap or
-KAFKA_BOOTSTRAP_SERVERS names one. Every deployment (app id, topics, key, config, state
+Starts a local single-node broker (processor.devtools.kafka; with --cluster a three-node
+cluster: replication 3, min ISR 2) unless --bootstrap or KAFKA_BOOTSTRAP_SERVERS names
+one. Every deployment (app id, topics, key, config, state
 dirs, logs) lives in one temporary directory outside the repository; workers, child
 processes and the broker are stopped on exit, error, Ctrl-C or SIGTERM.
 
@@ -22,6 +24,8 @@ Phases (each module's docstring is the exact specification of its figures):
   third of the window), CPU per event, changelog records per event, RSS (peak), state size.
 - scaleout: the same load with each of --workers worker processes of one group, one set
   per --repeat, the order rotated: CPU per event total and marginal, ratio to 1 worker.
+  With --kill-broker (on --cluster) one broker is SIGKILLed in the middle of each run's
+  window and restarted --broker-down-s later; then nothing lost, and the replay identical.
 - idle: one worker with C declared counters and no input: CPU-s per second, RSS; then the
   restore of that state on a fresh worker (empty state dir) timed to its readiness.
 
@@ -45,7 +49,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -53,15 +57,19 @@ sys.path[:0] = [str(BENCH), str(ROOT)]
 
 import orjson  # noqa: E402
 import stream_counted  # noqa: E402
-from stream_io import broker, client_config  # noqa: E402
+from stream_io import client_config, local_kafka  # noqa: E402
 from stream_procs import Children  # noqa: E402
 from stream_steady import (  # noqa: E402
+    BrokerKill,
     idle_run,
     report_idle,
     report_scaleout,
     report_steady,
     steady_run,
 )
+
+if TYPE_CHECKING:
+    from processor.devtools.kafka.cluster import LocalKafka
 
 
 def _repo_litter() -> set[str]:
@@ -128,6 +136,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="many/scaleout/idle: the deployments' tick_ms (default 1000, the "
                    "README configuration); the idle cost grows with the ticks per second")
     p.add_argument("--no-restore", action="store_true", help="idle: skip the restore")
+    p.add_argument("--cluster", action="store_true",
+                   help="a local three-node cluster (replication 3, min ISR 2) instead of "
+                   "one broker")
+    p.add_argument("--kill-broker", action="store_true",
+                   help="scaleout on --cluster: SIGKILL one broker in the middle of each "
+                   "run's window, restart it --broker-down-s later; then check that "
+                   "nothing was lost and that `processor replay` finds the deployment "
+                   "identical")
+    p.add_argument("--broker-down-s", type=float, default=10.0,
+                   help="--kill-broker: seconds the killed broker stays down (default 10)")
     p.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""))
     p.add_argument("--json", help="also write the results to this file")
     # Test-only: the metric that ends a processor stage (tests/bench's control counts
@@ -164,7 +182,8 @@ def steady_settings(a: argparse.Namespace, ctx: stream_counted.Ctx) -> dict[str,
 
 
 def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, rate: float,
-                 seconds: float, results: dict[str, Any]) -> list[str]:
+                 seconds: float, results: dict[str, Any],
+                 cluster: LocalKafka | None = None) -> list[str]:
     lines: list[str] = []
     sets: list[dict[int, dict[str, Any]]] = []
     counts = sorted(set(a.workers))
@@ -173,17 +192,26 @@ def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, 
         got: dict[int, dict[str, Any]] = {}
         for w in order:
             print(f"phase scaleout: {w} worker(s), set {k + 1}", flush=True)
-            got[w] = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, w, counters, rate, seconds,
-                                ctx.children, ctx.standby, steady_settings(a, ctx))
+            kill = (BrokerKill(cluster, a.broker_down_s, seed=k * 10 + w)
+                    if a.kill_broker and cluster is not None else None)
+            try:
+                got[w] = steady_run(ctx.conf, ctx.bootstrap, ctx.tmp, w, counters, rate,
+                                    seconds, ctx.children, ctx.standby,
+                                    steady_settings(a, ctx), kill)
+            except TimeoutError as exc:  # a group that never settled: the next run goes on
+                lines += _shown([f"Phase scaleout: {w} worker(s) (set {k + 1}): no result: "
+                                 f"{exc}"])
+                continue
             got[w]["order"] = [str(x) for x in order]
-            lines += report_steady(got[w], f"Phase scaleout: {w} worker(s) (set {k + 1})")
+            lines += _shown(report_steady(got[w],
+                                          f"Phase scaleout: {w} worker(s) (set {k + 1})"))
         sets.append(got)
     results["scaleout"] = [{str(w): r for w, r in s.items()} for s in sets]
-    return lines + report_scaleout(sets)
+    return lines + _shown(report_scaleout(sets, counts))
 
 
 def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
-               results: dict[str, Any]) -> list[str]:
+               results: dict[str, Any], cluster: LocalKafka | None = None) -> list[str]:
     q = a.quick
     counters = a.counters or (500 if q else 10_000)
     rate = a.rate or (200.0 if q else 1000.0)
@@ -198,7 +226,7 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
         results["many"] = r
         lines += _shown(report_steady(r, "Phase many counters"))
     if a.phase in ("scaleout", "all"):
-        lines += _shown(run_scaleout(a, ctx, counters, rate, seconds, results))
+        lines += run_scaleout(a, ctx, counters, rate, seconds, results, cluster)
     if a.phase == "idle":
         print("phase idle: declared counters, no input", flush=True)
         r = idle_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
@@ -218,6 +246,10 @@ def _shown(lines: list[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(list(sys.argv[1:] if argv is None else argv))
+    if a.kill_broker and (not a.cluster or a.bootstrap or a.phase != "scaleout"):
+        print("error: --kill-broker needs --cluster, --phase scaleout and no --bootstrap "
+              "(the bench kills a broker of its own cluster)", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _interrupt)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _interrupt)
@@ -228,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Exits in reverse order: children (workers, peers) stop while the broker still
         # runs and before their directory goes; then the broker; then the directory.
         with tempfile.TemporaryDirectory(prefix="dpc-bench-") as tmp_s, \
-                broker(a.bootstrap) as bootstrap, contextlib.closing(children):
+                local_kafka(a.bootstrap, 3 if a.cluster else 1) as (bootstrap, cluster), \
+                contextlib.closing(children):
             ctx = stream_counted.Ctx(client_config(bootstrap), bootstrap, Path(tmp_s),
                                      children, quix_python(a.quix_python), a.standby,
                                      a.processor_metric, a.heartbeat_ticks)
@@ -236,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ctx.worker_settings = {"checkpoint_ms": a.checkpoint_ms}
             if a.quick:  # a smoke run: shorter idle windows and flush waits
                 ctx.idle_s, ctx.flush_max_s = 1.0, 5.0
-            lines = run_phases(a, ctx, results)
+            lines = run_phases(a, ctx, results, cluster)
     except KeyboardInterrupt:
         print("interrupted: workers and broker stopped", file=sys.stderr, flush=True)
         return 130

@@ -15,7 +15,8 @@ counts of the verdict.
 
 A run that exceeds --replay-timeout seconds is stopped and reported as such (the figure
 is then a lower bound). With --keep DIR the deployment's directory (configuration, key,
-worker log) stays in DIR, to replay the same topics again by hand on the same broker.
+worker log) stays in DIR, to replay the same topics again on the same broker
+(`bench_replay.py --replay-config DIR/.../worker.toml`: `replay_runs`).
 """
 
 from __future__ import annotations
@@ -97,9 +98,9 @@ def run_deployment(bootstrap: str, counters: int, seconds: float, rate: float,
             "ledger_entries": records_in(conf, [t.ledger])}
 
 
-def replay_once(dep: Deployment, timeout_s: float) -> dict[str, Any]:
+def replay_once(config: Path, timeout_s: float) -> dict[str, Any]:
     """One `replay --json --quiet` subprocess: wall, CPU, load average before, verdict."""
-    argv = [sys.executable, "-m", "processor", "replay", "--config", str(dep.config),
+    argv = [sys.executable, "-m", "processor", "replay", "--config", str(config),
             "--json", "--quiet"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPC_")}
     load = os.getloadavg()[0]
@@ -123,6 +124,30 @@ def replay_once(dep: Deployment, timeout_s: float) -> dict[str, Any]:
     return out
 
 
+def replay_runs(config: Path, counters: int, duration_s: float, repeats: int,
+                replay_timeout_s: float) -> None:
+    """`repeats` replays of the deployment configured in `config`, each against the
+    deployment's `duration_s` (also on the topics of a deployment kept with --keep)."""
+    for i in range(repeats):
+        r = replay_once(config, replay_timeout_s)
+        if r["timeout"]:
+            print(f"  replay {i + 1}: not done after {r['wall_s']:.0f} s (load "
+                  f"{r['load']:.2f}); ratio < {duration_s / r['wall_s']:.2f}", flush=True)
+            break
+        v = r.get("verdict")
+        if v is None:
+            raise RuntimeError(f"replay failed (exit {r['exit']}): {r.get('stderr')}")
+        c = v["counts"]
+        print(f"  replay {i + 1}: {v['verdict']}, {r['wall_s']:.1f} s wall "
+              f"({r['cpu_s']:.1f} CPU-s), load {r['load']:.2f}; ratio "
+              f"{duration_s / r['wall_s']:.1f}x; "
+              f"{c['timeline_records'] / r['wall_s']:,.0f} timeline records/s, "
+              f"{counters / r['wall_s']:,.0f} counters/s; "
+              f"releases {c['releases']}, ledger {c['ledger']}", flush=True)
+        if v["verdict"] != "identical":
+            raise RuntimeError(f"replay verdict {v['verdict']}: {v['differences']}")
+
+
 def deployment_phase(bootstrap: str, counters: int, seconds: float, rate: float,
                      worker_settings: Mapping[str, Any], repeats: int,
                      replay_timeout_s: float, keep: str | None) -> None:
@@ -138,25 +163,7 @@ def deployment_phase(bootstrap: str, counters: int, seconds: float, rate: float,
               f"{run['created_s']:.1f} s), {run['events']} events, {records} timeline "
               f"records, {run['releases']} releases, {run['ledger_entries']} ledger "
               f"entries; config {dep.config}", flush=True)
-        for i in range(repeats):
-            r = replay_once(dep, replay_timeout_s)
-            if r["timeout"]:
-                print(f"  replay {i + 1}: not done after {r['wall_s']:.0f} s (load "
-                      f"{r['load']:.2f}); ratio < {run['duration_s'] / r['wall_s']:.2f}",
-                      flush=True)
-                break
-            v = r.get("verdict")
-            if v is None:
-                raise RuntimeError(f"replay failed (exit {r['exit']}): {r.get('stderr')}")
-            c = v["counts"]
-            print(f"  replay {i + 1}: {v['verdict']}, {r['wall_s']:.1f} s wall "
-                  f"({r['cpu_s']:.1f} CPU-s), load {r['load']:.2f}; ratio "
-                  f"{run['duration_s'] / r['wall_s']:.1f}x; "
-                  f"{c['timeline_records'] / r['wall_s']:,.0f} timeline records/s, "
-                  f"{counters / r['wall_s']:,.0f} counters/s; "
-                  f"releases {c['releases']}, ledger {c['ledger']}", flush=True)
-            if v["verdict"] != "identical":
-                raise RuntimeError(f"replay verdict {v['verdict']}: {v['differences']}")
+        replay_runs(dep.config, counters, run["duration_s"], repeats, replay_timeout_s)
     finally:
         if keep is None:
             dep.close()

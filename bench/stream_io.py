@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from confluent_kafka import (
@@ -27,6 +27,9 @@ from confluent_kafka import (
 
 from processor.devtools.deployment import Deployment
 from processor.stream.kafka import kafka_io
+
+if TYPE_CHECKING:
+    from processor.devtools.kafka.cluster import LocalKafka
 
 LOG_APPEND = {"message.timestamp.type": "LogAppendTime"}
 #: The retention of a deployment's topics: every record kept (what the worker requires of
@@ -121,16 +124,26 @@ class Tail:
 def broker(bootstrap: str | None) -> Iterator[str]:
     """`bootstrap` if given, else a local single-node broker for the run
     (processor.devtools.kafka), stopped at the end."""
+    with local_kafka(bootstrap, 1) as (servers, _kafka):
+        yield servers
+
+
+@contextlib.contextmanager
+def local_kafka(bootstrap: str | None, nodes: int) -> Iterator[tuple[str, LocalKafka | None]]:
+    """`bootstrap` if given (no cluster of the run's own: None), else a local Kafka of
+    `nodes` nodes (three: replication 3, min ISR 2) started for the run, stopped at the
+    end."""
     if bootstrap:
-        yield bootstrap
+        yield bootstrap, None
         return
     from processor.devtools.kafka.cluster import LocalKafka
 
-    print("starting a local Kafka broker ...", flush=True)
-    kafka = LocalKafka(1)
+    print(f"starting a local Kafka {'broker' if nodes == 1 else f'cluster of {nodes}'} ...",
+          flush=True)
+    kafka = LocalKafka(nodes, start_timeout=300.0)
     try:
         kafka.start()
-        yield kafka.bootstrap_servers
+        yield kafka.bootstrap_servers, kafka
     finally:
         kafka.stop()
 

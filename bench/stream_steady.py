@@ -49,19 +49,36 @@ ledger holds them and a 10 s pause, its CPU-s per second over S seconds (per thr
 and RSS; then every worker stopped and a fresh one (empty state dir, same group) started:
 restore = from its start to its first commit on every timeline partition (its state came
 back from the changelog and the operator applies the timeline again); ready = to its
-/readyz answering 200 (it also caught up with the ticks sealed while no worker ran).
+/readyz answering 200 (it also caught up with the ticks sealed while no worker ran),
+polled once the first commit is seen, so never before it. Its start's steps: the seconds
+from its start to the log times of its lifecycle lines (`start checks`, `bulk load`,
+`worker starting`, `worker ready`: the worker's own readiness) and the start checks
+line's own seconds per step.
+
+A broker kill (scaleout on a three-node cluster, `BrokerKill`): in the middle of each
+run's measured window one node, chosen at random, is SIGKILLed and restarted after a
+pause (the reliability campaign's `KillDriver.kill_broker`), while the load goes on; after
+the catch-up, nothing lost = every event produced is on the timeline, sealed and
+committed (the catch-up above), and, every worker stopped cleanly, `python -m processor
+replay` (the campaign's `replay_cli`) recomputes every public record of the deployment
+identically.
 """
 
 from __future__ import annotations
 
 import os
+import random
 import re
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 import psutil
+from confluent_kafka import KafkaException
 from stream_io import (
     Produced,
     Tail,
@@ -93,6 +110,9 @@ from processor.devtools.deployment import (
     isolated_deployment,
     write_config,
 )
+
+if TYPE_CHECKING:
+    from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.kafka.tools import free_port
 from processor.stream.kafka import kafka_io
 from processor.stream.model.config import load_settings, with_overrides
@@ -100,6 +120,27 @@ from processor.stream.model.config import load_settings, with_overrides
 #: The worker's bulk load line (docs/operator-channels.md): records, seconds, records/s.
 _BULK_LOAD = re.compile(r"bulk load: (\d+) changelog record\(s\) of \d+ partition\(s\) in "
                         r"([\d.]+) s \((\d+) records/s\)")
+_CHECKS = re.compile(r"start checks: (.*)$", re.M)
+
+#: The worker's lifecycle lines (docs/operator-channels.md) whose log times mark the
+#: steps of a start: the start checks done, the bulk load done, Faust started, ready.
+_START_MARKS: Final = (("checks", "start checks: "), ("bulk load", "bulk load: "),
+                       ("faust", "worker starting: "), ("ready", "worker ready: "))
+_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+
+
+def start_marks(log: str, t0_ms: int) -> dict[str, float]:
+    """Seconds from `t0_ms` (epoch ms) to the first log line of each of _START_MARKS
+    (log times in this host's local time, as the worker writes them)."""
+    marks: dict[str, float] = {}
+    for line in log.splitlines():
+        when = _LOG_TIME.match(line)
+        for name, text in _START_MARKS:
+            if when is not None and name not in marks and text in line:
+                at = datetime.strptime(when.group(1), "%Y-%m-%d %H:%M:%S,%f")
+                marks[name] = at.timestamp() - t0_ms / 1000
+    return marks
+
 
 #: The pause after the assignment is stable, then the idle window (each at most a third of
 #: the measured window).
@@ -107,6 +148,35 @@ SETTLE_S = 10.0
 IDLE_S = 15.0
 #: How often the load generator samples the workers' resident memory (its peak is reported).
 RSS_SAMPLE_S = 1.0
+#: The longest wait for the replay of a deployment whose broker was killed.
+REPLAY_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class BrokerKill:
+    """One node of `cluster` SIGKILLed in the middle of a run's measured window and
+    restarted `down_s` later; `seed` picks the node."""
+
+    cluster: LocalKafka
+    down_s: float
+    seed: int
+
+    def start(self, dep: Deployment) -> tuple[threading.Thread, list[BaseException]]:
+        """The kill and the restart in a thread (the load goes on meanwhile); the list
+        receives what it raised."""
+        from processor.devtools.campaign import KillDriver
+
+        driver = KillDriver(dep, random.Random(self.seed), bad_share=0.0)
+        failed: list[BaseException] = []
+
+        def strike() -> None:
+            try:
+                driver.kill_broker(self.cluster, self.down_s)
+            except Exception as exc:  # raised again by the caller after the load
+                failed.append(exc)
+        thread = threading.Thread(target=strike, name="broker-kill", daemon=True)
+        thread.start()
+        return thread, failed
 
 
 class SteadyRun:
@@ -222,10 +292,10 @@ class SteadyRun:
                                           for a, pid in zip(t0s, pids, strict=True)]
         self.res["idle_rss"] = [rss_bytes(pid) for pid in pids]
 
-    def load(self, rate: float, seconds: float) -> Produced:
+    def load(self, rate: float, seconds: float, kill: BrokerKill | None = None) -> Produced:
         """A paced producer: `rate` events/s cycling over the counters, each stamped with
         the wall clock; a warm-up (long enough for the first events' ticks to be sealed and
-        released), then the measured window of `seconds`."""
+        released), then the measured window of `seconds`; `kill` strikes in its middle."""
         s = self.dep.settings
         pids = self.pids
         warmup = (s.tick_ms + s.lateness_ms) / 1000 + 2.0
@@ -239,7 +309,10 @@ class SteadyRun:
         next_rss = 0.0
         t_load = time.monotonic()
         t_win, t_end = t_load + warmup, t_load + warmup + seconds
+        striking: tuple[threading.Thread, list[BaseException]] | None = None
         while (now := time.monotonic()) < t_end:
+            if kill is not None and striking is None and now >= t_win + seconds / 2:
+                striking = kill.start(self.dep)
             if not cpu0 and now >= t_win:
                 cpu0 = [cpu_seconds(pid) for pid in pids]
                 th0 = [thread_cpu(pid) for pid in pids]
@@ -257,11 +330,19 @@ class SteadyRun:
             producer.poll(0)
             time.sleep(0.005)  # pacing of the load generator
         cpu1 = [cpu_seconds(pid) for pid in pids]
+        machine1, w1_ms = psutil.cpu_times(), int(time.time() * 1000)
         r = self.res
         r["threads"] = [cpu_diff(a, thread_cpu(pid)) for a, pid in zip(th0, pids, strict=True)]
-        r["machine_busy"] = machine_busy(machine0, psutil.cpu_times())
+        if striking is not None:
+            striking[0].join()
+            if striking[1]:
+                raise striking[1][0]
+            r["broker_down_s"] = kill.down_s if kill is not None else 0.0
+            # The restarted node is up, but may not answer the group listing below yet.
+            r["cluster_answers_s"] = wait_until(self._groups_listed, 300,
+                                                "every broker answering after the kill", 1.0)
+        r["machine_busy"] = machine_busy(machine0, machine1)
         r["loadavg"] = os.getloadavg()[0]
-        w1_ms = int(time.time() * 1000)
         r["changelog_records"] = records_in(self.conf, self._changelogs()) - r.pop("chl0")
         r["rss"] = [rss_bytes(pid) for pid in pids]
         r["rss_peak"] = [max(p, q) for p, q in zip(peak, r["rss"], strict=True)]
@@ -277,6 +358,14 @@ class SteadyRun:
         r["cpu"] = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
         r["cpu_per_event"] = sum(r["cpu"]) / max(1, r["window_events"])
         return stats
+
+    def _groups_listed(self) -> bool:
+        """Whether every broker answers the group listing."""
+        try:
+            groups_with_prefix(self.conf, self.group)
+        except (TimeoutError, KafkaException):
+            return False
+        return True
 
     def _changelogs(self) -> list[str]:
         return topics_matching(self.conf, self.group, "changelog")
@@ -326,6 +415,18 @@ class SteadyRun:
                                        if t >= w1_ms - third])[:2]
         r["not_log_append"] = (stats.not_log_append + view.not_log_append
                                + (acc.not_log_append if acc is not None else 0))
+
+    def replay(self) -> None:
+        """Every worker stopped cleanly, then `python -m processor replay` over the
+        deployment (the campaign's `replay_cli`): its verdict and differences."""
+        from processor.devtools.campaign import replay_cli
+
+        self.res["stop_exits"] = exits = [w.stop() for w in self.procs]
+        # A worker that exited before the stop (the kill took its brokers): why.
+        self.res["exit_logs"] = {f"worker{i + 1}": w.log_tail(15)
+                                 for i, (w, code) in enumerate(zip(self.procs, exits,
+                                                                   strict=True)) if code}
+        self.res["replay"] = replay_cli(self.dep.worker.config_path, REPLAY_TIMEOUT_S)
 
     def state_dirs(self) -> None:
         dirs = {f"worker{i + 1}": Path(w.config_path).parent / _state_name(i)
@@ -377,6 +478,9 @@ class SteadyRun:
         loaded = _BULK_LOAD.search(fresh.log_tail(2000))
         if loaded is not None:
             r["bulk_load"] = [float(x) for x in loaded.groups()]
+        checks = _CHECKS.search(fresh.log_tail(2000))
+        r["start_checks"] = checks.group(1) if checks is not None else ""
+        r["start_marks"] = start_marks(fresh.log_tail(2000), t0_ms)
 
     def close(self) -> None:
         self.ledger.close()
@@ -407,11 +511,12 @@ def _state_name(i: int) -> str:
 
 def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
                counters: int, rate: float, seconds: float, children: Children,
-               standby: int = 1, worker_settings: Mapping[str, Any] | None = None
-               ) -> dict[str, Any]:
+               standby: int = 1, worker_settings: Mapping[str, Any] | None = None,
+               kill: BrokerKill | None = None) -> dict[str, Any]:
     """Phases 2-3: `workers` workers, `counters` counters, a paced load of `rate` events/s
     measured over `seconds` (see the module docstring); `standby` = standby_replicas,
-    `worker_settings` further settings of the deployment."""
+    `worker_settings` further settings of the deployment; `kill`: a broker killed in the
+    middle of the window, then the deployment replayed."""
     run = SteadyRun(conf, bootstrap, tmp, children, counters, f"w{workers}", standby,
                     worker_settings)
     run.res.update(workers=workers, rate=rate)
@@ -419,8 +524,10 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
         run.create()
         run.join(workers)
         run.idle(min(SETTLE_S, seconds / 3), min(IDLE_S, seconds / 3))
-        stats = run.load(rate, seconds)
+        stats = run.load(rate, seconds, kill)
         run.analyze(stats)
+        if kill is not None:
+            run.replay()
     finally:
         run.close()
     return run.res
@@ -490,6 +597,16 @@ def report_steady(r: Mapping[str, Any], title: str) -> list[str]:
         lines.append(f"  caught up after the load: NO: {r['missing']:,} of {r['events']:,} "
                      f"events not on the timeline, partitions {r['pending']} not sealed and "
                      "committed, at the deadline (5 min after the load)")
+    if "replay" in r:
+        rp = r["replay"]
+        lines.append(f"  broker killed mid-window, restarted {r['broker_down_s']:.0f} s later;"
+                     f" nothing lost: {'yes' if r['caught_up'] else 'NO'}; workers stopped "
+                     f"(exit {r['stop_exits']}); replay: exit {rp['exit']}, verdict "
+                     f"{rp.get('verdict', 'none')}, {rp.get('differences', '?')} "
+                     f"difference(s) {rp.get('first', rp.get('error', ''))}")
+        for w, tail in r["exit_logs"].items():
+            lines.append(f"  {w} exited before the stop; its log ends:\n    "
+                         + tail.replace("\n", "\n    "))
     p50, p95, mx = r["latency"]
     lines.append(f"  seal->release latency over the window: p50 {p50:.0f} ms, p95 {p95:.0f} "
                  f"ms, max {mx:.0f} ms (n={r['latency_n']:,}); p50/p95 in the window's "
@@ -567,12 +684,16 @@ def _span(xs: Sequence[float], fmt: str = ".3f") -> str:
             else f"{min(xs):{fmt}} - {max(xs):{fmt}}")
 
 
-def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str]:
-    """Per set (one run per worker count, one after the other, order rotated between
-    sets): CPU per event, total and marginal, and each worker count's ratio to 1 worker;
-    then the ranges over the sets."""
-    counts = sorted(sets[0])
-    first = sets[0][counts[0]]
+def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]],
+                    counts: Sequence[int]) -> list[str]:
+    """Per set (one run per worker count of `counts`, one after the other, order rotated
+    between sets; a run that had no result is missing from its set): CPU per event, total
+    and marginal, and each worker count's ratio to 1 worker; then the ranges over the
+    sets."""
+    done = [r for runs in sets for r in runs.values()]
+    if not done:
+        return ["Phase scaleout: no run had a result"]
+    first = done[0]
     lines = [f"Phase scaleout: CPU-ms per event (user + system of the worker processes "
              f"and all their threads; standby_replicas = {first.get('standby_replicas', 1)}; "
              f"{len(sets)} set(s) of {', '.join(map(str, counts))} worker(s), order rotated)",
@@ -584,6 +705,9 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str
     for k, runs in enumerate(sets):
         base = runs.get(1)
         for w in counts:
+            if w not in runs:
+                lines.append(f"  {k + 1:<4}{w:>8}  no result")
+                continue
             r = runs[w]
             t, m = total_cpu_per_event(r), marginal_cpu_per_event(r)
             rt = rm = float("nan")
@@ -606,6 +730,12 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str
             lines.append(f"  ratio {w} workers / 1 worker: total {_span(tot, '.2f')}, "
                          f"marginal {_span(marg, '.2f')} (target 0.8 - 1.2); total per "
                          f"event applied in the window {_span(app, '.2f')}")
+    killed = [r for runs in sets for r in runs.values() if "replay" in r]
+    if killed:
+        lost = sum(not r["caught_up"] for r in killed)
+        same = sum(r["replay"].get("verdict") == "identical" for r in killed)
+        lines.append(f"  broker killed mid-window in {len(killed)} run(s): nothing lost in "
+                     f"{len(killed) - lost}, replay identical in {same}")
     lines.append("  total = all CPU of the workers over the window / events produced in it; "
                  "marginal = the same less each worker's idle CPU rate (measured with no "
                  "input just before the load) x the window; idle in CPU-s per second; "
@@ -613,6 +743,8 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str
                  "in it (100% in a steady state)")
     for k, runs in enumerate(sets):
         for w in counts[1:]:
+            if w not in runs:
+                continue
             r = runs[w]
             lines.append(f"  set {k + 1}, {w} workers: partitions held {r['assign_end']} "
                          f"(worker1 alone before the join: {r['assign_before']['worker1']});"
@@ -653,5 +785,9 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
             n, secs, rate = r["bulk_load"]
             lines.append(f"  its bulk load (before joining the group): {n:,.0f} changelog "
                          f"records in {secs:.1f} s, {rate:,.0f} records/s")
+        if r.get("start_marks"):
+            lines.append("  its start, s after the process start: " + ", ".join(
+                f"{k} {v:.1f}" for k, v in r["start_marks"].items())
+                + f" (start checks: {r['start_checks']})")
     lines += _log_lines([r["logs"]])
     return lines

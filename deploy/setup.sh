@@ -5,14 +5,19 @@
 #      the exact versions of deploy/constraints.txt (bash deploy/lock.sh regenerates it), again
 #      only when pyproject.toml or the constraints changed since the last install or the
 #      install looks broken;
-#   3. fetches the Apache Kafka broker jars from Maven Central (once; cached in
+#   3. builds the native samplers (native/, a Rust crate built by maturin into the
+#      dpc_native extension) and installs them into .venv, only when native/'s sources
+#      changed since the last build (its own stamp) or the extension does not import;
+#      installs Rust with rustup (minimal profile, pinned toolchain) into ~/.cargo if cargo
+#      is missing. A failed build fails the setup: nothing falls back silently;
+#   4. fetches the Apache Kafka broker jars from Maven Central (once; cached in
 #      deploy/.cache/kafka-libs), the kafka-tools jar of the same version for Kafka's
 #      command-line tools (deploy/.cache/kafka-tools; run them with deploy/kafka-tool.sh),
 #      and the Java example subscriber's (examples/java);
-#   4. installs Debian's chromium and chromium-driver (the headless browser of the live
+#   5. installs Debian's chromium and chromium-driver (the headless browser of the live
 #      view's tests, tests/view) when they are missing and apt-get is there (as root or
 #      with sudo; SETUP_BROWSER=0 skips it). Without them those tests skip (fail in CI).
-# Needs: python3.11, java (17) and mvn on PATH. Extra arguments go to the Maven fetch, e.g.
+# Needs: python3.11, java (17) and mvn on PATH, a C linker (cc) and curl for rustup. Extra arguments go to the Maven fetch, e.g.
 #   bash deploy/setup.sh -Dmaven.repo.local=/tmp/m2
 # Environment: PYTHON (default python3.11), FORCE_SETUP=1 reinstalls the Python packages.
 set -euo pipefail
@@ -43,6 +48,35 @@ if [ "${FORCE_SETUP:-0}" = 1 ] || [ "$have" != "$want" ] \
     echo "$want" > "$stamp"
 else
     echo "setup: .venv is up to date"
+fi
+
+# The native samplers: the Python samplers stay the reference (DPC_SAMPLERS=reference
+# forces them; processor/core/samplers/native.py), the extension is what production runs.
+rust_toolchain=1.95.0
+[ -d "$HOME/.cargo/bin" ] && export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "setup: installing Rust $rust_toolchain with rustup (cargo was not found)"
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs \
+        | sh -s -- -y --no-modify-path --profile minimal --default-toolchain "$rust_toolchain"
+    export PATH="$HOME/.cargo/bin:$PATH"
+fi
+native_stamp=.venv/.dp-native-stamp
+native_want="$(cat native/Cargo.toml native/Cargo.lock native/pyproject.toml native/src/*.rs \
+    | sha256sum | cut -d' ' -f1)"
+if [ "${FORCE_SETUP:-0}" = 1 ] || [ "$(cat "$native_stamp" 2>/dev/null || true)" != "$native_want" ] \
+    || ! .venv/bin/python -c "import dpc_native" 2>/dev/null; then
+    echo "setup: building the native samplers (native/, Rust, maturin)"
+    native_started=$SECONDS
+    if ! .venv/bin/python -m pip install --quiet --disable-pip-version-check \
+            --force-reinstall --no-deps ./native; then
+        echo "setup: building native/ failed (cargo $(cargo --version 2>/dev/null || echo missing));" \
+             "the processor needs it: fix the build (DPC_SAMPLERS=reference runs without it)" >&2
+        exit 4
+    fi
+    echo "$native_want" > "$native_stamp"
+    echo "setup: native samplers built in $((SECONDS - native_started))s"
+else
+    echo "setup: native samplers are up to date"
 fi
 
 .venv/bin/python deploy/kafka.py fetch "$@"

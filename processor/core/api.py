@@ -84,6 +84,14 @@ class Counter(ABC):
         """
         return self.t + 1
 
+    @classmethod
+    def advance_state(cls, data: bytes, k: int) -> bytes | None:
+        """The state `data` (of to_bytes) after k ⊥ ticks short of next_due(), computed
+        on the encoded state, when that is exact without a noise key: equal to
+        from_bytes(data).skip(k) then to_bytes(). None where it is not (the default: it
+        never is); then the caller decodes."""
+        return None
+
     @abstractmethod
     def to_bytes(self) -> bytes: ...
 

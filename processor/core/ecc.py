@@ -6,6 +6,8 @@ import math
 from functools import lru_cache
 from typing import Any, ClassVar, Self
 
+import orjson
+
 from processor.core.api import Change, Counter, check_skip
 from processor.core.bounds import ecc_bound, simecc_bound
 from processor.core.cc import BCC, UnboundedCC
@@ -26,7 +28,7 @@ from processor.core.partition import Part, SimPart, part_tau, simpart_scale
 from processor.core.rng import NoiseKey
 from processor.core.schedule import SchedList
 from processor.core.state import pack_owned, unpack
-from processor.core.svt import svt_scales, svt_threshold
+from processor.core.svt import SVT, svt_scales, svt_threshold
 from processor.core.tight import CALIBRATIONS, check_calibration
 
 # ---------------------------------------------------------------------------------------
@@ -280,6 +282,41 @@ class _EccBase(Counter):
                 f"{cls.mechanism} state is invalid: {state_error_detail(exc)}") from None
         return obj
 
+    @classmethod
+    def advance_state(cls, data: bytes, k: int) -> bytes | None:
+        """k ⊥ ticks on the encoded state where they draw nothing: nothing scheduled in
+        (t, t + k] and the partition quiet through t + k without a draw (`_quiet_part`).
+        Then `skip(k)` is one `_advance(k)`, which moves the tick counters only, so the
+        result is the bytes `from_bytes(data).skip(k).to_bytes()` gives (the same dict,
+        re-encoded in its order; orjson's floats round-trip exactly). A noise key is not
+        needed: a state's fields say everything a quiet advance reads."""
+        if k < 0 or bytes(data[:3]) != b"DPS" or len(data) < 5 or data[3] != cls.state_version:
+            return None
+        try:
+            st = orjson.loads(data[4:])
+            if not isinstance(st, dict) or st.get("m") != cls.mechanism:
+                return None
+            t = st["t"]
+            part = st["part"]
+            if type(t) is not int or type(part) is not dict or type(part.get("t")) is not int:
+                return None
+            if any(not (type(tick) is int and (tick <= t or tick > t + k))
+                   for tick, _v in st["sched"]):
+                return None
+            if not cls._quiet_part(part, k):
+                return None
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+        st["t"] = t + k
+        part["t"] += k
+        return data[:4] + orjson.dumps(st)
+
+    @staticmethod
+    def _quiet_part(part: dict[str, Any], k: int) -> bool:
+        """Whether the partition's state advances k ⊥ ticks by its counters alone (then
+        it is advanced in place)."""
+        raise NotImplementedError
+
     def bound_key(self) -> tuple[object, ...]:
         # the bound also depends on the calibration and on the base CC and BCC run on
         # (restored tree states next to new BLT ones)
@@ -314,6 +351,20 @@ class ECC(_EccBase):
     def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> Part:
         return Part(self._params.eps_part, self._params.tau, key, label, st)
 
+    @staticmethod
+    def _quiet_part(part: dict[str, Any], k: int) -> bool:
+        # Part's SVT past its run's dense prefix follows its committed plan ("f": the
+        # step it fires at, None never): SVT.advance draws nothing then, and moves `n`.
+        svt = part["svt"]
+        if type(svt) is not dict or "f" not in svt or svt.get("h") is not False:
+            return False
+        steps, plan = svt["n"], svt["f"]
+        if svt.get("r") != SVT.prefix or type(steps) is not int or not (
+                plan is None or (type(plan) is int and plan - steps > k)):
+            return False
+        svt["n"] = steps + k
+        return True
+
     def error_bound_at(self, t: int, beta: float = 0.05) -> float:
         # BCC's base: the same as CC's (one construction in _setup).
         return ecc_bound(self.eps, self.delta, beta, t, self._bcc.base, self.calibration)
@@ -334,6 +385,12 @@ class SimECC(_EccBase):
 
     def _new_part(self, key: NoiseKey, label: str, st: dict[str, Any] | None) -> SimPart:
         return SimPart(self._sparams.eps_part, self._sparams.mu, key, label, st)
+
+    @staticmethod
+    def _quiet_part(part: dict[str, Any], k: int) -> bool:
+        # SimPart draws at its checkpoints only ("c", the next one's tick).
+        nxt = part["c"]
+        return type(nxt) is int and part["t"] + k < nxt
 
     def error_bound_at(self, t: int, beta: float = 0.05) -> float:
         # BCC's base: the same as CC's (one construction in _setup).

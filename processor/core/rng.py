@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher
 from cryptography.hazmat.primitives.ciphers.algorithms import ChaCha20
 
 from processor.core.errors import NoiseKeyError
+from processor.core.samplers.native import NATIVE
 
 MIN_KEY_BYTES = 32
 
@@ -149,6 +150,14 @@ class KeyedStream:
     def label(self) -> str:
         return self._prefix + self._suffix
 
+    def derived_key(self) -> bytes:
+        """The label's ChaCha20 key, for the native sampler's call alone (samplers/native.py):
+        as secret as the noise key, never logged, stored or returned to a caller outside
+        the samplers."""
+        if self._key is None:
+            self._key = self._noise_key.derive(self.label)
+        return self._key
+
     def words(self, lane: int, start: int, n: int) -> np.ndarray:
         """n uint64 words of lane `lane` from word index `start`."""
         if n <= 0:
@@ -167,10 +176,15 @@ class KeyedStream:
         nblocks = -(-(offset + n) // _WORDS_PER_BLOCK)
         if block + nblocks > _MAX_BLOCK:
             raise ValueError("stream position beyond 2^32 blocks in one lane")
-        nonce = block.to_bytes(4, "little") + lane.to_bytes(12, "little")
-        raw = Cipher(ChaCha20(self._key, nonce), mode=None).encryptor().update(
-            bytes(64 * nblocks))
-        out = array("Q", raw[8 * offset : 8 * (offset + n)])
+        if NATIVE is not None:
+            # the same ChaCha20 words (tests/core/test_native_samplers.py), without setting
+            # up a cipher context per read (most reads are a block or two)
+            out = array("Q", NATIVE.keystream(self._key, lane, start, n))
+        else:
+            nonce = block.to_bytes(4, "little") + lane.to_bytes(12, "little")
+            raw = Cipher(ChaCha20(self._key, nonce), mode=None).encryptor().update(
+                bytes(64 * nblocks))
+            out = array("Q", raw[8 * offset : 8 * (offset + n)])
         if _BIG_ENDIAN:
             out.byteswap()
         return out

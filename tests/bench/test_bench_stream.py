@@ -55,3 +55,17 @@ def test_counts_stepped_events_and_the_control_breaks_the_tick_bound(
                         "--systems", "processor-ecc",
                         "--processor-metric", "dpc_operator_events_queued_total")
     assert control[0]["rate"] > TICK_BOUND, control[0]
+
+
+@pytest.mark.parametrize("extra", [["--phase", "scaleout"],
+                                   ["--phase", "scaleout", "--cluster", "--bootstrap", "h:1"],
+                                   ["--phase", "many", "--cluster"]])
+def test_kill_broker_needs_its_own_cluster(extra: list[str]) -> None:
+    """A broker kill only on the bench's own three-node cluster in phase scaleout:
+    otherwise one `error:` line, exit 2, before any broker or worker starts."""
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_stream.py"),
+                           "--kill-broker", *extra], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "starting" not in proc.stdout

@@ -5,6 +5,10 @@ stated false-alarm rate ALPHA = 1e-3 is the probability that the same test would
 a correct sampler under a key chosen at random. Every law test has a control: the same
 samples and the same test against a deliberately wrong parameter (or a deliberately
 biased sampler) must be rejected, which shows the test has the power to catch an error.
+
+These are the tests of the Python reference: every test here runs with the native
+extension switched off (`_reference_only`); test_native_samplers.py checks the extension
+against this reference bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, chi2_contingency, chisquare
 
+from processor.core import rng
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
@@ -39,6 +44,12 @@ from processor.core.samplers.tails import dlap_log_sf, dlap_sf
 
 ALPHA = 1e-3
 N = 20_000
+
+
+@pytest.fixture(autouse=True)
+def _reference_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(smp_scalar, "NATIVE", None)
+    monkeypatch.setattr(rng, "NATIVE", None)
 
 
 def _cursor(seed: int, label: str = "test", lane: int = 0) -> WordCursor:

@@ -33,7 +33,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -257,7 +257,8 @@ def run_entry_in_process(entry: list[str], config_text: str, root: Path,
     _staged_config(config_text, root)
     ran: list[tuple[Settings, NoiseKey]] = []
 
-    def fake_run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
+    def fake_run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
+                        phases: Sequence[tuple[str, float]] = ()) -> int:
         ran.append((settings, key))
         return 0
 

@@ -261,3 +261,42 @@ def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> Non
     pending.ack(consumer)  # type: ignore[arg-type]
     assert sorted(consumer.got) == [(1, o) for o in (3, 4, 5, 6, 7)]
     assert not pending and not pending.timer_due(None)
+
+
+def test_pending_acks_due_at_once_when_a_takeover_applied_every_partition() -> None:
+    """After `assigned({0, 1})` a checkpoint is due at the first message that leaves no
+    assigned partition without one applied (not after the interval), once: after the
+    checkpoint's `ack` the interval rules again. Controls: a first message on one of two
+    partitions, a second on the same partition, and a partition not assigned are not
+    due."""
+    import time
+
+    from faust.types import TP, Message
+
+    from processor.stream.model.config import Settings
+    from processor.stream.worker.acks import PendingAcks
+
+    class Acks:
+        def ack(self, msg: Message) -> bool:
+            return True
+
+    def msg(partition: int, offset: int) -> Message:
+        return Message("tl", partition, offset, 0.0, 0, None, None, None, None,
+                       tp=TP("tl", partition))
+
+    pending = PendingAcks(Settings(checkpoint_records=100, checkpoint_ms=60_000))
+    now = time.monotonic()
+    pending.assigned({0, 1})
+    pending.add(msg(0, 1), [])
+    assert not pending.due(now)  # control: partition 1 has applied nothing yet
+    pending.add(msg(0, 2), [])
+    pending.add(msg(2, 1), [])
+    assert not pending.due(now)  # controls: partition 0 again, partition 2 not assigned
+    pending.add(msg(1, 1), [])
+    assert pending.due(now) and pending.due(None)
+    pending.ack(Acks())  # type: ignore[arg-type]
+    pending.add(msg(1, 2), [])
+    assert not pending.due(now)  # the takeover's checkpoint ran: the interval rules
+    pending.assigned(set())
+    pending.add(msg(0, 3), [])
+    assert not pending.due(now)  # an assignment without partitions of the topic

@@ -511,3 +511,51 @@ def test_the_checkers_input_keeps_a_zombie_ingests_late_write_as_the_operator_do
     for r in records:
         run.feed(r)
     assert run.metrics["events_applied"] == 3 and run.metrics["duplicates_dropped"] == 1
+
+
+def _idle_run(s: Settings, records: list[bytes], idle_decoded: int
+              ) -> tuple[list[bytes], list[dict[str, bytes]], int]:
+    """`records` one per batch with periodic checkpoints that are not full (seeded), then
+    a full one: what was published, the store's bytes after every checkpoint, and how
+    many counter values were decoded at the end."""
+    import asyncio
+
+    from processor.stream.model.commit import BatchCommit
+    from processor.stream.model.outputs import CollectingSink
+
+    op = Operator(s, KEY, idle_decoded=idle_decoded)
+    store, pub = DictStore(), CollectingSink()
+    bc = BatchCommit(op, store, pub)
+    schedule = random.Random(9)
+    snapshots: list[dict[str, bytes]] = []
+    for i, r in enumerate(records):
+        asyncio.run(bc.apply(0, [(i, r)]))
+        if schedule.random() < 0.2:
+            asyncio.run(bc.checkpoint(full=False))
+            snapshots.append(dict(store.data))
+    decoded = len(op._cache.section(op._counters))
+    asyncio.run(bc.checkpoint())
+    snapshots.append(dict(store.data))
+    public = [e.to_json() for e in pub.ledger] + [x.to_json() for x in pub.releases]
+    return public, snapshots, decoded
+
+
+@pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
+def test_keys_not_admitted_are_released_when_idle(mechanism: str) -> None:
+    """Keys of an open family that wait for admission leave the decoded-value cache when
+    idle (their memory is their idle entry), and nothing published or stored changes:
+    with every idle counter released (idle_decoded = 0) and with none, the published
+    records and the store's bytes after every checkpoint are identical, while 40 light
+    keys, a heavy (admitted) key and a declared counter run 400 ticks. Control: the run
+    that releases nothing holds every key decoded at the end, the other few."""
+    s = open_settings(mechanism=mechanism, heartbeat_ticks=7)
+    T = 400
+    rng = random.Random(4)
+    keys = {f"k{i}": sorted(rng.sample(range(T // 2), 2)) for i in range(40)}
+    keys["heavy"] = list(range(10, T))
+    records = _timeline(keys, T, declared=[3, 4, 9, 50, 51])
+    public, states, decoded = _idle_run(s, records, 1 << 30)
+    released_public, released_states, released_decoded = _idle_run(s, records, 0)
+    assert released_public == public and released_states == states
+    assert any(b'"pages[heavy]"' in x for x in public)
+    assert decoded >= 42 and released_decoded <= 4

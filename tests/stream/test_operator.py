@@ -28,6 +28,7 @@ from processor.core.rng import NoiseKey
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.identity import counter_id, noise_identity
+from processor.stream.model.lifetime import ledger_objects
 from processor.stream.model.operator import (
     DEFAULT_CACHE_SIZE,
     AnnouncedCounterError,
@@ -39,7 +40,7 @@ from processor.stream.model.records import (
     Event,
     LedgerEntry,
     Release,
-    announced_counters,
+    announced_in,
     encode_batch,
     encode_marker,
     partition_for,
@@ -1014,7 +1015,7 @@ def test_announced_counter_without_state_is_refused_and_nothing_is_published() -
     first = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(),
                             [(0, 3), (1, 5)])
     assert [e.counter for e in first.ledger] == ["a", "b"]
-    announced = announced_counters(e.to_json() for e in first.ledger)
+    announced = announced_in(ledger_objects(e.to_json() for e in first.ledger))
     assert set(announced) == {"a", "b"}
 
     store = DictStore()
@@ -1054,14 +1055,14 @@ def test_re_executing_the_creating_marker_after_a_crash_is_allowed() -> None:
     assert store.data == {}
     clean = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3)), DictStore(),
                             [(0, 3), (1, 5)])
-    announced = announced_counters(e.to_json() for e in clean.ledger)
+    announced = announced_in(ledger_objects(e.to_json() for e in clean.ledger))
     again = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced=announced),
                             store, [(0, 3), (1, 5)])
     assert again.ledger == clean.ledger and again.releases == clean.releases
     e = clean.ledger[0]
     assert len(e.key_id) == 16 and len(e.creation) == 32 and e.key_id == KEY.fingerprint()
     # An entry written before creation tags existed announces the counter for good.
-    legacy = announced_counters([orjson.dumps({"counter": "a"}), None, b"not json"])
+    legacy = announced_in(ledger_objects([orjson.dumps({"counter": "a"}), None, b"not json"]))
     assert legacy == {"a": frozenset({""})}
     with pytest.raises(AnnouncedCounterError):
         _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced=legacy),

@@ -1,11 +1,13 @@
-"""What the worker says at the default log level: the bulk load's line (records read,
-seconds), a start line (app, brokers, parameters, state directory) once every start
-check passed and, once /readyz would pass, a ready line
-naming the public topics; both carry only public values. Brokers that do not answer are
-one `error:` line and nothing else, exit 2, within BROKER_PROBE_S (5 s) of the probe."""
+"""What the worker says at the default log level: the start checks' line (the seconds of
+each step), the bulk load's line (records read, seconds), a start line (app, brokers,
+parameters, state directory) once every start check passed and, once /readyz would
+pass, a ready line naming the public topics; all carry only public values. Brokers that
+do not answer are one `error:` line and nothing else, exit 2, within BROKER_PROBE_S (5 s)
+of the probe."""
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -46,14 +48,18 @@ def test_start_and_ready_lines_at_the_default_level(
     # The bulk load runs before the start line: it is part of the start, and a database
     # it cannot write is the start's one error line (docs/state.md, "Restore").
     loaded = next(line for line in lines if "bulk load:" in line)
+    checks = next(line for line in lines if "start checks:" in line)
     assert " INFO " in started and " INFO " in ready and " INFO " in loaded
-    assert lines.index(loaded) < lines.index(started) < lines.index(ready)
+    assert lines.index(checks) < lines.index(loaded) < lines.index(started) < lines.index(ready)
+    # Each step of the start before the bulk load, with its seconds.
+    for step in ("process start to main", "configuration", "topics", "ledger"):
+        assert re.search(rf"[ :,]{step} \d+\.\d\d s", checks), (step, checks)
     s = dep.settings
     for public in (repr(s.app_id), s.bootstrap_servers, "1 counter(s)", s.mechanism,
                    f"ticks of {tick} ms", s.state_dir):
         assert public in started, (public, started)
     assert repr(s.topics.counts) in ready and repr(s.topics.ledger) in ready
-    assert "secret-counter-name" not in loaded + started + ready  # counted, never named
+    assert "secret-counter-name" not in checks + loaded + started + ready  # never named
 
 
 @pytest.mark.kafka

@@ -1,9 +1,12 @@
 """Exact samplers on the integers, fed only by the keyed generator of rng.py.
 
-Three modules by kind: `scalar` (one draw at a time from a WordCursor, and the
+Modules by kind: `scalar` (one draw at a time from a WordCursor, and the
 calibration of a scale to grid units), `block` (the vectorised discrete Laplace block
 sampler and LaplaceBank), `tails` (closed-form tail probabilities of the discrete
-Laplace). Import from the module itself; this package re-exports nothing.
+Laplace), `native` (the Rust discrete Laplace run of native/, which `scalar` calls where
+it is installed: the same draws from the same words, in 64- and 128-bit integers; the
+Python code is the reference it is tested against bit for bit). Import from the module
+itself; this package re-exports nothing.
 
 Every draw reads uniform 64-bit words from a `WordCursor` (scalar samplers) or directly
 from a `KeyedStream` lane (the vectorised block sampler), so a draw is a deterministic

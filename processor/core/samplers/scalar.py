@@ -14,6 +14,7 @@ import numpy as np
 from processor.core.errors import InvalidParameterError
 from processor.core.grid import UNIT
 from processor.core.rng import WordCursor
+from processor.core.samplers.native import NATIVE
 
 __all__ = [
     "F18",
@@ -197,7 +198,41 @@ def discrete_laplace(cur: WordCursor, t: int, s: int = 1) -> int:
         # The common case (exact ints in range) skips the checks' calls: hot in SVT steps.
         t = check_int("t", t, 1)
         s = check_int("s", s, 1)
+    if _native_for(cur, t, s):
+        out: list[int] = []
+        _native_into(cur, t, 1, out, s)
+        return out[0]
     return _discrete_laplace(cur, t, s)
+
+
+#: Positions from which the reference alone draws: near the lane's end (2^35 words) its
+#: read-ahead decides where it raises, and that is left exactly as it is.
+_NATIVE_END = (1 << 35) - (1 << 20)
+
+
+def _native_for(cur: WordCursor, t: int, s: int) -> bool:
+    """Whether the extension makes these draws (scales of at most 64 bits, a lane in
+    range, a position far from the lane's end)."""
+    return (NATIVE is not None and t <= U64_MAX and s <= U64_MAX
+            and 0 <= cur.lane < 1 << 96 and 0 <= cur.position < _NATIVE_END)
+
+
+def _native_into(cur: WordCursor, t: int, n: int, out: list[int], s: int) -> None:
+    """discrete_laplace_into through the extension (where _native_for): the same draws
+    and positions. A draw the extension leaves (a modulus or value beyond 64 bits) is made
+    here by the reference."""
+    assert NATIVE is not None
+    key = cur.stream.derived_key()
+    while n > 0:
+        flat = NATIVE.discrete_laplace_run(key, cur.lane, cur.position, t, s, n)
+        if flat:
+            out += flat
+            cur.position = flat[-1]
+            n -= len(flat) // 2
+        if n > 0:  # the run stopped before n draws: the next one is the reference's
+            out.append(_discrete_laplace(cur, t, s))
+            out.append(cur.position)
+            n -= 1
 
 
 #: Words per draw discrete_laplace_run asks the cursor for ahead (about 8 are used on
@@ -329,6 +364,9 @@ def discrete_laplace_into(cur: WordCursor, t: int, n: int, out: list[int], s: in
     words instead of one call per word. The cursor ends after the last draw. Unchecked
     (t, s >= 1, ints): discrete_laplace_run checks."""
     if n <= 0:
+        return
+    if _native_for(cur, t, s):
+        _native_into(cur, t, n, out, s)
         return
     if t == 1 or t.bit_length() > 48:
         for _ in range(n):

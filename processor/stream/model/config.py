@@ -421,11 +421,44 @@ def load_settings(path: str | None = None, env: Mapping[str, str] = os.environ) 
 def _read_toml(path: str) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            return tomllib.load(fh)
+            return toml_loads(fh.read().decode())
     except OSError as exc:
         raise ConfigError("config", f"cannot read {path!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError("config", f"not valid TOML: not UTF-8 ({exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("config", f"not valid TOML: {exc}") from None
+
+
+#: One line of a [counters] table as `processor.devtools.deployment.render_toml` writes
+#: it: a basic-string key without escapes, or a bare key, = a decimal integer without
+#: sign, underscores or leading zero. TOML reads such a line as exactly this key and int.
+_COUNTER_LINE = re.compile(
+    r'^(?:"([A-Za-z0-9_.:/@+-]+)"|([A-Za-z0-9_-]+)) = (0|[1-9][0-9]*)$', re.M)
+
+
+def toml_loads(text: str) -> dict[str, Any]:
+    """`tomllib.loads(text)`, the same dict, with a [counters] table of plain lines
+    (`_COUNTER_LINE`, one per counter, no blank line) read by one regular expression
+    instead of tomllib's per-key parser (a tenth of its time: a million counters take
+    seconds through tomllib). Anything else, in the table or around it (a counters key
+    elsewhere, a duplicate name, multi-line strings), goes to tomllib whole."""
+    head, sep, rest = ("\n" + text).partition("\n[counters]\n")
+    if not sep or '"""' in text or "'''" in text:
+        return tomllib.loads(text)
+    body, more, tail = rest.partition("\n[")
+    body = body.rstrip("\n")
+    found = _COUNTER_LINE.findall(body)
+    if "\n\n" in body or len(found) != (body.count("\n") + 1 if body else 0):
+        return tomllib.loads(text)
+    counters = {quoted or bare: int(start) for quoted, bare, start in found}
+    if len(counters) != len(found):
+        return tomllib.loads(text)
+    raw = tomllib.loads(head + "\n" + ("[" + tail if more else ""))
+    if "counters" in raw:
+        return tomllib.loads(text)
+    raw["counters"] = counters
+    return raw
 
 
 def _sections(raw: Mapping[str, Any]) -> tuple[Table, Table, Table, Table, Table]:

@@ -33,7 +33,10 @@ full checkpoint stages it (`stage_deferred`; docs/state.md). A counter that took
 in the last heartbeat interval and has nothing to do before its next heartbeat is idle
 (`_idle`): beyond IDLE_DECODED decoded counters it does not stay decoded
 (`PartitionTransaction.release`), and a value decoded again is re-sealed to its deferred
-progress (`_load_counter`).
+progress (`_load_counter`). A released idle counter's deferred entry carries what its
+heartbeats need (`IdleEntry`): a marker that only seals quiet ticks of it publishes them
+from the entry, and writes it at the deferral bound from its stored bytes
+(`_beat_idle`), without decoding it.
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
@@ -73,7 +76,8 @@ ingest may write older offsets late), and a counter's filter is written with it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping
+import math
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from typing import Final, Literal
 
@@ -108,6 +112,7 @@ from processor.stream.model.state import (
     DuplicateFilter,
     PartitionState,
     StateStore,
+    advance_counter_value,
     counter_filed_due,
     counter_key,
     partition_key,
@@ -132,11 +137,11 @@ UNDECLARED_COUNTER_KEY: Final = counter_key("(an undeclared counter)")
 #: Default size of the decoded counter-state cache: above 10^4 counters per worker.
 DEFAULT_CACHE_SIZE: Final = 1 << 18
 
-#: Idle counters stay decoded while the cache holds at most this many counters: a worker
-#: of up to about 10^5 counters keeps them all (no decoding per heartbeat or first event,
-#: at about 7 KB each: about 900 MB at most); beyond it an idle counter is released, its
-#: memory bytes rather than kilobytes at the CPU of a decode per heartbeat (docs/state.md).
-IDLE_DECODED: Final = 1 << 17
+#: Idle counters stay decoded while the cache holds at most this many counters (about
+#: 7 KB each: about 115 MB at most); beyond it an idle counter is released: its heartbeats
+#: come from its idle entry (`_beat_idle`, cheaper than a decoded counter's), its memory
+#: is bytes rather than kilobytes, and its next event decodes it again (docs/state.md).
+IDLE_DECODED: Final = 1 << 14
 
 #: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
@@ -154,6 +159,52 @@ METRICS: Final = (
     "events_dequeued",
     "markers_refused",
 )
+
+
+#: The value of most idle counters: one float for all of their entries.
+_ZERO: Final = 0.0
+
+
+def _is_zero(y: float) -> bool:
+    """y is +0.0 (the entry may then hold _ZERO: the same float, sign included)."""
+    return y == 0.0 and math.copysign(1.0, y) > 0
+
+
+def _waiting(cs: CounterState) -> bool:
+    """Whether `cs` is a key of an open family not admitted yet whose first tick is sealed
+    (the gate waits for its next change of y)."""
+    adm = cs.admission
+    return adm is not None and adm.admitted is None and adm.first is not None
+
+
+class IdleShape:
+    """What the idle entries of counters that run with the same parameters under the same
+    configuration share: the release fields, the start tick, the fingerprint their last
+    ledger entry named, and one decoded mechanism of those parameters whose
+    `error_bound_at(t)` gives every such counter's bound at t (a function of the
+    parameters and t only: the Counter contract). `checked`: the provenance's parameter
+    check passed for these parameters (it decides by the parameters alone; the name only
+    goes into its error). `waiting`: keys of an open family not admitted yet, which
+    publish nothing (`_waiting`)."""
+
+    __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick", "waiting")
+
+    def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str,
+                 waiting: bool) -> None:
+        self.rep = rep
+        self.waiting = waiting
+        self.bound_key = rep.bound_key()
+        self.start_tick = start_tick
+        self.ledger_fingerprint = ledger_fingerprint
+        self.checked = False
+
+
+#: `Operator._deferred`'s entry of a counter: (the tick its stored value is filed under,
+#: the tick it is sealed through, the offset it reflects), and for a counter released as
+#: idle (`IdleEntry`) also its next heartbeat (local tick), its value y, the global tick
+#: its mechanism is next due at (None: never) and its `IdleShape`'s index.
+Deferred = tuple[int, int, int] | tuple[int, int, int, int, float, int | None, int]
+IdleEntry = tuple[int, int, int, int, float, int | None, int]
 
 
 class AnnouncedCounterError(RefusedError):
@@ -239,7 +290,7 @@ class Operator:
                  provenance: Provenance | None = None,
                  unit_claim: UnitClaim | None = None) -> None:
         """`announced`: what the ledger topic says was announced (counter -> creation tags
-        of its entries, `records.announced_counters`). Given (the worker), a counter with a
+        of its entries, `records.announced_in`). Given (the worker), a counter with a
         ledger entry is made again only as the re-execution of the very creation the entry
         records; anything else raises AnnouncedCounterError. None (replay, tests): no
         ledger to check against. `factory` restores counters from state (default the core
@@ -305,7 +356,19 @@ class Operator:
         # with (the tick its stored value is filed under, the tick it is sealed through,
         # the offset it reflects): what `_load_counter` re-seals a value decoded again
         # (released, evicted) to (`_keep`, `stage_deferred`).
-        self._deferred: dict[int, dict[str, tuple[int, int, int]]] = {}
+        # A counter released as idle (`_keep`) carries in its entry, after those three,
+        # what its next heartbeats need without decoding it (`IdleEntry`, `_beat_idle`).
+        self._deferred: dict[int, dict[str, Deferred]] = {}
+        # The shared part of idle entries: one per (parameters, configuration, start),
+        # named in an entry by its index in `_shape_list` (an entry of ints, floats and
+        # None only is a tuple the cyclic garbage collector stops tracking: a million
+        # of them are not walked at every full collection).
+        self._shapes: dict[tuple[object, ...], int] = {}
+        self._shape_list: list[IdleShape] = []
+        # Equal ticks of idle entries share one int (`_shared`): counters with the same
+        # heartbeat phase hold the same ticks (and SimECC's checkpoints fall on few),
+        # about 90 bytes a counter otherwise.
+        self._ints: dict[int, int] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -664,6 +727,12 @@ class Operator:
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
+            deferred = self._deferred.get(partition)
+            entry = None if deferred is None else deferred.get(name)
+            if entry is not None and len(entry) > 3 and self._beat_idle(
+                    txn, partition, name, entry, n, offset, ps.frontier, out, wheel):
+                touched += 1
+                continue
             cs = self._load_counter(txn, partition, name)
             if cs is None:
                 start = self._start_ticks.get(name)
@@ -793,6 +862,7 @@ class Operator:
             self._stage_counter(txn, partition, name, cs)
         if idle and len(self._cached_counters) > self._idle_decoded:
             txn.release(self._counters, name)
+            self._remember_idle(partition, name, cs)
 
     def _defer(self, partition: int, name: str, cs: CounterState, n: int,
                filed: int | None) -> bool:
@@ -810,13 +880,131 @@ class Operator:
         deferred[name] = (since, n if cs.frontier == n else cs.frontier, cs.last_offset)
         return True
 
+    def _remember_idle(self, partition: int, name: str, cs: CounterState) -> None:
+        """Give the deferred entry of `cs`, just released as idle, what its heartbeats
+        need without decoding it (`IdleEntry`; `_beat_idle`): a declared, announced
+        counter with nothing queued or pending, whose mechanism's bound is a function of
+        its parameters and the tick (`error_bound_at`)."""
+        c = cs.mechanism
+        waiting = _waiting(cs)
+        if (not (cs.announced or waiting) or cs.queue or cs.pending
+                or type(c).error_bound_at is Counter.error_bound_at):
+            return
+        deferred = self._deferred.get(partition)
+        if deferred is None:
+            deferred = self._deferred[partition] = {}
+        got = deferred.get(name)
+        since = cs.filed_due if got is None else got[0]
+        if since is None:
+            return
+        key = (c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
+               cs.ledger_fingerprint, waiting)
+        shape = self._shapes.get(key)
+        if shape is None:
+            # A copy: the counter itself may be loaded and changed again.
+            shape = self._shapes[key] = len(self._shape_list)
+            self._shape_list.append(IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
+                                              cs.start_tick, cs.ledger_fingerprint, waiting))
+        nd = self._next_due(cs)
+        y = c.y
+        deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
+                          self._shared(cs.next_heartbeat), _ZERO if _is_zero(y) else y,
+                          None if nd is None else self._shared(cs.start_tick + nd - 1), shape)
+
+    def _shared(self, v: int) -> int:
+        """One int object for every equal tick of the idle entries (bounded)."""
+        got = self._ints.get(v)
+        if got is None:
+            if len(self._ints) >= 1 << 16:
+                self._ints.clear()
+            got = self._ints[v] = v
+        return got
+
+    def _beat_idle(self, txn: PartitionTransaction, partition: int, name: str,
+                   entry: IdleEntry, n: int, offset: int, frontier: int, out: Output,
+                   wheel: DueWheel) -> bool:
+        """What the marker through n does to a counter released as idle, from its
+        `IdleEntry` alone, when that is all it does: seal ⊥ ticks short of the
+        mechanism's next due tick (by the Counter contract they change nothing but t),
+        publish the heartbeats among them, defer that progress (`_defer`) and file it
+        again. Returns False, changing nothing, whenever the marker would do anything
+        else (then the counter is loaded and sealed as usual): its stored value beyond
+        the deferral bound, a staged value, a ledger entry due, the mechanism due."""
+        since, through, last, nh, y, mdue, index = entry
+        shape = self._shape_list[index]
+        start = shape.start_tick
+        waiting = shape.waiting
+        if (last >= offset or through >= n or start + nh - 1 > n
+                or (mdue is not None and (mdue <= n or waiting))
+                or txn.is_staged(self._counters, name)):
+            return False
+        h = self.settings.heartbeat_ticks
+        phase = self._phase(name)
+        # `_seal`'s heartbeats, tick for tick: the floor (a key not admitted is sealed
+        # as unpublished: `_seal_key`), then every heartbeat through n; a waiting key's
+        # go nowhere (its gate sees no change of y in quiet ticks: `Admission.gate`).
+        floor = heartbeat_floor(n, start, h, None if waiting else frontier)
+        if nh <= floor:
+            nh = next_heartbeat(floor, phase, h)
+        beats: list[tuple[int, str]] = []
+        fingerprint_at = self.provenance.fingerprint_at
+        while start + nh - 1 <= n:
+            if not waiting:
+                fingerprint = fingerprint_at(name, nh)
+                if fingerprint != shape.ledger_fingerprint:
+                    return False  # a "reconfigured" entry first: `_release`
+                beats.append((nh, fingerprint))
+            nh = next_heartbeat(nh, phase, h)
+        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due
+        # (a waiting key's mechanism is never due here: checked above).
+        due = start + nh - 1
+        if due > n + 1 and mdue is not None:
+            due = min(due, mdue)
+        rep = shape.rep
+        written = None
+        if n - since > self._defer_ticks:
+            # Beyond the deferral bound the sealed value is written (`_keep`): computed
+            # on the stored bytes where the mechanism can (`Counter.advance_state`).
+            raw = txn.stored(self._counters, name)
+            written = None if raw is None else advance_counter_value(
+                raw, type(rep).advance_state, n, nh, offset, due)
+            if written is None:
+                return False
+        if not (shape.checked or waiting):
+            # Not for a key not admitted: a halt would reveal that it exists.
+            self.provenance.check_parameters(name, rep)
+            shape.checked = True
+        s = self.settings
+        tick_ms, beta = s.tick_ms, s.beta
+        for t, fingerprint in beats:
+            out.releases.append(Release(
+                counter=name, tick=t, tick_start_ms=(start + t - 1) * tick_ms,
+                tick_ms=tick_ms, value=y, kind="heartbeat", mechanism=rep.mechanism,
+                epsilon=rep.eps, delta=rep.delta, error_bound=self._bound_at(shape, t),
+                beta=beta, fingerprint=fingerprint))
+        wheel.file(name, due)
+        if written is not None:
+            txn.stage_encoded(self._counters, name, written)
+            since = self._shared(due)
+        self._deferred[partition][name] = (since, n, offset, self._shared(nh), y, mdue, index)
+        return True
+
+    def _bound_at(self, shape: IdleShape, t: int) -> float:
+        """`_error_bound` of a counter of `shape` at its tick t."""
+        return self._cached_bound(shape.bound_key, t, shape.rep.error_bound_at)
+
     def _idle(self, cs: CounterState, n: int, due: int) -> bool:
         """Whether `cs`, filed at `due` after a marker through n, is idle: it took no
         input in the last heartbeat interval (`busy_until`: the hot counters stay
         decoded), has nothing queued or pending, and nothing due before its next
-        heartbeat."""
-        return (n >= cs.busy_until and not cs.queue and not cs.pending and cs.announced
-                and due == cs.start_tick + cs.next_heartbeat - 1)
+        heartbeat; a key not admitted yet, once its first tick is sealed, publishes
+        nothing and waits for its next input or its mechanism's next due tick, so it
+        is idle under the first two conditions alone."""
+        if n < cs.busy_until or cs.queue or cs.pending:
+            return False
+        if _waiting(cs):
+            return True
+        return cs.announced and due == cs.start_tick + cs.next_heartbeat - 1
 
     def _load_counter(self, txn: PartitionTransaction, partition: int,
                       name: str) -> CounterState | None:
@@ -966,16 +1154,18 @@ class Operator:
         s = self.settings
         c = cs.mechanism
         fingerprint = self.provenance.fingerprint_at(name, t)
-        if cs.ledger_fingerprint != fingerprint:
+        # A key not admitted: set aside, its bound computed only if published, and no
+        # ledger entry (its admission's comes first: `_seal_key`), so its stored value
+        # does not depend on which of its ticks were sealed again (`_load_counter`).
+        adm = cs.admission
+        aside = adm is not None and adm.admitted is None
+        if cs.ledger_fingerprint != fingerprint and not aside:
             # The configuration changed under this counter's state: its first release under
             # the new fingerprint is preceded by the entry that explains it (published
             # first: a sink sends a batch's ledger entries before its releases).
             out.ledger.append(self._ledger_entry(name, cs, "reconfigured", t))
         # Mechanism, eps and delta are those of the running instance (restored from state),
         # which differ from the settings only if the configuration changed under live state.
-        # A key not admitted: set aside, its bound computed only if published (`_seal_key`).
-        adm = cs.admission
-        aside = adm is not None and adm.admitted is None
         out.releases.append(Release(
             counter=name, tick=t, tick_start_ms=(cs.start_tick + t - 1) * s.tick_ms,
             tick_ms=s.tick_ms, value=y, kind=kind, mechanism=c.mechanism,
@@ -987,10 +1177,18 @@ class Operator:
         beta = self.settings.beta
         if c.t != t:  # a change reported inside a skip: the bound as of that tick (it
             return float(c.error_bound_at(t, beta))  # may decrease in t: bounds.py)
-        k = (c.bound_key(), beta, t)  # mechanism, eps, delta, calibration, base
+        # mechanism, eps, delta, calibration, base
+        return self._cached_bound(c.bound_key(), t, lambda _t, b: c.error_bound(b))
+
+    def _cached_bound(self, bound_key: tuple[object, ...], t: int,
+                      compute: Callable[[int, float], float]) -> float:
+        """The error bound at tick t of a counter whose `bound_key` it is, `compute(t,
+        beta)` computed once per (bound_key, beta, t) (`_bounds`)."""
+        beta = self.settings.beta
+        k = (bound_key, beta, t)
         bound = self._bounds.get(k)
         if bound is None:
             if len(self._bounds) >= 4096:
                 self._bounds.clear()
-            bound = self._bounds[k] = float(c.error_bound(beta))
+            bound = self._bounds[k] = float(compute(t, beta))
         return bound

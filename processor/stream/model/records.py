@@ -40,7 +40,7 @@ from processor.core.selection import selection_delta
 from processor.errors import StreamError
 from processor.stream.model.config import MAX_COUNTER_NAME, Settings
 from processor.stream.model.families import key_counter, key_problem
-from processor.stream.model.lifetime import UnitClaim, ledger_objects
+from processor.stream.model.lifetime import UnitClaim
 from processor.stream.model.lifetime import plain as plain_claim
 
 #: Every reason code a Rejection may carry (the dead-letter "reason" field).
@@ -299,16 +299,17 @@ def unit_ledger_fields(settings: Settings, claim: UnitClaim | None = None,
                 claim.max_counters_per_unit)}
 
 
-def announced_counters(ledger_values: Iterable[bytes | None]) -> dict[str, frozenset[str]]:
-    """What a ledger topic announced: counter -> the creation tags of its entries (the
-    Operator's `announced`). A counter's entry without a tag (written before tags existed)
-    counts with the tag "", which no creation matches: announced, so never re-created.
-    Values that are not ledger entries (tombstones, foreign records) are skipped."""
+def announced_in(objects: Iterable[dict[str, Any]]) -> dict[str, frozenset[str]]:
+    """What a ledger topic announced, from its entries decoded once (`lifetime.
+    ledger_objects`, which skips tombstones and foreign records): counter -> the creation
+    tags of its entries (the Operator's `announced`). A counter's entry without a tag
+    (written before tags existed) counts with the tag "", which no creation matches:
+    announced, so never re-created."""
     out: dict[str, frozenset[str]] = {}
     # Nearly every counter has one tag, and all of them the same: one shared set per tag
     # (a worker holds as many counters as the ledger has entries).
     alone: dict[str, frozenset[str]] = {}
-    for obj in ledger_objects(ledger_values):
+    for obj in objects:
         tag = obj.get("creation")
         if type(tag) is not str:
             tag = ""

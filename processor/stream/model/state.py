@@ -46,7 +46,7 @@ import heapq
 import struct
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Final, Protocol
 
 import orjson
@@ -164,6 +164,50 @@ def counter_filed_due(value: bytes) -> int | None:
     if data[:4] == _COUNTER_V2:
         raise StateVersionError("an operator counter state", 2, _COUNTER_MAGIC[3])
     raise StateFormatError("not an operator counter state (magic/version)")
+
+
+def _counter_bytes(offset: int, filed_due: int, mech: bytes, meta: bytes) -> bytes:
+    """A format-4 counter value: magic and offset (the monotone header), filed_due, the
+    mechanism's state with its length, then the counter's fields as JSON."""
+    return b"".join((monotone_header(_COUNTER_MAGIC, offset), _i64(filed_due),
+                     len(mech).to_bytes(4, "big"), mech, meta))
+
+
+def _counter_parts(data: bytes) -> tuple[bytes, bytes]:
+    """The mechanism's state and the fields' JSON of a format-4 counter value (its magic
+    and length checked by the caller)."""
+    n = int.from_bytes(data[20:_COUNTER_HEAD], "big")
+    return data[_COUNTER_HEAD:_COUNTER_HEAD + n], data[_COUNTER_HEAD + n:]
+
+
+def advance_counter_value(raw: bytes, advance: Callable[[bytes, int], bytes | None],
+                          frontier: int, next_heartbeat: int, offset: int,
+                          filed_due: int) -> bytes | None:
+    """The stored counter value `raw` sealed on through global tick `frontier` by ⊥ ticks
+    that publish nothing but heartbeats, without decoding it: its mechanism moved by
+    `advance` (`Counter.advance_state`), its frontier, next heartbeat, offset and
+    filed_due set; what `CounterState.to_bytes` of the decoded, sealed value gives. None
+    where that is not exact here (another format, a value with events queued or pending,
+    a mechanism that cannot advance without its noise key)."""
+    data = bytes(raw)
+    if data[:4] != _COUNTER_MAGIC or len(data) < _COUNTER_HEAD:
+        return None
+    body, fields = _counter_parts(data)
+    try:
+        meta = orjson.loads(fields)
+    except orjson.JSONDecodeError:
+        return None
+    # The fields to_bytes writes: eleven, and a key's admission (which quiet ticks keep).
+    if (not isinstance(meta, list) or len(meta) not in (11, 12) or type(meta[1]) is not int
+            or meta[2] or meta[3] or frontier < meta[1]
+            or (len(meta) == 12 and not isinstance(meta[11], list))):
+        return None
+    mech = advance(body, frontier - meta[1])
+    if mech is None:
+        return None
+    meta[1] = frontier
+    meta[5] = next_heartbeat
+    return _counter_bytes(offset, filed_due, mech, orjson.dumps(meta))
 
 
 # ------------------------------------------------------------------------ stores
@@ -331,8 +375,7 @@ counter's value is what it always was); `saved` (not
             fields.append([a.delta0, a.first, a.admitted])
         meta = orjson.dumps(fields)
         due = _NOT_FILED if self.filed_due is None else self.filed_due
-        raw = b"".join((monotone_header(_COUNTER_MAGIC, self.last_offset), _i64(due),
-                        len(mech).to_bytes(4, "big"), mech, meta))
+        raw = _counter_bytes(self.last_offset, due, mech, meta)
         self.saved = raw
         return raw
 
@@ -346,8 +389,7 @@ counter's value is what it always was); `saved` (not
             if magic == _COUNTER_MAGIC and len(data) >= _COUNTER_HEAD:
                 last_offset, due = _read_i64(data, 4), _read_i64(data, 12)
                 filed_due: int | None = None if due == _NOT_FILED else due
-                n = int.from_bytes(data[20:24], "big")
-                mech, rest = data[24:24 + n], data[24 + n:]
+                mech, rest = _counter_parts(data)
                 meta = orjson.loads(rest)
                 # Values written before the per-counter filter have ten fields.
                 if len(meta) == 10:

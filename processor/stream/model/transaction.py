@@ -227,6 +227,28 @@ class PartitionTransaction:
         if entries.get(key) is not value:
             self._cache.remember(slot, key, value)
 
+    def is_staged(self, slot: Slot[Id, V], ident: Id) -> bool:
+        """Whether a value of `ident` in `slot` is staged (released or not)."""
+        return slot.key(ident) in self._slots[slot][0]
+
+    def stored(self, slot: Slot[Id, V], ident: Id) -> bytes | None:
+        """The bytes the store holds for `ident` in `slot` (None: none), not decoded."""
+        if self._status is not Status.STARTED:
+            self._refuse("stored")
+        raw = self._store.get(slot.key(ident))
+        return None if raw is None else bytes(raw)
+
+    def stage_encoded(self, slot: Slot[Id, V], ident: Id, raw: bytes) -> None:
+        """Stage `raw`, the encoded new value of `ident` in `slot`, as a released value
+        is (`release`): the plan writes these bytes, a load decodes them, and any decoded
+        value of it leaves the cache."""
+        if self._status is not Status.STARTED:
+            self._refuse("stage")
+        key = slot.key(ident)
+        staged, entries = self._slots[slot]
+        staged[key] = bytes(raw)
+        entries.pop(key, None)
+
     def release(self, slot: Slot[Id, V], ident: Id) -> None:
         """The value of `ident` in `slot` need not stay decoded: staged, it is encoded now
         and leaves the cache (the plan writes those bytes: it must not change after

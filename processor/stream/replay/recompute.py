@@ -93,6 +93,14 @@ class Recomputed:
                  for e in self.unsettled_ledger])
         return self._encoded
 
+    def encoded_only(self) -> None:
+        """Keep `encoded()` alone: drop the record objects (half the memory, and what a
+        forked recomputation would pickle back besides)."""
+        self.encoded()
+        for records in (self.settled, self.unsettled, self.settled_ledger,
+                        self.unsettled_ledger):
+            records.clear()
+
 
 def default_jobs(settings: Settings) -> int:
     """Processes for the recomputation: one per timeline partition, at most one per CPU."""
@@ -198,7 +206,8 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
                        operator: Operator | None = None,
                        progress: Progress | None = None, jobs: int = 1,
                        history: LedgerHistory | None = None,
-                       stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
+                       stamps: Mapping[int, Mapping[int, int]] | None = None,
+                       objects: bool = True) -> Recomputed:
     """Run BatchCommit over each partition's (offset, value) records in offset order on a
     DictStore (with `operator`, default the registry's mechanisms: `ledger_operator` of
     `history`, else an Operator); what records at offsets >= settled_below[p] produce is
@@ -210,22 +219,27 @@ def recompute_timeline(settings: Settings, key: NoiseKey,
     result is the same: a counter lives in one partition (`records.partition_for`; a
     record of another partition's counter is skipped), every state key belongs to one
     partition, so the partitions never share state; the results are merged in partition
-    order."""
+    order. `objects=False`: the result holds only its `encoded()` records
+    (`Recomputed.encoded_only`), what `compare` reads."""
     with young_collections_only():
-        return _recompute_timeline(settings, key, timeline, settled_below, operator,
-                                   progress, jobs, history, stamps)
+        got = _recompute_timeline(settings, key, timeline, settled_below, operator,
+                                  progress, jobs, history, stamps, objects)
+    if not objects:
+        got.encoded_only()
+    return got
 
 
 def _recompute_timeline(settings: Settings, key: NoiseKey,
                         timeline: Mapping[int, TimelinePart],
                         settled_below: Mapping[int, int], operator: Operator | None,
                         progress: Progress | None, jobs: int, history: LedgerHistory | None,
-                        stamps: Mapping[int, Mapping[int, int]] | None) -> Recomputed:
+                        stamps: Mapping[int, Mapping[int, int]] | None,
+                        objects: bool) -> Recomputed:
     # Fork only from a single-threaded process: a lock another thread holds at the fork
     # would stay held in the child forever.
     if operator is None and jobs > 1 and len(timeline) > 1 and single_threaded():
         return _recompute_parallel(settings, key, timeline, settled_below, progress, jobs,
-                                   history, stamps)
+                                   history, stamps, objects)
     if operator is not None or history is None:
         op = operator if operator is not None else Operator(settings, key)
         return _run(_recompute(op, timeline, settled_below, progress, stamps=stamps))
@@ -285,26 +299,37 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
     unsettled = CollectingSink()
     total = sum(len(v) for v in timeline.values())
     records = dups = 0
-    store = DictStore()
     for p in sorted(timeline):
         recs = sorted(timeline[p])
         mark = settled_below.get(p, 0)
         cuts = sorted({0, len(recs), *(
             next((i for i, (off, _v) in enumerate(recs) if off >= o), len(recs))
             for o in (mark, *(o for o, _op in switches)))})
+        # Partitions share no state: a store of their own, dropped after the last one.
+        store = DictStore()
+        commit: BatchCommit | None = None
         for lo, hi in itertools.pairwise(cuts):
             if lo == hi:
                 continue
-            part = recs[lo:hi]
-            sink = settled if part[0][0] < mark else unsettled
             op = operator
             for o, later in switches:
-                if part[0][0] >= o:
+                if recs[lo][0] >= o:
                     op = later
-            commit = BatchCommit(op, store, sink)
-            for i in range(0, len(part), REPLAY_BATCH):
-                batch = [(off, v or b"") for off, v in part[i:i + REPLAY_BATCH]]
-                out = await commit.commit(p, batch, None if stamps is None else stamps.get(p))
+            if commit is None or commit.operator is not op:
+                if commit is not None:
+                    await commit.checkpoint()  # the next operator reads it from the store
+                commit = BatchCommit(op, store, settled)
+            # Nothing is buffered in a CollectingSink: the outputs of the records from
+            # here on go to the other list.
+            commit.sink = settled if recs[lo][0] < mark else unsettled
+            for i in range(lo, hi, REPLAY_BATCH):
+                batch = [(off, v or b"") for off, v in recs[i:min(i + REPLAY_BATCH, hi)]]
+                out = await commit.apply(p, batch,
+                                         None if stamps is None else stamps.get(p))
+                # Written between batches (bounded memory, and the batch's due ticks
+                # deleted); never after the partition's last record: nobody reads it.
+                if i + REPLAY_BATCH < hi:
+                    await commit.checkpoint()
                 records += len(batch)
                 dups += out.metrics["duplicates_dropped"]
                 if progress is not None:
@@ -353,15 +378,18 @@ def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | N
 #: The job of the forked recomputation processes (set before the fork, read after it:
 #: the timeline is inherited, never pickled).
 _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
-            LedgerHistory | None, Mapping[int, Mapping[int, int]] | None] | None = None
+            LedgerHistory | None, Mapping[int, Mapping[int, int]] | None, bool] | None = None
 
 
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
-    settings, key, timeline, settled_below, history, stamps = _JOB
+    settings, key, timeline, settled_below, history, stamps, objects = _JOB
     got = _recompute_one(settings, key, history, partition, timeline[partition],
                          settled_below, None, stamps)
-    got.encoded()
+    if objects:
+        got.encoded()
+    else:
+        got.encoded_only()
     return got
 
 
@@ -369,13 +397,14 @@ def _recompute_parallel(settings: Settings, key: NoiseKey,
                         timeline: Mapping[int, TimelinePart],
                         settled_below: Mapping[int, int], progress: Progress | None,
                         jobs: int, history: LedgerHistory | None,
-                        stamps: Mapping[int, Mapping[int, int]] | None) -> Recomputed:
+                        stamps: Mapping[int, Mapping[int, int]] | None,
+                        objects: bool) -> Recomputed:
     global _JOB
     total = sum(len(v) for v in timeline.values())
     # Largest partitions first, so no process is left with a big one at the end.
     order = sorted(timeline, key=lambda p: -len(timeline[p]))
     parts: dict[int, Recomputed] = {}
-    _JOB = (settings, key, timeline, settled_below, history, stamps)
+    _JOB = (settings, key, timeline, settled_below, history, stamps, objects)
     try:
         with multiprocessing.get_context("fork").Pool(
                 min(jobs, len(order)), initializer=pool_worker_signals) as pool:

@@ -90,12 +90,12 @@ def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference], result: R
     arrives with other contents is "different"; the rest stay missing."""
     wanted = {(d.topic, d.key) for d in diffs if d.problem == "missing"}
     mine: dict[tuple[str, RecordKey], bytes] = {}
-    for r in (*result.settled, *result.unsettled):
-        if ("counts", (r.counter, r.tick, r.kind)) in wanted:
-            mine["counts", (r.counter, r.tick, r.kind)] = r.to_json()
-    for e in (*result.settled_ledger, *result.unsettled_ledger):
-        if ("ledger", (e.counter, e.creation, e.fingerprint)) in wanted:
-            mine["ledger", (e.counter, e.creation, e.fingerprint)] = e.to_json()
+    releases, later_releases, entries, later_entries = result.encoded()
+    for topic, keyed in (("counts", releases), ("counts", later_releases),
+                         ("ledger", entries), ("ledger", later_entries)):
+        for rk, value in keyed:
+            if (topic, rk) in wanted:
+                mine[topic, rk] = value
     since = {t: {p: hi for p, (_lo, hi) in marks.items()} for t, (_n, marks) in topics.items()}
     found: dict[tuple[str, RecordKey], bytes] = {}
     deadline = time.monotonic() + settle_s
@@ -167,7 +167,7 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
     history = ledger_history(settings, key, ledger, published)
     result = recompute_timeline(settings, key, timeline, committed, progress=progress,
                                 jobs=default_jobs(settings) if jobs is None else jobs,
-                                history=history, stamps=stamps)
+                                history=history, stamps=stamps, objects=False)
     releases, entries, diffs = compare(result, published, ledger, history)
     if settle_s > 0 and any(d.problem == "missing" for d in diffs):
         diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),

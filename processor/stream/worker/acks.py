@@ -122,13 +122,26 @@ class PendingAcks:
     after the checkpoint that covers it: its messages, and the offsets of the records
     GapGuard re-read for them. Holds the one rule of when a checkpoint is due (the
     operator's agent and the bounding stage alike): `checkpoint_records` messages, or
-    applied state older than the checkpoint interval."""
+    applied state older than the checkpoint interval, or a takeover (`assigned`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.max_records = settings.checkpoint_records
         self.interval_s = settings.checkpoint_interval_ms() / 1000
         self._messages: list[Message] = []
         self._gaps: dict[TP, list[int]] = {}
+        # The partitions of the last assignment that have applied no message since, and
+        # whether the last of them just did (`assigned`).
+        self._unapplied: set[int] = set()
+        self._taken_over = False
+
+    def assigned(self, partitions: Iterable[int]) -> None:
+        """An assignment gave the agent `partitions`: once each has applied a message, a
+        checkpoint is due at once, not after the interval, so that a takeover (a
+        standby's, a fresh worker's) is durable and acknowledged with its first
+        checkpoint. Any checkpoint keeps the protocol (commit.py); its time decides no
+        public record."""
+        self._unapplied = set(partitions)
+        self._taken_over = False
 
     def __bool__(self) -> bool:
         return bool(self._messages)
@@ -137,10 +150,13 @@ class PendingAcks:
         self._messages.append(msg)
         if gap:
             self._gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
+        if msg.tp.partition in self._unapplied:
+            self._unapplied.discard(msg.tp.partition)
+            self._taken_over = not self._unapplied
 
     def due(self, dirty_since: float | None) -> bool:
         """After a message: whether to checkpoint now."""
-        return len(self._messages) >= self.max_records or (
+        return self._taken_over or len(self._messages) >= self.max_records or (
             dirty_since is not None and time.monotonic() - dirty_since >= self.interval_s)
 
     def timer_due(self, dirty_since: float | None) -> bool:
@@ -158,3 +174,4 @@ class PendingAcks:
             ack_refetched(consumer, tp, offsets)
         self._messages.clear()
         self._gaps.clear()
+        self._taken_over = False

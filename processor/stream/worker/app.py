@@ -83,7 +83,7 @@ from processor.stream.model.operator import Operator
 from processor.stream.model.outputs import Output
 from processor.stream.model.provenance import ConfiguredProvenance
 from processor.stream.model.records import (
-    announced_counters,
+    announced_in,
     encode_marker,
     marker_tick,
     sealed_through,
@@ -115,6 +115,9 @@ MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers' requests (metadata, topic creation, the
 #: ledger) before it gives up with an error.
 BROKER_WAIT_S: Final = 15.0
+#: The least rate (entries/s) at which the start reads the ledger: it waits BROKER_WAIT_S
+#: plus the ledger's entries at this rate (a million counters have a million entries).
+LEDGER_READ_RATE: Final = 5_000
 #: How long the start waits for the brokers to answer at all: "no broker" within seconds
 #: (a supervisor restarts the worker while the brokers come up).
 BROKER_PROBE_S: Final = 5.0
@@ -630,10 +633,19 @@ class Worker:
                        got.records / max(got.seconds, 1e-3),
                        "" if got.complete else "; stopped early, the recovery reads the rest")
 
-    def run(self, loglevel: str = "warning") -> int:
-        """Run until SIGTERM/SIGINT (or a failure); returns the exit code."""
+    def run(self, loglevel: str = "warning",
+            start_steps: Sequence[tuple[str, float]] = ()) -> int:
+        """Run until SIGTERM/SIGINT (or a failure); returns the exit code. `start_steps`:
+        the start's steps before this call and their seconds, logged with the state
+        directory's once it passed too (the `start checks` line)."""
         try:
+            began = time.monotonic()
             flag = _prepare_state_dir(self.settings, self.app)
+            # Only now: a start refused by any check (the state directory's included)
+            # prints its one error line and nothing else.
+            steps = [*start_steps, ("state directory", time.monotonic() - began)]
+            lifecycle.info("start checks: %s",
+                           ", ".join(f"{name} {s:.2f} s" for name, s in steps))
             self._bulk_load(Path(self.app.conf.tabledir))
         except StorageError as exc:
             log.critical("the worker stopped: %s", exc)
@@ -916,25 +928,47 @@ def far_starts(settings: Settings, now_ms: int) -> list[str]:
     return lines
 
 
-def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning") -> int:
-    """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code."""
+def since_process_start() -> float | None:
+    """Seconds since this process started (Linux /proc; None elsewhere)."""
+    try:
+        stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(stat[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
+               phases: Sequence[tuple[str, float]] = ()) -> int:
+    """Create the topics, then run one worker until SIGTERM/SIGINT; returns the exit code.
+    `phases`: the start's steps before this call and their seconds (the `start checks`
+    line)."""
+    steps = list(phases)
+    began = time.monotonic()
     faults = FaultPlan.from_env()
     replication = ensure_topics(settings)
     # After the brokers answered: a start that fails says only why (one line).
     for line in far_starts(settings, int(time.time() * 1000)):
         log.warning("%s", line)
+    steps.append(("topics", time.monotonic() - began))
+    began = time.monotonic()
     announced, claim = read_ledger(settings, key)
+    steps.append(("ledger", time.monotonic() - began))
     return Worker(settings, key, replication=replication, faults=faults,
-                  announced=announced, unit_claim=claim).run(loglevel)
+                  announced=announced, unit_claim=claim).run(loglevel, steps)
 
 
 def read_ledger(settings: Settings, key: NoiseKey
                 ) -> tuple[dict[str, frozenset[str]], UnitClaim | None]:
     """The ledger topic read at start: `ledger_at_start` of its values."""
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
+    topic = topic_name(settings, "ledger")
     try:
-        ledger = [r.value for r in kafka_io.iter_topic(
-            conf, topic_name(settings, "ledger"), timeout_s=BROKER_WAIT_S)]
+        marks = kafka_io.end_offsets(conf, topic, timeout_s=BROKER_WAIT_S)
+        entries = sum(hi - lo for lo, hi in marks.values())
+        got = kafka_io.read_values(conf, topic, marks,
+                                   timeout_s=BROKER_WAIT_S + entries / LEDGER_READ_RATE)
+        ledger = [value for _p, values in sorted(got.items()) for _o, value in values]
     except (KafkaException, RuntimeError, TimeoutError) as exc:
         raise StartError(f"cannot read the ledger topic ({type(exc).__name__}): a worker "
                          "must know what was announced before it publishes") from None
@@ -950,7 +984,8 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
     that does not hold over the deployment's life (LifetimeError) and, under
     on_parameter_change = "refuse", one that changes an announced counter's parameters
     (ParameterChangeError): the halt's time is the start's, never an event's."""
-    entries = lifetime.entries_of(lifetime.ledger_objects(ledger))
+    objects = list(lifetime.ledger_objects(ledger))  # decoded once, for both reads
+    entries = lifetime.entries_of(objects)
     statements = list(entries)  # the distinct statements, in the order they first appear
     claim = lifetime.unit_claim(settings, statements)
     provenance = ConfiguredProvenance(settings, key)
@@ -966,7 +1001,7 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
                     or family_of(name) in settings.families):
                 for params in sorted(stated):
                     provenance.check_stated(name, params)
-    return announced_counters(ledger), claim
+    return announced_in(objects), claim
 
 
 def main_worker(argv: Sequence[str] | None = None) -> int:
@@ -988,10 +1023,14 @@ def main_worker(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.loglevel, args.log_format)
     level = logging.getLogger().getEffectiveLevel()
     lifecycle.setLevel(logging.INFO if level <= logging.WARNING else level)
+    imports = since_process_start()
+    began = time.monotonic()
     try:
         settings = load_settings(args.config)
         key = load_noise_key(settings, args.key_file, args.key_format)
-        return run_worker(settings, key, loglevel=args.loglevel)
+        phases = [] if imports is None else [("process start to main", imports)]
+        phases.append(("configuration", time.monotonic() - began))
+        return run_worker(settings, key, loglevel=args.loglevel, phases=phases)
     except (ConfigError, NoiseKeyError, StartError, RefusedError) as exc:
         print_error(exc)
     return 2

@@ -192,6 +192,7 @@ class StageShell(ABC, Generic[C, Out]):
     async def on_assigned(self, assigned: Iterable[Any]) -> None:
         """Faust's assignment (its TPs): expect the stage's partitions anew (GapGuard)."""
         mine = {tp.partition for tp in assigned if tp.topic == self.topic_name}
+        self._pending.assigned(mine)
         self.assigned(mine)
         await self.gaps.reseed(mine)
 

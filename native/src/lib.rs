@@ -1,0 +1,243 @@
+//! Native exact discrete Laplace draws on the keyed ChaCha20 keystream of dp-stream-counts.
+//!
+//! The Python code is the reference (processor/core/rng.py, processor/core/samplers/
+//! scalar.py): this crate makes the same draws from the same words, in the same order,
+//! with the same integer decisions, and ends at the same word position. No float is
+//! computed anywhere. A draw this crate does not finish (a rare branch it leaves to the
+//! reference, or a position past the lane's end) is reported as not done, and the
+//! caller makes it with the reference from the position returned.
+//!
+//! The ChaCha20 key is passed per call and never stored, printed or returned.
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+/// Words of one ChaCha20 block (64 bytes).
+const WORDS_PER_BLOCK: u64 = 8;
+/// Blocks in one lane: the block counter is 32 bits (rng.py refuses beyond it too).
+const MAX_BLOCK: u64 = 1 << 32;
+/// 18!: the modulus of the one-word Bernoulli(exp(-1)) (scalar.py F18).
+const F18: u64 = 6_402_373_705_728_000;
+/// The largest word accepted for r = w mod 18! (scalar.py F18_LIMIT_INT).
+const F18_LIMIT: u64 = u64::MAX - ((1u128 << 64) % F18 as u128) as u64;
+
+/// von Neumann thresholds 18!/k!, k = 18 down to 1, ascending (scalar.py VN_THRESHOLDS).
+const fn vn_thresholds() -> [u64; 18] {
+    let mut out = [0u64; 18];
+    let mut i = 0;
+    while i < 18 {
+        // entry i is 18! / (18 - i)!
+        let k = 18 - i as u64;
+        let mut f: u64 = 1;
+        let mut j = 2;
+        while j <= k {
+            f *= j;
+            j += 1;
+        }
+        out[i] = F18 / f;
+        i += 1;
+    }
+    out
+}
+const VN_THRESHOLDS: [u64; 18] = vn_thresholds();
+
+/// The ChaCha20 block function (RFC 8439 state layout): key words 4..12, the 32-bit block
+/// counter in word 12, the 96-bit nonce (the lane) in words 13..16.
+fn chacha20_block(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64; 8]) {
+    let init: [u32; 16] = [
+        0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574,
+        key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7],
+        counter, nonce[0], nonce[1], nonce[2],
+    ];
+    let mut x = init;
+    macro_rules! qr {
+        ($a:expr, $b:expr, $c:expr, $d:expr) => {
+            x[$a] = x[$a].wrapping_add(x[$b]); x[$d] = (x[$d] ^ x[$a]).rotate_left(16);
+            x[$c] = x[$c].wrapping_add(x[$d]); x[$b] = (x[$b] ^ x[$c]).rotate_left(12);
+            x[$a] = x[$a].wrapping_add(x[$b]); x[$d] = (x[$d] ^ x[$a]).rotate_left(8);
+            x[$c] = x[$c].wrapping_add(x[$d]); x[$b] = (x[$b] ^ x[$c]).rotate_left(7);
+        };
+    }
+    for _ in 0..10 {
+        qr!(0, 4, 8, 12); qr!(1, 5, 9, 13); qr!(2, 6, 10, 14); qr!(3, 7, 11, 15);
+        qr!(0, 5, 10, 15); qr!(1, 6, 11, 12); qr!(2, 7, 8, 13); qr!(3, 4, 9, 14);
+    }
+    for i in 0..8 {
+        let lo = x[2 * i].wrapping_add(init[2 * i]) as u64;
+        let hi = x[2 * i + 1].wrapping_add(init[2 * i + 1]) as u64;
+        // the keystream's bytes are little-endian, so a 64-bit word is lo | hi << 32
+        out[i] = lo | (hi << 32);
+    }
+}
+
+/// The position is past the lane's last block: the reference raises there.
+struct EndOfLane;
+
+/// Sequential words of one lane from a position (rng.py WordCursor, without a buffer
+/// that outlives the call).
+struct Words {
+    key: [u32; 8],
+    nonce: [u32; 3],
+    position: u64,
+    block: u64,
+    buf: [u64; 8],
+}
+
+impl Words {
+    fn new(key: &[u8; 32], lane: u128, position: u64) -> Words {
+        let mut k = [0u32; 8];
+        for (i, c) in key.chunks_exact(4).enumerate() {
+            k[i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        let nonce = [lane as u32, (lane >> 32) as u32, (lane >> 64) as u32];
+        Words { key: k, nonce, position, block: u64::MAX, buf: [0; 8] }
+    }
+
+    fn next(&mut self) -> Result<u64, EndOfLane> {
+        let block = self.position / WORDS_PER_BLOCK;
+        if block != self.block {
+            if block >= MAX_BLOCK {
+                return Err(EndOfLane);
+            }
+            chacha20_block(&self.key, block as u32, &self.nonce, &mut self.buf);
+            self.block = block;
+        }
+        let w = self.buf[(self.position % WORDS_PER_BLOCK) as usize];
+        self.position += 1;
+        Ok(w)
+    }
+
+    /// scalar.uniform_below(m) for 2 <= m <= 2^64: the top bitlen(m - 1) bits of a word,
+    /// retried while >= m.
+    fn uniform_below(&mut self, m: u128) -> Result<u64, EndOfLane> {
+        let bits = 128 - (m - 1).leading_zeros();
+        let shift = 64 - bits;
+        loop {
+            let x = self.next()? >> shift;
+            if (x as u128) < m {
+                return Ok(x);
+            }
+        }
+    }
+
+    /// scalar.bernoulli_exp_minus_one: one accepted word decides unless K > 18, then von
+    /// Neumann's loop goes on exactly at k = 19 (Bernoulli(1/k) = uniform_below(k) == 0).
+    fn bernoulli_exp_minus_one(&mut self) -> Result<bool, EndOfLane> {
+        let mut w = self.next()?;
+        while w > F18_LIMIT {
+            w = self.next()?;
+        }
+        let r = w % F18;
+        let nle = VN_THRESHOLDS.partition_point(|&th| th <= r) as u64;
+        if nle > 0 {
+            return Ok((19 - nle) % 2 == 1);
+        }
+        let mut k: u64 = 19;
+        while self.uniform_below(k as u128)? == 0 {
+            k += 1;
+        }
+        Ok(k % 2 == 1)
+    }
+
+    /// scalar._discrete_laplace(t, s) for t, s >= 1; None when the reference must make
+    /// this draw (a value beyond i64, a von Neumann modulus beyond 2^64: both far beyond
+    /// any probability that comes up, but exact either way).
+    fn discrete_laplace(&mut self, t: u64, s: u64) -> Result<Option<i64>, EndOfLane> {
+        let t128 = t as u128;
+        loop {
+            let u = if t > 1 { self.uniform_below(t128)? } else { 0 };
+            // Bernoulli(exp(-u/t)): k = 1; while bern_frac(u, t k): k += 1; K odd passes.
+            // bern_frac(0, .) is False without a word, and u < t <= t k.
+            let mut k: u128 = 1;
+            if u != 0 {
+                loop {
+                    let m = t128 * k;
+                    if m > 1u128 << 64 {
+                        return Ok(None);
+                    }
+                    if self.uniform_below(m)? >= u {
+                        break;
+                    }
+                    k += 1;
+                }
+            }
+            if k % 2 == 0 {
+                continue;
+            }
+            let mut v: u128 = 0;
+            while self.bernoulli_exp_minus_one()? {
+                v += 1;
+            }
+            let y = (u as u128 + t128 * v) / s as u128;
+            let negative = self.next()? >> 63 == 1;
+            if negative && y == 0 {
+                continue; // "minus zero": draw again
+            }
+            if y > i64::MAX as u128 {
+                return Ok(None);
+            }
+            let y = y as i64;
+            return Ok(Some(if negative { -y } else { y }));
+        }
+    }
+}
+
+fn key_of(key: &[u8]) -> PyResult<[u8; 32]> {
+    // The message names the length only, never the bytes.
+    key.try_into().map_err(|_| {
+        pyo3::exceptions::PyValueError::new_err("a derived stream key has 32 bytes")
+    })
+}
+
+/// n draws scalar._discrete_laplace(t, s) from word `position` of `lane`, as a flat list
+/// value, position after, value, position after, ... ; fewer than n when a draw is left
+/// to the reference (it starts at the last position in the list, or at `position`).
+#[pyfunction]
+#[pyo3(signature = (key, lane, position, t, s, n))]
+fn discrete_laplace_run(
+    py: Python<'_>, key: &[u8], lane: u128, position: u64, t: u64, s: u64, n: usize,
+) -> PyResult<Vec<i64>> {
+    let key = key_of(key)?;
+    if t < 1 || s < 1 || lane >= 1u128 << 96 {
+        return Err(pyo3::exceptions::PyValueError::new_err("t, s >= 1 and lane < 2^96"));
+    }
+    Ok(py.allow_threads(|| {
+        let mut src = Words::new(&key, lane, position);
+        let mut out = Vec::with_capacity(2 * n);
+        for _ in 0..n {
+            match src.discrete_laplace(t, s) {
+                Ok(Some(y)) => {
+                    out.push(y);
+                    out.push(src.position as i64);
+                }
+                _ => break,
+            }
+        }
+        out
+    }))
+}
+
+/// n keystream words of `lane` from word `start`, little-endian bytes (rng.py
+/// KeyedStream.word_array's bytes): the tests compare it with the reference cipher.
+#[pyfunction]
+fn keystream<'py>(
+    py: Python<'py>, key: &[u8], lane: u128, start: u64, n: u64,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let key = key_of(key)?;
+    let mut src = Words::new(&key, lane, start);
+    let mut out = Vec::with_capacity(8 * n as usize);
+    for _ in 0..n {
+        let w = src.next().map_err(|_| {
+            pyo3::exceptions::PyValueError::new_err("stream position beyond 2^32 blocks")
+        })?;
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    Ok(PyBytes::new(py, &out))
+}
+
+#[pymodule]
+fn dpc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(discrete_laplace_run, m)?)?;
+    m.add_function(wrap_pyfunction!(keystream, m)?)?;
+    Ok(())
+}

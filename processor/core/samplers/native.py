@@ -1,0 +1,53 @@
+"""The native discrete Laplace run (the `dpc_native` extension, built from native/), or None.
+
+The extension makes exactly the draws of scalar._discrete_laplace from the same keystream
+words (the same values, the same words consumed, the same cursor position after each
+draw; tests/core/test_native_samplers.py checks it against the reference). The Python
+samplers stay the reference; scalar.py calls the extension where it is loaded.
+
+`DPC_SAMPLERS` chooses, read once at import: "auto" (the default) uses the extension when
+it is installed, "reference" never uses it, "native" requires it (an ImportError at start
+if it is missing; CI sets it, so the tests run the native path).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Protocol, cast
+
+__all__ = ["NATIVE", "SAMPLERS_ENV", "Native", "load"]
+
+SAMPLERS_ENV = "DPC_SAMPLERS"
+_MODES = ("auto", "reference", "native")
+
+
+class Native(Protocol):
+    """What the extension provides (native/src/lib.rs)."""
+
+    def discrete_laplace_run(self, key: bytes, lane: int, position: int, t: int, s: int,
+                             n: int) -> list[int]:
+        """Up to n draws from `position`, flat: value, position after, ...; fewer when
+        the next draw is left to the reference (a rare branch or the lane's end)."""
+
+    def keystream(self, key: bytes, lane: int, start: int, n: int) -> bytes:
+        """n words of the lane from word `start`, little-endian bytes."""
+
+
+def load(mode: str) -> Native | None:
+    """The extension under `mode` (one of _MODES)."""
+    if mode not in _MODES:
+        raise ImportError(f"{SAMPLERS_ENV}={mode!r}: expected one of {', '.join(_MODES)}")
+    if mode == "reference":
+        return None
+    try:
+        module = importlib.import_module("dpc_native")
+    except ImportError:
+        if mode == "native":
+            raise ImportError(f"{SAMPLERS_ENV}=native but the dpc_native extension is not "
+                              "installed (bash deploy/setup.sh builds it)") from None
+        return None
+    return cast(Native, module)
+
+
+NATIVE: Native | None = load(os.environ.get(SAMPLERS_ENV, "auto"))
