@@ -1,7 +1,7 @@
 """Open families in user mode (docs/open-keys.md, "In the stream"): the bounding stage
 caps a unit's keys as counters (at most k events in each of at most m counters, keys
-included), the gate's delta0 pays for the m keys at the unit's epsilon, the ledger
-entry of an admitted key states the total, and replay flags a unit counted beyond its
+included), the gate's delta0 pays for the m keys at the unit's epsilon, every ledger
+entry states the total, and replay flags a unit counted beyond its
 bounds and a gate that ignores them. Pure: no Kafka. Deterministic (fixed noise key, no
 statistical claim)."""
 
@@ -31,6 +31,7 @@ from processor.stream.model.bounding import (
 from processor.stream.model.config import Settings, with_unit
 from processor.stream.model.families import OpenFamily, key_counter
 from processor.stream.model.identity import counter_id, noise_identity
+from processor.stream.model.lifetime import family_entries
 from processor.stream.model.operator import Operator
 from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import encode_marker
@@ -104,9 +105,16 @@ def _pipeline(s: Settings, bounder_settings: Settings | None = None,
     return timeline, list(fw.deadletters), run, [raw for _, _, raw in log]
 
 
-def _replay(s: Settings, timeline: list[bytes], run: Run) -> set[tuple[str, str, str]]:
+def _ledger(s: Settings, run: Run) -> list[bytes]:
+    """The ledger as a worker writes it: its start's family records, then the entries."""
+    return [v for _, v in family_entries(s, {})] + [e.to_json() for e in run.ledger]
+
+
+def _replay(s: Settings, timeline: list[bytes], run: Run,
+            ledger: list[bytes] | None = None) -> set[tuple[str, str, str]]:
     releases = [r.to_json() for r in run.releases]
-    ledger = [e.to_json() for e in run.ledger]
+    if ledger is None:
+        ledger = _ledger(s, run)
     history = ledger_history(s, KEY, ledger, releases)
     res = recompute_timeline(s, KEY, {0: list(enumerate(timeline))}, {0: len(timeline)},
                              history=history)
@@ -153,8 +161,10 @@ def test_a_unit_is_capped_at_m_counters_keys_included_and_k_events_per_key() -> 
             obj["unit_epsilon"], obj["unit_delta"]) == (admitted[0], M, K, EPS_U, DELTA_U)
     total = obj["unit_delta_total"]
     assert DELTA_U + SEL * (1 - 1e-9) <= total <= DELTA_U + SEL * (1 + 1e-9)
+    # A declared counter beside the family states the same total: a person touching
+    # it and keys incurs the gate's term too.
     (declared,) = [e for e in run.ledger if e.counter == "declared"]
-    assert b"unit_delta_total" not in declared.to_json()  # declared counters' bytes
+    assert orjson.loads(declared.to_json())["unit_delta_total"] == total
     schema = json.loads((Path(__file__).parents[2] / "schemas" / "ledger-entry.schema.json"
                          ).read_text())
     v = jsonschema.Draft202012Validator(schema)
@@ -171,6 +181,14 @@ def test_a_unit_is_capped_at_m_counters_keys_included_and_k_events_per_key() -> 
     with_total.pop("unit_delta_total")
     assert v.is_valid(with_total)
     assert _replay(s, timeline, run) == set()
+    # Controls: the declared counter's entry without the gate's term, and the ledger
+    # without the family's record, are flagged ("understated").
+    bare = orjson.dumps({k: x for k, x in orjson.loads(declared.to_json()).items()
+                         if k != "unit_delta_total"})
+    ledger = [bare if x == declared.to_json() else x for x in _ledger(s, run)]
+    assert ("ledger", "declared", "understated") in _replay(s, timeline, run, ledger)
+    assert ("ledger", HEAVY, "understated") in _replay(
+        s, timeline, run, [e.to_json() for e in run.ledger])
 
 
 def test_replay_flags_a_unit_counted_beyond_m_and_a_gate_ignoring_the_bounds() -> None:

@@ -103,8 +103,15 @@ def test_open_keys_in_user_mode_end_to_end_across_a_kill(
     assert [r[1] for r in rows].count(key_counter("pages", "t")) == 2
     releases = live.releases()
     assert {r["counter"] for r in releases} == {"declared", HEAVY}
-    ledger = [orjson.loads(r.value or b"") for r in
+    values = [orjson.loads(r.value or b"") for r in
               kafka_io.iter_topic(live.conf, live.topics.ledger)]
+    # The family's gate record, written once (by the first start, before any key; the
+    # restart finds it), then the entries.
+    records = [e for e in values if e.get("entry") == "family"]
+    assert [(e["family"], e["gate_delta0"]) for e in records] == [
+        ("pages", live.settings.gate_delta0("pages"))]
+    ledger = [e for e in values if "counter" in e]
+    assert len(ledger) + len(records) == len(values)
     assert {e["counter"] for e in ledger} == {"declared", HEAVY}
     (entry,) = [e for e in ledger if e["counter"] == HEAVY]
     mine = sorted((r for r in releases if r["counter"] == HEAVY), key=lambda r: r["tick"])
@@ -115,7 +122,8 @@ def test_open_keys_in_user_mode_end_to_end_across_a_kill(
     d0 = live.settings.gate_delta0("pages")
     assert (1 + math.exp(EPS_U)) * M * d0 <= SEL
     assert DELTA_U < entry["unit_delta_total"] <= DELTA_U + SEL * (1 + 1e-9)
-    assert all("unit_delta_total" not in e for e in ledger if e["counter"] == "declared")
+    # A declared counter beside the family states the same total.
+    assert {e["unit_delta_total"] for e in ledger} == {entry["unit_delta_total"]}
 
     # Identical to the pure recomputation, kill -9 included: every admission, every
     # release and the kept set (replay).

@@ -771,10 +771,10 @@ def _check_families(s: Settings) -> None:
         except InvalidParameterError as exc:
             raise ConfigError(f"{where}.selection_delta", str(exc)) from None
     if s.families and s.unit_confirm_migration:
-        # Keys made before a migration keep their gate's delta0 (for the old m and
-        # epsilon): a unit_delta_total stated with the new ones would not hold for them.
+        # A key not admitted keeps the per-event parameters it was made with and is on
+        # no ledger: a composition over the ledger's statements could miss them.
         raise ConfigError("unit.confirm_migration", "must be false beside open families "
-                          "(the keys' gates would not match what the entries state)")
+                          "(keys not admitted are on no ledger the migration could compose)")
     if s.families and s.allow_undeclared:
         raise ConfigError("allow_undeclared", "must be false beside open families (an "
                           "undeclared counter could be named like a key's)")

@@ -1063,8 +1063,7 @@ class Operator:
             start_ms=cs.start_tick * s.tick_ms, fingerprint=fingerprint,
             key_id=cs.key_id, creation=cs.creation, entry=entry, since_tick=since_tick,
             parameters="configured" if same else "stored", calibration=calibration_of(c),
-            **unit_ledger_fields(s, self.provenance.unit_claim(fingerprint),
-                                 None if cs.admission is None else cs.admission.delta0))
+            **unit_ledger_fields(s, self.provenance.unit_claim(fingerprint)))
 
     # -- the queue and the ticks
 

@@ -40,8 +40,11 @@ A DIFFERENCE is any of: a due record not published ("missing"); a published reco
 replay does not recompute ("unexpected", e.g. a forged ledger entry); a published record
 whose bytes differ from the recomputed one ("different", e.g. a tampered value); one
 (counter, tick, kind) or ledger key published with two different contents
-("conflicting"); a published value that is not a release or ledger record ("malformed").
-Identical re-sends (after a crash) count once.
+("conflicting"); a published value that is not a release or ledger record ("malformed");
+a user-mode entry stating a smaller unit_delta_total than the families' gate records
+imply, or a family record above its selection_delta ("understated": recomputed from the
+ledger alone by `processor.audit.gate_totals`, docs/open-keys.md). A family's record is
+written at start and not recomputed. Identical re-sends (after a crash) count once.
 
 Configuration changes
 ---------------------
