@@ -3,8 +3,8 @@ and processor/stream/model/lifetime.py): every start records its families' gate 
 on the ledger before it makes a key, every user-mode entry beside a family states
 unit_delta_total with the largest delta0 any gate used, a start that would make a written
 total false is refused, one that keeps every total true is accepted, and the ledger's
-totals check (processor/audit/gate_totals.py, apart from the worker's code) flags an entry
-that states less. Pure: no Kafka. Deterministic (fixed noise key, no statistical claim).
+totals check (processor/stream/replay/gate_totals.py, apart from the worker's code) flags
+an entry that states less. Pure: no Kafka. Deterministic (fixed noise key, no statistical claim).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import jsonschema
 import orjson
 import pytest
 
-from processor.audit.gate_totals import check_totals
 from processor.errors import error_line
 from processor.stream.model import lifetime
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.families import OpenFamily
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
 from processor.stream.model.state import DictStore
+from processor.stream.replay.gate_totals import check_totals
 from processor.stream.worker.app import ledger_at_start
 from tests.stream.test_lifetime import EVENT, KEY, USER1, _life, _values
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from processor.audit.gate_totals import check_totals
+from processor.stream.replay.gate_totals import check_totals
 from processor.stream.replay.history import LedgerHistory, ledger_dicts
 from processor.stream.replay.recompute import Recomputed
 from processor.stream.replay.report import Difference, RecordKey, Tally

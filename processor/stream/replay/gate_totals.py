@@ -7,8 +7,9 @@ gate delta0 on the ledger (a record with `"entry": "family"`), and every user-mo
 must state `unit_delta_total` at least unit_delta + (1 + e^unit_epsilon) m D, D the
 largest delta0 any record names: a person touching keys of families made under several
 selection_deltas gets at most that. This check recomputes it all from the published
-bytes, apart from the worker's code (it imports none of processor.stream or
-processor.core: docs/audit.md), and names every record that states less. Deterministic:
+bytes, apart from the worker's code (it imports nothing of the processor: an audit never
+imports the code it checks, docs/audit.md), and names every record that states less;
+replay's comparison reports each as "understated". Deterministic:
 its false-alarm rate is 0 up to the relative tolerance REL, far below any difference a
 wrong delta0 makes (a factor m, or the ratio of two selection_deltas).
 """
