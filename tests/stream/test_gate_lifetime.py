@@ -9,6 +9,8 @@ an entry that states less. Pure: no Kafka. Deterministic (fixed noise key, no st
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -19,7 +21,7 @@ import pytest
 
 from processor.errors import error_line
 from processor.stream.model import lifetime
-from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.config import Settings, with_overrides, with_unit
 from processor.stream.model.families import OpenFamily
 from processor.stream.model.lifetime import LifetimeError, UnitClaim
 from processor.stream.model.state import DictStore
@@ -179,3 +181,31 @@ def test_the_totals_check_flags_what_the_family_records_contradict() -> None:
     assert [w for w, _ in check_totals([*ledger, orjson.dumps(higher)])] == ["a"]
     # Control: the event-mode ledger and one without families have nothing to check.
     assert check_totals(_entries(USER1, None) + _entries(EVENT, None)) == []
+
+
+#: SHA-256 of `_declared_only_digest` on main (c08cf25's main, before open families in
+#: user mode), computed by the same function there.
+DECLARED_ONLY = "d1bd2d21983f802831f372aa64bc479154a14bf66b5e6fd32d3b7276221a0054"
+
+
+def _declared_only_digest() -> str:
+    h = hashlib.sha256()
+    for k, m in ((1, 1), (3, 2)):
+        s = with_unit(with_overrides(EVENT, counters={"a": 0, "b": 0}), 4.0, 1e-6, k, m)
+        for e in _life(s, DictStore(), 0, 5, 12):
+            h.update(e.to_json())
+    return h.hexdigest()
+
+
+def test_user_mode_entries_without_families_are_byte_identical_to_main() -> None:
+    """A user-mode deployment that never had a family writes no record and entries of
+    exactly main's bytes (two unit bounds, two declared counters). Control: the same
+    entries stating a gate's total hash differently."""
+    assert _declared_only_digest() == DECLARED_ONLY
+    s = with_unit(with_overrides(EVENT, counters={"a": 0, "b": 0}), 4.0, 1e-6, 1, 1)
+    assert lifetime.family_entries(s, {}) == [] and lifetime.plain(s) is not None
+    claim = lifetime.plain(s)
+    assert claim is not None and claim.gate_delta0 is None
+    with_gate = _life(s, DictStore(), 0, 5, 12,
+                      claim=dataclasses.replace(claim, gate_delta0=1e-12))
+    assert all(b"unit_delta_total" in e.to_json() for e in with_gate)
