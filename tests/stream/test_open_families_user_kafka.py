@@ -3,7 +3,8 @@ as deployed) bounds each unit's keys in the bounding stage (k events per key, m 
 per unit, keys included), publishes a heavy key fed by many units from its admission
 on, with its whole count and a ledger entry stating the unit's total, never a key with
 few events nor one a unit reached beyond its bounds, and stays identical to the pure
-recomputation (replay: admissions and the kept set) across a kill -9 and a restart.
+recomputation (replay: admissions and the kept set) across a kill -9 and a restart; a
+start raising the family's selection_delta is then refused (exit 2, one line).
 Waits have deadlines; no synchronising sleep."""
 
 from __future__ import annotations
@@ -13,16 +14,19 @@ import collections
 import math
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 import orjson
 import pytest
 
 from processor.core.unit import derive
 from processor.stream.kafka import kafka_io
-from processor.stream.model.config import Settings
+from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.families import OpenFamily, key_counter
+from processor.stream.worker.app import ledger_at_start
 from tests.stream.test_app_e2e import (
     Live,
+    _worker_start_error,
     live_factory,  # noqa: F401  (the fixture, re-exported for this module)
     now_ms,
 )
@@ -46,7 +50,7 @@ def _send_heavy(live: Live, stop: threading.Event, sent: list[int]) -> None:
 
 @pytest.mark.kafka
 def test_open_keys_in_user_mode_end_to_end_across_a_kill(
-        live_factory: Callable[..., Live]) -> None:  # noqa: F811
+        live_factory: Callable[..., Live], tmp_path: Path) -> None:  # noqa: F811
     tick = 100
     start = (now_ms() // tick) * tick
     d = Settings()
@@ -131,5 +135,21 @@ def test_open_keys_in_user_mode_end_to_end_across_a_kill(
 
     report = replay(live.settings, live.key)
     assert report.identical, report.summary()
+
+    # A start raising selection_delta would make the written totals false: the worker
+    # refuses it before it publishes, one error line, exit 2. Control: a lowered one is
+    # accepted and states the recorded delta0 (the start's check on this ledger).
+    def family(sel: float) -> Settings:
+        return with_overrides(live.settings, families={"pages": OpenFamily(start, sel)},
+                              state_dir=str(tmp_path / "state"))
+
+    res = _worker_start_error(family(SEL * 10), tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = (res.stdout + res.stderr).strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: families.pages.selection_delta:"), lines
+    published = [r.value for r in kafka_io.iter_topic(live.conf, live.topics.ledger)]
+    claim = ledger_at_start(family(SEL / 10), live.key, published)[1]
+    assert claim is not None and claim.gate_delta0 == d0
     print(f"open keys user mode e2e: {sent[0]} heavy events, admitted at tick "
           f"{mine[0]['tick']} with {mine[0]['value']}, {live.worker.starts} starts")
