@@ -336,8 +336,8 @@ def _check_totals(settings: Settings, gate: float | None, history: Sequence[Stat
         return
     field_name = "families"
     if settings.families:
-        field_name = f"families.{max(settings.families, key=settings.gate_delta0)}" \
-                     ".selection_delta"
+        widest = max(settings.families, key=settings.gate_delta0)
+        field_name = f"families.{widest}.selection_delta"
     for h in history:
         assert h.claim is not None
         need = replace(h.claim, gate_delta0=gate).delta_total()
