@@ -16,7 +16,13 @@ from processor.core.ecc import ECC, SimECC
 from processor.core.grid import UNIT
 from processor.core.selection import OpenKey
 from processor.devtools.deployment import write_config
-from processor.stream.model.config import ConfigError, Settings, load_settings, with_overrides
+from processor.stream.model.config import (
+    ConfigError,
+    Settings,
+    load_settings,
+    with_overrides,
+    with_unit,
+)
 from processor.stream.model.families import (
     MAX_KEY_BYTES,
     OpenFamily,
@@ -131,16 +137,22 @@ def test_bad_families_are_refused_naming_the_field(tmp_path: Any, text: str,
     assert err.value.field == field
 
 
-def test_families_refuse_user_mode_and_undeclared_counters() -> None:
+def test_families_refuse_undeclared_counters_and_accept_user_mode() -> None:
     with pytest.raises(ConfigError) as err:
         open_settings(allow_undeclared=True)
     assert err.value.field == "allow_undeclared"
     user = dict(privacy_unit="user", unit_epsilon=1.0, unit_delta=1e-6,
                 max_events_per_counter=2, max_counters_per_unit=2)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError) as err:  # epsilon is derived in user mode
         with_overrides(Settings(), counters={"a": 0}, **user, epsilon=1.0,
                        families={"pages": FAMILY})
-    assert err.value.field in ("families", "epsilon")
+    assert err.value.field == "epsilon"
+    s = with_unit(with_overrides(Settings(), counters={"a": 0}, families={"pages": FAMILY}),
+                  1.0, 1e-6, 2, 2)
+    assert s.gate_delta0("pages") == FAMILY.delta0(1.0, 2)  # the unit's epsilon, m keys
+    with pytest.raises(ConfigError) as err:
+        with_overrides(s, unit_confirm_migration=True)
+    assert err.value.field == "unit.confirm_migration"
 
 
 # --------------------------------------------------------------------------- the operator

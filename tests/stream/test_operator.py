@@ -677,7 +677,10 @@ def test_releases_carry_no_true_sums_queue_lengths_or_offsets() -> None:
         "creation", "entry", "since_tick", "parameters", "calibration",
         # privacy_unit = "user" only: public configuration (docs/privacy-unit.md).
         "unit_field", "max_counters_per_unit", "unit_epsilon", "unit_delta",
-        "unit_derivation"}
+        "unit_derivation",
+        # an admitted key of an open family in user mode: public parameters composed
+        # (docs/open-keys.md).
+        "unit_delta_total"}
 
     class Sentinel(StepCounter):
         @property

@@ -249,7 +249,8 @@ def _validator(name: str) -> jsonschema.protocols.Validator:
 def test_every_schema_file_is_tested() -> None:
     assert sorted(p.name for p in SCHEMAS.glob("*.json")) == sorted(
         ["input-event.schema.json", "timeline-record.schema.json", "dead-letter.schema.json",
-         "private-count.schema.json", "ledger-entry.schema.json"])
+         "private-count.schema.json", "ledger-entry.schema.json",
+         "ledger-family.schema.json"])
 
 
 def test_input_event_schema_agrees_with_the_parser() -> None:

@@ -219,6 +219,17 @@ class Settings:
             object.__setattr__(self, "_unit_parameters", cached)
         return cached
 
+    def gate_delta0(self, family: str) -> float:
+        """The admission gate's delta0 of `family`'s keys: its selection_delta over the
+        keys one unit touches at the epsilon the releases hold at (docs/open-keys.md):
+        one key at the per-event epsilon in event mode, m at the unit's in user mode
+        (keys count towards max_counters_per_unit as counters do)."""
+        fam = self.families[family]
+        if self.privacy_unit == "user":
+            assert self.unit_epsilon is not None
+            return fam.delta0(self.unit_epsilon, self.max_counters_per_unit)
+        return fam.delta0(self.epsilon)
+
     def checkpoint_interval_ms(self) -> int:
         """checkpoint_ms, or when it is 0, twice lateness_ms + tick_ms within
         [MIN_AUTO_CHECKPOINT_MS, MAX_AUTO_CHECKPOINT_MS]: an event changes its counter at
@@ -738,10 +749,9 @@ def _check_counters(s: Settings) -> None:
 
 def _check_families(s: Settings) -> None:
     """Open families: names as declared counters' (at most MAX_FAMILY_NAME bytes) and
-    none of them, starts on the tick grid, delta_sel the gate can meet; event mode, no
-    undeclared counters beside them (either would break what the gate's proof assumes:
-    one key per unit, and no counter named like a key's), and the bases the gate covers
-    (ECC and SimECC run BLT)."""
+    none of them, starts on the tick grid, delta_sel the gate can meet; no undeclared
+    counters beside them (the gate's proof assumes no counter named like a key's), and
+    the bases the gate covers (ECC and SimECC run BLT)."""
     for name, fam in s.families.items():
         where = f"families.{name}"
         if (not isinstance(name, str) or not _COUNTER_NAME_RE.fullmatch(name)
@@ -757,12 +767,14 @@ def _check_families(s: Settings) -> None:
         if not 0.0 < fam.selection_delta < 1.0:
             raise ConfigError(f"{where}.selection_delta", "must be in (0, 1)")
         try:
-            fam.delta0(s.epsilon)
+            s.gate_delta0(name)
         except InvalidParameterError as exc:
             raise ConfigError(f"{where}.selection_delta", str(exc)) from None
-    if s.families and s.privacy_unit != "event":
-        raise ConfigError("families", 'open families need privacy_unit = "event" (user mode '
-                          "is not built in the stream yet)")
+    if s.families and s.unit_confirm_migration:
+        # A key not admitted keeps the per-event parameters it was made with and is on
+        # no ledger: a composition over the ledger's statements could miss them.
+        raise ConfigError("unit.confirm_migration", "must be false beside open families "
+                          "(keys not admitted are on no ledger the migration could compose)")
     if s.families and s.allow_undeclared:
         raise ConfigError("allow_undeclared", "must be false beside open families (an "
                           "undeclared counter could be named like a key's)")

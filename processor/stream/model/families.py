@@ -42,10 +42,11 @@ class OpenFamily:
     start_ms: int
     selection_delta: float
 
-    def delta0(self, epsilon: float) -> float:
-        """The gate's failure probability delta0 for counters at per-event `epsilon`
-        (event mode: one key per unit)."""
-        return gate_delta0(epsilon, self.selection_delta, 1)
+    def delta0(self, epsilon: float, keys: int = 1) -> float:
+        """The gate's failure probability delta0 for `keys` keys per unit at `epsilon`:
+        the per-event epsilon and one key in event mode, the unit's target epsilon and
+        its m in user mode (`config.Settings.gate_delta0`)."""
+        return gate_delta0(epsilon, self.selection_delta, keys)
 
 
 def key_counter(family: str, key: str) -> str:

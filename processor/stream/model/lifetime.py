@@ -21,6 +21,16 @@ state against what the ledger stated (`unit_claim`):
   most (M K max eps_i, M max delta_i S_K(eps_i)) over the per-event parameters of every
   configuration. A later start whose composed guarantee an entry already states needs
   no confirmation: nothing it states is new.
+- Open families in user mode (docs/open-keys.md): a person touching keys of a family also
+  incurs the admission gate's term, (1 + e^unit_epsilon) m delta0 for delta0 the largest
+  any gate ever used (`gate_bound`). The worker records each family's delta0 on the
+  ledger at start, before any key is made with it (`family_entries`: data-independent,
+  public configuration only), and every user-mode entry of a deployment with such a record
+  states `unit_delta_total` with that largest delta0, D. A start that would need a larger
+  D than an entry states, or adds a family under entries stating no total, is refused
+  (`unit_claim`); lowering selection_delta or removing a family keeps D and is accepted.
+  A confirmed migration is refused while the ledger holds a family record: keys not
+  admitted keep per-event parameters no entry shows, which `composed` would miss.
 
 Pure: ledger values (bytes) in, a claim or a LifetimeError out.
 """
@@ -28,13 +38,14 @@ Pure: ledger values (bytes) in, a claim or a LifetimeError out.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import orjson
 
 from processor.core.bounded import check_eps_delta
 from processor.core.errors import InvalidParameterError
+from processor.core.selection import selection_delta
 from processor.core.unit import METHOD, check_bound, unit_guarantee
 from processor.errors import RefusedError
 from processor.stream.model.config import Settings
@@ -55,16 +66,29 @@ class UnitClaim:
     unit_epsilon: float
     unit_delta: float
     derivation: str
+    #: The largest delta0 any open family's admission gate ever used or will use (None:
+    #: the deployment never had a user-mode family; the entry then states no total).
+    gate_delta0: float | None = None
+
+    def delta_total(self) -> float | None:
+        """The entry's `unit_delta_total`: unit_delta plus the gate's term for the m
+        keys a person may touch (None without a family)."""
+        if self.gate_delta0 is None:
+            return None
+        return selection_delta(self.unit_epsilon, self.unit_delta, self.gate_delta0,
+                               self.max_counters_per_unit)
 
 
 @dataclass(frozen=True)
 class Stated:
     """What one published ledger entry states about a person: its mode, the counter's
-    per-event parameters, and (user mode) its unit claim."""
+    per-event parameters, (user mode) its unit claim and its total with the gate's term
+    (`unit_delta_total`, None if it states none)."""
 
     mode: str
     parameters: tuple[str, float, float, str]
     claim: UnitClaim | None
+    total: float | None = None
 
 
 class LifetimeError(RefusedError):
@@ -76,12 +100,14 @@ class LifetimeError(RefusedError):
     (`operator.Operator._apply_marker`: state the ledger does not reflect yet)."""
 
     def __init__(self, field_name: str, stated: object, configured: object,
-                 migratable: bool, source: str = "the ledger") -> None:
+                 migratable: bool, source: str = "the ledger",
+                 remedy: str | None = None) -> None:
         self.field = field_name
-        remedy = ("start a new deployment (new app_id and new private-count and ledger "
-                  "topics)")
+        new = "start a new deployment (new app_id and new private-count and ledger topics)"
+        if remedy is None:
+            remedy = new
         if migratable:
-            remedy = (f"set {field_name} back, or {remedy}, or confirm the migration "
+            remedy = (f"set {field_name} back, or {new}, or confirm the migration "
                       "([unit] confirm_migration = true: every later ledger entry then "
                       "states the guarantee composed over every configuration, "
                       "docs/privacy-unit.md)")
@@ -118,7 +144,7 @@ def ledger_objects(ledger_values: Iterable[bytes | None]) -> Iterator[dict[str, 
 #: The fields of an entry `statement` reads: what it states is a function of these alone.
 _STATED_FIELDS: Final = ("privacy_unit", "mechanism", "epsilon", "delta", "calibration",
                          "contribution_bound", "max_counters_per_unit", "unit_epsilon",
-                         "unit_delta", "unit_derivation")
+                         "unit_delta", "unit_derivation", "unit_delta_total")
 
 
 def entries_of(objects: Iterable[dict[str, Any]]) -> dict[Stated, list[str]]:
@@ -155,25 +181,98 @@ def statement(obj: dict[str, Any]) -> Stated | None:
         # nothing a person's guarantee could be composed from.
         check_eps_delta(params[1], params[2])
         claim = None
+        total = None
         if mode == "user":
             claim = UnitClaim(check_bound("k", obj["contribution_bound"]),
                               check_bound("m", obj["max_counters_per_unit"]),
                               float(obj["unit_epsilon"]), float(obj["unit_delta"]),
                               str(obj["unit_derivation"]))
+            if "unit_delta_total" in obj:
+                total = float(obj["unit_delta_total"])
     except (KeyError, TypeError, ValueError, InvalidParameterError):
         return None
     if mode is None:
         return None
-    return Stated(mode, params, claim)
+    return Stated(mode, params, claim, total)
 
 
 def plain(settings: Settings) -> UnitClaim | None:
-    """What the configuration alone states (None in event mode)."""
+    """What the configuration alone states (None in event mode), its families' largest
+    gate delta0 included."""
     p = settings.unit_parameters()
     if p is None:
         return None
     return UnitClaim(p.max_events_per_counter, p.max_counters_per_unit, p.unit_epsilon,
-                     p.unit_delta, p.method)
+                     p.unit_delta, p.method, configured_gate(settings))
+
+
+def configured_gate(settings: Settings) -> float | None:
+    """The largest gate delta0 of the configured families in user mode (None: none)."""
+    if settings.privacy_unit != "user" or not settings.families:
+        return None
+    return max(settings.gate_delta0(f) for f in settings.families)
+
+
+#: The `entry` of a family's record on the ledger (`family_entries`).
+FAMILY_ENTRY: Final = "family"
+_FAMILY_MARK: Final = b'"family"'
+
+
+def family_objects(ledger_values: Iterable[bytes | None]) -> Iterator[dict[str, Any]]:
+    """The values of a ledger topic that decode to a family record (`family_entries`)."""
+    for raw in ledger_values:
+        # Only a value naming the entry kind is decoded (a ledger holds a million
+        # counters' entries and a few families' records).
+        if not raw or _FAMILY_MARK not in raw:
+            continue
+        try:
+            obj = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if (type(obj) is dict and obj.get("entry") == FAMILY_ENTRY
+                and type(obj.get("family")) is str):
+            yield obj
+
+
+def recorded_gates(objects: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """family -> the largest gate delta0 its records (`family_objects`) state (values no
+    worker writes skipped)."""
+    out: dict[str, float] = {}
+    for obj in objects:
+        d0 = obj.get("gate_delta0")
+        if type(d0) is float and 0.0 < d0 < 1.0:
+            out[obj["family"]] = max(d0, out.get(obj["family"], 0.0))
+    return out
+
+
+def gate_bound(settings: Settings, recorded: dict[str, float]) -> float | None:
+    """D: the largest delta0 any family's gate ever used or, under `settings`, will use
+    (None: no user-mode family, ever)."""
+    values = list(recorded.values())
+    mine = configured_gate(settings)
+    if mine is not None:
+        values.append(mine)
+    return max(values) if values else None
+
+
+def family_entries(settings: Settings, recorded: dict[str, float]) -> list[tuple[bytes, bytes]]:
+    """The (key, value) records a start writes to the ledger before any key is made: one
+    per configured user-mode family whose gate delta0 is above what the ledger records of
+    it, so the ledger always records the largest delta0 each family's gate used. Public
+    configuration only, written at start (never at an event)."""
+    if settings.privacy_unit != "user":
+        return []
+    p = settings.unit_parameters()
+    assert p is not None
+    out = []
+    for name, fam in sorted(settings.families.items()):
+        d0 = settings.gate_delta0(name)
+        if d0 > recorded.get(name, 0.0):
+            out.append((name.encode("utf-8"), orjson.dumps({
+                "family": name, "entry": FAMILY_ENTRY, "privacy_unit": "user",
+                "selection_delta": fam.selection_delta, "unit_epsilon": p.unit_epsilon,
+                "max_counters_per_unit": p.max_counters_per_unit, "gate_delta0": d0})))
+    return out
 
 
 def configured_parameters(settings: Settings) -> tuple[str, float, float, str]:
@@ -195,9 +294,11 @@ def composed(settings: Settings, history: Sequence[Stated]) -> UnitClaim:
     return UnitClaim(k, m, max(g[0] for g in per), max(g[1] for g in per), METHOD_LIFETIME)
 
 
-def unit_claim(settings: Settings, history: Sequence[Stated]) -> UnitClaim | None:
+def unit_claim(settings: Settings, history: Sequence[Stated],
+               recorded: dict[str, float] | None = None) -> UnitClaim | None:
     """The per-unit fields this start's ledger entries state (None in event mode), or
-    LifetimeError naming the first setting that makes them untrue (module docstring)."""
+    LifetimeError naming the first setting that makes them untrue (module docstring);
+    `recorded`: the families' gate delta0 the ledger records (`recorded_gates`)."""
     own = plain(settings)
     mode = settings.privacy_unit
     other = next((h for h in history if h.mode != mode), None)
@@ -205,6 +306,18 @@ def unit_claim(settings: Settings, history: Sequence[Stated]) -> UnitClaim | Non
         raise LifetimeError("privacy_unit", other.mode, mode, migratable=False)
     if own is None:
         return None
+    if recorded and settings.unit_confirm_migration:
+        # The configuration refuses a migration beside families; a family removed since
+        # may have left keys not admitted, on no ledger a composition could read.
+        raise LifetimeError("unit.confirm_migration", "open families' gate records",
+                            "a confirmed migration", migratable=False)
+    gate = gate_bound(settings, recorded or {})
+    claim = _claim(settings, replace(own, gate_delta0=None), history)
+    _check_totals(settings, gate, history)
+    return replace(claim, gate_delta0=gate)
+
+
+def _claim(settings: Settings, own: UnitClaim, history: Sequence[Stated]) -> UnitClaim:
     mine = configured_parameters(settings)
     if all(h.claim == own and h.parameters == mine for h in history):
         return own
@@ -214,6 +327,31 @@ def unit_claim(settings: Settings, history: Sequence[Stated]) -> UnitClaim | Non
     if settings.unit_confirm_migration or any(h.claim == whole for h in history):
         return whole
     raise _first_difference(settings, own, mine, history)
+
+
+def _check_totals(settings: Settings, gate: float | None, history: Sequence[Stated]) -> None:
+    """Refuse a start under which an entry already written would understate a person's
+    delta: with D = `gate`, each must state a total at least its claim's with D."""
+    if gate is None:
+        return
+    field_name = "families"
+    if settings.families:
+        widest = max(settings.families, key=settings.gate_delta0)
+        field_name = f"families.{widest}.selection_delta"
+    for h in history:
+        assert h.claim is not None
+        need = replace(h.claim, gate_delta0=gate).delta_total()
+        assert need is not None
+        if h.total is None:
+            raise LifetimeError(field_name, "entries with no unit_delta_total (no open "
+                                "family in user mode)", f"an open family (gate delta0 {gate!r})",
+                                migratable=False)
+        if h.total < need:
+            raise LifetimeError(field_name, f"unit_delta_total {h.total!r}",
+                                f"unit_delta_total {need!r} (gate delta0 {gate!r})",
+                                migratable=False, remedy="lower selection_delta back, or "
+                                "start a new deployment (new app_id and new private-count "
+                                "and ledger topics)")
 
 
 #: The claim's fields and the settings that set them, in the order an error names them.

@@ -326,7 +326,7 @@ class Operator:
         # delta0 (families.py, docs/open-keys.md).
         self._family_starts = {f: fam.start_ms // settings.tick_ms
                                for f, fam in settings.families.items()}
-        self._delta0 = {f: fam.delta0(settings.epsilon) for f, fam in settings.families.items()}
+        self._delta0 = {f: settings.gate_delta0(f) for f in settings.families}
         self._phases: dict[str, int] = {}
         # What the operator stores (transaction.Slot): counter values, then the partition
         # value they are guarded by (write plan ranks); every partition value and up to

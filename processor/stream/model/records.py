@@ -240,6 +240,12 @@ class LedgerEntry:
     unit_epsilon: float | None = None
     unit_delta: float | None = None
     unit_derivation: str | None = None
+    #: Every user-mode entry of a deployment that has or had an open family in user mode
+    #: (absent from the JSON otherwise): the delta per unit of the whole published
+    #: output, the admissions of the m keys a unit may touch included, unit_delta +
+    #: (1 + e^unit_epsilon) m D, D the largest delta0 any family's gate ever used or will
+    #: use (lifetime.UnitClaim.delta_total, docs/open-keys.md); unit_epsilon is unchanged.
+    unit_delta_total: float | None = None
 
     def key(self) -> bytes:
         return self.counter.encode("utf-8")
@@ -248,6 +254,9 @@ class LedgerEntry:
         if self.unit_field is None:
             # Event mode: exactly the version-1 bytes (the unit fields left out).
             return orjson.dumps({k: getattr(self, k) for k in _LEDGER_V1_FIELDS})
+        if self.unit_delta_total is None:
+            # No family, ever: exactly the version-2 bytes it always had.
+            return orjson.dumps({k: getattr(self, k) for k in _LEDGER_V2_FIELDS})
         return orjson.dumps(self)
 
     def headers(self) -> Headers:
@@ -262,16 +271,19 @@ class LedgerEntry:
 
 
 _LEDGER_UNIT_FIELDS: Final = ("unit_field", "max_counters_per_unit", "unit_epsilon",
-                               "unit_delta", "unit_derivation")
+                               "unit_delta", "unit_derivation", "unit_delta_total")
 _LEDGER_V1_FIELDS: Final = tuple(f for f in LedgerEntry.__dataclass_fields__
                                  if f not in _LEDGER_UNIT_FIELDS)
+_LEDGER_V2_FIELDS: Final = tuple(f for f in LedgerEntry.__dataclass_fields__
+                                 if f != "unit_delta_total")
 
 
 def unit_ledger_fields(settings: Settings, claim: UnitClaim | None = None) -> dict[str, Any]:
     """The LedgerEntry keyword arguments of the privacy unit: none in event mode (the
     entry is what it always was), the unit, both bounds and the guarantee per unit in
     user mode: `claim` (what holds over the deployment's life, lifetime.unit_claim), by
-    default what the configuration alone derives."""
+    default what the configuration alone derives; beside an open family, ever, also the
+    total with the gate's term (for declared counters and keys alike)."""
     if claim is None:
         claim = plain_claim(settings)
     if claim is None:
@@ -280,7 +292,7 @@ def unit_ledger_fields(settings: Settings, claim: UnitClaim | None = None) -> di
             "contribution_bound": claim.max_events_per_counter, "unit_field": UNIT_FIELD,
             "max_counters_per_unit": claim.max_counters_per_unit,
             "unit_epsilon": claim.unit_epsilon, "unit_delta": claim.unit_delta,
-            "unit_derivation": claim.derivation}
+            "unit_derivation": claim.derivation, "unit_delta_total": claim.delta_total()}
 
 
 def announced_in(objects: Iterable[dict[str, Any]]) -> dict[str, frozenset[str]]:

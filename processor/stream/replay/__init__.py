@@ -40,8 +40,11 @@ A DIFFERENCE is any of: a due record not published ("missing"); a published reco
 replay does not recompute ("unexpected", e.g. a forged ledger entry); a published record
 whose bytes differ from the recomputed one ("different", e.g. a tampered value); one
 (counter, tick, kind) or ledger key published with two different contents
-("conflicting"); a published value that is not a release or ledger record ("malformed").
-Identical re-sends (after a crash) count once.
+("conflicting"); a published value that is not a release or ledger record ("malformed");
+a user-mode entry stating a smaller unit_delta_total than the families' gate records
+imply, or a family record above its selection_delta ("understated": recomputed from the
+ledger alone by `gate_totals`, docs/open-keys.md). A family's record is written at start
+and not recomputed. Identical re-sends (after a crash) count once.
 
 Configuration changes
 ---------------------
@@ -53,7 +56,8 @@ its counter announced by its tick is "unexplained".
 
 The modules: `report` (the verdict's vocabulary), `history` (the ledger's account and the
 operator's provenance from it), `recompute` (the timeline through the worker's code),
-`comparison` (recomputed against published), `snapshot` (the cut against the brokers),
+`comparison` (recomputed against published), `gate_totals` (the ledger's totals beside
+open families, from the ledger alone), `snapshot` (the cut against the brokers),
 `cli` (the command).
 """
 

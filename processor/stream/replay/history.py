@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -33,7 +33,13 @@ from processor.core.rng import NoiseKey
 from processor.stream.model.config import ConfigError, Settings, with_overrides
 from processor.stream.model.families import family_of
 from processor.stream.model.identity import counter_id, key_fingerprint, noise_identity
-from processor.stream.model.lifetime import UnitClaim, statement
+from processor.stream.model.lifetime import (
+    UnitClaim,
+    family_objects,
+    gate_bound,
+    recorded_gates,
+    statement,
+)
 from processor.stream.model.provenance import ConfiguredProvenance, Parameters, parameters_of
 from processor.stream.replay.report import Difference, RecordKey
 
@@ -60,6 +66,9 @@ class LedgerHistory:
     creation: dict[str, str] = field(default_factory=dict)
     #: fingerprint -> the per-unit guarantee its entries state (lifetime.statement).
     claims: dict[str, UnitClaim | None] = field(default_factory=dict)
+    #: D, the largest gate delta0 of the families' records on the ledger and of the
+    #: configured families (lifetime.gate_bound): what every user-mode entry states.
+    gate: float | None = None
     #: The published releases and ledger entries (bytes): which of the positions a
     #: restart may have had the worker computed (`recompute`).
     published: frozenset[bytes] = frozenset()
@@ -149,7 +158,11 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     configuration) and `key`, checking each entry replay takes anything from; the
     published `releases` only serve to place a restart (`recompute`)."""
     ledger = list(dict.fromkeys(ledger))  # identical re-sends (after a crash) count once
-    h = LedgerHistory(published=frozenset(v for v in (*ledger, *releases) if v))
+    # Every start records its families' gates before it makes a key: D is the ledger's
+    # largest (the configuration's only before any start recorded one).
+    recorded = recorded_gates(family_objects(ledger))
+    h = LedgerHistory(published=frozenset(v for v in (*ledger, *releases) if v),
+                      gate=max(recorded.values()) if recorded else gate_bound(settings, {}))
     current = settings.fingerprint()
     key_id = key_fingerprint(key)
     # The operator's own reading of the settings: what a new counter runs with.
@@ -178,7 +191,8 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
         fp, since, kind = d["fingerprint"], d["since_tick"], d["entry"]
         stated = statement(d)
         if stated is not None:
-            h.claims.setdefault(fp, stated.claim)
+            h.claims.setdefault(fp, None if stated.claim is None
+                                else replace(stated.claim, gate_delta0=h.gate))
         ticks = entries.setdefault(name, {})
         label = d.get("parameters")
         if type(label) is str:
@@ -276,7 +290,8 @@ class LedgerProvenance:
         computed it at its start from the ledger before them), else the configuration's."""
         if fingerprint in self.history.claims:
             return self.history.claims[fingerprint]
-        return self.configured.unit_claim(fingerprint)
+        claim = self.configured.unit_claim(fingerprint)
+        return None if claim is None else replace(claim, gate_delta0=self.history.gate)
 
     def check_parameters(self, name: str, c: Counter) -> None:
         """No refusal: replay recomputes what the worker ran, and a counter runs with the

@@ -26,7 +26,7 @@ class Difference:
     topic: str  # "counts" (the private-count topic) or "ledger"
     key: RecordKey
     problem: str  # missing, unexpected, different, conflicting, malformed, inconsistent,
-    # unexplained (the package docstring)
+    # unexplained, understated (the package docstring)
     detail: str
 
     def describe(self) -> str:

@@ -952,15 +952,33 @@ def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
         log.warning("%s", line)
     steps.append(("topics", time.monotonic() - began))
     began = time.monotonic()
-    announced, claim = read_ledger(settings, key)
+    announced, claim, families = read_ledger(settings, key)
+    if families:
+        record_families(settings, families)
     steps.append(("ledger", time.monotonic() - began))
     return Worker(settings, key, replication=replication, faults=faults,
                   announced=announced, unit_claim=claim).run(loglevel, steps)
 
 
+def record_families(settings: Settings, records: Sequence[tuple[bytes, bytes]]) -> None:
+    """Write the families' records (`lifetime.family_entries`) to the ledger and wait for
+    their acknowledgement, before the worker makes any key with their gates' delta0: a
+    later start then knows the largest delta0 any gate used (docs/open-keys.md)."""
+    conf = kafka_io.base_config(settings)
+    try:
+        kafka_io.produce_all(conf, topic_name(settings, "ledger"), records,
+                             timeout_s=BROKER_WAIT_S)
+    except (KafkaException, RuntimeError) as exc:
+        raise StartError(f"cannot write the open families' records to the ledger topic "
+                         f"({type(exc).__name__}): a later start must know their gates' "
+                         "delta0 before a key is made") from None
+
+
 def read_ledger(settings: Settings, key: NoiseKey
-                ) -> tuple[dict[str, frozenset[str]], UnitClaim | None]:
-    """The ledger topic read at start: `ledger_at_start` of its values."""
+                ) -> tuple[dict[str, frozenset[str]], UnitClaim | None,
+                           list[tuple[bytes, bytes]]]:
+    """The ledger topic read at start: `ledger_at_start` of its values, and the open
+    families' records this start writes before anything else (lifetime.family_entries)."""
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     topic = topic_name(settings, "ledger")
     try:
@@ -972,14 +990,17 @@ def read_ledger(settings: Settings, key: NoiseKey
     except (KafkaException, RuntimeError, TimeoutError) as exc:
         raise StartError(f"cannot read the ledger topic ({type(exc).__name__}): a worker "
                          "must know what was announced before it publishes") from None
-    return ledger_at_start(settings, key, ledger)
+    announced, claim = ledger_at_start(settings, key, ledger)
+    recorded = lifetime.recorded_gates(lifetime.family_objects(ledger))
+    return announced, claim, lifetime.family_entries(settings, recorded)
 
 
 def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | None]
                     ) -> tuple[dict[str, frozenset[str]], UnitClaim | None]:
     """What the ledger announced so far (counter -> creation tags, for the operator's
     refusal to publish a second value for a published (counter, tick)) and the per-unit
-    guarantee this start's entries state (lifetime.unit_claim). Refuses, before anything
+    guarantee this start's entries state (lifetime.unit_claim, with the largest gate
+    delta0 the families' records and the configuration name). Refuses, before anything
     is applied or published, a configuration under which an entry would state a guarantee
     that does not hold over the deployment's life (LifetimeError) and, under
     on_parameter_change = "refuse", one that changes an announced counter's parameters
@@ -987,7 +1008,8 @@ def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | 
     objects = list(lifetime.ledger_objects(ledger))  # decoded once, for both reads
     entries = lifetime.entries_of(objects)
     statements = list(entries)  # the distinct statements, in the order they first appear
-    claim = lifetime.unit_claim(settings, statements)
+    recorded = lifetime.recorded_gates(lifetime.family_objects(ledger))
+    claim = lifetime.unit_claim(settings, statements, recorded)
     provenance = ConfiguredProvenance(settings, key)
     # check_stated's verdict on a set of parameters does not depend on the counter (the
     # name only goes into its error), and a ledger states few sets: when each passes, no
