@@ -2,8 +2,10 @@
 sink that only collects, i.e. the worker's per-batch work without the broker.
 
 Workloads, each a timeline of event-batch records and "sealed through" markers (one
-marker per tick, as the leader's timer writes them), committed one tick per batch (the
-tick's event record, then its marker):
+marker per tick, as the leader's timer writes them), applied one tick per batch (the
+tick's event record, then its marker), with a checkpoint after every batch (the default)
+or after every `--checkpoint-ticks` K batches, as a worker checkpoints once per interval
+(a counter's state is encoded once per checkpoint, however often it stepped since):
 
 - dense:     200 counters; in the first T/5 ticks 5 events per counter per tick, then
              markers only: every counter's queue is non-empty and it steps an event at
@@ -143,8 +145,11 @@ def heartbeat(s: Settings, ticks: int, counters: int) -> Workload:
     return Workload(f"heartbeat marker ({counters} due)", s, warm, timed, 0)
 
 
-async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile | None
+async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile | None,
+                       checkpoint_ticks: int = 1
                        ) -> tuple[float, float, int, int, int, int, int]:
+    """Apply the workload's timed batches, a checkpoint after every `checkpoint_ticks`
+    of them and after the last (1: `BatchCommit.commit` per batch)."""
     bc = BatchCommit(Operator(w.settings, NoiseKey.from_seed(1), cache_size=cache_size),
                      DictStore(), CollectingSink())
     for b in w.warm:
@@ -154,8 +159,10 @@ async def run_workload(w: Workload, cache_size: int, profile: cProfile.Profile |
         profile.enable()
     t0 = time.perf_counter()
     c0 = time.process_time()
-    for b in w.timed:
-        out = await bc.commit(0, b)
+    for i, b in enumerate(w.timed, 1):
+        out = await bc.apply(0, b)
+        if i % checkpoint_ticks == 0 or i == len(w.timed):
+            await bc.checkpoint()
         releases += len(out.releases)
         touched += out.metrics["counters_touched"]
         markers += out.metrics["markers_applied"]
@@ -263,6 +270,10 @@ def main() -> None:
     ap.add_argument("--idle-cpu", type=int, nargs=2, metavar=("WARM", "TICKS"),
                     help="measure instead the CPU per tick of idle counters after WARM "
                     "ticks, over TICKS ticks (see idle_cpu)")
+    ap.add_argument("--checkpoint-ticks", type=int, default=1,
+                    help="a checkpoint every this many ticks' batches (default 1: one per "
+                    "batch; a worker checkpoints every checkpoint interval, 0.5 s or more: "
+                    "5 ticks of 100 ms)")
     ap.add_argument("--profile", action="store_true",
                     help="print a cProfile of the timed part (one run per workload)")
     args = ap.parse_args()
@@ -291,7 +302,7 @@ def main() -> None:
             if args.only and args.only not in w.name:
                 continue
             prof = cProfile.Profile() if args.profile else None
-            runs = [asyncio.run(run_workload(w, args.cache_size, prof))
+            runs = [asyncio.run(run_workload(w, args.cache_size, prof, args.checkpoint_ticks))
                     for _ in range(1 if args.profile else args.repeats)]
             dt, _, releases, touched, markers, stepped, queued = min(runs)
             cpu = min(r[1] for r in runs)

@@ -27,7 +27,10 @@ start = the broker append time of the first of the N input records (the same for
 events/s = N / (end - start). CPU = user + system seconds of the system's whole process
 tree (psutil, /proc) from just before the N events are produced to the moment the bench
 saw the end (it polls every 50 ms near the end, so a few ms of the system's idle work are in it);
-CPU-ms per counted event = that / N. "+flush": the same through the moment the system's
+CPU-ms per counted event = that / N; for the processor also split by thread group over the
+same window (`stream_procs.thread_cpu`: main = Faust's event loop with the operator's agent
+and timers, other python = the ingest loop, Faust's consumer thread and the checkpoint's
+executor threads, librdkafka, rocksdb). "+flush": the same through the moment the system's
 state changelog for the stage is written (`flushed`: Quix writes it at its next checkpoint,
 a busy Faust event loop may still be sending the processor's, whose batch commit returns
 once the state is in Faust's producer buffer), less the system's idle CPU rate (measured
@@ -78,7 +81,14 @@ from stream_io import (
     topics_matching,
     wait_until,
 )
-from stream_procs import Children, cpu_seconds, rss_bytes, scrape_counter
+from stream_procs import (
+    Children,
+    cpu_diff,
+    cpu_seconds,
+    rss_bytes,
+    scrape_counter,
+    thread_cpu,
+)
 
 from processor.devtools.deployment import isolated_deployment
 from processor.devtools.kafka.tools import free_port
@@ -335,13 +345,13 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
         idle = idle_rates(ctx.conf, changelogs, pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
         rel0 = records_in(ctx.conf, [dep.topics.counts])
-        cpu0 = cpu_seconds(pid)
+        cpu0, th0 = cpu_seconds(pid), thread_cpu(pid)
         # Late at the worker: lateness + 2 ticks before now (see the module docstring).
         stamp = int(time.time() * 1000) - LATENESS_MS - 2 * tick
         sent = produce_burst(ctx.conf, dep.topics.input, load.values(stamp))
         scrape_wait(dequeued, d0 + load.events, 900, "processor: every event stepped")
         end_ms = time.time() * 1000
-        cpu1, rss = cpu_seconds(pid), rss_bytes(pid)
+        cpu1, th1, rss = cpu_seconds(pid), thread_cpu(pid), rss_bytes(pid)
         chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_DEFAULT_S, idle[1],
                                 ctx.flush_max_s)
         releases = records_in(ctx.conf, [dep.topics.counts]) - rel0
@@ -358,6 +368,7 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
                         "flush_s": flush_s,
                         "cpu_flush_s": cpu2 - cpu0 - idle[0] * flush_s,
                         "idle_cpu_per_s": idle[0], "idle_changelog_per_s": idle[1],
+                        "threads": cpu_diff(th0, th1),
                         "not_log_append": sent.not_log_append})
 
 
@@ -458,6 +469,19 @@ def _span(xs: Sequence[float], fmt: str) -> str:
     return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
 
 
+def _thread_line(system: str, own: Sequence[StageResult]) -> list[str]:
+    """The processor's CPU-ms per event by thread group (stream_procs.thread_group), the
+    stage's window as in CPU-ms/event, ranges over the repeats."""
+    runs = [r for r in own if r.extra.get("threads")]
+    if not runs:
+        return []
+    groups = sorted({g for r in runs for g in r.extra["threads"]})
+    parts = [f"{g} "
+             + _span([1e3 * r.extra["threads"].get(g, 0.0) / r.events for r in runs], ".3f")
+             for g in groups]
+    return [f"    {system} CPU-ms per event by thread group: " + ", ".join(parts)]
+
+
 def report_counted(results: Sequence[StageResult], systems: Sequence[str],
                    load_list: Sequence[Load]) -> list[str]:
     repeats = len({r.extra.get("repeat") for r in results})
@@ -494,6 +518,9 @@ def report_counted(results: Sequence[StageResult], systems: Sequence[str],
                 lines.append(f"    {system} / Quix, per repeat: CPU per event "
                              f"{_span(cpu, '.2f')}x (+flush {_span(cpu_flush, '.2f')}x), "
                              f"events/s {_span([p.rate / q.rate for p, q in pairs], '.2f')}x")
+        for system in (s for s in systems if s.startswith("processor-")):
+            own = [r for r in results if r.system == system and r.load == load.name]
+            lines += _thread_line(system, own)
     lines.append("  CPU-ms/event: the system's CPU from the burst to its end / N; +flush: the "
                  "same until its changelog for the stage is written (flush s after the end: "
                  f"Quix's next checkpoint, at least {FLUSH_S['quix']:.0f} s; the others at "

@@ -10,6 +10,8 @@ import random
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -50,3 +52,31 @@ def test_control_arrivals_every_tick_leave_events_queued() -> None:
         bench_operator.run_workload(w, 1024, None))
     assert queued == w.events
     assert stepped == 20 * 20 < queued
+
+
+def test_checkpoint_ticks_encode_once_per_checkpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--checkpoint-ticks K`: the same events stepped and released, and each changed
+    counter encoded once per checkpoint (20 ticks: 20 checkpoints with K = 1, 4 with K = 5),
+    not once per step. Deterministic; the control is K = 1, which encodes every counter
+    at every tick."""
+    from processor.stream.model.state import CounterState
+
+    encoded: list[int] = []
+    real = CounterState.to_bytes
+
+    def counting(self: CounterState) -> bytes:
+        encoded.append(1)
+        return real(self)
+
+    monkeypatch.setattr(CounterState, "to_bytes", counting)
+    got = {}
+    for k in (1, 5):
+        encoded.clear()
+        w = bench_operator.dense(_settings(20), 20, 20, 5, random.Random(0))
+        _dt, _cpu, releases, _touched, markers, stepped, queued = asyncio.run(
+            bench_operator.run_workload(w, 1024, None, k))
+        got[k] = (releases, markers, stepped, queued, len(encoded))
+    assert got[1][:4] == got[5][:4] == (got[1][0], 20, 400, 400)
+    # The warm-up's commit (the marker creating the 20 counters) encodes each once too.
+    assert got[1][4] == 20 + 20 * 20
+    assert got[5][4] == 20 + 20 * 4

@@ -48,6 +48,11 @@ def test_counts_stepped_events_and_the_control_breaks_the_tick_bound(
     assert proc["events"] == loop["events"] == EVENTS
     assert 0 < proc["rate"] <= TICK_BOUND, proc
     assert proc["cpu_ms_per_event"] > 0 and loop["cpu_ms_per_event"] > 0
+    # The split by thread group is of the same window: within the clock ticks of
+    # /proc (10 ms per thread), and threads that ended in the window are only in the total.
+    threads = proc["extra"]["threads"]
+    assert {"main", "other python"} <= set(threads), threads
+    assert 0 < sum(threads.values()) <= proc["cpu_s"] + 0.01 * 40, (threads, proc["cpu_s"])
     # The physical limit is far above the tick capacity on any machine this runs on.
     assert loop["rate"] > TICK_BOUND, loop
 
