@@ -92,14 +92,15 @@ def test_releases_equal_those_before(mechanism: str, calibration: str) -> None:
 def _stopped_store(mechanism: str, write_idle: bool) -> tuple[dict[str, bytes], int]:
     """The store after `_digest`'s run (every idle counter released) and its full
     checkpoint, with idle counters written from their bytes there (`write_idle`) or all
-    decoded and sealed; and how many `_write_idle` wrote."""
+    decoded, sealed and released again; and how many `_write_idle` wrote."""
     names = [f"k{i:02d}" for i in range(30)]
     s = settings(dict.fromkeys(names, 100 * 1000), mechanism=mechanism, epsilon=1.0,
                  heartbeat_ticks=7, heartbeat_spread=True)
     rng = random.Random(11)
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, CollectingSink())
+    op = Operator(s, KEY, idle_decoded=0)
+    bc = BatchCommit(op, store, CollectingSink())
     schedule = random.Random(5)
     for batch in batches_of(records, rng):
         asyncio.run(bc.apply(0, batch))
@@ -119,8 +120,11 @@ def _stopped_store(mechanism: str, write_idle: bool) -> tuple[dict[str, bytes], 
         wrote.append(write_idle and real(*a))
         return wrote[-1]
 
+    decoded = set(op._cached_counters)
     with mock.patch.object(Operator, "_write_idle", counted):
         asyncio.run(bc.checkpoint())
+    # Those decoded for it were released again: the cache holds what it held.
+    assert set(op._cached_counters) <= decoded
     return dict(store.data), sum(wrote)
 
 

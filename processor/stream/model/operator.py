@@ -438,15 +438,19 @@ class Operator:
     def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
         checkpoint: a clean stop, a revocation). One released as idle is written from its
-        stored bytes where its mechanism can (`_write_idle`), else decoded and sealed."""
+        stored bytes where its mechanism can (`_write_idle`), else decoded, sealed and
+        released again at once: a million of them never stay decoded together."""
         deferred = self._deferred.get(partition, {})
         for name in list(deferred):
             entry = deferred[name]
-            if len(entry) > 3 and self._write_idle(txn, name, entry):
+            idle = len(entry) > 3
+            if idle and self._write_idle(txn, name, entry):
                 continue
             cs = self._load_counter(txn, partition, name)
             if cs is not None:
                 self._stage_counter(txn, partition, name, cs)
+                if idle:
+                    txn.release(self._counters, name)
         self._deferred.pop(partition, None)
 
     def _write_idle(self, txn: PartitionTransaction, name: str, entry: IdleEntry) -> bool:
