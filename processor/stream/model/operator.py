@@ -443,13 +443,12 @@ class Operator:
         deferred = self._deferred.get(partition, {})
         for name in list(deferred):
             entry = deferred[name]
-            idle = len(entry) > 3
-            if idle and self._write_idle(txn, name, entry):
+            if len(entry) > 3 and self._write_idle(txn, name, entry):
                 continue
             cs = self._load_counter(txn, partition, name)
             if cs is not None:
                 self._stage_counter(txn, partition, name, cs)
-                if idle:
+                if len(entry) > 3:  # released as idle before: released again
                     txn.release(self._counters, name)
         self._deferred.pop(partition, None)
 
