@@ -767,3 +767,37 @@ def test_a_lone_small_marker_is_applied_inline_and_a_large_seal_in_a_thread() ->
     # the marker that comes with an event batch; markers 2, 3 and 4 inline
     assert threaded == [1, 1, 2]
     assert got == run(False) and got
+
+
+def test_with_offload_a_full_checkpoint_stages_deferred_counters_in_a_thread() -> None:
+    """A full checkpoint's deferred counters (a million idle ones take a minute) are
+    staged in a thread with offload, on the event loop without; the stored state is the
+    same either way."""
+    names = {f"k{i:02d}": 0 for i in range(20)}
+    s = settings(names, heartbeat_ticks=3)
+    staged: list[str] = []
+    real = asyncio.to_thread
+
+    async def counting(fn: Callable[..., Any], *args: Any) -> Any:
+        staged.append(getattr(fn, "__name__", ""))
+        return await real(fn, *args)
+
+    def run(offload: bool) -> dict[str, bytes]:
+        store = DictStore()
+        bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, CollectingSink(),
+                         offload=offload)
+        for t in range(1, 30):
+            asyncio.run(bc.apply(0, [(t, encode_marker(t))]))
+            if t % 4 == 0:
+                asyncio.run(bc.checkpoint(full=False))
+        assert bc.operator.deferred_partitions() == [0]
+        asyncio.run(bc.checkpoint())
+        return dict(store.data)
+
+    with mock.patch("processor.stream.model.commit.asyncio.to_thread", counting):
+        threaded = run(True)
+    assert "stage_deferred" in staged
+    staged.clear()
+    with mock.patch("processor.stream.model.commit.asyncio.to_thread", counting):
+        assert run(False) == threaded
+    assert "stage_deferred" not in staged

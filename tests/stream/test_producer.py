@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from processor.stream.kafka.kafka_io import produce_waiting
-from processor.stream.kafka.producer import AsyncProducer, KafkaSink
+from processor.stream.kafka.producer import PRODUCE_CHUNK, AsyncProducer, KafkaSink
 from processor.stream.kafka.topics import topic_name
 from processor.stream.model.config import Settings
 from processor.stream.model.outputs import Output
@@ -146,7 +146,7 @@ class RecordingProducer:
     """Takes AsyncProducer's produce and produce_many calls, in one list."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, Any, Any, Any]] = []
+        self.calls: list[tuple[Any, ...]] = []
 
     def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                 partition: int | None = None, timestamp_ms: int | None = None,
@@ -156,6 +156,9 @@ class RecordingProducer:
     def produce_many(self, topic: str, records: list[tuple[bytes | None, bytes | None]],
                      partition: int = -1) -> None:
         self.calls.extend((topic, v, k, None) for k, v in records)
+
+    def produce_stamped(self, topic: str, records: Iterable[Any]) -> None:
+        self.calls.extend((topic, v, k, None, ts, h) for k, v, ts, h in records)
 
 
 def test_kafka_sink_sends_each_kind_to_its_topic_in_order_and_counts_the_stages_own(
@@ -178,8 +181,69 @@ def test_kafka_sink_sends_each_kind_to_its_topic_in_order_and_counts_the_stages_
 
     sink = KafkaSink(producer, s, add, (("releases", "releases_sent"),))  # type: ignore[arg-type]
     sink.send(out)
-    want = [(names["ledger"], entry.to_json(), b"a", None),
-            (names["counts"], release.to_json(), b"a", None),
+    want = [(names["ledger"], entry.to_json(), b"a", None, entry.timestamp_ms(),
+             entry.headers()),
+            (names["counts"], release.to_json(), b"a", None, release.timestamp_ms(),
+             release.headers()),
             (names["timeline"], b"t", None, 3), (names["deadletter"], b"d", None, None)]
     assert producer.calls == want
     assert counts == {"releases_sent": 1}
+
+
+class StampedClient:
+    """Takes produce_stamped's calls as librdkafka's Producer (topic, value, key, then
+    on_delivery, timestamp and headers by name); BufferError at the calls in `full`
+    once each, `fail_at`'s exception at that call."""
+
+    def __init__(self, full: Iterable[int] = (), fail_at: int | None = None) -> None:
+        self.sent: list[tuple[Any, ...]] = []
+        self.calls = 0
+        self.polls = 0
+        self.full = set(full)
+        self.fail_at = fail_at
+
+    def produce(self, topic: str, value: bytes, key: bytes, *, on_delivery: Any,
+                timestamp: int, headers: Any) -> None:
+        n = self.calls
+        self.calls += 1
+        if n in self.full:
+            self.full.discard(n)
+            raise BufferError("queue full")
+        if n == self.fail_at:
+            raise RuntimeError("broken")
+        self.sent.append((topic, value, key, timestamp, headers, on_delivery))
+
+    def poll(self, timeout: float) -> int:
+        self.polls += 1
+        return 0
+
+
+def test_stamped_records_in_order_across_chunks_a_full_queue_waited_out() -> None:
+    """produce_stamped: every record once, in order, with its timestamp and headers,
+    over more than one chunk; a full queue polled until it drains; flush waits for all
+    and returns once all are acknowledged. A failure midway leaves exactly the records
+    sent in flight."""
+    n = PRODUCE_CHUNK + 10
+    records = [(b"k%d" % i, b"v%d" % i, 1000 + i, [("h", b"x")]) for i in range(n)]
+    client = StampedClient(full=[3, PRODUCE_CHUNK + 2])
+    p = _producer(client)  # type: ignore[arg-type]
+    p.produce_stamped("t", iter(records))
+    assert [s[:5] for s in client.sent] == [("t", v, k, ts, h) for k, v, ts, h in records]
+    assert client.polls == 2
+
+    async def flush_after_acks(upto: int) -> None:
+        waiting = asyncio.ensure_future(p.flush())
+        for i, s in enumerate(client.sent[:upto]):
+            await asyncio.sleep(0)
+            assert not waiting.done()
+            s[5](None, Delivered("t", 0, i))
+        await asyncio.wait_for(waiting, 1.0)
+
+    asyncio.run(flush_after_acks(n))
+    broken = StampedClient(fail_at=PRODUCE_CHUNK + 1)
+    p = _producer(broken)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        p.produce_stamped("t", records)
+    assert len(broken.sent) == PRODUCE_CHUNK + 1
+    client = broken
+    asyncio.run(flush_after_acks(PRODUCE_CHUNK + 1))

@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from itertools import islice
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -50,6 +51,11 @@ class DeliveryError(StreamError, RuntimeError):
 
 
 Headers = Sequence[tuple[str, bytes]]
+#: (key, value, timestamp_ms, headers) of one record (`produce_stamped`).
+StampedRecord = tuple[bytes, bytes, int, Headers]
+#: Records `produce_stamped` hands to librdkafka per count of those in flight: bounds
+#: what a call holds encoded at once (a ledger entry per counter at a first start).
+PRODUCE_CHUNK: Final = 4096
 OnDelivered = Callable[[str, int, int], None]
 
 
@@ -132,6 +138,30 @@ class AsyncProducer:
                         self._in_flight -= len(records) - i
                     raise
 
+    def produce_stamped(self, topic: str, records: Iterable[StampedRecord]) -> None:
+        """`produce` of each (key, value, timestamp_ms, headers), in order, to the
+        partitioner's choice, with what `produce` does per record done once per chunk of
+        PRODUCE_CHUNK (an idle worker's marker round sends thousands of heartbeats, a
+        first start a ledger entry per counter)."""
+        client = self._producer
+        send, delivered = client.produce, self._delivered
+        it = iter(records)
+        while chunk := list(islice(it, PRODUCE_CHUNK)):
+            with self._lock:
+                self._in_flight += len(chunk)
+            for i, (key, value, timestamp, headers) in enumerate(chunk):
+                while True:  # kafka_io.produce_waiting inlined (see produce_many)
+                    try:
+                        send(topic, value, key, on_delivery=delivered, timestamp=timestamp,
+                             headers=list(headers))
+                        break
+                    except BufferError:
+                        client.poll(0.05)
+                    except BaseException:
+                        with self._lock:
+                            self._in_flight -= len(chunk) - i
+                        raise
+
     async def flush(self) -> None:
         """Wait until every record produced so far is acknowledged (or failed)."""
         loop = asyncio.get_running_loop()
@@ -206,13 +236,14 @@ class KafkaSink:
         # Headers (content type, schema/version) travel beside the value: replay compares
         # values only, and a subscriber can route on them before decoding. Record
         # timestamps come from public fields, not the send time (records.py).
+        stamped = self._producer.produce_stamped
+        if out.ledger:
+            stamped(self._ledger, ((e.key(), e.to_json(), e.timestamp_ms(), e.headers())
+                                   for e in out.ledger))
+        if out.releases:
+            stamped(self._counts, ((r.key(), r.to_json(), r.timestamp_ms(), r.headers())
+                                   for r in out.releases))
         produce = self._producer.produce
-        for e in out.ledger:
-            produce(self._ledger, e.to_json(), key=e.key(), timestamp_ms=e.timestamp_ms(),
-                    headers=e.headers())
-        for r in out.releases:
-            produce(self._counts, r.to_json(), key=r.key(), timestamp_ms=r.timestamp_ms(),
-                    headers=r.headers())
         for tp, data in out.timeline:
             produce(self._timeline, data, partition=tp)
         self._producer.produce_many(self._deadletter, [(None, d) for d in out.deadletters])

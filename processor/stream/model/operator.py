@@ -437,12 +437,47 @@ class Operator:
 
     def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
-        checkpoint: a clean stop, a revocation)."""
-        for name in list(self._deferred.get(partition, ())):
+        checkpoint: a clean stop, a revocation). One released as idle is written from its
+        stored bytes where its mechanism can (`_write_idle`), else decoded, sealed and
+        released again at once: a million of them never stay decoded together."""
+        deferred = self._deferred.get(partition, {})
+        for name in list(deferred):
+            entry = deferred[name]
+            if len(entry) > 3 and self._write_idle(txn, name, entry):
+                continue
             cs = self._load_counter(txn, partition, name)
             if cs is not None:
                 self._stage_counter(txn, partition, name, cs)
+                if len(entry) > 3:  # released as idle before: released again
+                    txn.release(self._counters, name)
         self._deferred.pop(partition, None)
+
+    def _write_idle(self, txn: PartitionTransaction, name: str, entry: IdleEntry) -> bool:
+        """Stage the value of a counter released as idle as its entry has it sealed,
+        computed on its stored bytes (`advance_counter_value`, as `_beat_idle` at the
+        deferral bound: the bytes a decode, re-seal and encode give), or on the bytes it
+        was staged and released as; False, staging nothing, where that is not exact (a
+        value staged decoded, bytes the mechanism cannot advance without its noise key,
+        such as a value inside its first ⊥ run's dense prefix)."""
+        _since, through, last, nh, _y, mdue, index = entry
+        if txn.is_staged(self._counters, name):
+            # Released after it was staged: its bytes; staged decoded: no decode to save.
+            raw = txn.released(self._counters, name)
+        else:
+            raw = txn.stored(self._counters, name)
+        if raw is None:
+            return False
+        shape = self._shape_list[index]
+        # `due_tick` of the sealed counter, as `_beat_idle` files it.
+        due = shape.start_tick + nh - 1
+        if due > through + 1 and mdue is not None:
+            due = min(due, mdue)
+        written = advance_counter_value(raw, type(shape.rep).advance_state, through, nh,
+                                        last, due)
+        if written is None:
+            return False
+        txn.stage_encoded(self._counters, name, written)
+        return True
 
     # -- loading and staging
 

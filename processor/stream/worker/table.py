@@ -42,6 +42,7 @@ from rocksdict import WriteBatch
 from processor.stream.kafka.producer import AsyncProducer
 from processor.stream.model.restore import merge_changelog
 from processor.stream.model.state import StateStore
+from processor.stream.worker.heap import HeapTrim
 
 #: RocksDB options of the state tables (one database per partition). Faust's default
 #: memtable is 64 MiB, and the write-ahead log is kept until the memtable is flushed: with
@@ -171,11 +172,12 @@ class PartitionStore:
     shares_bytes = False
 
     def __init__(self, table: MonotoneTable, partition: int, producer: AsyncProducer,
-                 changelog: str) -> None:
+                 changelog: str, heap: HeapTrim | None = None) -> None:
         self._table = table
         self._partition = partition
         self._producer = producer
         self._changelog = changelog
+        self._heap = heap
 
     def db(self) -> Any:
         """The partition's rocksdict database (raw bytes keys and values)."""
@@ -208,6 +210,8 @@ class PartitionStore:
             records.append((raw, value))
         self.db().write(wb)
         self._producer.produce_many(self._changelog, records, self._partition)
+        if self._heap is not None:
+            self._heap.written(len(records))
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
         start = prefix.encode("utf-8")
@@ -235,6 +239,8 @@ class WorkerStores:
         self._stores: dict[int, PartitionStore] = {}
         #: Values written again over older ones that may have landed last (_rewrite).
         self.rewritten = 0
+        #: The heap handed back after checkpoints that wrote many values (heap.py).
+        self.heap = HeapTrim()
 
     def read(self, partition: int, key: str) -> bytes | None:
         """A stored value, read without opening the partition for writes (no changelog
@@ -247,7 +253,7 @@ class WorkerStores:
             tp = TP(self._changelog, partition)
             self._tracker.begin(partition, self._table.persisted_offset(tp))
             store = self._stores[partition] = PartitionStore(
-                self._table, partition, self._producer, self._changelog)
+                self._table, partition, self._producer, self._changelog, self.heap)
         return store
 
     async def flush(self) -> None:
@@ -264,6 +270,7 @@ class WorkerStores:
             have = self._table.persisted_offset(tp)
             if have is None or through > have:
                 self._table.data.set_persisted_offset(tp, through)
+        self.heap.after_flush()
 
     def _rewrite(self) -> int:
         """Write again, as they are now, every value of each owned partition where a
