@@ -458,8 +458,13 @@ class Operator:
         deferral bound: the bytes a decode, re-seal and encode give), or on the bytes it
         was staged and released as; False, staging nothing, where that is not exact (a
         value staged decoded, bytes the mechanism cannot advance without its noise key,
-        such as a value inside its first ⊥ run's dense prefix)."""
+        such as a value inside its first ⊥ run's dense prefix, or a key not admitted)."""
         _since, through, last, nh, _y, mdue, index = entry
+        shape = self._shape_list[index]
+        if shape.waiting:
+            # A key not admitted is filed at its mechanism's next_due, not at a heartbeat
+            # (`due_tick`): decoded, so the one rule files it.
+            return False
         if txn.is_staged(self._counters, name):
             # Released after it was staged: its bytes; staged decoded: no decode to save.
             raw = txn.released(self._counters, name)
@@ -467,7 +472,6 @@ class Operator:
             raw = txn.stored(self._counters, name)
         if raw is None:
             return False
-        shape = self._shape_list[index]
         # `due_tick` of the sealed counter, as `_beat_idle` files it.
         due = shape.start_tick + nh - 1
         if due > through + 1 and mdue is not None:
