@@ -322,20 +322,37 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
             # Nothing is buffered in a CollectingSink: the outputs of the records from
             # here on go to the other list.
             commit.sink = settled if recs[lo][0] < mark else unsettled
-            for i in range(lo, hi, REPLAY_BATCH):
-                batch = [(off, v or b"") for off, v in recs[i:min(i + REPLAY_BATCH, hi)]]
+            for i, j in _batches(recs, lo, hi):
+                batch = [(off, v or b"") for off, v in recs[i:j]]
                 out = await commit.apply(p, batch,
                                          None if stamps is None else stamps.get(p))
-                # Written between batches (bounded memory, and the batch's due ticks
-                # deleted); never after the partition's last record: nobody reads it.
-                if i + REPLAY_BATCH < hi:
-                    await commit.checkpoint()
+                # Written between batches (bounded memory, the batch's due ticks deleted,
+                # and nothing staged when the next marker beats the idle counters from
+                # their entries); never after the partition's last record: nobody reads
+                # it. Not full: ⊥-only progress stays deferred, as on the worker.
+                if j < hi:
+                    await commit.checkpoint(full=False)
                 records += len(batch)
                 dups += out.metrics["duplicates_dropped"]
                 if progress is not None:
                     progress("recomputed", records, total)
     return Recomputed(settled.releases, unsettled.releases, settled.ledger,
                       unsettled.ledger, records, dups)
+
+
+def _batches(recs: TimelinePart, lo: int, hi: int) -> Iterator[tuple[int, int]]:
+    """recs[lo:hi] as batches [i, j): each ends at a marker or after REPLAY_BATCH records.
+    A marker ends its batch so that the next one finds no counter staged: a counter a
+    marker released as idle is staged until the checkpoint, and while it is the next
+    marker decodes it again instead of beating it from its idle entry
+    (`Operator._beat_idle`). The outputs do not depend on the batching."""
+    i = lo
+    for k in range(lo, hi):
+        if k + 1 - i >= REPLAY_BATCH or marker_tick(recs[k][1]) is not None:
+            yield i, k + 1
+            i = k + 1
+    if i < hi:
+        yield i, hi
 
 
 def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | None,
