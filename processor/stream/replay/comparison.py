@@ -15,10 +15,15 @@ from processor.stream.replay.history import LedgerHistory, ledger_dicts
 from processor.stream.replay.recompute import Recomputed
 from processor.stream.replay.report import Difference, RecordKey, Tally
 
+#: The published values of a topic (or of a partition's counters on it).
+Published = Sequence[bytes | None]
 
-def _published(values: Iterable[bytes | None], topic: str, key_of: Callable[[Any], RecordKey],
-               diffs: list[Difference]) -> dict[RecordKey, bytes]:
-    """Published values by key; malformed and conflicting ones become differences."""
+
+def published_records(values: Iterable[bytes | None], topic: str, diffs: list[Difference],
+                      ) -> dict[RecordKey, bytes]:
+    """Published values of `topic` ("counts" or "ledger") by key; malformed and
+    conflicting ones become differences."""
+    key_of: Callable[[Any], RecordKey] = release_key if topic == "counts" else ledger_key
     theirs: dict[RecordKey, bytes] = {}
     conflicting: set[RecordKey] = set()
     for raw in values:
@@ -89,7 +94,7 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     settled_releases, unsettled_releases, settled_entries, unsettled_entries = (
         result.encoded())
     mine, settled = _recomputed("counts", settled_releases, unsettled_releases, diffs)
-    theirs = _published(published, "counts", release_key, diffs)
+    theirs = published_records(published, "counts", diffs)
     covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
     for c, t, _kind in theirs:
         if isinstance(t, int) and t > covered.get(c, -1):
@@ -104,23 +109,27 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
 
     mine_ledger, settled_ledger = _recomputed("ledger", settled_entries, unsettled_entries,
                                               diffs)
-    theirs_ledger = _published(ledger, "ledger", ledger_key, diffs)
+    theirs_ledger = published_records(ledger, "ledger", diffs)
     entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
                            theirs_ledger, diffs)
     if history is not None:
-        # An entry replay does not recompute at all (a forged counter) is one difference,
-        # "unexpected", with the reason it could not be used.
-        unexpected = {d.key: i for i, d in enumerate(diffs)
-                      if d.topic == "ledger" and d.problem == "unexpected"}
-        for p in history.problems:
-            i = unexpected.get(p.key)
-            if i is None:
-                diffs.append(p)
-            else:
-                diffs[i] = dataclasses.replace(diffs[i],
-                                               detail=f"{diffs[i].detail}; {p.detail}")
+        add_problems(diffs, history.problems)
     diffs.sort(key=diff_order)
     return releases, entries_tally, diffs
+
+
+def add_problems(diffs: list[Difference], problems: Iterable[Difference]) -> None:
+    """Add the ledger entries replay could not use (`LedgerHistory.problems`) to `diffs`:
+    an entry replay does not recompute at all (a forged counter) is one difference,
+    "unexpected", with the reason it could not be used."""
+    unexpected = {d.key: i for i, d in enumerate(diffs)
+                  if d.topic == "ledger" and d.problem == "unexpected"}
+    for p in problems:
+        i = unexpected.get(p.key)
+        if i is None:
+            diffs.append(p)
+        else:
+            diffs[i] = dataclasses.replace(diffs[i], detail=f"{diffs[i].detail}; {p.detail}")
 
 
 def _unexplained(theirs: Mapping[RecordKey, bytes], ledger: Iterable[bytes | None],

@@ -252,8 +252,8 @@ def _recompute_timeline(settings: Settings, key: NoiseKey,
             if progress is not None:
                 progress(stage, before + done, total)
 
-        parts[p] = _recompute_one(settings, key, history, p, timeline[p], settled_below,
-                                  step, stamps)
+        parts[p] = recompute_partition(settings, key, history, p, timeline[p],
+                                       settled_below, stamps, step)
     return _merged(parts)
 
 
@@ -355,10 +355,11 @@ def _batches(recs: TimelinePart, lo: int, hi: int) -> Iterator[tuple[int, int]]:
         yield i, hi
 
 
-def _recompute_one(settings: Settings, key: NoiseKey, history: LedgerHistory | None,
-                   partition: int, records: TimelinePart, settled_below: Mapping[int, int],
-                   progress: Progress | None,
-                   stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
+def recompute_partition(settings: Settings, key: NoiseKey, history: LedgerHistory | None,
+                        partition: int, records: TimelinePart,
+                        settled_below: Mapping[int, int],
+                        stamps: Mapping[int, Mapping[int, int]] | None = None,
+                        progress: Progress | None = None) -> Recomputed:
     """One partition: with `history`, by `ledger_operator`s, switching configuration
     where the ledger shows the worker did (`_late_declared`)."""
     timeline = {partition: records}
@@ -401,8 +402,8 @@ _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
 def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
     settings, key, timeline, settled_below, history, stamps, objects = _JOB
-    got = _recompute_one(settings, key, history, partition, timeline[partition],
-                         settled_below, None, stamps)
+    got = recompute_partition(settings, key, history, partition, timeline[partition],
+                              settled_below, stamps)
     if objects:
         got.encoded()
     else:
