@@ -85,11 +85,11 @@ class Recomputed:
         parallel, not in the process that compares."""
         if self._encoded is None:
             self._encoded = (
-                [((r.counter, r.tick, r.kind), r.to_json()) for r in self.settled],
-                [((r.counter, r.tick, r.kind), r.to_json()) for r in self.unsettled],
-                [((e.counter, e.creation, e.fingerprint), e.to_json())
+                [((r.counter, r.tick, r.kind), _kept(r.to_json())) for r in self.settled],
+                [((r.counter, r.tick, r.kind), _kept(r.to_json())) for r in self.unsettled],
+                [((e.counter, e.creation, e.fingerprint), _kept(e.to_json()))
                  for e in self.settled_ledger],
-                [((e.counter, e.creation, e.fingerprint), e.to_json())
+                [((e.counter, e.creation, e.fingerprint), _kept(e.to_json()))
                  for e in self.unsettled_ledger])
         return self._encoded
 
@@ -100,6 +100,13 @@ class Recomputed:
         for records in (self.settled, self.unsettled, self.settled_ledger,
                         self.unsettled_ledger):
             records.clear()
+
+
+def _kept(raw: bytes) -> bytes:
+    """A copy of `raw` of its own size, to keep: a record fresh from orjson.dumps holds
+    about 4 KB of the process's memory as long as it lives (measured: 4.1 KB for a
+    273-byte release; the copy, 330 bytes), 30 KB a counter at a million counters."""
+    return memoryview(raw).tobytes()
 
 
 def default_jobs(settings: Settings) -> int:
