@@ -52,6 +52,11 @@ from processor.stream.replay.report import RecordKey
 #: cost does: state is written once per batch, but a marker walks the due ticks consumed
 #: earlier in its batch (they are deleted at the commit), which grows with the batch.
 REPLAY_BATCH: Final = 128
+#: The state is written after a marker once the markers since the last write touched this
+#: many counters (`_batches`): then the idle counters they released are written and beat
+#: from their idle entries. A checkpoint after every marker would write the counters a
+#: busy timeline's markers step, again at every tick (twice the CPU in bench_replay.py).
+REPLAY_TOUCHED: Final = 1024
 
 #: Called with (stage, done, total) while replay reads and recomputes.
 Progress = Callable[[str, int, int], None]
@@ -329,16 +334,20 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
             # Nothing is buffered in a CollectingSink: the outputs of the records from
             # here on go to the other list.
             commit.sink = settled if recs[lo][0] < mark else unsettled
+            unwritten = touched = 0
             for i, j in _batches(recs, lo, hi):
                 batch = [(off, v or b"") for off, v in recs[i:j]]
                 out = await commit.apply(p, batch,
                                          None if stamps is None else stamps.get(p))
-                # Written between batches (bounded memory, the batch's due ticks deleted,
-                # and nothing staged when the next marker beats the idle counters from
-                # their entries); never after the partition's last record: nobody reads
-                # it. Not full: ⊥-only progress stays deferred, as on the worker.
-                if j < hi:
+                unwritten += len(batch)
+                touched += out.metrics["counters_touched"]
+                # Written every REPLAY_BATCH records (bounded memory, the due ticks
+                # consumed deleted) and after markers that touched REPLAY_TOUCHED
+                # counters (`_batches`); never after the partition's last record: nobody
+                # reads it. Not full: ⊥-only progress stays deferred, as on the worker.
+                if j < hi and (unwritten >= REPLAY_BATCH or touched >= REPLAY_TOUCHED):
                     await commit.checkpoint(full=False)
+                    unwritten = touched = 0
                 records += len(batch)
                 dups += out.metrics["duplicates_dropped"]
                 if progress is not None:
@@ -348,10 +357,10 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
 
 
 def _batches(recs: TimelinePart, lo: int, hi: int) -> Iterator[tuple[int, int]]:
-    """recs[lo:hi] as batches [i, j): each ends at a marker or after REPLAY_BATCH records.
-    A marker ends its batch so that the next one finds no counter staged: a counter a
-    marker released as idle is staged until the checkpoint, and while it is the next
-    marker decodes it again instead of beating it from its idle entry
+    """recs[lo:hi] as batches [i, j): each ends at a marker or after REPLAY_BATCH records,
+    so that the state can be written right after a marker (`_recompute`). A counter a
+    marker released as idle stays staged until the next checkpoint, and while it is, a
+    later marker decodes it again instead of beating it from its idle entry
     (`Operator._beat_idle`). The outputs do not depend on the batching."""
     i = lo
     for k in range(lo, hi):
