@@ -60,6 +60,9 @@ def _tampered(published: list[bytes], ledger: list[bytes]) -> dict[str, tuple[An
         "forged counter": ([*published, orjson.dumps(forged_release)],
                            [*ledger, orjson.dumps(forged_entry)]),
         "malformed and tombstone": ([*published, b"not json", None], [*ledger, b"[1]"]),
+        "a counter that is a number": (
+            [*published, orjson.dumps({**forged_release, "counter": 3})],
+            [*ledger, orjson.dumps({**forged_entry, "counter": 3})]),
     }
 
 
@@ -80,8 +83,8 @@ def test_split_published_by_the_counters_partition() -> None:
     """Each value goes to its counter's timeline partition; a value naming no counter to
     none (it is compared alone: "malformed")."""
     values: list[bytes | None] = [orjson.dumps({"counter": n, "tick": 1}) for n in NAMES]
-    parts, loose = split_published([*values, None, b"{", b'{"counter": 3}'], 4)
-    assert loose == [None, b"{", b'{"counter": 3}']
+    parts, loose = split_published([*values, None, b"{", b"[3]", b'{"tick": 3}'], 4)
+    assert loose == [None, b"{", b"[3]", b'{"tick": 3}']
     assert sorted(v for vs in parts.values() for v in vs if v) == sorted(
         v for v in values if v)
     assert all(partition_for(orjson.loads(v or b"")["counter"], 4) == p

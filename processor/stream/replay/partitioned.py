@@ -73,8 +73,9 @@ class PartitionVerdict:
 
 def split_published(values: Iterable[bytes | None], partitions: int,
                     ) -> tuple[dict[int, list[bytes | None]], list[bytes | None]]:
-    """Published values by the timeline partition of the counter each names, and those
-    that name none (compared on their own: "malformed")."""
+    """Published values by the timeline partition of the counter each names (as the
+    comparison's keys name it), and those that name none (compared on their own: they
+    are "malformed")."""
     parts: dict[int, list[bytes | None]] = {}
     homes: dict[str, int] = {}
     loose: list[bytes | None] = []
@@ -83,10 +84,10 @@ def split_published(values: Iterable[bytes | None], partitions: int,
             d = orjson.loads(raw) if raw is not None else None
         except orjson.JSONDecodeError:
             d = None
-        name = d.get("counter") if type(d) is dict else None
-        if type(name) is not str:
+        if type(d) is not dict or "counter" not in d:
             loose.append(raw)
             continue
+        name = str(d["counter"])  # as the comparison's keys name it (`release_key`)
         p = homes.get(name)
         if p is None:
             p = homes[name] = partition_for(name, partitions)
