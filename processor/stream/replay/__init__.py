@@ -2,7 +2,8 @@
 topic and compare them, record by record, with what was published.
 
 It runs the very code the worker runs, `commit.BatchCommit`, over the timeline (per
-partition, in offset order) on a `DictStore` with a sink that only collects. No
+partition, in offset order) on a `DictStore` with a sink that only collects, and compares
+each partition with the published records of its counters before the next one. No
 Faust import here. docs/replay.md is the auditor's guide; the cut below is its contract.
 
 The cut (what must have been published, on a live system or after any stop)
@@ -56,9 +57,10 @@ its counter announced by its tick is "unexplained".
 
 The modules: `report` (the verdict's vocabulary), `history` (the ledger's account and the
 operator's provenance from it), `recompute` (the timeline through the worker's code),
-`comparison` (recomputed against published), `gate_totals` (the ledger's totals beside
-open families, from the ledger alone), `snapshot` (the cut against the brokers),
-`cli` (the command).
+`comparison` (recomputed against published), `partitioned` (one timeline partition at a
+time: recomputed, compared with its counters' published records, let go), `gate_totals`
+(the ledger's totals beside open families, from the ledger alone), `snapshot` (the cut
+against the brokers), `cli` (the command).
 """
 
 from __future__ import annotations

@@ -16,10 +16,15 @@ from processor.stream.replay.history import LedgerHistory, ledger_dicts
 from processor.stream.replay.recompute import Recomputed
 from processor.stream.replay.report import Difference, RecordKey, Tally
 
+#: The published values of a topic (or of a partition's counters on it).
+Published = Sequence[bytes | None]
 
-def _published(values: Iterable[bytes | None], topic: str, key_of: Callable[[Any], RecordKey],
-               diffs: list[Difference]) -> dict[RecordKey, bytes]:
-    """Published values by key; malformed and conflicting ones become differences."""
+
+def published_records(values: Iterable[bytes | None], topic: str, diffs: list[Difference],
+                      ) -> dict[RecordKey, bytes]:
+    """Published values of `topic` ("counts" or "ledger") by key; malformed and
+    conflicting ones become differences."""
+    key_of: Callable[[Any], RecordKey] = release_key if topic == "counts" else ledger_key
     theirs: dict[RecordKey, bytes] = {}
     conflicting: set[RecordKey] = set()
     for raw in values:
@@ -42,7 +47,8 @@ def _published(values: Iterable[bytes | None], topic: str, key_of: Callable[[Any
     return theirs
 
 
-def _family_record(raw: bytes | None) -> bool:
+def family_record(raw: bytes | None) -> bool:
+    """A family's record on the ledger (lifetime.family_entries): no counter's entry."""
     try:
         d = orjson.loads(raw or b"")
     except orjson.JSONDecodeError:
@@ -89,16 +95,18 @@ def _check(topic: str, mine: Mapping[RecordKey, bytes], committed: Collection[Re
 
 def compare(result: Recomputed, published: Iterable[bytes | None],
             ledger: Iterable[bytes | None], history: LedgerHistory | None = None,
-            ) -> tuple[Tally, Tally, list[Difference]]:
+            totals: bool = True) -> tuple[Tally, Tally, list[Difference]]:
     """Compare a recomputation with the published snapshots under the cut (package docstring),
-    adding the ledger entries `history` could not use. Returns the release and ledger
-    tallies and every difference, sorted by topic, key."""
+    adding the ledger entries `history` could not use. `totals`: also check the entries'
+    totals beside open families (`check_totals`), which needs the whole ledger (a
+    timeline partition's share has no family records: `partitioned` checks them once).
+    Returns the release and ledger tallies and every difference, sorted by topic, key."""
     diffs: list[Difference] = []
     ledger = list(ledger)
     settled_releases, unsettled_releases, settled_entries, unsettled_entries = (
         result.encoded())
     mine, settled = _recomputed("counts", settled_releases, unsettled_releases, diffs)
-    theirs = _published(published, "counts", release_key, diffs)
+    theirs = published_records(published, "counts", diffs)
     covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
     for c, t, _kind in theirs:
         if isinstance(t, int) and t > covered.get(c, -1):
@@ -115,26 +123,31 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
                                               diffs)
     # A family's record (lifetime.family_entries) is written at start, not by the
     # operator: replay recomputes none, and the totals check reads them.
-    for who, detail in check_totals(ledger):
-        diffs.append(Difference("ledger", (who, "", ""), "understated", detail))
-    entries = [v for v in ledger if not _family_record(v)]
-    theirs_ledger = _published(entries, "ledger", ledger_key, diffs)
+    if totals:
+        for who, detail in check_totals(ledger):
+            diffs.append(Difference("ledger", (who, "", ""), "understated", detail))
+    entries = [v for v in ledger if not family_record(v)]
+    theirs_ledger = published_records(entries, "ledger", diffs)
     entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
                            theirs_ledger, diffs)
     if history is not None:
-        # An entry replay does not recompute at all (a forged counter) is one difference,
-        # "unexpected", with the reason it could not be used.
-        unexpected = {d.key: i for i, d in enumerate(diffs)
-                      if d.topic == "ledger" and d.problem == "unexpected"}
-        for p in history.problems:
-            i = unexpected.get(p.key)
-            if i is None:
-                diffs.append(p)
-            else:
-                diffs[i] = dataclasses.replace(diffs[i],
-                                               detail=f"{diffs[i].detail}; {p.detail}")
+        add_problems(diffs, history.problems)
     diffs.sort(key=diff_order)
     return releases, entries_tally, diffs
+
+
+def add_problems(diffs: list[Difference], problems: Iterable[Difference]) -> None:
+    """Add the ledger entries replay could not use (`LedgerHistory.problems`) to `diffs`:
+    an entry replay does not recompute at all (a forged counter) is one difference,
+    "unexpected", with the reason it could not be used."""
+    unexpected = {d.key: i for i, d in enumerate(diffs)
+                  if d.topic == "ledger" and d.problem == "unexpected"}
+    for p in problems:
+        i = unexpected.get(p.key)
+        if i is None:
+            diffs.append(p)
+        else:
+            diffs[i] = dataclasses.replace(diffs[i], detail=f"{diffs[i].detail}; {p.detail}")
 
 
 def _unexplained(theirs: Mapping[RecordKey, bytes], ledger: Iterable[bytes | None],

@@ -14,8 +14,8 @@ fingerprint).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
+from typing import Final
 
 from processor.core.rng import NoiseKey
 from processor.stream.model.config import Settings
@@ -36,37 +36,55 @@ def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | 
                     now_ms: int) -> list[str]:
     """What the configuration and key contradict on the ledger (empty: nothing, or no
     ledger entry to compare with). `now_ms`: a declared counter whose start lies ahead
-    cannot have been announced yet."""
-    entries = ledger_dicts(ledger)
-    if not entries:
-        return []
-    by_counter: dict[str, list[Mapping[str, Any]]] = {}
-    for e in entries:
-        by_counter.setdefault(e["counter"], []).append(e)
-    out: list[str] = []
-    due = {c for c, start in settings.counters.items() if start <= now_ms}
-    unannounced = due - set(by_counter)
-    if unannounced:
-        out.append(f"counters {_names(unannounced)} are configured but on no ledger entry")
-    fingerprints = {str(e.get("fingerprint")) for e in entries}
-    if settings.fingerprint() not in fingerprints:
-        out.append(f"the configuration's fingerprint {settings.fingerprint()[:12]} is on no "
-                   f"ledger entry (the ledger has {_names(f[:12] for f in fingerprints)})")
-    key_ids = {str(e.get("key_id")) for e in entries}
-    if key_fingerprint(key) not in key_ids:
-        out.append(f"the noise key (fingerprint {key_fingerprint(key)}) is not the ledger's "
-                   f"({_names(key_ids)})")
+    cannot have been announced yet. One pass, keeping per counter only which configured
+    parameters some entry of it carries (`_FIELDS` bits), never the entries."""
     configured = {"mechanism": settings.mechanism, "epsilon": settings.epsilon,
                   "delta": settings.delta, "tick_ms": settings.tick_ms,
                   "calibration": settings.calibration}
+    # counter -> the bits of the fields some entry of it matches; STORED: an entry says
+    # "stored" (the counter keeps its own parameters on purpose: on_parameter_change).
+    matched: dict[str, int] = {}
+    fingerprints: set[str] = set()
+    key_ids: set[str] = set()
+    for e in ledger_dicts(ledger):
+        name = e["counter"]
+        bits = matched.get(name, 0)
+        fingerprints.add(str(e.get("fingerprint")))
+        key_ids.add(str(e.get("key_id")))
+        start = settings.counters.get(name)
+        if start is not None:
+            if e.get("parameters") == "stored":
+                bits |= _STORED
+            for bit, field in enumerate(_FIELDS):
+                value = start if field == "start_ms" else configured[field]
+                if e.get(field, value) == value:
+                    bits |= 1 << bit
+        matched[name] = bits
+    if not matched:
+        return []
+    out: list[str] = []
+    due = {c for c, start in settings.counters.items() if start <= now_ms}
+    unannounced = due - matched.keys()
+    if unannounced:
+        out.append(f"counters {_names(unannounced)} are configured but on no ledger entry")
+    if settings.fingerprint() not in fingerprints:
+        out.append(f"the configuration's fingerprint {settings.fingerprint()[:12]} is on no "
+                   f"ledger entry (the ledger has {_names(f[:12] for f in fingerprints)})")
+    if key_fingerprint(key) not in key_ids:
+        out.append(f"the noise key (fingerprint {key_fingerprint(key)}) is not the ledger's "
+                   f"({_names(key_ids)})")
     changed: dict[str, set[str]] = {}
-    for name, own in by_counter.items():
-        if name not in settings.counters or any(e.get("parameters") == "stored" for e in own):
-            continue  # "stored": the counter keeps its own on purpose (on_parameter_change)
-        wanted = {**configured, "start_ms": settings.counters[name]}
-        for field, value in wanted.items():
-            if all(e.get(field, value) != value for e in own):
+    for name, bits in matched.items():
+        if name not in settings.counters or bits & _STORED:
+            continue
+        for bit, field in enumerate(_FIELDS):
+            if not bits & (1 << bit):
                 changed.setdefault(field, set()).add(name)
     for field, names in sorted(changed.items()):
         out.append(f"{field} differs from the ledger's for {_names(names)}")
     return out
+
+
+#: The parameters compared per counter, in the order of their bits.
+_FIELDS: Final = ("mechanism", "epsilon", "delta", "tick_ms", "calibration", "start_ms")
+_STORED: Final = 1 << len(_FIELDS)

@@ -21,7 +21,7 @@ it gives, two creations of one counter...).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -91,18 +91,17 @@ def _entry_parameters(d: Mapping[str, Any]) -> Parameters:
     return p
 
 
-def ledger_dicts(values: Iterable[bytes | None]) -> list[dict[str, Any]]:
+def ledger_dicts(values: Iterable[bytes | None]) -> Iterator[dict[str, Any]]:
     """The published values that look like ledger entries (the rest are "malformed"
-    differences already: `comparison`)."""
-    out: list[dict[str, Any]] = []
+    differences already: `comparison`), decoded one at a time: a million decoded entries
+    held at once would be gigabytes."""
     for raw in values:
         try:
             d = orjson.loads(raw or b"")
         except orjson.JSONDecodeError:
             continue
         if type(d) is dict and type(d.get("counter")) is str:
-            out.append(d)
-    return out
+            yield d
 
 
 def _unusable(d: Mapping[str, Any], key_id: str, ticks: Mapping[int, str],
@@ -176,6 +175,10 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     # Distinct parameters -> why the validation refuses them (None: it accepts them).
     refusals: dict[tuple[str, str, str, str], str | None] = {}
     by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
+    # Nearly every counter has the parameters, fingerprint and since_ticks of many others:
+    # one object for each distinct one (a million counters hold a few).
+    shared: dict[tuple[str, str, str, str, str], tuple[Parameters, str]] = {}
+    histories: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[list[int], list[str]]] = {}
     for d in ledger_dicts(ledger):
         name = d["counter"]
         k: RecordKey = (name, str(d.get("creation", "")), str(d.get("fingerprint", "")))
@@ -219,7 +222,9 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
         else:
             by_fingerprint.setdefault(fp, {})[k] = params
         ticks[since] = fp
-        h.created[name] = (params, fp)
+        # By repr: -0.0 == 0.0, but the entry's own float is what replay recomputes with.
+        h.created[name] = shared.setdefault(
+            (params[0], repr(params[1]), repr(params[2]), params[3], fp), (params, fp))
         h.creation[name] = str(d.get("creation", ""))
     for fp, made in by_fingerprint.items():
         if len(set(made.values())) == 1:
@@ -233,8 +238,9 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
                                   f"counters created under fingerprint {fp} disagree on "
                                   f"the parameters it gives ({listing})") for k in made]
     for name, ticks in entries.items():
-        order = sorted(ticks)
-        h.since[name] = (order, [ticks[t] for t in order])
+        order = tuple(sorted(ticks))
+        fps = tuple(ticks[t] for t in order)
+        h.since[name] = histories.setdefault((order, fps), (list(order), list(fps)))
     return h
 
 

@@ -23,22 +23,11 @@ from processor.stream.kafka.topics import topic_name, units_topic
 from processor.stream.model.bounding import check_kept_set
 from processor.stream.model.config import Settings
 from processor.stream.model.records import marker_tick
-from processor.stream.replay.comparison import (
-    compare,
-    diff_order,
-    field_detail,
-    ledger_key,
-    release_key,
-)
+from processor.stream.replay.comparison import diff_order, field_detail, ledger_key, release_key
 from processor.stream.replay.configured import ledger_mismatch
 from processor.stream.replay.history import ledger_history
-from processor.stream.replay.recompute import (
-    Progress,
-    Recomputed,
-    default_jobs,
-    recompute_timeline,
-    young_collections_only,
-)
+from processor.stream.replay.partitioned import replay_partitions
+from processor.stream.replay.recompute import Progress, default_jobs, young_collections_only
 from processor.stream.replay.report import Difference, RecordKey, ReplayReport, Tally
 
 
@@ -78,7 +67,8 @@ def replay(settings: Settings, key: NoiseKey, *, timeout_s: float = 120.0,
         raise ReplayError(kafka_io.broker_failure(conf, exc)) from None
 
 
-def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference], result: Recomputed,
+def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference],
+                     mine: Mapping[tuple[str, RecordKey], bytes],
                      topics: Mapping[str, tuple[str, Mapping[int, tuple[int, int]]]],
                      settle_s: float, timeout_s: float) -> list[Difference]:
     """Give due records missing from the snapshot `settle_s` seconds to arrive.
@@ -89,13 +79,6 @@ def _recheck_missing(conf: Mapping[str, str], diffs: list[Difference], result: R
     (only for the missing keys): one that arrives identical is no difference, one that
     arrives with other contents is "different"; the rest stay missing."""
     wanted = {(d.topic, d.key) for d in diffs if d.problem == "missing"}
-    mine: dict[tuple[str, RecordKey], bytes] = {}
-    releases, later_releases, entries, later_entries = result.encoded()
-    for topic, keyed in (("counts", releases), ("counts", later_releases),
-                         ("ledger", entries), ("ledger", later_entries)):
-        for rk, value in keyed:
-            if (topic, rk) in wanted:
-                mine[topic, rk] = value
     since = {t: {p: hi for p, (_lo, hi) in marks.items()} for t, (_n, marks) in topics.items()}
     found: dict[tuple[str, RecordKey], bytes] = {}
     deadline = time.monotonic() + settle_s
@@ -165,17 +148,18 @@ def _replay(settings: Settings, key: NoiseKey, conf: Mapping[str, str], timeout_
                                                     timeout_s=timeout_s).values()
                  for _o, v in recs]
     history = ledger_history(settings, key, ledger, published)
-    result = recompute_timeline(settings, key, timeline, committed, progress=progress,
-                                jobs=default_jobs(settings) if jobs is None else jobs,
-                                history=history, stamps=stamps, objects=False)
-    releases, entries, diffs = compare(result, published, ledger, history)
-    if settle_s > 0 and any(d.problem == "missing" for d in diffs):
-        diffs = _recheck_missing(conf, diffs, result, {"counts": (counts_topic, counts_marks),
-                                                       "ledger": (ledger_topic, ledger_marks)},
+    got = replay_partitions(settings, key, timeline, committed, history, stamps, published,
+                            ledger, jobs=default_jobs(settings) if jobs is None else jobs,
+                            progress=progress)
+    diffs = got.differences
+    if settle_s > 0 and got.missing:
+        diffs = _recheck_missing(conf, diffs, got.missing,
+                                 {"counts": (counts_topic, counts_marks),
+                                  "ledger": (ledger_topic, ledger_marks)},
                                  settle_s, timeout_s)
     if units_committed is not None:
         diffs += _kept_set_differences(settings, conf, timeline, units_committed, timeout_s)
-    return ReplayReport(result.records, result.duplicates_dropped, releases, entries, cut,
+    return ReplayReport(got.records, got.duplicates_dropped, got.releases, got.ledger, cut,
                         diffs)
 
 

@@ -1,0 +1,169 @@
+"""Replay one timeline partition at a time: recompute it and compare it with the
+published records of its counters, then let it go.
+
+A counter lives in one timeline partition (`records.partition_for`), and every key the
+comparison uses, of a release (counter, tick, kind) or of a ledger entry (counter,
+creation, fingerprint), names its counter: so the published records split by their
+counter's partition, and each partition's verdict is the comparison (`compare`) of its
+recomputation with its share. The whole verdict is their union: the tallies add up (no
+key is in two partitions), the differences are merged and sorted, and the ledger entries
+replay could not use (`LedgerHistory.problems`) are added once. A published value that
+names no counter (a tombstone, not JSON) is in no partition: it is compared alone, which
+makes it "malformed" as it always is.
+
+Only the tallies, the differences and the recomputed bytes of the missing records (for
+the grace period, `snapshot._recheck_missing`) leave a partition: its counters' state,
+its recomputed records and its published ones are dropped before the next partition
+starts, so replay holds one partition's counters per process (`--jobs` processes at
+once), not the deployment's.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import orjson
+
+from processor.commandline import pool_worker_signals
+from processor.core.rng import NoiseKey
+from processor.stream.model.config import Settings
+from processor.stream.model.records import partition_for
+from processor.stream.replay.comparison import (
+    Published,
+    add_problems,
+    compare,
+    diff_order,
+    family_record,
+    published_records,
+)
+from processor.stream.replay.gate_totals import check_totals
+from processor.stream.replay.history import LedgerHistory
+from processor.stream.replay.recompute import (
+    Progress,
+    TimelinePart,
+    recompute_partition,
+    single_threaded,
+    young_collections_only,
+)
+from processor.stream.replay.report import Difference, RecordKey, Tally
+
+
+@dataclass
+class PartitionVerdict:
+    """What one partition's (or all partitions') comparison found: its tallies,
+    differences, the recomputed bytes of its missing records (topic, key) -> bytes, and
+    how many timeline records it recomputed (duplicates dropped among them)."""
+
+    releases: Tally = field(default_factory=Tally)
+    ledger: Tally = field(default_factory=Tally)
+    differences: list[Difference] = field(default_factory=list)
+    missing: dict[tuple[str, RecordKey], bytes] = field(default_factory=dict)
+    records: int = 0
+    duplicates_dropped: int = 0
+
+    def add(self, other: PartitionVerdict) -> None:
+        for mine, theirs in ((self.releases, other.releases), (self.ledger, other.ledger)):
+            for name in vars(mine):
+                setattr(mine, name, getattr(mine, name) + getattr(theirs, name))
+        self.differences += other.differences
+        self.missing.update(other.missing)
+        self.records += other.records
+        self.duplicates_dropped += other.duplicates_dropped
+
+
+def split_published(values: Iterable[bytes | None], partitions: int,
+                    ) -> tuple[dict[int, list[bytes | None]], list[bytes | None]]:
+    """Published values by the timeline partition of the counter each names (as the
+    comparison's keys name it), and those that name none (compared on their own: they
+    are "malformed")."""
+    parts: dict[int, list[bytes | None]] = {}
+    homes: dict[str, int] = {}
+    loose: list[bytes | None] = []
+    for raw in values:
+        try:
+            d = orjson.loads(raw) if raw is not None else None
+        except orjson.JSONDecodeError:
+            d = None
+        if type(d) is not dict or "counter" not in d:
+            loose.append(raw)
+            continue
+        name = str(d["counter"])  # as the comparison's keys name it (`release_key`)
+        p = homes.get(name)
+        if p is None:
+            p = homes[name] = partition_for(name, partitions)
+        parts.setdefault(p, []).append(raw)
+    return parts, loose
+
+
+#: The job of the forked processes (set before the fork, read after it: the timeline
+#: and the published records are inherited, never pickled).
+_JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
+            LedgerHistory, Mapping[int, Mapping[int, int]], Mapping[int, Published],
+            Mapping[int, Published]] | None = None
+
+
+def _verdict(partition: int) -> PartitionVerdict:
+    assert _JOB is not None
+    settings, key, timeline, settled_below, history, stamps, releases, ledger = _JOB
+    got = recompute_partition(settings, key, history, partition,
+                              timeline.get(partition, ()), settled_below, stamps)
+    got.encoded_only()  # the record objects go: the comparison reads keys and bytes
+    mine = got.encoded()
+    rel, ent, diffs = compare(got, releases.get(partition, ()), ledger.get(partition, ()),
+                              totals=False)
+    wanted = {(d.topic, d.key) for d in diffs if d.problem == "missing"}
+    missing = {(topic, k): raw
+               for topic, keyed in (("counts", mine[0]), ("counts", mine[1]),
+                                    ("ledger", mine[2]), ("ledger", mine[3]))
+               for k, raw in keyed if (topic, k) in wanted}
+    return PartitionVerdict(rel, ent, diffs, missing, got.records, got.duplicates_dropped)
+
+
+def replay_partitions(settings: Settings, key: NoiseKey,
+                      timeline: Mapping[int, TimelinePart], settled_below: Mapping[int, int],
+                      history: LedgerHistory, stamps: Mapping[int, Mapping[int, int]],
+                      published: Iterable[bytes | None], ledger: Sequence[bytes | None],
+                      *, jobs: int = 1, progress: Progress | None = None,
+                      ) -> PartitionVerdict:
+    """The verdict of every timeline partition (module docstring), in `jobs` forked
+    processes when there are several partitions and no other thread runs (else here, one
+    after the other), the largest partitions first."""
+    global _JOB
+    P = settings.partitions
+    releases, loose_releases = split_published(published, P)
+    entries, loose_entries = split_published(ledger, P)
+    order = sorted(set(timeline) | set(releases) | set(entries),
+                   key=lambda p: -len(timeline.get(p, ())))
+    total = sum(len(v) for v in timeline.values())
+    whole = PartitionVerdict()
+    # The entries' totals beside open families need the whole ledger, once; a family's
+    # record names no counter and is no counter's entry.
+    for who, detail in check_totals(ledger):
+        whole.differences.append(Difference("ledger", (who, "", ""), "understated", detail))
+    loose_entries = [v for v in loose_entries if not family_record(v)]
+    # Values that name no counter: compared with nothing ("malformed" differences).
+    for values, topic in ((loose_releases, "counts"), (loose_entries, "ledger")):
+        if values:
+            published_records(values, topic, whole.differences)
+    _JOB = (settings, key, timeline, settled_below, history, stamps, releases, entries)
+    try:
+        with young_collections_only():
+            if jobs > 1 and len(order) > 1 and single_threaded():
+                with multiprocessing.get_context("fork").Pool(
+                        min(jobs, len(order)), initializer=pool_worker_signals) as pool:
+                    for got in pool.imap(_verdict, order):
+                        whole.add(got)
+                        if progress is not None:
+                            progress("recomputed", whole.records, total)
+            else:
+                for p in order:
+                    whole.add(_verdict(p))
+                    if progress is not None:
+                        progress("recomputed", whole.records, total)
+    finally:
+        _JOB = None
+    add_problems(whole.differences, history.problems)
+    whole.differences.sort(key=diff_order)
+    return whole
