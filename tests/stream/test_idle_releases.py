@@ -18,6 +18,7 @@ from unittest import mock
 
 import pytest
 
+from processor.core import registry
 from processor.stream.model import operator, state
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.operator import Operator
@@ -86,3 +87,81 @@ def test_releases_equal_those_before(mechanism: str, calibration: str) -> None:
     floor = operator.heartbeat_floor
     with mock.patch.object(operator, "heartbeat_floor", lambda *a: floor(*a) + 1):
         assert _digest(mechanism, calibration, 0) != got
+
+
+def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
+    """`_digest`'s kind of run, with restarts: now and then a fresh operator on the same
+    store, after a full checkpoint (a clean stop, a takeover) or after a periodic one
+    only (a crash: the deferred progress lost, the stored values behind). The hash also
+    covers every stored value at the end."""
+    names = [f"k{i:02d}" for i in range(30)]
+    s = settings(dict.fromkeys(names, 100 * 1000), mechanism=mechanism, epsilon=1.0,
+                 calibration=calibration, heartbeat_ticks=7, heartbeat_spread=True)
+    rng = random.Random(13)
+    records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
+    pub = CollectingSink()
+    store = DictStore()
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    schedule = random.Random(7)
+    for batch in batches_of(records, rng):
+        asyncio.run(bc.apply(0, batch))
+        if schedule.random() < 0.3:
+            asyncio.run(bc.checkpoint(full=False))
+        if schedule.random() < 0.06:
+            asyncio.run(bc.checkpoint(full=not crash))
+            bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    asyncio.run(bc.checkpoint())
+    h = hashlib.sha256()
+    for r in pub.ledger:
+        h.update(r.to_json())
+    for rel in pub.releases:
+        h.update(rel.to_json())
+    for k in sorted(store.data):
+        h.update(k.encode() + store.data[k])
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("mechanism,calibration", sorted(GOLDEN))
+def test_restored_counters_beat_without_a_decode(mechanism: str, calibration: str,
+                                                 crash: bool) -> None:
+    """A fresh operator on a stored state (a restore, a takeover, a restart after a
+    crash) heartbeats its idle counters from entries read off their stored values
+    (`Operator._stored_idle`): the releases, ledger entries and stored values are those
+    of decoding every counter (the path with `_stored_idle` off), and the path ran.
+    Controls: an entry one tick late on its next heartbeat changes them, and so does
+    a view that says the mechanism is never due where the runs' idle counters have
+    checkpoints that move y (SimECC, tight: regular checkpoints, smaller noise).
+    Deterministic: fixed seeds, no false alarms."""
+    read: list[bool] = []
+    stored_idle = Operator._stored_idle
+
+    def counted(*a: Any) -> Any:
+        got = stored_idle(*a)
+        read.append(got is not None)
+        return got
+
+    with mock.patch.object(Operator, "_stored_idle", counted):
+        got = _restarted_digest(mechanism, calibration, crash)
+    assert sum(read) > 100
+    with mock.patch.object(Operator, "_stored_idle", lambda *a: None):
+        assert _restarted_digest(mechanism, calibration, crash) == got
+    quiet = state.quiet_counter
+
+    def late_beat(raw: bytes) -> Any:
+        q = quiet(raw)
+        return None if q is None else q._replace(next_heartbeat=q.next_heartbeat + 1)
+
+    with mock.patch.object(operator, "quiet_counter", late_beat):
+        assert _restarted_digest(mechanism, calibration, crash) != got
+    if (mechanism, calibration) != ("simecc", "tight"):
+        return
+    cls = type(registry.make(mechanism, 1.0, 1e-6, KEY))
+    view = cls.idle_view
+
+    def never_due(data: bytes) -> Any:
+        v = view(data)
+        return None if v is None else v._replace(next_due=None)
+
+    with mock.patch.object(cls, "idle_view", never_due):
+        assert _restarted_digest(mechanism, calibration, crash) != got

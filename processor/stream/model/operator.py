@@ -116,6 +116,7 @@ from processor.stream.model.state import (
     counter_filed_due,
     counter_key,
     partition_key,
+    quiet_counter,
 )
 from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
@@ -369,6 +370,9 @@ class Operator:
         # heartbeat phase hold the same ticks (and SimECC's checkpoints fall on few),
         # about 90 bytes a counter otherwise.
         self._ints: dict[int, int] = {}
+        # The mechanism classes of the counters decoded so far: whose `idle_view` reads
+        # a stored value that no idle entry stands for yet (`_stored_idle`).
+        self._views: dict[type[Counter], None] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -479,7 +483,9 @@ class Operator:
         txn.stage(self._partitions, partition, ps)
 
     def _decode_counter(self, raw: bytes) -> CounterState:
-        return CounterState.from_bytes(raw, self.factory, self.key)
+        cs = CounterState.from_bytes(raw, self.factory, self.key)
+        self._views[type(cs.mechanism)] = None
+        return cs
 
     def _check_partition(self, partition: int, ps: PartitionState) -> None:
         self._check_key(partition_key(partition), ps.key_id)
@@ -727,9 +733,8 @@ class Operator:
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
-            deferred = self._deferred.get(partition)
-            entry = None if deferred is None else deferred.get(name)
-            if entry is not None and len(entry) > 3 and self._beat_idle(
+            entry = self._idle_entry(txn, partition, name)
+            if entry is not None and self._beat_idle(
                     txn, partition, name, entry, n, offset, ps.frontier, out, wheel):
                 touched += 1
                 continue
@@ -897,19 +902,75 @@ class Operator:
         since = cs.filed_due if got is None else got[0]
         if since is None:
             return
-        key = (c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
-               cs.ledger_fingerprint, waiting)
-        shape = self._shapes.get(key)
-        if shape is None:
-            # A copy: the counter itself may be loaded and changed again.
-            shape = self._shapes[key] = len(self._shape_list)
-            self._shape_list.append(IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
-                                              cs.start_tick, cs.ledger_fingerprint, waiting))
+        # A copy: the counter itself may be loaded and changed again.
+        shape = self._shape((c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
+                             cs.ledger_fingerprint, waiting),
+                            lambda: type(c).from_bytes(c.to_bytes(), self.key))
         nd = self._next_due(cs)
         y = c.y
         deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
                           self._shared(cs.next_heartbeat), _ZERO if _is_zero(y) else y,
                           None if nd is None else self._shared(cs.start_tick + nd - 1), shape)
+
+    def _idle_entry(self, txn: PartitionTransaction, partition: int,
+                    name: str) -> IdleEntry | None:
+        """The counter's idle entry: the one remembered (`_remember_idle`, `_beat_idle`),
+        else, with no deferred entry at all, one read off its stored value."""
+        deferred = self._deferred.get(partition)
+        entry = None if deferred is None else deferred.get(name)
+        if entry is None:
+            return self._stored_idle(txn, name) if self._views else None
+        return entry if len(entry) > 3 else None
+
+    def _stored_idle(self, txn: PartitionTransaction, name: str) -> IdleEntry | None:
+        """The idle entry of a counter that is not decoded and has none (restored from the
+        changelog, taken over from a standby copy, after `forget`), read off its stored
+        value without a decode (`state.quiet_counter`, `Counter.idle_view`): the entry
+        `_remember_idle` gives that value decoded, where it is idle there; else None
+        (the marker decodes it). A value whose noise key is not the configured one, or
+        that a decode would refuse, gets none: its decode raises."""
+        if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
+            return None
+        raw = txn.stored(self._counters, name)
+        q = None if raw is None else quiet_counter(raw)
+        if q is None or q.filed_due is None or q.key_id != self.key_id:
+            return None
+        adm = q.admission
+        waiting = adm is not None and adm[2] is None and adm[1] is not None
+        if not (q.announced or waiting):
+            return None
+        for cls in self._views:
+            view = cls.idle_view(q.mechanism)
+            if view is not None:
+                break
+        else:
+            return None
+        # What `from_bytes` checks (mechanism tick against frontier), and a value whose
+        # last release is its y (a heartbeat repeats it).
+        if view.t != q.frontier - q.start_tick + 1 or view.y != q.last_published:
+            return None
+        try:
+            shape = self._shape((view.mechanism, view.eps, view.delta, view.bound_key,
+                                 q.start_tick, q.ledger_fingerprint, waiting),
+                                lambda: self.factory.restore(q.mechanism, self.key))
+        except StateFormatError:
+            return None
+        nd, y = view.next_due, view.y
+        return (self._shared(q.filed_due), q.frontier, q.offset,
+                self._shared(q.next_heartbeat), _ZERO if _is_zero(y) else y,
+                None if nd is None else self._shared(q.start_tick + nd - 1), shape)
+
+    def _shape(self, key: tuple[object, ...], rep: Callable[[], Counter]) -> int:
+        """The index of the `IdleShape` of `key` (mechanism, eps, delta, bound key, start
+        tick, ledger fingerprint, waiting), made with the mechanism `rep()` if new."""
+        shape = self._shapes.get(key)
+        if shape is None:
+            start, fingerprint, waiting = key[4], key[5], key[6]
+            assert isinstance(start, int) and isinstance(fingerprint, str)
+            made = IdleShape(rep(), start, fingerprint, bool(waiting))
+            shape = self._shapes[key] = len(self._shape_list)
+            self._shape_list.append(made)
+        return shape
 
     def _shared(self, v: int) -> int:
         """One int object for every equal tick of the idle entries (bounded)."""
@@ -986,7 +1047,8 @@ class Operator:
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
             since = self._shared(due)
-        self._deferred[partition][name] = (since, n, offset, self._shared(nh), y, mdue, index)
+        self._deferred.setdefault(partition, {})[name] = (
+            since, n, offset, self._shared(nh), y, mdue, index)
         return True
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:
