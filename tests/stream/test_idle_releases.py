@@ -127,9 +127,11 @@ def test_restored_counters_beat_without_a_decode(mechanism: str, calibration: st
                                                  crash: bool) -> None:
     """A fresh operator on a stored state (a restore, a takeover, a restart after a
     crash) heartbeats its idle counters from entries read off their stored values
-    (`Operator._stored_idle`): the releases, ledger entries and stored values are those
-    of decoding every counter (the path with `_stored_idle` off), and the path ran.
-    Controls: an entry one tick late on its next heartbeat changes them, and so does
+    (`Operator._stored_idle`), and a full checkpoint writes them from their stored bytes
+    (`Operator._write_idle`): the releases, ledger entries and stored values are those
+    of decoding every counter (both paths off), and the paths ran.
+    Controls: an entry one tick late on its next heartbeat changes them, a full
+    checkpoint that leaves idle counters unwritten changes them, and so does
     a view that says the mechanism is never due where the runs' idle counters have
     checkpoints that move y (SimECC, tight: regular checkpoints, smaller noise).
     Deterministic: fixed seeds, no false alarms."""
@@ -141,10 +143,20 @@ def test_restored_counters_beat_without_a_decode(mechanism: str, calibration: st
         read.append(got is not None)
         return got
 
-    with mock.patch.object(Operator, "_stored_idle", counted):
+    wrote: list[bool] = []
+    write_idle = Operator._write_idle
+
+    def counted_write(*a: Any) -> bool:
+        wrote.append(write_idle(*a))
+        return wrote[-1]
+
+    with (mock.patch.object(Operator, "_stored_idle", counted),
+          mock.patch.object(Operator, "_write_idle", counted_write)):
         got = _restarted_digest(mechanism, calibration, crash)
-    assert sum(read) > 100
-    with mock.patch.object(Operator, "_stored_idle", lambda *a: None):
+    # Full checkpoints: at every restart without a crash, else at the end only.
+    assert sum(read) > 100 and sum(wrote) > (2 if crash else 100)
+    with (mock.patch.object(Operator, "_stored_idle", lambda *a: None),
+          mock.patch.object(Operator, "_write_idle", lambda *a: False)):
         assert _restarted_digest(mechanism, calibration, crash) == got
     quiet = state.quiet_counter
 
@@ -153,6 +165,8 @@ def test_restored_counters_beat_without_a_decode(mechanism: str, calibration: st
         return None if q is None else q._replace(next_heartbeat=q.next_heartbeat + 1)
 
     with mock.patch.object(operator, "quiet_counter", late_beat):
+        assert _restarted_digest(mechanism, calibration, crash) != got
+    with mock.patch.object(Operator, "_write_idle", lambda *a: True):
         assert _restarted_digest(mechanism, calibration, crash) != got
     if (mechanism, calibration) != ("simecc", "tight"):
         return

@@ -117,6 +117,7 @@ from processor.stream.model.state import (
     counter_key,
     partition_key,
     quiet_counter,
+    stored_offset,
 )
 from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
@@ -441,8 +442,11 @@ class Operator:
 
     def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
-        checkpoint: a clean stop, a revocation)."""
-        for name in list(self._deferred.get(partition, ())):
+        checkpoint: a clean stop, a revocation); an idle one from its stored bytes where
+        that is exact (`_write_idle`), else decoded."""
+        for name, got in list(self._deferred.get(partition, {}).items()):
+            if len(got) > 3 and self._write_idle(txn, name, got):
+                continue
             cs = self._load_counter(txn, partition, name)
             if cs is not None:
                 self._stage_counter(txn, partition, name, cs)
@@ -1016,11 +1020,7 @@ class Operator:
                     return False  # a "reconfigured" entry first: `_release`
                 beats.append((nh, fingerprint))
             nh = next_heartbeat(nh, phase, h)
-        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due
-        # (a waiting key's mechanism is never due here: checked above).
-        due = start + nh - 1
-        if due > n + 1 and mdue is not None:
-            due = min(due, mdue)
+        due = self._idle_due(start, nh, mdue, n)
         rep = shape.rep
         written = None
         if n - since > self._defer_ticks:
@@ -1049,6 +1049,43 @@ class Operator:
             since = self._shared(due)
         self._deferred.setdefault(partition, {})[name] = (
             since, n, offset, self._shared(nh), y, mdue, index)
+        return True
+
+    @staticmethod
+    def _idle_due(start: int, nh: int, mdue: int | None, n: int) -> int:
+        """`due_tick` of an idle counter sealed through n with next heartbeat `nh` (a
+        local tick): that heartbeat, or its mechanism's due tick `mdue` if earlier (a
+        waiting key's mechanism is never due where an idle entry is used: `_beat_idle`)."""
+        due = start + nh - 1
+        if due > n + 1 and mdue is not None:
+            due = min(due, mdue)
+        return due
+
+    def _write_idle(self, txn: PartitionTransaction, name: str, entry: IdleEntry) -> bool:
+        """Stage the value of a counter released as idle, sealed through its entry's tick,
+        computed on its stored bytes as `_beat_idle` writes it at the deferral bound
+        (`Counter.advance_state`): what `stage_deferred` stages decoding it and re-sealing
+        it to its entry (`_load_counter`). False, staging nothing, where that is not
+        exact here (a decoded or staged value, a stored value at or beyond the entry's
+        offset, a mechanism that cannot advance on its bytes): then it is decoded. A
+        stored value of the entry's offset is its state already (one offset, one value:
+        `state.supersedes`): nothing to stage."""
+        _since, through, last, nh, _y, mdue, index = entry
+        if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
+            return False
+        raw = txn.stored(self._counters, name)
+        held = stored_offset(raw)
+        if raw is None or held is None or held > last:
+            return False
+        if held == last:
+            return True
+        shape = self._shape_list[index]
+        written = advance_counter_value(
+            raw, type(shape.rep).advance_state, through, nh, last,
+            self._idle_due(shape.start_tick, nh, mdue, through))
+        if written is None:
+            return False
+        txn.stage_encoded(self._counters, name, written)
         return True
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:
