@@ -36,7 +36,9 @@ in the last heartbeat interval and has nothing to do before its next heartbeat i
 progress (`_load_counter`). A released idle counter's deferred entry carries what its
 heartbeats need (`IdleEntry`): a marker that only seals quiet ticks of it publishes them
 from the entry, and writes it at the deferral bound from its stored bytes
-(`_beat_idle`), without decoding it.
+(`_beat_idle`), without decoding it; a full checkpoint writes it from those bytes too
+(`_write_idle`). A counter restored from the store (a restore, a takeover, a restart)
+gets its entry read off its stored value where that value is idle (`_stored_idle`).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
