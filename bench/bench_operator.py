@@ -36,6 +36,9 @@ RocksDB does; the store's own keys and values, which RocksDB holds outside Pytho
 are left out) and the allocation sites that hold the most. With `--idle-decoded 0` every
 idle counter is released (what each counter beyond the operator's IDLE_DECODED costs).
 
+`--restart WARM GAP` measures instead a clean stop and a crash, each followed by a cold
+operator's first marker and checkpoint (`restart_cpu`): the operator's part of a restore.
+
 `--idle-cpu WARM TICKS` measures instead the CPU per tick of 1 s of `--counters` idle
 counters with the same heartbeats and checkpoints, after WARM ticks, over TICKS ticks
 (`idle_cpu`): what one worker's operator spends on them per second, without the broker.
@@ -253,6 +256,42 @@ def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int)
           f"ticks ({cpu / beats * 1e6:.1f} us per heartbeat)", flush=True)
 
 
+def restart_cpu(mech: str, warm: int, gap: int, counters: int, crash: bool) -> None:
+    """Print the CPU of a restart of `counters` idle counters (the README's heartbeats,
+    a checkpoint that is not full every 6 ticks, a store that copies bytes as RocksDB
+    does): markers through `warm` ticks; then the stop (a full checkpoint; with `crash`
+    none: the last periodic one stands, progress left behind); then a cold operator on
+    the same store applies the marker through `gap` ticks later (the ticks sealed while
+    no worker ran) and the first checkpoint after it: the operator's part of a restore
+    or a takeover from a standby copy, without the broker."""
+    start = 1_767_225_600
+    names = {f"counter-{c:07d}": start * TICK for c in range(counters)}
+    s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
+                       epsilon=1.0, delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True)
+    store = CopyingStore()
+    bc = BatchCommit(Operator(s, NoiseKey.from_seed(1)), store, _Discarding())
+
+    async def run(first: int, last: int) -> None:
+        for i in range(first, last):
+            await bc.apply(0, [(i, encode_marker(start + i))])
+            if i % 6 == 5:
+                await bc.checkpoint(full=False)
+
+    asyncio.run(run(0, warm + 1))
+    c0 = time.process_time()
+    if not crash:
+        asyncio.run(bc.checkpoint())
+    c1 = time.process_time()
+    bc = BatchCommit(Operator(s, NoiseKey.from_seed(1)), store, _Discarding())
+    out = asyncio.run(bc.apply(0, [(warm + 1, encode_marker(start + warm + gap))]))
+    asyncio.run(bc.checkpoint(full=False))
+    c2 = time.process_time()
+    print(f"restart {mech} ({counters} ctrs, {'crash' if crash else 'clean stop'} after "
+          f"{warm} ticks, {gap} ticks later): stop {c1 - c0:.2f} CPU-s; first marker and "
+          f"checkpoint {c2 - c1:.2f} CPU-s ({out.metrics['counters_touched']} counters, "
+          f"{len(out.releases)} releases)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mechanism", nargs="+", default=["ecc", "simecc"])
@@ -274,10 +313,14 @@ def main() -> None:
                     help="a checkpoint every this many ticks' batches (default 1: one per "
                     "batch; a worker checkpoints every checkpoint interval, 0.5 s or more: "
                     "5 ticks of 100 ms)")
+    ap.add_argument("--restart", type=int, nargs=2, metavar=("WARM", "GAP"),
+                    help="measure instead a clean stop and a crash after WARM ticks, each "
+                    "followed by a cold operator's first marker GAP ticks later (see "
+                    "restart_cpu)")
     ap.add_argument("--profile", action="store_true",
                     help="print a cProfile of the timed part (one run per workload)")
     args = ap.parse_args()
-    if not (args.memory or args.idle_cpu):
+    if not (args.memory or args.idle_cpu or args.restart):
         print(f"{'workload':<36} {'mech':<7} {'stepped':>8} {'queued':>8} {'events/s':>10} "
               f"{'ev/CPU-s':>10} {'records/s':>10} {'releases':>9} {'touched/marker':>15}")
     for mech in args.mechanism:
@@ -297,6 +340,10 @@ def main() -> None:
             continue
         if args.idle_cpu:
             idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters, args.idle_decoded)
+            continue
+        if args.restart:
+            for crash in (False, True):
+                restart_cpu(mech, args.restart[0], args.restart[1], args.counters, crash)
             continue
         for w in workloads:
             if args.only and args.only not in w.name:

@@ -1,6 +1,7 @@
 """Stream benchmark: the processor next to its peers on the same broker, in one run.
 
-    python bench/bench_stream.py [--phase throughput|many|scaleout|idle|all] [--quick]
+    python bench/bench_stream.py [--phase throughput|many|scaleout|idle|takeover|all]
+        [--quick]
         [--events 20000] [--repeat 3] [--loads dense sparse] [--systems ...]
         [--counters 10000] [--rate 1000] [--seconds 60] [--workers 1 2]
         [--cluster [--kill-broker [--broker-down-s 10]]]
@@ -65,7 +66,9 @@ from stream_steady import (  # noqa: E402
     report_idle,
     report_scaleout,
     report_steady,
+    report_takeover,
     steady_run,
+    takeover_run,
 )
 
 if TYPE_CHECKING:
@@ -101,7 +104,8 @@ def quix_python(given: str | None) -> str | None:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--phase", choices=("throughput", "many", "scaleout", "idle", "all"),
+    p.add_argument("--phase",
+                   choices=("throughput", "many", "scaleout", "idle", "takeover", "all"),
                    default="all", help="all = throughput, then scaleout (which includes many)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 2,000 events once; 500 counters at 200 events/s for 6 s")
@@ -120,10 +124,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    f"{stream_counted.HEARTBEAT_TICKS}, 60 s of 100 ms ticks)")
     p.add_argument("--quix-python", help="the Python with quixstreams for the Quix peer "
                    "(default $BENCH_QUIX_PYTHON, or this one if it has quixstreams)")
-    p.add_argument("--counters", type=int, help="many/scaleout/idle counters (default 10,000)")
+    p.add_argument("--counters", type=int,
+                   help="many/scaleout/idle/takeover counters (default 10,000)")
     p.add_argument("--rate", type=float, help="steady load, events/s (default 1,000)")
     p.add_argument("--seconds", type=float,
-                   help="measured window of many/scaleout/idle (default 60)")
+                   help="measured window of many/scaleout/idle/takeover (default 60)")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2],
                    help="scaleout: worker counts (default 1 2)")
     p.add_argument("--standby", type=int, default=1,
@@ -234,6 +239,12 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
                      worker_settings=steady_settings(a, ctx))
         results["idle"] = r
         lines += _shown(report_idle(r))
+    if a.phase == "takeover":
+        print("phase takeover: a worker killed, its partitions taken over", flush=True)
+        r = takeover_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
+                         ctx.standby, worker_settings=steady_settings(a, ctx))
+        results["takeover"] = r
+        lines += _shown(report_takeover(r))
     return lines
 
 

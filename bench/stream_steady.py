@@ -55,6 +55,11 @@ from its start to the log times of its lifecycle lines (`start checks`, `bulk lo
 `worker starting`, `worker ready`: the worker's own readiness) and the start checks
 line's own seconds per step.
 
+takeover (--counters C, --seconds S): two workers, C declared counters, no input,
+standby replicas; after the assignment is stable, a pause and an idle window of S
+seconds, the worker that joined is SIGKILLed and the survivor's takeover of its
+partitions timed from the group's reassignment (`SteadyRun.takeover`).
+
 A broker kill (scaleout on a three-node cluster, `BrokerKill`): in the middle of each
 run's measured window one node, chosen at random, is SIGKILLed and restarted after a
 pause (the reliability campaign's `KillDriver.kill_broker`), while the load goes on; after
@@ -482,6 +487,47 @@ class SteadyRun:
         r["start_checks"] = checks.group(1) if checks is not None else ""
         r["start_marks"] = start_marks(fresh.log_tail(2000), t0_ms)
 
+    def takeover(self, timeout_s: float = 300) -> None:
+        """SIGKILL the worker that joined (`join`); the survivor takes its partitions over
+        from its standby copies. reassigned_s = from the kill to the first reading of the
+        group's description (polled every 0.1 s) with the survivor alone holding every
+        timeline partition: the group's reassignment (the session timeout is most of
+        it); takeover_s = from that reading to the survivor's first commit (a partition
+        value `p/<p>` appended after the kill) on each partition it took over, and to its
+        first commit on every partition (a rebalance revokes and reassigns its own too);
+        its RSS then."""
+        named = self.named_assignment()
+        victim, survivor = self.procs[1], self.procs[0]
+        taken = sorted(named.get("worker2", []))
+        every = sorted(p for ps in named.values() for p in ps)
+        r = self.res
+        r["takeover_taken"] = taken
+        self.view.update()
+        t_kill_ms = int(time.time() * 1000)
+        t_kill = time.monotonic()
+        victim.kill()
+
+        def alone() -> bool:
+            if not survivor.alive():
+                raise RuntimeError("the surviving worker exited: " + survivor.log_tail())
+            a = self.assignment()
+            return len(a) == 1 and sorted(p for ps in a.values() for p in ps) == every
+        wait_until(alone, timeout_s, "the group's reassignment to the survivor", 0.1)
+        t_re_ms = int(time.time() * 1000)
+        r["reassigned_s"] = time.monotonic() - t_kill
+
+        def firsts(parts: Sequence[int]) -> list[int] | None:
+            self.view.update()
+            got = [min((c[0] for c in self.view.commits[p] if c[0] >= t_kill_ms), default=0)
+                   for p in parts]
+            return None if 0 in got else got
+        wait_until(lambda: firsts(every) is not None, timeout_s,
+                   "the survivor's commits on every partition", 0.25)
+        taken_at, every_at = firsts(taken) or [], firsts(every) or []
+        r["takeover_s"] = (max(taken_at, default=t_re_ms) - t_re_ms) / 1000
+        r["takeover_all_s"] = (max(every_at) - t_re_ms) / 1000
+        r["takeover_rss"] = rss_bytes(survivor.proc.pid) if survivor.proc else 0
+
     def close(self) -> None:
         self.ledger.close()
         self.res["logs"] = self.children.close_deployment(self.dep)
@@ -550,6 +596,27 @@ def idle_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, counters: int,
         run.state_dirs()
         if restore:
             run.restore()
+    finally:
+        run.close()
+    return run.res
+
+
+def takeover_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, counters: int,
+                 seconds: float, children: Children, standby: int = 1,
+                 worker_settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Phase `takeover`: two workers with `counters` declared counters, no input, standby
+    replicas (`standby`, at least 1 for a takeover from standby copies); after the
+    assignment is stable and a pause, the idle cost over `seconds`, then the joiner
+    SIGKILLed and the survivor's takeover timed (`SteadyRun.takeover`)."""
+    run = SteadyRun(conf, bootstrap, tmp, children, counters, "takeover", standby,
+                    worker_settings)
+    run.res.update(workers=2, rate=0.0)
+    try:
+        run.create()
+        run.join(2)
+        run.idle(SETTLE_S, seconds)
+        run.takeover()
+        run.res["assign_end"] = run.named_assignment()
     finally:
         run.close()
     return run.res
@@ -755,6 +822,24 @@ def report_scaleout(sets: Sequence[Mapping[int, Mapping[str, Any]]],
     if not all(r.get("kept_up") for runs in sets for r in runs.values()):
         lines.append("  NOTE: a run that did not keep up worked on larger batches than the "
                      "load alone makes, so its CPU per event is not the steady-state figure")
+    return lines
+
+
+def report_takeover(r: Mapping[str, Any]) -> list[str]:
+    """Phase takeover: a killed worker's partitions taken over by the survivor."""
+    lines = [f"Phase takeover: 2 workers, {r['counters']:,} declared counters, no input, "
+             f"standby replicas {r['standby_replicas']}, tick {r['tick_ms']} ms"]
+    lines.append(f"  counters created {r['created_s']:.1f} s after the first worker "
+                 f"started; the second joined in {r.get('join_s', 0):.1f} s; assignment "
+                 f"{r['assign_start']}; idle RSS " + ", ".join(_mib(b) for b in r["idle_rss"]))
+    if "reassigned_s" in r:
+        lines.append(f"  worker2 SIGKILLed: the group reassigned its partitions "
+                     f"{r['takeover_taken']} to worker1 {r['reassigned_s']:.1f} s later "
+                     "(session timeout); worker1's first commit on each of them "
+                     f"{r['takeover_s']:.1f} s after that reassignment, on every partition "
+                     f"{r['takeover_all_s']:.1f} s; its RSS {_mib(r['takeover_rss'])}; "
+                     f"load average {os.getloadavg()[0]:.2f} at the end")
+    lines += _log_lines([r["logs"]])
     return lines
 
 

@@ -20,13 +20,27 @@ Releases are exact multiples of 2^-GRID_BITS (see grid.py); y is that value as a
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Self
+from typing import ClassVar, NamedTuple, Self
 
 from processor.core.errors import InvalidInputError
 from processor.core.grid import check_units, from_units
 from processor.core.rng import NoiseKey
 
 Change = tuple[int, float]
+
+
+class IdleView(NamedTuple):
+    """What an encoded state answers without a decode (`Counter.idle_view`): exactly
+    what the restored counter's `mechanism`, `eps`, `delta`, `t`, `y`, `next_due()` and
+    `bound_key()` would."""
+
+    mechanism: str
+    eps: float
+    delta: float
+    t: int
+    y: float
+    next_due: int | None
+    bound_key: tuple[object, ...]
 
 
 class Counter(ABC):
@@ -90,6 +104,14 @@ class Counter(ABC):
         on the encoded state, when that is exact without a noise key: equal to
         from_bytes(data).skip(k) then to_bytes(). None where it is not (the default: it
         never is); then the caller decodes."""
+        return None
+
+    @classmethod
+    def idle_view(cls, data: bytes) -> IdleView | None:
+        """What `from_bytes(data)` would answer about its parameters, tick, value and
+        next_due(), read off the encoded state `data` (of to_bytes) without a noise key,
+        where that is exact (an idle counter restored needs no decode to beat). None
+        where it is not (the default: it never is); then the caller decodes."""
         return None
 
     @abstractmethod

@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Self
 
 import orjson
 
-from processor.core.api import Change, Counter, check_skip
+from processor.core.api import Change, Counter, IdleView, check_skip
 from processor.core.bounds import ecc_bound, simecc_bound
 from processor.core.cc import BCC, UnboundedCC
 from processor.core.errors import (
@@ -317,6 +317,45 @@ class _EccBase(Counter):
         it is advanced in place)."""
         raise NotImplementedError
 
+    @classmethod
+    def idle_view(cls, data: bytes) -> IdleView | None:
+        """The view where the partition's next checkpoint is in its state
+        (`_planned_part`): next_due() is then the earlier of it and the next scheduled
+        release, as `_next_due` computes it."""
+        if bytes(data[:3]) != b"DPS" or len(data) < 5 or data[3] != cls.state_version:
+            return None
+        try:
+            st = orjson.loads(data[4:])
+            if not isinstance(st, dict) or st.get("m") != cls.mechanism:
+                return None
+            t, y, part = st["t"], st["y"], st["part"]
+            if type(t) is not int or type(y) is not int or type(part) is not dict:
+                return None
+            a = cls._planned_part(part)
+            if a is False:
+                return None
+            later = [tick for tick, _v in st["sched"] if tick > t]
+            if any(type(tick) is not int for tick in later):
+                return None
+            b = min(later) if later else None
+            due = b if a is None else a if b is None else min(a, b)
+            eps, delta = float(st["eps"]), float(st["delta"])
+            cal = st.get("cal", "paper")
+            base = st["bcc"]["cc"]["b"]
+            if cal not in CALIBRATIONS or type(base) is not str:
+                return None
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            return None
+        # bound_key() of the restored counter (one definition there).
+        return IdleView(cls.mechanism, eps, delta, t, from_units(y), due,
+                        (cls.mechanism, eps, delta, cal, base))
+
+    @staticmethod
+    def _planned_part(part: dict[str, Any]) -> int | bool | None:
+        """The partition's next_due() where its state holds it without a draw (None:
+        never), else False."""
+        raise NotImplementedError
+
     def bound_key(self) -> tuple[object, ...]:
         # the bound also depends on the calibration and on the base CC and BCC run on
         # (restored tree states next to new BLT ones)
@@ -365,6 +404,21 @@ class ECC(_EccBase):
         svt["n"] = steps + k
         return True
 
+    @staticmethod
+    def _planned_part(part: dict[str, Any]) -> int | bool | None:
+        # Past its run's dense prefix the SVT's committed plan says when it fires
+        # (`SVT._due`: f - n steps on; None never), the partition's tick t on from now.
+        svt, t = part["svt"], part["t"]
+        if (type(svt) is not dict or "f" not in svt or svt.get("h") is not False
+                or svt.get("r") != SVT.prefix or type(t) is not int):
+            return False
+        steps, plan = svt["n"], svt["f"]
+        if plan is None:
+            return None
+        if type(steps) is not int or type(plan) is not int or plan <= steps:
+            return False
+        return t + plan - steps
+
     def error_bound_at(self, t: int, beta: float = 0.05) -> float:
         # BCC's base: the same as CC's (one construction in _setup).
         return ecc_bound(self.eps, self.delta, beta, t, self._bcc.base, self.calibration)
@@ -391,6 +445,12 @@ class SimECC(_EccBase):
         # SimPart draws at its checkpoints only ("c", the next one's tick).
         nxt = part["c"]
         return type(nxt) is int and part["t"] + k < nxt
+
+    @staticmethod
+    def _planned_part(part: dict[str, Any]) -> int | bool | None:
+        # SimPart's next checkpoint is in its state ("c").
+        nxt = part["c"]
+        return nxt if type(nxt) is int else False
 
     def error_bound_at(self, t: int, beta: float = 0.05) -> float:
         # BCC's base: the same as CC's (one construction in _setup).

@@ -18,6 +18,7 @@ from unittest import mock
 
 import pytest
 
+from processor.core import registry
 from processor.stream.model import operator, state
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.operator import Operator
@@ -137,3 +138,95 @@ def test_a_full_checkpoint_writes_idle_counters_from_their_bytes(mechanism: str)
     slow, none = _stopped_store(mechanism, False)
     assert fast == slow
     assert wrote >= 15 and none == 0
+
+
+def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
+    """`_digest`'s kind of run, with restarts: now and then a fresh operator on the same
+    store, after a full checkpoint (a clean stop, a takeover) or after a periodic one
+    only (a crash: the deferred progress lost, the stored values behind). The hash also
+    covers every stored value at the end."""
+    names = [f"k{i:02d}" for i in range(30)]
+    s = settings(dict.fromkeys(names, 100 * 1000), mechanism=mechanism, epsilon=1.0,
+                 calibration=calibration, heartbeat_ticks=7, heartbeat_spread=True)
+    rng = random.Random(13)
+    records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
+    pub = CollectingSink()
+    store = DictStore()
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    schedule = random.Random(7)
+    for batch in batches_of(records, rng):
+        asyncio.run(bc.apply(0, batch))
+        if schedule.random() < 0.3:
+            asyncio.run(bc.checkpoint(full=False))
+        if schedule.random() < 0.06:
+            asyncio.run(bc.checkpoint(full=not crash))
+            bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    asyncio.run(bc.checkpoint())
+    h = hashlib.sha256()
+    for r in pub.ledger:
+        h.update(r.to_json())
+    for rel in pub.releases:
+        h.update(rel.to_json())
+    for k in sorted(store.data):
+        h.update(k.encode() + store.data[k])
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("mechanism,calibration", sorted(GOLDEN))
+def test_restored_counters_beat_without_a_decode(mechanism: str, calibration: str,
+                                                 crash: bool) -> None:
+    """A fresh operator on a stored state (a restore, a takeover, a restart after a
+    crash) heartbeats its idle counters from entries read off their stored values
+    (`Operator._stored_idle`), and a full checkpoint writes them from their stored bytes
+    (`Operator._write_idle`): the releases, ledger entries and stored values are those
+    of decoding every counter (both paths off), and the paths ran.
+    Controls: an entry one tick late on its next heartbeat changes them, a full
+    checkpoint that leaves idle counters unwritten changes them, and so does
+    a view that says the mechanism is never due where the runs' idle counters have
+    checkpoints that move y (SimECC, tight: regular checkpoints, smaller noise).
+    Deterministic: fixed seeds, no false alarms."""
+    read: list[bool] = []
+    stored_idle = Operator._stored_idle
+
+    def counted(*a: Any) -> Any:
+        got = stored_idle(*a)
+        read.append(got is not None)
+        return got
+
+    wrote: list[bool] = []
+    write_idle = Operator._write_idle
+
+    def counted_write(*a: Any) -> bool:
+        wrote.append(write_idle(*a))
+        return wrote[-1]
+
+    with (mock.patch.object(Operator, "_stored_idle", counted),
+          mock.patch.object(Operator, "_write_idle", counted_write)):
+        got = _restarted_digest(mechanism, calibration, crash)
+    # Full checkpoints: at every restart without a crash, else at the end only.
+    assert sum(read) > 100 and sum(wrote) > (2 if crash else 100)
+    with (mock.patch.object(Operator, "_stored_idle", lambda *a: None),
+          mock.patch.object(Operator, "_write_idle", lambda *a: False)):
+        assert _restarted_digest(mechanism, calibration, crash) == got
+    quiet = state.quiet_counter
+
+    def late_beat(raw: bytes) -> Any:
+        q = quiet(raw)
+        return None if q is None else q._replace(next_heartbeat=q.next_heartbeat + 1)
+
+    with mock.patch.object(operator, "quiet_counter", late_beat):
+        assert _restarted_digest(mechanism, calibration, crash) != got
+    with mock.patch.object(Operator, "_write_idle", lambda *a: True):
+        assert _restarted_digest(mechanism, calibration, crash) != got
+    if (mechanism, calibration) != ("simecc", "tight"):
+        return
+    cls = type(registry.make(mechanism, 1.0, 1e-6, KEY))
+    view = cls.idle_view
+
+    def never_due(data: bytes) -> Any:
+        v = view(data)
+        return None if v is None else v._replace(next_due=None)
+
+    with mock.patch.object(cls, "idle_view", never_due):
+        assert _restarted_digest(mechanism, calibration, crash) != got

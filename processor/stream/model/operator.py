@@ -36,7 +36,9 @@ in the last heartbeat interval and has nothing to do before its next heartbeat i
 progress (`_load_counter`). A released idle counter's deferred entry carries what its
 heartbeats need (`IdleEntry`): a marker that only seals quiet ticks of it publishes them
 from the entry, and writes it at the deferral bound from its stored bytes
-(`_beat_idle`), without decoding it.
+(`_beat_idle`), without decoding it; a full checkpoint writes it from those bytes too
+(`_write_idle`). A counter restored from the store (a restore, a takeover, a restart)
+gets its entry read off its stored value where that value is idle (`_stored_idle`).
 
 Identity. What a counter runs under is its `provenance.Provenance`'s answer: for the
 worker (`ConfiguredProvenance`, the default) a new counter's mechanism is keyed by
@@ -116,6 +118,8 @@ from processor.stream.model.state import (
     counter_filed_due,
     counter_key,
     partition_key,
+    quiet_counter,
+    stored_offset,
 )
 from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
 
@@ -369,6 +373,9 @@ class Operator:
         # heartbeat phase hold the same ticks (and SimECC's checkpoints fall on few),
         # about 90 bytes a counter otherwise.
         self._ints: dict[int, int] = {}
+        # The mechanism classes of the counters decoded so far: whose `idle_view` reads
+        # a stored value that no idle entry stands for yet (`_stored_idle`).
+        self._views: dict[type[Counter], None] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
 
@@ -438,7 +445,7 @@ class Operator:
     def stage_deferred(self, txn: PartitionTransaction, partition: int) -> None:
         """Stage every counter of `partition` whose ⊥-only progress was deferred (a full
         checkpoint: a clean stop, a revocation). One released as idle is written from its
-        stored bytes where its mechanism can (`_write_idle`), else decoded, sealed and
+        stored bytes where that is exact (`_write_idle`), else decoded, sealed and
         released again at once: a million of them never stay decoded together."""
         deferred = self._deferred.get(partition, {})
         for name in list(deferred):
@@ -451,37 +458,6 @@ class Operator:
                 if len(entry) > 3:  # released as idle before: released again
                     txn.release(self._counters, name)
         self._deferred.pop(partition, None)
-
-    def _write_idle(self, txn: PartitionTransaction, name: str, entry: IdleEntry) -> bool:
-        """Stage the value of a counter released as idle as its entry has it sealed,
-        computed on its stored bytes (`advance_counter_value`, as `_beat_idle` at the
-        deferral bound: the bytes a decode, re-seal and encode give), or on the bytes it
-        was staged and released as; False, staging nothing, where that is not exact (a
-        value staged decoded, bytes the mechanism cannot advance without its noise key,
-        such as a value inside its first ⊥ run's dense prefix, or a key not admitted)."""
-        _since, through, last, nh, _y, mdue, index = entry
-        shape = self._shape_list[index]
-        if shape.waiting:
-            # A key not admitted is filed at its mechanism's next_due, not at a heartbeat
-            # (`due_tick`): decoded, so the one rule files it.
-            return False
-        if txn.is_staged(self._counters, name):
-            # Released after it was staged: its bytes; staged decoded: no decode to save.
-            raw = txn.released(self._counters, name)
-        else:
-            raw = txn.stored(self._counters, name)
-        if raw is None:
-            return False
-        # `due_tick` of the sealed counter, as `_beat_idle` files it.
-        due = shape.start_tick + nh - 1
-        if due > through + 1 and mdue is not None:
-            due = min(due, mdue)
-        written = advance_counter_value(raw, type(shape.rep).advance_state, through, nh,
-                                        last, due)
-        if written is None:
-            return False
-        txn.stage_encoded(self._counters, name, written)
-        return True
 
     # -- loading and staging
 
@@ -518,7 +494,9 @@ class Operator:
         txn.stage(self._partitions, partition, ps)
 
     def _decode_counter(self, raw: bytes) -> CounterState:
-        return CounterState.from_bytes(raw, self.factory, self.key)
+        cs = CounterState.from_bytes(raw, self.factory, self.key)
+        self._views[type(cs.mechanism)] = None
+        return cs
 
     def _check_partition(self, partition: int, ps: PartitionState) -> None:
         self._check_key(partition_key(partition), ps.key_id)
@@ -766,9 +744,8 @@ class Operator:
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
-            deferred = self._deferred.get(partition)
-            entry = None if deferred is None else deferred.get(name)
-            if entry is not None and len(entry) > 3 and self._beat_idle(
+            entry = self._idle_entry(txn, partition, name)
+            if entry is not None and self._beat_idle(
                     txn, partition, name, entry, n, offset, ps.frontier, out, wheel):
                 touched += 1
                 continue
@@ -936,19 +913,75 @@ class Operator:
         since = cs.filed_due if got is None else got[0]
         if since is None:
             return
-        key = (c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
-               cs.ledger_fingerprint, waiting)
-        shape = self._shapes.get(key)
-        if shape is None:
-            # A copy: the counter itself may be loaded and changed again.
-            shape = self._shapes[key] = len(self._shape_list)
-            self._shape_list.append(IdleShape(type(c).from_bytes(c.to_bytes(), self.key),
-                                              cs.start_tick, cs.ledger_fingerprint, waiting))
+        # A copy: the counter itself may be loaded and changed again.
+        shape = self._shape((c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
+                             cs.ledger_fingerprint, waiting),
+                            lambda: type(c).from_bytes(c.to_bytes(), self.key))
         nd = self._next_due(cs)
         y = c.y
         deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
                           self._shared(cs.next_heartbeat), _ZERO if _is_zero(y) else y,
                           None if nd is None else self._shared(cs.start_tick + nd - 1), shape)
+
+    def _idle_entry(self, txn: PartitionTransaction, partition: int,
+                    name: str) -> IdleEntry | None:
+        """The counter's idle entry: the one remembered (`_remember_idle`, `_beat_idle`),
+        else, with no deferred entry at all, one read off its stored value."""
+        deferred = self._deferred.get(partition)
+        entry = None if deferred is None else deferred.get(name)
+        if entry is None:
+            return self._stored_idle(txn, name) if self._views else None
+        return entry if len(entry) > 3 else None
+
+    def _stored_idle(self, txn: PartitionTransaction, name: str) -> IdleEntry | None:
+        """The idle entry of a counter that is not decoded and has none (restored from the
+        changelog, taken over from a standby copy, after `forget`), read off its stored
+        value without a decode (`state.quiet_counter`, `Counter.idle_view`): the entry
+        `_remember_idle` gives that value decoded, where it is idle there; else None
+        (the marker decodes it). A value whose noise key is not the configured one, or
+        that a decode would refuse, gets none: its decode raises."""
+        if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
+            return None
+        raw = txn.stored(self._counters, name)
+        q = None if raw is None else quiet_counter(raw)
+        if q is None or q.filed_due is None or q.key_id != self.key_id:
+            return None
+        adm = q.admission
+        waiting = adm is not None and adm[2] is None and adm[1] is not None
+        if not (q.announced or waiting):
+            return None
+        for cls in self._views:
+            view = cls.idle_view(q.mechanism)
+            if view is not None:
+                break
+        else:
+            return None
+        # What `from_bytes` checks (mechanism tick against frontier), and a value whose
+        # last release is its y (a heartbeat repeats it).
+        if view.t != q.frontier - q.start_tick + 1 or view.y != q.last_published:
+            return None
+        try:
+            shape = self._shape((view.mechanism, view.eps, view.delta, view.bound_key,
+                                 q.start_tick, q.ledger_fingerprint, waiting),
+                                lambda: self.factory.restore(q.mechanism, self.key))
+        except StateFormatError:
+            return None
+        nd, y = view.next_due, view.y
+        return (self._shared(q.filed_due), q.frontier, q.offset,
+                self._shared(q.next_heartbeat), _ZERO if _is_zero(y) else y,
+                None if nd is None else self._shared(q.start_tick + nd - 1), shape)
+
+    def _shape(self, key: tuple[object, ...], rep: Callable[[], Counter]) -> int:
+        """The index of the `IdleShape` of `key` (mechanism, eps, delta, bound key, start
+        tick, ledger fingerprint, waiting), made with the mechanism `rep()` if new."""
+        shape = self._shapes.get(key)
+        if shape is None:
+            start, fingerprint, waiting = key[4], key[5], key[6]
+            assert isinstance(start, int) and isinstance(fingerprint, str)
+            made = IdleShape(rep(), start, fingerprint, bool(waiting))
+            shape = self._shapes[key] = len(self._shape_list)
+            self._shape_list.append(made)
+        return shape
 
     def _shared(self, v: int) -> int:
         """One int object for every equal tick of the idle entries (bounded)."""
@@ -994,11 +1027,7 @@ class Operator:
                     return False  # a "reconfigured" entry first: `_release`
                 beats.append((nh, fingerprint))
             nh = next_heartbeat(nh, phase, h)
-        # `due_tick` of the sealed counter: its next heartbeat, or its mechanism's due
-        # (a waiting key's mechanism is never due here: checked above).
-        due = start + nh - 1
-        if due > n + 1 and mdue is not None:
-            due = min(due, mdue)
+        due = self._idle_due(start, nh, mdue, n)
         rep = shape.rep
         written = None
         if n - since > self._defer_ticks:
@@ -1025,7 +1054,49 @@ class Operator:
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
             since = self._shared(due)
-        self._deferred[partition][name] = (since, n, offset, self._shared(nh), y, mdue, index)
+        self._deferred.setdefault(partition, {})[name] = (
+            since, n, offset, self._shared(nh), y, mdue, index)
+        return True
+
+    @staticmethod
+    def _idle_due(start: int, nh: int, mdue: int | None, n: int) -> int:
+        """`due_tick` of an idle counter sealed through n with next heartbeat `nh` (a
+        local tick): that heartbeat, or its mechanism's due tick `mdue` if earlier (a
+        waiting key's mechanism is never due where an idle entry is used: `_beat_idle`)."""
+        due = start + nh - 1
+        if due > n + 1 and mdue is not None:
+            due = min(due, mdue)
+        return due
+
+    def _write_idle(self, txn: PartitionTransaction, name: str, entry: IdleEntry) -> bool:
+        """Stage the value of a counter released as idle, sealed through its entry's tick,
+        computed on its stored bytes as `_beat_idle` writes it at the deferral bound
+        (`Counter.advance_state`): what `stage_deferred` stages decoding it and re-sealing
+        it to its entry (`_load_counter`). False, staging nothing, where that is not
+        exact here (a decoded or staged value, a stored value at or beyond the entry's
+        offset, a mechanism that cannot advance on its bytes): then it is decoded. A
+        stored value of the entry's offset is its state already (one offset, one value:
+        `state.supersedes`): nothing to stage."""
+        _since, through, last, nh, _y, mdue, index = entry
+        if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
+            return False
+        if self._shape_list[index].waiting:
+            # A key not admitted is filed at its mechanism's next_due (`due_tick`):
+            # decoded, so that one rule files it.
+            return False
+        raw = txn.stored(self._counters, name)
+        held = stored_offset(raw)
+        if raw is None or held is None or held > last:
+            return False
+        if held == last:
+            return True
+        shape = self._shape_list[index]
+        written = advance_counter_value(
+            raw, type(shape.rep).advance_state, through, nh, last,
+            self._idle_due(shape.start_tick, nh, mdue, through))
+        if written is None:
+            return False
+        txn.stage_encoded(self._counters, name, written)
         return True
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:

@@ -47,7 +47,7 @@ import struct
 import sys
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Final, Protocol
+from typing import Final, NamedTuple, Protocol
 
 import orjson
 
@@ -208,6 +208,60 @@ def advance_counter_value(raw: bytes, advance: Callable[[bytes, int], bytes | No
     meta[1] = frontier
     meta[5] = next_heartbeat
     return _counter_bytes(offset, filed_due, mech, orjson.dumps(meta))
+
+
+class QuietCounter(NamedTuple):
+    """A stored counter value with nothing queued or pending, read without decoding its
+    mechanism (`quiet_counter`): the fields `CounterState.from_bytes` would give, the
+    mechanism's state still encoded. `admission`: (delta0, first, admitted) of a key
+    of an open family, None for every other counter."""
+
+    offset: int
+    filed_due: int | None
+    mechanism: bytes
+    start_tick: int
+    frontier: int
+    last_published: float
+    next_heartbeat: int
+    announced: bool
+    key_id: str
+    ledger_fingerprint: str
+    admission: tuple[float, int | None, int | None] | None
+
+
+def quiet_counter(raw: bytes) -> QuietCounter | None:
+    """The fields of the format-4 counter value `raw` when nothing is queued or pending
+    in it, its mechanism not decoded; None for anything else (another format, events
+    waiting, a value `from_bytes` would refuse: the caller decodes, which says why)."""
+    data = bytes(raw)
+    if data[:4] != _COUNTER_MAGIC or len(data) < _COUNTER_HEAD:
+        return None
+    mech, fields = _counter_parts(data)
+    try:
+        meta = orjson.loads(fields)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(meta, list) or len(meta) not in (11, 12):
+        return None
+    start, frontier, queue, pending, last_published, next_hb, announced = meta[:7]
+    key_id, ledger_fp = meta[7], meta[8]
+    if (queue or pending or type(start) is not int or type(frontier) is not int
+            or type(next_hb) is not int or type(announced) is not bool
+            or type(last_published) not in (int, float)
+            or type(key_id) is not str or not key_id or type(ledger_fp) is not str):
+        return None
+    admission = None
+    if len(meta) == 12 and meta[11] is not None:
+        got = meta[11]
+        if not (isinstance(got, list) and len(got) == 3
+                and type(got[0]) in (int, float)
+                and all(v is None or type(v) is int for v in got[1:])):
+            return None
+        admission = (float(got[0]), got[1], got[2])
+    due = _read_i64(data, 12)
+    return QuietCounter(_read_i64(data, 4), None if due == _NOT_FILED else due, mech,
+                        start, frontier, float(last_published), next_hb, announced,
+                        sys.intern(key_id), sys.intern(ledger_fp), admission)
 
 
 # ------------------------------------------------------------------------ stores

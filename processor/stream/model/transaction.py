@@ -231,12 +231,6 @@ class PartitionTransaction:
         """Whether a value of `ident` in `slot` is staged (released or not)."""
         return slot.key(ident) in self._slots[slot][0]
 
-    def released(self, slot: Slot[Id, V], ident: Id) -> bytes | None:
-        """The bytes a value of `ident` in `slot` staged and released (`release`,
-        `stage_encoded`) will be written as; None if none is staged so."""
-        value = self._slots[slot][0].get(slot.key(ident))
-        return value if type(value) is bytes else None
-
     def stored(self, slot: Slot[Id, V], ident: Id) -> bytes | None:
         """The bytes the store holds for `ident` in `slot` (None: none), not decoded."""
         if self._status is not Status.STARTED:
