@@ -71,6 +71,7 @@ from processor.devtools.campaign import (  # noqa: E402
     kill_plan,
     partition_phase,
     partition_plan,
+    refusals,
 )
 from processor.devtools.deployment import Deployment, isolated_deployment  # noqa: E402
 from processor.devtools.kafka.cluster import LocalKafka  # noqa: E402
@@ -113,7 +114,12 @@ def finish(driver: KillDriver, dep: Deployment, started: float,
     report = check(dep, driver.expected)
     out = {**extra, "caught_up": caught_up, "driver": dict(sorted(driver.counts.items())),
            **report.as_dict(), "wall_s": round(time.monotonic() - started, 1)}
-    say(f"phase done: ok={report.ok} {report.replay_summary}")
+    refused = refusals(driver.counts)
+    if refused:
+        out["ok"] = False
+        out["refusals"] = refused
+    say(f"phase done: ok={out['ok']} {report.replay_summary}"
+        + (f"; refusals: {', '.join(refused)}" if refused else ""))
     return out
 
 

@@ -609,9 +609,13 @@ class KillDriver:
             w.start()
 
     def _sigkill(self, w: WorkerProcess, moment: str) -> None:
-        was_alive = w.alive()
-        w.kill()
-        self.counts[f"kills_{moment}" if was_alive else f"{moment}_already_dead"] += 1
+        if w.alive():
+            w.kill()
+            self.counts[f"kills_{moment}"] += 1
+        else:
+            # It exited by itself: how (a refusal exits 2) must not be lost.
+            self.counts[f"{moment}_already_dead"] += 1
+            self.counts[f"{moment}_found_exit_{w.stop()}"] += 1
         w.start()
 
     def _input_drained(self) -> bool:
@@ -709,6 +713,9 @@ class KillDriver:
         many records each group's commit was short of, per partition."""
         for w in workers:
             if not w.alive():
+                # It exited by itself since the last fault: how (a refusal exits 2) must
+                # not be lost by the restart.
+                self.counts[f"drain_found_exit_{w.stop()}"] += 1
                 w.start()
         deadline = time.monotonic() + timeout_s
         behind: dict[tuple[str, int], int] = {}
@@ -723,6 +730,14 @@ class KillDriver:
             code = w.stop()
             self.counts[f"clean_stop_exit_{code}"] += 1
         return not behind
+
+
+def refusals(counts: Mapping[str, int]) -> list[str]:
+    """The driver's counts of workers found exited with code 2 (`*_exit_2`): a refusal of
+    their state (AnnouncedCounterError and the like, docs/privacy-notes.md, "Refusal")
+    or a start error, which no campaign fault may cause. The driver restarts such a
+    worker, so the published topics' checks alone would not show it."""
+    return sorted(k for k, n in counts.items() if n and k.endswith("_exit_2"))
 
 
 def _pause(seconds: float) -> None:

@@ -31,6 +31,7 @@ from processor.devtools.campaign import (
     campaign_counters,
     check,
     fuzz_corpus,
+    refusals,
 )
 from processor.devtools.deployment import Deployment
 from processor.devtools.unit_campaign import BOUND_REASON, MISSING_REASON, unit_phase
@@ -88,6 +89,18 @@ def test_a_corpus_without_valid_records_is_only_bad_ones() -> None:
 
 
 @pytest.mark.kafka
+def test_a_worker_that_refused_fails_the_phase() -> None:
+    """The driver's counts of workers found exited with code 2 (a refusal, restarted by
+    the driver) are what fails a phase (reliability/campaign.py `finish`); the exits the
+    faults cause (SIGKILL, SIGTERM, the fence's 3, a clean 0) and counts of 0 do not."""
+    counts = {"pause_exit_2": 1, "drain_found_exit_2": 2, "marker_found_exit_2": 0,
+              "clean_stop_exit_0": 2, "pauses_fenced": 1, "pause_exit_3": 1,
+              "rebalance_stop_exit_143": 1, "drain_found_exit_-9": 1,
+              "startup_found_exit_12": 1}
+    assert refusals(counts) == ["drain_found_exit_2", "pause_exit_2"]
+    assert refusals({k: n for k, n in counts.items() if "_exit_2" not in k}) == []
+
+
 def test_small_campaign_with_a_kill_at_every_moment(
         deployment_factory: Callable[..., Deployment]) -> None:
     """Every category once (plus some more valid records), a worker killed once at each

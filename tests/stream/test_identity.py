@@ -172,6 +172,8 @@ def test_restart_after_loss_of_state_is_refused_and_nothing_is_republished(
     code, log = dep.worker.wait_exit(tail=80)
     assert code == 2, log
     assert "already announced on the ledger topic" in log, log
+    # Where it struck, for finding out why: the record and the restore's position.
+    assert "refused at " in log and "has applied changelog" in log, log
     assert ("counter 'a'" in log or "counter 'b'" in log) and "new app_id" in log, log
     assert "Traceback" not in log, log
     assert public_records(dep) == (ledger, counts)

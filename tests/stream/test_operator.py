@@ -1069,6 +1069,49 @@ def test_re_executing_the_creating_marker_after_a_crash_is_allowed() -> None:
                         DictStore(), [(0, 3)])
 
 
+def test_a_running_worker_refuses_what_another_worker_announced_after_its_start() -> None:
+    """Two workers of one group read an empty ledger at start. The first creates a and b
+    on partition 0; the second takes the partition over without their state (a fresh
+    store: what a restore that did not bring it back leaves) at a later marker. Knowing
+    only its start's read, it announces a and b a second time under other tags (the
+    control: what the fault campaign's phase B once published); given the ledger read on
+    at the assignment (`learn_announced`), it refuses, nothing published. The very
+    creation re-executed (the same marker on the same stored state) is still allowed."""
+    s = settings({"a": 2 * TICK, "b": 2 * TICK}, heartbeat_ticks=2)
+    first = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced={}),
+                            DictStore(), [(0, 3), (1, 5)])
+    since = announced_in(ledger_objects(e.to_json() for e in first.ledger))
+    assert set(since) == {"a", "b"}
+
+    # Control: the start's read alone lets a second creation through, silently.
+    blind = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced={}),
+                            DictStore(), [(7, 6)])
+    assert {e.counter for e in blind.ledger} == {"a", "b"}
+    assert {e.creation for e in blind.ledger}.isdisjoint(e.creation for e in first.ledger)
+
+    op = Operator(s, KEY, factory=StepFactory(2, 3), announced={})
+    op.learn_announced(since)
+    store = DictStore()
+    pub = CollectingSink()
+    with pytest.raises(AnnouncedCounterError) as err:
+        asyncio.run(BatchCommit(op, store, pub).commit(0, [(7, encode_marker(6))]))
+    assert err.value.counter == "a"
+    assert pub.ledger == [] and pub.releases == [] and store.data == {}
+
+    # The same marker re-executed on the same (empty) stored state: the same creation.
+    again = Operator(s, KEY, factory=StepFactory(2, 3), announced={})
+    again.learn_announced(since)
+    same = _commit_markers(again, DictStore(), [(0, 3), (1, 5)])
+    assert same.ledger == first.ledger and same.releases == first.releases
+    # Learning adds tags, never drops one; without a ledger to check (replay) a no-op.
+    more = Operator(s, KEY, factory=StepFactory(2, 3), announced=since)
+    more.learn_announced({"a": frozenset({"other"})})
+    assert _commit_markers(more, DictStore(), [(0, 3)]).ledger == first.ledger
+    unchecked = Operator(s, KEY, factory=StepFactory(2, 3))
+    unchecked.learn_announced(since)
+    assert _commit_markers(unchecked, DictStore(), [(7, 6)]).ledger
+
+
 def _first_life(s: Settings) -> tuple[DictStore, list[Release]]:
     """Counter a created, announced and sealed through tick 4 under `s`."""
     store = DictStore()

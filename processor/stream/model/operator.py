@@ -1136,6 +1136,23 @@ class Operator:
 
     # -- announcing
 
+    def learn_announced(self, announced: Mapping[str, Collection[str]]) -> None:
+        """Add what the ledger announced since the start's read (counter -> creation tags;
+        the worker's `LedgerTail`, at each assignment): another worker's creations then
+        count as the start's do, so a partition taken over without a counter's state
+        halts at its creation (AnnouncedCounterError) instead of announcing it again
+        under another tag. The same rule a restart would apply to the same ledger. No-op
+        without a ledger to check against (replay, tests)."""
+        known = self._announced
+        if known is None:
+            return
+        for name, tags in announced.items():
+            seen = known.get(name)
+            if seen is None:
+                known[name] = frozenset(tags)
+            elif not set(tags) <= set(seen):
+                known[name] = frozenset(seen) | frozenset(tags)
+
     def _announce(self, name: str, cs: CounterState, n: int, frontier: int,
                   out: Output, since_tick: int = 1) -> None:
         """Emit the ledger entry of a counter the marker through `n` brings into being (on

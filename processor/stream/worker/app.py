@@ -92,6 +92,7 @@ from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, State
 from processor.stream.worker import transport
 from processor.stream.worker.bulkload import LocalDatabaseError, bulk_load
 from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
+from processor.stream.worker.ledger_tail import LedgerTail
 from processor.stream.worker.metrics import Surface, WorkerMetrics
 from processor.stream.worker.recovery import BatchedTableManager
 from processor.stream.worker.stage import StageShell
@@ -273,6 +274,12 @@ class OperatorStage(StageShell[BatchCommit, Output]):
             return None
         return await self.commit.apply(msg.partition, records, stamps)
 
+    async def learn_announced(self, announced: Mapping[str, frozenset[str]]) -> None:
+        """Give the operator what the ledger announced since its last read, under the
+        lock (the agent's applies change the same map)."""
+        async with self.lock:
+            self._operator.learn_announced(announced)
+
     async def refuse(self, exc: Exception) -> NoReturn:
         if isinstance(exc, StateFormatError):
             self.worker.refused(CorruptStateError(exc, self.worker.settings))
@@ -345,6 +352,7 @@ class Worker:
     def __init__(self, settings: Settings, key: NoiseKey, *, replication: int = 1,
                  faults: FaultPlan = NO_FAULTS,
                  announced: Mapping[str, frozenset[str]] | None = None,
+                 ledger_read: Mapping[int, int] | None = None,
                  clock: ClockGuard | None = None,
                  unit_claim: UnitClaim | None = None) -> None:
         self.settings = settings
@@ -389,6 +397,12 @@ class Worker:
         # re-create a counter the ledger announced under another creation.
         self.operator = OperatorStage(self, Operator(settings, key, announced=announced,
                                                      unit_claim=unit_claim), crash_point)
+        # The ledger read on from where the start's read ended (`ledger_read`: partition
+        # -> next offset; None: from the first record), at each assignment: the operator
+        # then refuses other workers' creations as a restart would (ledger_tail.py).
+        self.ledger_tail = LedgerTail({**kafka_io.base_config(settings), "log_level": "0"},
+                                      topic_name(settings, "ledger"), ledger_read or {},
+                                      BROKER_WAIT_S)
         # One guard for the marker timer and ingest: both learn the brokers' time from
         # the timeline records they write, and both decide by it (clock.py).
         self.clock = clock if clock is not None else ClockGuard(faults.clock())
@@ -498,8 +512,26 @@ class Worker:
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
         assigned = args[0]  # the set of TPs assigned to this worker
+        # Before any record of the assignment is applied (Faust resumes the partitions
+        # after this signal): a taken-over partition may create only what the ledger
+        # does not announce under another creation.
+        await self._learn_ledger()
         for stage in self.stages:
             await stage.on_assigned(assigned)
+
+    async def _learn_ledger(self) -> None:
+        """Read the ledger on (LedgerTail) and give the operator what it announced. A
+        read that fails leaves the operator with what it knew (the start's read and what
+        it read since, which its refusals keep relying on) and is retried at the next
+        assignment from the same position."""
+        try:
+            got = await asyncio.get_running_loop().run_in_executor(None, self.ledger_tail.read)
+        except (KafkaException, RuntimeError, TimeoutError) as exc:
+            log.warning("the ledger topic could not be read at the assignment (%s): the "
+                        "operator refuses re-creations by the ledger it read before",
+                        type(exc).__name__)
+            return
+        await self.operator.learn_announced(got)
 
     # -- timers
 
@@ -952,12 +984,12 @@ def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
         log.warning("%s", line)
     steps.append(("topics", time.monotonic() - began))
     began = time.monotonic()
-    announced, claim, families = read_ledger(settings, key)
+    announced, claim, families, ends = read_ledger(settings, key)
     if families:
         record_families(settings, families)
     steps.append(("ledger", time.monotonic() - began))
     return Worker(settings, key, replication=replication, faults=faults,
-                  announced=announced, unit_claim=claim).run(loglevel, steps)
+                  announced=announced, ledger_read=ends, unit_claim=claim).run(loglevel, steps)
 
 
 def record_families(settings: Settings, records: Sequence[tuple[bytes, bytes]]) -> None:
@@ -976,9 +1008,11 @@ def record_families(settings: Settings, records: Sequence[tuple[bytes, bytes]]) 
 
 def read_ledger(settings: Settings, key: NoiseKey
                 ) -> tuple[dict[str, frozenset[str]], UnitClaim | None,
-                           list[tuple[bytes, bytes]]]:
-    """The ledger topic read at start: `ledger_at_start` of its values, and the open
-    families' records this start writes before anything else (lifetime.family_entries)."""
+                           list[tuple[bytes, bytes]], dict[int, int]]:
+    """The ledger topic read at start: `ledger_at_start` of its values, the open
+    families' records this start writes before anything else (lifetime.family_entries),
+    and where the read ended (partition -> next offset: the worker's LedgerTail reads on
+    from there)."""
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     topic = topic_name(settings, "ledger")
     try:
@@ -992,7 +1026,8 @@ def read_ledger(settings: Settings, key: NoiseKey
                          "must know what was announced before it publishes") from None
     announced, claim = ledger_at_start(settings, key, ledger)
     recorded = lifetime.recorded_gates(lifetime.family_objects(ledger))
-    return announced, claim, lifetime.family_entries(settings, recorded)
+    ends = {p: hi for p, (_lo, hi) in marks.items()}
+    return announced, claim, lifetime.family_entries(settings, recorded), ends
 
 
 def ledger_at_start(settings: Settings, key: NoiseKey, ledger: Sequence[bytes | None]

@@ -20,13 +20,14 @@ after a message that did not checkpoint (`after_message`), before the timer's lo
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, NoReturn, Protocol, TypeVar
 
 import faust
-from faust.types import Message
+from faust.types import TP, Message
 
 from processor.errors import RefusedError
 from processor.stream.kafka import kafka_io
@@ -41,6 +42,9 @@ from processor.stream.worker.transport import raw_topic
 
 if TYPE_CHECKING:
     from processor.stream.worker.app import Worker
+
+# The worker's logger: these lines were the worker's before this module existed.
+log = logging.getLogger("processor.stream.app")
 
 
 class Commit(Protocol):
@@ -144,6 +148,7 @@ class StageShell(ABC, Generic[C, Out]):
                 try:
                     out = await self.apply(msg, gap, records)
                 except self.refusals as exc:
+                    self._refused_at(msg.partition, msg.offset)
                     await self.refuse(exc)
                 except Exception as exc:
                     self.worker.operator_failed(exc)
@@ -154,6 +159,19 @@ class StageShell(ABC, Generic[C, Out]):
                     await self._checkpoint(full=False)
                 else:
                     self.after_message()
+
+    def _refused_at(self, partition: int, offset: int) -> None:
+        """Where a refusal struck, for the operator who must find out why the state was
+        what it was (a counter announced but missing: docs/privacy-notes.md,
+        "Refusal"): the record and the restore's persisted offset of its partition."""
+        persisted: object
+        try:
+            persisted = self.table.persisted_offset(TP(self.changelog, partition))
+        except Exception as exc:  # the refusal is what matters: its context is a bonus
+            persisted = f"unreadable ({type(exc).__name__})"
+        log.error("refused at %s partition %d offset %d; its state partition's database "
+                  "has applied changelog %s through offset %s", self.topic_name, partition,
+                  offset, self.changelog, persisted)
 
     async def checkpoint(self) -> None:
         """A checkpoint now (at a clean stop: a restart then finds every state)."""
