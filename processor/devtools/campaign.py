@@ -615,7 +615,7 @@ class KillDriver:
         else:
             # It exited by itself: how (a refusal exits 2) must not be lost.
             self.counts[f"{moment}_already_dead"] += 1
-            self.counts[f"{moment}_found_exit_{w.stop()}"] += 1
+            self.counts[f"{moment}_found_exit_{exit_label(w, w.stop())}"] += 1
         w.start()
 
     def _input_drained(self) -> bool:
@@ -645,7 +645,8 @@ class KillDriver:
             _pause(0.1)
         if not worker.alive():
             code = worker.stop()
-            self.counts["pauses_fenced" if code == FENCED_EXIT else f"pause_exit_{code}"] += 1
+            self.counts["pauses_fenced" if code == FENCED_EXIT
+                        else f"pause_exit_{exit_label(worker, code)}"] += 1
             worker.start()
             # Let it start up and join before the next fault: a pause of a worker still
             # importing its modules has no partitions to lose and tests nothing.
@@ -715,7 +716,7 @@ class KillDriver:
             if not w.alive():
                 # It exited by itself since the last fault: how (a refusal exits 2) must
                 # not be lost by the restart.
-                self.counts[f"drain_found_exit_{w.stop()}"] += 1
+                self.counts[f"drain_found_exit_{exit_label(w, w.stop())}"] += 1
                 w.start()
         deadline = time.monotonic() + timeout_s
         behind: dict[tuple[str, int], int] = {}
@@ -732,10 +733,31 @@ class KillDriver:
         return not behind
 
 
+#: The start's one line when the brokers did not answer its probe in time
+#: (kafka_io.probe): a worker paused during its start meets it when resumed, and its
+#: exit code is 2 as a refusal's. The campaign's faults cause it; it refuses no state.
+_UNREACHABLE = b"do not answer"
+
+
+def exit_label(worker: WorkerProcess, code: int | None) -> str:
+    """How `worker` exited, for the driver's counts: its code, or "2_brokers_unreachable"
+    when its last `error:` line is the start's probe failing (`_UNREACHABLE`), which is
+    no refusal (`refusals`)."""
+    if code != 2:
+        return str(code)
+    try:
+        lines = [ln for ln in worker.log_path.read_bytes().splitlines()
+                 if ln.startswith(b"error:")]
+    except OSError:
+        return "2"
+    return "2_brokers_unreachable" if lines and _UNREACHABLE in lines[-1] else "2"
+
+
 def refusals(counts: Mapping[str, int]) -> list[str]:
     """The driver's counts of workers found exited with code 2 (`*_exit_2`): a refusal of
     their state (AnnouncedCounterError and the like, docs/privacy-notes.md, "Refusal")
-    or a start error, which no campaign fault may cause. The driver restarts such a
+    or a start error other than brokers that did not answer a paused start's probe
+    (`exit_label`), which no campaign fault may cause. The driver restarts such a
     worker, so the published topics' checks alone would not show it."""
     return sorted(k for k, n in counts.items() if n and k.endswith("_exit_2"))
 

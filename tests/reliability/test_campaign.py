@@ -30,10 +30,11 @@ from processor.devtools.campaign import (
     KillDriver,
     campaign_counters,
     check,
+    exit_label,
     fuzz_corpus,
     refusals,
 )
-from processor.devtools.deployment import Deployment
+from processor.devtools.deployment import Deployment, WorkerProcess
 from processor.devtools.unit_campaign import BOUND_REASON, MISSING_REASON, unit_phase
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.records import (
@@ -99,6 +100,24 @@ def test_a_worker_that_refused_fails_the_phase() -> None:
               "startup_found_exit_12": 1}
     assert refusals(counts) == ["drain_found_exit_2", "pause_exit_2"]
     assert refusals({k: n for k, n in counts.items() if "_exit_2" not in k}) == []
+    assert refusals({"pause_exit_2_brokers_unreachable": 1}) == []
+
+
+def test_a_paused_start_that_met_no_broker_is_no_refusal(tmp_path: Path) -> None:
+    """A worker paused during its start exits 2 with the probe's one line when resumed
+    (the brokers "do not answer" it in time): labelled apart, so no phase fails on it;
+    any other last error line, or none, is a refusal's 2. Control: the same log with
+    a refusal's line after it."""
+    log = tmp_path / "worker.log"
+    w = WorkerProcess(tmp_path / "worker.toml", log)
+    log.write_bytes(b"INFO start\nerror: the Kafka brokers at 127.0.0.1:1 do not answer "
+                    b"(_TRANSPORT); check bootstrap_servers\n")
+    assert exit_label(w, 2) == "2_brokers_unreachable" and exit_label(w, 3) == "3"
+    with log.open("ab") as f:
+        f.write(b"error: counter 'c1' was already announced on the ledger topic\n")
+    assert exit_label(w, 2) == "2"
+    log.write_bytes(b"INFO nothing\n")
+    assert exit_label(w, 2) == "2"
 
 
 def test_small_campaign_with_a_kill_at_every_moment(
