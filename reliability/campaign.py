@@ -35,9 +35,11 @@ K. open keys (processor/devtools/open_campaign.py): one worker of a deployment w
    events/s for `--open-seconds` s, `--open-kills` SIGKILLs meanwhile (with
    `--open-workers 2`, two workers of one group, a kill striking one; with
    `--open-partition-faults N`, N network partitions of one of two workers through a
-   proxy, as phase E); checked: every
+   proxy, as phase E; with `--open-user`, privacy_unit = "user" and events from random
+   units, k = m = 2); checked: every
    key's admission and records against the core gate on its input implied by the
-   timeline (apart from the worker's code), replay, and the changelog never going back.
+   timeline (apart from the worker's code), in user mode first the kept set against the
+   bounds' rule on the units topic, replay, and the changelog never going back.
 
 Phases A, B, U and K use `--bootstrap` or, by default, a single local node this script starts;
 phases C and D always start their own cluster, phase E its own proxied node. Every broker
@@ -258,25 +260,27 @@ def phase_e(parent: Path, seeds: list[int], faults: int, counters: int,
 
 
 def phase_k(bootstrap: str, parent: Path, rng: random.Random, seconds: float, rate: float,
-            keys: int, kills: int, workers: int, faults: int) -> dict[str, Any]:
+            keys: int, kills: int, workers: int, faults: int, user: bool = False
+            ) -> dict[str, Any]:
     """Open keys: Zipf keys, one or two workers, kills, with `faults` > 0 network
     partitions of one of two workers (on a proxied broker of its own), the independent
-    admission checker."""
+    admission checker; `user`: privacy_unit = "user", the kept set checked too."""
     say(f"K: {seconds:g} s at {rate:g} events/s over {keys} keys, {kills} kills, "
-        f"{workers} worker(s), {faults} network partition faults")
+        f"{workers} worker(s), {faults} network partition faults"
+        + (", user mode" if user else ""))
     if faults:
         plan = partition_plan(faults, rng)
         kafka = ProxiedKafka(1, heap="512m", start_timeout=300.0)
         kafka.start()
         try:
             result = open_key_phase("", parent, rng, seconds=seconds, rate=rate, keys=keys,
-                                    kills=kills, kafka=kafka, faults=plan)
+                                    kills=kills, kafka=kafka, faults=plan, user=user)
         finally:
             kafka.stop()
         result["faults"] = plan
     else:
         result = open_key_phase(bootstrap, parent, rng, seconds=seconds, rate=rate,
-                                keys=keys, kills=kills, workers=workers)
+                                keys=keys, kills=kills, workers=workers, user=user)
     say(f"K: ok={result['ok']} keys seen={result['keys_seen']} admitted="
         f"{result['keys_admitted']} violations={result['violations']} "
         f"replay identical={result['replay_identical']}")
@@ -371,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="phase K: SIGKILLs of the worker (default %(default)s)")
     p.add_argument("--open-workers", type=int, choices=(1, 2), default=1,
                    help="phase K: workers of the group, a kill strikes one (default 1)")
+    p.add_argument("--open-user", action="store_true",
+                   help='phase K: privacy_unit = "user" (k = 2, m = 2; events from random '
+                        "units), the kept set checked too")
     p.add_argument("--open-partition-faults", type=int, default=0,
                    help="phase K: network partitions of one of two workers, on a proxied "
                         "broker of its own (default %(default)s)")
@@ -401,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                                       args.unit_m)),
                 ("K", lambda: phase_k(bootstrap, parent, rng, args.open_seconds,
                                       args.open_rate, args.open_keys, args.open_kills,
-                                      args.open_workers, args.open_partition_faults)),
+                                      args.open_workers, args.open_partition_faults,
+                                      args.open_user)),
             ]
             for name, run in runs:
                 if name in args.phases:

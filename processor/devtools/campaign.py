@@ -59,6 +59,7 @@ from processor.devtools.deployment import (
 from processor.devtools.kafka.cluster import LocalKafka
 from processor.devtools.proxy import ProxiedKafka, ProxyStats
 from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import units_topic
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import MAX_COUNTER_NAME, Settings
 from processor.stream.model.faults import CRASH_ENV, INGEST_DELIVERED
@@ -702,9 +703,13 @@ class KillDriver:
 
     def drain_stages(self) -> list[tuple[str, str, str]]:
         """(role, consumer group, topic) of each stage a drain waits for, upstream first:
-        ingest on the input, the operator on the timeline."""
-        topics, app = self.dep.topics, self.dep.settings.app_id
-        return [("input", f"{app}-ingest", topics.input), ("timeline", app, topics.timeline)]
+        ingest on the input, in privacy_unit = "user" the bounding stage on the units
+        topic, the operator on the timeline."""
+        s = self.dep.settings
+        topics, app = s.topics, s.app_id
+        units = ([("units", app, units_topic(s))] if s.privacy_unit == "user" else [])
+        return [("input", f"{app}-ingest", topics.input), *units,
+                ("timeline", app, topics.timeline)]
 
     def drain_and_stop(self, workers: Sequence[WorkerProcess], timeout_s: float = 600.0) -> bool:
         """Wait until each of `drain_stages` committed its topic as it was once the stage

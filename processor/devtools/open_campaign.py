@@ -14,6 +14,16 @@ an admitted key's first record is its admission (tick, value), its changes after
 its counter's, and its one ledger entry starts at the admission tick. Replay must find
 everything identical too, and no stored value may go back (`check_changelog`, the
 monotone state rule).
+
+In user mode (`user=True`: privacy_unit = "user", each event from a unit drawn at random,
+so that many units reach past k events of a key or m counters) the events reach the
+timeline through the bounding stage, and two more checks, also apart from the worker's
+code, come first: the kept set recomputed from the units topic by the rule itself
+(`kept_events`: per unit, in the units log's order, an event is kept iff its counter has
+fewer than k kept events of the unit, or is new and the unit has fewer than m counters;
+a re-ingested copy, an input offset the unit already had from that input partition,
+decides nothing) must be exactly the events the timeline carries from the stage, and the
+gate's delta0 is the one for m keys at the unit's epsilon (`gate_delta`).
 """
 
 from __future__ import annotations
@@ -33,11 +43,14 @@ from processor.core import registry
 from processor.core.ecc import ECC, SimECC
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
-from processor.core.selection import OpenKey
+from processor.core.selection import OpenKey, gate_delta0
+from processor.core.unit import derive
 from processor.devtools.campaign import PARTITION_FAULTS, KillDriver, check_changelog
 from processor.devtools.deployment import Deployment, isolated_deployment
 from processor.devtools.proxy import ProxiedKafka
 from processor.stream.kafka import kafka_io
+from processor.stream.kafka.topics import units_topic
+from processor.stream.model.bounding import SEQ_BITS, UNITS_SOURCE, UnitsFormatError, decode_units
 from processor.stream.model.config import Settings
 from processor.stream.model.families import OpenFamily
 from processor.stream.model.identity import counter_id, noise_identity
@@ -54,6 +67,12 @@ OPEN_SETTINGS: Final[dict[str, Any]] = dict(
     partitions=2, tick_ms=100, lateness_ms=300, max_future_ms=3000, heartbeat_ticks=10,
     mechanism="simecc", epsilon=200.0)
 FAMILY: Final = "pages"
+#: User mode's bounds and target: small bounds, so that many units reach past them, and
+#: a target epsilon whose per-event epsilon admits the Zipf head within a minute too.
+USER_K: Final = 2
+USER_M: Final = 2
+USER_EPSILON: Final = 600.0
+USER_DELTA: Final = 1e-6
 
 
 @dataclass
@@ -63,6 +82,8 @@ class OpenKeyReport:
     keys_seen: int = 0
     keys_admitted: int = 0
     records_checked: int = 0
+    #: user mode: the events the bounds keep (`kept_events`)
+    events_kept: int | None = None
     violations: list[str] = field(default_factory=list)
 
     @property
@@ -70,16 +91,20 @@ class OpenKeyReport:
         return not self.violations
 
     def as_dict(self) -> dict[str, Any]:
-        return {"keys_seen": self.keys_seen, "keys_admitted": self.keys_admitted,
+        kept = {} if self.events_kept is None else {"events_kept": self.events_kept}
+        return {"keys_seen": self.keys_seen, "keys_admitted": self.keys_admitted, **kept,
                 "records_checked": self.records_checked,
                 "violations": len(self.violations), "first_violations": self.violations[:10]}
 
 
 def implied_inputs(settings: Settings, starts: Mapping[str, int],
-                   timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]]
+                   timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
+                   committed: Mapping[int, int] | None = None,
                    ) -> dict[str, list[float | None]]:
     """Per counter of `starts` (name -> start tick) with events, x_1, x_2, ... through its
-    partition's last marker (None: ⊥), from the timeline alone."""
+    partition's last marker (None: ⊥), from the timeline alone; with `committed`
+    (partition -> the operator's committed offset), from the records below it only:
+    what the operator applied, whatever ingest wrote after its last checkpoint."""
     arrivals: dict[str, dict[int, list[int]]] = {}
     final: dict[int, int] = {}
     for p, recs in timeline.items():
@@ -87,7 +112,10 @@ def implied_inputs(settings: Settings, starts: Mapping[str, int],
         # Per counter and input partition: a zombie ingest may write older offsets late,
         # and an event is a re-sent copy only if its own counter had its offset.
         seen: dict[tuple[str, int], int] = {}
+        end = None if committed is None else committed.get(p, 0)
         for r in sorted(recs, key=lambda r: r.offset):
+            if end is not None and r.offset >= end:
+                break
             rec = decode_timeline(r.value or b"")
             if isinstance(rec, TimelineMarker):
                 frontier = max(frontier, rec.sealed_through)
@@ -114,6 +142,17 @@ def implied_inputs(settings: Settings, starts: Mapping[str, int],
     return out
 
 
+def gate_delta(settings: Settings) -> float:
+    """The gate's delta0 from the core's rule alone: selection_delta over (1 + e^eps) keys,
+    with one key at the per-event epsilon in event mode, m keys at the unit's epsilon in
+    user mode (docs/open-keys.md, "The accounting")."""
+    sel = settings.families[FAMILY].selection_delta
+    if settings.privacy_unit == "user":
+        assert settings.unit_epsilon is not None
+        return gate_delta0(settings.unit_epsilon, sel, settings.max_counters_per_unit)
+    return gate_delta0(settings.epsilon, sel)
+
+
 def expected_key(settings: Settings, key: NoiseKey, name: str,
                  xs: Sequence[float | None]
                  ) -> tuple[tuple[int, float] | None, list[tuple[int, float]]]:
@@ -125,7 +164,7 @@ def expected_key(settings: Settings, key: NoiseKey, name: str,
     first = next((t for t, x in enumerate(xs, start=1) if x is not None), None)
     if first is None:
         return None, []  # its events are in ticks no marker sealed: nothing is due
-    gate = OpenKey.first_seen(c, settings.families[FAMILY].delta0(settings.epsilon), first)
+    gate = OpenKey.first_seen(c, gate_delta(settings), first)
     admitted: tuple[int, float] | None = None
     changes: list[tuple[int, float]] = []
     for x in xs[first - 1:]:
@@ -138,13 +177,73 @@ def expected_key(settings: Settings, key: NoiseKey, name: str,
     return admitted, changes
 
 
+def kept_events(units: Mapping[int, Sequence[kafka_io.KafkaRecord]], k: int, m: int
+                ) -> dict[tuple[int, int], str]:
+    """(units partition, seq) -> counter of every event the bounds keep, recomputed from
+    the units topic by the rule itself (module docstring), apart from the stage's code."""
+    kept: dict[tuple[int, int], str] = {}
+    counts: dict[str, dict[str, int]] = {}  # unit -> counter -> kept events
+    highest: dict[tuple[str, str, int], int] = {}  # (unit, input identity, partition)
+    for p, recs in units.items():
+        for r in sorted(recs, key=lambda r: r.offset):
+            try:
+                source, rows = decode_units(r.value or b"")
+            except UnitsFormatError:
+                continue
+            for i, (h, counter, _ts, _units, in_p, in_o) in enumerate(rows):
+                if in_o <= highest.get((h, source, in_p), -1):
+                    continue  # a copy ingest sent again after a crash
+                highest[h, source, in_p] = in_o
+                mine = counts.setdefault(h, {})
+                n = mine.get(counter)
+                if (n is None and len(mine) >= m) or (n is not None and n >= k):
+                    continue  # beyond a bound: a dead letter
+                mine[counter] = (n or 0) + 1
+                kept[p, r.offset << SEQ_BITS | i] = counter
+    return kept
+
+
+def check_kept(units: Mapping[int, Sequence[kafka_io.KafkaRecord]],
+               timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]], k: int, m: int
+               ) -> tuple[int, list[str]]:
+    """The events the timeline carries from the bounding stage against `kept_events`
+    (each once, copies aside): (events kept, violations). Every units record counts as
+    committed: the phase reads the topics after a drained, clean stop."""
+    kept = kept_events(units, k, m)
+    forwarded: dict[tuple[int, int], str] = {}
+    for recs in timeline.values():
+        for r in recs:
+            rec = decode_timeline(r.value or b"")
+            if isinstance(rec, TimelineBatch) and rec.source == UNITS_SOURCE:
+                for ev in rec.events:
+                    forwarded[ev.src_partition, ev.src_offset] = ev.counter
+    violations = [f"units event {c} of {forwarded[c]!r} counted beyond its unit's bounds"
+                  for c in sorted(forwarded.keys() - kept.keys())]
+    violations += [f"units event {c} of {kept[c]!r} kept but not on the timeline"
+                   for c in sorted(kept.keys() - forwarded.keys())]
+    violations += [f"units event {c} forwarded as {forwarded[c]!r}, sent as {kept[c]!r}"
+                   for c in sorted(kept.keys() & forwarded.keys()) if kept[c] != forwarded[c]]
+    return len(kept), violations
+
+
 def check_open_keys(settings: Settings, key: NoiseKey,
                     timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
                     releases: Sequence[Mapping[str, Any]],
-                    ledger: Sequence[Mapping[str, Any]]) -> OpenKeyReport:
+                    ledger: Sequence[Mapping[str, Any]],
+                    units: Mapping[int, Sequence[kafka_io.KafkaRecord]] | None = None,
+                    committed: Mapping[int, int] | None = None) -> OpenKeyReport:
     """Every key's published records and ledger entries against the core gate on its
     input implied by the timeline (module docstring). `releases`/`ledger`: the decoded
-    public records (a worker stopped cleanly after draining: everything is due)."""
+    public records (a worker stopped cleanly after draining: everything is due).
+    `units`: the units topic, in user mode (its kept set checked first). `committed`:
+    the operator's committed timeline offsets (`implied_inputs`; default: all of it)."""
+    report = OpenKeyReport()
+    # A family's record (written at start, public configuration) names no counter.
+    ledger = [e for e in ledger if e.get("entry") != "family"]
+    if settings.privacy_unit == "user":
+        assert units is not None, "user mode: the units topic is checked too"
+        report.events_kept, report.violations = check_kept(
+            units, timeline, settings.max_events_per_counter, settings.max_counters_per_unit)
     start_tick = settings.families[FAMILY].start_ms // settings.tick_ms
     names: set[str] = set()
     for recs in timeline.values():
@@ -152,8 +251,9 @@ def check_open_keys(settings: Settings, key: NoiseKey,
             rec = decode_timeline(r.value or b"")
             if isinstance(rec, TimelineBatch):
                 names.update(e.counter for e in rec.events if e.counter.startswith(FAMILY + "["))
-    inputs = implied_inputs(settings, dict.fromkeys(names, start_tick), timeline)
-    report = OpenKeyReport(keys_seen=len(inputs))
+    inputs = implied_inputs(settings, dict.fromkeys(names, start_tick), timeline,
+                            committed)
+    report.keys_seen = len(inputs)
     published = {str(r["counter"]) for r in releases} | {str(e["counter"]) for e in ledger}
     for stray in sorted(published - inputs.keys() - set(settings.counters)):
         report.violations.append(f"{stray!r} published without an event on the timeline")
@@ -182,14 +282,18 @@ def check_open_keys(settings: Settings, key: NoiseKey,
 
 
 def _feed(dep: Deployment, rng: random.Random, stop: threading.Event, rate: float,
-          keys: int, sent: list[int]) -> None:
-    """Keyed events at about `rate` a second, keys Zipf(1.1) over `keys`, at the clock."""
+          keys: int, sent: list[int], users: int = 0) -> None:
+    """Keyed events at about `rate` a second, keys Zipf(1.1) over `keys`, at the clock;
+    with `users`, each from a unit drawn uniformly from that many."""
     weights = [1.0 / (i + 1) ** 1.1 for i in range(keys)]
     producer = kafka_io.make_producer(dep.conf)
     while not stop.is_set():
         for k in rng.choices(range(keys), weights, k=max(1, int(rate / 10))):
-            producer.produce(dep.topics.input, value=orjson.dumps(
-                {"counter": FAMILY, "key": f"k{k}", "ts": int(time.time() * 1000)}))
+            event: dict[str, Any] = {"counter": FAMILY, "key": f"k{k}",
+                                     "ts": int(time.time() * 1000)}
+            if users:
+                event["user"] = f"u{rng.randrange(users)}"
+            producer.produce(dep.topics.input, value=orjson.dumps(event))
             sent[0] += 1
         producer.poll(0)
         stop.wait(0.1)  # the feeding rate, not a synchronisation wait
@@ -222,21 +326,31 @@ def _partitions(kafka: ProxiedKafka, dep: Deployment, rng: random.Random,
 def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds: float,
                    rate: float, keys: int, kills: int, workers: int = 1,
                    kafka: ProxiedKafka | None = None, faults: Sequence[str] = (),
-                   settle_s: float = 20.0) -> dict[str, Any]:
+                   settle_s: float = 20.0, user: bool = False) -> dict[str, Any]:
     """Phase K (module docstring): returns its figures and the check's verdict. With
     `workers` = 2, two workers of one group, each kill striking one of them at random
     (its partitions, keys included, move to the other and back). With `kafka` (a proxied
     broker: `bootstrap` is then ignored), the second worker goes through its proxy, and
     after the kills each of `faults` (PARTITION_FAULTS kinds) cuts it off for a random
-    duration of its range, heals, and leaves `settle_s`, while keyed events flow."""
+    duration of its range, heals, and leaves `settle_s`, while keyed events flow. With
+    `user`, privacy_unit = "user" (USER_K, USER_M; events from 2 x `keys` units), the
+    kept set checked too."""
     started = time.monotonic()
     now = int(time.time() * 1000)
     tick = int(OPEN_SETTINGS["tick_ms"])
     start = now // tick * tick
     if kafka is not None:
         bootstrap, workers = kafka.bootstrap_servers, 2
+    mode: dict[str, Any] = {}
+    if user:
+        p = derive(USER_EPSILON, USER_DELTA, USER_K, USER_M,
+                   mechanism=str(OPEN_SETTINGS["mechanism"]))
+        mode = dict(privacy_unit="user", unit_epsilon=USER_EPSILON, unit_delta=USER_DELTA,
+                    max_events_per_counter=USER_K, max_counters_per_unit=USER_M,
+                    epsilon=p.event_epsilon, delta=p.event_delta)
     dep = isolated_deployment(bootstrap, {"declared": start}, parent=parent, name="campK",
-                              families={FAMILY: OpenFamily(start, 1e-7)}, **OPEN_SETTINGS)
+                              families={FAMILY: OpenFamily(start, 1e-7)},
+                              **{**OPEN_SETTINGS, **mode})
     try:
         driver = KillDriver(dep, rng, bad_share=0.0)
         for i in range(1, workers):
@@ -248,8 +362,9 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
             w.start()
         dep.wait_releases(lambda rs: len(rs) > 0, timeout_s=180)
         stop, sent = threading.Event(), [0]
-        feeder = threading.Thread(target=_feed, args=(dep, rng, stop, rate, keys, sent),
-                                  daemon=True)
+        feeder = threading.Thread(
+            target=_feed, args=(dep, rng, stop, rate, keys, sent, 2 * keys if user else 0),
+            daemon=True)
         t0 = time.monotonic()
         feeder.start()
         try:
@@ -273,12 +388,20 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
         timeline = kafka_io.read_topic(dep.conf, dep.topics.timeline)
         ledger = [orjson.loads(r.value or b"") for r in
                   kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
-        report = check_open_keys(dep.settings, dep.key, timeline, dep.releases(), ledger)
+        units = (kafka_io.read_topic(dep.conf, units_topic(dep.settings)) if user
+                 else None)
+        # The operator's last clean stop committed what it applied; ingest may have
+        # sealed more ticks meanwhile, which nobody applied (nor published).
+        committed = kafka_io.committed_offsets(dep.conf, dep.settings.app_id,
+                                               dep.topics.timeline)
+        report = check_open_keys(dep.settings, dep.key, timeline, dep.releases(), ledger,
+                                 units, committed)
         changelog = check_changelog(dep)
         from processor.stream.replay import replay  # the audit, the worker's own code
 
         replayed = replay(dep.settings, dep.key)
-        return {"phase": f"K: open keys (Zipf), {workers} worker(s), kills",
+        unit = ", user mode" if user else ""
+        return {"phase": f"K: open keys (Zipf){unit}, {workers} worker(s), kills",
                 "events_sent": sent[0],
                 "driver": {**dict(sorted(driver.counts.items())), "kills_sigkill": kills},
                 "starts": sum(w.starts for w in dep.workers), "caught_up": caught_up,

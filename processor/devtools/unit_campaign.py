@@ -599,11 +599,6 @@ class UnitDriver(KillDriver):
         self.counts["records_fed"] += sent
         return sent
 
-    def drain_stages(self) -> list[tuple[str, str, str]]:
-        first, timeline = super().drain_stages()
-        return [first, ("units", self.dep.settings.app_id, units_topic(self.dep.settings)),
-                timeline]
-
     def rebalance(self, seconds: float) -> None:
         """Stop one worker cleanly (its partitions move to the other), feed meanwhile,
         start it again after `seconds` (they are shared again)."""

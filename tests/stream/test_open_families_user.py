@@ -81,18 +81,19 @@ def _units_log(s: Settings) -> list[tuple[int, int, bytes]]:
 
 
 def _pipeline(s: Settings, bounder_settings: Settings | None = None,
-              op: Operator | None = None) -> tuple[list[bytes], list[bytes], Run,
-                                                    list[bytes]]:
-    """The units log through the bounding stage (under `bounder_settings`, default `s`)
-    and its forwards, one marker per tick, through the operator: (timeline, dead
-    letters, the run, units records)."""
+              op: Operator | None = None, log: list[tuple[int, int, bytes]] | None = None,
+              ) -> tuple[list[bytes], list[bytes], Run, list[bytes]]:
+    """The units log (default `_units_log`) through the bounding stage (under
+    `bounder_settings`, default `s`) and its forwards, one marker per units record,
+    through the operator: (timeline, dead letters, the run, units records)."""
     fw = CollectingSink()
     bc = BoundCommit(Bounder(bounder_settings or s), DictStore(), fw)
     run = Run(s, registry)
     if op is not None:
         run.op = op
     timeline: list[bytes] = []
-    log = _units_log(s)
+    if log is None:
+        log = _units_log(s)
     for p, off, raw in log:
         before = len(fw.timeline)
         asyncio.run(bc.commit(p, [(off, raw)]))
