@@ -1,5 +1,6 @@
 """An SVG of bench_dpsqlp.py's retained keys: released against true count, one panel per
-horizon, every seed's keys (log-log axes, the diagonal = no error). No plotting library.
+horizon, every seed's keys (log-log axes, the diagonal = no error); in process or end to
+end (`--broker`), as the JSON says. No plotting library.
 
     .venv/bin/python bench/plot_dpsqlp.py out0.json out1.json ... --svg docs/figures/dpsqlp.svg
 """
@@ -71,7 +72,8 @@ def main() -> None:
         mine = [r for r in rows if r["batches"] == hz]
         ticks = mine[0]["ticks"]
         points = [(n, y, r["seed"]) for r in mine for n, y in r["pairs"]]
-        parts += _panel(i * W, f"{hz} batches ({ticks} ticks), seeds "
+        how = "end to end, " if any(r.get("mode") == "end-to-end" for r in mine) else ""
+        parts += _panel(i * W, f"{hz} batches ({ticks} ticks), {how}seeds "
                         f"{','.join(str(r['seed']) for r in mine)}", points, lo, hi)
     parts.append("</svg>")
     with open(a.svg, "w") as f:
