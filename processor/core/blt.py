@@ -297,23 +297,20 @@ class BLTCounter(UnitCounter):
 
     def encode(self, u: int) -> int:
         """w~_t in ulps for input u (units), advancing the encoder buffers."""
-        x = u << FRAC_BITS
-        w = x
         enc = self._enc
-        for i, (tn, on) in enumerate(zip(THETA_NUM, OMEGA_NUM, strict=True)):
-            e = enc[i]
-            w += (on * e) >> PARAM_BITS
-            enc[i] = ((tn * e) >> PARAM_BITS) + x
+        if not u and not any(enc):
+            return 0  # zero buffers and a zero input stay zero (a counter fed only zeros)
+        x = u << FRAC_BITS
+        # integer sums: exact, so the order of the terms does not matter
+        w = x + sum([(on * e) >> PARAM_BITS for on, e in zip(OMEGA_NUM, enc, strict=True)])
+        self._enc = [((tn * e) >> PARAM_BITS) + x for tn, e in zip(THETA_NUM, enc, strict=True)]
         return w
 
     def decode(self, v: int) -> int:
         """The release in units after v (ulps), advancing the decoder buffers."""
         dec = self._dec
-        u = v
-        for i, on in enumerate(OMEGA_NUM):
-            u -= (on * dec[i]) >> PARAM_BITS
-        for i, tn in enumerate(THETA_NUM):
-            dec[i] = ((tn * dec[i]) >> PARAM_BITS) + u
+        u = v - sum([(on * d) >> PARAM_BITS for on, d in zip(OMEGA_NUM, dec, strict=True)])
+        self._dec = [((tn * d) >> PARAM_BITS) + u for tn, d in zip(THETA_NUM, dec, strict=True)]
         self._ysum += u
         return (self._ysum + _HALF) >> FRAC_BITS
 

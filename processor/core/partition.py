@@ -15,7 +15,7 @@ from typing import Any
 
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
-from processor.core.samplers.scalar import discrete_laplace_run, laplace_scale_units
+from processor.core.samplers.scalar import discrete_laplace_into, laplace_scale_units
 from processor.core.svt import SVT
 
 
@@ -152,7 +152,10 @@ class SimPart:
 
     def _draw(self) -> int:
         # the run's sampler: the same draw and position as discrete_laplace on the cursor
-        return discrete_laplace_run(self._cur, self._scale[0], 1, self._scale[1])[0][0]
+        # (unchecked: simpart_scale's ints are >= 1)
+        out: list[int] = []
+        discrete_laplace_into(self._cur, self._scale[0], 1, out, self._scale[1])
+        return out[0]
 
     def to_state(self) -> dict[str, Any]:
         """Tick, sample index, next checkpoint, cursor position."""

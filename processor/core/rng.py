@@ -230,6 +230,13 @@ class WordCursor:
         self._buf = self.stream.word_array(self.lane, self.position, size)
         self._buf_start = self.position
 
+    def window(self, n: int) -> tuple[array[int], int]:
+        """(buffer, index): the buffer holds at least n words from `position` on, the
+        first at `index`, for a sampler that reads them in place and then moves
+        `position` by the words it used (the buffer is the cursor's own: read only)."""
+        self._ensure(n)
+        return self._buf, self.position - self._buf_start
+
     def next_word(self) -> int:
         i = self.position - self._buf_start
         if not 0 <= i < len(self._buf):

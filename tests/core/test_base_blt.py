@@ -10,6 +10,7 @@ must reject.
 from __future__ import annotations
 
 import math
+from array import array
 from fractions import Fraction
 
 import numpy as np
@@ -222,22 +223,120 @@ def _ks(samples: np.ndarray, cdf: np.ndarray) -> float:
     return float(math.sqrt(n) * max(np.max(i / n - cdf), np.max(cdf - (i - 1) / n)))
 
 
-def _draws(scale: int, n: int, label: str) -> np.ndarray:
+def _draws(scale: int, n: int, label: str, sampler: str = "rounded_gaussian_reference"
+           ) -> np.ndarray:
     cur = WordCursor(KeyedStream(KEY, label))
-    return np.sort(np.array([samplers.rounded_gaussian(cur, scale) for _ in range(n)],
-                            dtype=np.float64))
+    draw = getattr(samplers, sampler)
+    return np.sort(np.array([draw(cur, scale) for _ in range(n)], dtype=np.float64))
 
 
 def test_rounded_gaussian_law_and_broken_variants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference's law (the fast sampler makes its draws: the tests below)."""
     n, scale = 6000, 1000
     x = _draws(scale, n, "law")
     assert _ks(x, ndtr(x / scale)) < KS_CRIT
     # control 1: the right sampler, judged against a 10% smaller sigma
     assert _ks(x, ndtr(x / (0.9 * scale))) > KS_CRIT
+    # the fast sampler's draws are the same ones
+    assert np.array_equal(x, _draws(scale, n, "law", "rounded_gaussian"))
     # control 2: Karney's step N4 broken (always accept): a different law
     monkeypatch.setattr(samplers, "_karney_b", lambda cur, k, x: True)
     y = _draws(scale, n, "law")
     assert _ks(y, ndtr(y / scale)) > KS_CRIT
+
+
+class _ListStream(KeyedStream):
+    """A lane of given words (then zeros): the rare branches of the samplers on demand."""
+
+    def __init__(self, words: list[int]) -> None:
+        super().__init__(KEY, "list")
+        self._words = words
+
+    def word_array(self, lane: int, start: int, n: int) -> array[int]:
+        out = self._words[start : start + n]
+        return array("Q", [*out, *([0] * (n - len(out)))])
+
+
+def _special_words(n: int, seed: int) -> list[int]:
+    """Random words, with words that take the rare branches mixed in: 0 (von Neumann's
+    K beyond its table, in both one-word Bernoullis), the largest word (rejected by both),
+    repeated words (lazy uniforms tied on a digit), and the tables' thresholds."""
+    rng = np.random.default_rng(seed)
+    special = [0, 1, samplers.U64_MAX, samplers.F18_LIMIT_INT, samplers._H_LIMIT,
+               samplers._H_LIMIT + 1, samplers.F18_LIMIT_INT + 1, *samplers.VN_THRESHOLDS,
+               *samplers._H_TH]
+    out: list[int] = []
+    while len(out) < n:
+        r = rng.random()
+        if r < 0.04:
+            out.append(special[int(rng.integers(len(special)))])
+        elif r < 0.08 and out:
+            out.append(out[-1])  # a tie with the word before
+        elif r < 0.10 and len(out) > 1:
+            out.extend(out[-2:])  # a tie of two digits
+        else:
+            out.append(int(rng.integers(0, 1 << 64, dtype=np.uint64)))
+    return out
+
+
+SCALES = [1, 2, 3, 1000, (1 << 20) + 7, (1 << 66) + 12345, (1 << 72) - 1, 3 << 130]
+
+
+def _fast_equals_reference(words: list[int], draws: int, scale: int) -> bool:
+    a, b = WordCursor(_ListStream(words)), WordCursor(_ListStream(words))
+    for _ in range(draws):
+        if (samplers.rounded_gaussian(a, scale), a.position) != (
+                samplers.rounded_gaussian_reference(b, scale), b.position):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_fast_rounded_gaussian_is_the_reference_draw_for_draw(scale: int) -> None:
+    """Value and cursor position after each draw, on the keyed stream from random start
+    positions (windows that end mid-draw) and on lanes full of rare-branch words."""
+    rng = np.random.default_rng(scale % 1000)
+    for i in range(20):
+        pos = int(rng.integers(0, 1 << 30))
+        a = WordCursor(KeyedStream(KEY, f"fast/{i}"), i, pos)
+        b = WordCursor(KeyedStream(KEY, f"fast/{i}"), i, pos)
+        for _ in range(150):
+            assert (samplers.rounded_gaussian(a, scale), a.position) == (
+                samplers.rounded_gaussian_reference(b, scale), b.position)
+    for seed in range(4):
+        assert _fast_equals_reference(_special_words(30_000, seed), 800, scale)
+
+
+def test_a_fast_sampler_reading_digits_out_of_order_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: the lazy uniforms' digits drawn in the other order on a tie (y's digit
+    before z's) give other draws, which the comparison above must see."""
+    words = _special_words(30_000, 0)
+    assert _fast_equals_reference(words, 800, 1000)
+
+    def swapped(w: array[int], i: int, z: list[int], y: list[int]) -> tuple[bool, int]:
+        j = 0
+        while True:
+            if len(y) <= j:
+                y.append(w[i])
+                i += 1
+            if len(z) <= j:
+                z.append(w[i])
+                i += 1
+            if z[j] != y[j]:
+                return z[j] < y[j], i
+            j += 1
+
+    monkeypatch.setattr(samplers, "_rg_less", swapped)
+    assert not _fast_equals_reference(words, 800, 1000)
+
+
+def test_a_draw_longer_than_the_window_is_the_reference_s() -> None:
+    """A lane that keeps a lazy uniform tied for more than _RG_MAX words: the fast path
+    gives up and the reference makes the draw (the same value and position)."""
+    tie = [12345] * (3 * samplers._RG_MAX)
+    words = [samplers.U64_MAX // 3, 7, *tie, 9, 8, *_special_words(2000, 5)]
+    assert _fast_equals_reference(words, 40, 1000)
 
 
 def test_counter_noise_has_the_stated_sigma_and_a_broken_decoder_is_rejected() -> None:
@@ -307,3 +406,52 @@ def test_one_word_bernoulli_exp_minus_half() -> None:
 
     assert abs(z(math.exp(-0.5))) < 3.29
     assert abs(z(math.exp(-0.47))) > 3.29
+
+
+class _LoopBLT(BLTCounter):
+    """The encoder and decoder as per-buffer loops (the form the fast ones replaced)."""
+
+    def encode(self, u: int) -> int:
+        x = u << blt.FRAC_BITS
+        w = x
+        enc = self._enc
+        for i, (tn, on) in enumerate(zip(blt.THETA_NUM, blt.OMEGA_NUM, strict=True)):
+            e = enc[i]
+            w += (on * e) >> blt.PARAM_BITS
+            enc[i] = ((tn * e) >> blt.PARAM_BITS) + x
+        return w
+
+    def decode(self, v: int) -> int:
+        dec = self._dec
+        u = v
+        for i, on in enumerate(blt.OMEGA_NUM):
+            u -= (on * dec[i]) >> blt.PARAM_BITS
+        for i, tn in enumerate(blt.THETA_NUM):
+            dec[i] = ((tn * dec[i]) >> blt.PARAM_BITS) + u
+        self._ysum += u
+        return (self._ysum + (1 << (blt.FRAC_BITS - 1))) >> blt.FRAC_BITS
+
+
+class _NoZeroShortcutBroken(_LoopBLT):
+    """Control: a zero input read as one unit while the buffers are zero."""
+
+    def encode(self, u: int) -> int:
+        return super().encode(1 if not u and not any(self._enc) else u)
+
+
+def _loop_equals_fast(cls: type[BLTCounter], inputs: list[int]) -> bool:
+    a = BLTCounter(0.5, 1e-6, len(inputs), KEY, "loop", UNIT)
+    b = cls(0.5, 1e-6, len(inputs), KEY, "loop", UNIT)
+    return all(a.step(u) == b.step(u) and a.to_state() == b.to_state() for u in inputs)
+
+
+def test_encoder_and_decoder_equal_their_loop_form_with_runs_of_zeros() -> None:
+    """Releases and states step for step against the loop form, on streams that start
+    with zeros (the shortcut of zero buffers), then mix zeros and inputs (buffers that
+    decay); control: the loop form broken on the zero shortcut's case differs."""
+    rng = np.random.default_rng(11)
+    for n in (50, 400):
+        xs = [0] * (n // 4) + [int(v) if r < 0.5 else 0 for r, v in
+                               zip(rng.random(n), rng.integers(0, 3 * UNIT, n), strict=True)]
+        assert _loop_equals_fast(_LoopBLT, xs)
+        assert not _loop_equals_fast(_NoZeroShortcutBroken, xs)
