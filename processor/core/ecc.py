@@ -194,6 +194,12 @@ class _EccBase(Counter):
         """The bounded counter inside CC and BCC (one construction in _setup)."""
         return self._cc.base
 
+    @property
+    def checkpoints(self) -> int:
+        """The partition's checkpoints so far: what a replay of this counter from tick 0
+        steps through one by one (`selection.replay`), the rest being jumps."""
+        return self._part.l
+
     def update(self, x: float | None) -> float:
         """Validate x (InvalidInputError, state untouched), then one tick of Algorithm 2."""
         self._tick(to_units(x))

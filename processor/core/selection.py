@@ -20,7 +20,8 @@ bounded by `selection_delta`: delta_release + (1 + e^eps) m delta0.
 
 OpenKey is the step operator: update(x) / skip(n) as a counter, returning the published
 (tick, value) records; to_bytes / from_bytes a versioned state; restore and continue ==
-never stopping. Pure: no I/O.
+never stopping. `replay` rebuilds a key's counter from its inputs alone (the stream
+stores a waiting key's counter that way: docs/open-keys.md). Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Final, Self
@@ -35,14 +37,19 @@ from typing import Any, Final, Self
 from processor.core.api import Change, check_skip
 from processor.core.cc import cc_sigma_max
 from processor.core.ecc import ECC, SimECC
-from processor.core.errors import InvalidParameterError, StateFormatError, StateParameterError
-from processor.core.grid import UNIT
+from processor.core.errors import (
+    InvalidInputError,
+    InvalidParameterError,
+    StateFormatError,
+    StateParameterError,
+)
+from processor.core.grid import UNIT, check_units
 from processor.core.params import ecc_parameters, simecc_parameters
 from processor.core.rng import NoiseKey
 from processor.core.state import pack_owned, peek_mechanism, unpack
 
 __all__ = ["GATE_BASES", "OpenKey", "admission_threshold", "failure_share", "gate_delta0",
-           "schedule_sum", "selection_delta"]
+           "replay", "schedule_sum", "selection_delta"]
 
 #: The CC bases whose noise the threshold's tail bound covers: sums of discrete Gaussians
 #: (tree) and of discrete Gaussians with one rounded Gaussian whose roundings stay below one
@@ -123,6 +130,36 @@ def gate_delta0(eps: float, delta_sel: float, keys: int = 1) -> float:
     if d0 <= 0.0:
         raise InvalidParameterError("delta_sel too small for this epsilon")
     return d0
+
+
+def replay(counter: ECC | SimECC, inputs: Sequence[int], t: int) -> ECC | SimECC:
+    """`counter`, fresh (tick 0), stepped through tick `t`: `inputs` is the flat list
+    [tick, units, tick, units, ...] of its inputs (ticks strictly increasing, in 1..t),
+    every other tick ⊥, the ⊥ runs each one exact `skip`. Its state is then the state of
+    the counter stepped tick by tick, or by any other cut of the ⊥ runs into skips, with
+    the same inputs (the Counter contract: skip(n) is n ⊥ ticks, and restoring and
+    continuing is never stopping): a counter is determined by its noise key, its label,
+    its parameters and its inputs. What it costs is the counter's skip over t ticks: the
+    checkpoints and releases inside (ECC few without inputs, SimECC one per mu ticks).
+    The changes reported inside are dropped: the caller replays a state, publishing
+    nothing. InvalidParameterError for a counter already stepped, InvalidInputError for
+    inputs out of order or range (nothing is stepped then)."""
+    if counter.t != 0:
+        raise InvalidParameterError("a replay starts from a fresh counter")
+    if len(inputs) % 2 or isinstance(t, bool) or not isinstance(t, int):
+        raise InvalidInputError(len(inputs), "inputs are [tick, units] pairs, t an int")
+    last = 0
+    for i in range(0, len(inputs), 2):
+        tick = inputs[i]
+        if isinstance(tick, bool) or not isinstance(tick, int) or not last < tick <= t:
+            raise InvalidInputError(tick, "input ticks must increase within 1..t")
+        check_units(inputs[i + 1])
+        last = tick
+    for i in range(0, len(inputs), 2):
+        counter.skip(inputs[i] - 1 - counter.t)
+        counter.update_units(inputs[i + 1])
+    counter.skip(t - counter.t)
+    return counter
 
 
 def _cc_plan(counter: ECC | SimECC) -> tuple[float, float]:

@@ -513,7 +513,19 @@ def test_the_checkers_input_keeps_a_zombie_ingests_late_write_as_the_operator_do
     assert run.metrics["events_applied"] == 3 and run.metrics["duplicates_dropped"] == 1
 
 
-def _idle_run(s: Settings, records: list[bytes], idle_decoded: int
+class FullForm(Operator):
+    """Control: keys' inputs are not kept, so they are stored in format 4 (the
+    mechanism's state) and released by the cache's bound alone."""
+
+    def _first_row(self, *args: Any, **kw: Any) -> CounterState | None:
+        cs = super()._first_row(*args, **kw)
+        if cs is not None:
+            cs.trail = None
+        return cs
+
+
+def _idle_run(s: Settings, records: list[bytes], idle_decoded: int,
+              op_class: type[Operator] = Operator
               ) -> tuple[list[bytes], list[dict[str, bytes]], int]:
     """`records` one per batch with periodic checkpoints that are not full (seeded), then
     a full one: what was published, the store's bytes after every checkpoint, and how
@@ -523,7 +535,7 @@ def _idle_run(s: Settings, records: list[bytes], idle_decoded: int
     from processor.stream.model.commit import BatchCommit
     from processor.stream.model.outputs import CollectingSink
 
-    op = Operator(s, KEY, idle_decoded=idle_decoded)
+    op = op_class(s, KEY, idle_decoded=idle_decoded)
     store, pub = DictStore(), CollectingSink()
     bc = BatchCommit(op, store, pub)
     schedule = random.Random(9)
@@ -544,10 +556,13 @@ def _idle_run(s: Settings, records: list[bytes], idle_decoded: int
 def test_keys_not_admitted_are_released_when_idle(mechanism: str) -> None:
     """Keys of an open family that wait for admission leave the decoded-value cache when
     idle (their memory is their idle entry), and nothing published or stored changes:
-    with every idle counter released (idle_decoded = 0) and with none, the published
-    records and the store's bytes after every checkpoint are identical, while 40 light
-    keys, a heavy (admitted) key and a declared counter run 400 ticks. Control: the run
-    that releases nothing holds every key decoded at the end, the other few."""
+    with every idle counter released (idle_decoded = 0) and with the cache's bound above
+    them all, the published records and the store's bytes after every checkpoint are
+    identical, while 40 light keys, a heavy (admitted) key and a declared counter run 400
+    ticks; a waiting ECC key stored compact (never due without input) is released under
+    either bound, so both ECC runs end with few values decoded. Control: keys kept in
+    format 4 (`FullForm`) stay decoded under the high bound, and are released under the
+    low one, with the same output."""
     s = open_settings(mechanism=mechanism, heartbeat_ticks=7)
     T = 400
     rng = random.Random(4)
@@ -558,4 +573,9 @@ def test_keys_not_admitted_are_released_when_idle(mechanism: str) -> None:
     released_public, released_states, released_decoded = _idle_run(s, records, 0)
     assert released_public == public and released_states == states
     assert any(b'"pages[heavy]"' in x for x in public)
-    assert decoded >= 42 and released_decoded <= 4
+    # SimECC's keys are due at every checkpoint: kept decoded under the cache's bound.
+    assert (decoded <= 4 if mechanism == "ecc" else decoded >= 42) and released_decoded <= 4
+    full_public, _full_states, full_decoded = _idle_run(s, records, 1 << 30, FullForm)
+    full_released, _states, full_released_decoded = _idle_run(s, records, 0, FullForm)
+    assert full_public == full_released == public
+    assert full_decoded >= 42 and full_released_decoded <= 4

@@ -697,6 +697,8 @@ class Operator:
                 # A key's counter, as if declared at its family's start; published only
                 # once admitted (`_seal_key`).
                 cs.admission = Admission(self._delta0[family])
+                # Its inputs from the start: stored as those while it waits (state.py).
+                cs.trail = []
         elif cs.last_offset >= offset:
             done.add(name)
             m["skipped_duplicates"] += 1
@@ -873,10 +875,16 @@ class Operator:
         again (`_load_counter`) is re-sealed to it. An `idle` counter (it took no input
         here or in the last heartbeat interval, nothing queued or pending, nothing due
         before its next heartbeat: `_idle`) is released while the cache holds more than
-        `idle_decoded` counters: it does not stay decoded past the transaction."""
+        `idle_decoded` counters, and a waiting key stored compact that is never due
+        without input always: it does not stay decoded past the transaction."""
         if not (quiet and cs.saved is not None and self._defer(partition, name, cs, n, filed)):
             self._stage_counter(txn, partition, name, cs)
-        if idle and len(self._cached_counters) > self._idle_decoded:
+        # A waiting key stored compact (its inputs known: `CounterState.trail`) whose
+        # mechanism is never due without input (ECC's, mostly) is released whatever the
+        # cache holds: only its next event decodes it again, replaying it (state.py).
+        if idle and (len(self._cached_counters) > self._idle_decoded
+                     or (cs.trail is not None and _waiting(cs)
+                         and self._next_due(cs) is None)):
             txn.release(self._counters, name)
             self._remember_idle(partition, name, cs)
 
@@ -1080,9 +1088,10 @@ class Operator:
         _since, through, last, nh, _y, mdue, index = entry
         if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
             return False
-        if self._shape_list[index].waiting:
-            # A key not admitted is filed at its mechanism's next_due (`due_tick`):
-            # decoded, so that one rule files it.
+        if self._shape_list[index].waiting and mdue is not None:
+            # A key not admitted is filed at its mechanism's next_due (`due_tick`), which
+            # `_idle_due` does not give: decoded, so that one rule files it. Without one,
+            # both file it at its next heartbeat, as `_beat_idle` does.
             return False
         raw = txn.stored(self._counters, name)
         held = stored_offset(raw)
@@ -1216,7 +1225,10 @@ class Operator:
                     cs.push_all(arrivals)
             if cs.queue:  # not cached: push_all and pop may replace the deque
                 cs.next_due_known = False
-                c.update_units(cs.pop())
+                units = cs.pop()
+                c.update_units(units)
+                if cs.trail is not None:  # a waiting key's inputs (`state._compact`)
+                    cs.trail += (c.t, units)
                 dequeued += 1
                 cs.frontier = g
                 self._emit(name, cs, out)

@@ -11,7 +11,11 @@ Key layout (all values bytes, each codec with its own magic and version):
                   filter (input source -> highest input offset applied), the noise key
                   fingerprint the partition's state was made under.
 
-Monotone values. Every value of format 4 begins with the timeline offset it reflects
+A key of an open family not admitted yet is stored in format 5 while it has few inputs
+(`_compact`): the same header, then its inputs instead of its mechanism's state; its
+decode replays the mechanism (`selection.replay`), the very state format 4 would hold.
+
+Monotone values. Every value of format 4 (and 5) begins with the timeline offset it reflects
 (`stored_offset`): a counter's, the last timeline record applied to that counter; a
 partition's, the last timeline record applied to the partition. Applying the timeline is
 deterministic (keyed noise, positions in state), so two values of one key with the same
@@ -51,9 +55,13 @@ from typing import Final, NamedTuple, Protocol
 
 import orjson
 
+from processor.core import registry
 from processor.core.api import Counter
-from processor.core.errors import StateFormatError
+from processor.core.cc import DEFAULT_BASE
+from processor.core.ecc import ECC, SimECC
+from processor.core.errors import InvalidInputError, InvalidParameterError, StateFormatError
 from processor.core.rng import NoiseKey
+from processor.core.selection import replay
 from processor.stream.model.families import Admission
 
 #: The queue of every counter with nothing queued (most of them, most of the time): an
@@ -65,6 +73,15 @@ _COUNTER_MAGIC: Final = b"DPC\x04"
 _PARTITION_MAGIC: Final = b"DPP\x04"
 #: A privacy unit's value (processor/stream/model/bounding.py): magic, offset, then its kept set.
 UNIT_MAGIC: Final = b"DPU\x04"
+#: Format 5, the compact form of a key of an open family not admitted yet (`_compact`):
+#: the same header as format 4 (magic, offset, filed_due), then the key's inputs instead
+#: of its mechanism's state, which a decode replays (`selection.replay`).
+_COUNTER_COMPACT: Final = b"DPC\x05"
+#: A waiting key is stored compact while it has at most this many inputs and its counter
+#: at most COMPACT_CHECKPOINTS partition checkpoints (what its replay steps through one
+#: by one); beyond either, and once admitted, in format 4 for good.
+COMPACT_EVENTS: Final = 8
+COMPACT_CHECKPOINTS: Final = 16
 #: Format 3: the same fields, without the offset header (read, converted on write).
 _COUNTER_V3: Final = b"DPC\x03"
 _PARTITION_V3: Final = b"DPP\x03"
@@ -131,7 +148,7 @@ def stored_offset(value: bytes | None) -> int | None:
     if value is None or len(value) < 12:
         return None
     magic = bytes(value[:4])
-    if magic in (_COUNTER_MAGIC, _PARTITION_MAGIC, UNIT_MAGIC):
+    if magic in (_COUNTER_MAGIC, _PARTITION_MAGIC, UNIT_MAGIC, _COUNTER_COMPACT):
         return _read_i64(value, 4)
     return None
 
@@ -150,8 +167,9 @@ def supersedes(new: bytes | None, old: bytes | None) -> bool:
 def counter_filed_due(value: bytes) -> int | None:
     """The tick a stored counter is filed under in the due wheel (None: not filed), read
     without decoding its mechanism. StateFormatError if the value is not a counter."""
-    data = bytes(value[:_COUNTER_HEAD]) if value[:4] == _COUNTER_MAGIC else bytes(value)
-    if data[:4] == _COUNTER_MAGIC and len(data) >= _COUNTER_HEAD:
+    data = (bytes(value[:_COUNTER_HEAD]) if value[:4] in (_COUNTER_MAGIC, _COUNTER_COMPACT)
+            else bytes(value))
+    if data[:4] in (_COUNTER_MAGIC, _COUNTER_COMPACT) and len(data) >= _COUNTER_HEAD:
         due = _read_i64(data, 12)
         return None if due == _NOT_FILED else due
     if data[:4] == _COUNTER_V3 and len(data) >= 8:
@@ -188,8 +206,11 @@ def advance_counter_value(raw: bytes, advance: Callable[[bytes, int], bytes | No
     `advance` (`Counter.advance_state`), its frontier, next heartbeat, offset and
     filed_due set; what `CounterState.to_bytes` of the decoded, sealed value gives. None
     where that is not exact here (another format, a value with events queued or pending,
-    a mechanism that cannot advance without its noise key)."""
+    a mechanism that cannot advance without its noise key). A compact value (format 5)
+    needs no `advance`: its inputs and its tick are its counter (`_advance_compact`)."""
     data = bytes(raw)
+    if data[:4] == _COUNTER_COMPACT:
+        return _advance_compact(data, frontier, next_heartbeat, offset, filed_due)
     if data[:4] != _COUNTER_MAGIC or len(data) < _COUNTER_HEAD:
         return None
     body, fields = _counter_parts(data)
@@ -262,6 +283,183 @@ def quiet_counter(raw: bytes) -> QuietCounter | None:
     return QuietCounter(_read_i64(data, 4), None if due == _NOT_FILED else due, mech,
                         start, frontier, float(last_published), next_hb, announced,
                         sys.intern(key_id), sys.intern(ledger_fp), admission)
+
+
+# ------------------------------------------------------------------------ the compact form
+
+#: Bytes of a format-5 value's header: magic, offset, filed_due (format 4's, without the
+#: mechanism's length).
+_COMPACT_HEAD: Final = 20
+#: After the header: the noise identity and the key fingerprint (raw bytes of their hex),
+#: eps, delta, the gate's delta0, the last published value, and the mechanism's code.
+_COMPACT_FIXED: Final = struct.Struct(">16s8sddddB")
+_COMPACT_MECHANISMS: Final = ("ecc", "simecc")
+_COMPACT_CALIBRATIONS: Final = ("paper", "tight")
+_HEX: Final = frozenset("0123456789abcdef")
+
+
+def _varints(values: Iterable[int]) -> bytes:
+    out = bytearray()
+    for v in values:
+        if v < 0:
+            raise ValueError("a varint is non-negative")
+        while v >= 0x80:
+            out.append((v & 0x7F) | 0x80)
+            v >>= 7
+        out.append(v)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    v = shift = 0
+    while True:
+        b = data[at]
+        at += 1
+        v |= (b & 0x7F) << shift
+        if b < 0x80:
+            return v, at
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def _is_hex(text: str, n: int) -> bool:
+    return len(text) == n and _HEX.issuperset(text)
+
+
+def _compact(cs: CounterState) -> bytes | None:
+    """The format-5 value of `cs` (a key of an open family not admitted yet, with its
+    inputs known: `trail`), or None where the key is not stored so (format 4 then). The
+    mechanism is left out: its label, parameters and inputs determine it
+    (`selection.replay`), so what is stored is the header format 4 has (offset,
+    filed_due), the fields the counter value holds besides its mechanism, and the key's
+    inputs as (tick gap, units) pairs, in varints."""
+    trail, adm, c = cs.trail, cs.admission, cs.mechanism
+    if (trail is None or adm is None or adm.admitted is not None or cs.announced
+            or cs.ledger_fingerprint or cs.creation or cs.inputs is None
+            or len(trail) > 2 * COMPACT_EVENTS or not isinstance(c, ECC | SimECC)
+            or c.checkpoints > COMPACT_CHECKPOINTS or c.base != DEFAULT_BASE
+            or c.calibration not in _COMPACT_CALIBRATIONS):
+        return None
+    identity, slash, name = c.counter_id.partition("/")
+    if not (slash and name and _is_hex(identity, 32) and _is_hex(cs.key_id, 16)):
+        return None
+    t = c.t
+    if t != cs.frontier - cs.start_tick + 1 or cs.start_tick < 0 or cs.next_heartbeat < 0:
+        return None
+    code = _COMPACT_MECHANISMS.index(c.mechanism) + 2 * _COMPACT_CALIBRATIONS.index(
+        c.calibration)
+    pairs: list[int] = []
+    last = 0
+    for i in range(0, len(trail), 2):
+        pairs += (trail[i] - last, trail[i + 1])
+        last = trail[i]
+    label = name.encode("utf-8")
+    tail = orjson.dumps([list(cs.queue), sorted(cs.pending.items()), cs.inputs])
+    due = _NOT_FILED if cs.filed_due is None else cs.filed_due
+    return b"".join((
+        monotone_header(_COUNTER_COMPACT, cs.last_offset), _i64(due),
+        _COMPACT_FIXED.pack(bytes.fromhex(identity), bytes.fromhex(cs.key_id), c.eps,
+                            c.delta, adm.delta0, cs.last_published, code),
+        _varints((cs.start_tick, t, cs.next_heartbeat,
+                  0 if adm.first is None else adm.first, len(trail) // 2, *pairs,
+                  len(label))),
+        label, tail))
+
+
+class _Compact(NamedTuple):
+    """The fields of a format-5 value, as `_compact` writes them (`trail` its inputs as
+    [tick, units, ...]; `rest` the name's bytes and the JSON of queue, pending, inputs)."""
+
+    start: int
+    t: int
+    next_heartbeat: int
+    first: int
+    trail: list[int]
+    pairs: bytes
+    rest: bytes
+
+
+def _compact_fields(data: bytes) -> _Compact:
+    """The varint fields after the fixed part of a format-5 value (ValueError,
+    IndexError where they are cut short)."""
+    at = _COMPACT_HEAD + _COMPACT_FIXED.size
+    start, at = _read_varint(data, at)
+    t, at = _read_varint(data, at)
+    next_hb, at = _read_varint(data, at)
+    first, at = _read_varint(data, at)
+    pairs_at = at
+    n, at = _read_varint(data, at)
+    trail: list[int] = []
+    tick = 0
+    for _ in range(n):
+        gap, at = _read_varint(data, at)
+        units, at = _read_varint(data, at)
+        tick += gap
+        trail += (tick, units)
+    return _Compact(start, t, next_hb, first, trail, data[pairs_at:at], data[at:])
+
+
+def _advance_compact(data: bytes, frontier: int, next_heartbeat: int, offset: int,
+                     filed_due: int) -> bytes | None:
+    """`advance_counter_value` of a format-5 value: its frontier (the tick its counter is
+    replayed through), next heartbeat, offset and filed_due set. Exact for any ⊥ ticks its
+    caller seals publishing nothing (short of the mechanism's next due tick): the stored
+    inputs and the new tick determine the counter those ticks leave. None for a value
+    with events queued or pending, or that does not parse."""
+    try:
+        f = _compact_fields(data)
+        size, at = _read_varint(f.rest, 0)
+        queue, pending, _inputs = orjson.loads(f.rest[at + size:])
+    except (IndexError, ValueError, TypeError, *_ORJSON_ERRORS):
+        return None
+    t = frontier - f.start + 1
+    if queue or pending or t < f.t or next_heartbeat < 0:
+        return None
+    return b"".join((monotone_header(_COUNTER_COMPACT, offset), _i64(filed_due),
+                     data[_COMPACT_HEAD:_COMPACT_HEAD + _COMPACT_FIXED.size],
+                     _varints((f.start, t, next_heartbeat, f.first)), f.pairs, f.rest))
+
+
+def _from_compact(data: bytes, key: NoiseKey) -> CounterState:
+    """The counter state of a format-5 value: its mechanism replayed from a fresh one
+    through its inputs (`selection.replay`), the very state format 4 would have held.
+    StateFormatError for a value that is not one."""
+    try:
+        offset, due = _read_i64(data, 4), _read_i64(data, 12)
+        (identity, key_id, eps, delta, delta0, last_published,
+         code) = _COMPACT_FIXED.unpack_from(data, _COMPACT_HEAD)
+        start, t, next_hb, first, trail, _pairs, rest = _compact_fields(data)
+        size, at = _read_varint(rest, 0)
+        name = rest[at:at + size].decode("utf-8")
+        if len(name.encode("utf-8")) != size or not name:
+            raise ValueError("name cut short")
+        queue, pending, inputs = orjson.loads(rest[at + size:])
+        mechanism = _COMPACT_MECHANISMS[code % 2]
+        calibration = _COMPACT_CALIBRATIONS[code // 2]
+        counter_id = f"{identity.hex()}/{name}"
+        made = registry.make(mechanism, eps, delta, key, counter_id, calibration=calibration)
+        assert isinstance(made, ECC | SimECC)
+        mech = replay(made, trail, t)
+    except (struct.error, IndexError, ValueError, TypeError, InvalidInputError,
+            InvalidParameterError, AssertionError, *_ORJSON_ERRORS):
+        raise StateFormatError("operator counter state is corrupt") from None
+    cs = CounterState(mech, start, next_hb, key_id=sys.intern(key_id.hex()))
+    cs.frontier = start + t - 1
+    cs.last_offset = offset
+    cs.filed_due = None if due == _NOT_FILED else due
+    cs.last_published = last_published
+    try:
+        if queue:
+            cs.queue = deque([int(u), int(k)] for u, k in queue)
+        cs.pending = {int(g): [int(u) for u in us] for g, us in pending}
+        cs.inputs = DuplicateFilter((sys.intern(str(lb)), int(o)) for lb, o in inputs.items())
+    except _ORJSON_ERRORS:
+        raise StateFormatError("operator counter state is corrupt") from None
+    cs.admission = Admission(delta0, first or None)
+    cs.trail = trail
+    cs.saved = data
+    return cs
 
 
 # ------------------------------------------------------------------------ stores
@@ -385,13 +583,17 @@ counter's value is what it always was); `saved` (not
     transaction puts in their place: transaction.py), None once changed and not yet
     encoded; `next_due`/`next_due_known` (not encoded) remember mechanism.next_due() for
     the operator until the mechanism takes an input; `busy_until` (not encoded) is the
-    global tick until which the operator keeps it decoded since it last took an input.
+    global tick until which the operator keeps it decoded since it last took an input;
+    `trail`, a key's inputs since its counter was made ([local tick, units, ...], what
+    the operator dequeued into its mechanism), while it can be stored compact (format 5:
+    `_compact`), None for every other counter and once it cannot (more inputs or
+    checkpoints, an admission, a value decoded from format 4): encoded only as format 5.
     """
 
     __slots__ = ("admission", "announced", "busy_until", "creation", "filed_due", "frontier",
                  "inputs", "key_id", "last_offset", "last_published", "ledger_fingerprint",
                  "mechanism", "next_due", "next_due_known", "next_heartbeat", "pending",
-                 "queue", "saved", "start_tick")
+                 "queue", "saved", "start_tick", "trail")
 
     def __init__(self, mechanism: Counter, start_tick: int, next_heartbeat: int, *,
                  key_id: str) -> None:
@@ -416,8 +618,17 @@ counter's value is what it always was); `saved` (not
         self.next_due_known = False
         self.admission: Admission | None = None
         self.busy_until = 0
+        self.trail: list[int] | None = None
 
     def to_bytes(self) -> bytes:
+        if self.trail is not None:
+            compact = _compact(self)
+            if compact is not None:
+                self.saved = compact
+                return compact
+            # Not compact now, never again (more inputs or checkpoints, an admission):
+            # its inputs need not be kept.
+            self.trail = None
         mech = self.mechanism.to_bytes()
         fields: list[object] = [
             self.start_tick, self.frontier, list(self.queue),
@@ -439,6 +650,8 @@ counter's value is what it always was); `saved` (not
         magic = data[:4]
         if magic == _COUNTER_V2:
             raise StateVersionError("an operator counter state", 2, _COUNTER_MAGIC[3])
+        if magic == _COUNTER_COMPACT:
+            return _from_compact(data, key)
         try:
             if magic == _COUNTER_MAGIC and len(data) >= _COUNTER_HEAD:
                 last_offset, due = _read_i64(data, 4), _read_i64(data, 12)
