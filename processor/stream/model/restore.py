@@ -180,3 +180,22 @@ def persist_after(read_through: int | None, persisted: int | None) -> int | None
     if read_through is None or read_through < 0:
         return None
     return read_through if persisted is None or read_through > persisted else None
+
+
+def recovery_takes(active: bool, in_recovery: bool, offset: int, seen: int | None) -> bool:
+    """Whether Faust's changelog loop (worker/recovery.py) buffers a record at `offset`
+    of a partition held active (`active`) or as a standby copy, `seen` the offset it
+    already took of that partition (None: none): only a record past it, as Faust's loop,
+    and of an active partition only while a recovery runs (`in_recovery`).
+
+    After an active partition's recovery ended, the operator writes its database
+    itself, computing from the state the recovery left; a record read later (a fetch
+    under way when the partition was paused, queued) is a foreign write that landed past
+    the assignment's highwater (a zombie's late write). Applied, it can put a newer value
+    under the operator, whose next plain write of that key takes it back, while the
+    persisted offset has moved past the newer record. Left alone, it sits between the
+    recovery's end and the owner's own writes: the tracker sees the gap, the persisted
+    offset stays, and the next restore reads it (docs/state.md, "Restore")."""
+    if active and not in_recovery:
+        return False
+    return seen is None or offset > seen
