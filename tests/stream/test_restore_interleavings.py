@@ -73,6 +73,7 @@ from processor.stream.model.restore import (
     recovery_takes,
 )
 from processor.stream.model.state import UNIT_MAGIC, stored_offset
+from processor.stream.worker.table import REWRITE_ROUNDS
 
 TP = 0
 PART = b"part"
@@ -80,8 +81,6 @@ COUNTERS = [b"c%d" % i for i in range(8)]
 #: Records per active recovery buffer and per standby buffer (small: they fill often).
 RECOVERY_BUFFER = 3
 STANDBY_BUFFER = 5
-#: Rewrite rounds of a flush (table.REWRITE_ROUNDS).
-REWRITE_ROUNDS = 3
 SEEDS = range(1500)
 STEPS = 160
 
