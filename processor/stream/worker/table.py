@@ -208,9 +208,11 @@ class WorkerStores:
                 break
             await self._producer.flush()
         for partition in self._stores:
+            through = self._tracker.read_through(partition)
+            if through is None:
+                continue  # unknown: no read of the persisted offset either
             tp = TP(self._changelog, partition)
-            moved = persist_after(self._tracker.read_through(partition),
-                                  self._table.persisted_offset(tp))
+            moved = persist_after(through, self._table.persisted_offset(tp))
             if moved is not None:
                 self._table.data.set_persisted_offset(tp, moved)
         self.heap.after_flush()
