@@ -1,4 +1,4 @@
-"""table.ChangelogTracker: where this process's own changelog writes land tells whether
+"""restore.ChangelogTracker: where this process's own changelog writes land tells whether
 anything else wrote between them (a worker that lost the partition without noticing).
 Pure: the delivery reports are calls here."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from processor.stream.worker.table import ChangelogTracker
+from processor.stream.model.restore import ChangelogTracker
 
 
 def test_back_to_back_writes_move_the_read_point_a_foreign_one_stops_it() -> None:

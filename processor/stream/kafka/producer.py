@@ -10,7 +10,7 @@ reports, and `flush()` lets a coroutine wait for all acknowledgements without bl
 the event loop (Faust's heartbeats and the consumer keep running meanwhile).
 
 Delivery reports also tell at which offsets this process's records landed
-(`on_delivered`): table.ChangelogTracker uses them to know whether anything else wrote
+(`on_delivered`): restore.ChangelogTracker uses them to know whether anything else wrote
 to a changelog partition between them.
 """
 

@@ -12,7 +12,8 @@ handles them in order, as Faust's does one by one:
 
 - a record of an active partition counts toward that partition's active offset, one of a
   standby partition toward its standby offset; only a record past the offset already
-  seen for its partition is buffered (the same record read again is not);
+  seen for its partition is buffered (the same record read again is not), and of an
+  active partition only while its recovery runs (below);
 - a table's buffer goes to `apply_changelog_batch` (table.MonotoneTable: every record
   through the monotone merge) as soon as it holds the table's recovery or standby buffer
   size, and whatever is left when an active recovery catches up, at a rebalance and at
@@ -25,9 +26,14 @@ handles them in order, as Faust's does one by one:
 - the persisted offsets are the table's business (`apply_changelog_batch` sets them over
   what it applied), unchanged.
 
-One difference on purpose: Faust handles a record of a partition that is neither active
+Two differences on purpose: Faust handles a record of a partition that is neither active
 nor standby here (it logs a warning) with whatever table and offsets the record before
-it used; this loop skips it after the same warning.
+it used; this loop skips it after the same warning. And a record of an active partition
+taken while no recovery runs (queued by a fetch under way when the recovery ended and
+paused the partition) is not applied, nor counted as seen: the operator writes that
+database now, and a foreign record applied under it could be taken back by its next
+write while the persisted offset has passed it (`restore.recovery_takes`); left alone,
+the next restore reads it.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ from faust.tables.recovery import Recovery
 from faust.types import TP, EventT
 from faust.utils.tracing import finish_span
 from mode import Service
+
+from processor.stream.model.restore import recovery_takes
 
 log = logging.getLogger("processor.stream.recovery")
 
@@ -140,8 +148,7 @@ class BatchedRecovery(Recovery):
             log.warning("recovery unknown topic %s offset %s", tp, offset)
             return
         buf = self.buffers[table]
-        seen = offsets.get(tp)
-        if seen is not None and offset <= seen:
+        if not recovery_takes(active, self.in_recovery, offset, offsets.get(tp)):
             return
         offsets[tp] = offset
         buf.append(event)

@@ -31,10 +31,10 @@ from faust.types import TP, Message
 
 from processor.errors import RefusedError
 from processor.stream.kafka import kafka_io
+from processor.stream.model.restore import ChangelogTracker
 from processor.stream.worker.acks import GapGuard, PendingAcks
 from processor.stream.worker.table import (
     ROCKSDB_OPTIONS,
-    ChangelogTracker,
     MonotoneTable,
     WorkerStores,
 )

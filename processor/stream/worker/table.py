@@ -15,10 +15,10 @@ Three things differ from a plain Faust table, each for one reason (docs/state.md
   next restore starts reading) at every acknowledged write of its own. That is wrong
   when another writer's records sit between this process's (the case above: this
   process's late writes land after the new owner's, and the restore would skip the new
-  owner's). `ChangelogTracker` moves the persisted offset over this process's own writes
-  only while their acknowledged offsets follow each other without a gap; after any gap
-  it leaves it where the last read ended, so the next restore reads, and merges, every
-  record in between.
+  owner's). `ChangelogTracker` (model/restore.py, pure) moves the persisted offset over
+  this process's own writes only while their acknowledged offsets follow each other
+  without a gap; after any gap it leaves it where the last read ended, so the next
+  restore reads, and merges, every record in between.
 - Compaction keeps the LAST record of each key, not the newest state: a late, older
   write that lands after the owner's newer value would survive compaction and become
   what a restore from scratch reads. So the owner writes its values again wherever an
@@ -30,7 +30,6 @@ Three things differ from a plain Faust table, each for one reason (docs/state.md
 from __future__ import annotations
 
 import logging
-import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Final
@@ -40,7 +39,7 @@ from faust.types import TP
 from rocksdict import WriteBatch
 
 from processor.stream.kafka.producer import AsyncProducer
-from processor.stream.model.restore import merge_changelog
+from processor.stream.model.restore import ChangelogTracker, merge_changelog, persist_after
 from processor.stream.model.state import StateStore
 from processor.stream.worker.heap import HeapTrim
 
@@ -109,60 +108,6 @@ class MonotoneTable(faust.Table[bytes, bytes]):
                 db.write(wb)
         for tp, offset in offsets.items():
             store.set_persisted_offset(tp, offset)
-
-
-class ChangelogTracker:
-    """Per changelog partition this process owns: where its own next write lands if
-    nothing else writes in between (`expected`), whether that held since the partition
-    was loaded (`clean`: only then may the persisted offset move over its writes), and
-    the partitions where something else wrote since the last `take_gaps`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._expected: dict[int, int] = {}
-        self._clean: dict[int, bool] = {}
-        self._gaps: set[int] = set()
-
-    def begin(self, partition: int, read_through: int | None) -> None:
-        """The partition's database reflects every changelog record <= `read_through`
-        (None: none): this process's next write should land right after it."""
-        with self._lock:
-            self._expected[partition] = (read_through if read_through is not None else -1) + 1
-            self._clean[partition] = True
-
-    def delivered(self, partition: int, offset: int) -> None:
-        """A write of this process landed at `offset` (called in the producer's thread,
-        in offset order per partition)."""
-        with self._lock:
-            want = self._expected.get(partition)
-            if want is None:
-                return
-            if want != offset:
-                self._gaps.add(partition)
-                self._clean[partition] = False
-            self._expected[partition] = offset + 1
-
-    def take_gaps(self) -> set[int]:
-        """The partitions where something else wrote between this process's writes since
-        the last call."""
-        with self._lock:
-            gaps, self._gaps = self._gaps, set()
-            return gaps
-
-    def read_through(self, partition: int) -> int | None:
-        """The offset through which the changelog holds nothing but what the database
-        holds (None: unknown, after a gap since the partition was loaded)."""
-        with self._lock:
-            want = self._expected.get(partition)
-            if want is None or not self._clean.get(partition, False):
-                return None
-            return want - 1
-
-    def end(self, partition: int) -> None:
-        with self._lock:
-            self._expected.pop(partition, None)
-            self._clean.pop(partition, None)
-            self._gaps.discard(partition)
 
 
 class PartitionStore:
@@ -264,12 +209,12 @@ class WorkerStores:
             await self._producer.flush()
         for partition in self._stores:
             through = self._tracker.read_through(partition)
-            if through is None or through < 0:
-                continue
+            if through is None:
+                continue  # unknown: no read of the persisted offset either
             tp = TP(self._changelog, partition)
-            have = self._table.persisted_offset(tp)
-            if have is None or through > have:
-                self._table.data.set_persisted_offset(tp, through)
+            moved = persist_after(through, self._table.persisted_offset(tp))
+            if moved is not None:
+                self._table.data.set_persisted_offset(tp, moved)
         self.heap.after_flush()
 
     def _rewrite(self) -> int:
