@@ -104,7 +104,7 @@ def run(seed: int, keys: int, zipf: float, users_per_batch: int, ticks_per_batch
             apply(data)
         horizon_tick = (batch + 1) * ticks_per_batch - 1
         out = apply(encode_marker(horizon_tick))
-        for rel in out.releases:
+        for rel in out.decoded_releases():
             released[rel.counter] = rel.value
         if batch + 1 in horizons:
             pairs = [(sum(1 for t in ts if t <= horizon_tick), released[name])
