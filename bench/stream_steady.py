@@ -313,15 +313,23 @@ class SteadyRun:
         self.res["idle_rss"] = [rss_bytes(pid) for pid in pids]
 
     def worker_metrics(self) -> dict[str, float]:
-        """The first worker's unlabelled metrics (its /metrics page), by name."""
+        """The first worker's unlabelled metrics (its /metrics page), by name; empty where
+        the page did not answer within 30 s (a worker busy catching up may not)."""
         port = self.dep.settings.metrics_port
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as got:
-            text = got.read().decode()
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                        timeout=30) as got:
+                text = got.read().decode()
+        except OSError:
+            return {}
         out: dict[str, float] = {}
         for line in text.splitlines():
             name, _, value = line.partition(" ")
             if line and not line.startswith("#") and "{" not in name:
-                out[name] = float(value)
+                try:
+                    out[name] = float(value.split()[0])
+                except (ValueError, IndexError):
+                    continue
         return out
 
     def caught_up(self, timeout_s: float) -> float:
