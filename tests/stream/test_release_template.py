@@ -5,20 +5,26 @@ Random releases (fixed seed) over the values orjson formats differently from Pyt
 (integers as floats, negative zero, tiny and huge floats, subnormals, ints as floats'
 fields, unicode and escaped counter names); controls that must be caught: a template
 that drops a field, and one that formats a float as Python does. Then the operator's own
-heartbeats of idle counters, against the Releases decoded from them re-encoded."""
+heartbeats of idle counters, against the Releases decoded from them re-encoded and a run
+that keeps every counter decoded; and on a real broker, the worker's sink publishing an
+encoded release as its Release."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import string
 from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Consumer
 
+from processor.stream.kafka.producer import AsyncProducer, KafkaSink
 from processor.stream.model import records
 from processor.stream.model.commit import BatchCommit
+from processor.stream.model.config import Settings, TopicSettings
 from processor.stream.model.operator import Operator
 from processor.stream.model.outputs import Output, Sink
 from processor.stream.model.records import (
@@ -28,6 +34,7 @@ from processor.stream.model.records import (
     encode_marker,
 )
 from processor.stream.model.state import DictStore
+from tests.conftest import create_topics, unique_topic
 from tests.stream.test_commit import batches_of
 from tests.stream.test_operator import KEY, random_timeline, settings, to_records
 
@@ -181,3 +188,47 @@ def test_operator_heartbeats_of_idle_counters(mechanism: str) -> None:
             ref.to_json(), ref.key(), ref.headers(), ref.timestamp_ms())
     assert [(r.key(), r.to_json(), r.headers(), r.timestamp_ms()) for r in idle] == [
         (r.key(), r.to_json(), r.headers(), r.timestamp_ms()) for r in decoded]
+
+
+def test_kafka_sink_publishes_encoded_releases_as_their_releases(
+        kafka_bootstrap: str) -> None:
+    """On a real broker: the worker's sink sends each release twice, once as its Release
+    and once encoded from a template; the two records read back have the same key,
+    value, headers and timestamp."""
+    topic = unique_topic("release-template")
+    create_topics(kafka_bootstrap, [topic])
+    s = dataclasses.replace(Settings(), topics=dataclasses.replace(TopicSettings(),
+                                                                   counts=topic))
+    rng = random.Random(7)
+    out = Output()
+    for fields, rows in _cases(20):
+        template = ReleaseTemplate(**fields)
+        for counter, value in rows[:3]:
+            out.releases.append(Release(counter=counter, value=value, **fields))
+            out.releases.append(template.release(counter, value))
+    rng.shuffle(out.releases)  # the kinds interleaved, in whatever order
+    producer = AsyncProducer({"bootstrap.servers": kafka_bootstrap})
+    try:
+        KafkaSink(producer, s, lambda _n, _k: None, ()).send(out)
+        asyncio.run(producer.flush())
+    finally:
+        producer.close()
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": topic,
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    got: list[tuple[Any, ...]] = []
+    try:
+        consumer.subscribe([topic])
+        for _ in range(600):
+            if len(got) >= len(out.releases):
+                break
+            msg = consumer.poll(0.1)
+            if msg is not None and msg.error() is None:
+                got.append((msg.key(), msg.value(), msg.headers(), msg.timestamp()[1]))
+    finally:
+        consumer.close()
+    assert len(got) == len(out.releases) == 120
+    want = sorted(((r.key(), r.to_json(), r.headers(), r.timestamp_ms())
+                   for r in out.releases), key=repr)
+    assert sorted(got, key=repr) == want
+    # Every record twice: its Release's and its template's, byte for byte.
+    assert all(want[i] == want[i + 1] for i in range(0, len(want), 2))
