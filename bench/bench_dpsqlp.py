@@ -161,7 +161,7 @@ def in_process(s: Settings, key: NoiseKey, batches: Sequence[Sequence[Event]],
         store.write_many(txn.prepare())
         txn.complete()
         offsets[partition] += 1
-        rels.extend((r.counter, r.tick, r.value, r.kind) for r in out.releases)
+        rels.extend((r.counter, r.tick, r.value, r.kind) for r in out.decoded_releases())
         ledger.extend(orjson.loads(e.to_json()) for e in out.ledger)
 
     for batch, evs in enumerate(batches):

@@ -188,6 +188,15 @@ class _Discarding:
         return None
 
 
+class _Encoding(_Discarding):
+    """A Sink that makes of every release what the worker's sink hands its producer (key,
+    value, timestamp, headers: kafka.producer.KafkaSink), then drops it."""
+
+    def send(self, out: Output) -> None:
+        for r in out.releases:
+            (r.key(), r.to_json(), r.timestamp_ms(), r.headers())
+
+
 def memory(mech: str, ticks: int, counters: int, cache_size: int, idle_decoded: int,
            top: int) -> None:
     """Print what `counters` idle counters leave allocated per counter, the store's keys
@@ -230,14 +239,14 @@ def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int)
     worker's operator), the README's heartbeats (every 60 ticks, spread) and a checkpoint
     that is not full every 6 ticks, on a store that copies bytes as RocksDB does: markers
     through `warm` ticks first (creating the counters, and writing each once at the
-    deferral bound), then `ticks` more, timed. Releases go to a sink that keeps nothing
-    (no broker: their encoding and sending are not included)."""
+    deferral bound), then `ticks` more, timed. Releases go to a sink that encodes them as
+    the worker's does and keeps nothing (no broker: their sending is not included)."""
     start = 1_767_225_600
     names = {f"counter-{c:07d}": start * TICK for c in range(counters)}
     s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
                        epsilon=1.0, delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True)
     bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), idle_decoded=idle_decoded),
-                     CopyingStore(), _Discarding())
+                     CopyingStore(), _Encoding())
 
     async def run(first: int, last: int) -> None:
         for i in range(first, last):

@@ -27,8 +27,10 @@ Phases (each module's docstring is the exact specification of its figures):
   per --repeat, the order rotated: CPU per event total and marginal, ratio to 1 worker.
   With --kill-broker (on --cluster) one broker is SIGKILLed in the middle of each run's
   window and restarted --broker-down-s later; then nothing lost, and the replay identical.
-- idle: one worker with C declared counters and no input: CPU-s per second, RSS; then the
-  restore of that state on a fresh worker (empty state dir) timed to its readiness.
+- idle: one worker with C declared counters and no input: CPU-s per second, RSS, the
+  releases sent per second, once the worker has worked off the ticks sealed while it
+  created the counters; then the restore of that state on a fresh worker (empty state
+  dir) timed to its readiness.
 
 Clock: every time is a broker append time (all topics the bench creates, and the state
 changelog, use LogAppendTime), except the processor's end in phase throughput, which is the

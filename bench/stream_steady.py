@@ -71,11 +71,13 @@ identically.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import re
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -150,6 +152,9 @@ def start_marks(log: str, t0_ms: int) -> dict[str, float]:
 #: The pause after the assignment is stable, then the idle window (each at most a third of
 #: the measured window).
 SETTLE_S = 10.0
+#: The longest wait of phase idle for the worker to work off the ticks sealed while it
+#: created its counters (`SteadyRun.caught_up`); the window starts after it either way.
+CATCH_UP_MAX_S = 900.0
 IDLE_S = 15.0
 #: How often the load generator samples the workers' resident memory (its peak is reported).
 RSS_SAMPLE_S = 1.0
@@ -286,16 +291,60 @@ class SteadyRun:
         pids = self.pids
         c0 = [cpu_seconds(pid) for pid in pids]
         t0s = [thread_cpu(pid) for pid in pids]
+        m0 = self.worker_metrics()
         i0 = time.monotonic()
         time.sleep(idle_s)  # the idle measurement window itself
         idle = time.monotonic() - i0
+        m1 = self.worker_metrics()
         self.res["idle_s"] = idle
+        # The first worker's releases sent per second in the window, and the ticks it was
+        # behind at its ends (dpc_catchup_ticks_behind: a window that starts while the
+        # marker backlog of a long creation is worked off measures that, not idleness).
+        self.res["idle_releases_per_s"] = (
+            m1.get("dpc_releases_sent_total", 0.0) - m0.get("dpc_releases_sent_total", 0.0)
+        ) / idle
+        self.res["idle_behind"] = (m0.get("dpc_catchup_ticks_behind", math.nan),
+                                   m1.get("dpc_catchup_ticks_behind", math.nan))
         self.res["idle_cpu_per_s"] = [(cpu_seconds(pid) - a) / idle
                                       for a, pid in zip(c0, pids, strict=True)]
         self.res["idle_threads_per_s"] = [{k: v / idle for k, v in
                                            cpu_diff(a, thread_cpu(pid)).items()}
                                           for a, pid in zip(t0s, pids, strict=True)]
         self.res["idle_rss"] = [rss_bytes(pid) for pid in pids]
+
+    def worker_metrics(self) -> dict[str, float]:
+        """The first worker's unlabelled metrics (its /metrics page), by name; empty where
+        the page did not answer within 30 s (a worker busy catching up may not)."""
+        port = self.dep.settings.metrics_port
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
+                                        timeout=30) as got:
+                text = got.read().decode()
+        except OSError:
+            return {}
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if line and not line.startswith("#") and "{" not in name:
+                try:
+                    out[name] = float(value.split()[0])
+                except (ValueError, IndexError):
+                    continue
+        return out
+
+    def caught_up(self, timeout_s: float) -> float:
+        """Wait until the first worker has sealed every tick whose sealing time passed
+        (dpc_catchup_ticks_behind at most 1: between two markers); seconds waited. A first
+        start of many counters falls behind while it creates them (the ticks sealed
+        meanwhile come due at once), and works that backlog off at its full speed."""
+        def done() -> bool:
+            self.check_alive()
+            behind = self.worker_metrics().get("dpc_catchup_ticks_behind", math.nan)
+            return behind <= 1
+        try:
+            return wait_until(done, timeout_s, "the worker caught up", interval_s=1.0)
+        except TimeoutError:
+            return math.nan  # measured anyway: the report shows the ticks behind
 
     def load(self, rate: float, seconds: float, kill: BrokerKill | None = None) -> Produced:
         """A paced producer: `rate` events/s cycling over the counters, each stamped with
@@ -591,6 +640,9 @@ def idle_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, counters: int,
     run.res.update(workers=1, rate=0.0)
     try:
         run.create()
+        # The ticks sealed while it created the counters come due at once: the window
+        # measures idleness only once that backlog is worked off.
+        run.res["caught_up_s"] = run.caught_up(CATCH_UP_MAX_S)
         run.idle(SETTLE_S, seconds)
         run.res["assign_end"] = run.named_assignment()
         run.state_dirs()
@@ -854,6 +906,14 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
                  "per second (" + ", ".join(f"{g} {v:.3f}" for g, v in sorted(th.items()))
                  + f"); RSS {_mib(r['idle_rss'][0])}; load average "
                  f"{os.getloadavg()[0]:.2f} at the end")
+    if "caught_up_s" in r:
+        c = r["caught_up_s"]
+        lines.append("  caught up with the ticks sealed meanwhile " + (
+            f"{c:.1f} s after that" if c == c else f"NOT within {CATCH_UP_MAX_S:.0f} s"))
+    if "idle_releases_per_s" in r:
+        b0, b1 = r["idle_behind"]
+        lines.append(f"  releases sent in the window {r['idle_releases_per_s']:,.0f}/s; ticks "
+                     f"behind at its start {b0:.0f}, at its end {b1:.0f}")
     d = r["state"]["worker1"]
     lines.append(f"  RocksDB dir {_mib(d['sst'] + d['wal'] + d['other'])}")
     if "restore_s" in r or "restore_waited_s" in r:

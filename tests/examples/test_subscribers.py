@@ -61,8 +61,8 @@ def _releases(heartbeat_ticks: int) -> list[Release]:
                        heartbeat_spread=False, partitions=1)
     op, store = Operator(s, NoiseKey(bytes(range(32)))), DictStore()
     out = apply_now(op, store, 0, 0, encode_batch([Event("a", i, UNIT, 0, i) for i in range(300)]))
-    releases = list(out.releases)
-    releases += apply_now(op, store, 0, 1, encode_marker(399)).releases
+    releases = out.decoded_releases()
+    releases += apply_now(op, store, 0, 1, encode_marker(399)).decoded_releases()
     return releases
 
 

@@ -75,10 +75,11 @@ class Published:
         self.sent: list[Release] = []
 
     def send(self, out: Output) -> None:
-        self.sent.extend(out.releases)
+        releases = out.decoded_releases()
+        self.sent.extend(releases)
         for e in out.ledger:
             assert self.ledger.setdefault(e.counter, e) == e, "ledger entry changed"
-        for r in out.releases:
+        for r in releases:
             got = self.releases.setdefault((r.counter, r.tick), r)
             assert got == r, f"a second, different value for {(r.counter, r.tick)}"
             if got is r:

@@ -58,7 +58,7 @@ def run(s: Settings, key: NoiseKey = KEY, ticks: int = 100) -> list[Release]:
     for off, n in enumerate(range(ticks)):
         apply_now(op, store, 0, 2 * off, encode_batch([Event("a", n * TICK, UNIT, 0, off)]), out)
         apply_now(op, store, 0, 2 * off + 1, encode_marker(n), out)
-    return [r for r in out.releases if r.counter == "a"]
+    return [r for r in out.decoded_releases() if r.counter == "a"]
 
 
 def values(releases: list[Release]) -> list[float]:

@@ -193,7 +193,7 @@ def test_a_refused_parameter_change_halts_at_the_marker_never_at_an_event() -> N
     out = Output()
     apply_now(kept, store, 0, 10, encode_batch_rows([["a", 4 * TICK, UNIT, 0, 10]], "in"), out)
     apply_now(kept, store, 0, 11, encode_marker(4), out)
-    assert out.releases and {r.epsilon for r in out.releases} == {4.0}
+    assert out.releases and {r.epsilon for r in out.decoded_releases()} == {4.0}
 
 
 def test_replay_recomputes_the_migrated_entries() -> None:

@@ -195,7 +195,7 @@ class Run:
         out = apply_now(self.op, self.store, self.partition, self.offset, record)
         self.records.append(record)
         self.offset += 1
-        self.releases += out.releases
+        self.releases += out.decoded_releases()
         self.ledger += out.ledger
         for k, v in out.metrics.items():
             self.metrics[k] = self.metrics.get(k, 0) + v
@@ -437,7 +437,7 @@ def test_replaying_any_prefix_or_duplicate_changes_nothing() -> None:
         store = DictStore()
         rel: list[Release] = []
         for off in range(j):
-            rel += apply_now(op, store, 0, off, recs[off]).releases
+            rel += apply_now(op, store, 0, off, recs[off]).decoded_releases()
         # A duplicate of one record, then redelivery from i, with a cold operator cache.
         op = Operator(s, KEY, factory=StepFactory(2, 3))
         if j:
@@ -448,7 +448,7 @@ def test_replaying_any_prefix_or_duplicate_changes_nothing() -> None:
                 assert out.releases == [] and out.ledger == []
                 assert out.metrics["events_applied"] == 0
                 assert out.metrics["counters_touched"] == 0
-            rel += out.releases
+            rel += out.decoded_releases()
         assert store.data == clean_store.data
         assert rel == clean_rel
     # Control: re-applying the tail to a store that forgot offsets double-counts.
@@ -619,7 +619,7 @@ def test_a_changed_fingerprint_gets_a_ledger_entry_before_its_first_release() ->
                 assert out.ledger == []  # never at an event
                 out = nxt.marker(n)
                 ledger += out.ledger
-                assert unexplained(ledger, out.releases) == []
+                assert unexplained(ledger, out.decoded_releases()) == []
             releases += nxt.releases
             offset = nxt.offset
             ticks = range(ticks.stop, ticks.stop + 3)
@@ -909,7 +909,7 @@ def test_a_batch_record_is_applied_to_a_counter_at_most_once() -> None:
     out = apply_now(fresh, run.store, 0, 7, rec)
     assert out.metrics["events_applied"] == 0 and out.metrics["skipped_duplicates"] == 2
     out = apply_now(fresh, run.store, 0, 8, encode_marker(3))
-    assert [r.value for r in out.releases] == [1.0, 1.5]
+    assert [r.value for r in out.decoded_releases()] == [1.0, 1.5]
 
 
 class CountingFactory(StepFactory):
@@ -1217,11 +1217,11 @@ def test_catch_up_publishes_the_changes_and_only_the_last_heartbeats() -> None:
     beats = [r for r in out.releases if r.kind == "heartbeat"]
     assert 0 < len(beats) <= CATCHUP_HEARTBEAT_TICKS // 10 + 1
     assert min(r.tick for r in beats) > past - CATCHUP_HEARTBEAT_TICKS
-    changes = {r.tick: r.value for r in out.releases if r.kind == "change"}
+    changes = {r.tick: r.value for r in out.decoded_releases() if r.kind == "change"}
     stepped = Run(s, StepFactory(2, 3))
     total = 0
     for n in range(99, past, 100):
-        got = stepped.marker(n).releases
+        got = stepped.marker(n).decoded_releases()
         total += sum(r.kind == "heartbeat" for r in got)
         for r in got:  # the same changes, whatever the markers
             if r.kind == "change":

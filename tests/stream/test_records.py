@@ -362,7 +362,7 @@ def _operator_output() -> tuple[list[LedgerEntry], list[Release]]:
         for offset, record in enumerate((encode_batch(burst), encode_marker(400))):
             out = apply_now(op, store, 0, offset, record)
             ledger += out.ledger
-            releases += out.releases
+            releases += out.decoded_releases()
     return ledger, releases
 
 

@@ -91,9 +91,9 @@ class Held:
 
     def send(self, out: Output) -> None:
         if self.held:
-            self.pending.extend(out.releases)
+            self.pending.extend(out.decoded_releases())
         else:
-            self.sub.take(list(out.releases))
+            self.sub.take(out.decoded_releases())
 
     async def flush(self) -> None:
         return None

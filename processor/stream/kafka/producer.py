@@ -65,7 +65,8 @@ class AsyncProducer:
     `produce` never blocks (a full local queue is served by polling until it drains);
     `flush()` returns once every record produced before it was acknowledged, and raises
     DeliveryError if any of them failed since the last flush. `on_delivered(topic,
-    partition, offset)` is called (in the poll thread) for every acknowledged record.
+    partition, offset)` is called (in the poll thread) for every acknowledged record but
+    those of `produce_stamped`.
     """
 
     def __init__(self, conf: Mapping[str, str], *, on_delivered: OnDelivered | None = None,
@@ -142,9 +143,12 @@ class AsyncProducer:
         """`produce` of each (key, value, timestamp_ms, headers), in order, to the
         partitioner's choice, with what `produce` does per record done once per chunk of
         PRODUCE_CHUNK (an idle worker's marker round sends thousands of heartbeats, a
-        first start a ledger entry per counter)."""
+        first start a ledger entry per counter). Their deliveries are not reported to
+        `on_delivered` (the public topics: nobody tracks their offsets)."""
         client = self._producer
-        send, delivered = client.produce, self._delivered
+        # No `on_delivered` for these: it tracks where changelog writes landed (a
+        # million-counter worker sends 16,700 heartbeats a second this way).
+        send, delivered = client.produce, self._acked
         it = iter(records)
         while chunk := list(islice(it, PRODUCE_CHUNK)):
             with self._lock:
@@ -199,6 +203,11 @@ class AsyncProducer:
             topic = msg.topic()
             if offset is not None and partition is not None and topic is not None:
                 self._on_delivered(topic, partition, offset)
+        self._acked(err, msg)
+
+    def _acked(self, err: KafkaError | None, _msg: Message) -> None:
+        """The delivery report of a record whose offset nobody tracks (`produce_stamped`:
+        the public topics), and the accounting of every record."""
         with self._lock:
             self._in_flight -= 1
             if err is not None and self._failed is None:

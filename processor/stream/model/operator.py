@@ -98,6 +98,7 @@ from processor.stream.model.records import (
     EventRows,
     LedgerEntry,
     Release,
+    ReleaseTemplate,
     TimelineFormatError,
     TimelineMarker,
     decode_timeline_rows,
@@ -147,6 +148,10 @@ DEFAULT_CACHE_SIZE: Final = 1 << 18
 #: is bytes rather than kilobytes, and its next event decodes it again (docs/state.md).
 IDLE_DECODED: Final = 1 << 14
 
+#: The heartbeat templates an `IdleShape` keeps (one per local tick its counters beat at;
+#: with heartbeats spread, up to heartbeat_ticks of them are in use).
+HEARTBEAT_TEMPLATES: Final = 4096
+
 #: The metric names the operator's Output reports (aggregates only, never per counter).
 METRICS: Final = (
     "events_applied",
@@ -189,9 +194,11 @@ class IdleShape:
     parameters and t only: the Counter contract). `checked`: the provenance's parameter
     check passed for these parameters (it decides by the parameters alone; the name only
     goes into its error). `waiting`: keys of an open family not admitted yet, which
-    publish nothing (`_waiting`)."""
+    publish nothing (`_waiting`). `templates`: the heartbeats' `ReleaseTemplate` at each
+    local tick (`Operator._heartbeat_template`)."""
 
-    __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick", "waiting")
+    __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick",
+                 "templates", "waiting")
 
     def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str,
                  waiting: bool) -> None:
@@ -201,6 +208,7 @@ class IdleShape:
         self.start_tick = start_tick
         self.ledger_fingerprint = ledger_fingerprint
         self.checked = False
+        self.templates: dict[int, ReleaseTemplate] = {}
 
 
 #: `Operator._deferred`'s entry of a counter: (the tick its stored value is filed under,
@@ -840,11 +848,13 @@ class Operator:
         before = (c.t, c.y)
         aside = Output()
         dequeued = self._seal(name, cs, n, aside, None)
+        # `_seal` makes Release objects only (`_release`; no idle entry beats here).
+        sealed = aside.decoded_releases()
         out.metrics["events_dequeued"] += dequeued
         if adm.first is None:
             return not dequeued
         got = adm.gate(c, before,
-                       [(r.tick, r.value) for r in aside.releases if r.kind == "change"])
+                       [(r.tick, r.value) for r in sealed if r.kind == "change"])
         if got is None:
             return not dequeued
         a, y = got
@@ -853,7 +863,7 @@ class Operator:
         # The records after a, with the error bound each would have had (a function of
         # the counter's parameters and the tick only: `_error_bound`).
         out.releases += [replace(r, error_bound=self._error_bound(c, r.tick))
-                         for r in aside.releases if r.tick > a]
+                         for r in sealed if r.tick > a]
         return False
 
     def _stage_counter(self, txn: PartitionTransaction, partition: int, name: str,
@@ -1050,14 +1060,14 @@ class Operator:
             # Not for a key not admitted: a halt would reveal that it exists.
             self.provenance.check_parameters(name, rep)
             shape.checked = True
-        s = self.settings
-        tick_ms, beta = s.tick_ms, s.beta
-        for t, fingerprint in beats:
-            out.releases.append(Release(
-                counter=name, tick=t, tick_start_ms=(start + t - 1) * tick_ms,
-                tick_ms=tick_ms, value=y, kind="heartbeat", mechanism=rep.mechanism,
-                epsilon=rep.eps, delta=rep.delta, error_bound=self._bound_at(shape, t),
-                beta=beta, fingerprint=fingerprint))
+        # Every field of these heartbeats but counter and value is the shape's at t (the
+        # fingerprint is the shape's: checked above): encoded from its template.
+        templates = shape.templates
+        for t, _fingerprint in beats:
+            template = templates.get(t)
+            if template is None:
+                template = self._heartbeat_template(shape, t)
+            out.releases.append(template.release(name, y))
         wheel.file(name, due)
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
@@ -1107,6 +1117,22 @@ class Operator:
             return False
         txn.stage_encoded(self._counters, name, written)
         return True
+
+    def _heartbeat_template(self, shape: IdleShape, t: int) -> ReleaseTemplate:
+        """The template of the heartbeats of the counters of `shape` at their tick t: the
+        fields `_release` gives them, but counter and value (kept per shape, the newest
+        HEARTBEAT_TEMPLATES ticks: a marker beats many counters at few ticks)."""
+        s = self.settings
+        rep = shape.rep
+        templates = shape.templates
+        if len(templates) >= HEARTBEAT_TEMPLATES:
+            templates.clear()
+        template = templates[t] = ReleaseTemplate(
+            tick=t, tick_start_ms=(shape.start_tick + t - 1) * s.tick_ms,
+            tick_ms=s.tick_ms, kind="heartbeat", mechanism=rep.mechanism, epsilon=rep.eps,
+            delta=rep.delta, error_bound=self._bound_at(shape, t), beta=s.beta,
+            fingerprint=shape.ledger_fingerprint)
+        return template
 
     def _bound_at(self, shape: IdleShape, t: int) -> float:
         """`_error_bound` of a counter of `shape` at its tick t."""

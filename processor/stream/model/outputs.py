@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from processor.stream.model.records import LedgerEntry, Release
+from processor.stream.model.records import AnyRelease, EncodedRelease, LedgerEntry, Release
 
 #: The kinds of record an Output holds, in the order a sink sends them.
 RecordKind = Literal["ledger", "releases", "timeline", "deadletters"]
@@ -35,7 +35,9 @@ class Output:
     here sealed through (the operator's; None: no marker applied)."""
 
     ledger: list[LedgerEntry] = field(default_factory=list)
-    releases: list[Release] = field(default_factory=list)
+    #: Release objects, or their bytes alone (`EncodedRelease`: idle counters'
+    #: heartbeats, `Operator._beat_idle`); a sink sends either the same way.
+    releases: list[AnyRelease] = field(default_factory=list)
     timeline: list[tuple[int, bytes]] = field(default_factory=list)
     deadletters: list[bytes] = field(default_factory=list)
     metrics: collections.defaultdict[str, int] = field(default_factory=_counts)
@@ -44,6 +46,10 @@ class Output:
     def has_records(self) -> bool:
         """Whether it holds a record for any topic (what a sink is handed)."""
         return bool(self.ledger or self.releases or self.timeline or self.deadletters)
+
+    def decoded_releases(self) -> list[Release]:
+        """Its releases as Release objects (an `EncodedRelease` decoded), in order."""
+        return [r.decoded() if isinstance(r, EncodedRelease) else r for r in self.releases]
 
     def count(self, kind: RecordKind) -> int:
         """How many records of `kind` it holds."""
@@ -65,7 +71,8 @@ class Sink(Protocol):
 
 
 class CollectingSink:
-    """A Sink that keeps every record it is given, by kind (replay, tests, benchmarks)."""
+    """A Sink that keeps every record it is given, by kind (replay, tests, benchmarks),
+    releases as Release objects (an `EncodedRelease` decoded)."""
 
     def __init__(self) -> None:
         self.ledger: list[LedgerEntry] = []
@@ -75,7 +82,7 @@ class CollectingSink:
 
     def send(self, out: Output) -> None:
         self.ledger.extend(out.ledger)
-        self.releases.extend(out.releases)
+        self.releases.extend(out.decoded_releases())
         self.timeline.extend(out.timeline)
         self.deadletters.extend(out.deadletters)
 

@@ -195,6 +195,88 @@ class Release:
         return self.tick_start_ms + self.tick_ms
 
 
+class ReleaseTemplate:
+    """The JSON of the releases that differ only in counter and value: `Release.to_json`
+    of one whose counter and value are placeholders, cut at them. orjson writes a
+    dataclass as its fields' own JSON in declaration order, so a release's bytes are the
+    cut pieces with orjson.dumps of its counter and of its value between them
+    (`release`): Release.to_json stays the one rule of a release's bytes, and
+    tests/stream/test_release_template.py checks the two agree. An idle worker's marker
+    writes a heartbeat per idle counter this way (`Operator._beat_idle`), without a Release
+    object and its encoding per record (docs/state.md, idle counters)."""
+
+    __slots__ = ("_head", "_middle", "_tail", "headers", "kind", "tick", "timestamp")
+
+    def __init__(self, **fields: Any) -> None:
+        """`fields`: every field of a Release but counter and value (schema_version may be
+        left to its default)."""
+        probe = Release(counter=_COUNTER_SLOT, value=_VALUE_SLOT, **fields)  # type: ignore[arg-type]
+        raw = probe.to_json()
+        counter, value = orjson.dumps(_COUNTER_SLOT), orjson.dumps(_VALUE_SLOT)
+        if raw.count(counter) != 1 or raw.count(value) != 1:
+            raise ValueError("a release field holds a template's placeholder")
+        head, rest = raw.split(counter)
+        middle, tail = rest.split(value)
+        self._head, self._middle, self._tail = head, middle, tail
+        self.tick: int = probe.tick
+        self.kind: Literal["change", "heartbeat"] = probe.kind
+        self.timestamp: int = probe.timestamp_ms()
+        self.headers: Headers = probe.headers()
+
+    def release(self, counter: str, value: float) -> EncodedRelease:
+        """The release of `counter` with `value` and this template's other fields."""
+        return EncodedRelease(counter, self, b"".join((
+            self._head, _dumps(counter), self._middle, _dumps(value), self._tail)))
+
+
+#: The placeholders of a template's counter and value: no other field of a release holds
+#: them (mechanism names, hex fingerprints; checked where a template is made).
+_COUNTER_SLOT: Final = "\x00release-template:counter\x00"
+_VALUE_SLOT: Final = "\x00release-template:value\x00"
+#: One field's JSON as orjson writes it inside a dataclass (tests swap it for controls).
+_dumps: Callable[[Any], bytes] = orjson.dumps
+
+
+class EncodedRelease:
+    """A release held as the bytes it is published as (`ReleaseTemplate.release`): what a
+    sink sends of a Release (key, value, headers, timestamp), without the object.
+    `decoded()` is the Release itself (what a CollectingSink keeps)."""
+
+    __slots__ = ("_json", "_template", "counter")
+
+    def __init__(self, counter: str, template: ReleaseTemplate, raw: bytes) -> None:
+        self.counter = counter
+        self._template = template
+        self._json = raw
+
+    @property
+    def tick(self) -> int:
+        return self._template.tick
+
+    @property
+    def kind(self) -> Literal["change", "heartbeat"]:
+        return self._template.kind
+
+    def key(self) -> bytes:
+        return self.counter.encode("utf-8")
+
+    def to_json(self) -> bytes:
+        return self._json
+
+    def headers(self) -> Headers:
+        return list(self._template.headers)
+
+    def timestamp_ms(self) -> int:
+        return self._template.timestamp
+
+    def decoded(self) -> Release:
+        return Release(**orjson.loads(self._json))
+
+
+#: A release as a stage's Output holds it.
+AnyRelease = Release | EncodedRelease
+
+
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:
     """The privacy ledger record of one counter, written by the marker that creates its
