@@ -99,12 +99,9 @@ class OpenKeyReport:
 
 def implied_inputs(settings: Settings, starts: Mapping[str, int],
                    timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
-                   committed: Mapping[int, int] | None = None,
                    ) -> dict[str, list[float | None]]:
     """Per counter of `starts` (name -> start tick) with events, x_1, x_2, ... through its
-    partition's last marker (None: ⊥), from the timeline alone; with `committed`
-    (partition -> the operator's committed offset), from the records below it only:
-    what the operator applied, whatever ingest wrote after its last checkpoint."""
+    partition's last marker (None: ⊥), from the timeline alone."""
     arrivals: dict[str, dict[int, list[int]]] = {}
     final: dict[int, int] = {}
     for p, recs in timeline.items():
@@ -112,10 +109,7 @@ def implied_inputs(settings: Settings, starts: Mapping[str, int],
         # Per counter and input partition: a zombie ingest may write older offsets late,
         # and an event is a re-sent copy only if its own counter had its offset.
         seen: dict[tuple[str, int], int] = {}
-        end = None if committed is None else committed.get(p, 0)
         for r in sorted(recs, key=lambda r: r.offset):
-            if end is not None and r.offset >= end:
-                break
             rec = decode_timeline(r.value or b"")
             if isinstance(rec, TimelineMarker):
                 frontier = max(frontier, rec.sealed_through)
@@ -226,6 +220,22 @@ def check_kept(units: Mapping[int, Sequence[kafka_io.KafkaRecord]],
     return len(kept), violations
 
 
+def committed_frontiers(timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
+                        committed: Mapping[int, int]) -> dict[int, int]:
+    """Per timeline partition, the last tick a marker below the operator's committed
+    offset sealed (-1: none): every record through it was applied and published."""
+    out: dict[int, int] = {}
+    for p, recs in timeline.items():
+        frontier = -1
+        for r in recs:
+            if r.offset < committed.get(p, 0):
+                rec = decode_timeline(r.value or b"")
+                if isinstance(rec, TimelineMarker):
+                    frontier = max(frontier, rec.sealed_through)
+        out[p] = frontier
+    return out
+
+
 def check_open_keys(settings: Settings, key: NoiseKey,
                     timeline: Mapping[int, Sequence[kafka_io.KafkaRecord]],
                     releases: Sequence[Mapping[str, Any]],
@@ -236,7 +246,10 @@ def check_open_keys(settings: Settings, key: NoiseKey,
     input implied by the timeline (module docstring). `releases`/`ledger`: the decoded
     public records (a worker stopped cleanly after draining: everything is due).
     `units`: the units topic, in user mode (its kept set checked first). `committed`:
-    the operator's committed timeline offsets (`implied_inputs`; default: all of it)."""
+    the operator's committed timeline offsets (default: the whole timeline). Records
+    through a partition's committed frontier (`committed_frontiers`) must all be
+    published; past it (applied and sent, not committed when the worker stopped, or
+    never applied) each published record must still be the recomputation's."""
     report = OpenKeyReport()
     # A family's record (written at start, public configuration) names no counter.
     ledger = [e for e in ledger if e.get("entry") != "family"]
@@ -251,8 +264,8 @@ def check_open_keys(settings: Settings, key: NoiseKey,
             rec = decode_timeline(r.value or b"")
             if isinstance(rec, TimelineBatch):
                 names.update(e.counter for e in rec.events if e.counter.startswith(FAMILY + "["))
-    inputs = implied_inputs(settings, dict.fromkeys(names, start_tick), timeline,
-                            committed)
+    inputs = implied_inputs(settings, dict.fromkeys(names, start_tick), timeline)
+    frontiers = None if committed is None else committed_frontiers(timeline, committed)
     report.keys_seen = len(inputs)
     published = {str(r["counter"]) for r in releases} | {str(e["counter"]) for e in ledger}
     for stray in sorted(published - inputs.keys() - set(settings.counters)):
@@ -268,12 +281,20 @@ def check_open_keys(settings: Settings, key: NoiseKey,
             continue
         report.keys_admitted += 1
         a, y = admitted
-        if not mine or (mine[0]["tick"], mine[0]["value"], mine[0]["kind"]) != (a, y, "change"):
+        # The last local tick every record of which must be published.
+        horizon = (len(xs) if frontiers is None else
+                   frontiers.get(partition_for(name, settings.partitions), -1)
+                   - start_tick + 1)
+        if not mine:
+            if a <= horizon or entries:
+                report.violations.append(f"{name!r}: admitted at {a}, not published")
+            continue
+        if (mine[0]["tick"], mine[0]["value"], mine[0]["kind"]) != (a, y, "change"):
             report.violations.append(f"{name!r}: its first record is not its admission "
                                      f"({a}, {y})")
-        got = sorted({(r["tick"], r["value"]) for r in mine if r["kind"] == "change"
-                      and r["tick"] > a})
-        if got != changes:
+        got = {(r["tick"], r["value"]) for r in mine if r["kind"] == "change"
+               and r["tick"] > a}
+        if not got <= set(changes) or not {c for c in changes if c[0] <= horizon} <= got:
             report.violations.append(f"{name!r}: its changes after admission are not its "
                                      "counter's")
         if sorted({(e["since_tick"], e["entry"]) for e in entries}) != [(a, "created")]:
@@ -390,8 +411,9 @@ def open_key_phase(bootstrap: str, parent: Path, rng: random.Random, *, seconds:
                   kafka_io.iter_topic(dep.conf, dep.topics.ledger)]
         units = (kafka_io.read_topic(dep.conf, units_topic(dep.settings)) if user
                  else None)
-        # The operator's last clean stop committed what it applied; ingest may have
-        # sealed more ticks meanwhile, which nobody applied (nor published).
+        # What the operator committed was applied and published; past it, ingest may
+        # have sealed ticks nobody applied, or the operator sent records of a marker its
+        # last checkpoint did not cover (a re-applying owner re-sends the same).
         committed = kafka_io.committed_offsets(dep.conf, dep.settings.app_id,
                                                dep.topics.timeline)
         report = check_open_keys(dep.settings, dep.key, timeline, dep.releases(), ledger,

@@ -100,23 +100,41 @@ def test_the_user_mode_checker_catches_each_broken_stage() -> None:
 
 
 def test_the_checker_judges_what_the_operator_committed() -> None:
-    """A clean stop commits what the operator applied while ingest may have sealed more
-    ticks: the checker given the operator's committed offset judges the records below it
-    (no violation), and the same records judged against the whole timeline are short of
-    the heavy key's later changes (the control: caught)."""
+    """A clean stop leaves the timeline past the operator's committed offset: ticks
+    ingest sealed that nobody applied, or a marker the operator applied and published
+    but its last checkpoint did not cover (the next owner re-sends the same records).
+    Given the committed offset, the checker requires every record through the committed
+    frontier and accepts, past it, only the recomputation's records: the prefix run and
+    the whole run both pass. Controls, caught: the prefix run judged against the whole
+    timeline (changes missing), and the whole run with one change past the frontier
+    forged."""
     s = user_settings()
     log = _units_log(s)
-    timeline, _, _, _ = _pipeline(s, log=log)
+    timeline, _, whole_run, _ = _pipeline(s, log=log)
     cut = 600
     applied, _, run, _ = _pipeline(s, log=log[:cut])
     assert timeline[:len(applied)] == applied
     # The bounding stage forwarded everything (the drain waits for it); the operator
-    # applied the first `cut` ticks.
+    # committed the first `cut` ticks.
     units = {0: [KafkaRecord("u", p, off, None, raw, (), 0) for p, off, raw in log]}
-    args = (s, KEY, _records("t", timeline), [orjson.loads(r.to_json()) for r in run.releases],
-            [orjson.loads(e.to_json()) for e in run.ledger], units)
-    judged = check_open_keys(*args, committed={0: len(applied)})
-    assert judged.ok and judged.keys_admitted == 1, judged.violations
-    whole = check_open_keys(*args)
+
+    def judge(r: Any, committed: dict[int, int] | None,
+              forge: bool = False) -> Any:
+        releases = [orjson.loads(x.to_json()) for x in r.releases]
+        if forge:
+            last = max((x for x in releases if x["counter"] == HEAVY
+                        and x["kind"] == "change"), key=lambda x: x["tick"])
+            last["value"] += 1.0
+        return check_open_keys(s, KEY, _records("t", timeline), releases,
+                               [orjson.loads(e.to_json()) for e in r.ledger], units,
+                               committed=committed)
+
+    for r in (run, whole_run):
+        judged = judge(r, {0: len(applied)})
+        assert judged.ok and judged.keys_admitted == 1, judged.violations
+    whole = judge(run, None)
     assert any(HEAVY in v and "changes after admission" in v for v in whole.violations), (
         whole.violations)
+    forged = judge(whole_run, {0: len(applied)}, forge=True)
+    assert any(HEAVY in v and "changes after admission" in v for v in forged.violations), (
+        forged.violations)
