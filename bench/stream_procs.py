@@ -193,9 +193,9 @@ def pcts(xs: Sequence[float]) -> tuple[float, float, float]:
     return (s[len(s) // 2], s[min(len(s) - 1, int(0.95 * len(s)))], s[-1])
 
 
-def scrape_counter(port: int, name: str, timeout_s: float = 5.0) -> float | None:
-    """The value of the metric `name` on the Prometheus endpoint 127.0.0.1:port/metrics
-    (None: not served yet, or not there)."""
+def scrape_metrics(port: int, timeout_s: float = 5.0) -> dict[str, float]:
+    """The samples on the Prometheus endpoint 127.0.0.1:port/metrics, by series (a name,
+    with its labels if it has any; empty: the page did not answer within `timeout_s`)."""
     import urllib.request
 
     try:
@@ -203,8 +203,19 @@ def scrape_counter(port: int, name: str, timeout_s: float = 5.0) -> float | None
                                     timeout=timeout_s) as resp:
             text = resp.read().decode()
     except OSError:
-        return None
+        return {}
+    out: dict[str, float] = {}
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    return None
+        name, _, value = line.partition(" ")
+        if line and not line.startswith("#"):
+            try:
+                out[name] = float(value.split()[0])
+            except (ValueError, IndexError):
+                continue
+    return out
+
+
+def scrape_counter(port: int, name: str, timeout_s: float = 5.0) -> float | None:
+    """The value of the metric `name` on the Prometheus endpoint 127.0.0.1:port/metrics
+    (None: not served yet, or not there)."""
+    return scrape_metrics(port, timeout_s).get(name)

@@ -77,7 +77,6 @@ import random
 import re
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -107,6 +106,7 @@ from stream_procs import (
     partition_dbs,
     pcts,
     rss_bytes,
+    scrape_metrics,
     thread_cpu,
 )
 from stream_timeline import TimelineView, wait_accounted
@@ -313,24 +313,9 @@ class SteadyRun:
         self.res["idle_rss"] = [rss_bytes(pid) for pid in pids]
 
     def worker_metrics(self) -> dict[str, float]:
-        """The first worker's unlabelled metrics (its /metrics page), by name; empty where
-        the page did not answer within 30 s (a worker busy catching up may not)."""
-        port = self.dep.settings.metrics_port
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics",
-                                        timeout=30) as got:
-                text = got.read().decode()
-        except OSError:
-            return {}
-        out: dict[str, float] = {}
-        for line in text.splitlines():
-            name, _, value = line.partition(" ")
-            if line and not line.startswith("#") and "{" not in name:
-                try:
-                    out[name] = float(value.split()[0])
-                except (ValueError, IndexError):
-                    continue
-        return out
+        """The first worker's metrics (its /metrics page), by series; empty where the page
+        did not answer within 30 s (a worker busy catching up may not)."""
+        return scrape_metrics(self.dep.settings.metrics_port, timeout_s=30)
 
     def caught_up(self, timeout_s: float) -> float:
         """Wait until the first worker has sealed every tick whose sealing time passed
