@@ -63,6 +63,25 @@ def _event(tp: TP, offset: int) -> Any:
     return SimpleNamespace(message=SimpleNamespace(tp=tp, offset=offset))
 
 
+def _recovery(cls: type[Recovery], active_offset: int, standby_offset: int,
+              **app_fields: Any) -> tuple[Recovery, _Tables, _Table]:
+    """A recovery loop of `cls` over one table with an active partition (highwater 6)
+    and a standby one (highwater 9), at the offsets given as already taken."""
+    app = SimpleNamespace(conf=SimpleNamespace(stream_recovery_delay=0.0),
+                          in_transaction=False, in_recovery=False, **app_fields)
+    tables = _Tables()
+    table = _Table()
+    rec = cls(app, tables)  # type: ignore[arg-type]
+    rec.active_tps.add(ACTIVE)
+    rec.standby_tps.add(STANDBY)
+    rec.tp_to_table[ACTIVE] = rec.tp_to_table[STANDBY] = table  # type: ignore[assignment]
+    rec.active_offsets[ACTIVE] = active_offset
+    rec.standby_offsets[STANDBY] = standby_offset
+    rec.active_highwaters[ACTIVE] = 6
+    rec.standby_highwaters[STANDBY] = 9
+    return rec, tables, table
+
+
 async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int
                ) -> dict[str, Any]:
     taken: dict[str, int] = {}
@@ -70,19 +89,8 @@ async def _run(cls: type[Recovery], records: list[tuple[TP, int]], chunk: int
     def changelog_taken(copy: str, n: int) -> None:
         taken[copy] = taken.get(copy, 0) + n
 
-    app = SimpleNamespace(conf=SimpleNamespace(stream_recovery_delay=0.0),
-                          in_transaction=False, in_recovery=False,
-                          changelog_taken=changelog_taken)
-    tables = _Tables()
-    table = _Table()
-    rec = cls(app, tables)  # type: ignore[arg-type]
-    rec.active_tps.add(ACTIVE)
-    rec.standby_tps.add(STANDBY)
-    rec.tp_to_table[ACTIVE] = rec.tp_to_table[STANDBY] = table  # type: ignore[assignment]
-    rec.active_offsets[ACTIVE] = 1  # persisted: records 0 and 1 are in the database
-    rec.standby_offsets[STANDBY] = -1
-    rec.active_highwaters[ACTIVE] = 6
-    rec.standby_highwaters[STANDBY] = 9
+    # persisted: records 0 and 1 of the active partition are in the database
+    rec, tables, table = _recovery(cls, 1, -1, changelog_taken=changelog_taken)
     rec._set_recovery_started()  # as Faust's recovery does before it reads
     ends = _CountingEvent()
     rec._signal_recovery_end = ends
@@ -164,18 +172,7 @@ def _same(faust_run: dict[str, Any], ours: dict[str, Any],
 async def _after_the_end(cls: type[Recovery]) -> tuple[list[tuple[TP, int]], dict[str, Any]]:
     """Records queued after the active recovery ended (a fetch under way when Recovery
     paused the partition): one of the active partition, one of the standby."""
-    app = SimpleNamespace(conf=SimpleNamespace(stream_recovery_delay=0.0),
-                          in_transaction=False, in_recovery=False)
-    tables = _Tables()
-    table = _Table()
-    rec = cls(app, tables)  # type: ignore[arg-type]
-    rec.active_tps.add(ACTIVE)
-    rec.standby_tps.add(STANDBY)
-    rec.tp_to_table[ACTIVE] = rec.tp_to_table[STANDBY] = table  # type: ignore[assignment]
-    rec.active_offsets[ACTIVE] = 6
-    rec.standby_offsets[STANDBY] = 3
-    rec.active_highwaters[ACTIVE] = 6
-    rec.standby_highwaters[STANDBY] = 9
+    rec, tables, table = _recovery(cls, 6, 3)
     rec._set_recovery_ended()
     loop = asyncio.ensure_future(type(rec)._slurp_changelogs.fun(rec))
     for event in (_event(ACTIVE, 7), _event(STANDBY, 4)):
