@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import hashlib
 import itertools
 import json
 import math
@@ -64,7 +63,7 @@ ROOT = BENCH.parent
 sys.path[:0] = [str(BENCH), str(ROOT)]
 
 from processor.core.grid import UNIT  # noqa: E402
-from processor.core.rng import NoiseKey  # noqa: E402
+from processor.core.rng import NoiseKey, seed_secret  # noqa: E402
 from processor.stream.model.bounding import (  # noqa: E402
     Bounder,
     encode_units,
@@ -253,11 +252,6 @@ class EndToEnd:
     ledger: list[dict[str, Any]]
     dead_letters: int
     last: int
-
-
-def seed_secret(seed: int) -> bytes:
-    """The secret of `NoiseKey.from_seed(seed)` (checked against it by key id below)."""
-    return hashlib.sha256(b"dp-stream-counts/seed/" + str(int(seed)).encode()).digest()
 
 
 def end_to_end(seed: int, keys: int, zipf: float, users_per_batch: int,

@@ -88,8 +88,7 @@ class NoiseKey:
     @classmethod
     def from_seed(cls, seed: int) -> NoiseKey:
         """A public, reproducible key for tests and experiments. Not for production releases."""
-        return cls(hashlib.sha256(b"dp-stream-counts/seed/" + str(int(seed)).encode()).digest(),
-                   reproducible=True)
+        return cls(seed_secret(seed), reproducible=True)
 
     @staticmethod
     def generate() -> bytes:
@@ -113,6 +112,12 @@ class NoiseKey:
         return "NoiseKey(<secret>)"
 
     __str__ = __repr__
+
+
+def seed_secret(seed: int) -> bytes:
+    """The secret of `NoiseKey.from_seed(seed)`, public: for a test or an experiment that
+    writes that key to a key file (a deployment of its own keyed as the seed's)."""
+    return hashlib.sha256(b"dp-stream-counts/seed/" + str(int(seed)).encode()).digest()
 
 
 def _decode_key(data: bytes, key_format: str, what: str) -> bytes:
