@@ -75,6 +75,7 @@ from processor.stream.model.restore import (
 )
 from processor.stream.model.state import UNIT_MAGIC, stored_offset
 from processor.stream.worker.table import REWRITE_ROUNDS
+from tests.stream.test_restore_model import Db
 
 TP = 0
 PART = b"part"
@@ -155,19 +156,6 @@ class Timeline:
                 break
             best = o
         return best
-
-
-@dataclass
-class Db:
-    values: dict[bytes, bytes] = field(default_factory=dict)
-    persisted: int | None = None
-
-    def write(self, writes: dict[bytes, bytes | None]) -> None:
-        for key, value in writes.items():
-            if value is None:
-                self.values.pop(key, None)
-            else:
-                self.values[key] = value
 
 
 @dataclass
@@ -310,7 +298,7 @@ class Model:
         writes, stale = self.merge(((k, v) for _o, k, v in w.buffer), w.db.values.get)
         w.stale.difference_update(writes)
         w.stale.update(stale)
-        w.db.write(writes)
+        w.db.apply(writes)
         self.set_persisted(w, max(o for o, _k, _v in w.buffer), "a changelog apply")
         w.buffer = []
 
@@ -469,7 +457,7 @@ class Model:
         w.load_pos = stop
         got = w.load.take(records, w.db.values.get)
         if got is not None:  # one write batch: values and offset together
-            w.db.write(got.writes)
+            w.db.apply(got.writes)
             self.set_persisted(w, got.through, "a bulk load batch")
         if w.load_pos >= span.end:
             self.joined(w)
