@@ -15,7 +15,7 @@ import hashlib
 import random
 from collections import Counter as Counter_
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Self
 
 import orjson
@@ -1111,6 +1111,59 @@ def test_a_running_worker_refuses_what_another_worker_announced_after_its_start(
     unchecked.learn_announced(since)
     assert _commit_markers(unchecked, DictStore(), [(7, 6)]).ledger
 
+
+
+def test_a_creation_the_ledger_learnt_after_it_contradicts_is_refused_before_publishing(
+        ) -> None:
+    """The worker's check right before a creating batch is published (BatchCommit.vet,
+    app.OperatorStage.vet): a worker that took a partition over without a and b's state
+    creates them before its read of the ledger learnt another worker's creation of them
+    (an assignment's read that lost the race with the first batch, or a creation that
+    landed after every read). The check learns it then, and refuses: nothing published,
+    nothing written. The operator's own creations are not the ledger's word: had they
+    been merged into what it learnt (the rule before), the check would have passed.
+    Controls: the same batch without the check publishes the second creation; the very
+    creation re-executed passes the check."""
+    s = settings({"a": 2 * TICK, "b": 2 * TICK}, heartbeat_ticks=2)
+    first = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced={}),
+                            DictStore(), [(0, 3), (1, 5)])
+    since = announced_in(ledger_objects(e.to_json() for e in first.ledger))
+
+    def vetting(op: Operator, checked: list[list[str]]) -> Callable[[Output], Awaitable[None]]:
+        async def vet(out: Output) -> None:
+            checked.append([e.counter for e in out.ledger])
+            op.learn_announced(since)  # the ledger read on: first's entries are there now
+            op.check_ledger(out.ledger)
+        return vet
+
+    op = Operator(s, KEY, factory=StepFactory(2, 3), announced={})
+    checked: list[list[str]] = []
+    store, pub = DictStore(), CollectingSink()
+    bc = BatchCommit(op, store, pub, vet=vetting(op, checked))
+    with pytest.raises(AnnouncedCounterError) as err:
+        asyncio.run(bc.commit(0, [(7, encode_marker(6))]))
+    assert err.value.counter == "a" and checked == [["a", "b"]]
+    assert pub.ledger == [] and pub.releases == [] and store.data == {}
+
+    # Control: without the check, the second creation is published.
+    blind = _commit_markers(Operator(s, KEY, factory=StepFactory(2, 3), announced={}),
+                            DictStore(), [(7, 6)])
+    assert {e.counter for e in blind.ledger} == {"a", "b"}
+    assert {e.creation for e in blind.ledger}.isdisjoint(since["a"] | since["b"])
+    # Control: the very creation re-executed (same marker, same stored state) passes.
+    again = Operator(s, KEY, factory=StepFactory(2, 3), announced={})
+    pub2 = CollectingSink()
+    bc2 = BatchCommit(again, DictStore(), pub2, vet=vetting(again, []))
+    for off, n in [(0, 3), (1, 5)]:
+        asyncio.run(bc2.commit(0, [(off, encode_marker(n))]))
+    assert pub2.ledger == first.ledger and pub2.releases == first.releases
+    # A batch without ledger entries is not handed to the check.
+    quiet: list[list[str]] = []
+    bc3 = BatchCommit(Operator(s, KEY, factory=StepFactory(2, 3), announced=since),
+                      DictStore(), CollectingSink())
+    bc3.vet = vetting(bc3.operator, quiet)
+    asyncio.run(bc3.commit(0, [(0, encode_marker(1))]))
+    assert quiet == []
 
 def _first_life(s: Settings) -> tuple[DictStore, list[Release]]:
     """Counter a created, announced and sealed through tick 4 under `s`."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Protocol
 
@@ -227,16 +227,25 @@ class BatchCommit(CheckpointLoop):
     identical noise (identical records: idempotent by (counter, tick)); inside 2 or 3
     onto values that skip what they reflect already (their offset), so nothing is lost
     or counted twice; a failure fails the transactions and forgets every decoded value.
-    `commit(partition, records)` is apply and checkpoint in one.
+    `commit(partition, records)` is apply and checkpoint in one. A batch that holds
+    ledger entries is first handed to `vet` (the worker's: it reads the ledger on and
+    refuses a creation the ledger announced under another), which raises to keep all of
+    it from being published.
     """
 
     def __init__(self, operator: Operator, stores: Stores, sink: Sink,
                  crash_point: Callable[[str], None] | None = None,
-                 fence: Callable[[], None] | None = None, offload: bool = False) -> None:
+                 fence: Callable[[], None] | None = None, offload: bool = False,
+                 vet: Callable[[Output], Awaitable[None]] | None = None) -> None:
         # offload: a batch with a marker (it may create or seal thousands of counters)
         # and a checkpoint's encoding and writes run in a thread.
         super().__init__(stores, sink, crash_point, fence, offload)
         self.operator = operator
+        #: Awaited with a batch's Output before it is sent when it holds ledger entries
+        #: (None: nothing to check). It raises to keep the batch from being published:
+        #: the worker reads the ledger on and refuses a creation it announced under
+        #: another (`Operator.check_ledger`; docs/state.md).
+        self.vet = vet
         #: Partition -> the newest tick a marker applied here sealed (what `_heavy` counts
         #: the ticks of the next marker from); emptied by `forget`.
         self._sealed: dict[int, int] = {}
@@ -256,6 +265,8 @@ class BatchCommit(CheckpointLoop):
                 await asyncio.to_thread(self._apply_all, txn, partition, records, stamps, out)
             else:
                 self._apply_all(txn, partition, records, stamps, out)
+            if out.ledger and self.vet is not None:
+                await self.vet(out)
             self.send(out)
         if out.sealed_through is not None:
             self._sealed[partition] = max(out.sealed_through,

@@ -47,11 +47,14 @@ one definition) and its name; replay answers from the ledger. Its ledger entry n
 key (`key_id`) and this creation (`creation`: `identity.creation_tag`, from markers
 only). Given what the ledger announced (`announced`), the operator refuses to make a
 counter a second time under another creation (AnnouncedCounterError): its ticks were
-published already. A counter restored from state keeps its mechanism, epsilon and delta;
-when they differ from the settings the operator refuses (ParameterChangeError,
-`ConfiguredProvenance.check_parameters`, the one place) unless on_parameter_change =
-"keep": at start for every counter the ledger announced (`app.ledger_at_start`), else at
-the marker that touches it, never at an event (the halt's time would reveal the event).
+published already. The worker reads the ledger on before it publishes a batch that
+creates counters and checks the batch against it (`check_ledger`): what the ledger says
+is kept apart from the operator's own creations. A counter restored from state keeps
+its mechanism, epsilon and delta; when they differ from the settings the operator
+refuses (ParameterChangeError, `ConfiguredProvenance.check_parameters`, the one place)
+unless on_parameter_change = "keep": at start for every counter the ledger announced
+(`app.ledger_at_start`), else at the marker that touches it, never at an event (the
+halt's time would reveal the event).
 The state is bound to the noise key: the partition and counter values carry the key's
 public fingerprint, and a key that is not the stored one is refused
 (KeyMismatchError, `_check_key`, the one place) before anything of the record is
@@ -79,7 +82,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import replace
 from typing import Final, Literal
 
@@ -317,9 +320,12 @@ class Operator:
         self.key = key
         self.key_id = key_fingerprint(key)
         # The caller's collections of tags as they are (frozen: a set copied per counter
-        # costs about 200 bytes a counter, and the worker keeps the ledger's).
+        # costs about 200 bytes a counter, and the worker keeps the ledger's). What the
+        # ledger says only: the creations this operator made itself are in `_made`, so
+        # that `check_ledger` compares a creation with the ledger alone.
         self._announced: dict[str, Collection[str]] | None = (
             None if announced is None else dict(announced))
+        self._made: dict[str, str] = {}
         self.factory: CounterFactory = (
             factory if factory is not None else CalibratedRegistry(settings.calibration))
         self.provenance: Provenance = (
@@ -1173,20 +1179,45 @@ class Operator:
 
     def learn_announced(self, announced: Mapping[str, Collection[str]]) -> None:
         """Add what the ledger announced since the start's read (counter -> creation tags;
-        the worker's `LedgerTail`, at each assignment): another worker's creations then
+        the worker's `LedgerTail`, at each assignment and before a creating batch is
+        published, then `check_ledger`): another worker's creations then
         count as the start's do, so a partition taken over without a counter's state
         halts at its creation (AnnouncedCounterError) instead of announcing it again
-        under another tag. The same rule a restart would apply to the same ledger. No-op
-        without a ledger to check against (replay, tests)."""
+        under another tag. The same rule a restart would apply to the same ledger. The
+        operator's own creations read back (`_made` has them) add nothing: a first start
+        that creates a million counters does not hold their tags twice. No-op without a
+        ledger to check against (replay, tests)."""
         known = self._announced
         if known is None:
             return
+        made = self._made
         for name, tags in announced.items():
             seen = known.get(name)
             if seen is None:
+                mine = made.get(name)
+                if mine is not None and len(tags) == 1 and mine in tags:
+                    continue
                 known[name] = frozenset(tags)
             elif not set(tags) <= set(seen):
                 known[name] = frozenset(seen) | frozenset(tags)
+
+    def check_ledger(self, entries: Iterable[LedgerEntry]) -> None:
+        """Raise AnnouncedCounterError for the first "created" entry of `entries` (a
+        batch's, not yet published) whose counter the ledger, as learnt so far (at start
+        and by `learn_announced`), announced under other creations only. The worker calls
+        it right after reading the ledger on, before it publishes a batch that creates
+        counters: a creation another process published after this one's last read is
+        then refused as a restart would refuse it (docs/state.md, "A creation is
+        published at most once"). No-op without a ledger (replay, tests)."""
+        known = self._announced
+        if known is None:
+            return
+        for e in entries:
+            if e.entry != "created":
+                continue
+            seen = known.get(e.counter)
+            if seen is not None and e.creation not in seen:
+                raise AnnouncedCounterError(e.counter)
 
     def _announce(self, name: str, cs: CounterState, n: int, frontier: int,
                   out: Output, since_tick: int = 1) -> None:
@@ -1197,10 +1228,11 @@ class Operator:
         tag = creation_tag(self.provenance.creation_identity(name), name, n, frontier)
         if self._announced is not None:
             seen = self._announced.get(name)
-            if seen is not None and tag not in seen:
+            made = self._made.get(name)
+            if (seen is not None and tag not in seen) or (made is not None and made != tag):
                 raise AnnouncedCounterError(name)
-            if seen is None:
-                self._announced[name] = (tag,)
+            if seen is None and made is None:
+                self._made[name] = tag
         cs.creation = tag
         out.ledger.append(self._ledger_entry(name, cs, "created", since_tick))
         cs.announced = True

@@ -260,7 +260,8 @@ class OperatorStage(StageShell[BatchCommit, Output]):
                            KafkaSink(w.producer, w.settings, w.metrics.add,
                                      (("releases", "releases_sent"),
                                       ("ledger", "ledger_entries_sent"))),
-                           crash_point=self._crash_point, fence=w.fence.check, offload=True)
+                           crash_point=self._crash_point, fence=w.fence.check, offload=True,
+                           vet=self.vet)
 
     async def apply(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord],
                     records: list[tuple[int, bytes]]) -> Output | None:
@@ -273,6 +274,23 @@ class OperatorStage(StageShell[BatchCommit, Output]):
         if not records:
             return None
         return await self.commit.apply(msg.partition, records, stamps)
+
+    async def vet(self, out: Output) -> None:
+        """Before a batch that creates counters is published (BatchCommit.vet, under the
+        lock): read the ledger on, and refuse (AnnouncedCounterError, raised before
+        anything of the batch is sent) a creation the ledger announced under another.
+        What the start and the assignments read may be behind: another process's
+        creation can land after them (docs/state.md, "A creation is published at most
+        once"). A read that fails fails the batch (the worker stops, exit 1; its restart
+        reads the whole ledger before it publishes anything)."""
+        created = [e for e in out.ledger if e.entry == "created"]
+        if not created:
+            return
+        got = await asyncio.get_running_loop().run_in_executor(
+            None, self.worker.ledger_tail.read)
+        self.worker.metrics.add("ledger_rereads")
+        self._operator.learn_announced(got)
+        self._operator.check_ledger(created)
 
     async def learn_announced(self, announced: Mapping[str, frozenset[str]]) -> None:
         """Give the operator what the ledger announced since its last read, under the
@@ -512,9 +530,11 @@ class Worker:
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
         assigned = args[0]  # the set of TPs assigned to this worker
-        # Before any record of the assignment is applied (Faust resumes the partitions
-        # after this signal): a taken-over partition may create only what the ledger
-        # does not announce under another creation.
+        # Early knowledge of what other workers created: a taken-over partition may create
+        # only what the ledger does not announce under another creation. Not ordered
+        # before the assignment's first records (Faust's recovery may resume the
+        # partitions while this runs): the rule rests on the read before a creation is
+        # published (OperatorStage.vet).
         await self._learn_ledger()
         for stage in self.stages:
             await stage.on_assigned(assigned)
