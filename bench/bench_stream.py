@@ -1,6 +1,6 @@
 """Stream benchmark: the processor next to its peers on the same broker, in one run.
 
-    python bench/bench_stream.py [--phase throughput|many|scaleout|idle|takeover|all]
+    python bench/bench_stream.py [--phase throughput|many|scaleout|idle|takeover|open-keys|all]
         [--quick]
         [--events 20000] [--repeat 3] [--loads dense sparse] [--systems ...]
         [--counters 10000] [--rate 1000] [--seconds 60] [--workers 1 2]
@@ -31,6 +31,12 @@ Phases (each module's docstring is the exact specification of its figures):
   releases sent per second, once the worker has worked off the ticks sealed while it
   created the counters; then the restore of that state on a fresh worker (empty state
   dir) timed to its readiness.
+- open-keys (`stream_open_keys.py`): one open ECC family in event mode, a key stream of
+  --rate events/s for --seconds (half a Zipf(1.1) head of --head-keys keys, half keys never
+  seen before) on one worker: kept up, RSS, keys seen and admitted, the admitted keys'
+  error against the truth sent, CPU per stepped event, bytes per waiting key stored and in
+  memory, the restore on a fresh worker; then the same load on each further --workers
+  count of one group: CPU per stepped event against one worker's.
 
 Clock: every time is a broker append time (all topics the bench creates, and the state
 changelog, use LogAppendTime), except the processor's end in phase throughput, which is the
@@ -60,6 +66,7 @@ sys.path[:0] = [str(BENCH), str(ROOT)]
 
 import orjson  # noqa: E402
 import stream_counted  # noqa: E402
+import stream_open_keys  # noqa: E402
 from stream_io import client_config, local_kafka  # noqa: E402
 from stream_procs import Children  # noqa: E402
 from stream_steady import (  # noqa: E402
@@ -107,7 +114,8 @@ def quix_python(given: str | None) -> str | None:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--phase",
-                   choices=("throughput", "many", "scaleout", "idle", "takeover", "all"),
+                   choices=("throughput", "many", "scaleout", "idle", "takeover",
+                            "open-keys", "all"),
                    default="all", help="all = throughput, then scaleout (which includes many)")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 2,000 events once; 500 counters at 200 events/s for 6 s")
@@ -131,8 +139,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--rate", type=float, help="steady load, events/s (default 1,000)")
     p.add_argument("--seconds", type=float,
                    help="measured window of many/scaleout/idle/takeover (default 60)")
-    p.add_argument("--workers", type=int, nargs="+", default=[1, 2],
-                   help="scaleout: worker counts (default 1 2)")
+    p.add_argument("--workers", type=int, nargs="+",
+                   help="scaleout: worker counts (default 1 2); open-keys: 1 and the "
+                   "further counts to compare with it (default 1 3)")
+    p.add_argument("--head-keys", type=int, default=10_000,
+                   help="open-keys: keys of the Zipf head (default 10,000)")
+    p.add_argument("--epsilon", type=float, default=10.0,
+                   help="open-keys: the deployment's epsilon (default 10: at 1 an ECC key "
+                   "needs about 8,000 events stepped, one per tick, to be admitted)")
+    p.add_argument("--seed", type=int, default=0, help="open-keys: the key stream's seed")
     p.add_argument("--standby", type=int, default=1,
                    help="standby_replicas of every deployment (default 1, the README "
                    "configuration; 0 measures scale-out without standby copies)")
@@ -193,7 +208,7 @@ def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, 
                  cluster: LocalKafka | None = None) -> list[str]:
     lines: list[str] = []
     sets: list[dict[int, dict[str, Any]]] = []
-    counts = sorted(set(a.workers))
+    counts = sorted(set(a.workers or [1, 2]))
     for k in range(a.repeat or 1):
         order = counts[k % len(counts):] + counts[:k % len(counts)]
         got: dict[int, dict[str, Any]] = {}
@@ -241,6 +256,8 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
                      worker_settings=steady_settings(a, ctx))
         results["idle"] = r
         lines += _shown(report_idle(r))
+    if a.phase == "open-keys":
+        lines += run_open_keys(a, ctx, results)
     if a.phase == "takeover":
         print("phase takeover: a worker killed, its partitions taken over", flush=True)
         r = takeover_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
@@ -248,6 +265,26 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
         results["takeover"] = r
         lines += _shown(report_takeover(r))
     return lines
+
+
+def run_open_keys(a: argparse.Namespace, ctx: stream_counted.Ctx,
+                  results: dict[str, Any]) -> list[str]:
+    """Phase open-keys: one worker (and its restore), then each further worker count."""
+    rate = a.rate or 3000.0
+    seconds = a.seconds or 600.0
+    ws = steady_settings(a, ctx)
+    ws.setdefault("tick_ms", 100)
+    ws["epsilon"] = a.epsilon
+    lines: list[str] = []
+    runs: dict[int, dict[str, Any]] = {}
+    for w in sorted(set(a.workers or [1, 3]) | {1}):
+        print(f"phase open-keys: {w} worker(s)", flush=True)
+        runs[w] = stream_open_keys.open_keys_run(
+            ctx.conf, ctx.bootstrap, ctx.tmp, w, rate, seconds, ctx.children, ctx.standby,
+            ws, a.head_keys, a.seed, restore=w == 1 and not a.no_restore)
+        lines += _shown(stream_open_keys.report_open_keys(runs[w]))
+    results["open_keys"] = {str(w): r for w, r in runs.items()}
+    return lines + _shown(stream_open_keys.report_open_ratio(runs))
 
 
 def _shown(lines: list[str]) -> list[str]:

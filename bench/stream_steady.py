@@ -358,18 +358,19 @@ class SteadyRun:
                 machine0 = psutil.cpu_times()
                 n0, w0_ms = sent, int(time.time() * 1000)
                 self.res["chl0"] = records_in(self.conf, self._changelogs())
+                self.window_edge(True)
             if now >= next_rss:
                 peak = [max(p, rss_bytes(pid)) for p, pid in zip(peak, pids, strict=True)]
                 next_rss = now + RSS_SAMPLE_S
             ts = int(time.time() * 1000)
             while sent < int((now - t_load) * rate):
-                produce_one(producer, self.dep.topics.input,
-                            event_value(self.names[(sent * 7919) % self.counters], ts), stats)
+                produce_one(producer, self.dep.topics.input, self.event(sent, ts), stats)
                 sent += 1
             producer.poll(0)
             time.sleep(0.005)  # pacing of the load generator
         cpu1 = [cpu_seconds(pid) for pid in pids]
         machine1, w1_ms = psutil.cpu_times(), int(time.time() * 1000)
+        self.window_edge(False)
         r = self.res
         r["threads"] = [cpu_diff(a, thread_cpu(pid)) for a, pid in zip(th0, pids, strict=True)]
         if striking is not None:
@@ -397,6 +398,14 @@ class SteadyRun:
         r["cpu"] = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
         r["cpu_per_event"] = sum(r["cpu"]) / max(1, r["window_events"])
         return stats
+
+    def event(self, i: int, ts: int) -> bytes:
+        """The load's `i`-th input event, stamped `ts`: cycling over the counters."""
+        return event_value(self.names[(i * 7919) % self.counters], ts)
+
+    def window_edge(self, start: bool) -> None:
+        """Called by `load` just after it read the workers' CPU at the start of the
+        measured window (`start`) and at its end (a subclass reads more there)."""
 
     def _groups_listed(self) -> bool:
         """Whether every broker answers the group listing."""

@@ -89,6 +89,9 @@ class TimelineView:
         self.live: dict[tuple[int, bytes | None], int] = {}
         # append time of every changelog record read
         self.changelog_ts: list[int] = []
+        # the format byte of the latest value of each counter key `c/...` (state.py: 4 a
+        # mechanism's whole state, 5 the compact form of a key waiting for admission)
+        self.live_forms: dict[bytes, int] = {}
 
     def attach_changelog(self) -> None:
         """Once the worker made its table's changelog topic: broker append times on it
@@ -142,14 +145,21 @@ class TimelineView:
             d = orjson.loads(r.value or b"{}")
             p = partition_for(str(d["counter"]), self.parts)
             self.releases[p].append((int(d["tick_start_ms"]) // self.tick, r.ts))
+        self._update_changelog()
+
+    def _update_changelog(self) -> None:
         if self.changelog is None:
             return
         for r in self.changelog.catch_up():
             self.changelog_ts.append(r.ts)
             if r.value is None:
                 self.live.pop((r.partition, r.key), None)
+                if r.key is not None:
+                    self.live_forms.pop(r.key, None)
                 continue
             self.live[(r.partition, r.key)] = len(r.key or b"") + len(r.value)
+            if r.key is not None and r.key.startswith(b"c/") and len(r.value) > 3:
+                self.live_forms[r.key] = r.value[3]
             if r.key is not None and r.key.startswith(b"p/"):
                 ps = PartitionState.from_bytes(r.value)
                 # The duplicate filter names sources "<input topic id>/<partition>".
