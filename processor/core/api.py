@@ -99,19 +99,21 @@ class Counter(ABC):
         return self.t + 1
 
     @classmethod
-    def advance_state(cls, data: bytes, k: int) -> bytes | None:
+    def advance_state(cls, data: bytes, k: int, key: NoiseKey | None = None) -> bytes | None:
         """The state `data` (of to_bytes) after k ⊥ ticks short of next_due(), computed
-        on the encoded state, when that is exact without a noise key: equal to
-        from_bytes(data).skip(k) then to_bytes(). None where it is not (the default: it
-        never is); then the caller decodes."""
+        on the encoded state, when that is exact without a noise key, or with `key` (the
+        counter's, as from_bytes takes it) without a full decode: equal to
+        from_bytes(data, key).skip(k) then to_bytes(). None where it is not (the default:
+        it never is); then the caller decodes."""
         return None
 
     @classmethod
-    def idle_view(cls, data: bytes) -> IdleView | None:
-        """What `from_bytes(data)` would answer about its parameters, tick, value and
+    def idle_view(cls, data: bytes, key: NoiseKey | None = None) -> IdleView | None:
+        """What `from_bytes(data, key)` would answer about its parameters, tick, value and
         next_due(), read off the encoded state `data` (of to_bytes) without a noise key,
-        where that is exact (an idle counter restored needs no decode to beat). None
-        where it is not (the default: it never is); then the caller decodes."""
+        or with `key` without a full decode, where that is exact (an idle counter
+        restored needs no decode to beat). None where it is not (the default: it never
+        is); then the caller decodes."""
         return None
 
     @abstractmethod

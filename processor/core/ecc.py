@@ -289,13 +289,19 @@ class _EccBase(Counter):
         return obj
 
     @classmethod
-    def advance_state(cls, data: bytes, k: int) -> bytes | None:
+    def advance_state(cls, data: bytes, k: int, key: NoiseKey | None = None) -> bytes | None:
         """k ⊥ ticks on the encoded state where they draw nothing: nothing scheduled in
         (t, t + k] and the partition quiet through t + k without a draw (`_quiet_part`).
         Then `skip(k)` is one `_advance(k)`, which moves the tick counters only, so the
         result is the bytes `from_bytes(data).skip(k).to_bytes()` gives (the same dict,
         re-encoded in its order; orjson's floats round-trip exactly). A noise key is not
-        needed: a state's fields say everything a quiet advance reads."""
+        needed: a state's fields say everything a quiet advance reads.
+
+        With the counter's noise `key`, also where the partition draws (an ECC SVT inside
+        its run's dense prefix): the partition alone is restored (`_keyed_part`, as
+        `from_bytes` restores it, without CC, BCC and the schedule), and where its
+        `next_due(t + k)` is past t + k it takes `advance(k)`, exactly the two calls
+        `skip(k)` makes on it; the rest of the state is as above."""
         if k < 0 or bytes(data[:3]) != b"DPS" or len(data) < 5 or data[3] != cls.state_version:
             return None
         try:
@@ -310,12 +316,36 @@ class _EccBase(Counter):
                    for tick, _v in st["sched"]):
                 return None
             if not cls._quiet_part(part, k):
-                return None
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+                if key is None or k == 0:
+                    return None
+                restored = cls._keyed_part(st, key)
+                due = restored.next_due(t + k)
+                if due is not None and due <= t + k:
+                    return None
+                restored.advance(k)
+                st["t"] = t + k
+                st["part"] = restored.to_state()
+                return data[:4] + orjson.dumps(st)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, RuntimeError):
             return None
         st["t"] = t + k
         part["t"] += k
         return data[:4] + orjson.dumps(st)
+
+    @classmethod
+    def _keyed_part(cls, st: dict[str, Any], key: NoiseKey) -> Part | SimPart:
+        """The partition `from_bytes(data, key)` restores from the state dict `st`: the
+        same parameters (`_constants` of its eps, delta and calibration), label, key and
+        partition state, through the same `_new_part`; CC, BCC and the schedule are not
+        built. Raises ValueError, KeyError or TypeError on a state it cannot restore."""
+        cal = st.get("cal", "paper")
+        cid = st["id"]
+        if cal not in CALIBRATIONS or not isinstance(cid, str) or type(st["part"]) is not dict:
+            raise ValueError("not a restorable state")
+        obj = cls.__new__(cls)
+        obj.calibration = cal
+        obj._constants(float(st["eps"]), float(st["delta"]))
+        return obj._new_part(key, f"{cid}/{cls.mechanism}/part", st["part"])
 
     @staticmethod
     def _quiet_part(part: dict[str, Any], k: int) -> bool:
@@ -324,10 +354,13 @@ class _EccBase(Counter):
         raise NotImplementedError
 
     @classmethod
-    def idle_view(cls, data: bytes) -> IdleView | None:
+    def idle_view(cls, data: bytes, key: NoiseKey | None = None) -> IdleView | None:
         """The view where the partition's next checkpoint is in its state
         (`_planned_part`): next_due() is then the earlier of it and the next scheduled
-        release, as `_next_due` computes it."""
+        release, as `_next_due` computes it. With the counter's noise `key`, also where
+        it is not (an ECC SVT inside its run's dense prefix, whose next firing step
+        needs the key's draws): then the partition's `next_due()` of the partition alone
+        restored (`_keyed_part`), the call `_next_due` makes on it."""
         if bytes(data[:3]) != b"DPS" or len(data) < 5 or data[3] != cls.state_version:
             return None
         try:
@@ -339,7 +372,9 @@ class _EccBase(Counter):
                 return None
             a = cls._planned_part(part)
             if a is False:
-                return None
+                if key is None:
+                    return None
+                a = cls._keyed_part(st, key).next_due()
             later = [tick for tick, _v in st["sched"] if tick > t]
             if any(type(tick) is not int for tick in later):
                 return None
@@ -350,7 +385,7 @@ class _EccBase(Counter):
             base = st["bcc"]["cc"]["b"]
             if cal not in CALIBRATIONS or type(base) is not str:
                 return None
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, RuntimeError):
             return None
         # bound_key() of the restored counter (one definition there).
         return IdleView(cls.mechanism, eps, delta, t, from_units(y), due,

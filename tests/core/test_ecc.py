@@ -380,6 +380,63 @@ def test_idle_view_is_what_the_decoded_state_answers(cls: type[ECC] | type[SimEC
     assert cls.idle_view(b"DPS\x03{") is None
 
 
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+def test_keyed_view_and_advance_inside_the_dense_prefix(calibration: str) -> None:
+    """With the noise key, `idle_view` and `advance_state` also answer for ECC states
+    whose SVT is inside its ⊥ run's dense prefix (a counter just created, or a few ticks
+    after an event), restoring the partition alone: the view equals the decoded
+    counter's answers and the advanced bytes those of decode, skip(k), encode, for k
+    inside the prefix, across its end and far beyond; a k that reaches next_due() is
+    refused. Every such state answers (the key is all the keyless path lacked).
+    Control: the same comparisons with another key's answers fail on most states (the
+    prefix's draws and where the plan starts are the key's). Deterministic: fixed seeds."""
+    key, other = NoiseKey.from_seed(11), NoiseKey.from_seed(12)
+    answered = advanced = refused_due = differs = 0
+    states: list[bytes] = []
+    for seed in range(8):
+        # large eps: SVTs that fire soon (next_due() inside the prefix and past it)
+        c = ECC(1.0 if seed % 2 else 500.0, 1e-6, key, f"pre{seed}", calibration=calibration)
+        states.append(c.to_bytes())
+        for i, x in enumerate(mixed_stream(200, seed, density=0.1 if seed % 2 else 0.5)):
+            c.update(x)
+            if orjson.loads(c.to_bytes()[4:])["part"]["svt"]["r"] < SVT.prefix or i % 50 == 0:
+                states.append(c.to_bytes())
+    for data in states:
+        svt = orjson.loads(data[4:])["part"]["svt"]
+        ref = ECC.from_bytes(data, key)
+        want = (ref.mechanism, ref.eps, ref.delta, ref.t, ref.y, ref.next_due(),
+                ref.bound_key())
+        got = ECC.idle_view(data, key)
+        assert got == want
+        inside = svt["r"] < SVT.prefix
+        if inside:
+            assert ECC.idle_view(data) is None
+            answered += 1
+            wrong = ECC.idle_view(data, other)
+            differs += wrong is None or wrong != want
+        due = ref.next_due()
+        gap = None if due is None else due - ref.t
+        for k in {1, 3, SVT.prefix - svt["r"], SVT.prefix + 1, 40, 1000} | (
+                set() if gap is None else {gap - 1, gap, gap + 2}):
+            if k < 1:
+                continue
+            moved = ECC.advance_state(data, k, key)
+            if gap is not None and k >= gap:
+                assert moved is None
+                refused_due += 1
+                continue
+            assert moved is not None
+            dec = ECC.from_bytes(data, key)
+            assert dec.skip(k) == []
+            assert moved == dec.to_bytes()
+            advanced += inside
+            if inside:
+                wrong_moved = ECC.advance_state(data, k, other)
+                differs += wrong_moved != moved
+    assert answered > 100 and advanced > 300 and refused_due > 0
+    assert differs > (answered + advanced) // 2
+
+
 def _skip_run(cls: Mech, seed: int) -> list[bytes]:
     """A counter of random (eps, delta, calibration) from seed: events, then skips (some
     right after others, the first from the fresh counter), the state and changes after

@@ -19,6 +19,7 @@ from unittest import mock
 import pytest
 
 from processor.core import registry
+from processor.core.rng import NoiseKey
 from processor.stream.model import operator, state
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.operator import Operator
@@ -224,9 +225,85 @@ def test_restored_counters_beat_without_a_decode(mechanism: str, calibration: st
     cls = type(registry.make(mechanism, 1.0, 1e-6, KEY))
     view = cls.idle_view
 
-    def never_due(data: bytes) -> Any:
-        v = view(data)
+    def never_due(data: bytes, key: NoiseKey | None = None) -> Any:
+        v = view(data, key)
         return None if v is None else v._replace(next_due=None)
 
     with mock.patch.object(cls, "idle_view", never_due):
         assert _restarted_digest(mechanism, calibration, crash) != got
+
+
+def _young_restart(calibration: str, crash: bool, decodes: list[int]) -> str:
+    """200 ECC counters created by a marker and sealed a few ticks, then stopped (a full
+    checkpoint, or a crash after a periodic one): every stored value is inside its SVT's
+    ⊥ run's dense prefix, as on a deployment minutes old. A fresh operator on that store
+    (a restore, a takeover) seals on through 30 more ticks, across the prefix's end,
+    with periodic checkpoints and a full one at the end. Appends the fresh operator's
+    decodes to `decodes`; returns the hash of every release and ledger entry and of the
+    stored values at the end."""
+    names = [f"y{i:03d}" for i in range(200)]
+    s = settings(dict.fromkeys(names, 100 * 1000), mechanism="ecc", epsilon=1.0,
+                 calibration=calibration, heartbeat_ticks=7, heartbeat_spread=True)
+    pub = CollectingSink()
+    store = DictStore()
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    offset = 0
+    for n in (100, 102, 104):
+        offset += 1
+        asyncio.run(bc.apply(0, [(offset, encode_marker(n))]))
+        asyncio.run(bc.checkpoint(full=False))
+    if not crash:
+        asyncio.run(bc.checkpoint())
+    count = [0]
+    decode = Operator._decode_counter
+
+    def counted(self: Operator, raw: bytes) -> Any:
+        count[0] += 1
+        return decode(self, raw)
+
+    with mock.patch.object(Operator, "_decode_counter", counted):
+        bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+        for n in (106, 110, 115, 121, 128, 134):
+            offset += 1
+            asyncio.run(bc.apply(0, [(offset, encode_marker(n))]))
+            asyncio.run(bc.checkpoint(full=False))
+        asyncio.run(bc.checkpoint())
+    decodes.append(count[0])
+    h = hashlib.sha256()
+    for r in pub.ledger:
+        h.update(r.to_json())
+    for rel in pub.releases:
+        h.update(rel.to_json())
+    for k in sorted(store.data):
+        h.update(k.encode() + store.data[k])
+    return h.hexdigest()
+
+
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+def test_young_counters_restore_without_a_decode(calibration: str, crash: bool) -> None:
+    """A restore of ECC counters whose stored values are inside their SVT's dense prefix
+    (a deployment minutes old) decodes only the first counter (for its shape's
+    mechanism): the others' idle entries and writes come from their bytes and the noise
+    key (`Counter.idle_view`, `advance_state` with the key), and the releases, ledger
+    entries and stored values are those of decoding every counter (both paths off).
+    Control: without the key (the keyless view and advance) every counter is decoded.
+    Deterministic: fixed seeds, no false alarms."""
+    from processor.core.ecc import ECC
+
+    fast: list[int] = []
+    got = _young_restart(calibration, crash, fast)
+    assert fast == [1]
+    slow: list[int] = []
+    with (mock.patch.object(Operator, "_stored_idle", lambda *a: None),
+          mock.patch.object(Operator, "_write_idle", lambda *a: False)):
+        assert _young_restart(calibration, crash, slow) == got
+    assert slow[0] >= 200
+    view, advance = ECC.idle_view.__func__, ECC.advance_state.__func__  # type: ignore[attr-defined]
+    keyless: list[int] = []
+    with (mock.patch.object(ECC, "idle_view",
+                            classmethod(lambda cls, data, key=None: view(cls, data))),
+          mock.patch.object(ECC, "advance_state",
+                            classmethod(lambda cls, data, k, key=None: advance(cls, data, k)))):
+        assert _young_restart(calibration, crash, keyless) == got
+    assert keyless[0] >= 200

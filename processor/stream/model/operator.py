@@ -975,7 +975,7 @@ class Operator:
         if not (q.announced or waiting):
             return None
         for cls in self._views:
-            view = cls.idle_view(q.mechanism)
+            view = cls.idle_view(q.mechanism, self.key)
             if view is not None:
                 break
         else:
@@ -1059,7 +1059,7 @@ class Operator:
             # on the stored bytes where the mechanism can (`Counter.advance_state`).
             raw = txn.stored(self._counters, name)
             written = None if raw is None else advance_counter_value(
-                raw, type(rep).advance_state, n, nh, offset, due)
+                raw, self._advancer(rep), n, nh, offset, due)
             if written is None:
                 return False
         if not (shape.checked or waiting):
@@ -1117,12 +1117,21 @@ class Operator:
             return True
         shape = self._shape_list[index]
         written = advance_counter_value(
-            raw, type(shape.rep).advance_state, through, nh, last,
+            raw, self._advancer(shape.rep), through, nh, last,
             self._idle_due(shape.start_tick, nh, mdue, through))
         if written is None:
             return False
         txn.stage_encoded(self._counters, name, written)
         return True
+
+    def _advancer(self, rep: Counter) -> Callable[[bytes, int], bytes | None]:
+        """`advance_state` of `rep`'s mechanism with the configured noise key (the one
+        every counter an idle entry stands for was checked to carry: `_stored_idle`,
+        `_remember_idle` of a decoded value): a value whose partition draws (an ECC SVT
+        inside its run's dense prefix) advances without a full decode too."""
+        advance = type(rep).advance_state
+        key = self.key
+        return lambda data, k: advance(data, k, key)
 
     def _heartbeat_template(self, shape: IdleShape, t: int) -> ReleaseTemplate:
         """The template of the heartbeats of the counters of `shape` at their tick t: the
