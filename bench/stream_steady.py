@@ -651,6 +651,9 @@ def idle_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, counters: int,
         if wait > 0:
             time.sleep(wait)
         run.idle(SETTLE_S, seconds, profile)
+        # Shown at once: the end of a run of a million counters reads every release back
+        # (`close`), which may fail after the window's figures were taken.
+        print("\n".join(_idle_window_lines(run.res)), flush=True)
         run.res["assign_end"] = run.named_assignment()
         run.state_dirs()
         if restore:
@@ -902,10 +905,9 @@ def report_takeover(r: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def report_idle(r: Mapping[str, Any]) -> list[str]:
-    """Phase idle: the idle cost of many declared counters, and their restore."""
-    lines = [f"Phase idle: 1 worker, {r['counters']:,} declared counters, no input, tick "
-             f"{r['tick_ms']} ms"]
+def _idle_window_lines(r: Mapping[str, Any]) -> list[str]:
+    """Phase idle's window: when it began, its CPU, RSS, releases and catch-up."""
+    lines: list[str] = []
     lines.append(f"  counters created (ledger complete) {r['created_s']:.1f} s after the "
                  "worker started")
     th = r["idle_threads_per_s"][0]
@@ -923,6 +925,14 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
         b0, b1 = r["idle_behind"]
         lines.append(f"  releases sent in the window {r['idle_releases_per_s']:,.0f}/s; ticks "
                      f"behind at its start {b0:.0f}, at its end {b1:.0f}")
+    return lines
+
+
+def report_idle(r: Mapping[str, Any]) -> list[str]:
+    """Phase idle: the idle cost of many declared counters, and their restore."""
+    lines = [f"Phase idle: 1 worker, {r['counters']:,} declared counters, no input, tick "
+             f"{r['tick_ms']} ms"]
+    lines += _idle_window_lines(r)
     d = r["state"]["worker1"]
     lines.append(f"  RocksDB dir {_mib(d['sst'] + d['wal'] + d['other'])}")
     if "restore_s" in r or "restore_waited_s" in r:
