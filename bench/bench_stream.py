@@ -158,6 +158,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="many/scaleout/idle: the deployments' tick_ms (default 1000, the "
                    "README configuration); the idle cost grows with the ticks per second")
     p.add_argument("--no-restore", action="store_true", help="idle: skip the restore")
+    p.add_argument("--window-after", type=float, default=0.0, metavar="S",
+                   help="idle: start the window no earlier than S s after the counters' "
+                   "first tick (each counter's first write at the deferral bound falls "
+                   "4-5 heartbeat intervals after it: 300 with the README configuration)")
+    p.add_argument("--profile", type=Path, metavar="FILE",
+                   help="idle: py-spy record (--gil --threads, raw) of the worker over the "
+                   "window into FILE (py-spy installed next to this Python)")
     p.add_argument("--cluster", action="store_true",
                    help="a local three-node cluster (replication 3, min ISR 2) instead of "
                    "one broker")
@@ -253,7 +260,8 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
         print("phase idle: declared counters, no input", flush=True)
         r = idle_run(ctx.conf, ctx.bootstrap, ctx.tmp, counters, seconds, ctx.children,
                      ctx.standby, restore=not a.no_restore,
-                     worker_settings=steady_settings(a, ctx))
+                     worker_settings=steady_settings(a, ctx),
+                     window_after_s=a.window_after, profile=a.profile)
         results["idle"] = r
         lines += _shown(report_idle(r))
     if a.phase == "open-keys":

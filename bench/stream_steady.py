@@ -75,6 +75,8 @@ import math
 import os
 import random
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -197,7 +199,7 @@ class SteadyRun:
                  worker_settings: Mapping[str, Any] | None = None) -> None:
         # The README configuration's tick unless the run sets its own.
         tick = int((worker_settings or {}).get("tick_ms", 1000))
-        start = (int(time.time() * 1000) // tick) * tick
+        start = self.start_ms = (int(time.time() * 1000) // tick) * tick
         self.conf, self.children, self.counters = conf, children, counters
         self.names = [f"m{i:05d}" for i in range(counters)]
         self.dep: Deployment = isolated_deployment(
@@ -283,12 +285,22 @@ class SteadyRun:
         for k, m in enumerate(sorted(set(last[-1]) - set(self.members))):
             self.members[m] = f"worker{k + 2}"
 
-    def idle(self, settle_s: float, idle_s: float) -> None:
+    def idle(self, settle_s: float, idle_s: float, profile: Path | None = None) -> None:
         """What the workers burn with no input (markers, heartbeats, polling), after a
-        pause: a worker that just joined still restores its standby copies."""
+        pause: a worker that just joined still restores its standby copies. `profile`:
+        py-spy record of the first worker over the window, raw, the GIL's holder by
+        thread (py-spy next to this interpreter; not a dependency of the project)."""
         self.res["assign_start"] = self.named_assignment()
         time.sleep(settle_s)
         pids = self.pids
+        self.res["window_at_s"] = time.time() - self.start_ms / 1000
+        spy = None
+        if profile is not None:
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).with_name("py-spy")), "record", "--gil",
+                 "--threads", "--nonblocking", "--format", "raw", "--duration",
+                 str(int(idle_s)), "-o", str(profile), "-p", str(pids[0])],
+                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         c0 = [cpu_seconds(pid) for pid in pids]
         t0s = [thread_cpu(pid) for pid in pids]
         m0 = self.worker_metrics()
@@ -311,6 +323,8 @@ class SteadyRun:
                                            cpu_diff(a, thread_cpu(pid)).items()}
                                           for a, pid in zip(t0s, pids, strict=True)]
         self.res["idle_rss"] = [rss_bytes(pid) for pid in pids]
+        if spy is not None:
+            spy.wait(60)
 
     def worker_metrics(self) -> dict[str, float]:
         """The first worker's metrics (its /metrics page), by series; empty where the page
@@ -624,11 +638,14 @@ def steady_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, workers: int,
 
 def idle_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, counters: int,
              seconds: float, children: Children, standby: int = 1,
-             restore: bool = True, worker_settings: Mapping[str, Any] | None = None
+             restore: bool = True, worker_settings: Mapping[str, Any] | None = None,
+             window_after_s: float = 0.0, profile: Path | None = None
              ) -> dict[str, Any]:
     """Phase `idle`: one worker with `counters` declared counters and no input: its CPU-s
-    per second over `seconds` (after a settle pause) and RSS; then (with `restore`) the
-    restore of that state on a fresh worker with an empty state dir."""
+    per second over `seconds` (after a settle pause, and no earlier than `window_after_s`
+    after the counters' first tick) and RSS; then (with `restore`) the restore of that
+    state on a fresh worker with an empty state dir. `profile`: py-spy's raw samples of
+    the worker over the window (the GIL's holder, by thread) written there."""
     run = SteadyRun(conf, bootstrap, tmp, children, counters, "idle", standby,
                     worker_settings)
     run.res.update(workers=1, rate=0.0)
@@ -637,7 +654,15 @@ def idle_run(conf: Mapping[str, str], bootstrap: str, tmp: Path, counters: int,
         # The ticks sealed while it created the counters come due at once: the window
         # measures idleness only once that backlog is worked off.
         run.res["caught_up_s"] = run.caught_up(CATCH_UP_MAX_S)
-        run.idle(SETTLE_S, seconds)
+        # Each counter's first write at the deferral bound falls 4 to 5 heartbeat
+        # intervals after its first tick: a window meant to hold none starts after it.
+        wait = window_after_s - (time.time() - run.start_ms / 1000) - SETTLE_S
+        if wait > 0:
+            time.sleep(wait)
+        run.idle(SETTLE_S, seconds, profile)
+        # Shown at once: the end of a run of a million counters reads every release back
+        # (`close`), which may fail after the window's figures were taken.
+        print("\n".join(_idle_window_lines(run.res)), flush=True)
         run.res["assign_end"] = run.named_assignment()
         run.state_dirs()
         if restore:
@@ -889,13 +914,14 @@ def report_takeover(r: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def report_idle(r: Mapping[str, Any]) -> list[str]:
-    """Phase idle: the idle cost of many declared counters, and their restore."""
-    lines = [f"Phase idle: 1 worker, {r['counters']:,} declared counters, no input, tick "
-             f"{r['tick_ms']} ms"]
+def _idle_window_lines(r: Mapping[str, Any]) -> list[str]:
+    """Phase idle's window: when it began, its CPU, RSS, releases and catch-up."""
+    lines: list[str] = []
     lines.append(f"  counters created (ledger complete) {r['created_s']:.1f} s after the "
                  "worker started")
     th = r["idle_threads_per_s"][0]
+    lines.append(f"  the window began {r['window_at_s']:.0f} s after the counters' first "
+                 "tick")
     lines.append(f"  idle cost over {r['idle_s']:.0f} s: {r['idle_cpu_per_s'][0]:.3f} CPU-s "
                  "per second (" + ", ".join(f"{g} {v:.3f}" for g, v in sorted(th.items()))
                  + f"); RSS {_mib(r['idle_rss'][0])}; load average "
@@ -908,6 +934,14 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
         b0, b1 = r["idle_behind"]
         lines.append(f"  releases sent in the window {r['idle_releases_per_s']:,.0f}/s; ticks "
                      f"behind at its start {b0:.0f}, at its end {b1:.0f}")
+    return lines
+
+
+def report_idle(r: Mapping[str, Any]) -> list[str]:
+    """Phase idle: the idle cost of many declared counters, and their restore."""
+    lines = [f"Phase idle: 1 worker, {r['counters']:,} declared counters, no input, tick "
+             f"{r['tick_ms']} ms"]
+    lines += _idle_window_lines(r)
     d = r["state"]["worker1"]
     lines.append(f"  RocksDB dir {_mib(d['sst'] + d['wal'] + d['other'])}")
     if "restore_s" in r or "restore_waited_s" in r:

@@ -156,8 +156,10 @@ class AsyncProducer:
             for i, (key, value, timestamp, headers) in enumerate(chunk):
                 while True:  # kafka_io.produce_waiting inlined (see produce_many)
                     try:
+                        # A list as librdkafka takes it (records' `headers()` make one
+                        # each: not copied again).
                         send(topic, value, key, on_delivery=delivered, timestamp=timestamp,
-                             headers=list(headers))
+                             headers=headers if type(headers) is list else list(headers))
                         break
                     except BufferError:
                         client.poll(0.05)

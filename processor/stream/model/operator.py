@@ -1042,14 +1042,13 @@ class Operator:
         floor = heartbeat_floor(n, start, h, None if waiting else frontier)
         if nh <= floor:
             nh = next_heartbeat(floor, phase, h)
-        beats: list[tuple[int, str]] = []
+        beats: list[int] = []
         fingerprint_at = self.provenance.fingerprint_at
         while start + nh - 1 <= n:
             if not waiting:
-                fingerprint = fingerprint_at(name, nh)
-                if fingerprint != shape.ledger_fingerprint:
+                if fingerprint_at(name, nh) != shape.ledger_fingerprint:
                     return False  # a "reconfigured" entry first: `_release`
-                beats.append((nh, fingerprint))
+                beats.append(nh)
             nh = next_heartbeat(nh, phase, h)
         due = self._idle_due(start, nh, mdue, n)
         rep = shape.rep
@@ -1069,7 +1068,7 @@ class Operator:
         # Every field of these heartbeats but counter and value is the shape's at t (the
         # fingerprint is the shape's: checked above): encoded from its template.
         templates = shape.templates
-        for t, _fingerprint in beats:
+        for t in beats:
             template = templates.get(t)
             if template is None:
                 template = self._heartbeat_template(shape, t)

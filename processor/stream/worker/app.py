@@ -92,6 +92,7 @@ from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, State
 from processor.stream.worker import transport
 from processor.stream.worker.bulkload import LocalDatabaseError, bulk_load
 from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
+from processor.stream.worker.heap import FULL_COLLECTION_S, OldGeneration
 from processor.stream.worker.ledger_tail import LedgerTail
 from processor.stream.worker.metrics import Surface, WorkerMetrics
 from processor.stream.worker.recovery import BatchedTableManager
@@ -462,7 +463,15 @@ class Worker:
         self._announced_ready = False
         self.app.timer(interval=0.5, on_leader=False,
                        name=f"{settings.app_id}-ready")(self.announce_ready)
+        # The oldest generation of the garbage collector on a timer (heap.OldGeneration).
+        self.old_generation = OldGeneration()
+        self.app.timer(interval=FULL_COLLECTION_S, on_leader=False,
+                       name=f"{settings.app_id}-collect")(self.collect_old)
         self.app.task(self.start_ingest)
+
+    async def collect_old(self) -> None:
+        """The garbage collector's full collection, every FULL_COLLECTION_S (heap.py)."""
+        self.old_generation.collect()
 
     # -- the stages
 
@@ -726,6 +735,9 @@ class Worker:
         # first, so no garbage of the start is kept for good.
         gc.collect()
         gc.freeze()
+        # Full collections on a timer only (`collect_old`), not each time the releases of
+        # a few markers were promoted (heap.OldGeneration).
+        self.old_generation.install()
         try:
             worker.execute_from_commandline()
         except SystemExit as exc:

@@ -6,11 +6,16 @@ one, encodes a value of about 1 KB per counter and frees it once written. glibc'
 keeps such freed chunks inside its heap, so the process's RSS stays at that peak for
 good (about a gigabyte at 1,000,000 counters; bench/README.md). `malloc_trim(0)` hands
 the free pages back. Where the C library has no such call, nothing happens.
+
+And the cyclic garbage collector's full collections, on a timer rather than by CPython's
+count of promoted objects (`OldGeneration`): a worker of a million idle counters spent
+39% of its Python time in them (bench/README.md).
 """
 
 from __future__ import annotations
 
 import ctypes
+import gc
 from collections.abc import Callable
 from typing import Final
 
@@ -52,3 +57,47 @@ class HeapTrim:
         self._since = 0
         self._trim(0)  # ctypes releases the GIL meanwhile
         self.trims += 1
+
+
+#: How often the worker's oldest generation is collected (`OldGeneration`): what cyclic
+#: garbage reached it waits at most this long.
+FULL_COLLECTION_S: Final = 120.0
+
+
+class OldGeneration:
+    """The worker's cyclic garbage collector: the young generations as CPython runs them,
+    the oldest one on a timer (`collect`, every FULL_COLLECTION_S) instead of whenever
+    the objects promoted into it since the last full collection number a quarter of
+    those it held then.
+
+    CPython's rule counts objects, not their size. A worker holding a million idle
+    counters holds them in a few huge containers (the operator's maps, its idle entries:
+    each one object to that count, a million entries to traverse), while every marker
+    promotes its releases, alive until the batch is sent, into the oldest generation: a
+    full collection then ran over and over, traversing all of it and reclaiming
+    nothing (1,000,000 idle counters catching up: 39% of the samples of the thread
+    holding the GIL; those releases are freed by their reference counts). `install`
+    sets the threshold of the oldest generation out of reach; `collect` runs a full
+    collection."""
+
+    def __init__(self) -> None:
+        #: The thresholds before `install` (what `uninstall` puts back).
+        self._saved: tuple[int, int, int] | None = None
+        #: Full collections run by `collect` (a test hook).
+        self.collections = 0
+
+    def install(self) -> None:
+        young, middle, old = gc.get_threshold()
+        if self._saved is None:
+            self._saved = (young, middle, old)
+        gc.set_threshold(young, middle, 1 << 30)
+
+    def uninstall(self) -> None:
+        if self._saved is not None:
+            gc.set_threshold(*self._saved)
+            self._saved = None
+
+    def collect(self) -> int:
+        """A full collection now; returns what it reclaimed (gc.collect)."""
+        self.collections += 1
+        return gc.collect()
