@@ -42,6 +42,20 @@ GOLDEN = {
 }
 
 
+def _published_digest(pub: CollectingSink, store: DictStore | None = None) -> str:
+    """SHA-256 of the ledger entries and releases published, in order, then of the
+    stored values by key when `store` is given."""
+    h = hashlib.sha256()
+    for r in pub.ledger:
+        h.update(r.to_json())
+    for rel in pub.releases:
+        h.update(rel.to_json())
+    data = store.data if store is not None else {}
+    for k in sorted(data):
+        h.update(k.encode() + data[k])
+    return h.hexdigest()
+
+
 def _digest(mechanism: str, calibration: str, idle_decoded: int) -> str:
     names = [f"k{i:02d}" for i in range(30)]
     s = settings(dict.fromkeys(names, 100 * 1000), mechanism=mechanism, epsilon=1.0,
@@ -57,12 +71,7 @@ def _digest(mechanism: str, calibration: str, idle_decoded: int) -> str:
         if schedule.random() < 0.3:
             asyncio.run(bc.checkpoint(full=False))
     asyncio.run(bc.checkpoint())
-    h = hashlib.sha256()
-    for r in pub.ledger:
-        h.update(r.to_json())
-    for rel in pub.releases:
-        h.update(rel.to_json())
-    return h.hexdigest()
+    return _published_digest(pub)
 
 
 @pytest.mark.parametrize("mechanism,calibration", sorted(GOLDEN))
@@ -163,14 +172,7 @@ def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
             asyncio.run(bc.checkpoint(full=not crash))
             bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
     asyncio.run(bc.checkpoint())
-    h = hashlib.sha256()
-    for r in pub.ledger:
-        h.update(r.to_json())
-    for rel in pub.releases:
-        h.update(rel.to_json())
-    for k in sorted(store.data):
-        h.update(k.encode() + store.data[k])
-    return h.hexdigest()
+    return _published_digest(pub, store)
 
 
 @pytest.mark.parametrize("crash", [False, True])
@@ -269,14 +271,7 @@ def _young_restart(calibration: str, crash: bool, decodes: list[int]) -> str:
             asyncio.run(bc.checkpoint(full=False))
         asyncio.run(bc.checkpoint())
     decodes.append(count[0])
-    h = hashlib.sha256()
-    for r in pub.ledger:
-        h.update(r.to_json())
-    for rel in pub.releases:
-        h.update(rel.to_json())
-    for k in sorted(store.data):
-        h.update(k.encode() + store.data[k])
-    return h.hexdigest()
+    return _published_digest(pub, store)
 
 
 @pytest.mark.parametrize("crash", [False, True])
