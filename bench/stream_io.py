@@ -72,14 +72,21 @@ class Tail:
         self.not_log_append = 0
 
     def catch_up(self, timeout_s: float = 120.0) -> list[Rec]:
-        """Everything appended before this call that was not returned yet."""
+        """Everything appended before this call that was not returned yet.
+
+        Fails after `timeout_s` without a record read: a topic of millions of records
+        (a million counters' heartbeats) takes longer than that to read, and is not stuck.
+        """
         deadline = time.monotonic() + timeout_s
         his = {p: self._high(p, deadline) for p in self.partitions}
         out: list[Rec] = []
         while any(self._next[p] < his[p] for p in self.partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {self.topic!r} timed out")
-            for msg in self._c.consume(num_messages=5000, timeout=0.2):
+            msgs = self._c.consume(num_messages=5000, timeout=0.2)
+            if msgs:
+                deadline = time.monotonic() + timeout_s
+            for msg in msgs:
                 err = msg.error()
                 if err is not None:
                     if err.fatal():
