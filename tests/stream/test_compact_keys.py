@@ -454,3 +454,35 @@ def test_a_waiting_key_idle_for_many_heartbeats_is_neither_woken_nor_rewritten()
         assert touches[name] >= 1000 // 5 - 2 and writes[name] >= 1000 // 5 // 6, name
     touches, writes = _quiet_upkeep(HeartbeatFiled)
     assert touches[light] >= 1000 // 5 - 2 and writes[light] >= 1000 // 5 // 6
+
+
+def test_a_key_filed_at_its_heartbeat_by_the_code_before_is_unfiled_once() -> None:
+    """A waiting ECC key stored filed at its heartbeat tick (the schedule of the code
+    before, `HeartbeatFiled`), restarted under this code: the first marker that takes it
+    writes it once, filed nowhere and otherwise as it was (mechanism, frontier), and no
+    marker takes it again."""
+    s = open_settings(mechanism="ecc", epsilon=50.0, heartbeat_ticks=5)
+    light = key_counter("pages", "light")
+    store = WritesCounted()
+    bc = BatchCommit(HeartbeatFiled(s, KEY, factory=registry), store, CollectingSink())
+    records = _timeline({"light": [3, 40]}, 100)
+    for offset, r in enumerate(records):
+        asyncio.run(bc.apply(0, [(offset, r)]))
+    asyncio.run(bc.checkpoint())
+    before = store.data[f"c/{light}"]
+    assert counter_filed_due(before) is not None
+    op = Touches(s, KEY, factory=registry)
+    bc = BatchCommit(op, store, CollectingSink())
+    store.writes.clear()
+    for i, n in enumerate(range(101, 400)):
+        asyncio.run(bc.apply(0, [(len(records) + i, encode_marker(n))]))
+        if i % 3 == 2:
+            asyncio.run(bc.checkpoint(full=False))
+    asyncio.run(bc.checkpoint())
+    after = store.data[f"c/{light}"]
+    assert op.touches[light] == 1 and store.writes[f"c/{light}"] == 1
+    assert counter_filed_due(after) is None
+    assert (stored_offset(after) or 0) > (stored_offset(before) or 0) > 0
+    old, new = (CounterState.from_bytes(v, registry, KEY) for v in (before, after))
+    assert new.mechanism.to_bytes() == old.mechanism.to_bytes()
+    assert new.frontier == old.frontier
