@@ -18,14 +18,19 @@ Printed per (mechanism, calibration, events), each measured in a process of its 
 
 - stored: the bytes of each key's stored value (mean, min-max; the format: 4 is the
   mechanism's whole state, 5 the compact form);
-- decodes: how many key values were decoded over the quiet markers, per key, and the
-  CPU-us each took (mean; a compact value's decode replays its counter);
+- over the quiet markers, per key: the markers that took it from the due wheel
+  (wake-ups), the writes of its value (periodic checkpoints), the decodes and the
+  CPU-us each took (mean; a compact value's decode replays its counter), and the
+  quiet markers' CPU time in all;
 - memory, after the quiet markers: the process's resident set growth per key from
   before the events (the store's bytes included; freed heap pages handed back first);
   with `--trace`, what Python allocated per key over that window instead (tracemalloc:
   the operator, its cache and idle entries; the store's keys and values, which RocksDB
   holds outside Python online, left out); and how many keys were decoded then;
 - a clean stop: the key values its full checkpoint decoded, per key;
+- a restart: a new operator on the store (its due wheel rebuilt from the stored
+  values, as after a restore or a takeover), then 120 quiet markers: wake-ups, decodes
+  and writes per key, and their CPU time;
 - decode alone: the mean CPU-us of decoding 200 stored key values after the run (for a
   compact value, its replay).
 
@@ -62,10 +67,16 @@ GAP = 10  # ticks between a key's events
 
 
 class Counting(Operator):
-    """The operator, counting its counter decodes and their CPU time."""
+    """The operator, counting its counter decodes and their CPU time, and the counters
+    markers take from the due wheel (wake-ups)."""
 
     decodes = 0
     decode_s = 0.0
+    wakes = 0
+
+    def _idle_entry(self, txn: Any, partition: int, name: str) -> Any:
+        self.wakes += 1
+        return super()._idle_entry(txn, partition, name)
 
     def _decode_counter(self, raw: bytes) -> CounterState:
         t0 = time.process_time()
@@ -74,6 +85,17 @@ class Counting(Operator):
         finally:
             self.decodes += 1
             self.decode_s += time.process_time() - t0
+
+
+class WritesCounted(CopyingStore):
+    """The store, counting the writes of key values."""
+
+    key_writes = 0
+
+    def set(self, key: str, value: bytes) -> None:
+        if key.startswith("c/pages["):
+            self.key_writes += 1
+        super().set(key, value)
 
 
 def _rss() -> int:
@@ -98,7 +120,7 @@ def measure(mechanism: str, calibration: str, events: int, keys: int, age: int,
                        delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True,
                        families={"pages": OpenFamily(START * 1000, 1e-7)})
     op = Counting(s, KEY, idle_decoded=idle_decoded)
-    store = CopyingStore()
+    store = WritesCounted()
     sink = CollectingSink()
     bc = BatchCommit(op, store, sink)
     offset = 0
@@ -131,13 +153,17 @@ def measure(mechanism: str, calibration: str, events: int, keys: int, age: int,
     values = [v for k, v in store.data.items() if k.startswith("c/pages[")]
     assert len(values) == keys
     # The quiet ticks.
-    op.decodes, op.decode_s = 0, 0.0
+    op.decodes, op.decode_s, op.wakes = 0, 0.0, 0
+    store.key_writes = 0
+    t_quiet = time.process_time()
     for i, n in enumerate(range(last + 1, last + 1 + quiet)):
         apply(encode_marker(n))
         if i % 6 == 5:
             asyncio.run(bc.checkpoint(full=False))
     asyncio.run(bc.checkpoint(full=False))
+    quiet_cpu = time.process_time() - t_quiet
     quiet_decodes, quiet_s = op.decodes, op.decode_s
+    quiet_wakes, quiet_writes = op.wakes, store.key_writes
     gc.collect()
     rss1 = _rss()
     allocated = 0.0
@@ -151,6 +177,18 @@ def measure(mechanism: str, calibration: str, events: int, keys: int, age: int,
     op.decodes = 0
     asyncio.run(bc.checkpoint())  # a clean stop
     stop_decodes = op.decodes
+    # A restart on the store (a restore, a takeover): a new operator, whose due wheel is
+    # rebuilt from the stored values, then 2 heartbeat intervals of quiet markers.
+    op = Counting(s, KEY, idle_decoded=idle_decoded)
+    bc = BatchCommit(op, store, sink)
+    store.key_writes = 0
+    t_restart = time.process_time()
+    for i, n in enumerate(range(last + 1 + quiet, last + 1 + quiet + 120)):
+        apply(encode_marker(n))
+        if i % 6 == 5:
+            asyncio.run(bc.checkpoint(full=False))
+    asyncio.run(bc.checkpoint(full=False))
+    restart_cpu = time.process_time() - t_restart
     # Decoding alone.
     sample = [v for k, v in sorted(store.data.items()) if k.startswith("c/pages[")][:200]
     t1 = time.process_time()
@@ -169,6 +207,10 @@ def measure(mechanism: str, calibration: str, events: int, keys: int, age: int,
         "quiet_decodes_per_key": quiet_decodes / keys,
         "quiet_decode_us": quiet_s / quiet_decodes * 1e6 if quiet_decodes else 0.0,
         "decode_us": decode_us, "published": len(sink.releases) + len(sink.ledger),
+        "quiet_wakes_per_key": quiet_wakes / keys, "quiet_writes_per_key": quiet_writes / keys,
+        "quiet_cpu_s": quiet_cpu, "restart_wakes_per_key": op.wakes / keys,
+        "restart_decodes_per_key": op.decodes / keys,
+        "restart_writes_per_key": store.key_writes / keys, "restart_cpu_s": restart_cpu,
     }
 
 
@@ -206,10 +248,17 @@ def main() -> None:
                       f"({r['stored_min']}-{r['stored_max']}, {', '.join(r['forms'])}); "
                       f"events' markers {r['seal_cpu_s']:.1f} CPU-s; "
                       f"over {args.quiet_ticks} quiet ticks "
+                      f"{r['quiet_wakes_per_key']:.2f} wake-ups/key, "
+                      f"{r['quiet_writes_per_key']:.2f} writes/key, "
                       f"{r['quiet_decodes_per_key']:.2f} decodes/key at "
-                      f"{r['quiet_decode_us']:,.0f} us; then {memory}, "
+                      f"{r['quiet_decode_us']:,.0f} us, {r['quiet_cpu_s']:.2f} CPU-s; "
+                      f"then {memory}, "
                       f"{r['decoded_after']} keys decoded; a clean stop "
-                      f"{r['stop_decodes_per_key']:.2f} decodes/key; decode alone "
+                      f"{r['stop_decodes_per_key']:.2f} decodes/key; a restart then "
+                      f"120 quiet ticks {r['restart_wakes_per_key']:.2f} wake-ups/key, "
+                      f"{r['restart_decodes_per_key']:.2f} decodes/key, "
+                      f"{r['restart_writes_per_key']:.2f} writes/key, "
+                      f"{r['restart_cpu_s']:.2f} CPU-s; decode alone "
                       f"{r['decode_us']:,.0f} us",
                       flush=True)
 

@@ -6,17 +6,24 @@ its offset. Pure: no Kafka. Fixed seeds."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
+from unittest import mock
 
 import pytest
 
 from processor.core import registry
 from processor.core.errors import StateFormatError
+from processor.stream.model import operator as operator_module
 from processor.stream.model import state as state_module
+from processor.stream.model.commit import BatchCommit
 from processor.stream.model.families import key_counter
+from processor.stream.model.identity import counter_id, noise_identity
 from processor.stream.model.operator import Operator
+from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.provenance import CalibratedRegistry
+from processor.stream.model.records import encode_marker
 from processor.stream.model.state import (
     COMPACT_EVENTS,
     CounterState,
@@ -26,6 +33,8 @@ from processor.stream.model.state import (
     stored_offset,
     supersedes,
 )
+from tests.stream.helpers import apply_now
+from tests.stream.test_commit import Published, batches_of, run_clean
 from tests.stream.test_open_families import _public, _timeline, open_settings
 from tests.stream.test_operator import KEY, Run
 
@@ -210,3 +219,270 @@ def test_a_compact_value_advances_by_quiet_ticks_without_a_replay(mechanism: str
     raw = pending.store.data["c/pages[p]"]
     assert raw.startswith(COMPACT)
     assert advance_counter_value(raw, lambda _b, _k: None, 40, 9, 9, 9) is None
+
+
+# ------------------------------------------------------------ keys filed nowhere
+
+
+def _dormant(data: dict[str, bytes]) -> list[str]:
+    """The keys whose stored value is compact and filed nowhere (`Operator.due_tick`)."""
+    return sorted(k[2:] for k, v in data.items()
+                  if v.startswith(COMPACT) and counter_filed_due(v) is None)
+
+
+class DropsOneTick(Operator):
+    """Control: a key woken from its stored value seals one ⊥ tick fewer than the ticks
+    since its stored tick (its frontier moved on, its mechanism not)."""
+
+    def _seal_key(self, name: str, cs: CounterState, n: int, frontier: int,
+                  out: Any) -> bool:
+        if (cs.admission is not None and cs.admission.first is not None and cs.pending
+                and cs.frontier < min(cs.pending) - 1 and not cs.queue
+                and cs.mechanism.next_due() is None):
+            cs.frontier += 1
+        return super()._seal_key(name, cs, n, frontier, out)
+
+
+def _revived(calibration: str, op_class: type[Operator]) -> tuple[int, int, int]:
+    """Keys with 1 to 5 events on distinct ticks over 900 ticks (ECC, heartbeats every
+    7), then one more event each at tick 901: each key's counter as stored after the
+    marker through 901, against the key's counter stepped at every tick from the
+    family's start with its inputs (no skip, never stored). Returns (keys filed
+    nowhere before their last event, keys compared, mismatches: mechanism bytes or
+    frontier that differ, or a value that does not decode)."""
+    s = open_settings(mechanism="ecc", calibration=calibration, epsilon=4.0,
+                      heartbeat_ticks=7)
+    T = 900
+    rng = random.Random(21)
+    keys = {f"k{i}": sorted(rng.sample(range(1, T - 100), rng.randint(1, 5)))
+            for i in range(14)}
+    run = Run(s, CalibratedRegistry(calibration))
+    run.op = op_class(s, KEY, factory=CalibratedRegistry(calibration))
+    for r in _timeline(keys, T):
+        run.feed(r)
+    dormant = len(_dormant(run.store.data))
+    for k in sorted(keys):
+        run.event(key_counter("pages", k), T + 1)
+        keys[k].append(T + 1)
+    run.marker(T + 1)
+    compared = wrong = 0
+    for k, ticks in sorted(keys.items()):
+        name = key_counter("pages", k)
+        ref = registry.make("ecc", s.epsilon, s.delta, KEY,
+                            counter_id(noise_identity(s, KEY), name),
+                            calibration=calibration)
+        for n in range(T + 2):  # the family starts at global tick 0: local tick n + 1
+            ref.update(1.0 if n in ticks else None)
+        compared += 1
+        try:
+            cs = CounterState.from_bytes(run.store.data[f"c/{name}"], registry, KEY)
+        except StateFormatError:
+            wrong += 1
+            continue
+        wrong += (cs.mechanism.to_bytes() != ref.to_bytes() or cs.frontier != T + 1)
+    return dormant, compared, wrong
+
+
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+def test_a_key_filed_nowhere_wakes_as_the_counter_that_never_stopped(calibration: str) -> None:
+    """ECC keys waiting with nothing due are filed nowhere between their inputs (no
+    marker seals their ⊥ ticks); the marker of a key's next input seals those ticks from
+    its stored value by one exact skip: its state is, byte for byte, the counter stepped
+    at every tick that was never stored. Control: one ⊥ tick fewer is caught."""
+    dormant, compared, wrong = _revived(calibration, Operator)
+    assert dormant >= 10 and compared == 14 and wrong == 0
+    _, _, wrong = _revived(calibration, DropsOneTick)
+    assert wrong > 0
+
+
+def _waiting_timeline(seed: int, T: int) -> list[bytes]:
+    rng = random.Random(seed)
+    keys = {f"k{i}": sorted(rng.sample(range(1, T - 10), rng.randint(1, 6)))
+            for i in range(16)}
+    keys["heavy"] = list(range(5, T))
+    return _timeline(keys, T, declared=[3, 9, 200])
+
+
+def test_restoring_at_every_record_equals_never_stopping_with_keys_filed_nowhere() -> None:
+    """Every record applied by a new operator on the store (the due wheel rebuilt from
+    the stored filed_due at each: a key filed nowhere is in it only once an event files
+    it): the public records, marker by marker, and the stored bytes after each record
+    are those of one operator that never stopped; keys were filed nowhere. Control: a
+    rebuild that files no compact value (one with events pending included) differs."""
+    s = open_settings(mechanism="ecc", heartbeat_ticks=5)
+    records = _waiting_timeline(4, 500)
+
+    def run(restore: bool) -> tuple[list[list[bytes]], list[dict[str, bytes]]]:
+        store = DictStore()
+        op = Operator(s, KEY, factory=registry)
+        trace: list[list[bytes]] = []
+        stores: list[dict[str, bytes]] = []
+        for offset, r in enumerate(records):
+            if restore:
+                op = Operator(s, KEY, factory=registry)
+            out = apply_now(op, store, 0, offset, r)
+            trace.append([e.to_json() for e in out.ledger]
+                         + [x.to_json() for x in out.decoded_releases()])
+            stores.append(dict(store.data))
+        return trace, stores
+
+    never = run(False)
+    assert any(b'"pages[heavy]"' in x for m in never[0] for x in m)  # admitted
+    assert len(_dormant(never[1][-1])) >= 8
+    assert run(True) == never
+    real = counter_filed_due
+
+    def compact_unfiled(value: bytes) -> int | None:
+        return None if bytes(value[:4]) == COMPACT else real(value)
+
+    with mock.patch.object(operator_module, "counter_filed_due", compact_unfiled):
+        assert run(True)[1][-1] != never[1][-1]
+
+
+def test_a_crash_anywhere_with_keys_filed_nowhere_equals_never_stopping() -> None:
+    """Batches of records, periodic checkpoints that are not full, crashes at random
+    points (a new operator on the last checkpoint's store, the records after it applied
+    again): what is published (no second, different value anywhere), every record sent
+    in order, and the store after a final full checkpoint are those of a checkpoint per
+    batch; keys were filed nowhere."""
+    s = open_settings(mechanism="ecc", heartbeat_ticks=5)
+    rng = random.Random(8)
+    batches = batches_of(_waiting_timeline(5, 500), rng)
+    clean_store, clean_pub = run_clean(s, batches, registry)
+    assert len(_dormant(clean_store.data)) >= 8
+    schedule = random.Random(9)
+    store, pub = DictStore(), Published()
+    bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
+    i = done = crashes = 0
+    while i < len(batches):
+        asyncio.run(bc.apply(0, batches[i]))
+        roll = schedule.random()
+        i += 1
+        if roll < 0.3:
+            asyncio.run(bc.checkpoint(full=False))
+            done = i
+        elif roll > 0.9 and crashes < 12 and i > done:
+            crashes += 1
+            bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
+            i = done
+    asyncio.run(bc.checkpoint())
+    assert crashes >= 6
+    assert pub.releases == clean_pub.releases and pub.ledger == clean_pub.ledger
+    assert pub.order == clean_pub.order
+    assert store.data == clean_store.data
+
+
+class WritesCounted(DictStore):
+    """A store counting the writes of each key."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: dict[str, int] = {}
+
+    def write_many(self, writes: Any) -> None:
+        writes = list(writes)
+        for k, _ in writes:
+            self.writes[k] = self.writes.get(k, 0) + 1
+        super().write_many(writes)
+
+
+class Touches(Operator):
+    """Counts, per counter, the markers that took it from the due wheel."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.touches: dict[str, int] = {}
+
+    def _idle_entry(self, txn: Any, partition: int, name: str) -> Any:
+        self.touches[name] = self.touches.get(name, 0) + 1
+        return super()._idle_entry(txn, partition, name)
+
+
+class HeartbeatFiled(Touches):
+    """Control: a waiting key never due without input filed at its heartbeat tick."""
+
+    def due_tick(self, cs: CounterState) -> int | None:
+        due = super().due_tick(cs)
+        return cs.start_tick + cs.next_heartbeat - 1 if due is None else due
+
+
+def _quiet_upkeep(op_class: type[Touches]) -> tuple[dict[str, int], dict[str, int]]:
+    """A waiting ECC key (2 events), an admitted key and a declared counter, all idle
+    after tick 100, then 1,000 quiet markers (heartbeats every 5 ticks, a checkpoint
+    that is not full every 3 markers, a restart on the store at marker 600). Returns the
+    markers that took each from the due wheel, and the writes of each, over the quiet
+    markers."""
+    s = open_settings(mechanism="ecc", epsilon=50.0, heartbeat_ticks=5)
+    records = _timeline({"light": [3, 40], "heavy": list(range(1, 90))}, 100,
+                        declared=[3, 4, 50])
+    store = WritesCounted()
+    bc = BatchCommit(op_class(s, KEY, factory=registry), store, CollectingSink())
+    for offset, r in enumerate(records):
+        asyncio.run(bc.apply(0, [(offset, r)]))
+    asyncio.run(bc.checkpoint())
+    op = bc.operator
+    assert isinstance(op, Touches)
+    op.touches.clear()
+    store.writes.clear()
+    touches: dict[str, int] = {}
+    offset = len(records)
+    for i, n in enumerate(range(101, 1101)):
+        if n == 600:  # a restart: the due wheel rebuilt from the store
+            for k, v in op.touches.items():
+                touches[k] = touches.get(k, 0) + v
+            bc = BatchCommit(op_class(s, KEY, factory=registry), store, CollectingSink())
+            op = bc.operator
+            assert isinstance(op, Touches)
+        asyncio.run(bc.apply(0, [(offset, encode_marker(n))]))
+        offset += 1
+        if i % 3 == 2:
+            asyncio.run(bc.checkpoint(full=False))
+    for k, v in op.touches.items():
+        touches[k] = touches.get(k, 0) + v
+    return touches, {k[2:]: v for k, v in store.writes.items() if k.startswith("c/")}
+
+
+def test_a_waiting_key_idle_for_many_heartbeats_is_neither_woken_nor_rewritten() -> None:
+    """Over 1,000 quiet ticks (200 heartbeat intervals) and a restart, a waiting ECC key
+    is never taken by a marker nor written, while the admitted key and the declared
+    counter are taken at every heartbeat and written every few. Control: the key filed
+    at its heartbeat tick (the placeholder) is taken and rewritten as often as they."""
+    light, heavy = key_counter("pages", "light"), key_counter("pages", "heavy")
+    touches, writes = _quiet_upkeep(Touches)
+    assert touches.get(light, 0) == 0 and writes.get(light, 0) == 0
+    for name in (heavy, "declared"):
+        assert touches[name] >= 1000 // 5 - 2 and writes[name] >= 1000 // 5 // 6, name
+    touches, writes = _quiet_upkeep(HeartbeatFiled)
+    assert touches[light] >= 1000 // 5 - 2 and writes[light] >= 1000 // 5 // 6
+
+
+def test_a_key_filed_at_its_heartbeat_by_the_code_before_is_unfiled_once() -> None:
+    """A waiting ECC key stored filed at its heartbeat tick (the schedule of the code
+    before, `HeartbeatFiled`), restarted under this code: the first marker that takes it
+    writes it once, filed nowhere and otherwise as it was (mechanism, frontier), and no
+    marker takes it again."""
+    s = open_settings(mechanism="ecc", epsilon=50.0, heartbeat_ticks=5)
+    light = key_counter("pages", "light")
+    store = WritesCounted()
+    bc = BatchCommit(HeartbeatFiled(s, KEY, factory=registry), store, CollectingSink())
+    records = _timeline({"light": [3, 40]}, 100)
+    for offset, r in enumerate(records):
+        asyncio.run(bc.apply(0, [(offset, r)]))
+    asyncio.run(bc.checkpoint())
+    before = store.data[f"c/{light}"]
+    assert counter_filed_due(before) is not None
+    op = Touches(s, KEY, factory=registry)
+    bc = BatchCommit(op, store, CollectingSink())
+    store.writes.clear()
+    for i, n in enumerate(range(101, 400)):
+        asyncio.run(bc.apply(0, [(len(records) + i, encode_marker(n))]))
+        if i % 3 == 2:
+            asyncio.run(bc.checkpoint(full=False))
+    asyncio.run(bc.checkpoint())
+    after = store.data[f"c/{light}"]
+    assert op.touches[light] == 1 and store.writes[f"c/{light}"] == 1
+    assert counter_filed_due(after) is None
+    assert (stored_offset(after) or 0) > (stored_offset(before) or 0) > 0
+    old, new = (CounterState.from_bytes(v, registry, KEY) for v in (before, after))
+    assert new.mechanism.to_bytes() == old.mechanism.to_bytes()
+    assert new.frontier == old.frontier

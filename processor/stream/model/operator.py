@@ -123,6 +123,7 @@ from processor.stream.model.state import (
     counter_key,
     partition_key,
     quiet_counter,
+    stays_compact,
     stored_offset,
 )
 from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
@@ -578,8 +579,9 @@ class Operator:
                 wheel.file(name, start)
         return wheel
 
-    def due_tick(self, cs: CounterState) -> int:
-        """A global tick at or before the next one at which `cs` has anything to do."""
+    def due_tick(self, cs: CounterState) -> int | None:
+        """A global tick at or before the next one at which `cs` has anything to do;
+        None: nothing until its next input (a waiting key filed nowhere)."""
         start = cs.start_tick
         due = start + cs.next_heartbeat - 1
         adm = cs.admission
@@ -590,7 +592,12 @@ class Operator:
             waits = [min(cs.pending)] if cs.pending else []
             if nd is not None:
                 waits.append(start + nd - 1)
-            return min(waits) if waits else due
+            if waits:
+                return min(waits)
+            # Never due without input: stored compact, it is filed nowhere (its next
+            # input files it, and its seal skips the ⊥ ticks since its stored tick
+            # exactly: docs/open-keys.md); any other such key at its heartbeat tick.
+            return None if stays_compact(cs) else due
         if cs.queue or not cs.announced:
             due = cs.frontier + 1
         elif cs.pending:
@@ -731,7 +738,10 @@ class Operator:
         wheel = self._wheel(txn, partition)
         for name, cs in applying.items():
             if cs.filed_due is None:
-                due = self.due_tick(cs)
+                got = self.due_tick(cs)
+                if got is None:  # its events were all duplicates: still filed nowhere
+                    continue
+                due = got
             else:
                 # Events only add pending arrivals, so the new due tick is
                 # min(old due, earliest pending), and the counter is already filed
@@ -788,17 +798,8 @@ class Operator:
                 # ledger entry, if it is ever admitted, says so (`_ledger_entry`).
                 self.provenance.check_parameters(name, cs.mechanism)
             due = self.due_tick(cs)
-            if due > n:
-                # A stale entry: nothing to do yet. Re-file it only if the entry it is
-                # filed under is one this marker took. The marker counts as applied to
-                # it (a value changes only with its offset: state.supersedes).
-                if cs.filed_due is None or cs.filed_due <= n:
-                    filed = cs.filed_due
-                    wheel.file(name, due)
-                    cs.filed_due = due
-                    cs.last_offset = offset
-                    self._keep(txn, partition, name, cs, n, filed, True,
-                               self._idle(cs, n, due))
+            if due is None or due > n:
+                self._not_due(txn, partition, name, cs, n, offset, wheel, due)
                 continue
             filed = cs.filed_due
             quiet = cs.announced
@@ -808,10 +809,16 @@ class Operator:
                 quiet = False
             cs.last_offset = offset
             due = self.due_tick(cs)
-            wheel.file(name, due)
             cs.filed_due = due
-            self._keep(txn, partition, name, cs, n, filed, quiet,
-                       self._idle(cs, n, due))
+            if due is None:
+                # Filed nowhere from now on, and so stored (staged: a value filed at a
+                # tick would be woken there after a restore); released at once, busy or
+                # not: no marker reaches it again before its next input.
+                self._keep(txn, partition, name, cs, n, filed, False, True)
+            else:
+                wheel.file(name, due)
+                self._keep(txn, partition, name, cs, n, filed, quiet,
+                           self._idle(cs, n, due))
             touched += 1
         ps.frontier = n
         ps.marker_offset = offset
@@ -819,6 +826,32 @@ class Operator:
         m["counters_touched"] += touched
         m["markers_applied"] += 1
         out.sealed_through = max(n, out.sealed_through or n)
+
+    def _not_due(self, txn: PartitionTransaction, partition: int, name: str,
+                 cs: CounterState, n: int, offset: int, wheel: DueWheel,
+                 due: int | None) -> None:
+        """The marker through n took `cs` from the wheel, but it is due after n (`due`),
+        or never before its next input (None)."""
+        if due is None:
+            # A waiting key with nothing to do until its next input, taken by a stale
+            # entry or filed by a value written before such keys were filed nowhere:
+            # its stored value is made to say so (the wheel's rebuild then leaves it
+            # out), nothing sealed; released.
+            if cs.filed_due is not None:
+                cs.filed_due = None
+                cs.last_offset = offset
+                self._stage_counter(txn, partition, name, cs)
+            txn.release(self._counters, name)
+            return
+        # A stale entry: nothing to do yet. Re-file it only if the entry it is filed
+        # under is one this marker took. The marker counts as applied to it (a value
+        # changes only with its offset: state.supersedes).
+        if cs.filed_due is None or cs.filed_due <= n:
+            filed = cs.filed_due
+            wheel.file(name, due)
+            cs.filed_due = due
+            cs.last_offset = offset
+            self._keep(txn, partition, name, cs, n, filed, True, self._idle(cs, n, due))
 
     def _seal_declared(self, name: str, cs: CounterState, n: int, frontier: int,
                        out: Output) -> bool:
@@ -853,7 +886,16 @@ class Operator:
             adm.first = min(cs.pending) - cs.start_tick + 1
         before = (c.t, c.y)
         aside = Output()
-        dequeued = self._seal(name, cs, n, aside, None)
+        # Its first tick sealed, nothing queued and its mechanism never due without
+        # input, y stays as it is up to its first pending tick, where any admission is
+        # at the earliest: its heartbeats up to then would be set aside unseen, so they
+        # are not made, and the ⊥ ticks since its stored tick (a key filed nowhere:
+        # `due_tick`) are one exact skip (the Counter contract: the same state).
+        quiet_to = None
+        if (adm.first is not None and not cs.queue and cs.pending
+                and self._next_due(cs) is None):
+            quiet_to = min(min(cs.pending) - 1, n)
+        dequeued = self._seal(name, cs, n, aside, quiet_to)
         # `_seal` makes Release objects only (`_release`; no idle entry beats here).
         sealed = aside.decoded_releases()
         out.metrics["events_dequeued"] += dequeued
@@ -1274,8 +1316,9 @@ class Operator:
         """Advance `cs` through global tick n: per tick, arrivals join the queue, at most
         one value leaves as x_t; idle runs (empty queue, nothing due) are one skip.
         `published`: for an announced counter, the partition's frontier before this
-        marker (every record of it through that tick was published). Returns how many
-        values left the queue."""
+        marker (every record of it through that tick was published); for a key not
+        admitted, the tick through which its records cannot be published (`_seal_key`):
+        no heartbeat is made at or before it. Returns how many values left the queue."""
         c = cs.mechanism
         pending = cs.pending
         dequeued = 0

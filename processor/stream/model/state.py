@@ -327,13 +327,9 @@ def _is_hex(text: str, n: int) -> bool:
     return len(text) == n and _HEX.issuperset(text)
 
 
-def _compact(cs: CounterState) -> bytes | None:
-    """The format-5 value of `cs` (a key of an open family not admitted yet, with its
-    inputs known: `trail`), or None where the key is not stored so (format 4 then). The
-    mechanism is left out: its label, parameters and inputs determine it
-    (`selection.replay`), so what is stored is the header format 4 has (offset,
-    filed_due), the fields the counter value holds besides its mechanism, and the key's
-    inputs as (tick gap, units) pairs, in varints."""
+def _compact_label(cs: CounterState) -> tuple[str, str] | None:
+    """(noise identity, name) of the label of `cs` where it is stored compact when
+    encoded now (`_compact`), else None."""
     trail, adm, c = cs.trail, cs.admission, cs.mechanism
     if (trail is None or adm is None or adm.admitted is not None or cs.announced
             or cs.ledger_fingerprint or cs.creation or cs.inputs is None
@@ -344,9 +340,32 @@ def _compact(cs: CounterState) -> bytes | None:
     identity, slash, name = c.counter_id.partition("/")
     if not (slash and name and _is_hex(identity, 32) and _is_hex(cs.key_id, 16)):
         return None
-    t = c.t
-    if t != cs.frontier - cs.start_tick + 1 or cs.start_tick < 0 or cs.next_heartbeat < 0:
+    if (c.t != cs.frontier - cs.start_tick + 1 or cs.start_tick < 0
+            or cs.next_heartbeat < 0):
         return None
+    return identity, name
+
+
+def stays_compact(cs: CounterState) -> bool:
+    """Whether `cs` is stored compact (format 5) when encoded now: a key not admitted
+    yet, its inputs known (`trail`) and few enough (`_compact`)."""
+    return cs.trail is not None and _compact_label(cs) is not None
+
+
+def _compact(cs: CounterState) -> bytes | None:
+    """The format-5 value of `cs` (a key of an open family not admitted yet, with its
+    inputs known: `trail`), or None where the key is not stored so (format 4 then). The
+    mechanism is left out: its label, parameters and inputs determine it
+    (`selection.replay`), so what is stored is the header format 4 has (offset,
+    filed_due), the fields the counter value holds besides its mechanism, and the key's
+    inputs as (tick gap, units) pairs, in varints."""
+    got = _compact_label(cs)
+    if got is None:
+        return None
+    identity, name = got
+    trail, adm, c = cs.trail, cs.admission, cs.mechanism
+    assert trail is not None and adm is not None and isinstance(c, ECC | SimECC)
+    t = c.t
     code = _COMPACT_MECHANISMS.index(c.mechanism) + 2 * _COMPACT_CALIBRATIONS.index(
         c.calibration)
     pairs: list[int] = []
