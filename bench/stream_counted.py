@@ -85,6 +85,7 @@ from stream_procs import (
     Children,
     cpu_diff,
     cpu_seconds,
+    py_spy,
     rss_bytes,
     scrape_counter,
     thread_cpu,
@@ -187,6 +188,19 @@ class Ctx:
     flush_max_s: float = FLUSH_MAX_S
     #: Further settings of every processor deployment (--checkpoint-ms).
     worker_settings: Mapping[str, Any] = field(default_factory=dict)
+    #: --profile-dir: a py-spy profile (raw) of each stage's system over its window, one
+    #: file per stage (`stream_procs.py_spy`; `native`: with native frames). A profiled
+    #: stage's figures are not a measurement (py-spy shares the machine).
+    profile_dir: Path | None = None
+    profile_native: bool = False
+    profiled: int = 0
+
+    def profile_path(self, system: str, load: str) -> Path | None:
+        """Where the next stage's profile goes (None: not profiled)."""
+        if self.profile_dir is None:
+            return None
+        self.profiled += 1
+        return self.profile_dir / f"{self.profiled:02d}-{system}-{load}.txt"
 
 
 @dataclass
@@ -280,11 +294,13 @@ def run_peer(kind: str, ctx: Ctx, load: Load) -> StageResult:
         changelogs = topics_matching(ctx.conf, uid, "changelog")
         idle = idle_rates(ctx.conf, changelogs, proc.pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
-        cpu0 = cpu_seconds(proc.pid)
-        sent = produce_burst(ctx.conf, src, load.values(int(time.time() * 1000)))
-        wait_until(lambda: alive() and watch.poll(), 900, f"{kind}: all events counted",
-                   interval_s=POLL_S)
-        cpu1 = cpu_seconds(proc.pid)
+        values = load.values(int(time.time() * 1000))
+        with py_spy(proc.pid, ctx.profile_path(kind, load.name), ctx.profile_native):
+            cpu0 = cpu_seconds(proc.pid)
+            sent = produce_burst(ctx.conf, src, values)
+            wait_until(lambda: alive() and watch.poll(), 900, f"{kind}: all events counted",
+                       interval_s=POLL_S)
+            cpu1 = cpu_seconds(proc.pid)
         rss = rss_bytes(proc.pid)
         chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_S.get(kind, FLUSH_DEFAULT_S),
                                 idle[1], ctx.flush_max_s)
@@ -345,13 +361,15 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
         idle = idle_rates(ctx.conf, changelogs, pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
         rel0 = records_in(ctx.conf, [dep.topics.counts])
-        cpu0, th0 = cpu_seconds(pid), thread_cpu(pid)
-        # Late at the worker: lateness + 2 ticks before now (see the module docstring).
-        stamp = int(time.time() * 1000) - LATENESS_MS - 2 * tick
-        sent = produce_burst(ctx.conf, dep.topics.input, load.values(stamp))
-        scrape_wait(dequeued, d0 + load.events, 900, "processor: every event stepped")
-        end_ms = time.time() * 1000
-        cpu1, th1, rss = cpu_seconds(pid), thread_cpu(pid), rss_bytes(pid)
+        with py_spy(pid, ctx.profile_path(f"processor-{mechanism}", load.name),
+                    ctx.profile_native):
+            cpu0, th0 = cpu_seconds(pid), thread_cpu(pid)
+            # Late at the worker: lateness + 2 ticks before now (see the module docstring).
+            stamp = int(time.time() * 1000) - LATENESS_MS - 2 * tick
+            sent = produce_burst(ctx.conf, dep.topics.input, load.values(stamp))
+            scrape_wait(dequeued, d0 + load.events, 900, "processor: every event stepped")
+            end_ms = time.time() * 1000
+            cpu1, th1, rss = cpu_seconds(pid), thread_cpu(pid), rss_bytes(pid)
         chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_DEFAULT_S, idle[1],
                                 ctx.flush_max_s)
         releases = records_in(ctx.conf, [dep.topics.counts]) - rel0
