@@ -33,6 +33,13 @@ class Native(Protocol):
     def keystream(self, key: bytes, lane: int, start: int, n: int) -> bytes:
         """n words of the lane from word `start`, little-endian bytes."""
 
+    def discrete_laplace_attempts(
+            self, key: bytes, lane: int, position: int, a: int, t: int, s: int
+    ) -> tuple[list[int], list[int], list[tuple[int, int, int, bool, int, int]], int] | None:
+        """block._run_attempts(a, t, s) on the lane's words from `position`: the offsets
+        and samples of the attempts that produced one, the parked attempts, the position
+        after; None past the lane's end (1 <= t <= 2^48)."""
+
 
 def load(mode: str) -> Native | None:
     """The extension under `mode` (one of _MODES)."""
