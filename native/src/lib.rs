@@ -190,6 +190,9 @@ fn accept_limit(m: u64) -> u64 {
 /// An attempt left unfinished by the bounded loops of `block_attempts` (block.py
 /// `_run_attempts`'s parked tuple): offset, stage, U, negative, k, v.
 type Parked = (i64, i64, u64, bool, i64, i64);
+/// What `block_attempts` returns: offsets and samples of the attempts that produced one,
+/// and the parked attempts.
+type Attempts = (Vec<i64>, Vec<i64>, Vec<Parked>);
 
 /// Stage of a parked attempt (block.py _PARKED_IN_VN, _PARKED_IN_GEOMETRIC).
 const PARKED_IN_VN: i64 = 1;
@@ -207,8 +210,7 @@ const MAX_SUB: usize = 8;
 /// decisions, the same words consumed. Returns the offsets and samples of the attempts
 /// that produced one, in attempt order, and the parked attempts (in the reference's
 /// order). Requires 1 <= t <= 2^48 (block.BLOCK_MAX_T) and s >= 1.
-fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64)
-                  -> Result<(Vec<i64>, Vec<i64>, Vec<Parked>), EndOfLane> {
+fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64) -> Result<Attempts, EndOfLane> {
     let mut parked: Vec<Parked> = Vec::new();
     let two_t = 2 * t;
     let lim0 = accept_limit(two_t);
@@ -393,7 +395,7 @@ fn discrete_laplace_attempts(
     py: Python<'_>, key: &[u8], lane: u128, position: u64, a: usize, t: u64, s: u64,
 ) -> PyResult<Option<(Vec<i64>, Vec<i64>, Vec<Parked>, u64)>> {
     let key = key_of(key)?;
-    if t < 1 || t > 1 << 48 || s < 1 || lane >= 1u128 << 96 {
+    if !(1..=1 << 48).contains(&t) || s < 1 || lane >= 1u128 << 96 {
         return Err(pyo3::exceptions::PyValueError::new_err(
             "1 <= t <= 2^48, s >= 1 and lane < 2^96"));
     }
