@@ -10,6 +10,8 @@ missing extension an error at import.
 
 from __future__ import annotations
 
+import importlib
+import types
 from collections.abc import Iterator
 
 import numpy as np
@@ -256,3 +258,20 @@ def test_mode_switch() -> None:
     assert native.load("native") is NATIVE
     with pytest.raises(ImportError, match="DPC_SAMPLERS"):
         native.load("fast")
+
+
+def test_an_extension_built_from_older_sources_is_not_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An extension without the block attempts (built before them, setup not run again)
+    is not used: the reference makes every draw (auto), or the start fails (native).
+    Control: the complete extension is used."""
+    assert NATIVE is not None
+    stale = types.SimpleNamespace(discrete_laplace_run=NATIVE.discrete_laplace_run,
+                                  keystream=NATIVE.keystream)
+    monkeypatch.setattr(importlib, "import_module", lambda _name: stale)
+    assert native.load("auto") is None
+    with pytest.raises(ImportError, match="discrete_laplace_attempts"):
+        native.load("native")
+    complete = types.SimpleNamespace(**{f: getattr(NATIVE, f) for f in native.FUNCTIONS})
+    monkeypatch.setattr(importlib, "import_module", lambda _name: complete)
+    assert native.load("auto") is complete
