@@ -165,6 +165,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="idle: py-spy record (--gil --threads, raw) of the worker over the "
                    "window into FILE (py-spy installed next to this Python)")
+    p.add_argument("--profile-dir", type=Path, metavar="DIR",
+                   help="throughput: py-spy record (every thread, raw) of each stage's "
+                   "system over its window, one file per stage in DIR (py-spy installed "
+                   "next to this Python); a profiled run's figures are not a measurement")
+    p.add_argument("--profile-native", action="store_true",
+                   help="--profile-dir with native frames (py-spy --native)")
     p.add_argument("--cluster", action="store_true",
                    help="a local three-node cluster (replication 3, min ISR 2) instead of "
                    "one broker")
@@ -325,6 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      a.processor_metric, a.heartbeat_ticks)
             if a.checkpoint_ms is not None:
                 ctx.worker_settings = {"checkpoint_ms": a.checkpoint_ms}
+            if a.profile_dir is not None:
+                a.profile_dir.mkdir(parents=True, exist_ok=True)
+                ctx.profile_dir, ctx.profile_native = a.profile_dir, a.profile_native
             if a.quick:  # a smoke run: shorter idle windows and flush waits
                 ctx.idle_s, ctx.flush_max_s = 1.0, 5.0
             lines = run_phases(a, ctx, results, cluster)

@@ -10,10 +10,11 @@ What "counted" means, per system (the same N input events, JSON, unkeyed, 4 part
   changelog record queued in Faust's producer) (processor/stream/model/commit.py), so a
   counted event's release, if its tick made one, is on the private-count topic. The
   bench reads the worker's operator metric `dpc_operator_events_dequeued_total` (an
-  operator channel, /metrics), at most every second while many events are left and every
-  50 ms over the last ones (`scrape_wait`: each scrape costs the worker ~3 ms of CPU, a
-  third of its CPU at 20 scrapes a second); end = the first reading at or above the
-  warm-up's value + N. An event merely accepted, on the timeline, or sealed is NOT
+  operator channel, /metrics), at most every second, the next reading when the rate of
+  the last two says the end is near (`scrape_wait`: each scrape costs the worker CPU, a
+  page of every operator metric rendered, that no peer pays; at 50 ms intervals they were
+  a sixth of its busy samples in the dense stage); end = the first reading at or above
+  the warm-up's value + N. An event merely accepted, on the timeline, or sealed is NOT
   counted: in the dense load each counter steps one event per tick, so most events wait
   in queues for many ticks after they were sealed, and that wait is in the figure.
 - Quix Streams / Faust Table: counted when the output record carrying the count that
@@ -85,6 +86,7 @@ from stream_procs import (
     Children,
     cpu_diff,
     cpu_seconds,
+    py_spy,
     rss_bytes,
     scrape_counter,
     thread_cpu,
@@ -104,10 +106,14 @@ LATENESS_MS = 100
 HEARTBEAT_TICKS = 1_000_000
 #: How often the bench looks for a stage's end (bounds the CPU of idle work in a figure).
 POLL_S = 0.05
-#: The processor's end is looked for `remaining events / SCRAPE_RATE` seconds after each
-#: reading (within [POLL_S, 1 s]): a rate no processor stage reaches, so the end is seen
-#: within POLL_S of it all the same, with a few dozen scrapes rather than one per POLL_S.
+#: The processor's end is looked for `SCRAPE_AHEAD x remaining / rate` seconds after each
+#: reading (within [POLL_S, 1 s]), the rate as the readings show it (`scrape_wait`; before
+#: any growth: SCRAPE_RATE, a rate no processor stage reaches). A steady stage is read
+#: about once a second and a few times at its end, and a reading short of the end looks
+#: again after a fraction of what is left (at least POLL_S): the end is seen within POLL_S
+#: of it while the rate holds, within 1 s - SCRAPE_AHEAD x that if it jumps.
 SCRAPE_RATE = 50_000
+SCRAPE_AHEAD = 0.8
 DEQUEUED = "dpc_operator_events_dequeued_total"
 #: After a stage's end, how long its system may still be writing the stage's state changelog
 #: (Quix checkpoints every 5 s by default; Faust's producer and the processor send theirs
@@ -187,6 +193,19 @@ class Ctx:
     flush_max_s: float = FLUSH_MAX_S
     #: Further settings of every processor deployment (--checkpoint-ms).
     worker_settings: Mapping[str, Any] = field(default_factory=dict)
+    #: --profile-dir: a py-spy profile (raw) of each stage's system over its window, one
+    #: file per stage (`stream_procs.py_spy`; `native`: with native frames). A profiled
+    #: stage's figures are not a measurement (py-spy shares the machine).
+    profile_dir: Path | None = None
+    profile_native: bool = False
+    profiled: int = 0
+
+    def profile_path(self, system: str, load: str) -> Path | None:
+        """Where the next stage's profile goes (None: not profiled)."""
+        if self.profile_dir is None:
+            return None
+        self.profiled += 1
+        return self.profile_dir / f"{self.profiled:02d}-{system}-{load}.txt"
 
 
 @dataclass
@@ -280,11 +299,13 @@ def run_peer(kind: str, ctx: Ctx, load: Load) -> StageResult:
         changelogs = topics_matching(ctx.conf, uid, "changelog")
         idle = idle_rates(ctx.conf, changelogs, proc.pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
-        cpu0 = cpu_seconds(proc.pid)
-        sent = produce_burst(ctx.conf, src, load.values(int(time.time() * 1000)))
-        wait_until(lambda: alive() and watch.poll(), 900, f"{kind}: all events counted",
-                   interval_s=POLL_S)
-        cpu1 = cpu_seconds(proc.pid)
+        values = load.values(int(time.time() * 1000))
+        with py_spy(proc.pid, ctx.profile_path(kind, load.name), ctx.profile_native):
+            cpu0 = cpu_seconds(proc.pid)
+            sent = produce_burst(ctx.conf, src, values)
+            wait_until(lambda: alive() and watch.poll(), 900, f"{kind}: all events counted",
+                       interval_s=POLL_S)
+            cpu1 = cpu_seconds(proc.pid)
         rss = rss_bytes(proc.pid)
         chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_S.get(kind, FLUSH_DEFAULT_S),
                                 idle[1], ctx.flush_max_s)
@@ -345,13 +366,16 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
         idle = idle_rates(ctx.conf, changelogs, pid, ctx.idle_s)
         chl0 = records_in(ctx.conf, changelogs)
         rel0 = records_in(ctx.conf, [dep.topics.counts])
-        cpu0, th0 = cpu_seconds(pid), thread_cpu(pid)
-        # Late at the worker: lateness + 2 ticks before now (see the module docstring).
-        stamp = int(time.time() * 1000) - LATENESS_MS - 2 * tick
-        sent = produce_burst(ctx.conf, dep.topics.input, load.values(stamp))
-        scrape_wait(dequeued, d0 + load.events, 900, "processor: every event stepped")
-        end_ms = time.time() * 1000
-        cpu1, th1, rss = cpu_seconds(pid), thread_cpu(pid), rss_bytes(pid)
+        with py_spy(pid, ctx.profile_path(f"processor-{mechanism}", load.name),
+                    ctx.profile_native):
+            cpu0, th0 = cpu_seconds(pid), thread_cpu(pid)
+            # Late at the worker: lateness + 2 ticks before now (see the module docstring).
+            stamp = int(time.time() * 1000) - LATENESS_MS - 2 * tick
+            sent = produce_burst(ctx.conf, dep.topics.input, load.values(stamp))
+            scrapes = scrape_wait(dequeued, d0 + load.events, 900,
+                                  "processor: every event stepped")
+            end_ms = time.time() * 1000
+            cpu1, th1, rss = cpu_seconds(pid), thread_cpu(pid), rss_bytes(pid)
         chl1, flush_s = flushed(ctx.conf, changelogs, FLUSH_DEFAULT_S, idle[1],
                                 ctx.flush_max_s)
         releases = records_in(ctx.conf, [dep.topics.counts]) - rel0
@@ -368,19 +392,44 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
                         "flush_s": flush_s,
                         "cpu_flush_s": cpu2 - cpu0 - idle[0] * flush_s,
                         "idle_cpu_per_s": idle[0], "idle_changelog_per_s": idle[1],
-                        "threads": cpu_diff(th0, th1),
+                        "threads": cpu_diff(th0, th1), "scrapes": scrapes,
                         "not_log_append": sent.not_log_append})
 
 
 def scrape_wait(read: Callable[[], float], target: float, timeout_s: float,
-                what: str) -> None:
-    """Read until `read()` reaches `target`, the next reading `(target - last) /
-    SCRAPE_RATE` seconds later, within [POLL_S, 1 s]. TimeoutError names `what`."""
-    t0 = time.monotonic()
-    while (left := target - read()) > 0:
-        if time.monotonic() - t0 > timeout_s:
+                what: str, clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> int:
+    """Read until `read()` reaches `target`; returns the number of readings. The next
+    reading comes `SCRAPE_AHEAD x (target - last) / rate` seconds later, within [POLL_S,
+    1 s]; rate = the larger of the growth per second since the first reading that had
+    grown (the stage under way) and since the previous reading; SCRAPE_RATE until one
+    reading after that first growth. TimeoutError names `what`."""
+    t0 = clock()
+    reads = 0
+    first: float | None = None
+    grown: tuple[float, float] | None = None  # the first reading above `first`
+    prev = (0.0, 0.0)
+    while True:
+        v, now = read(), clock()
+        reads += 1
+        left = target - v
+        if left <= 0:
+            return reads
+        if now - t0 > timeout_s:
             raise TimeoutError(f"{what}: not after {timeout_s:.0f} s")
-        time.sleep(min(1.0, max(POLL_S, left / SCRAPE_RATE)))
+        rate = float(SCRAPE_RATE)
+        if first is None:
+            first = v
+        elif grown is None:
+            if v > first:
+                grown = (v, now)
+        elif now > grown[1]:
+            rate = max((v - grown[0]) / (now - grown[1]),
+                       (v - prev[0]) / (now - prev[1]) if now > prev[1] else 0.0)
+            if rate <= 0:
+                rate = float(SCRAPE_RATE)
+        prev = (v, now)
+        sleep(min(1.0, max(POLL_S, SCRAPE_AHEAD * left / rate)))
 
 
 def quiesce(conf: Mapping[str, str], changelogs: Sequence[str], per_s: float,
@@ -521,6 +570,10 @@ def report_counted(results: Sequence[StageResult], systems: Sequence[str],
         for system in (s for s in systems if s.startswith("processor-")):
             own = [r for r in results if r.system == system and r.load == load.name]
             lines += _thread_line(system, own)
+            scrapes = [r.extra["scrapes"] for r in own if "scrapes" in r.extra]
+            if scrapes:
+                lines.append(f"    {system} /metrics readings per stage (the bench's, CPU "
+                             f"the worker pays): {_span(scrapes, 'd')}")
     lines.append("  CPU-ms/event: the system's CPU from the burst to its end / N; +flush: the "
                  "same until its changelog for the stage is written (flush s after the end: "
                  f"Quix's next checkpoint, at least {FLUSH_S['quix']:.0f} s; the others at "

@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +72,32 @@ class Children:
             self.stop(proc)
         for dep in list(self.deployments):
             self.close_deployment(dep)
+
+
+@contextlib.contextmanager
+def py_spy(pid: int, out: Path | None, native: bool = False) -> Iterator[None]:
+    """py-spy record of `pid` (every thread on the CPU, raw stacks, non-blocking) while the
+    block runs, into `out`; nothing when `out` is None. Stopped by SIGINT at the block's
+    end (py-spy then writes its file). py-spy is installed next to this interpreter, not a
+    dependency of the project. Its own CPU is in no system's figure, but it shares the
+    machine: a profiled stage's figures are not a measurement."""
+    if out is None:
+        yield
+        return
+    cmd = [str(Path(sys.executable).with_name("py-spy")), "record", "--threads",
+           "--nonblocking", "--format", "raw", "--rate", "200", "-o", str(out),
+           "-p", str(pid)]
+    if native:
+        cmd.append("--native")
+    spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        try:
+            spy.wait(60)
+        except subprocess.TimeoutExpired:
+            spy.kill()
 
 
 def _proc_tree(pid: int) -> list[psutil.Process]:

@@ -182,6 +182,174 @@ impl Words {
     }
 }
 
+/// block._limit(m): the largest word accepted for a uniform w mod m from one word.
+fn accept_limit(m: u64) -> u64 {
+    u64::MAX - ((1u128 << 64) % m as u128) as u64
+}
+
+/// An attempt left unfinished by the bounded loops of `block_attempts` (block.py
+/// `_run_attempts`'s parked tuple): offset, stage, U, negative, k, v.
+type Parked = (i64, i64, u64, bool, i64, i64);
+/// What `block_attempts` returns: offsets and samples of the attempts that produced one,
+/// and the parked attempts.
+type Attempts = (Vec<i64>, Vec<i64>, Vec<Parked>);
+
+/// Stage of a parked attempt (block.py _PARKED_IN_VN, _PARKED_IN_GEOMETRIC).
+const PARKED_IN_VN: i64 = 1;
+const PARKED_IN_GEOMETRIC: i64 = 2;
+/// block.py _VN_COLUMNS, _VN_COLUMNS_LATER, _GEOMETRIC_COLUMNS, _GEOMETRIC_COLUMNS_LATER,
+/// _MAX_SUB.
+const VN_COLUMNS: usize = 2;
+const VN_COLUMNS_LATER: usize = 4;
+const GEOMETRIC_COLUMNS: usize = 3;
+const GEOMETRIC_COLUMNS_LATER: usize = 5;
+const MAX_SUB: usize = 8;
+
+/// block.py `_run_attempts(src, a, t, s, ...)` on the words of `src` from its position:
+/// the same words in the same layout (column by column within a sub-pass), the same
+/// decisions, the same words consumed. Returns the offsets and samples of the attempts
+/// that produced one, in attempt order, and the parked attempts (in the reference's
+/// order). Requires 1 <= t <= 2^48 (block.BLOCK_MAX_T) and s >= 1.
+fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64) -> Result<Attempts, EndOfLane> {
+    let mut parked: Vec<Parked> = Vec::new();
+    let two_t = 2 * t;
+    let lim0 = accept_limit(two_t);
+    let mut uu = vec![0u64; a];
+    let mut neg = vec![false; a];
+    let mut d_ids: Vec<usize> = Vec::with_capacity(a);
+    for i in 0..a {
+        let w = src.next()?;
+        let r = w % two_t;
+        uu[i] = r >> 1;
+        neg[i] = r & 1 == 1;
+        if w <= lim0 {
+            d_ids.push(i);
+        }
+    }
+    // Bernoulli(exp(-U/t)): von Neumann step k is Bernoulli(U / (t k)); the modulus t k
+    // and its acceptance limit by k (block._block_tables), k below 2 + 4 x 9.
+    let m_tab: Vec<u64> = (0..2 + VN_COLUMNS_LATER as u64 * (MAX_SUB as u64 + 1))
+        .map(|k| t * k.max(1)).collect();
+    let lim_tab: Vec<u64> = m_tab.iter().map(|&m| accept_limit(m)).collect();
+    let mut d_k: Vec<u64> = vec![1; d_ids.len()];
+    let mut passed: Vec<usize> = Vec::new();
+    let mut words: Vec<u64> = Vec::new();
+    for sub in 0..MAX_SUB {
+        let nd = d_ids.len();
+        if nd == 0 {
+            break;
+        }
+        let ncol = if sub == 0 { VN_COLUMNS } else { VN_COLUMNS_LATER };
+        words.clear();
+        for _ in 0..nd * ncol {
+            words.push(src.next()?);
+        }
+        let mut next_ids = Vec::new();
+        let mut next_k = Vec::new();
+        for i in 0..nd {
+            let u = uu[d_ids[i]];
+            let mut run = true;
+            let mut stuck = false;
+            let mut f: u64 = 0;
+            for c in 0..ncol {
+                let w = words[c * nd + i];
+                let k = (d_k[i] + c as u64) as usize;
+                let m = m_tab[k];
+                let acc = w <= lim_tab[k];
+                let mut ok = w % m < u;
+                if !acc {
+                    stuck |= run;
+                    ok = false;
+                }
+                run &= ok;
+                f += run as u64;
+            }
+            let k_stop = d_k[i] + f;
+            if !(run || stuck) {
+                if k_stop & 1 == 1 {
+                    passed.push(d_ids[i]);
+                }
+            } else {
+                next_ids.push(d_ids[i]);
+                next_k.push(k_stop);
+            }
+        }
+        d_ids = next_ids;
+        d_k = next_k;
+    }
+    for (j, k) in d_ids.iter().zip(d_k.iter()) {
+        parked.push((*j as i64, PARKED_IN_VN, uu[*j], neg[*j], *k as i64, 0));
+    }
+    // V: Bernoulli(exp(-1)) successes before the first failure, one word per trial.
+    let mut v_ids = passed;
+    let mut v_v: Vec<u64> = vec![0; v_ids.len()];
+    let mut done: Vec<(usize, u64)> = Vec::new();
+    for sub in 0..MAX_SUB {
+        let nv = v_ids.len();
+        if nv == 0 {
+            break;
+        }
+        let ncol = if sub == 0 { GEOMETRIC_COLUMNS } else { GEOMETRIC_COLUMNS_LATER };
+        words.clear();
+        for _ in 0..nv * ncol {
+            words.push(src.next()?);
+        }
+        let mut next_ids = Vec::new();
+        let mut next_v = Vec::new();
+        for i in 0..nv {
+            let mut run = true;
+            let mut stuck = false;
+            let mut deep = false;
+            let mut f: u64 = 0;
+            for c in 0..ncol {
+                let w = words[c * nv + i];
+                // thresholds <= r; K = 19 - nle; K odd (nle even) is a success
+                let nle = VN_THRESHOLDS.partition_point(|&th| th <= w % F18);
+                let mut ok = nle % 2 == 0;
+                let dec = w <= F18_LIMIT && nle > 0;
+                if !dec {
+                    if run {
+                        stuck = true;
+                        deep |= w <= F18_LIMIT;
+                    }
+                    ok = false;
+                }
+                run &= ok;
+                f += run as u64;
+            }
+            let vf = v_v[i] + f;
+            let j = v_ids[i];
+            if !(run || stuck) {
+                done.push((j, vf));
+            }
+            if deep {
+                parked.push((j as i64, PARKED_IN_GEOMETRIC, uu[j], neg[j], 19, vf as i64));
+            }
+            if run || (stuck && !deep) {
+                next_ids.push(j);
+                next_v.push(vf);
+            }
+        }
+        v_ids = next_ids;
+        v_v = next_v;
+    }
+    for (j, v) in v_ids.iter().zip(v_v.iter()) {
+        parked.push((*j as i64, PARKED_IN_GEOMETRIC, uu[*j], neg[*j], 0, *v as i64));
+    }
+    done.sort_by_key(|&(j, _)| j);
+    let mut ids = Vec::with_capacity(done.len());
+    let mut vals = Vec::with_capacity(done.len());
+    for (j, v) in done {
+        let y = (uu[j] + t * v) / s;
+        if neg[j] && y == 0 {
+            continue; // "minus zero" rejects the attempt
+        }
+        ids.push(j as i64);
+        vals.push(if neg[j] { -(y as i64) } else { y as i64 });
+    }
+    Ok((ids, vals, parked))
+}
+
 fn key_of(key: &[u8]) -> PyResult<[u8; 32]> {
     // The message names the length only, never the bytes.
     key.try_into().map_err(|_| {
@@ -217,6 +385,29 @@ fn discrete_laplace_run(
     }))
 }
 
+/// block.py `_run_attempts` on the words of `lane` from word `position` (see
+/// `block_attempts`): (offsets, samples, parked attempts, position after), or None when
+/// the words run past the lane's end (the reference then runs it).
+#[pyfunction]
+#[pyo3(signature = (key, lane, position, a, t, s))]
+#[allow(clippy::type_complexity)]
+fn discrete_laplace_attempts(
+    py: Python<'_>, key: &[u8], lane: u128, position: u64, a: usize, t: u64, s: u64,
+) -> PyResult<Option<(Vec<i64>, Vec<i64>, Vec<Parked>, u64)>> {
+    let key = key_of(key)?;
+    if !(1..=1 << 48).contains(&t) || s < 1 || lane >= 1u128 << 96 {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "1 <= t <= 2^48, s >= 1 and lane < 2^96"));
+    }
+    Ok(py.allow_threads(|| {
+        let mut src = Words::new(&key, lane, position);
+        match block_attempts(&mut src, a, t, s) {
+            Ok((ids, vals, parked)) => Some((ids, vals, parked, src.position)),
+            Err(EndOfLane) => None,
+        }
+    }))
+}
+
 /// n keystream words of `lane` from word `start`, little-endian bytes (rng.py
 /// KeyedStream.word_array's bytes): the tests compare it with the reference cipher.
 #[pyfunction]
@@ -239,5 +430,6 @@ fn keystream<'py>(
 fn dpc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(discrete_laplace_run, m)?)?;
     m.add_function(wrap_pyfunction!(keystream, m)?)?;
+    m.add_function(wrap_pyfunction!(discrete_laplace_attempts, m)?)?;
     Ok(())
 }

@@ -13,6 +13,7 @@ import numpy.typing as npt
 
 from processor.core.errors import InvalidParameterError
 from processor.core.rng import KeyedStream, WordCursor
+from processor.core.samplers.native import NATIVE
 from processor.core.samplers.scalar import (
     F18,
     F18_LIMIT_INT,
@@ -281,7 +282,11 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
 
     m_tab, lim_tab, p_acc = _block_tables(t, s, max(_VN_COLUMNS, _VN_COLUMNS_LATER), _MAX_SUB)
 
-    src = _Words(stream, lane, 10 * n)
+    # The attempts run in the extension where it is loaded (the same words, decisions and
+    # position after: tests/core/test_native_samplers.py), else on the words of `src`.
+    key = stream.derived_key() if NATIVE is not None and 0 <= lane < 1 << 96 else None
+    src: _Words | None = None
+    pos = 0  # the lane's words consumed so far
     got_ids: list[npt.NDArray[np.int64]] = [np.empty(0, dtype=np.int64)]
     got_vals: list[npt.NDArray[np.int64]] = [np.empty(0, dtype=np.int64)]
     parked: list[tuple[int, int, int, bool, int, int]] = []
@@ -292,7 +297,17 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
         if need <= 0:
             break
         a = math.ceil(need / p_acc + 3.0 * math.sqrt(need) + 4)
-        ok, vals, pk = _run_attempts(src, a, t, s, m_tab, lim_tab)
+        run = (None if key is None or NATIVE is None
+               else NATIVE.discrete_laplace_attempts(key, lane, pos, a, t, s))
+        if run is not None:
+            ok_l, vals_l, pk, pos = run
+            ok, vals = np.array(ok_l, dtype=np.int64), np.array(vals_l, dtype=np.int64)
+        else:
+            if src is None:
+                src = _Words(stream, lane, 10 * n)
+                src.pos = pos
+            ok, vals, pk = _run_attempts(src, a, t, s, m_tab, lim_tab)
+            pos = src.pos
         got_ids.append(ok + base)
         got_vals.append(vals)
         parked.extend((j + base, st, u, ng, k, v) for j, st, u, ng, k, v in pk)
@@ -301,7 +316,7 @@ def discrete_laplace_block(stream: KeyedStream, lane: int, t: int, s: int, n: in
 
     ids = np.concatenate(got_ids)
     vals = np.concatenate(got_vals)
-    cur = WordCursor(stream, lane, src.pos)
+    cur = WordCursor(stream, lane, pos)
     if parked:
         extra_ids: list[int] = []
         extra_vals: list[int] = []

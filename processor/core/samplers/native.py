@@ -33,19 +33,36 @@ class Native(Protocol):
     def keystream(self, key: bytes, lane: int, start: int, n: int) -> bytes:
         """n words of the lane from word `start`, little-endian bytes."""
 
+    def discrete_laplace_attempts(
+            self, key: bytes, lane: int, position: int, a: int, t: int, s: int
+    ) -> tuple[list[int], list[int], list[tuple[int, int, int, bool, int, int]], int] | None:
+        """block._run_attempts(a, t, s) on the lane's words from `position`: the offsets
+        and samples of the attempts that produced one, the parked attempts, the position
+        after; None past the lane's end (1 <= t <= 2^48)."""
+
+
+#: What the extension must provide (Native's methods): an extension built from older
+#: sources lacks some, and is not used.
+FUNCTIONS = ("discrete_laplace_run", "keystream", "discrete_laplace_attempts")
+
 
 def load(mode: str) -> Native | None:
-    """The extension under `mode` (one of _MODES)."""
+    """The extension under `mode` (one of _MODES). One built from older sources (a
+    function of FUNCTIONS missing) counts as not installed."""
     if mode not in _MODES:
         raise ImportError(f"{SAMPLERS_ENV}={mode!r}: expected one of {', '.join(_MODES)}")
     if mode == "reference":
         return None
     try:
         module = importlib.import_module("dpc_native")
-    except ImportError:
+        missing = [f for f in FUNCTIONS if not callable(getattr(module, f, None))]
+        if missing:
+            raise ImportError(f"the dpc_native extension lacks {', '.join(missing)}: it "
+                              "was built from older sources")
+    except ImportError as exc:
         if mode == "native":
             raise ImportError(f"{SAMPLERS_ENV}=native but the dpc_native extension is not "
-                              "installed (bash deploy/setup.sh builds it)") from None
+                              f"usable ({exc}; bash deploy/setup.sh builds it)") from None
         return None
     return cast(Native, module)
 
