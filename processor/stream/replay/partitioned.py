@@ -107,9 +107,12 @@ _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
 def _verdict(partition: int) -> PartitionVerdict:
     assert _JOB is not None
     settings, key, timeline, settled_below, history, stamps, releases, ledger = _JOB
+    # Releases kept as keys and bytes (the comparison reads those); ledger entries go
+    # after `encoded_only`.
     got = recompute_partition(settings, key, history, partition,
-                              timeline.get(partition, ()), settled_below, stamps)
-    got.encoded_only()  # the record objects go: the comparison reads keys and bytes
+                              timeline.get(partition, ()), settled_below, stamps,
+                              keyed=True)
+    got.encoded_only()
     mine = got.encoded()
     rel, ent, diffs = compare(got, releases.get(partition, ()), ledger.get(partition, ()),
                               totals=False)
