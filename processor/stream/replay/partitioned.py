@@ -74,12 +74,15 @@ class PartitionVerdict:
 
 
 def split_published(values: Iterable[bytes | None], partitions: int,
+                    homes: dict[str, int] | None = None,
                     ) -> tuple[dict[int, list[bytes | None]], list[bytes | None]]:
     """Published values by the timeline partition of the counter each names (as the
     comparison's keys name it), and those that name none (compared on their own: they
-    are "malformed")."""
+    are "malformed"). `homes`: counter -> partition, filled as names are met (one
+    `partition_for`, a sha256, per counter across the calls that share it)."""
     parts: dict[int, list[bytes | None]] = {}
-    homes: dict[str, int] = {}
+    if homes is None:
+        homes = {}
     loose: list[bytes | None] = []
     for raw in values:
         try:
@@ -135,8 +138,10 @@ def replay_partitions(settings: Settings, key: NoiseKey,
     after the other), the largest partitions first."""
     global _JOB
     P = settings.partitions
-    releases, loose_releases = split_published(published, P)
-    entries, loose_entries = split_published(ledger, P)
+    homes: dict[str, int] = {}
+    releases, loose_releases = split_published(published, P, homes)
+    entries, loose_entries = split_published(ledger, P, homes)
+    del homes
     order = sorted(set(timeline) | set(releases) | set(entries),
                    key=lambda p: -len(timeline.get(p, ())))
     total = sum(len(v) for v in timeline.values())
