@@ -63,6 +63,11 @@ def _tampered(published: list[bytes], ledger: list[bytes]) -> dict[str, tuple[An
         "a counter that is a number": (
             [*published, orjson.dumps({**forged_release, "counter": 3})],
             [*ledger, orjson.dumps({**forged_entry, "counter": 3})]),
+        # In a counter's partition, but without a release's key: "malformed" there.
+        "a counter's record without a key": (
+            [*published, orjson.dumps({"counter": NAMES[0], "tick": "x", "kind": "change"}),
+             orjson.dumps({"counter": NAMES[1], "tick": 3})],
+            [*ledger, orjson.dumps({"counter": NAMES[2]})]),
     }
 
 
