@@ -48,6 +48,7 @@ from processor.stream.replay.history import LedgerHistory
 from processor.stream.replay.recompute import (
     Progress,
     TimelinePart,
+    homes_of,
     recompute_partition,
     single_threaded,
     young_collections_only,
@@ -171,7 +172,8 @@ def replay_partitions(settings: Settings, key: NoiseKey,
     after the other), the largest partitions first."""
     global _JOB
     P = settings.partitions
-    homes: dict[str, int] = {}
+    # Every declared counter's partition (what the operators take), and the others met.
+    homes = dict(homes_of(settings))
     releases, release_keys, loose_releases = split_keyed(published, P, release_key, homes)
     entries, ledger_keys, loose_entries = split_keyed(ledger, P, ledger_key, homes)
     del homes

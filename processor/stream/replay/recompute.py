@@ -33,7 +33,7 @@ from processor.core.rng import NoiseKey
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings
 from processor.stream.model.identity import creation_tag
-from processor.stream.model.operator import Operator
+from processor.stream.model.operator import Operator, declared_homes
 from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import (
     EncodedRelease,
@@ -147,7 +147,23 @@ def ledger_operator(settings: Settings, key: NoiseKey, history: LedgerHistory) -
     """The worker's Operator, with each counter's parameters, noise identity and
     fingerprints taken from `history` instead of the one configuration (a counter the
     ledger does not know runs as `settings` say)."""
-    return Operator(settings, key, provenance=LedgerProvenance(settings, key, history))
+    return Operator(settings, key, provenance=LedgerProvenance(settings, key, history),
+                    homes=homes_of(settings))
+
+
+#: The last `homes_of`: its settings and their map.
+_HOMES: tuple[Settings, Mapping[str, int]] | None = None
+
+
+def homes_of(settings: Settings) -> Mapping[str, int]:
+    """`operator.declared_homes` of `settings`, made once for the operators of every
+    partition (a sha256 per declared counter: each partition's operator made its own,
+    of every counter of the deployment). Made before the recomputing processes fork,
+    they inherit it. Read only: an operator never changes it."""
+    global _HOMES
+    if _HOMES is None or _HOMES[0] is not settings:
+        _HOMES = (settings, MappingProxyType(declared_homes(settings)))
+    return _HOMES[1]
 
 
 def _without(settings: Settings, names: Collection[str]) -> Settings:
