@@ -377,3 +377,54 @@ def test_the_recomputation_runner_never_formats_its_result() -> None:
             and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
         asyncio.run(result())
         assert formatted
+
+
+def test_keyed_recomputation_keeps_the_bytes_of_idle_heartbeats(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kept as keys and bytes (`KeyedSink`, what replay's comparison reads), a
+    recomputation is the encoding of the one kept as objects, record for record, and the
+    heartbeats the operator beats from idle entries (bytes from a template) are kept as
+    those bytes, never decoded. Control: the same run kept as objects decodes them."""
+    from processor.core.rng import NoiseKey
+    from processor.stream.model import records as records_module
+    from processor.stream.model.config import Settings, with_overrides
+    from processor.stream.model.records import Event, encode_batch, encode_marker, partition_for
+    from processor.stream.replay.recompute import _recompute, _run
+
+    s = with_overrides(Settings(), counters={f"c{i}": 0 for i in range(12)}, partitions=2,
+                       tick_ms=100, mechanism="ecc", epsilon=1.0, heartbeat_ticks=5)
+    key = NoiseKey.from_seed(8)
+    rng = random.Random(9)
+    timeline: dict[int, list[tuple[int, bytes | None]]] = {0: [], 1: []}
+    for n in range(1, 400):
+        per: dict[int, list[Event]] = {}
+        if n % 40 == 0:
+            c = f"c{rng.randrange(12)}"
+            per.setdefault(partition_for(c, 2), []).append(Event(c, n * 100 + 5, 65536, 0, n))
+        for p in (0, 1):
+            if p in per:
+                timeline[p].append((len(timeline[p]), encode_batch(per[p])))
+            timeline[p].append((len(timeline[p]), encode_marker(n)))
+    settled = {0: 300, 1: 500}
+    decoded = []
+    real = records_module.EncodedRelease.decoded
+
+    def counting(self: Any) -> Release:
+        decoded.append(self.counter)
+        return real(self)
+
+    monkeypatch.setattr(records_module.EncodedRelease, "decoded", counting)
+
+    def run(keyed: bool) -> Any:
+        # idle_decoded=0: every idle counter is released and beats from its idle entry.
+        op = Operator(s, key, idle_decoded=0)
+        return _run(_recompute(op, timeline, settled, None, keyed=keyed))
+
+    objects = run(False)
+    beaten = len(decoded)
+    keyed = run(True)
+    assert beaten > 100 and len(decoded) == beaten  # the control decoded them; keyed not
+    assert keyed.encoded() == objects.encoded()
+    assert not keyed.settled and not keyed.unsettled
+    assert keyed.settled_ledger == objects.settled_ledger and len(objects.settled_ledger) == 12
+    assert objects.unsettled  # both sides of the cut are kept

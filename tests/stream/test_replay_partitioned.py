@@ -63,6 +63,11 @@ def _tampered(published: list[bytes], ledger: list[bytes]) -> dict[str, tuple[An
         "a counter that is a number": (
             [*published, orjson.dumps({**forged_release, "counter": 3})],
             [*ledger, orjson.dumps({**forged_entry, "counter": 3})]),
+        # In a counter's partition, but without a release's key: "malformed" there.
+        "a counter's record without a key": (
+            [*published, orjson.dumps({"counter": NAMES[0], "tick": "x", "kind": "change"}),
+             orjson.dumps({"counter": NAMES[1], "tick": 3})],
+            [*ledger, orjson.dumps({"counter": NAMES[2]})]),
     }
 
 
@@ -89,3 +94,19 @@ def test_split_published_by_the_counters_partition() -> None:
         v for v in values if v)
     assert all(partition_for(orjson.loads(v or b"")["counter"], 4) == p
                for p, vs in parts.items() for v in vs)
+
+
+def test_operators_of_every_partition_share_the_declared_counters_homes() -> None:
+    """Replay's operators take one map of the declared counters' partitions, made once
+    per configuration (not per partition), equal to the one each operator made itself:
+    every declared counter's `partition_for`, and nothing else (an undeclared name in it
+    would read as declared)."""
+    from processor.stream.replay.history import LedgerHistory
+    from processor.stream.replay.recompute import _without, homes_of, ledger_operator
+
+    s = settings(dict.fromkeys(NAMES, 100 * TICK), partitions=4)
+    one, two = ledger_operator(s, KEY, LedgerHistory()), ledger_operator(s, KEY, LedgerHistory())
+    assert one._home is two._home
+    assert dict(one._home) == {n: partition_for(n, 4) for n in NAMES}
+    fewer = _without(s, {NAMES[0]})
+    assert dict(homes_of(fewer)) == {n: partition_for(n, 4) for n in NAMES[1:]}

@@ -259,6 +259,12 @@ class KeyMismatchError(RefusedError):
             "under existing state.")
 
 
+def declared_homes(settings: Settings) -> dict[str, int]:
+    """The timeline partition of each declared counter (`records.partition_for`)."""
+    P = settings.partitions
+    return {c: partition_for(c, P) for c in settings.counters}
+
+
 def heartbeat_phase(settings: Settings, counter: str) -> int:
     """The public offset of a counter's heartbeats, from its (declared, public) name only."""
     h = settings.heartbeat_ticks
@@ -304,7 +310,8 @@ class Operator:
                  cache_size: int = DEFAULT_CACHE_SIZE, idle_decoded: int = IDLE_DECODED,
                  announced: Mapping[str, Collection[str]] | None = None,
                  provenance: Provenance | None = None,
-                 unit_claim: UnitClaim | None = None) -> None:
+                 unit_claim: UnitClaim | None = None,
+                 homes: Mapping[str, int] | None = None) -> None:
         """`announced`: what the ledger topic says was announced (counter -> creation tags
         of its entries, `records.announced_in`). Given (the worker), a counter with a
         ledger entry is made again only as the re-execution of the very creation the entry
@@ -316,7 +323,10 @@ class Operator:
         the ledger read at start), by default the configuration's own derivation: the
         default provenance's (`ConfiguredProvenance`). `cache_size`: how many counters
         stay decoded at most (least recently used out); `idle_decoded`: idle counters
-        stay decoded while the cache holds at most this many (`_keep`)."""
+        stay decoded while the cache holds at most this many (`_keep`). `homes`: the
+        timeline partition of every declared counter and of nothing else
+        (`declared_homes`), if the caller has it (replay: one map for the operators of
+        all partitions)."""
         self.settings = settings
         self.key = key
         self.key_id = key_fingerprint(key)
@@ -339,8 +349,7 @@ class Operator:
         shared: dict[int, int] = {}
         self._start_ticks = {c: shared.setdefault(s // settings.tick_ms, s // settings.tick_ms)
                              for c, s in settings.counters.items()}
-        P = settings.partitions
-        self._home = {c: partition_for(c, P) for c in settings.counters}
+        self._home = declared_homes(settings) if homes is None else homes
         # Open families: each key's counter starts at its family's start tick; its gate's
         # delta0 (families.py, docs/open-keys.md).
         self._family_starts = {f: fam.start_ms // settings.tick_ms

@@ -18,22 +18,35 @@ from processor.stream.replay.report import Difference, RecordKey, Tally
 
 #: The published values of a topic (or of a partition's counters on it).
 Published = Sequence[bytes | None]
+#: The comparison keys of published values, in their order (None: a value without one).
+Keys = Sequence[RecordKey | None]
+#: What taking a key from a decoded value may raise (then it is "malformed").
+KEY_ERRORS = (TypeError, ValueError, AttributeError, KeyError)
 
 
 def published_records(values: Iterable[bytes | None], topic: str, diffs: list[Difference],
-                      ) -> dict[RecordKey, bytes]:
+                      keys: Keys | None = None) -> dict[RecordKey, bytes]:
     """Published values of `topic` ("counts" or "ledger") by key; malformed and
-    conflicting ones become differences."""
+    conflicting ones become differences. `keys`: the key of each value, in order, as
+    `release_key` or `ledger_key` took it from the value decoded (None: it raised), from
+    the decode that split the values by partition (`partitioned.split_keyed`)."""
     key_of: Callable[[Any], RecordKey] = release_key if topic == "counts" else ledger_key
     theirs: dict[RecordKey, bytes] = {}
     conflicting: set[RecordKey] = set()
+    given = iter(keys) if keys is not None else None
     for raw in values:
+        k: RecordKey | None
+        if given is not None:
+            k = next(given)
         if raw is None:
             diffs.append(Difference(topic, ("", -1, ""), "malformed", "a tombstone"))
             continue
-        try:
-            k = key_of(orjson.loads(raw))
-        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError, KeyError):
+        if given is None:
+            try:
+                k = key_of(orjson.loads(raw))
+            except (orjson.JSONDecodeError, *KEY_ERRORS):
+                k = None
+        if k is None:
             diffs.append(Difference(topic, ("", -1, ""), "malformed",
                                     f"not a {topic} record ({len(raw)} bytes)"))
             continue
@@ -95,18 +108,23 @@ def _check(topic: str, mine: Mapping[RecordKey, bytes], committed: Collection[Re
 
 def compare(result: Recomputed, published: Iterable[bytes | None],
             ledger: Iterable[bytes | None], history: LedgerHistory | None = None,
-            totals: bool = True) -> tuple[Tally, Tally, list[Difference]]:
+            totals: bool = True, keys: tuple[Keys, Keys] | None = None,
+            ) -> tuple[Tally, Tally, list[Difference]]:
     """Compare a recomputation with the published snapshots under the cut (package docstring),
     adding the ledger entries `history` could not use. `totals`: also check the entries'
     totals beside open families (`check_totals`), which needs the whole ledger (a
     timeline partition's share has no family records: `partitioned` checks them once).
-    Returns the release and ledger tallies and every difference, sorted by topic, key."""
+    `keys`: the keys of the published releases and ledger entries (`published_records`),
+    given for a timeline partition's share only: it holds no family record (a family's
+    record names no counter). Returns the release and ledger tallies and every
+    difference, sorted by topic, key."""
     diffs: list[Difference] = []
     ledger = list(ledger)
     settled_releases, unsettled_releases, settled_entries, unsettled_entries = (
         result.encoded())
     mine, settled = _recomputed("counts", settled_releases, unsettled_releases, diffs)
-    theirs = published_records(published, "counts", diffs)
+    theirs = published_records(published, "counts", diffs,
+                               None if keys is None else keys[0])
     covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
     for c, t, _kind in theirs:
         if isinstance(t, int) and t > covered.get(c, -1):
@@ -126,8 +144,11 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     if totals:
         for who, detail in check_totals(ledger):
             diffs.append(Difference("ledger", (who, "", ""), "understated", detail))
-    entries = [v for v in ledger if not family_record(v)]
-    theirs_ledger = published_records(entries, "ledger", diffs)
+    if keys is None:
+        entries = [v for v in ledger if not family_record(v)]
+        theirs_ledger = published_records(entries, "ledger", diffs)
+    else:
+        theirs_ledger = published_records(ledger, "ledger", diffs, keys[1])
     entries_tally = _check("ledger", mine_ledger, settled_ledger, settled_ledger.__contains__,
                            theirs_ledger, diffs)
     if history is not None:

@@ -14,8 +14,9 @@ fingerprint).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Final
+import operator
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
 from processor.core.rng import NoiseKey
 from processor.stream.model.config import Settings
@@ -46,19 +47,18 @@ def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | 
     matched: dict[str, int] = {}
     fingerprints: set[str] = set()
     key_ids: set[str] = set()
+    counters = settings.counters
+    # Nearly every entry carries the configured parameters (its own start aside): one
+    # comparison of a tuple of them (`_SAME`) before the field-by-field one.
+    same = tuple(configured[f] for f in _SAME)
     for e in ledger_dicts(ledger):
         name = e["counter"]
         bits = matched.get(name, 0)
         fingerprints.add(str(e.get("fingerprint")))
         key_ids.add(str(e.get("key_id")))
-        start = settings.counters.get(name)
+        start = counters.get(name)
         if start is not None:
-            if e.get("parameters") == "stored":
-                bits |= _STORED
-            for bit, field in enumerate(_FIELDS):
-                value = start if field == "start_ms" else configured[field]
-                if e.get(field, value) == value:
-                    bits |= 1 << bit
+            bits |= _bits(e, start, configured, same)
         matched[name] = bits
     if not matched:
         return []
@@ -85,6 +85,29 @@ def ledger_mismatch(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | 
     return out
 
 
+def _bits(e: Mapping[str, Any], start: int, configured: Mapping[str, object],
+          same: tuple[object, ...]) -> int:
+    """The `_FIELDS` bits of the fields the entry `e` of a counter configured to start at
+    `start` carries as configured (absent: as configured), and _STORED if it says
+    "stored"."""
+    bits = _STORED if e.get("parameters") == "stored" else 0
+    try:
+        if _same_of(e) == same and e["start_ms"] == start:
+            return bits | _ALL
+    except KeyError:
+        pass
+    for bit, field in enumerate(_FIELDS):
+        value = start if field == "start_ms" else configured[field]
+        if e.get(field, value) == value:
+            bits |= 1 << bit
+    return bits
+
+
 #: The parameters compared per counter, in the order of their bits.
 _FIELDS: Final = ("mechanism", "epsilon", "delta", "tick_ms", "calibration", "start_ms")
 _STORED: Final = 1 << len(_FIELDS)
+#: Every field matched.
+_ALL: Final = _STORED - 1
+#: The configured fields compared as one tuple, and a getter of an entry's.
+_SAME: Final = _FIELDS[:-1]
+_same_of: Final = operator.itemgetter(*_SAME)

@@ -21,7 +21,7 @@ it gives, two creations of one counter...).
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,10 +69,20 @@ class LedgerHistory:
     #: D, the largest gate delta0 of the families' records on the ledger and of the
     #: configured families (lifetime.gate_bound): what every user-mode entry states.
     gate: float | None = None
-    #: The published releases and ledger entries (bytes): which of the positions a
-    #: restart may have had the worker computed (`recompute`).
-    published: frozenset[bytes] = frozenset()
     problems: list[Difference] = field(default_factory=list)
+    #: The published releases and ledger entries, as given (`published`).
+    sources: tuple[Iterable[bytes | None], ...] = ()
+    _published: frozenset[bytes] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def published(self) -> frozenset[bytes]:
+        """The published releases and ledger entries (bytes): which of the positions a
+        restart may have had the worker computed (`recompute`). Made at the first use:
+        only a counter declared after its start needs it, and at a million counters the
+        set of a few million records costs about a second and hundreds of MB."""
+        if self._published is None:
+            self._published = frozenset(v for vs in self.sources for v in vs if v)
+        return self._published
 
     def fingerprint_at(self, counter: str, t: int) -> str | None:
         """The fingerprint of the entry of `counter` in force at local tick t, if any."""
@@ -86,7 +96,7 @@ class LedgerHistory:
 def _entry_parameters(d: Mapping[str, Any]) -> Parameters:
     p = (d["mechanism"], d["epsilon"], d["delta"], d.get("calibration", "paper"))
     if not (isinstance(p[0], str) and isinstance(p[3], str)
-            and all(type(x) is float for x in p[1:3])):
+            and type(p[1]) is float and type(p[2]) is float):
         raise TypeError("mechanism, epsilon, delta or calibration of the wrong type")
     return p
 
@@ -126,7 +136,7 @@ def _unusable(d: Mapping[str, Any], key_id: str, ticks: Mapping[int, str],
 
 
 def _checked_parameters(d: Mapping[str, Any], per_event: Settings,
-                        refusals: dict[tuple[str, str, str, str], str | None],
+                        refusals: dict[tuple[object, ...], str | None],
                         ) -> Parameters | str:
     """The parameters of the created entry `d`, or why the configuration validation
     refuses them: the per-event parameters alone (in user mode the configuration derives
@@ -134,12 +144,12 @@ def _checked_parameters(d: Mapping[str, Any], per_event: Settings,
 
     Validating settings is linear in the declared counters, and nearly every entry
     repeats one configuration's parameters: `refusals` keeps the outcome per distinct
-    parameters (repr: -0.0 == 0.0, but the validation's message names the value given)."""
+    parameters (`_distinct`)."""
     try:
         params = _entry_parameters(d)
     except (TypeError, KeyError) as exc:
         return str(exc)
-    memo = (params[0], repr(params[1]), repr(params[2]), params[3])
+    memo = _distinct(params)
     if memo not in refusals:
         try:
             with_overrides(per_event, mechanism=params[0], epsilon=params[1],
@@ -151,8 +161,19 @@ def _checked_parameters(d: Mapping[str, Any], per_event: Settings,
     return params if refused is None else refused
 
 
+def _distinct(params: Parameters) -> tuple[object, ...]:
+    """A key equal for two parameters exactly when their floats are the same floats:
+    -0.0 == 0.0, but the validation's message names the value given and replay
+    recomputes with the entry's own float, so a zero goes by its repr (floats other than
+    zeros are equal only when they are the same float: JSON has no NaN)."""
+    mechanism, eps, delta, calibration = params
+    if eps and delta:
+        return params
+    return (mechanism, repr(eps), repr(delta), calibration)
+
+
 def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | None],
-                   releases: Iterable[bytes | None] = ()) -> LedgerHistory:
+                   releases: Collection[bytes | None] = ()) -> LedgerHistory:
     """Read the published ledger into a LedgerHistory for `settings` (the current
     configuration) and `key`, checking each entry replay takes anything from; the
     published `releases` only serve to place a restart (`recompute`)."""
@@ -160,7 +181,7 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     # Every start records its families' gates before it makes a key: D is the ledger's
     # largest (the configuration's only before any start recorded one).
     recorded = recorded_gates(family_objects(ledger))
-    h = LedgerHistory(published=frozenset(v for v in (*ledger, *releases) if v),
+    h = LedgerHistory(sources=(ledger, releases),
                       gate=max(recorded.values()) if recorded else gate_bound(settings, {}))
     current = settings.fingerprint()
     key_id = key_fingerprint(key)
@@ -173,28 +194,28 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
     h.configured[current] = configured_now
     entries: dict[str, dict[int, str]] = {}
     # Distinct parameters -> why the validation refuses them (None: it accepts them).
-    refusals: dict[tuple[str, str, str, str], str | None] = {}
+    refusals: dict[tuple[object, ...], str | None] = {}
     by_fingerprint: dict[str, dict[RecordKey, Parameters]] = {}
     # Nearly every counter has the parameters, fingerprint and since_ticks of many others:
     # one object for each distinct one (a million counters hold a few).
-    shared: dict[tuple[str, str, str, str, str], tuple[Parameters, str]] = {}
+    shared: dict[tuple[tuple[object, ...], str], tuple[Parameters, str]] = {}
     histories: dict[tuple[tuple[int, ...], tuple[str, ...]], tuple[list[int], list[str]]] = {}
+    families = settings.families
+    problems = h.problems
     for d in ledger_dicts(ledger):
         name = d["counter"]
         k: RecordKey = (name, str(d.get("creation", "")), str(d.get("fingerprint", "")))
-
-        def inconsistent(reason: str, k: RecordKey = k) -> None:
-            h.problems.append(Difference("ledger", k, "inconsistent", reason))
-
         reason = _unusable(d, key_id, entries.get(name, {}),
-                           family_of(name) in settings.families)
+                           bool(families) and family_of(name) in families)
         if reason is not None:
-            inconsistent(reason)
+            problems.append(Difference("ledger", k, "inconsistent", reason))
             continue
         fp, since, kind = d["fingerprint"], d["since_tick"], d["entry"]
-        stated = statement(d)
-        if stated is not None:
-            h.claims.setdefault(fp, None if stated.claim is None
+        # The first entry of a fingerprint stating anything says what it states.
+        if fp not in h.claims:
+            stated = statement(d)
+            if stated is not None:
+                h.claims[fp] = (None if stated.claim is None
                                 else replace(stated.claim, gate_delta0=h.gate))
         ticks = entries.setdefault(name, {})
         label = d.get("parameters")
@@ -206,25 +227,28 @@ def ledger_history(settings: Settings, key: NoiseKey, ledger: Iterable[bytes | N
         if name in h.created:
             if h.creation[name] == k[1]:
                 continue  # the same creation published twice differently: "conflicting"
-            inconsistent("a second creation of the counter (the worker refuses to create "
-                         "an announced counter again): not used")
+            problems.append(Difference(
+                "ledger", k, "inconsistent", "a second creation of the counter (the worker "
+                "refuses to create an announced counter again): not used"))
             continue
         params = _checked_parameters(d, per_event, refusals)
         if isinstance(params, str):
-            inconsistent(f"the configuration validation refuses its parameters ({params}): "
-                         "recomputed with the configured ones")
+            problems.append(Difference(
+                "ledger", k, "inconsistent", f"the configuration validation refuses its "
+                f"parameters ({params}): recomputed with the configured ones"))
             continue
         if fp == current:
             if params != configured_now:
-                inconsistent(f"created under the current configuration's fingerprint with "
-                             f"{params}, but that configuration gives {configured_now}")
+                problems.append(Difference(
+                    "ledger", k, "inconsistent", f"created under the current "
+                    f"configuration's fingerprint with {params}, but that configuration "
+                    f"gives {configured_now}"))
                 continue
         else:
             by_fingerprint.setdefault(fp, {})[k] = params
         ticks[since] = fp
-        # By repr: -0.0 == 0.0, but the entry's own float is what replay recomputes with.
-        h.created[name] = shared.setdefault(
-            (params[0], repr(params[1]), repr(params[2]), params[3], fp), (params, fp))
+        # The entry's own floats (`_distinct`) are what replay recomputes with.
+        h.created[name] = shared.setdefault((_distinct(params), fp), (params, fp))
         h.creation[name] = str(d.get("creation", ""))
     for fp, made in by_fingerprint.items():
         if len(set(made.values())) == 1:

@@ -21,8 +21,9 @@ once), not the deployment's.
 from __future__ import annotations
 
 import multiprocessing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -31,18 +32,23 @@ from processor.core.rng import NoiseKey
 from processor.stream.model.config import Settings
 from processor.stream.model.records import partition_for
 from processor.stream.replay.comparison import (
+    KEY_ERRORS,
+    Keys,
     Published,
     add_problems,
     compare,
     diff_order,
     family_record,
+    ledger_key,
     published_records,
+    release_key,
 )
 from processor.stream.replay.gate_totals import check_totals
 from processor.stream.replay.history import LedgerHistory
 from processor.stream.replay.recompute import (
     Progress,
     TimelinePart,
+    homes_of,
     recompute_partition,
     single_threaded,
     young_collections_only,
@@ -74,12 +80,30 @@ class PartitionVerdict:
 
 
 def split_published(values: Iterable[bytes | None], partitions: int,
+                    homes: dict[str, int] | None = None,
                     ) -> tuple[dict[int, list[bytes | None]], list[bytes | None]]:
     """Published values by the timeline partition of the counter each names (as the
     comparison's keys name it), and those that name none (compared on their own: they
-    are "malformed")."""
+    are "malformed"). `homes`: counter -> partition, filled as names are met (one
+    `partition_for`, a sha256, per counter across the calls that share it)."""
+    parts, _keys, loose = split_keyed(values, partitions, None, homes)
+    return parts, loose
+
+
+def split_keyed(values: Iterable[bytes | None], partitions: int,
+                key_of: Callable[[Any], RecordKey] | None,
+                homes: dict[str, int] | None = None,
+                ) -> tuple[dict[int, list[bytes | None]], dict[int, list[RecordKey | None]],
+                           list[bytes | None]]:
+    """`split_published`, and with `key_of` (`release_key`, `ledger_key`) the comparison
+    key of each value it puts in a partition, in the same order (None: it has none, a
+    "malformed" value), from the one decode the split makes: `compare` takes them
+    instead of decoding every value again. Equal names and kinds share one object."""
     parts: dict[int, list[bytes | None]] = {}
-    homes: dict[str, int] = {}
+    keys: dict[int, list[RecordKey | None]] = {}
+    if homes is None:
+        homes = {}
+    shared: dict[Any, Any] = {}
     loose: list[bytes | None] = []
     for raw in values:
         try:
@@ -94,25 +118,41 @@ def split_published(values: Iterable[bytes | None], partitions: int,
         if p is None:
             p = homes[name] = partition_for(name, partitions)
         parts.setdefault(p, []).append(raw)
-    return parts, loose
+        if key_of is not None:
+            k: RecordKey | None
+            try:
+                a, b, c = key_of(d)
+            except KEY_ERRORS:
+                k = None
+            else:
+                k = (shared.setdefault(a, a), shared.setdefault(b, b),
+                     shared.setdefault(c, c))
+            keys.setdefault(p, []).append(k)
+    return parts, keys, loose
 
 
 #: The job of the forked processes (set before the fork, read after it: the timeline
 #: and the published records are inherited, never pickled).
 _JOB: tuple[Settings, NoiseKey, Mapping[int, TimelinePart], Mapping[int, int],
             LedgerHistory, Mapping[int, Mapping[int, int]], Mapping[int, Published],
-            Mapping[int, Published]] | None = None
+            Mapping[int, Published], Mapping[int, Keys], Mapping[int, Keys]] | None = None
 
 
 def _verdict(partition: int) -> PartitionVerdict:
     assert _JOB is not None
-    settings, key, timeline, settled_below, history, stamps, releases, ledger = _JOB
+    (settings, key, timeline, settled_below, history, stamps, releases, ledger,
+     release_keys, ledger_keys) = _JOB
+    # Releases kept as keys and bytes (the comparison reads those); ledger entries go
+    # after `encoded_only`.
     got = recompute_partition(settings, key, history, partition,
-                              timeline.get(partition, ()), settled_below, stamps)
-    got.encoded_only()  # the record objects go: the comparison reads keys and bytes
+                              timeline.get(partition, ()), settled_below, stamps,
+                              keyed=True)
+    got.encoded_only()
     mine = got.encoded()
+    # A partition's share holds no family record (those name no counter).
     rel, ent, diffs = compare(got, releases.get(partition, ()), ledger.get(partition, ()),
-                              totals=False)
+                              totals=False, keys=(release_keys.get(partition, ()),
+                                                  ledger_keys.get(partition, ())))
     wanted = {(d.topic, d.key) for d in diffs if d.problem == "missing"}
     missing = {(topic, k): raw
                for topic, keyed in (("counts", mine[0]), ("counts", mine[1]),
@@ -132,8 +172,11 @@ def replay_partitions(settings: Settings, key: NoiseKey,
     after the other), the largest partitions first."""
     global _JOB
     P = settings.partitions
-    releases, loose_releases = split_published(published, P)
-    entries, loose_entries = split_published(ledger, P)
+    # Every declared counter's partition (what the operators take), and the others met.
+    homes = dict(homes_of(settings))
+    releases, release_keys, loose_releases = split_keyed(published, P, release_key, homes)
+    entries, ledger_keys, loose_entries = split_keyed(ledger, P, ledger_key, homes)
+    del homes
     order = sorted(set(timeline) | set(releases) | set(entries),
                    key=lambda p: -len(timeline.get(p, ())))
     total = sum(len(v) for v in timeline.values())
@@ -147,7 +190,8 @@ def replay_partitions(settings: Settings, key: NoiseKey,
     for values, topic in ((loose_releases, "counts"), (loose_entries, "ledger")):
         if values:
             published_records(values, topic, whole.differences)
-    _JOB = (settings, key, timeline, settled_below, history, stamps, releases, entries)
+    _JOB = (settings, key, timeline, settled_below, history, stamps, releases, entries,
+            release_keys, ledger_keys)
     try:
         with young_collections_only():
             if jobs > 1 and len(order) > 1 and single_threaded():

@@ -33,9 +33,10 @@ from processor.core.rng import NoiseKey
 from processor.stream.model.commit import BatchCommit
 from processor.stream.model.config import Settings
 from processor.stream.model.identity import creation_tag
-from processor.stream.model.operator import Operator
-from processor.stream.model.outputs import CollectingSink
+from processor.stream.model.operator import Operator, declared_homes
+from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import (
+    EncodedRelease,
     EventRow,
     LedgerEntry,
     Release,
@@ -107,6 +108,29 @@ class Recomputed:
             records.clear()
 
 
+class KeyedSink:
+    """A Sink that keeps releases as what `Recomputed.encoded` makes of them, (counter,
+    tick, kind) and bytes, never as objects: an idle counter's heartbeat, which the
+    operator writes as bytes from a template (`EncodedRelease`), is kept as those bytes
+    (a `CollectingSink` decodes it into a Release, which `encoded` encodes again).
+    Ledger entries stay objects (`_late_declared` reads them)."""
+
+    def __init__(self) -> None:
+        self.releases: Keyed = []
+        self.ledger: list[LedgerEntry] = []
+
+    def send(self, out: Output) -> None:
+        self.ledger.extend(out.ledger)
+        self.releases += [
+            ((r.counter, r.tick, r.kind),
+             # Joined to its size already (`ReleaseTemplate.release`); orjson's not.
+             r.to_json() if type(r) is EncodedRelease else _kept(r.to_json()))
+            for r in out.releases]
+
+    async def flush(self) -> None:
+        return None
+
+
 def _kept(raw: bytes) -> bytes:
     """A copy of `raw` of its own size, to keep: a record fresh from orjson.dumps holds
     about 4 KB of the process's memory as long as it lives (measured: 4.1 KB for a
@@ -123,7 +147,23 @@ def ledger_operator(settings: Settings, key: NoiseKey, history: LedgerHistory) -
     """The worker's Operator, with each counter's parameters, noise identity and
     fingerprints taken from `history` instead of the one configuration (a counter the
     ledger does not know runs as `settings` say)."""
-    return Operator(settings, key, provenance=LedgerProvenance(settings, key, history))
+    return Operator(settings, key, provenance=LedgerProvenance(settings, key, history),
+                    homes=homes_of(settings))
+
+
+#: The last `homes_of`: its settings and their map.
+_HOMES: tuple[Settings, Mapping[str, int]] | None = None
+
+
+def homes_of(settings: Settings) -> Mapping[str, int]:
+    """`operator.declared_homes` of `settings`, made once for the operators of every
+    partition (a sha256 per declared counter: each partition's operator made its own,
+    of every counter of the deployment). Made before the recomputing processes fork,
+    they inherit it. Read only: an operator never changes it."""
+    global _HOMES
+    if _HOMES is None or _HOMES[0] is not settings:
+        _HOMES = (settings, MappingProxyType(declared_homes(settings)))
+    return _HOMES[1]
 
 
 def _without(settings: Settings, names: Collection[str]) -> Settings:
@@ -189,9 +229,8 @@ def _decoded(raw: bytes) -> list[EventRow] | TimelineMarker | None:
 def _unpublished(got: Recomputed, names: Collection[str], published: Collection[bytes],
                  ) -> int:
     """How many recomputed records of the counters `names` were not published."""
-    mine: list[Release | LedgerEntry] = [*got.settled, *got.unsettled, *got.settled_ledger,
-                                         *got.unsettled_ledger]
-    return sum(1 for r in mine if r.counter in names and r.to_json() not in published)
+    return sum(1 for keyed in got.encoded() for k, raw in keyed
+               if k[0] in names and raw not in published)
 
 
 @contextmanager
@@ -265,7 +304,7 @@ def _recompute_timeline(settings: Settings, key: NoiseKey,
                 progress(stage, before + done, total)
 
         parts[p] = recompute_partition(settings, key, history, p, timeline[p],
-                                       settled_below, stamps, step)
+                                       settled_below, stamps, step, keyed=not objects)
     return _merged(parts)
 
 
@@ -304,11 +343,14 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                      settled_below: Mapping[int, int],
                      progress: Progress | None,
                      switches: Sequence[tuple[int, Operator]] = (),
-                     stamps: Mapping[int, Mapping[int, int]] | None = None) -> Recomputed:
+                     stamps: Mapping[int, Mapping[int, int]] | None = None,
+                     keyed: bool = False) -> Recomputed:
     """Records from offset o of `switches` (o, op) on go through op, as after a worker's
-    restart under another configuration (`_late_declared`)."""
-    settled = CollectingSink()
-    unsettled = CollectingSink()
+    restart under another configuration (`_late_declared`). `keyed`: the releases are
+    kept as keys and bytes only (`KeyedSink`: the result holds them as `encoded()`, its
+    lists of Release objects are empty)."""
+    settled: CollectingSink | KeyedSink = KeyedSink() if keyed else CollectingSink()
+    unsettled: CollectingSink | KeyedSink = KeyedSink() if keyed else CollectingSink()
     total = sum(len(v) for v in timeline.values())
     records = dups = 0
     for p in sorted(timeline):
@@ -352,6 +394,13 @@ async def _recompute(operator: Operator, timeline: Mapping[int, TimelinePart],
                 dups += out.metrics["duplicates_dropped"]
                 if progress is not None:
                     progress("recomputed", records, total)
+    if isinstance(settled, KeyedSink) and isinstance(unsettled, KeyedSink):
+        ledger: list[Keyed] = [
+            [((e.counter, e.creation, e.fingerprint), _kept(e.to_json())) for e in entries]
+            for entries in (settled.ledger, unsettled.ledger)]
+        return Recomputed([], [], settled.ledger, unsettled.ledger, records, dups,
+                          (settled.releases, unsettled.releases, ledger[0], ledger[1]))
+    assert isinstance(settled, CollectingSink) and isinstance(unsettled, CollectingSink)
     return Recomputed(settled.releases, unsettled.releases, settled.ledger,
                       unsettled.ledger, records, dups)
 
@@ -375,15 +424,17 @@ def recompute_partition(settings: Settings, key: NoiseKey, history: LedgerHistor
                         partition: int, records: TimelinePart,
                         settled_below: Mapping[int, int],
                         stamps: Mapping[int, Mapping[int, int]] | None = None,
-                        progress: Progress | None = None) -> Recomputed:
+                        progress: Progress | None = None, *,
+                        keyed: bool = False) -> Recomputed:
     """One partition: with `history`, by `ledger_operator`s, switching configuration
-    where the ledger shows the worker did (`_late_declared`)."""
+    where the ledger shows the worker did (`_late_declared`). `keyed`: releases kept as
+    keys and bytes only (`_recompute`)."""
     timeline = {partition: records}
     if history is None:
         return _run(_recompute(Operator(settings, key), timeline, settled_below,
-                                      progress, stamps=stamps))
+                               progress, stamps=stamps, keyed=keyed))
     got = _run(_recompute(ledger_operator(settings, key, history), timeline,
-                                 settled_below, progress, stamps=stamps))
+                          settled_below, progress, stamps=stamps, keyed=keyed))
     groups = _late_declared(settings, key, history, sorted(records), got)
     if not groups:
         return got
@@ -393,8 +444,8 @@ def recompute_partition(settings: Settings, key: NoiseKey, history: LedgerHistor
         ops = [ledger_operator(_without(settings, {n for _c, g in groups[i:] for n in g}),
                                key, history) for i in range(len(groups) + 1)]
         return _run(_recompute(ops[0], timeline, settled_below, None,
-                                      [(at, ops[i + 1]) for i, at in enumerate(ats)],
-                                      stamps))
+                               [(at, ops[i + 1]) for i, at in enumerate(ats)],
+                               stamps, keyed))
 
     # Where the restart was in a window is not on the timeline: try each position that
     # changes which of the new counters' events count, keep the one whose records were
@@ -419,7 +470,7 @@ def _recompute_partition(partition: int) -> Recomputed:
     assert _JOB is not None
     settings, key, timeline, settled_below, history, stamps, objects = _JOB
     got = recompute_partition(settings, key, history, partition, timeline[partition],
-                              settled_below, stamps)
+                              settled_below, stamps, keyed=not objects)
     if objects:
         got.encoded()
     else:
