@@ -154,8 +154,9 @@ IDLE_DECODED: Final = 1 << 14
 #: The bytes of stored counter values a marker that builds its partition's due wheel
 #: keeps from that scan for the counters it takes at once (`_wheel`, `_stored_raw`): a
 #: restore's first marker reads them there instead of one point read each (at most about
-#: 128 MiB, dropped at the marker's end; beyond it the rest are read from the store).
-SCANNED_BYTES: Final = 1 << 27
+#: 32 MiB, some 30,000 values, dropped at the marker's end; beyond it the rest are read
+#: from the store).
+SCANNED_BYTES: Final = 1 << 25
 
 #: The heartbeat templates an `IdleShape` keeps (one per local tick its counters beat at;
 #: with heartbeats spread, up to heartbeat_ticks of them are in use).
