@@ -302,3 +302,50 @@ def test_young_counters_restore_without_a_decode(calibration: str, crash: bool) 
                             classmethod(lambda cls, data, k, key=None: advance(cls, data, k)))):
         assert _young_restart(calibration, crash, keyless) == got
     assert keyless[0] >= 200
+
+
+@pytest.mark.parametrize("crash", [False, True])
+@pytest.mark.parametrize("mechanism,calibration", [("ecc", "paper"), ("simecc", "tight")])
+def test_a_restore_reads_the_bytes_its_wheel_scan_read(mechanism: str, calibration: str,
+                                                       crash: bool) -> None:
+    """The first marker after a restore reads the stored values of the counters it takes
+    off the scan that built its due wheel (`Operator._wheel`, `_stored_raw`) instead of
+    one point read each: every value served so is the one the store holds then, the
+    restarted runs (and the young ones, inside the dense prefix) publish and store what
+    they do reading each value from the store (`SCANNED_BYTES` 0), and so does a bound
+    that keeps only a few values per marker. Control: a scan that keeps each counter's
+    bytes under its neighbour's name changes what is published (the kept bytes are what
+    the marker reads). Deterministic: fixed seeds, no false alarms."""
+    served: list[bool] = []
+    stored_raw = Operator._stored_raw
+
+    def checked(self: Operator, txn: Any, name: str) -> bytes | None:
+        got = stored_raw(self, txn, name)
+        if name in self._scanned:
+            served.append(got == txn.stored(self._counters, name))
+        return got
+
+    with mock.patch.object(Operator, "_stored_raw", checked):
+        got = _restarted_digest(mechanism, calibration, crash)
+    assert len(served) >= 10 and all(served)
+    for bound in (0, 3000):
+        with mock.patch.object(operator, "SCANNED_BYTES", bound):
+            assert _restarted_digest(mechanism, calibration, crash) == got
+    if mechanism == "ecc":
+        fast: list[int] = []
+        young = _young_restart(calibration, crash, fast)
+        with mock.patch.object(operator, "SCANNED_BYTES", 0):
+            assert _young_restart(calibration, crash, []) == young
+    wheel = Operator._wheel
+
+    def shifted(self: Operator, txn: Any, partition: int, keep: int | None = None) -> Any:
+        built = partition not in self._wheels
+        got = wheel(self, txn, partition, keep)
+        if built and len(self._scanned) > 1:
+            names = sorted(self._scanned)
+            values = [self._scanned[k] for k in names]
+            self._scanned.update(zip(names, values[1:] + values[:1], strict=True))
+        return got
+
+    with mock.patch.object(Operator, "_wheel", shifted):
+        assert _restarted_digest(mechanism, calibration, crash) != got

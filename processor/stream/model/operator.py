@@ -152,6 +152,13 @@ DEFAULT_CACHE_SIZE: Final = 1 << 18
 #: is bytes rather than kilobytes, and its next event decodes it again (docs/state.md).
 IDLE_DECODED: Final = 1 << 14
 
+#: The bytes of stored counter values a marker that builds its partition's due wheel
+#: keeps from that scan for the counters it takes at once (`_wheel`, `_stored_raw`): a
+#: restore's first marker reads them there instead of one point read each (at most about
+#: 32 MiB, some 30,000 values, dropped at the marker's end; beyond it the rest are read
+#: from the store).
+SCANNED_BYTES: Final = 1 << 25
+
 #: The heartbeat templates an `IdleShape` keeps (one per local tick its counters beat at;
 #: with heartbeats spread, up to heartbeat_ticks of them are in use).
 HEARTBEAT_TEMPLATES: Final = 4096
@@ -373,6 +380,9 @@ class Operator:
         # The due wheel of each loaded partition (state.DueWheel: in memory, rebuilt from
         # the stored counters when a partition is first touched after `forget`).
         self._wheels: dict[int, DueWheel] = {}
+        # The stored bytes the scan that built a due wheel read of the counters the
+        # marker that built it takes (`_wheel`, `_stored_raw`): for that marker only.
+        self._scanned: dict[str, bytes] = {}
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
         # Counter contract: public quantities), so a sweep over many counters at one tick
         # computes it once.
@@ -460,6 +470,7 @@ class Operator:
         """Drop every decoded state (after a failed batch, or to measure cold starts)."""
         self._cache.clear()
         self._wheels.clear()
+        self._scanned.clear()
         self._deferred.clear()
 
     def deferred_partitions(self) -> list[int]:
@@ -559,10 +570,14 @@ class Operator:
 
     # -- the due wheel
 
-    def _wheel(self, txn: PartitionTransaction, partition: int) -> DueWheel:
+    def _wheel(self, txn: PartitionTransaction, partition: int,
+               keep_through: int | None = None) -> DueWheel:
         """The partition's due wheel; built at the first touch after `forget`: every
         counter of the partition with state at its `filed_due`, every declared one
-        without state at its start tick (the marker through it creates it)."""
+        without state at its start tick (the marker through it creates it). Built for
+        a marker through `keep_through`, the stored bytes the scan read of the counters
+        filed at or before it (not staged) are kept for that marker (`_stored_raw`), up
+        to `SCANNED_BYTES`."""
         wheel = self._wheels.get(partition)
         if wheel is not None:
             return wheel
@@ -570,6 +585,8 @@ class Operator:
         P = self.settings.partitions
         home = self._home
         have: set[str] = set()
+        kept = self._scanned
+        room = SCANNED_BYTES if keep_through is not None else 0
         for name, got in txn.scan(self._counters):
             if home.get(name, -1) != partition and (
                     name in home or partition_for(name, P) != partition):
@@ -583,6 +600,10 @@ class Operator:
                 raise
             if due is not None:
                 wheel.file(name, due)
+                if (room > 0 and keep_through is not None and due <= keep_through
+                        and type(got) is bytes and not txn.is_staged(self._counters, name)):
+                    kept[name] = got
+                    room -= len(got)
         for name, start in self._start_ticks.items():
             if home[name] == partition and name not in have:
                 wheel.file(name, start)
@@ -775,7 +796,7 @@ class Operator:
             m["markers_applied"] += 1
             out.sealed_through = max(n, out.sealed_through or n)
             return
-        wheel = self._wheel(txn, partition)
+        wheel = self._wheel(txn, partition, n)
         names = wheel.take_through(n)
         touched = 0
         for name in sorted(names):  # name order: never the order events arrived in
@@ -829,6 +850,7 @@ class Operator:
                 self._keep(txn, partition, name, cs, n, filed, quiet,
                            self._idle(cs, n, due))
             touched += 1
+        self._scanned.clear()
         ps.frontier = n
         ps.marker_offset = offset
         self._stage_partition(txn, partition, ps)
@@ -1017,7 +1039,7 @@ class Operator:
         that a decode would refuse, gets none: its decode raises."""
         if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
             return None
-        raw = txn.stored(self._counters, name)
+        raw = self._stored_raw(txn, name)
         q = None if raw is None else quiet_counter(raw)
         if q is None or q.filed_due is None or q.key_id != self.key_id:
             return None
@@ -1045,6 +1067,14 @@ class Operator:
         return (self._shared(q.filed_due), q.frontier, q.offset,
                 self._shared(q.next_heartbeat), _ZERO if _is_zero(y) else y,
                 None if nd is None else self._shared(q.start_tick + nd - 1), shape)
+
+    def _stored_raw(self, txn: PartitionTransaction, name: str) -> bytes | None:
+        """`txn.stored` of counter `name`: the bytes the scan that built the wheel read
+        for the marker under way, if it kept them (`_wheel`), else read now. The same
+        bytes: a marker writes nothing to the store, and a value staged since the scan is
+        never read here (`_stored_idle` and `_beat_idle` leave a staged value alone)."""
+        raw = self._scanned.get(name)
+        return txn.stored(self._counters, name) if raw is None else raw
 
     def _shape(self, key: tuple[object, ...], rep: Callable[[], Counter]) -> int:
         """The index of the `IdleShape` of `key` (mechanism, eps, delta, bound key, start
@@ -1107,7 +1137,7 @@ class Operator:
         if n - since > self._defer_ticks:
             # Beyond the deferral bound the sealed value is written (`_keep`): computed
             # on the stored bytes where the mechanism can (`Counter.advance_state`).
-            raw = txn.stored(self._counters, name)
+            raw = self._stored_raw(txn, name)
             written = None if raw is None else advance_counter_value(
                 raw, self._advancer(rep), n, nh, offset, due)
             if written is None:
