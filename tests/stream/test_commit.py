@@ -113,6 +113,33 @@ def run_clean(s: Settings, batches: Batches, factory: Any) -> tuple[DictStore, P
     return store, pub
 
 
+def run_with_crashes(s: Settings, batches: Batches, factory: Any, seed: int,
+                     crash_above: float, max_crashes: int, full: bool = False,
+                     ) -> tuple[DictStore, Published, int]:
+    """Apply `batches` through BatchCommit; after each, by a roll of Random(seed): below
+    0.3 a checkpoint (`full` or not), above `crash_above` (at most `max_crashes` times,
+    with something applied since the last checkpoint) a crash: a new operator on the
+    store, the batches since the last checkpoint applied again. Then a full checkpoint.
+    Returns the store, what was published and how many crashes there were."""
+    schedule = random.Random(seed)
+    store, pub = DictStore(), Published()
+    bc = BatchCommit(Operator(s, KEY, factory=factory), store, pub)
+    i = done = crashes = 0
+    while i < len(batches):
+        asyncio.run(bc.apply(0, batches[i]))
+        roll = schedule.random()
+        i += 1
+        if roll < 0.3:
+            asyncio.run(bc.checkpoint(full=full))
+            done = i
+        elif roll > crash_above and crashes < max_crashes and i > done:
+            crashes += 1
+            bc = BatchCommit(Operator(s, KEY, factory=factory), store, pub)
+            i = done
+    asyncio.run(bc.checkpoint())
+    return store, pub, crashes
+
+
 def run_with_crash(s: Settings, batches: Batches, factory: Any, at: int,
                    crash_point: Callable[[str], None] | None, fail_at: int,
                    redeliver_from: int, warm: bool) -> tuple[DictStore, Published]:
@@ -377,22 +404,8 @@ def test_what_a_restart_re_sends_does_not_depend_on_which_counters_had_input() -
     batches = batches_of(to_records(recs, 4), rng)
 
     def run(full: bool) -> tuple[DictStore, Published]:
-        schedule = random.Random(5)  # the same checkpoints and crashes in every run
-        store, pub = DictStore(), Published()
-        bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
-        i = done = crashes = 0
-        while i < len(batches):
-            asyncio.run(bc.apply(0, batches[i]))
-            roll = schedule.random()
-            i += 1
-            if roll < 0.3:
-                asyncio.run(bc.checkpoint(full=full))
-                done = i
-            elif roll > 0.95 and crashes < 8 and i > done:
-                crashes += 1
-                bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
-                i = done
-        asyncio.run(bc.checkpoint())
+        # The same seed: the same checkpoints and crashes in every run.
+        store, pub, _crashes = run_with_crashes(s, batches, registry, 5, 0.95, 8, full)
         return store, pub
 
     full_store, full_pub = run(True)

@@ -34,7 +34,7 @@ from processor.stream.model.state import (
     supersedes,
 )
 from tests.stream.helpers import apply_now
-from tests.stream.test_commit import Published, batches_of, run_clean
+from tests.stream.test_commit import batches_of, run_clean, run_with_crashes
 from tests.stream.test_open_families import _public, _timeline, open_settings
 from tests.stream.test_operator import KEY, Run
 
@@ -350,22 +350,7 @@ def test_a_crash_anywhere_with_keys_filed_nowhere_equals_never_stopping() -> Non
     batches = batches_of(_waiting_timeline(5, 500), rng)
     clean_store, clean_pub = run_clean(s, batches, registry)
     assert len(_dormant(clean_store.data)) >= 8
-    schedule = random.Random(9)
-    store, pub = DictStore(), Published()
-    bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
-    i = done = crashes = 0
-    while i < len(batches):
-        asyncio.run(bc.apply(0, batches[i]))
-        roll = schedule.random()
-        i += 1
-        if roll < 0.3:
-            asyncio.run(bc.checkpoint(full=False))
-            done = i
-        elif roll > 0.9 and crashes < 12 and i > done:
-            crashes += 1
-            bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
-            i = done
-    asyncio.run(bc.checkpoint())
+    store, pub, crashes = run_with_crashes(s, batches, registry, 9, 0.9, 12)
     assert crashes >= 6
     assert pub.releases == clean_pub.releases and pub.ledger == clean_pub.ledger
     assert pub.order == clean_pub.order
