@@ -182,6 +182,179 @@ impl Words {
     }
 }
 
+impl Words {
+    /// scalar._bern_exp(num, den) for num >= 0, den >= 1: floor(num/den) Bernoulli(exp(-1))
+    /// trials, then von Neumann's loop on the remainder (bern_frac(rem, den k) is
+    /// uniform_below(den k) < rem, no word when rem is 0); None when a modulus den k
+    /// passes 2^64 (the reference reads several words there).
+    fn bern_exp(&mut self, num: u64, den: u64) -> Result<Option<bool>, EndOfLane> {
+        let (whole, rem) = (num / den, num % den);
+        for _ in 0..whole {
+            if !self.bernoulli_exp_minus_one()? {
+                return Ok(Some(false));
+            }
+        }
+        let mut k: u128 = 1;
+        if rem != 0 {
+            loop {
+                let m = den as u128 * k;
+                if m > 1u128 << 64 {
+                    return Ok(None);
+                }
+                if self.uniform_below(m)? >= rem {
+                    break;
+                }
+                k += 1;
+            }
+        }
+        Ok(Some(k % 2 == 1))
+    }
+}
+
+/// svt.py's _REL: the relative error bound of a float quantity in the plan sampler.
+const REL: f64 = 1.0 / (1u64 << 40) as f64;
+
+/// One SVT's constants for its plan sampler (svt.py `_scan_constants`, tau, Z_0).
+struct Plan {
+    tau: f64,
+    b8: f64,
+    c: i64,
+    z0: i64,
+    t1: u64,
+    lam: f64,
+    log1pq: f64,
+    g: f64,
+}
+
+/// What `candidate` found (svt.py `_candidate_float`): no candidate, a candidate step
+/// with k at its block's start, or "float bounds cannot decide" (the reference's decimal
+/// path takes over).
+enum Candidate {
+    Never,
+    At(u64, i64),
+    Unsure,
+}
+
+impl Plan {
+    /// svt.py `SVT._k`: floor((tau + b8 ln(s + c)) * UNIT) + Z_0 - v, the same float
+    /// operations (libm's log, as Python's math.log); None beyond 62 bits.
+    fn k(&self, v: i64, s: u64) -> Option<i64> {
+        let x = ((self.tau + self.b8 * ((s as i64 + self.c) as f64).ln()) * 65536.0).floor();
+        if x.is_nan() || x.abs() >= (1u64 << 62) as f64 {
+            return None;
+        }
+        (x as i64).checked_add(self.z0)?.checked_sub(v)
+    }
+
+    /// svt.py `SVT._tail_bound`, operation for operation.
+    fn tail_bound(&self, s: u64, p: f64, h: f64) -> f64 {
+        let g1 = self.g - 1.0;
+        if g1 <= 0.0 {
+            return f64::INFINITY;
+        }
+        let tail = (2.0 / self.t1 as f64).exp() * p * (1.0 + (s as i64 + self.c) as f64 / g1);
+        (s as f64 * h + 4.0 * s as f64 * p + 4.0 * tail) * (1.0 + 1.0 / (1u64 << 30) as f64)
+            + 1e-300
+    }
+
+    /// svt.py `SVT._candidate_float` for U in [m / 2^64, (m + 1) / 2^64) (a fresh
+    /// `_Uniform`: 64 bits), operation for operation; None where a value passes 62 bits.
+    fn candidate(&self, v: i64, s: u64, end: u64, m: u64) -> Option<Candidate> {
+        let (e_lo, e_hi) = e_bounds(m);
+        let mut b = s;
+        let mut c_mid = 0.0f64;
+        let mut c_err = 1e-300f64;
+        while b < end {
+            let kb = self.k(v, b)?;
+            let lp = (-(kb as i128 + 1)) as f64 * self.lam - self.log1pq;
+            let p = lp.exp();
+            let h = -(-p).ln_1p();
+            if e_lo - c_mid - c_err >= self.tail_bound(b, p, h) {
+                return Some(Candidate::Never);
+            }
+            let rel = (lp.abs() + 4.0) * REL;
+            let e = (1u64 << (64 - b.leading_zeros())).min(end);
+            let term = (e - b) as f64 * h;
+            let n_mid = c_mid + term;
+            let n_err = c_err + term * (rel + REL) + n_mid * REL;
+            if e_hi < n_mid - n_err {
+                let y_lo = (e_lo - c_mid - c_err) / (h * (1.0 + rel)) * (1.0 - REL);
+                let y_hi = (e_hi - c_mid + c_err) / (h * (1.0 - rel)) * (1.0 + REL);
+                if !y_lo.is_finite() || !y_hi.is_finite() {
+                    return Some(Candidate::Unsure);
+                }
+                let g = y_lo.floor().max(0.0);
+                // g != floor(y_hi) or g >= e - b (exactly: g is a whole float, e - b < 2^62)
+                if g != y_hi.floor() || g >= (1u64 << 62) as f64 || g as u64 >= e - b {
+                    return Some(Candidate::Unsure);
+                }
+                return Some(Candidate::At(b + g as u64, kb));
+            }
+            if e_lo < n_mid + n_err {
+                return Some(Candidate::Unsure);
+            }
+            c_mid = n_mid;
+            c_err = n_err;
+            b = e;
+        }
+        Some(Candidate::Never)
+    }
+}
+
+/// svt.py `_neg_log(num, 2^64)`: -ln(num / 2^64) for 1 <= num <= 2^64 (num / 2^64 is
+/// correctly rounded in Python; num rounded to a float and scaled by 2^-64 is the same).
+fn neg_log(num: u128) -> f64 {
+    let full: u128 = 1 << 64;
+    let scale = 1.0 / (1u128 << 64) as f64;
+    if 2 * num > full {
+        -(-(((full - num) as f64) * scale)).ln_1p()
+    } else {
+        -((num as f64) * scale).ln()
+    }
+}
+
+/// svt.py `_Uniform.e_bounds_float` at 64 bits: float bounds (lo, hi) on E = -ln U.
+fn e_bounds(m: u64) -> (f64, f64) {
+    let lo = neg_log(m as u128 + 1) * (1.0 - REL);
+    let hi = if m == 0 { f64::INFINITY } else { neg_log(m as u128) * (1.0 + REL) };
+    (lo, hi)
+}
+
+/// svt.py `SVT._sample(v, start, end, pos)` on the skip lane's words from `src`'s
+/// position: (first firing step or None, position after); None where the reference must
+/// run it (float bounds cannot decide, a draw this crate leaves, a value past 62 bits).
+fn svt_sample(src: &mut Words, p: &Plan, v: i64, start: u64, end: u64)
+              -> Result<Option<Option<u64>>, EndOfLane> {
+    let mut s = start;
+    while s < end {
+        let Some(k) = p.k(v, s) else { return Ok(None) };
+        if k < 0 {
+            let Some(z) = src.discrete_laplace(p.t1, 1)? else { return Ok(None) };
+            if z > k {
+                return Ok(Some(Some(s)));
+            }
+            s += 1;
+            continue;
+        }
+        let m = src.next()?;
+        let (c, kb) = match p.candidate(v, s, end, m) {
+            Some(Candidate::Never) => return Ok(Some(None)),
+            Some(Candidate::At(c, kb)) => (c, kb),
+            Some(Candidate::Unsure) | None => return Ok(None),
+        };
+        let Some(kc) = p.k(v, c) else { return Ok(None) };
+        if kc < kb {
+            return Ok(None);
+        }
+        match src.bern_exp((kc - kb) as u64, p.t1)? {
+            Some(true) => return Ok(Some(Some(c))),
+            Some(false) => s = c + 1,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(None))
+}
+
 /// block._limit(m): the largest word accepted for a uniform w mod m from one word.
 fn accept_limit(m: u64) -> u64 {
     u64::MAX - ((1u128 << 64) % m as u128) as u64
@@ -408,6 +581,31 @@ fn discrete_laplace_attempts(
     }))
 }
 
+/// svt.py `SVT._sample(v, start, end, pos)` on lane 0 of the skip stream's `key`, with
+/// the instance's constants (`_scan_constants`, tau, Z_0): (firing step or None, position
+/// after), the same words read and the same decisions as the reference; None where the
+/// reference must run it (its decimal path, a rare draw, a lane's end, 62-bit ranges).
+#[pyfunction]
+#[pyo3(signature = (key, pos, v, start, end, tau, b8, c, z0, t1, lam, log1pq, g))]
+#[allow(clippy::too_many_arguments)]
+fn svt_plan(
+    key: &[u8], pos: u64, v: i64, start: u64, end: u64, tau: f64, b8: f64, c: i64, z0: i64,
+    t1: u64, lam: f64, log1pq: f64, g: f64,
+) -> PyResult<Option<(Option<u64>, u64)>> {
+    let key = key_of(key)?;
+    let limit = 1u64 << 62;
+    if t1 < 1 || start < 1 || end > limit || !(0..1 << 62).contains(&c) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "t1 >= 1, 1 <= start, end <= 2^62, 0 <= c < 2^62"));
+    }
+    let plan = Plan { tau, b8, c, z0, t1, lam, log1pq, g };
+    let mut src = Words::new(&key, 0, pos);
+    Ok(match svt_sample(&mut src, &plan, v, start, end) {
+        Ok(Some(step)) => Some((step, src.position)),
+        _ => None,
+    })
+}
+
 /// n keystream words of `lane` from word `start`, little-endian bytes (rng.py
 /// KeyedStream.word_array's bytes): the tests compare it with the reference cipher.
 #[pyfunction]
@@ -431,5 +629,6 @@ fn dpc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(discrete_laplace_run, m)?)?;
     m.add_function(wrap_pyfunction!(keystream, m)?)?;
     m.add_function(wrap_pyfunction!(discrete_laplace_attempts, m)?)?;
+    m.add_function(wrap_pyfunction!(svt_plan, m)?)?;
     Ok(())
 }
