@@ -67,14 +67,18 @@ def test_keystream_is_the_reference_cipher() -> None:
     """The extension's words against the reference cipher (rng.py's path without it)."""
     assert NATIVE is not None
     for stream, lane in _streams(20):
-        for start, n in [(0, 1), (0, 8), (5, 3), (7, 2), (8, 17), (1021, 40)]:
+        # one block, parts of one, and runs of four blocks at once and the rest
+        for start, n in [(0, 1), (0, 8), (5, 3), (7, 2), (8, 17), (1021, 40), (0, 32),
+                         (3, 29), (13, 1000), (4093, 777)]:
             want = stream.word_array(lane, start, n).tobytes()
             assert NATIVE.keystream(stream.derived_key(), lane, start, n) == want
-    # the lane's last block, and past it
+    # the lane's last blocks (four at once up to its end, then one), and past it
     stream = KeyedStream(NoiseKey.from_seed(1), "end")
+    for back in (8, 32, 40, 77):
+        last = (1 << 35) - back
+        assert NATIVE.keystream(stream.derived_key(), 3, last, back) == \
+            stream.word_array(3, last, back).tobytes()
     last = (1 << 35) - 8
-    assert NATIVE.keystream(stream.derived_key(), 3, last, 8) == \
-        stream.word_array(3, last, 8).tobytes()
     with pytest.raises(ValueError):
         NATIVE.keystream(stream.derived_key(), 3, last, 9)
 
