@@ -51,7 +51,6 @@ from processor.core.samplers.scalar import (
     bernoulli_exp,
     discrete_laplace,
     discrete_laplace_into,
-    discrete_laplace_run,
     laplace_scale_units,
 )
 
@@ -233,8 +232,10 @@ class SVT:
         self._due_memo: tuple[int | bool | None, ...] | None = None
         if state is None:
             # the run's sampler: the same draw as discrete_laplace on the cursor, cheaper
-            self.z0 = discrete_laplace_run(WordCursor(KeyedStream(key, label, "/z0")), t0,
-                                           1)[0][0]
+            # (unchecked: svt_scales's ints are >= 1), flat: Z_0, then the position after
+            z0: list[int] = []
+            discrete_laplace_into(WordCursor(KeyedStream(key, label, "/z0")), t0, 1, z0)
+            self.z0 = z0[0]
             self.steps = 0
             self.draws = 0
             self._zpos = 0
