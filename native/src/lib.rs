@@ -49,10 +49,10 @@ fn chacha20_block(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64
     #[cfg(target_arch = "x86_64")]
     // SAFETY: SSE2 is part of the x86-64 baseline.
     unsafe {
-        chacha20_block_sse2(key, counter, nonce, out)
+        chacha20_block_sse2(key, counter, nonce, out);
     }
     #[cfg(not(target_arch = "x86_64"))]
-    chacha20_block_words(key, counter, nonce, out)
+    chacha20_block_words(key, counter, nonce, out);
 }
 
 /// chacha20_block with the state's four rows as vectors: a column round is one
@@ -141,7 +141,7 @@ fn chacha20_blocks4(key: &[u32; 8], counter: u64, nonce: &[u32; 3], out: &mut [u
     #[cfg(target_arch = "x86_64")]
     // SAFETY: SSE2 is part of the x86-64 baseline.
     unsafe {
-        chacha20_blocks4_sse2(key, counter as u32, nonce, out)
+        chacha20_blocks4_sse2(key, counter as u32, nonce, out);
     }
     #[cfg(not(target_arch = "x86_64"))]
     for j in 0..WIDE as usize {
