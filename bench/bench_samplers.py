@@ -1,12 +1,19 @@
 """Draws per second of the exact samplers (a script, not a test).
 
     .venv/bin/python bench/bench_samplers.py [--quick]
+    .venv/bin/python bench/bench_samplers.py --keystream
 
 Prints microseconds per draw, best and median wall clock over 7 runs and best process
 CPU time (on a shared machine the best run is closest to the code's own cost), for the
 vectorised discrete_laplace_block, LaplaceBank.draw used sequentially (the SVT's per-tick
 noise), the scalar discrete_laplace at the same scale, and the scalar discrete_gaussian
 at sigma ~ 1e6 units. Target: LaplaceBank < 1 us/draw.
+
+`--keystream` instead: the extension's ChaCha20 (`dpc_native.keystream`) in MB/s of
+process CPU time, best of 5, for reads of 8 words (one block: the call's own cost), 512
+and 4,096 words (in cache) and 2^20 words (8 MB), and one `discrete_laplace_run` call of 1
+and of 9 draws at the SVT's scale of an ECC with eps 1 (a new counter's Z_0, its first
+dense prefix), in us per call.
 """
 
 from __future__ import annotations
@@ -15,14 +22,17 @@ import argparse
 import time
 from collections.abc import Callable
 
+from processor.core.ecc import ecc_parameters
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.block import LaplaceBank, discrete_laplace_block
+from processor.core.samplers.native import NATIVE
 from processor.core.samplers.scalar import (
     discrete_gaussian,
     discrete_laplace,
     gaussian_sigma2_units,
     laplace_scale_units,
 )
+from processor.core.svt import svt_scales
 
 
 def _measure(fn: Callable[[], int], repeats: int = 7) -> tuple[float, float, float]:
@@ -43,10 +53,47 @@ def _measure(fn: Callable[[], int], repeats: int = 7) -> tuple[float, float, flo
     return walls[0], walls[len(walls) // 2], min(cpus)
 
 
+def _cpu_best(fn: Callable[[], object], calls: int, repeats: int = 5) -> float:
+    """Best process CPU seconds per call over `repeats` runs of `calls` calls."""
+    best = float("inf")
+    for _ in range(repeats):
+        c0 = time.process_time()
+        for _ in range(calls):
+            fn()
+        best = min(best, time.process_time() - c0)
+    return best / calls
+
+
+def keystream() -> None:
+    """The --keystream figures (the extension's keystream and draw runs)."""
+    if NATIVE is None:
+        raise SystemExit("the dpc_native extension is not installed (bash deploy/setup.sh)")
+    native = NATIVE
+    key = KeyedStream(NoiseKey.from_seed(2026), "bench/keystream").derived_key()
+    def read(n: int) -> Callable[[], object]:
+        return lambda: native.keystream(key, 0, 0, n)
+
+    def draws(t: int, n: int) -> Callable[[], object]:
+        return lambda: native.discrete_laplace_run(key, 0, 0, t, 1, n)
+
+    for n in (8, 512, 4096, 1 << 20):
+        per = _cpu_best(read(n), max(2, (1 << 22) // n))
+        print(f"keystream {n:>8,} words: {8 * n / per / 1e6:>6,.0f} MB/s ({per * 1e6:,.2f} us)")
+    t1 = svt_scales(ecc_parameters(1.0, 1e-6).eps_part)[1]
+    for n in (1, 9):
+        per = _cpu_best(draws(t1, n), 20_000)
+        print(f"discrete_laplace_run t={t1}, {n} draws: {per * 1e6:.2f} us a call")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer draws")
+    ap.add_argument("--keystream", action="store_true",
+                    help="the extension's keystream and draw runs instead (see the doc)")
     args = ap.parse_args()
+    if args.keystream:
+        keystream()
+        return
     scale = 1 if args.quick else 4
 
     key = NoiseKey.from_seed(2026)

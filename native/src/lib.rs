@@ -42,8 +42,67 @@ const fn vn_thresholds() -> [u64; 18] {
 const VN_THRESHOLDS: [u64; 18] = vn_thresholds();
 
 /// The ChaCha20 block function (RFC 8439 state layout): key words 4..12, the 32-bit block
-/// counter in word 12, the 96-bit nonce (the lane) in words 13..16.
+/// counter in word 12, the 96-bit nonce (the lane) in words 13..16. On x86-64 its rows in
+/// SSE2 registers (every x86-64 processor has SSE2), elsewhere word by word.
+#[inline(always)]
 fn chacha20_block(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64; 8]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is part of the x86-64 baseline.
+    unsafe {
+        chacha20_block_sse2(key, counter, nonce, out);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    chacha20_block_words(key, counter, nonce, out);
+}
+
+/// chacha20_block with the state's four rows as vectors: a column round is one
+/// quarter round of the four columns at once, a diagonal round the same after the rows
+/// are rotated by 1, 2 and 3 words (and rotated back).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+unsafe fn chacha20_block_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3],
+                              out: &mut [u64; 8]) {
+    use std::arch::x86_64::*;
+    let row = |w: [u32; 4]| _mm_set_epi32(w[3] as i32, w[2] as i32, w[1] as i32, w[0] as i32);
+    let a0 = row([0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574]);
+    let b0 = row([key[0], key[1], key[2], key[3]]);
+    let c0 = row([key[4], key[5], key[6], key[7]]);
+    let d0 = row([counter, nonce[0], nonce[1], nonce[2]]);
+    let (mut a, mut b, mut c, mut d) = (a0, b0, c0, d0);
+    macro_rules! rotl {
+        ($x:expr, 16) => { _mm_shufflehi_epi16(_mm_shufflelo_epi16($x, 0xb1), 0xb1) };
+        ($x:expr, $r:literal) => { _mm_or_si128(_mm_slli_epi32($x, $r), _mm_srli_epi32($x, 32 - $r)) };
+    }
+    macro_rules! quarter {
+        () => {
+            a = _mm_add_epi32(a, b); d = rotl!(_mm_xor_si128(d, a), 16);
+            c = _mm_add_epi32(c, d); b = rotl!(_mm_xor_si128(b, c), 12);
+            a = _mm_add_epi32(a, b); d = rotl!(_mm_xor_si128(d, a), 8);
+            c = _mm_add_epi32(c, d); b = rotl!(_mm_xor_si128(b, c), 7);
+        };
+    }
+    for _ in 0..10 {
+        quarter!();
+        b = _mm_shuffle_epi32(b, 0x39);
+        c = _mm_shuffle_epi32(c, 0x4e);
+        d = _mm_shuffle_epi32(d, 0x93);
+        quarter!();
+        b = _mm_shuffle_epi32(b, 0x93);
+        c = _mm_shuffle_epi32(c, 0x4e);
+        d = _mm_shuffle_epi32(d, 0x39);
+    }
+    // the keystream's bytes are little-endian (as x86-64's memory), so the 16 state words
+    // stored in order are the 8 64-bit words lo | hi << 32
+    let p = out.as_mut_ptr() as *mut __m128i;
+    _mm_storeu_si128(p, _mm_add_epi32(a, a0));
+    _mm_storeu_si128(p.add(1), _mm_add_epi32(b, b0));
+    _mm_storeu_si128(p.add(2), _mm_add_epi32(c, c0));
+    _mm_storeu_si128(p.add(3), _mm_add_epi32(d, d0));
+}
+
+/// chacha20_block word by word (the state as RFC 8439 writes it; other architectures).
+#[cfg_attr(target_arch = "x86_64", allow(dead_code))]
+fn chacha20_block_words(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64; 8]) {
     let init: [u32; 16] = [
         0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574,
         key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7],
@@ -70,17 +129,87 @@ fn chacha20_block(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64
     }
 }
 
+/// Blocks `chacha20_blocks4` computes at once.
+const WIDE: u64 = 4;
+
+/// The WIDE blocks `counter` .. `counter + 3` (their counters wrapping at 2^32: a block
+/// past the lane's end is never served), one after the other in `out`. On x86-64 the
+/// four blocks' states side by side in SSE2 registers (word i of the four in one
+/// register): sixteen independent vectors, where one block's rows wait on each other.
+#[inline(always)]
+fn chacha20_blocks4(key: &[u32; 8], counter: u64, nonce: &[u32; 3], out: &mut [u64; 32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE2 is part of the x86-64 baseline.
+    unsafe {
+        chacha20_blocks4_sse2(key, counter as u32, nonce, out);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    for j in 0..WIDE as usize {
+        let mut block = [0u64; 8];
+        chacha20_block(key, (counter as u32).wrapping_add(j as u32), nonce, &mut block);
+        out[8 * j..8 * j + 8].copy_from_slice(&block);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "sse2")]
+unsafe fn chacha20_blocks4_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3],
+                                out: &mut [u64; 32]) {
+    use std::arch::x86_64::*;
+    let splat = |w: u32| _mm_set1_epi32(w as i32);
+    let c = counter;
+    let init: [__m128i; 16] = [
+        splat(0x6170_7865), splat(0x3320_646e), splat(0x7962_2d32), splat(0x6b20_6574),
+        splat(key[0]), splat(key[1]), splat(key[2]), splat(key[3]),
+        splat(key[4]), splat(key[5]), splat(key[6]), splat(key[7]),
+        _mm_set_epi32(c.wrapping_add(3) as i32, c.wrapping_add(2) as i32,
+                      c.wrapping_add(1) as i32, c as i32),
+        splat(nonce[0]), splat(nonce[1]), splat(nonce[2]),
+    ];
+    let mut x = init;
+    macro_rules! rotl {
+        ($x:expr, 16) => { _mm_shufflehi_epi16(_mm_shufflelo_epi16($x, 0xb1), 0xb1) };
+        ($x:expr, $r:literal) => { _mm_or_si128(_mm_slli_epi32($x, $r), _mm_srli_epi32($x, 32 - $r)) };
+    }
+    macro_rules! qr {
+        ($a:literal, $b:literal, $c:literal, $d:literal) => {
+            x[$a] = _mm_add_epi32(x[$a], x[$b]); x[$d] = rotl!(_mm_xor_si128(x[$d], x[$a]), 16);
+            x[$c] = _mm_add_epi32(x[$c], x[$d]); x[$b] = rotl!(_mm_xor_si128(x[$b], x[$c]), 12);
+            x[$a] = _mm_add_epi32(x[$a], x[$b]); x[$d] = rotl!(_mm_xor_si128(x[$d], x[$a]), 8);
+            x[$c] = _mm_add_epi32(x[$c], x[$d]); x[$b] = rotl!(_mm_xor_si128(x[$b], x[$c]), 7);
+        };
+    }
+    for _ in 0..10 {
+        qr!(0, 4, 8, 12); qr!(1, 5, 9, 13); qr!(2, 6, 10, 14); qr!(3, 7, 11, 15);
+        qr!(0, 5, 10, 15); qr!(1, 6, 11, 12); qr!(2, 7, 8, 13); qr!(3, 4, 9, 14);
+    }
+    let mut words = [[0u32; 4]; 16];
+    for i in 0..16 {
+        _mm_storeu_si128(words[i].as_mut_ptr() as *mut __m128i, _mm_add_epi32(x[i], init[i]));
+    }
+    for j in 0..WIDE as usize {
+        for i in 0..8 {
+            // the keystream's bytes are little-endian, so a 64-bit word is lo | hi << 32
+            out[8 * j + i] = words[2 * i][j] as u64 | ((words[2 * i + 1][j] as u64) << 32);
+        }
+    }
+}
+
 /// The position is past the lane's last block: the reference raises there.
 struct EndOfLane;
 
 /// Sequential words of one lane from a position (rng.py WordCursor, without a buffer
-/// that outlives the call).
+/// that outlives the call): one block first (most calls read a few words), then WIDE
+/// blocks at a time.
 struct Words {
     key: [u32; 8],
     nonce: [u32; 3],
     position: u64,
-    block: u64,
-    buf: [u64; 8],
+    /// the position of buf[0], and how many of buf's words are read (none past the
+    /// lane's last block)
+    start: u64,
+    len: u64,
+    buf: [u64; 32],
 }
 
 impl Words {
@@ -90,19 +219,28 @@ impl Words {
             k[i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
         let nonce = [lane as u32, (lane >> 32) as u32, (lane >> 64) as u32];
-        Words { key: k, nonce, position, block: u64::MAX, buf: [0; 8] }
+        Words { key: k, nonce, position, start: u64::MAX, len: 0, buf: [0; 32] }
     }
 
     fn next(&mut self) -> Result<u64, EndOfLane> {
-        let block = self.position / WORDS_PER_BLOCK;
-        if block != self.block {
+        let mut i = self.position.wrapping_sub(self.start);
+        if i >= self.len {
+            let block = self.position / WORDS_PER_BLOCK;
             if block >= MAX_BLOCK {
                 return Err(EndOfLane);
             }
-            chacha20_block(&self.key, block as u32, &self.nonce, &mut self.buf);
-            self.block = block;
+            if self.start == u64::MAX || MAX_BLOCK - block < WIDE {
+                let first: &mut [u64; 8] = (&mut self.buf[..8]).try_into().expect("8 words");
+                chacha20_block(&self.key, block as u32, &self.nonce, first);
+                self.len = WORDS_PER_BLOCK;
+            } else {
+                chacha20_blocks4(&self.key, block, &self.nonce, &mut self.buf);
+                self.len = WIDE * WORDS_PER_BLOCK;
+            }
+            self.start = block * WORDS_PER_BLOCK;
+            i = self.position - self.start;
         }
-        let w = self.buf[(self.position % WORDS_PER_BLOCK) as usize];
+        let w = self.buf[i as usize];
         self.position += 1;
         Ok(w)
     }
@@ -180,6 +318,179 @@ impl Words {
             return Ok(Some(if negative { -y } else { y }));
         }
     }
+}
+
+impl Words {
+    /// scalar._bern_exp(num, den) for num >= 0, den >= 1: floor(num/den) Bernoulli(exp(-1))
+    /// trials, then von Neumann's loop on the remainder (bern_frac(rem, den k) is
+    /// uniform_below(den k) < rem, no word when rem is 0); None when a modulus den k
+    /// passes 2^64 (the reference reads several words there).
+    fn bern_exp(&mut self, num: u64, den: u64) -> Result<Option<bool>, EndOfLane> {
+        let (whole, rem) = (num / den, num % den);
+        for _ in 0..whole {
+            if !self.bernoulli_exp_minus_one()? {
+                return Ok(Some(false));
+            }
+        }
+        let mut k: u128 = 1;
+        if rem != 0 {
+            loop {
+                let m = den as u128 * k;
+                if m > 1u128 << 64 {
+                    return Ok(None);
+                }
+                if self.uniform_below(m)? >= rem {
+                    break;
+                }
+                k += 1;
+            }
+        }
+        Ok(Some(k % 2 == 1))
+    }
+}
+
+/// svt.py's _REL: the relative error bound of a float quantity in the plan sampler.
+const REL: f64 = 1.0 / (1u64 << 40) as f64;
+
+/// One SVT's constants for its plan sampler (svt.py `_scan_constants`, tau, Z_0).
+struct Plan {
+    tau: f64,
+    b8: f64,
+    c: i64,
+    z0: i64,
+    t1: u64,
+    lam: f64,
+    log1pq: f64,
+    g: f64,
+}
+
+/// What `candidate` found (svt.py `_candidate_float`): no candidate, a candidate step
+/// with k at its block's start, or "float bounds cannot decide" (the reference's decimal
+/// path takes over).
+enum Candidate {
+    Never,
+    At(u64, i64),
+    Unsure,
+}
+
+impl Plan {
+    /// svt.py `SVT._k`: floor((tau + b8 ln(s + c)) * UNIT) + Z_0 - v, the same float
+    /// operations (libm's log, as Python's math.log); None beyond 62 bits.
+    fn k(&self, v: i64, s: u64) -> Option<i64> {
+        let x = ((self.tau + self.b8 * ((s as i64 + self.c) as f64).ln()) * 65536.0).floor();
+        if x.is_nan() || x.abs() >= (1u64 << 62) as f64 {
+            return None;
+        }
+        (x as i64).checked_add(self.z0)?.checked_sub(v)
+    }
+
+    /// svt.py `SVT._tail_bound`, operation for operation.
+    fn tail_bound(&self, s: u64, p: f64, h: f64) -> f64 {
+        let g1 = self.g - 1.0;
+        if g1 <= 0.0 {
+            return f64::INFINITY;
+        }
+        let tail = (2.0 / self.t1 as f64).exp() * p * (1.0 + (s as i64 + self.c) as f64 / g1);
+        (s as f64 * h + 4.0 * s as f64 * p + 4.0 * tail) * (1.0 + 1.0 / (1u64 << 30) as f64)
+            + 1e-300
+    }
+
+    /// svt.py `SVT._candidate_float` for U in [m / 2^64, (m + 1) / 2^64) (a fresh
+    /// `_Uniform`: 64 bits), operation for operation; None where a value passes 62 bits.
+    fn candidate(&self, v: i64, s: u64, end: u64, m: u64) -> Option<Candidate> {
+        let (e_lo, e_hi) = e_bounds(m);
+        let mut b = s;
+        let mut c_mid = 0.0f64;
+        let mut c_err = 1e-300f64;
+        while b < end {
+            let kb = self.k(v, b)?;
+            let lp = (-(kb as i128 + 1)) as f64 * self.lam - self.log1pq;
+            let p = lp.exp();
+            let h = -(-p).ln_1p();
+            if e_lo - c_mid - c_err >= self.tail_bound(b, p, h) {
+                return Some(Candidate::Never);
+            }
+            let rel = (lp.abs() + 4.0) * REL;
+            let e = (1u64 << (64 - b.leading_zeros())).min(end);
+            let term = (e - b) as f64 * h;
+            let n_mid = c_mid + term;
+            let n_err = c_err + term * (rel + REL) + n_mid * REL;
+            if e_hi < n_mid - n_err {
+                let y_lo = (e_lo - c_mid - c_err) / (h * (1.0 + rel)) * (1.0 - REL);
+                let y_hi = (e_hi - c_mid + c_err) / (h * (1.0 - rel)) * (1.0 + REL);
+                if !y_lo.is_finite() || !y_hi.is_finite() {
+                    return Some(Candidate::Unsure);
+                }
+                let g = y_lo.floor().max(0.0);
+                // g != floor(y_hi) or g >= e - b (exactly: g is a whole float, e - b < 2^62)
+                if g != y_hi.floor() || g >= (1u64 << 62) as f64 || g as u64 >= e - b {
+                    return Some(Candidate::Unsure);
+                }
+                return Some(Candidate::At(b + g as u64, kb));
+            }
+            if e_lo < n_mid + n_err {
+                return Some(Candidate::Unsure);
+            }
+            c_mid = n_mid;
+            c_err = n_err;
+            b = e;
+        }
+        Some(Candidate::Never)
+    }
+}
+
+/// svt.py `_neg_log(num, 2^64)`: -ln(num / 2^64) for 1 <= num <= 2^64 (num / 2^64 is
+/// correctly rounded in Python; num rounded to a float and scaled by 2^-64 is the same).
+fn neg_log(num: u128) -> f64 {
+    let full: u128 = 1 << 64;
+    let scale = 1.0 / (1u128 << 64) as f64;
+    if 2 * num > full {
+        -(-(((full - num) as f64) * scale)).ln_1p()
+    } else {
+        -((num as f64) * scale).ln()
+    }
+}
+
+/// svt.py `_Uniform.e_bounds_float` at 64 bits: float bounds (lo, hi) on E = -ln U.
+fn e_bounds(m: u64) -> (f64, f64) {
+    let lo = neg_log(m as u128 + 1) * (1.0 - REL);
+    let hi = if m == 0 { f64::INFINITY } else { neg_log(m as u128) * (1.0 + REL) };
+    (lo, hi)
+}
+
+/// svt.py `SVT._sample(v, start, end, pos)` on the skip lane's words from `src`'s
+/// position: (first firing step or None, position after); None where the reference must
+/// run it (float bounds cannot decide, a draw this crate leaves, a value past 62 bits).
+fn svt_sample(src: &mut Words, p: &Plan, v: i64, start: u64, end: u64)
+              -> Result<Option<Option<u64>>, EndOfLane> {
+    let mut s = start;
+    while s < end {
+        let Some(k) = p.k(v, s) else { return Ok(None) };
+        if k < 0 {
+            let Some(z) = src.discrete_laplace(p.t1, 1)? else { return Ok(None) };
+            if z > k {
+                return Ok(Some(Some(s)));
+            }
+            s += 1;
+            continue;
+        }
+        let m = src.next()?;
+        let (c, kb) = match p.candidate(v, s, end, m) {
+            Some(Candidate::Never) => return Ok(Some(None)),
+            Some(Candidate::At(c, kb)) => (c, kb),
+            Some(Candidate::Unsure) | None => return Ok(None),
+        };
+        let Some(kc) = p.k(v, c) else { return Ok(None) };
+        if kc < kb {
+            return Ok(None);
+        }
+        match src.bern_exp((kc - kb) as u64, p.t1)? {
+            Some(true) => return Ok(Some(Some(c))),
+            Some(false) => s = c + 1,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(None))
 }
 
 /// block._limit(m): the largest word accepted for a uniform w mod m from one word.
@@ -408,22 +719,87 @@ fn discrete_laplace_attempts(
     }))
 }
 
+/// svt.py `SVT._sample(v, start, end, pos)` on lane 0 of the skip stream's `key`, with
+/// the instance's constants (`_scan_constants`, tau, Z_0): (firing step or None, position
+/// after), the same words read and the same decisions as the reference; None where the
+/// reference must run it (its decimal path, a rare draw, a lane's end, 62-bit ranges).
+#[pyfunction]
+#[pyo3(signature = (key, pos, v, start, end, tau, b8, c, z0, t1, lam, log1pq, g))]
+#[allow(clippy::too_many_arguments)]
+fn svt_plan(
+    key: &[u8], pos: u64, v: i64, start: u64, end: u64, tau: f64, b8: f64, c: i64, z0: i64,
+    t1: u64, lam: f64, log1pq: f64, g: f64,
+) -> PyResult<Option<(Option<u64>, u64)>> {
+    let key = key_of(key)?;
+    let limit = 1u64 << 62;
+    if t1 < 1 || start < 1 || end > limit || !(0..1 << 62).contains(&c) {
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "t1 >= 1, 1 <= start, end <= 2^62, 0 <= c < 2^62"));
+    }
+    let plan = Plan { tau, b8, c, z0, t1, lam, log1pq, g };
+    let mut src = Words::new(&key, 0, pos);
+    Ok(match svt_sample(&mut src, &plan, v, start, end) {
+        Ok(Some(step)) => Some((step, src.position)),
+        _ => None,
+    })
+}
+
 /// n keystream words of `lane` from word `start`, little-endian bytes (rng.py
 /// KeyedStream.word_array's bytes): the tests compare it with the reference cipher.
+/// Block by block into the output (one bounds check per call, not one per word).
 #[pyfunction]
 fn keystream<'py>(
     py: Python<'py>, key: &[u8], lane: u128, start: u64, n: u64,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let key = key_of(key)?;
-    let mut src = Words::new(&key, lane, start);
-    let mut out = Vec::with_capacity(8 * n as usize);
-    for _ in 0..n {
-        let w = src.next().map_err(|_| {
-            pyo3::exceptions::PyValueError::new_err("stream position beyond 2^32 blocks")
-        })?;
-        out.extend_from_slice(&w.to_le_bytes());
+    if lane >= 1u128 << 96 {
+        return Err(pyo3::exceptions::PyValueError::new_err("lane < 2^96"));
     }
-    Ok(PyBytes::new(py, &out))
+    let first = start / WORDS_PER_BLOCK;
+    let end = start.checked_add(n).map(|e| e.div_ceil(WORDS_PER_BLOCK));
+    if end.is_none_or(|e| e > MAX_BLOCK) {
+        return Err(pyo3::exceptions::PyValueError::new_err("stream position beyond 2^32 blocks"));
+    }
+    let src = Words::new(&key, lane, start);
+    let (k, nonce) = (src.key, src.nonce);
+    let len = 8 * n as usize;
+    let fill = |out: &mut [u8]| {
+        let mut buf = [0u64; 32];
+        let mut at = 0usize;
+        let mut skip = (start % WORDS_PER_BLOCK) as usize;
+        let mut block = first;
+        while at < len {
+            // WIDE blocks at once where at least that many are read (and exist)
+            let wide = len - at + 8 * skip >= 64 * WIDE as usize && MAX_BLOCK - block >= WIDE;
+            let got = if wide {
+                chacha20_blocks4(&k, block, &nonce, &mut buf);
+                WIDE
+            } else {
+                let one: &mut [u64; 8] = (&mut buf[..8]).try_into().expect("8 words");
+                chacha20_block(&k, block as u32, &nonce, one);
+                1
+            };
+            for w in &buf[skip..(8 * got) as usize] {
+                if at >= len {
+                    break;
+                }
+                out[at..at + 8].copy_from_slice(&w.to_le_bytes());
+                at += 8;
+            }
+            skip = 0;
+            block += got;
+        }
+    };
+    if len >= 1 << 16 {
+        // a long read (a bank chunk) without the GIL
+        let mut v = vec![0u8; len];
+        py.allow_threads(|| fill(&mut v));
+        return Ok(PyBytes::new(py, &v));
+    }
+    PyBytes::new_with(py, len, |out| {
+        fill(out);
+        Ok(())
+    })
 }
 
 #[pymodule]
@@ -431,5 +807,6 @@ fn dpc_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(discrete_laplace_run, m)?)?;
     m.add_function(wrap_pyfunction!(keystream, m)?)?;
     m.add_function(wrap_pyfunction!(discrete_laplace_attempts, m)?)?;
+    m.add_function(wrap_pyfunction!(svt_plan, m)?)?;
     Ok(())
 }

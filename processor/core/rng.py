@@ -38,6 +38,8 @@ _KEY_RULES = {
     "raw": f"expected exactly {MIN_KEY_BYTES} bytes (a hex key file needs the key format "
            "\"hex\")",
 }
+#: What every derived key's HMAC message starts with (then the label, UTF-8).
+_LABEL_PREFIX: Final = b"dp-stream-counts/v1/"
 _WORDS_PER_BLOCK = 8  # a ChaCha20 block is 64 bytes
 #: The key stream's words are little-endian; array('Q') holds native ones.
 _BIG_ENDIAN: Final = sys.byteorder == "big"
@@ -47,7 +49,7 @@ _MAX_BLOCK = 1 << 32
 class NoiseKey:
     """A secret noise key. Its bytes never appear in repr, str, logs or errors."""
 
-    __slots__ = ("_derived", "_secret", "reproducible")
+    __slots__ = ("_derived", "_mac", "_secret", "reproducible")
 
     #: Derived keys kept per NoiseKey: restoring a counter derives one key per component,
     #: the same labels again and again. Bounded (emptied when full); the derived keys are
@@ -62,6 +64,9 @@ class NoiseKey:
         self._secret = bytes(secret)
         self.reproducible = reproducible
         self._derived: dict[str, bytes] = {}
+        #: HMAC-SHA256 keyed with the secret, the label prefix fed: `derive` copies it
+        #: and feeds the label (HMAC(secret, prefix + label), without keying HMAC again)
+        self._mac = hmac.new(self._secret, _LABEL_PREFIX, "sha256")
 
     @classmethod
     def from_bytes(cls, data: bytes, key_format: str = "hex",
@@ -97,8 +102,11 @@ class NoiseKey:
     def derive(self, label: str) -> bytes:
         out = self._derived.get(label)
         if out is None:
-            msg = b"dp-stream-counts/v1/" + label.encode()
-            out = hmac.digest(self._secret, msg, "sha256")  # hmac.new(...).digest(), in C
+            # HMAC(secret, _LABEL_PREFIX + label): the keyed state with the prefix fed is
+            # copied (tests/core/test_rng.py checks it against the one-shot hmac.digest)
+            mac = self._mac.copy()
+            mac.update(label.encode())
+            out = mac.digest()
             if len(self._derived) >= self._DERIVED_MAX:
                 self._derived.clear()
             self._derived[label] = out

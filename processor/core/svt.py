@@ -46,11 +46,11 @@ from typing import Any, ClassVar
 from processor.core.grid import UNIT
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.block import LaplaceBank
+from processor.core.samplers.native import NATIVE
 from processor.core.samplers.scalar import (
     bernoulli_exp,
     discrete_laplace,
     discrete_laplace_into,
-    discrete_laplace_run,
     laplace_scale_units,
 )
 
@@ -66,6 +66,15 @@ SCALAR_DRAWS = 64
 #: Dense steps at the start of every run of constant input (see SVT).
 PREFIX = 8
 
+
+#: The native plan (`SVT._sample`) takes positions below the scalar samplers' limit (far
+#: from the lane's end) and values within 62 bits; the reference takes the rest.
+_NATIVE_END = (1 << 35) - (1 << 20)
+_I62 = 1 << 62
+
+#: What the native plan computes as SVT does (`SVT._plan_native`).
+_PLAN_METHODS = ("_k", "_sample", "_candidate_float", "_tail_bound", "_candidate_decimal",
+                 "_candidate_at")
 
 #: Relative error bound used for a float-evaluated quantity in the skip sampler. libm's
 #: exp, log and log1p are within a few ulps (2^-52 each); 2^-40 leaves a factor of
@@ -161,6 +170,15 @@ class SVT:
     prefix: ClassVar[int] = PREFIX
     #: skip the float fast path of the plan sampler (agreement tests only)
     _exact_only: ClassVar[bool] = False
+    #: whether the extension may sample the plan: it computes this class's threshold,
+    #: bounds and float path; a subclass that changes any of them (the tests' controls)
+    #: is sampled by the reference (`__init_subclass__`)
+    _plan_native: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plan_native = not cls._exact_only and all(
+            getattr(cls, f) is getattr(SVT, f) for f in _PLAN_METHODS)
 
     __slots__ = (
         "_ahead",
@@ -214,8 +232,10 @@ class SVT:
         self._due_memo: tuple[int | bool | None, ...] | None = None
         if state is None:
             # the run's sampler: the same draw as discrete_laplace on the cursor, cheaper
-            self.z0 = discrete_laplace_run(WordCursor(KeyedStream(key, label, "/z0")), t0,
-                                           1)[0][0]
+            # (unchecked: svt_scales's ints are >= 1), flat: Z_0, then the position after
+            z0: list[int] = []
+            discrete_laplace_into(WordCursor(KeyedStream(key, label, "/z0")), t0, 1, z0)
+            self.z0 = z0[0]
             self.steps = 0
             self.draws = 0
             self._zpos = 0
@@ -327,6 +347,18 @@ class SVT:
         an exact bernoulli_exp; after a rejection the search restarts at c + 1.
         """
         cur = self._scan
+        if (NATIVE is not None and self._plan_native and not self._exact_only
+                and type(cur.stream) is KeyedStream
+                and 0 <= pos < _NATIVE_END and start >= 1 and end <= HORIZON
+                and -_I62 < v < _I62 and -_I62 < self.z0 < _I62):
+            # the extension: the same float operations (libm's, as math's), words and
+            # decisions, or None where this code must decide (tests/core/
+            # test_native_samplers.py checks them against each other)
+            got = NATIVE.svt_plan(cur.stream.derived_key(), pos, v, start, end, self.tau,
+                                  self._b8, self._c, self.z0, self._t1, self._lam,
+                                  self._log1pq, self._g)
+            if got is not None:
+                return got
         cur.position = pos
         t1 = self._t1
         s = start

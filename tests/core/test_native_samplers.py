@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import importlib
 import types
+from array import array
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from processor.core import rng
+from processor.core import rng, svt
 from processor.core.ecc import ECC, SimECC
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers import block, native, scalar
@@ -66,14 +67,18 @@ def test_keystream_is_the_reference_cipher() -> None:
     """The extension's words against the reference cipher (rng.py's path without it)."""
     assert NATIVE is not None
     for stream, lane in _streams(20):
-        for start, n in [(0, 1), (0, 8), (5, 3), (7, 2), (8, 17), (1021, 40)]:
+        # one block, parts of one, and runs of four blocks at once and the rest
+        for start, n in [(0, 1), (0, 8), (5, 3), (7, 2), (8, 17), (1021, 40), (0, 32),
+                         (3, 29), (13, 1000), (4093, 777)]:
             want = stream.word_array(lane, start, n).tobytes()
             assert NATIVE.keystream(stream.derived_key(), lane, start, n) == want
-    # the lane's last block, and past it
+    # the lane's last blocks (four at once up to its end, then one), and past it
     stream = KeyedStream(NoiseKey.from_seed(1), "end")
+    for back in (8, 32, 40, 77):
+        last = (1 << 35) - back
+        assert NATIVE.keystream(stream.derived_key(), 3, last, back) == \
+            stream.word_array(3, last, back).tobytes()
     last = (1 << 35) - 8
-    assert NATIVE.keystream(stream.derived_key(), 3, last, 8) == \
-        stream.word_array(3, last, 8).tobytes()
     with pytest.raises(ValueError):
         NATIVE.keystream(stream.derived_key(), 3, last, 9)
 
@@ -164,6 +169,7 @@ def test_mechanisms_release_and_encode_the_same(mech: type[ECC] | type[SimECC],
         monkeypatch.setattr(scalar, "NATIVE", mod)
         monkeypatch.setattr(rng, "NATIVE", mod)
         monkeypatch.setattr(block, "NATIVE", mod)
+        monkeypatch.setattr(svt, "NATIVE", mod)
         key = NoiseKey.from_seed(42)
         m = mech(1.0, 1e-5, key, "c/native")
         outs: list[object] = []
@@ -251,6 +257,103 @@ def test_block_attempts_control_one_word_off() -> None:
     want = _attempts_reference(stream, 1, 0, 1500, 524_320, 1)
     got = NATIVE.discrete_laplace_attempts(stream.derived_key(), 1, 1, 1500, 524_320, 1)
     assert got is not None and (got[0], got[1]) != (want[0], want[1])
+
+
+#: SVT plans: epsilons of the partition's SVT (the scale t1 from about 2^17 to 2^22 units),
+#: inputs from far below the threshold (a first candidate step by step, k < 0 draws) to
+#: far above it (fires at once), ranges short and unbounded, from several positions.
+PLAN_EPS = (0.05, 0.5, 1.0, 4.0)
+PLAN_OFFSETS = (-40.0, -3.0, -0.5, 0.0, 0.5, 2.0, 8.0, 40.0)
+PLAN_RANGES = ((1, svt.HORIZON), (1, 9), (9, svt.HORIZON), (5, 50), (1000, svt.HORIZON),
+               (123_456, 1 << 40))
+
+
+def _plans(count: int) -> Iterator[tuple[svt.SVT, int, int, int, int]]:
+    """(instance, v, start, end, position) over PLAN_EPS x PLAN_OFFSETS x PLAN_RANGES."""
+    key = NoiseKey.from_seed(23)
+    for eps in PLAN_EPS:
+        for i in range(count):
+            inst = svt.SVT(eps, 10.0, key, f"plan/{eps}/{i}")
+            for off in PLAN_OFFSETS:
+                v = round((10.0 + off) * 65536) + svt.svt_threshold_units(eps, 0.0, 1)
+                for j, (start, end) in enumerate(PLAN_RANGES):
+                    yield inst, v, start, end, (i * 37 + j * 5) % 29
+
+
+def _native_plan(inst: svt.SVT, v: int, start: int, end: int, pos: int
+                 ) -> tuple[int | None, int] | None:
+    assert NATIVE is not None
+    return NATIVE.svt_plan(inst._scan.stream.derived_key(), pos, v, start, end, inst.tau,
+                           inst._b8, inst._c, inst.z0, inst._t1, inst._lam, inst._log1pq,
+                           inst._g)
+
+
+def test_svt_plan_agrees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The extension's plan (`svt_plan`) against the reference `SVT._sample` on the same
+    skip lane: the same firing step (or none) and the same position after, for every
+    case it decides; it decides nearly all of them, and the cases cover fired and never,
+    steps with k < 0 (a whole DLap draw) and candidates (rejected and accepted)."""
+    monkeypatch.setattr(svt, "NATIVE", None)
+    decided = declined = fired = never = 0
+    far = 0
+    for inst, v, start, end, pos in _plans(12):
+        want = inst._sample(v, start, end, pos)
+        got = _native_plan(inst, v, start, end, pos)
+        if got is None:
+            declined += 1
+            continue
+        assert got == want, (inst.eps, v, start, end, pos)
+        decided += 1
+        fired += want[0] is not None
+        never += want[0] is None
+        far += want[0] is not None and want[0] > start + 3
+    assert declined <= decided // 1000
+    assert fired > 200 and never > 200 and far > 50
+
+
+def test_svt_plan_through_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`SVT._sample` with the extension (the production path) and without it agree, and
+    a stream that is not the cipher's (a test's substitute words) is read by the
+    reference: the extension never sees those words."""
+    for inst, v, start, end, pos in _plans(3):
+        monkeypatch.setattr(svt, "NATIVE", NATIVE)
+        got = inst._sample(v, start, end, pos)
+        monkeypatch.setattr(svt, "NATIVE", None)
+        assert got == inst._sample(v, start, end, pos)
+
+    class Shifted(KeyedStream):
+        __slots__ = ()
+
+        def word_array(self, lane: int, start: int, n: int) -> array[int]:
+            return super().word_array(lane, start + 1, n)
+
+    monkeypatch.setattr(svt, "NATIVE", NATIVE)
+    differ = 0
+    for inst, v, start, end, pos in _plans(2):
+        want = inst._sample(v, start, end, pos)
+        own = inst._scan
+        inst._scan = WordCursor(Shifted(NoiseKey.from_seed(23), own.stream.label))
+        differ += inst._sample(v, start, end, pos)[0] != want[0]
+        inst._scan = own
+    assert differ > 50
+
+
+def test_svt_plan_controls_disagree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Controls: the extension's plan read one word off, or with Z_0 one scale (t1) higher, must
+    disagree with the reference in many cases (so the agreement above is not vacuous)."""
+    monkeypatch.setattr(svt, "NATIVE", None)
+    shifted = moved = cases = 0
+    for inst, v, start, end, pos in _plans(4):
+        want = inst._sample(v, start, end, pos)
+        off = _native_plan(inst, v, start, end, pos + 1)
+        shifted += off is not None and off[0] != want[0]
+        inst.z0 += inst._t1
+        other = _native_plan(inst, v, start, end, pos)
+        inst.z0 -= inst._t1
+        moved += other is not None and other != want
+        cases += 1
+    assert shifted > cases // 10
+    assert moved > cases // 10
 
 
 def test_mode_switch() -> None:

@@ -6,6 +6,7 @@ false-alarm rate; its control shows a biased word source is rejected.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import stat
@@ -275,3 +276,23 @@ def test_entry_points_refuse_a_bad_key_file_naming_it(
     assert app.main_worker(["--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "noise key" in err and str(bad) in err and secret.hex()[:12] not in err
+
+
+def test_derive_is_the_one_shot_hmac() -> None:
+    """derive(label) is HMAC-SHA256(secret, "dp-stream-counts/v1/" + label) as the one-shot
+    hmac.digest computes it, for labels of every length (empty, past SHA-256's 64-byte
+    block, non-ASCII), in any order and again after the cache is emptied (the keyed state
+    it copies is never fed). Controls: another label, another secret, or the label
+    without the prefix give other keys."""
+    secret = bytes(range(1, 33))
+    key = NoiseKey(secret)
+    labels = ["", "a", "c/ecc/part/svt1/z0", "c/ecc/part/svt1/skip", "x" * 63, "y" * 200,
+              "pages[Zürich]/ecc/cc", "0123456789abcdef/c1/ecc/bcc"]
+    want = [hmac.digest(secret, b"dp-stream-counts/v1/" + lb.encode(), "sha256")
+            for lb in labels]
+    assert [key.derive(lb) for lb in labels] == want
+    key._derived.clear()
+    assert [key.derive(lb) for lb in reversed(labels)] == want[::-1]
+    assert key.derive("c/ecc/part/svt1/z1") != want[2]
+    assert NoiseKey(bytes(32)).derive(labels[2]) != want[2]
+    assert hmac.digest(secret, labels[2].encode(), "sha256") != want[2]

@@ -1,8 +1,9 @@
-"""The native discrete Laplace run (the `dpc_native` extension, built from native/), or None.
+"""The native samplers (the `dpc_native` extension, built from native/), or None.
 
 The extension makes exactly the draws of scalar._discrete_laplace from the same keystream
 words (the same values, the same words consumed, the same cursor position after each
-draw; tests/core/test_native_samplers.py checks it against the reference). The Python
+draw; tests/core/test_native_samplers.py checks it against the reference), and the SVT's
+plan (svt.SVT._sample's float path, the same float operations through the same libm). The Python
 samplers stay the reference; scalar.py calls the extension where it is loaded.
 
 `DPC_SAMPLERS` chooses, read once at import: "auto" (the default) uses the extension when
@@ -40,10 +41,17 @@ class Native(Protocol):
         and samples of the attempts that produced one, the parked attempts, the position
         after; None past the lane's end (1 <= t <= 2^48)."""
 
+    def svt_plan(self, key: bytes, pos: int, v: int, start: int, end: int, tau: float,
+                 b8: float, c: int, z0: int, t1: int, lam: float, log1pq: float, g: float
+                 ) -> tuple[int | None, int] | None:
+        """svt.SVT._sample(v, start, end, pos) on lane 0 of the skip stream's `key` with
+        the instance's constants: (firing step or None, position after); None where the
+        reference must run it (its decimal path, a draw the extension leaves)."""
+
 
 #: What the extension must provide (Native's methods): an extension built from older
 #: sources lacks some, and is not used.
-FUNCTIONS = ("discrete_laplace_run", "keystream", "discrete_laplace_attempts")
+FUNCTIONS = ("discrete_laplace_run", "keystream", "discrete_laplace_attempts", "svt_plan")
 
 
 def load(mode: str) -> Native | None:
