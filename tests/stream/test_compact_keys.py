@@ -39,6 +39,7 @@ from tests.stream.test_open_families import _public, _timeline, open_settings
 from tests.stream.test_operator import KEY, Run
 
 COMPACT = b"DPC\x05"
+FULL = b"DPC\x04"  # format 4: the mechanism's whole state
 
 
 def _full(cs: CounterState) -> bytes:
@@ -224,43 +225,49 @@ def test_a_compact_value_advances_by_quiet_ticks_without_a_replay(mechanism: str
 # ------------------------------------------------------------ keys filed nowhere
 
 
-def _dormant(data: dict[str, bytes]) -> list[str]:
-    """The keys whose stored value is compact and filed nowhere (`Operator.due_tick`)."""
+def _dormant(data: dict[str, bytes], form: bytes = COMPACT) -> list[str]:
+    """The keys whose stored value is in `form` (compact, or FULL: format 4) and filed
+    nowhere (`Operator.due_tick`)."""
     return sorted(k[2:] for k, v in data.items()
-                  if v.startswith(COMPACT) and counter_filed_due(v) is None)
+                  if k.startswith("c/pages[") and v.startswith(form)
+                  and counter_filed_due(v) is None)
 
 
 class DropsOneTick(Operator):
     """Control: a key woken from its stored value seals one ⊥ tick fewer than the ticks
-    since its stored tick (its frontier moved on, its mechanism not)."""
+    since its stored tick before its input (its input one tick early: a state that is
+    consistent, frontier and mechanism, but not the counter's)."""
 
     def _seal_key(self, name: str, cs: CounterState, n: int, frontier: int,
                   out: Any) -> bool:
         if (cs.admission is not None and cs.admission.first is not None and cs.pending
                 and cs.frontier < min(cs.pending) - 1 and not cs.queue
                 and cs.mechanism.next_due() is None):
-            cs.frontier += 1
+            first = min(cs.pending)
+            cs.pending[first - 1] = cs.pending.pop(first)
         return super()._seal_key(name, cs, n, frontier, out)
 
 
-def _revived(calibration: str, op_class: type[Operator]) -> tuple[int, int, int]:
-    """Keys with 1 to 5 events on distinct ticks over 900 ticks (ECC, heartbeats every
-    7), then one more event each at tick 901: each key's counter as stored after the
-    marker through 901, against the key's counter stepped at every tick from the
-    family's start with its inputs (no skip, never stored). Returns (keys filed
-    nowhere before their last event, keys compared, mismatches: mechanism bytes or
-    frontier that differ, or a value that does not decode)."""
+def _revived(calibration: str, op_class: type[Operator],
+             events: tuple[int, int] = (1, 5)) -> tuple[int, int, int]:
+    """Keys with `events` (1 to 5: stored compact; 9 to 14: format 4) events on distinct
+    ticks over 900 ticks (ECC, heartbeats every 7), then one more event each at tick
+    901: each key's counter as stored after the marker through 901, against the key's
+    counter stepped at every tick from the family's start with its inputs (no skip,
+    never stored). Returns (keys filed nowhere in that form before their last event,
+    keys compared, mismatches: mechanism bytes or frontier that differ, or a value that
+    does not decode)."""
     s = open_settings(mechanism="ecc", calibration=calibration, epsilon=4.0,
                       heartbeat_ticks=7)
     T = 900
     rng = random.Random(21)
-    keys = {f"k{i}": sorted(rng.sample(range(1, T - 100), rng.randint(1, 5)))
+    keys = {f"k{i}": sorted(rng.sample(range(1, T - 100), rng.randint(*events)))
             for i in range(14)}
     run = Run(s, CalibratedRegistry(calibration))
     run.op = op_class(s, KEY, factory=CalibratedRegistry(calibration))
     for r in _timeline(keys, T):
         run.feed(r)
-    dormant = len(_dormant(run.store.data))
+    dormant = len(_dormant(run.store.data, COMPACT if events[1] <= COMPACT_EVENTS else FULL))
     for k in sorted(keys):
         run.event(key_counter("pages", k), T + 1)
         keys[k].append(T + 1)
@@ -295,12 +302,38 @@ def test_a_key_filed_nowhere_wakes_as_the_counter_that_never_stopped(calibration
     assert wrong > 0
 
 
+@pytest.mark.parametrize("calibration", ["paper", "tight"])
+def test_a_key_in_format_4_filed_nowhere_wakes_as_the_counter_that_never_stopped(
+        calibration: str) -> None:
+    """The same with 9 to 14 events per key (more than COMPACT_EVENTS: stored in format
+    4, the mechanism's whole state): every key waits filed nowhere in format 4 before
+    its last event, and its marker seals the ticks since by one exact skip from the
+    decoded value (no replay): byte for byte the counter stepped at every tick. Control:
+    one ⊥ tick fewer is caught."""
+    dormant, compared, wrong = _revived(calibration, Operator, (9, 14))
+    assert dormant == 14 and compared == 14 and wrong == 0
+    _, _, wrong = _revived(calibration, DropsOneTick, (9, 14))
+    assert wrong > 0
+
+
 def _waiting_timeline(seed: int, T: int) -> list[bytes]:
+    """16 keys with 1 to 6 events (stored compact), 8 with 9 to 14 (format 4), a heavy
+    key (admitted) and a declared counter."""
     rng = random.Random(seed)
     keys = {f"k{i}": sorted(rng.sample(range(1, T - 10), rng.randint(1, 6)))
             for i in range(16)}
+    keys.update({f"m{i}": sorted(rng.sample(range(1, T - 10), rng.randint(9, 14)))
+                 for i in range(8)})
     keys["heavy"] = list(range(5, T))
     return _timeline(keys, T, declared=[3, 9, 200])
+
+
+def _waiting_full(value: bytes) -> bool:
+    """A format-4 value of a key not admitted yet."""
+    if bytes(value[:4]) != FULL:
+        return False
+    adm = CounterState.from_bytes(value, registry, KEY).admission
+    return adm is not None and adm.admitted is None
 
 
 def test_restoring_at_every_record_equals_never_stopping_with_keys_filed_nowhere() -> None:
@@ -329,14 +362,19 @@ def test_restoring_at_every_record_equals_never_stopping_with_keys_filed_nowhere
     never = run(False)
     assert any(b'"pages[heavy]"' in x for m in never[0] for x in m)  # admitted
     assert len(_dormant(never[1][-1])) >= 8
+    assert len(_dormant(never[1][-1], FULL)) == 8
     assert run(True) == never
     real = counter_filed_due
 
     def compact_unfiled(value: bytes) -> int | None:
         return None if bytes(value[:4]) == COMPACT else real(value)
 
-    with mock.patch.object(operator_module, "counter_filed_due", compact_unfiled):
-        assert run(True)[1][-1] != never[1][-1]
+    def full_unfiled(value: bytes) -> int | None:
+        return None if _waiting_full(value) else real(value)
+
+    for control in (compact_unfiled, full_unfiled):
+        with mock.patch.object(operator_module, "counter_filed_due", control):
+            assert run(True)[1][-1] != never[1][-1]
 
 
 def test_a_crash_anywhere_with_keys_filed_nowhere_equals_never_stopping() -> None:
@@ -350,6 +388,7 @@ def test_a_crash_anywhere_with_keys_filed_nowhere_equals_never_stopping() -> Non
     batches = batches_of(_waiting_timeline(5, 500), rng)
     clean_store, clean_pub = run_clean(s, batches, registry)
     assert len(_dormant(clean_store.data)) >= 8
+    assert len(_dormant(clean_store.data, FULL)) == 8
     store, pub, crashes = run_with_crashes(s, batches, registry, 9, 0.9, 12)
     assert crashes >= 6
     assert pub.releases == clean_pub.releases and pub.ledger == clean_pub.ledger
@@ -391,28 +430,37 @@ class HeartbeatFiled(Touches):
         return cs.start_tick + cs.next_heartbeat - 1 if due is None else due
 
 
+#: Ten events: more than COMPACT_EVENTS, so stored in format 4, and not admitted.
+MIDDLE: list[int] = [2, 7, 11, 19, 23, 30, 44, 51, 60, 71]
+
+
 def _quiet_upkeep(op_class: type[Touches]) -> tuple[dict[str, int], dict[str, int]]:
-    """A waiting ECC key (2 events), an admitted key and a declared counter, all idle
-    after tick 100, then 1,000 quiet markers (heartbeats every 5 ticks, a checkpoint
-    that is not full every 3 markers, a restart on the store at marker 600). Returns the
-    markers that took each from the due wheel, and the writes of each, over the quiet
-    markers."""
+    """A waiting ECC key with 2 events (stored compact), one with 10 (`MIDDLE`: format
+    4), an admitted key (one event a tick to 239: admitted at 204) and a declared
+    counter, all idle after tick 250, then 1,000 quiet markers (heartbeats every 5
+    ticks, a checkpoint that is not full every 3 markers, a restart on the store at the
+    500th). Returns the markers that took each
+    from the due wheel, and the writes of each, over the quiet markers."""
     s = open_settings(mechanism="ecc", epsilon=50.0, heartbeat_ticks=5)
-    records = _timeline({"light": [3, 40], "heavy": list(range(1, 90))}, 100,
-                        declared=[3, 4, 50])
+    records = _timeline({"light": [3, 40], "middle": MIDDLE, "heavy": list(range(1, 240))},
+                        250, declared=[3, 4, 50])
     store = WritesCounted()
     bc = BatchCommit(op_class(s, KEY, factory=registry), store, CollectingSink())
     for offset, r in enumerate(records):
         asyncio.run(bc.apply(0, [(offset, r)]))
     asyncio.run(bc.checkpoint())
+    heavy = CounterState.from_bytes(store.data[f"c/{key_counter('pages', 'heavy')}"],
+                                    registry, KEY)
+    assert heavy.admission is not None and heavy.admission.admitted is not None
+    assert _waiting_full(store.data[f"c/{key_counter('pages', 'middle')}"])
     op = bc.operator
     assert isinstance(op, Touches)
     op.touches.clear()
     store.writes.clear()
     touches: dict[str, int] = {}
     offset = len(records)
-    for i, n in enumerate(range(101, 1101)):
-        if n == 600:  # a restart: the due wheel rebuilt from the store
+    for i, n in enumerate(range(251, 1251)):
+        if n == 750:  # a restart: the due wheel rebuilt from the store
             for k, v in op.touches.items():
                 touches[k] = touches.get(k, 0) + v
             bc = BatchCommit(op_class(s, KEY, factory=registry), store, CollectingSink())
@@ -429,33 +477,41 @@ def _quiet_upkeep(op_class: type[Touches]) -> tuple[dict[str, int], dict[str, in
 
 def test_a_waiting_key_idle_for_many_heartbeats_is_neither_woken_nor_rewritten() -> None:
     """Over 1,000 quiet ticks (200 heartbeat intervals) and a restart, a waiting ECC key
-    is never taken by a marker nor written, while the admitted key and the declared
-    counter are taken at every heartbeat and written every few. Control: the key filed
-    at its heartbeat tick (the placeholder) is taken and rewritten as often as they."""
+    is never taken by a marker nor written, stored compact or in format 4, while the
+    admitted key and the declared counter are taken at every heartbeat and written
+    every few. Control: the keys filed at their heartbeat tick (the placeholder) are
+    taken and rewritten as often as they."""
     light, heavy = key_counter("pages", "light"), key_counter("pages", "heavy")
+    middle = key_counter("pages", "middle")
     touches, writes = _quiet_upkeep(Touches)
-    assert touches.get(light, 0) == 0 and writes.get(light, 0) == 0
+    for name in (light, middle):
+        assert touches.get(name, 0) == 0 and writes.get(name, 0) == 0, name
     for name in (heavy, "declared"):
         assert touches[name] >= 1000 // 5 - 2 and writes[name] >= 1000 // 5 // 6, name
     touches, writes = _quiet_upkeep(HeartbeatFiled)
-    assert touches[light] >= 1000 // 5 - 2 and writes[light] >= 1000 // 5 // 6
+    for name in (light, middle):
+        assert touches[name] >= 1000 // 5 - 2 and writes[name] >= 1000 // 5 // 6, name
 
 
-def test_a_key_filed_at_its_heartbeat_by_the_code_before_is_unfiled_once() -> None:
+@pytest.mark.parametrize("ticks", [[3, 40], MIDDLE])
+def test_a_key_filed_at_its_heartbeat_by_the_code_before_is_unfiled_once(
+        ticks: list[int]) -> None:
     """A waiting ECC key stored filed at its heartbeat tick (the schedule of the code
-    before, `HeartbeatFiled`), restarted under this code: the first marker that takes it
+    before, `HeartbeatFiled`; stored compact, or in format 4, where a restore reads an
+    idle entry off the value), restarted under this code: the first marker that takes it
     writes it once, filed nowhere and otherwise as it was (mechanism, frontier), and no
     marker takes it again."""
     s = open_settings(mechanism="ecc", epsilon=50.0, heartbeat_ticks=5)
     light = key_counter("pages", "light")
     store = WritesCounted()
     bc = BatchCommit(HeartbeatFiled(s, KEY, factory=registry), store, CollectingSink())
-    records = _timeline({"light": [3, 40]}, 100)
+    records = _timeline({"light": ticks}, 100)
     for offset, r in enumerate(records):
         asyncio.run(bc.apply(0, [(offset, r)]))
     asyncio.run(bc.checkpoint())
     before = store.data[f"c/{light}"]
     assert counter_filed_due(before) is not None
+    assert bytes(before[:4]) == (COMPACT if len(ticks) <= COMPACT_EVENTS else FULL)
     op = Touches(s, KEY, factory=registry)
     bc = BatchCommit(op, store, CollectingSink())
     store.writes.clear()

@@ -123,7 +123,6 @@ from processor.stream.model.state import (
     counter_key,
     partition_key,
     quiet_counter,
-    stays_compact,
     stored_offset,
 )
 from processor.stream.model.transaction import PartitionTransaction, Slot, StateCache
@@ -622,12 +621,10 @@ class Operator:
             waits = [min(cs.pending)] if cs.pending else []
             if nd is not None:
                 waits.append(start + nd - 1)
-            if waits:
-                return min(waits)
-            # Never due without input: stored compact, it is filed nowhere (its next
+            # Never due without input: filed nowhere, in either stored form (its next
             # input files it, and its seal skips the ⊥ ticks since its stored tick
-            # exactly: docs/open-keys.md); any other such key at its heartbeat tick.
-            return None if stays_compact(cs) else due
+            # exactly: docs/open-keys.md, "Filed nowhere").
+            return min(waits) if waits else None
         if cs.queue or not cs.announced:
             due = cs.frontier + 1
         elif cs.pending:
@@ -964,16 +961,15 @@ class Operator:
         again (`_load_counter`) is re-sealed to it. An `idle` counter (it took no input
         here or in the last heartbeat interval, nothing queued or pending, nothing due
         before its next heartbeat: `_idle`) is released while the cache holds more than
-        `idle_decoded` counters, and a waiting key stored compact that is never due
-        without input always: it does not stay decoded past the transaction."""
+        `idle_decoded` counters, and a waiting key that is never due without input
+        always: it does not stay decoded past the transaction."""
         if not (quiet and cs.saved is not None and self._defer(partition, name, cs, n, filed)):
             self._stage_counter(txn, partition, name, cs)
-        # A waiting key stored compact (its inputs known: `CounterState.trail`) whose
-        # mechanism is never due without input (ECC's, mostly) is released whatever the
-        # cache holds: only its next event decodes it again, replaying it (state.py).
+        # A waiting key whose mechanism is never due without input (ECC's, mostly) is
+        # filed nowhere (`due_tick`) and released whatever the cache holds: only its next
+        # event decodes it again (a replay where it is stored compact: state.py).
         if idle and (len(self._cached_counters) > self._idle_decoded
-                     or (cs.trail is not None and _waiting(cs)
-                         and self._next_due(cs) is None)):
+                     or (_waiting(cs) and self._next_due(cs) is None)):
             txn.release(self._counters, name)
             self._remember_idle(partition, name, cs)
 
@@ -1111,8 +1107,12 @@ class Operator:
         shape = self._shape_list[index]
         start = shape.start_tick
         waiting = shape.waiting
-        if (last >= offset or through >= n or start + nh - 1 > n
-                or (mdue is not None and (mdue <= n or waiting))
+        # A waiting key: filed at its mechanism's due tick (decoded there: `due_tick`),
+        # or nowhere, so a marker reaches it from an idle entry only where its value was
+        # filed at its heartbeat tick by the code before waiting keys never due without
+        # input were filed nowhere: decoded, it is unfiled (`_not_due`).
+        if (waiting or last >= offset or through >= n or start + nh - 1 > n
+                or (mdue is not None and mdue <= n)
                 or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks

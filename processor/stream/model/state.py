@@ -346,12 +346,6 @@ def _compact_label(cs: CounterState) -> tuple[str, str] | None:
     return identity, name
 
 
-def stays_compact(cs: CounterState) -> bool:
-    """Whether `cs` is stored compact (format 5) when encoded now: a key not admitted
-    yet, its inputs known (`trail`) and few enough (`_compact`)."""
-    return cs.trail is not None and _compact_label(cs) is not None
-
-
 def _compact(cs: CounterState) -> bytes | None:
     """The format-5 value of `cs` (a key of an open family not admitted yet, with its
     inputs known: `trail`), or None where the key is not stored so (format 4 then). The
