@@ -32,7 +32,12 @@ paused by a rebalance, a full producer buffer) goes through Faust's race, which 
 resumes the same coroutine where it stopped (`Resumed`). What the race decides is
 unchanged: a callback that does not suspend runs to its end in Faust's loop too (its
 task's first step runs before the race is looked at), and one that does is raced and
-cancelled exactly as there.
+cancelled exactly as there. The messages are handed over one after the other, in the
+order Faust's loop hands them over. What differs is when other tasks run: Faust's loop
+gives them the event loop at every message, this one every 100 messages (Faust's own
+`yield_every`, kept) and whenever a callback waits, as a busy agent step of a few
+milliseconds does anyway; a rebalance's callbacks (from the consumer thread, through
+the event loop) may so begin a few messages later.
 
 Private names used (listed in upstream.py; tests/stream/test_transport.py checks how
 they are used): `faust.App._new_transport`, `Consumer._new_consumer_thread`,
