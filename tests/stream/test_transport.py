@@ -1,10 +1,14 @@
 """The worker's aiokafka transport (processor/stream/worker/transport.py): its consumer polls
-idle partitions for at most FETCH_MAX_WAIT_MS, and the private names it relies on have
-the shape it was checked against (these tests fail when an upgrade changes them)."""
+idle partitions for at most FETCH_MAX_WAIT_MS, its message loop hands a message to its
+callback as Faust's does (without a task unless the callback waits), and the private
+names it relies on have the shape it was checked against (these tests fail when an
+upgrade changes them)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import hashlib
 import inspect
 
 import aiokafka
@@ -55,3 +59,148 @@ def test_the_private_names_have_the_checked_shape() -> None:
             "self", "transport"]
     assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(
         aiokafka.AIOKafkaConsumer.start)
+
+
+# The message loop's hand-over (transport.deliver, transport.Resumed) against Faust's:
+# each scenario's callback records what it did; run through Faust's race (every
+# callback in a task, `Service.wait_first` against a suspend_flow event) and through the
+# loop's (`deliver`, the race only for a callback that suspended), the records match.
+
+Trace = list[str]
+#: Faust's `Consumer._drain_messages` as copied (faust-streaming 0.15.3): sha256 of its source.
+FAUST_DRAIN_SHA = "44a2500309e83c63"
+
+
+async def _scenario(name: str, trace: Trace, gate: asyncio.Future[None],
+                    var: contextvars.ContextVar[str]) -> str:
+    trace.append(f"{name}: start, sees {var.get('-')}")
+    var.set(name)
+    if name == "runs through":
+        trace.append(f"{name}: done")
+        return "r"
+    if name == "raises":
+        raise ValueError("decode failed")
+    try:
+        await gate  # a full queue, a paused flow
+        trace.append(f"{name}: resumed, sees {var.get('-')}")
+        await asyncio.sleep(0)
+        trace.append(f"{name}: done")
+        return "r"
+    except asyncio.CancelledError:
+        trace.append(f"{name}: cancelled")
+        raise
+
+
+SCENARIOS = ("runs through", "raises", "waits, then goes on", "waits, flow suspended")
+
+
+def _run(name: str, hand_over: str, resumed: type[transport.Resumed] = transport.Resumed
+         ) -> Trace:
+    """One scenario through Faust's hand-over ("faust") or the loop's ("deliver")."""
+    import mode
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("probe")
+
+    async def main() -> Trace:
+        trace: Trace = []
+        service = mode.Service()
+        suspend_flow = asyncio.Event()
+        gate: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        async def rebalance() -> None:
+            await asyncio.sleep(0.01)
+            if name == "waits, flow suspended":
+                suspend_flow.set()
+            else:
+                gate.set_result(None)
+
+        side = asyncio.ensure_future(rebalance())
+        step = _scenario(name, trace, gate, var)
+        try:
+            if hand_over == "faust":
+                await service.wait_first(step, suspend_flow.wait())
+            else:
+                first = transport.deliver(step)
+                trace.append("handed over at once" if first is None else "raced")
+                if first is not None:
+                    rest = resumed(first._coro, first._yielded, first._context)
+                    await service.wait_first(rest, suspend_flow.wait())
+        except ValueError as exc:
+            trace.append(f"raised {exc}")
+        await side
+        await asyncio.sleep(0.02)
+        trace.append(f"loop sees {var.get('-')}")
+        return [t for t in trace if t not in ("handed over at once", "raced")]
+
+    return asyncio.run(main())
+
+
+def test_deliver_hands_over_as_faust_does() -> None:
+    for name in SCENARIOS:
+        assert _run(name, "deliver") == _run(name, "faust"), name
+    # what each scenario shows
+    assert _run("waits, flow suspended", "deliver")[-2:] == [
+        "waits, flow suspended: cancelled", "loop sees -"]
+    assert "waits, then goes on: resumed, sees waits, then goes on" in _run(
+        "waits, then goes on", "deliver")
+
+
+def test_deliver_runs_a_callback_that_does_not_wait_without_a_task() -> None:
+    done: list[str] = []
+
+    async def callback() -> None:
+        done.append("ran")
+
+    async def main() -> None:
+        before = len(asyncio.all_tasks())
+        assert transport.deliver(callback()) is None
+        assert done == ["ran"] and len(asyncio.all_tasks()) == before
+
+    asyncio.run(main())
+
+
+class _Swallowing(transport.Resumed):
+    """Control: a hand-over that does not forward the race's cancellation."""
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        coro, yielded = self._coro, self._yielded
+        while True:
+            try:
+                sent = yield yielded
+            except BaseException:
+                return None
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+class _ContextFree(transport.Resumed):
+    """Control: a hand-over that resumes the coroutine in the awaiting task's context."""
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        coro, yielded = self._coro, self._yielded
+        while True:
+            sent = yield yielded
+            try:
+                yielded = coro.send(sent)
+            except StopIteration as stop:
+                return stop.value
+
+
+def test_the_controls_differ_from_faust() -> None:
+    assert _run("waits, flow suspended", "deliver", _Swallowing) != _run(
+        "waits, flow suspended", "faust")
+    assert _run("waits, then goes on", "deliver", _ContextFree) != _run(
+        "waits, then goes on", "faust")
+
+
+def test_the_loop_is_fausts_but_for_the_hand_over() -> None:
+    """The message loop copied from Faust (`_drain`, `_drain_messages`) differs from
+    Faust's only where the callback is handed over: Faust's source is the checked one."""
+    from faust.transport.consumer import Consumer
+
+    source = inspect.getsource(Consumer._drain_messages)
+    assert hashlib.sha256(source.encode()).hexdigest()[:16] == FAUST_DRAIN_SHA
+    assert "await self.wait_first(\n" in source
+    assert "callback(message), self.suspend_flow.wait()" in source

@@ -17,19 +17,47 @@ assignment (each look-up 1.5 s), against 0.35 s with a 200 ms poll.
 partition is idle (at most 1000 / FETCH_MAX_WAIT_MS a second); while markers flow the
 fetches return with them anyway.
 
+The consumer's message loop (`QuickPollConsumer._drain_messages`) is Faust's, but for
+how it hands a message to its callback (the conductor: into a stream's or the changelog
+queue). Faust races each message's callback against the consumer's `suspend_flow`
+(set at a rebalance), its stop and its crash (`Service.wait_first`): four tasks, an
+`asyncio.wait` and three cancellations per message, whether or not the callback ever
+waits. A standby copy reads every changelog record of its peers' partitions one message
+at a time, so this was most of its event-loop time per record (a py-spy profile of a
+2-worker run: `wait_first` and the tasks it starts about 40% of the event loop's busy
+samples, the conductor's own work 13%). Here the callback runs at once up to its first
+suspension, as the task Faust creates would run it first (`deliver`, in a copy of the
+context, as a task's step is); only a callback that suspends (a full queue, a flow
+paused by a rebalance, a full producer buffer) goes through Faust's race, which then
+resumes the same coroutine where it stopped (`Resumed`). What the race decides is
+unchanged: a callback that does not suspend runs to its end in Faust's loop too (its
+task's first step runs before the race is looked at), and one that does is raced and
+cancelled exactly as there. The messages are handed over one after the other, in the
+order Faust's loop hands them over. What differs is when other tasks run: Faust's loop
+gives them the event loop at every message, this one every 100 messages (Faust's own
+`yield_every`, kept) and whenever a callback waits, as a busy agent step of a few
+milliseconds does anyway; a rebalance's callbacks (from the consumer thread, through
+the event loop) may so begin a few messages later.
+
 Private names used (listed in upstream.py; tests/stream/test_transport.py checks how
 they are used): `faust.App._new_transport`, `Consumer._new_consumer_thread`,
 `AIOKafkaConsumerThread._create_worker_consumer`, and aiokafka's
-`AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts.
+`AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts; Faust's
+`Consumer._drain_messages` (overridden) and what it reads: `Consumer._read_offset`,
+`_commit_every`, `_n_acked`, `_add_gap` and mode's `Service._stopped`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
+from collections.abc import Coroutine, Generator
 from typing import Any, Final
 
 import aiokafka
 import faust
+from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.auth import CredentialsT
 
@@ -53,8 +81,56 @@ class QuickPollConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         return consumer
 
 
+class Resumed:
+    """The rest of a coroutine that suspended at its first step, as an awaitable: it
+    hands the awaiting task what the coroutine yielded (the future it waits on) and
+    forwards every send and throw to the coroutine, each in the coroutine's context, as
+    the coroutine's own task would (`yield from` with a context)."""
+
+    __slots__ = ("_context", "_coro", "_yielded")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], yielded: Any,
+                 context: contextvars.Context) -> None:
+        self._coro = coro
+        self._yielded = yielded
+        self._context = context
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, run, yielded = self._coro, self._context.run, self._yielded
+        while True:
+            try:
+                sent = yield yielded
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # thrown in by the task (a cancellation): forward
+                try:
+                    yielded = run(coro.throw, exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    yielded = run(coro.send, sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+def deliver(step: Coroutine[Any, Any, Any]) -> Resumed | None:
+    """Run `step` up to its first suspension in a copy of the current context (as a task
+    created now would run its first step): None if it ran to its end (its exception, if
+    it raised one, propagates), else the rest of it (`Resumed`)."""
+    context = contextvars.copy_context()
+    try:
+        yielded = context.run(step.send, None)
+    except StopIteration:
+        return None
+    return Resumed(step, yielded, context)
+
+
 class QuickPollConsumer(faust_aiokafka.Consumer):
-    """Faust's aiokafka consumer on `QuickPollConsumerThread`."""
+    """Faust's aiokafka consumer on `QuickPollConsumerThread`, its message loop handing
+    each message to its callback without a task unless the callback suspends (the
+    module doc)."""
 
     #: Faust names a service's logger after its module: kept as it was before the
     #: worker package, so that log lines keep their logger names.
@@ -62,6 +138,85 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return QuickPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover
+        """Faust's `Consumer._drain_messages` (faust-streaming 0.15.3) line for line, but
+        for the callback: `deliver` first, Faust's `wait_first` race only for a callback
+        that suspended (the loop itself in `_drain`)."""
+        try:
+            await self._drain(fetcher)
+        except self.consumer_stopped_errors:
+            if self.transport.app.should_stop:
+                # we're already stopping so ignore
+                self.log.info("Broker stopped consumer, shutting down...")
+                return
+            raise
+        except asyncio.CancelledError:
+            if self.transport.app.should_stop:
+                # we're already stopping so ignore
+                self.log.info("Consumer shutting down for user cancel.")
+                return
+            raise
+        except Exception as exc:
+            self.log.exception("Drain messages raised: %r", exc)
+            raise
+        finally:
+            self.diag.unset_flag(faust_consumer.CONSUMER_FETCHING)
+
+    async def _drain(self, fetcher: Any) -> None:  # pragma: no cover
+        """The loop of Faust's `_drain_messages`: fetch, hand each message over."""
+        callback = self.callback
+        getmany = self.getmany
+        consumer_should_stop = self._stopped.is_set
+        fetcher_should_stop = fetcher._stopped.is_set
+
+        get_read_offset = self._read_offset.__getitem__
+        set_read_offset = self._read_offset.__setitem__
+        flag_consumer_fetching = faust_consumer.CONSUMER_FETCHING
+        set_flag = self.diag.set_flag
+        unset_flag = self.diag.unset_flag
+        commit_every = self._commit_every
+        acks_enabled_for = self.app.topics.acks_enabled_for
+
+        yield_every = 100
+        num_since_yield = 0
+        sleep = asyncio.sleep
+
+        while not (consumer_should_stop() or fetcher_should_stop()):
+            set_flag(flag_consumer_fetching)
+            ait = getmany(timeout=1.0)
+
+            # Sleeping because sometimes getmany is called in a loop
+            # never releasing to the event loop
+            await self.sleep(0)
+            if not self.should_stop:
+                async for tp, message in ait:
+                    num_since_yield += 1
+                    if num_since_yield > yield_every:
+                        await sleep(0)
+                        num_since_yield = 0
+
+                    offset = message.offset
+                    r_offset = get_read_offset(tp)
+                    if r_offset is None or offset >= r_offset:
+                        gap = offset - (r_offset or 0)
+                        # We have a gap in income messages
+                        if gap > 1 and r_offset:
+                            acks_enabled = acks_enabled_for(message.topic)
+                            if acks_enabled:
+                                await self._add_gap(tp, r_offset + 1, offset)
+                        if commit_every is not None and self._n_acked >= commit_every:
+                            self._n_acked = 0
+                            await self.commit()
+                        step = callback(message)
+                        rest = deliver(step) if asyncio.iscoroutine(step) else step
+                        if rest is not None:
+                            await self.wait_first(rest, self.suspend_flow.wait())
+                        set_read_offset(tp, offset)
+                    else:
+                        self.log.dev("DROPPED MESSAGE ROFF %r: k=%r v=%r",
+                                     offset, message.key, message.value)
+                unset_flag(flag_consumer_fetching)
 
 
 class QuickPollTransport(faust_aiokafka.Transport):
