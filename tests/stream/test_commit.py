@@ -17,6 +17,7 @@ import pytest
 from processor.core import registry
 from processor.core.grid import UNIT
 from processor.stream.model import operator
+from processor.stream.model.clock import PROBE_RECORD
 from processor.stream.model.commit import CRASH_POINTS, INLINE_STEPS, BatchCommit
 from processor.stream.model.config import Settings
 from processor.stream.model.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
@@ -825,3 +826,31 @@ def test_with_offload_a_full_checkpoint_stages_deferred_counters_in_a_thread() -
     with mock.patch("processor.stream.model.commit.asyncio.to_thread", counting):
         assert run(False) == threaded
     assert "stage_deferred" not in staged
+
+
+def test_a_partition_has_a_change_to_write_only_after_a_record_that_changed_it() -> None:
+    """`CheckpointLoop.changed`, what a worker's first checkpoint after an assignment
+    waits for on each partition (acks.PendingAcks): True after a marker that seals a new
+    tick, until the checkpoint writes it; False before any record, after a re-delivered
+    marker, after a marker through a tick the partition already sealed (a taken-over
+    partition re-read from the group's committed offset), after either on a restored
+    store, and after a clock probe (an empty event batch: the worker does not even apply
+    it). Counting those made the takeover's checkpoint run before a partition had
+    anything to write, which then waited the checkpoint interval."""
+    s = settings({"a": 100 * TICK, "b": 101 * TICK})
+    store = DictStore()
+    bc = BatchCommit(Operator(s, KEY, factory=registry), store, CollectingSink())
+    assert not bc.changed(0)
+    asyncio.run(bc.apply(0, [(0, encode_marker(100))]))
+    assert bc.changed(0)
+    asyncio.run(bc.checkpoint(full=False))
+    assert not bc.changed(0)
+    for batch in ([(0, encode_marker(100))], [(1, encode_marker(100))],
+                  [(1, encode_marker(99))], [(2, PROBE_RECORD)]):
+        asyncio.run(bc.apply(0, batch))
+        assert not bc.changed(0), batch
+    restored = BatchCommit(Operator(s, KEY, factory=registry), store, CollectingSink())
+    asyncio.run(restored.apply(0, [(0, encode_marker(100)), (1, encode_marker(100))]))
+    assert not restored.changed(0)
+    asyncio.run(restored.apply(0, [(3, encode_marker(101))]))
+    assert restored.changed(0)  # control: a new tick

@@ -250,12 +250,13 @@ def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> Non
     for offset in (5, 6):
         gap = ([KafkaRecord("tl", 1, o, None, b"x", (), 0) for o in (3, 4)]
                if offset == 5 else [])
-        pending.add(Message("tl", 1, offset, 0.0, 0, None, None, None, None, tp=tp), gap)
+        pending.add(Message("tl", 1, offset, 0.0, 0, None, None, None, None, tp=tp), gap,
+                    True)
     now = time.monotonic()
     assert not pending.due(now) and not pending.due(None)  # controls
     assert pending.due(now - 1.0) and pending.timer_due(None)
     assert not pending.timer_due(now) and pending.timer_due(now - 1.0)
-    pending.add(Message("tl", 1, 7, 0.0, 0, None, None, None, None, tp=tp), [])
+    pending.add(Message("tl", 1, 7, 0.0, 0, None, None, None, None, tp=tp), [], True)
     assert pending.due(None)
     consumer = Acks()
     pending.ack(consumer)  # type: ignore[arg-type]
@@ -263,11 +264,15 @@ def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> Non
     assert not pending and not pending.timer_due(None)
 
 
-def test_pending_acks_due_at_once_when_a_takeover_applied_every_partition() -> None:
-    """After `assigned({0, 1})` a checkpoint is due at the first message that leaves no
-    assigned partition without one applied (not after the interval), once: after the
-    checkpoint's `ack` the interval rules again. Controls: a first message on one of two
-    partitions, a second on the same partition, and a partition not assigned are not
+def test_pending_acks_due_at_once_at_each_partition_s_first_change_after_assigned() -> None:
+    """After `assigned({0, 1})` a checkpoint is due at the first message that gives an
+    assigned partition its first change to write (not after the interval), once per
+    partition: after the checkpoint's `ack` the interval rules again until the other
+    partition's first change. A message that changed nothing (a clock probe, a marker
+    through a tick already sealed: `CheckpointLoop.changed` False) does not count, and a
+    partition that had a change when the assignment came makes the next message due.
+    Controls: a second change of the same partition, a partition not assigned, a message
+    that changed nothing, and an assignment without partitions of the topic are not
     due."""
     import time
 
@@ -284,19 +289,65 @@ def test_pending_acks_due_at_once_when_a_takeover_applied_every_partition() -> N
         return Message("tl", partition, offset, 0.0, 0, None, None, None, None,
                        tp=TP("tl", partition))
 
+    def nothing(_p: int) -> bool:
+        return False
+
     pending = PendingAcks(Settings(checkpoint_records=100, checkpoint_ms=60_000))
     now = time.monotonic()
-    pending.assigned({0, 1})
-    pending.add(msg(0, 1), [])
-    assert not pending.due(now)  # control: partition 1 has applied nothing yet
-    pending.add(msg(0, 2), [])
-    pending.add(msg(2, 1), [])
-    assert not pending.due(now)  # controls: partition 0 again, partition 2 not assigned
-    pending.add(msg(1, 1), [])
-    assert pending.due(now) and pending.due(None)
+    pending.assigned({0, 1}, nothing)
+    pending.add(msg(1, 1), [], False)
+    assert not pending.due(now)  # control: partition 1's message changed nothing
+    pending.add(msg(0, 1), [], True)
+    assert pending.due(now) and pending.due(None)  # partition 0's first change
     pending.ack(Acks())  # type: ignore[arg-type]
-    pending.add(msg(1, 2), [])
-    assert not pending.due(now)  # the takeover's checkpoint ran: the interval rules
-    pending.assigned(set())
-    pending.add(msg(0, 3), [])
+    pending.add(msg(0, 2), [], True)
+    pending.add(msg(2, 1), [], True)
+    assert not pending.due(now)  # controls: partition 0 again, partition 2 not assigned
+    pending.add(msg(1, 2), [], True)
+    assert pending.due(now)  # partition 1's first change
+    pending.ack(Acks())  # type: ignore[arg-type]
+    pending.add(msg(1, 3), [], True)
+    assert not pending.due(now)  # both had theirs: the interval rules
+    pending.assigned(set(), nothing)
+    pending.add(msg(0, 3), [], True)
     assert not pending.due(now)  # an assignment without partitions of the topic
+    # Partition 0 applied a change before the assignment's handler ran: it counts.
+    pending.assigned({0, 1}, lambda p: p == 0)
+    pending.add(msg(1, 4), [], False)
+    assert pending.due(now)
+
+
+def test_an_assignment_sets_every_stage_s_expectations_before_it_awaits() -> None:
+    """`Worker.on_assigned` calls each stage's `expect` (the takeover checkpoint's
+    partitions, synchronous) before its first await, the ledger read: Faust's recovery
+    can resume the partitions as soon as the handler yields, and a record applied before
+    `expect` made the first checkpoint wait for a later record of its partition. Then
+    the ledger read, then each stage's `on_assigned` with its partitions. Control: the
+    order recorded is checked entry by entry."""
+    from processor.stream.worker.app import Worker
+
+    order: list[str] = []
+
+    class Stage:
+        def __init__(self, name: str, topic: str) -> None:
+            self.name, self.topic = name, topic
+
+        def expect(self, assigned: set[TP]) -> set[int]:
+            order.append(f"expect {self.name}")
+            return {tp.partition for tp in assigned if tp.topic == self.topic}
+
+        async def on_assigned(self, mine: set[int]) -> None:
+            order.append(f"assigned {self.name} {sorted(mine)}")
+
+    class Shell:
+        def __init__(self) -> None:
+            self.stages = [Stage("operator", "tl"), Stage("bounding", "units")]
+
+        async def _learn_ledger(self) -> None:
+            order.append("ledger")
+            await asyncio.sleep(0)  # yields: the agents may run from here on
+
+    tps = {TP("tl", 0), TP("tl", 1), TP("units", 1), TP("changelog", 0)}
+    asyncio.run(Worker.on_assigned(Shell(), None, tps, signal=None))  # type: ignore[arg-type]
+    assert order == ["expect operator", "expect bounding", "ledger",
+                     "assigned operator [0, 1]", "assigned bounding [1]"]

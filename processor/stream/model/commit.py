@@ -127,6 +127,14 @@ class CheckpointLoop:
         if self.dirty_since is None:
             self.dirty_since = time.monotonic()
 
+    def changed(self, partition: int) -> bool:
+        """Whether the partition has a change for the next checkpoint to write (its
+        transaction staged a value). A record that changed nothing (a clock probe, a
+        marker through a tick the partition already sealed, a duplicate) leaves it
+        False."""
+        buf = self._buffers.get(partition)
+        return buf is not None and buf.staged
+
     def send(self, out: Output) -> None:
         """Hand `out`'s records to the sink at once (after `fence`), if it has any."""
         if out.has_records():

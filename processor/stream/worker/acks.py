@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from faust.types import TP, ConsumerT, Message
 
@@ -122,41 +122,48 @@ class PendingAcks:
     after the checkpoint that covers it: its messages, and the offsets of the records
     GapGuard re-read for them. Holds the one rule of when a checkpoint is due (the
     operator's agent and the bounding stage alike): `checkpoint_records` messages, or
-    applied state older than the checkpoint interval, or a takeover (`assigned`)."""
+    applied state older than the checkpoint interval, or a partition's first change
+    after an assignment (`assigned`)."""
 
     def __init__(self, settings: Settings) -> None:
         self.max_records = settings.checkpoint_records
         self.interval_s = settings.checkpoint_interval_ms() / 1000
         self._messages: list[Message] = []
         self._gaps: dict[TP, list[int]] = {}
-        # The partitions of the last assignment that have applied no message since, and
-        # whether the last of them just did (`assigned`).
-        self._unapplied: set[int] = set()
-        self._taken_over = False
+        # The partitions of the last assignment without a change to write since, and
+        # whether one just got its first (`assigned`).
+        self._unchanged: set[int] = set()
+        self._first_change = False
 
-    def assigned(self, partitions: Iterable[int]) -> None:
-        """An assignment gave the agent `partitions`: once each has applied a message, a
-        checkpoint is due at once, not after the interval, so that a takeover (a
-        standby's, a fresh worker's) is durable and acknowledged with its first
-        checkpoint. Any checkpoint keeps the protocol (commit.py); its time decides no
-        public record."""
-        self._unapplied = set(partitions)
-        self._taken_over = False
+    def assigned(self, partitions: Iterable[int], changed: Callable[[int], bool]) -> None:
+        """An assignment gave the agent `partitions`: when one of them gets its first
+        change for a checkpoint to write (`add`'s `changed`, the commit's: a message that
+        changed nothing, as a clock probe or a marker through a tick already sealed, does
+        not count), a checkpoint is due at once, not after the interval, so that a
+        takeover (a standby's, a fresh worker's) is durable and acknowledged partition by
+        partition as soon as each has applied its first marker (the slow one: it builds
+        the partition's due wheel), none waiting for the others'. A partition that has a
+        change already (`changed(p)`) makes the next message due. Any checkpoint keeps
+        the protocol (commit.py); its time decides no public record."""
+        given = set(partitions)
+        self._unchanged = {p for p in given if not changed(p)}
+        self._first_change = len(self._unchanged) < len(given)
 
     def __bool__(self) -> bool:
         return bool(self._messages)
 
-    def add(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord]) -> None:
+    def add(self, msg: Message, gap: Sequence[kafka_io.KafkaRecord], changed: bool) -> None:
+        """A message applied; `changed`: its partition now has a change to write."""
         self._messages.append(msg)
         if gap:
             self._gaps.setdefault(msg.tp, []).extend(r.offset for r in gap)
-        if msg.tp.partition in self._unapplied:
-            self._unapplied.discard(msg.tp.partition)
-            self._taken_over = not self._unapplied
+        if changed and msg.tp.partition in self._unchanged:
+            self._unchanged.discard(msg.tp.partition)
+            self._first_change = True
 
     def due(self, dirty_since: float | None) -> bool:
         """After a message: whether to checkpoint now."""
-        return self._taken_over or len(self._messages) >= self.max_records or (
+        return self._first_change or len(self._messages) >= self.max_records or (
             dirty_since is not None and time.monotonic() - dirty_since >= self.interval_s)
 
     def timer_due(self, dirty_since: float | None) -> bool:
@@ -174,4 +181,4 @@ class PendingAcks:
             ack_refetched(consumer, tp, offsets)
         self._messages.clear()
         self._gaps.clear()
-        self._taken_over = False
+        self._first_change = False

@@ -539,14 +539,18 @@ class Worker:
     async def on_assigned(self, sender: Any, /, *args: Any, signal: Any,
                           **kwargs: Any) -> None:
         assigned = args[0]  # the set of TPs assigned to this worker
+        # First, before any await (Faust's recovery may resume the partitions, and the
+        # agents apply their records, as soon as this handler yields): what each stage
+        # expects of the assignment, so that each partition's first change is
+        # checkpointed at once (acks.PendingAcks).
+        mine = [stage.expect(assigned) for stage in self.stages]
         # Early knowledge of what other workers created: a taken-over partition may create
         # only what the ledger does not announce under another creation. Not ordered
-        # before the assignment's first records (Faust's recovery may resume the
-        # partitions while this runs): the rule rests on the read before a creation is
-        # published (OperatorStage.vet).
+        # before the assignment's first records (see above): the rule rests on the read
+        # before a creation is published (OperatorStage.vet).
         await self._learn_ledger()
-        for stage in self.stages:
-            await stage.on_assigned(assigned)
+        for stage, partitions in zip(self.stages, mine, strict=True):
+            await stage.on_assigned(partitions)
 
     async def _learn_ledger(self) -> None:
         """Read the ledger on (LedgerTail) and give the operator what it announced. A

@@ -52,6 +52,8 @@ class Commit(Protocol):
 
     dirty_since: float | None
 
+    def changed(self, partition: int) -> bool: ...
+
     def forget(self) -> None: ...
 
 
@@ -154,7 +156,7 @@ class StageShell(ABC, Generic[C, Out]):
                     self.worker.operator_failed(exc)
                 if out is not None:
                     self.fold(msg.partition, out, time.perf_counter() - started)
-                self._pending.add(msg, gap)
+                self._pending.add(msg, gap, self.commit.changed(msg.partition))
                 if self._pending.due(self.commit.dirty_since):
                     await self._checkpoint(full=False)
                 else:
@@ -207,11 +209,19 @@ class StageShell(ABC, Generic[C, Out]):
             self.stores.release()
             self.forgotten()
 
-    async def on_assigned(self, assigned: Iterable[Any]) -> None:
-        """Faust's assignment (its TPs): expect the stage's partitions anew (GapGuard)."""
+    def expect(self, assigned: Iterable[Any]) -> set[int]:
+        """Faust's assignment (its TPs), before anything awaits: the stage's partitions
+        whose first change is checkpointed at once (PendingAcks), and the `assigned`
+        hook; returns them. Synchronous, so that no record of the assignment is applied
+        before it (Worker.on_assigned calls it for every stage first)."""
         mine = {tp.partition for tp in assigned if tp.topic == self.topic_name}
-        self._pending.assigned(mine)
+        self._pending.assigned(mine, self.commit.changed)
         self.assigned(mine)
+        return mine
+
+    async def on_assigned(self, mine: set[int]) -> None:
+        """After `expect`: expect the stage's partitions anew from the group's committed
+        offsets (GapGuard)."""
         await self.gaps.reseed(mine)
 
     def delivered(self, topic: str, partition: int, offset: int) -> None:
