@@ -1106,30 +1106,27 @@ class Operator:
         since, through, last, nh, y, mdue, index = entry
         shape = self._shape_list[index]
         start = shape.start_tick
-        waiting = shape.waiting
         # A waiting key: filed at its mechanism's due tick (decoded there: `due_tick`),
         # or nowhere, so a marker reaches it from an idle entry only where its value was
         # filed at its heartbeat tick by the code before waiting keys never due without
-        # input were filed nowhere: decoded, it is unfiled (`_not_due`).
-        if (waiting or last >= offset or through >= n or start + nh - 1 > n
+        # input were filed nowhere: decoded, it is unfiled (`_not_due`). What follows is
+        # for announced counters only.
+        if (shape.waiting or last >= offset or through >= n or start + nh - 1 > n
                 or (mdue is not None and mdue <= n)
                 or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks
         phase = self._phase(name)
-        # `_seal`'s heartbeats, tick for tick: the floor (a key not admitted is sealed
-        # as unpublished: `_seal_key`), then every heartbeat through n; a waiting key's
-        # go nowhere (its gate sees no change of y in quiet ticks: `Admission.gate`).
-        floor = heartbeat_floor(n, start, h, None if waiting else frontier)
+        # `_seal`'s heartbeats, tick for tick: the floor, then every heartbeat through n.
+        floor = heartbeat_floor(n, start, h, frontier)
         if nh <= floor:
             nh = next_heartbeat(floor, phase, h)
         beats: list[int] = []
         fingerprint_at = self.provenance.fingerprint_at
         while start + nh - 1 <= n:
-            if not waiting:
-                if fingerprint_at(name, nh) != shape.ledger_fingerprint:
-                    return False  # a "reconfigured" entry first: `_release`
-                beats.append(nh)
+            if fingerprint_at(name, nh) != shape.ledger_fingerprint:
+                return False  # a "reconfigured" entry first: `_release`
+            beats.append(nh)
             nh = next_heartbeat(nh, phase, h)
         due = self._idle_due(start, nh, mdue, n)
         rep = shape.rep
@@ -1142,8 +1139,7 @@ class Operator:
                 raw, self._advancer(rep), n, nh, offset, due)
             if written is None:
                 return False
-        if not (shape.checked or waiting):
-            # Not for a key not admitted: a halt would reveal that it exists.
+        if not shape.checked:
             self.provenance.check_parameters(name, rep)
             shape.checked = True
         # Every field of these heartbeats but counter and value is the shape's at t (the
