@@ -167,6 +167,26 @@ def test_replay_live_killed_stopped_then_detects_tampering(
 # --------------------------------------------------------------------- without a broker
 
 
+def _two_partition_timeline(
+        ticks: int, counters_at: Callable[[int], list[str]]
+) -> dict[int, list[tuple[int, bytes | None]]]:
+    """A timeline of 2 partitions through tick `ticks` - 1 (100 ms ticks): at tick n one
+    event of each counter `counters_at(n)` names (in its home partition, stamped 5 ms
+    into the tick), then a marker through n in both partitions."""
+    from processor.stream.model.records import Event, encode_batch, encode_marker, partition_for
+
+    timeline: dict[int, list[tuple[int, bytes | None]]] = {0: [], 1: []}
+    for n in range(1, ticks):
+        per: dict[int, list[Event]] = {}
+        for c in counters_at(n):
+            per.setdefault(partition_for(c, 2), []).append(Event(c, n * 100 + 5, 65536, 0, n))
+        for p in (0, 1):
+            if p in per:
+                timeline[p].append((len(timeline[p]), encode_batch(per[p])))
+            timeline[p].append((len(timeline[p]), encode_marker(n)))
+    return timeline
+
+
 def _release(counter: str, tick: int, value: float = 1.0, kind: str = "heartbeat") -> Release:
     return Release(counter=counter, tick=tick, tick_start_ms=tick * 100, tick_ms=100,
                    value=value, kind=kind,  # type: ignore[arg-type]
@@ -300,23 +320,14 @@ def test_parallel_recomputation_equals_the_sequential_one(
     monkeypatch.setattr(replay_module, "_recompute_parallel", counting)
     from processor.core.rng import NoiseKey
     from processor.stream.model.config import Settings, with_overrides
-    from processor.stream.model.records import Event, encode_batch, encode_marker, partition_for
 
     s = with_overrides(Settings(), counters={f"c{i}": 0 for i in range(6)}, partitions=2,
                        tick_ms=100, mechanism="ecc", epsilon=50.0, delta=1e-6,
                        heartbeat_ticks=5)
     key = NoiseKey.from_seed(3)
     rng = random.Random(4)
-    timeline: dict[int, list[tuple[int, bytes | None]]] = {0: [], 1: []}
-    for n in range(1, 80):
-        per: dict[int, list[Event]] = {}
-        for _ in range(3):
-            c = f"c{rng.randrange(6)}"
-            per.setdefault(partition_for(c, 2), []).append(Event(c, n * 100 + 5, 65536, 0, n))
-        for p in (0, 1):
-            if p in per:
-                timeline[p].append((len(timeline[p]), encode_batch(per[p])))
-            timeline[p].append((len(timeline[p]), encode_marker(n)))
+    timeline = _two_partition_timeline(
+        80, lambda n: [f"c{rng.randrange(6)}" for _ in range(3)])
     settled = {0: 50, 1: 70}
     one = recompute_timeline(s, key, timeline, settled, jobs=1)
     two = recompute_timeline(s, key, timeline, settled, jobs=2)
@@ -388,23 +399,14 @@ def test_keyed_recomputation_keeps_the_bytes_of_idle_heartbeats(
     from processor.core.rng import NoiseKey
     from processor.stream.model import records as records_module
     from processor.stream.model.config import Settings, with_overrides
-    from processor.stream.model.records import Event, encode_batch, encode_marker, partition_for
     from processor.stream.replay.recompute import _recompute, _run
 
     s = with_overrides(Settings(), counters={f"c{i}": 0 for i in range(12)}, partitions=2,
                        tick_ms=100, mechanism="ecc", epsilon=1.0, heartbeat_ticks=5)
     key = NoiseKey.from_seed(8)
     rng = random.Random(9)
-    timeline: dict[int, list[tuple[int, bytes | None]]] = {0: [], 1: []}
-    for n in range(1, 400):
-        per: dict[int, list[Event]] = {}
-        if n % 40 == 0:
-            c = f"c{rng.randrange(12)}"
-            per.setdefault(partition_for(c, 2), []).append(Event(c, n * 100 + 5, 65536, 0, n))
-        for p in (0, 1):
-            if p in per:
-                timeline[p].append((len(timeline[p]), encode_batch(per[p])))
-            timeline[p].append((len(timeline[p]), encode_marker(n)))
+    timeline = _two_partition_timeline(
+        400, lambda n: [f"c{rng.randrange(12)}"] if n % 40 == 0 else [])
     settled = {0: 300, 1: 500}
     decoded = []
     real = records_module.EncodedRelease.decoded
