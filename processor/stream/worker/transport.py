@@ -214,8 +214,9 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
                             await self.wait_first(rest, self.suspend_flow.wait())
                         set_read_offset(tp, offset)
                     else:
-                        self.log.dev("DROPPED MESSAGE ROFF %r: k=%r v=%r",
-                                     offset, message.key, message.value)
+                        # Faust's line named the record's key and value: raw input
+                        # never goes to a log here, at any level (operator-channels.md)
+                        self.log.dev("DROPPED MESSAGE ROFF %r: %r", offset, tp)
                 unset_flag(flag_consumer_fetching)
 
 
