@@ -299,7 +299,7 @@ impl Words {
                     k += 1;
                 }
             }
-            if k % 2 == 0 {
+            if k & 1 == 0 {
                 continue;
             }
             let mut v: u128 = 0;
