@@ -28,16 +28,46 @@ from tests.stream.test_app_e2e import (
 HEAVY = key_counter("pages", "heavy")
 
 
-def _send_heavy(live: Live, stop: threading.Event, sent: list[int]) -> None:
-    """One event of the heavy key per tick (100 ms), stamped with the wall clock."""
+def _send_heavy(live: Live, stop: threading.Event, sent: list[int], per_unit: bool) -> None:
+    """One event of the heavy key per tick (100 ms), stamped with the wall clock; with
+    per_unit each from a unit of its own."""
     producer = kafka_io.make_producer(live.conf)
     while not stop.is_set():
-        producer.produce(live.topics.input, value=orjson.dumps(
-            {"counter": "pages", "key": "heavy", "ts": now_ms()}))
+        event: dict[str, object] = {"counter": "pages", "key": "heavy", "ts": now_ms()}
+        if per_unit:
+            event["user"] = f"h{sent[0]}"
+        producer.produce(live.topics.input, value=orjson.dumps(event))
         sent[0] += 1
         producer.poll(0)
         stop.wait(0.1)  # the sending rate, not a synchronisation wait
     assert producer.flush(30) == 0
+
+
+def heavy_across_a_kill(live: Live, *, per_unit: bool, admit_timeout_s: float) -> int:
+    """Send the heavy key's events, kill -9 the worker before the key can be admitted
+    (its count is below the gate's threshold for its first ~10 s), restart it, wait for
+    the key's first release and 20 more declared ticks, stop the worker cleanly; the
+    number of heavy events sent."""
+    stop = threading.Event()
+    sent = [0]
+    producer = threading.Thread(target=_send_heavy, args=(live, stop, sent, per_unit),
+                                daemon=True)
+    producer.start()
+    try:
+        live.wait_releases(lambda rs: any(r["counter"] == "declared" and r["tick"] > 40
+                                          for r in rs), timeout_s=60)
+        live.worker.kill()
+        live.worker.start()
+        live.wait_releases(lambda rs: any(r["counter"] == HEAVY for r in rs),
+                           timeout_s=admit_timeout_s)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+    last = max(r["tick"] for r in live.releases() if r["counter"] == "declared")
+    live.wait_releases(lambda rs: any(r["counter"] == "declared" and r["tick"] > last + 20
+                                      for r in rs), timeout_s=60)
+    assert live.worker.stop() == 0, live.worker.log_tail()
+    return sent[0]
 
 
 @pytest.mark.kafka
@@ -53,25 +83,7 @@ def test_open_keys_end_to_end_across_a_kill(live_factory: Callable[..., Live]) -
                   orjson.dumps({"counter": "pages", "key": "one", "ts": now_ms()}),
                   orjson.dumps({"counter": "pages", "key": "x" * 200, "ts": now_ms()}),
                   orjson.dumps({"counter": "pages", "ts": now_ms()})])
-    stop = threading.Event()
-    sent = [0]
-    producer = threading.Thread(target=_send_heavy, args=(live, stop, sent), daemon=True)
-    producer.start()
-    try:
-        # A kill -9 before the heavy key can be admitted (its count is below the gate's
-        # threshold for its first ~10 s), then a restart.
-        live.wait_releases(lambda rs: any(r["counter"] == "declared" and r["tick"] > 40
-                                          for r in rs), timeout_s=60)
-        live.worker.kill()
-        live.worker.start()
-        live.wait_releases(lambda rs: any(r["counter"] == HEAVY for r in rs), timeout_s=180)
-    finally:
-        stop.set()
-        producer.join(timeout=60)
-    last = max(r["tick"] for r in live.releases() if r["counter"] == "declared")
-    live.wait_releases(lambda rs: any(r["counter"] == "declared" and r["tick"] > last + 20
-                                      for r in rs), timeout_s=60)
-    assert live.worker.stop() == 0, live.worker.log_tail()
+    sent = heavy_across_a_kill(live, per_unit=False, admit_timeout_s=180)
 
     # The bad key and the missing key went to the dead letters, with their reasons.
     dead = [orjson.loads(r.value or b"") for r in
@@ -114,5 +126,5 @@ def test_open_keys_end_to_end_across_a_kill(live_factory: Callable[..., Live]) -
 
     report = replay(s, live.key)
     assert report.identical, report.summary()
-    print(f"open keys e2e: {sent[0]} heavy events, admitted at tick {admitted[0]} "
+    print(f"open keys e2e: {sent} heavy events, admitted at tick {admitted[0]} "
           f"with {admitted[1]}, {live.worker.starts} starts")

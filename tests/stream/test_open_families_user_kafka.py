@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import collections
 import math
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,22 +29,10 @@ from tests.stream.test_app_e2e import (
     live_factory,  # noqa: F401  (the fixture, re-exported for this module)
     now_ms,
 )
+from tests.stream.test_open_families_kafka import HEAVY, heavy_across_a_kill
 
-HEAVY = key_counter("pages", "heavy")
 K, M = 2, 2
 EPS_U, DELTA_U, SEL = 600.0, 1e-6, 1e-7
-
-
-def _send_heavy(live: Live, stop: threading.Event, sent: list[int]) -> None:
-    """One event of the heavy key per tick (100 ms), each from a unit of its own."""
-    producer = kafka_io.make_producer(live.conf)
-    while not stop.is_set():
-        producer.produce(live.topics.input, value=orjson.dumps(
-            {"counter": "pages", "key": "heavy", "ts": now_ms(), "user": f"h{sent[0]}"}))
-        sent[0] += 1
-        producer.poll(0)
-        stop.wait(0.1)  # the sending rate, not a synchronisation wait
-    assert producer.flush(30) == 0
 
 
 @pytest.mark.kafka
@@ -74,23 +61,7 @@ def test_open_keys_in_user_mode_end_to_end_across_a_kill(
                   ev("g3", "greedy"), *(ev("t", "twice") for _ in range(4)),
                   ev("light", "l1"), ev("light", "l2"), ev("x" * 200, "bad")])
     live.wait_releases(lambda rs: len(rs) > 0, timeout_s=90)
-    stop = threading.Event()
-    sent = [0]
-    producer = threading.Thread(target=_send_heavy, args=(live, stop, sent), daemon=True)
-    producer.start()
-    try:
-        live.wait_releases(lambda rs: any(r["counter"] == "declared" and r["tick"] > 40
-                                          for r in rs), timeout_s=60)
-        live.worker.kill()
-        live.worker.start()
-        live.wait_releases(lambda rs: any(r["counter"] == HEAVY for r in rs), timeout_s=240)
-    finally:
-        stop.set()
-        producer.join(timeout=60)
-    last = max(r["tick"] for r in live.releases() if r["counter"] == "declared")
-    live.wait_releases(lambda rs: any(r["counter"] == "declared" and r["tick"] > last + 20
-                                      for r in rs), timeout_s=60)
-    assert live.worker.stop() == 0, live.worker.log_tail()
+    sent = heavy_across_a_kill(live, per_unit=True, admit_timeout_s=240)
 
     dead = [orjson.loads(r.value or b"") for r in
             kafka_io.iter_topic(live.conf, live.topics.deadletter)]
@@ -151,5 +122,5 @@ def test_open_keys_in_user_mode_end_to_end_across_a_kill(
     published = [r.value for r in kafka_io.iter_topic(live.conf, live.topics.ledger)]
     claim = ledger_at_start(family(SEL / 10), live.key, published)[1]
     assert claim is not None and claim.gate_delta0 == d0
-    print(f"open keys user mode e2e: {sent[0]} heavy events, admitted at tick "
+    print(f"open keys user mode e2e: {sent} heavy events, admitted at tick "
           f"{mine[0]['tick']} with {mine[0]['value']}, {live.worker.starts} starts")
