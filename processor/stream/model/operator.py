@@ -1004,12 +1004,14 @@ class Operator:
 
     def _remember_idle(self, partition: int, name: str, cs: CounterState) -> None:
         """Give the deferred entry of `cs`, just released as idle, what its heartbeats
-        need without decoding it (`IdleEntry`; `_beat_idle`): a declared, announced
-        counter with nothing queued or pending, whose mechanism's bound is a function of
-        its parameters and the tick (`error_bound_at`)."""
+        need without decoding it (`IdleEntry`; `_beat_idle`): an announced counter with
+        nothing queued or pending, whose mechanism's bound is a function of its
+        parameters and the tick (`error_bound_at`). Not a key waiting for admission: it
+        publishes no heartbeat, and a marker that reaches it decodes it (`_beat_idle`
+        declines every waiting key), so an entry would only hold memory."""
         c = cs.mechanism
-        waiting = _waiting(cs)
-        if (not (cs.announced or waiting) or cs.queue or cs.pending
+        waiting = False
+        if (not cs.announced or cs.queue or cs.pending
                 or type(c).error_bound_at is Counter.error_bound_at):
             return
         deferred = self._deferred.get(partition)
@@ -1052,9 +1054,9 @@ class Operator:
         q = None if raw is None else quiet_counter(raw)
         if q is None or q.filed_due is None or q.key_id != self.key_id:
             return None
-        adm = q.admission
-        waiting = adm is not None and adm[2] is None and adm[1] is not None
-        if not (q.announced or waiting):
+        # Not a key waiting for admission (`_remember_idle`): its entry would not be used.
+        waiting = False
+        if not q.announced:
             return None
         for cls in self._views:
             view = cls.idle_view(q.mechanism, self.key)
