@@ -77,7 +77,9 @@ def key_problem(key: object) -> str | None:
         return "key is not valid Unicode text"
     if n > MAX_KEY_BYTES:
         return f"key longer than {MAX_KEY_BYTES} bytes"
-    if any(unicodedata.category(ch) == "Cc" for ch in key):
+    # A printable string has no control character (str.isprintable is false for
+    # every Cc character): the per-character look-up only for the others.
+    if not key.isprintable() and any(unicodedata.category(ch) == "Cc" for ch in key):
         return "key contains a control character"
     return None
 
