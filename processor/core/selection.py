@@ -163,10 +163,18 @@ def replay(counter: ECC | SimECC, inputs: Sequence[int], t: int) -> ECC | SimECC
 
 
 def _cc_plan(counter: ECC | SimECC) -> tuple[float, float]:
-    if isinstance(counter, ECC):
-        p = ecc_parameters(counter.eps, counter.delta, counter.calibration)
+    return _cc_plan_of(isinstance(counter, ECC), counter.eps, counter.delta,
+                       counter.calibration)
+
+
+@lru_cache(maxsize=256)
+def _cc_plan_of(ecc: bool, eps: float, delta: float, calibration: str) -> tuple[float, float]:
+    """CC's (eps, delta) in an ECC (`ecc`) or SimECC of these parameters: a pure function
+    of them, computed once (a stream asks it at every seal of a key not admitted)."""
+    if ecc:
+        p = ecc_parameters(eps, delta, calibration)
         return p.cc_eps, p.cc_delta
-    q = simecc_parameters(counter.eps, counter.delta, counter.calibration)
+    q = simecc_parameters(eps, delta, calibration)
     return q.cc_eps, q.cc_delta
 
 

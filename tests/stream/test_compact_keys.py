@@ -527,3 +527,45 @@ def test_a_key_filed_at_its_heartbeat_by_the_code_before_is_unfiled_once(
     old, new = (CounterState.from_bytes(v, registry, KEY) for v in (before, after))
     assert new.mechanism.to_bytes() == old.mechanism.to_bytes()
     assert new.frontier == old.frontier
+
+
+def test_a_waiting_key_released_as_idle_holds_no_idle_entry() -> None:
+    """SimECC keys waiting for admission (due at their checkpoints, filed at a tick) and
+    every idle counter released (`idle_decoded` 0), periodic checkpoints that are not
+    full: no waiting key holds an idle entry (it would never be used: `_beat_idle`
+    declines waiting keys), while the declared counter and the admitted key do; what is
+    published (in order) and the store after each checkpoint and at the end are those of
+    the run that keeps every value decoded (no entry, no release)."""
+    s = open_settings(mechanism="simecc", heartbeat_ticks=5)
+    T = 400
+    keys = {**_keys(6, 12, T), "heavy": list(range(5, T))}
+    records = _timeline(keys, T, declared=[3, 9])
+    heavy = key_counter("pages", "heavy")
+
+    def run(op: Operator) -> tuple[list[bytes], list[dict[str, bytes]], int, int]:
+        store = DictStore()
+        sink = CollectingSink()
+        bc = BatchCommit(op, store, sink)
+        stores: list[dict[str, bytes]] = []
+        waiting_entries = other_entries = 0
+        for offset, r in enumerate(records):
+            asyncio.run(bc.apply(0, [(offset, r)]))
+            for name, entry in op._deferred.get(0, {}).items():
+                if len(entry) > 3:
+                    if name.startswith("pages[") and name != heavy:
+                        waiting_entries += 1
+                    else:
+                        other_entries += 1
+            if offset % 3 == 2:
+                asyncio.run(bc.checkpoint(full=False))
+                stores.append(dict(store.data))
+        asyncio.run(bc.checkpoint())
+        stores.append(dict(store.data))
+        public = [e.to_json() for e in sink.ledger] + [x.to_json() for x in sink.releases]
+        return public, stores, waiting_entries, other_entries
+
+    released = run(Operator(s, KEY, factory=registry, idle_decoded=0))
+    decoded = run(KeepsDecoded(s, KEY, factory=registry))
+    assert any(b'"pages[heavy]"' in x for x in released[0])  # admitted
+    assert released[2] == 0 and released[3] > 100
+    assert released[:2] == decoded[:2]

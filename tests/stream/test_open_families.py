@@ -6,6 +6,8 @@ key's as-if-declared counter says. Pure: no Kafka. Deterministic (fixed noise ke
 from __future__ import annotations
 
 import random
+import sys
+import unicodedata
 from typing import Any
 
 import orjson
@@ -70,6 +72,23 @@ def test_key_names_and_their_counters() -> None:
         problem = key_problem(bad)
         assert problem is not None and why in problem
         assert "\n" not in problem and (not isinstance(bad, str) or not bad or bad not in problem)
+
+
+def test_a_key_with_a_control_character_is_refused_for_every_code_point() -> None:
+    """key_problem refuses exactly the keys with a character of category Cc, every code
+    point (surrogates apart) tried between two letters; control: the rule "printable
+    only", which the check reads first, would refuse others too (a no-break space, a
+    zero-width space)."""
+    wrong = printable_only = 0
+    for cp in range(sys.maxunicode + 1):
+        if 0xD800 <= cp <= 0xDFFF:
+            continue
+        key = f"a{chr(cp)}b"
+        control = unicodedata.category(chr(cp)) == "Cc"
+        wrong += (key_problem(key) == "key contains a control character") != control
+        printable_only += (not key.isprintable()) != control
+    assert wrong == 0
+    assert printable_only > 1000
 
 
 def _parse(s: Settings, obj: dict[str, Any]) -> Event | Rejection:

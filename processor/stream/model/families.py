@@ -77,7 +77,9 @@ def key_problem(key: object) -> str | None:
         return "key is not valid Unicode text"
     if n > MAX_KEY_BYTES:
         return f"key longer than {MAX_KEY_BYTES} bytes"
-    if any(unicodedata.category(ch) == "Cc" for ch in key):
+    # A printable string has no control character (str.isprintable is false for
+    # every Cc character): the per-character look-up only for the others.
+    if not key.isprintable() and any(unicodedata.category(ch) == "Cc" for ch in key):
         return "key contains a control character"
     return None
 
@@ -105,7 +107,6 @@ class Admission:
         assert self.first is not None and self.admitted is None
         assert isinstance(counter, ECC | SimECC)  # families run ECC or SimECC (config)
         first = self.first
-        gate = OpenKey(counter, self.delta0, first)
         t0, y = before
         points: list[tuple[int, float, bool]] = []
         if t0 < first <= counter.t:
@@ -117,6 +118,9 @@ class Admission:
                 at_first = v
             points.append((first, at_first, False))
         points += [(t, v, True) for t, v in changes if t >= first]
+        if not points:
+            return None  # nothing to consult (most seals: an input that left y as it was)
+        gate = OpenKey(counter, self.delta0, first)
         points.sort(key=lambda p: p[0])
         for t, v, changed in points:
             if gate.observe(t, v, changed):

@@ -614,6 +614,12 @@ class Operator:
         start = cs.start_tick
         due = start + cs.next_heartbeat - 1
         adm = cs.admission
+        if adm is not None and adm.admitted is None and adm.first is None and cs.pending:
+            # A key whose first event's tick is not sealed yet: nothing of it can be
+            # published before that tick (its admission is at or after it), so the ticks
+            # before it are sealed by the marker that seals its first event, at once
+            # (`_seal_key`), not one marker at a time.
+            return min(cs.pending)
         if adm is not None and adm.admitted is None and adm.first is not None and not cs.queue:
             # A key not admitted publishes no heartbeat: only its next input or a change
             # of y (at next_due: the Counter contract) can admit it.
@@ -908,21 +914,28 @@ class Operator:
         adm = cs.admission
         assert adm is not None
         c = cs.mechanism
-        if adm.first is None and cs.pending and min(cs.pending) <= n:
-            # The key's first event is in these ticks: the gate looks from its tick on
-            # (made by an event, the key had pending arrivals until this first seal).
-            adm.first = min(cs.pending) - cs.start_tick + 1
+        quiet_to = None
+        if adm.first is None and cs.pending:
+            first = min(cs.pending)
+            # Every tick before the key's first event is sealed aside unseen: its
+            # admission is at or after that tick, and only its records after the
+            # admission are published, so its heartbeats before it are not made.
+            quiet_to = min(first - 1, n)
+            if first <= n:
+                # The key's first event is in these ticks: the gate looks from its tick
+                # on (made by an event, the key had pending arrivals until this seal).
+                adm.first = first - cs.start_tick + 1
+        elif (adm.first is not None and not cs.queue and cs.pending
+                and self._next_due(cs) is None):
+            # Its first tick sealed, nothing queued and its mechanism never due without
+            # input, y stays as it is up to its first pending tick, where any admission
+            # is at the earliest: its heartbeats up to then would be set aside unseen,
+            # so they are not made, and the ⊥ ticks since its stored tick (a key filed
+            # nowhere: `due_tick`) are one exact skip (the Counter contract: the same
+            # state).
+            quiet_to = min(min(cs.pending) - 1, n)
         before = (c.t, c.y)
         aside = Output()
-        # Its first tick sealed, nothing queued and its mechanism never due without
-        # input, y stays as it is up to its first pending tick, where any admission is
-        # at the earliest: its heartbeats up to then would be set aside unseen, so they
-        # are not made, and the ⊥ ticks since its stored tick (a key filed nowhere:
-        # `due_tick`) are one exact skip (the Counter contract: the same state).
-        quiet_to = None
-        if (adm.first is not None and not cs.queue and cs.pending
-                and self._next_due(cs) is None):
-            quiet_to = min(min(cs.pending) - 1, n)
         dequeued = self._seal(name, cs, n, aside, quiet_to)
         # `_seal` makes Release objects only (`_release`; no idle entry beats here).
         sealed = aside.decoded_releases()
@@ -991,12 +1004,14 @@ class Operator:
 
     def _remember_idle(self, partition: int, name: str, cs: CounterState) -> None:
         """Give the deferred entry of `cs`, just released as idle, what its heartbeats
-        need without decoding it (`IdleEntry`; `_beat_idle`): a declared, announced
-        counter with nothing queued or pending, whose mechanism's bound is a function of
-        its parameters and the tick (`error_bound_at`)."""
+        need without decoding it (`IdleEntry`; `_beat_idle`): an announced counter with
+        nothing queued or pending, whose mechanism's bound is a function of its
+        parameters and the tick (`error_bound_at`). Not a key waiting for admission: it
+        publishes no heartbeat, and a marker that reaches it decodes it (`_beat_idle`
+        declines every waiting key), so an entry would only hold memory."""
         c = cs.mechanism
-        waiting = _waiting(cs)
-        if (not (cs.announced or waiting) or cs.queue or cs.pending
+        waiting = False
+        if (not cs.announced or cs.queue or cs.pending
                 or type(c).error_bound_at is Counter.error_bound_at):
             return
         deferred = self._deferred.get(partition)
@@ -1039,9 +1054,9 @@ class Operator:
         q = None if raw is None else quiet_counter(raw)
         if q is None or q.filed_due is None or q.key_id != self.key_id:
             return None
-        adm = q.admission
-        waiting = adm is not None and adm[2] is None and adm[1] is not None
-        if not (q.announced or waiting):
+        # Not a key waiting for admission (`_remember_idle`): its entry would not be used.
+        waiting = False
+        if not q.announced:
             return None
         for cls in self._views:
             view = cls.idle_view(q.mechanism, self.key)
