@@ -129,9 +129,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--systems", nargs="+", choices=sorted(stream_counted.SYSTEMS),
                    help="throughput: systems to run (default: "
                    + " ".join(stream_counted.DEFAULT_SYSTEMS) + ")")
-    p.add_argument("--heartbeat-ticks", type=int, default=stream_counted.HEARTBEAT_TICKS,
+    p.add_argument("--heartbeat-ticks", type=int,
                    help="throughput: the processor's heartbeat_ticks (default "
-                   f"{stream_counted.HEARTBEAT_TICKS}, 60 s of 100 ms ticks)")
+                   f"{stream_counted.HEARTBEAT_TICKS}: none); many, scaleout, idle, "
+                   "takeover: theirs when given (default: the README configuration's)")
     p.add_argument("--quix-python", help="the Python with quixstreams for the Quix peer "
                    "(default $BENCH_QUIX_PYTHON, or this one if it has quixstreams)")
     p.add_argument("--counters", type=int,
@@ -209,10 +210,13 @@ def run_throughput(a: argparse.Namespace, ctx: stream_counted.Ctx,
 
 def steady_settings(a: argparse.Namespace, ctx: stream_counted.Ctx) -> dict[str, Any]:
     """The worker settings of the many/scaleout/idle deployments: the common ones, and
-    --tick-ms when given (the throughput phase keeps its own 100 ms ticks)."""
+    --tick-ms and --heartbeat-ticks when given (the throughput phase keeps its own 100 ms
+    ticks)."""
     out = dict(ctx.worker_settings)
     if a.tick_ms is not None:
         out["tick_ms"] = a.tick_ms
+    if a.heartbeat_ticks is not None:
+        out["heartbeat_ticks"] = a.heartbeat_ticks
     return out
 
 
@@ -328,7 +332,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 contextlib.closing(children):
             ctx = stream_counted.Ctx(client_config(bootstrap), bootstrap, Path(tmp_s),
                                      children, quix_python(a.quix_python), a.standby,
-                                     a.processor_metric, a.heartbeat_ticks)
+                                     a.processor_metric,
+                                     a.heartbeat_ticks if a.heartbeat_ticks is not None
+                                     else stream_counted.HEARTBEAT_TICKS)
             if a.checkpoint_ms is not None:
                 ctx.worker_settings = {"checkpoint_ms": a.checkpoint_ms}
             if a.profile_dir is not None:

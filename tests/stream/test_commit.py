@@ -854,3 +854,42 @@ def test_a_partition_has_a_change_to_write_only_after_a_record_that_changed_it()
     assert not restored.changed(0)
     asyncio.run(restored.apply(0, [(3, encode_marker(101))]))
     assert restored.changed(0)  # control: a new tick
+
+
+def test_with_offload_a_checkpoint_writes_every_partition_in_one_thread_hop() -> None:
+    """With offload and no crash point, a checkpoint's writes of every partition go to the
+    thread in one hop (`_write_all`), still one batch per partition in partition order,
+    and the store ends byte for byte as without offload. Control: with a crash point
+    (the kill -9 tests), one hop per partition, the earlier ones made durable between
+    two (`between_writes`), and the same batches."""
+    names = {f"k{i:02d}": 0 for i in range(12)}
+    s = settings(names, heartbeat_ticks=1)
+    hops: list[str] = []
+    real = asyncio.to_thread
+
+    async def counting(fn: Callable[..., Any], *args: Any) -> Any:
+        hops.append(getattr(fn, "__name__", ""))
+        return await real(fn, *args)
+
+    def run(offload: bool, crash_point: Callable[[str], None] | None = None
+            ) -> tuple[dict[str, bytes], list[list[str]]]:
+        store = BatchStore()
+        bc = BatchCommit(Operator(s, KEY, factory=StepFactory()), store, CollectingSink(),
+                         crash_point, offload=offload)
+        for t in (1, 2):
+            for p in (2, 0, 3, 1):  # applied out of partition order
+                asyncio.run(bc.apply(p, [(t, encode_marker(t))]))
+        hops.clear()
+        asyncio.run(bc.checkpoint())
+        return dict(store.data), store.batches[-4:]
+
+    with mock.patch("processor.stream.model.commit.asyncio.to_thread", counting):
+        data, batches = run(True)
+        assert hops == ["_write_all"]
+        calls: list[str] = []
+        crash_data, crash_batches = run(True, calls.append)
+        assert hops == ["_write_partition"] * 4
+        assert calls.count("between_state_writes") == 3
+    assert [b[-1] for b in batches] == ["p/0", "p/1", "p/2", "p/3"]
+    assert crash_batches == batches and crash_data == data
+    assert run(False) == (data, batches)

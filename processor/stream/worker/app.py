@@ -99,6 +99,7 @@ from processor.stream.worker.recovery import BatchedTableManager
 from processor.stream.worker.stage import StageShell
 from processor.stream.worker.stale import stale_databases
 from processor.stream.worker.table import WorkerStores
+from processor.stream.worker.timers import periodic
 from processor.stream.worker.transport import QuickPollTransport
 from processor.stream.worker.unit_stage import UnitStage
 
@@ -112,6 +113,8 @@ lifecycle = logging.getLogger("processor.stream.lifecycle")
 RUNNING_FLAG: Final = "WORKER_RUNNING"
 #: How often the metrics summary (aggregate counts only) is logged.
 METRICS_LOG_S: Final = 30.0
+#: How often the worker looks whether it is ready, until it wrote its ready line.
+READY_CHECK_S: Final = 0.5
 #: Timeline records per read when a worker looks back for the last marker appended.
 MARKER_LOOKBACK: Final = 2000
 #: How long the start waits for the brokers' requests (metadata, topic creation, the
@@ -221,6 +224,13 @@ class CorruptStateError(RuntimeError):
 #: How far behind what the clocks allow a non-leader lets its partitions' seal fall
 #: before it appends markers itself (`backup_due`).
 BACKUP_SEAL_S: Final = 2.0
+
+
+def marker_interval_s(settings: Settings) -> float:
+    """How often the marker timer looks whether a tick can be sealed: a quarter of a tick,
+    within 0.1-0.5 s (a marker is appended about this late after its tick's end plus
+    the lateness)."""
+    return max(0.1, min(0.5, settings.tick_ms / 4000.0))
 
 
 def backup_due(frontiers: Mapping[int, int], allowed: int, settings: Settings) -> bool:
@@ -455,18 +465,15 @@ class Worker:
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)
-        interval = max(0.1, min(0.5, settings.tick_ms / 4000.0))
-        self.app.timer(interval=interval, on_leader=False,
-                       name=f"{settings.app_id}-markers")(self.append_markers)
-        self.app.timer(interval=METRICS_LOG_S,
-                       name=f"{settings.app_id}-metrics")(self.log_metrics)
+        # The worker's timers (timers.py: a plain sleep between rounds, not Faust's).
+        periodic(self.app, marker_interval_s(settings), self.append_markers,
+                 f"{settings.app_id}-markers")
+        periodic(self.app, METRICS_LOG_S, self.log_metrics, f"{settings.app_id}-metrics")
         self._announced_ready = False
-        self.app.timer(interval=0.5, on_leader=False,
-                       name=f"{settings.app_id}-ready")(self.announce_ready)
+        periodic(self.app, READY_CHECK_S, self.announce_ready, f"{settings.app_id}-ready")
         # The oldest generation of the garbage collector on a timer (heap.OldGeneration).
         self.old_generation = OldGeneration()
-        self.app.timer(interval=FULL_COLLECTION_S, on_leader=False,
-                       name=f"{settings.app_id}-collect")(self.collect_old)
+        periodic(self.app, FULL_COLLECTION_S, self.collect_old, f"{settings.app_id}-collect")
         self.app.task(self.start_ingest)
 
     async def collect_old(self) -> None:
@@ -636,16 +643,17 @@ class Worker:
                         "message.timestamp.type=LogAppendTime on it; docs/time.md)",
                         self.timeline_name)
 
-    async def announce_ready(self) -> None:
+    async def announce_ready(self) -> bool:
         """The ready line, once: when /readyz first passes (partitions assigned, a recent
-        marker applied on each)."""
+        marker applied on each). True once written: its timer stops."""
         if self._announced_ready:
-            return
+            return True
         ok, why = self.surface.readiness()
         if ok:
             self._announced_ready = True
             lifecycle.info("worker ready: %s; publishing to %r and %r", why,
                            self.settings.topics.counts, self.settings.topics.ledger)
+        return self._announced_ready
 
     async def log_metrics(self) -> None:
         log.info("metrics %s", self.metrics.summary(self.ingest.metrics()))

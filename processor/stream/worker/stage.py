@@ -38,6 +38,7 @@ from processor.stream.worker.table import (
     MonotoneTable,
     WorkerStores,
 )
+from processor.stream.worker.timers import periodic
 from processor.stream.worker.transport import raw_topic
 
 if TYPE_CHECKING:
@@ -94,8 +95,8 @@ class StageShell(ABC, Generic[C, Out]):
         # Applied since the last checkpoint, acknowledged to the group by the next one.
         self._pending = PendingAcks(s)
         worker.app.agent(faust_topic, name=agent)(self.agent)
-        worker.app.timer(interval=s.checkpoint_interval_ms() / 2000,
-                         name=timer)(self.checkpoint_timer)
+        periodic(worker.app, s.checkpoint_interval_ms() / 2000, self.checkpoint_timer,
+                 name=timer)
 
     # -- the hooks a stage declares
 

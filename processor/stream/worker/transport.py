@@ -187,8 +187,9 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
             ait = getmany(timeout=1.0)
 
             # Sleeping because sometimes getmany is called in a loop
-            # never releasing to the event loop
-            await self.sleep(0)
+            # never releasing to the event loop (asyncio's sleep(0), one bare yield:
+            # mode's Service.sleep(0) made a task and cancelled it, per fetch)
+            await sleep(0)
             if not self.should_stop:
                 async for tp, message in ait:
                     num_since_yield += 1
