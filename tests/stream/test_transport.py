@@ -260,6 +260,8 @@ def _handover(messages: list[tuple[bytes | None, bytes | None]], way: str,
         elif block == "producer":
             for _ in range(app.producer.buffer.max_messages + 1):
                 app.producer.buffer.pending.put_nowait(None)
+        elif block == "channel":  # a second channel of the partition, handler not rebuilt
+            conductor._tp_index[tp].add(timeline)
         answers: list[bool] = []
         sent = []
         for offset, (key, value) in enumerate(messages):
@@ -302,7 +304,7 @@ def test_a_changelog_record_is_handed_over_as_fausts_handler_does() -> None:
 
 def test_a_hand_over_that_would_wait_is_left_to_faust() -> None:
     # controls: wherever Faust's handler would wait, take_now does nothing at all
-    for block in ("flow", "lock", "waiter", "queue", "producer"):
+    for block in ("flow", "lock", "waiter", "queue", "producer", "channel"):
         events, answers = _handover(CHANGELOG_RECORDS[:1], "now", block)
         assert answers == [False] and events == [], block
 

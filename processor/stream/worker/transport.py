@@ -47,7 +47,9 @@ channel is that queue's, with raw bytes keys and values (the decode returns the 
 own key and value: `changelog_handler`), the loop first asks `ChangelogConductor.take_now`,
 which makes those checks without awaiting and, when none of them would wait, puts the
 event Faust would have built into the queue at once: the same event, the same queue, the
-same reference count and pressure callbacks, in the same order. When one of them would
+same reference count, pressure callbacks that do what Faust's do, in the same order (they
+are the handler's own: while the queue is under pressure, Faust's monitor may count a
+partition's full buffer once for each). When one of them would
 wait (the lock held or awaited, the flow suspended, the producer buffer over its size, the
 queue full), nothing has been done yet and the message goes through Faust's handler, from
 its start, as before. A standby copy reads only such records (a py-spy profile of the
@@ -309,6 +311,8 @@ def changelog_handler(app: Any, tp: Any, channels: Any, faust_handler: Any
         return 0 if pending is None else pending.qsize()
 
     def now(message: Any) -> bool:
+        if len(channels) != 1:  # a channel added since (Faust's handler reads the set)
+            return False
         if not flow_active() or buffered() > buffer.max_messages or full():
             return False
         message.incref(1)
