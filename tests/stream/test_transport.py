@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import hashlib
 import inspect
+from typing import Any, cast
 
 import aiokafka
 from faust.transport.drivers import aiokafka as faust_aiokafka
@@ -204,3 +205,122 @@ def test_the_loop_is_fausts_but_for_the_hand_over() -> None:
     assert hashlib.sha256(source.encode()).hexdigest()[:16] == FAUST_DRAIN_SHA
     assert "await self.wait_first(\n" in source
     assert "callback(message), self.suspend_flow.wait()" in source
+
+
+# The changelog hand-over (transport.ChangelogConductor.take_now) against Faust's handler
+# of the same partition: the same events in the same queue, or nothing done at all.
+
+def _handover(messages: list[tuple[bytes | None, bytes | None]], way: str,
+              block: str = "") -> tuple[list[tuple[object, ...]], list[bool]]:
+    """Hand `messages` (key, value) of changelog partition 1 over through Faust's handler
+    ("faust") or `take_now` ("now"), with `block` ("flow", "lock", "waiter", "queue",
+    "producer") making Faust's handler wait: the queue's events (type, key, value, headers,
+    the message, its reference count) and take_now's answers."""
+    from faust.types import TP, Message
+
+    from processor.stream.worker.table import MonotoneTable
+
+    async def main() -> tuple[list[tuple[object, ...]], list[bool]]:
+        app = WorkerApp("changelog-probe", broker="kafka://127.0.0.1:1",
+                        web_enabled=False, stream_buffer_maxsize=8)
+        table = MonotoneTable(app, name="state", default=None, partitions=2,
+                              key_type=bytes, value_type=bytes)
+        app.tables.add(table)
+        tables: Any = app.tables
+        queue = tables.changelog_queue
+        conductor: Any = app.topics
+        assert isinstance(conductor, transport.ChangelogConductor)
+        conductor.add(cast(Any, table.changelog_topic.clone_using_queue(queue)))
+        timeline = app.topic("timeline", key_type=bytes, value_type=bytes,
+                             key_serializer="raw", value_serializer="raw")
+        conductor.add(timeline)
+        changelog_name = table.changelog_topic.get_topic_name()
+        tp = TP(changelog_name, 1)
+        conductor._update_tp_index({tp, TP("timeline", 1)})
+        conductor._update_callback_map()
+        handler = conductor._tp_to_callback[tp]
+        assert isinstance(handler, transport.ChangelogHandler)
+        assert not isinstance(conductor._tp_to_callback[TP("timeline", 1)],
+                              transport.ChangelogHandler)
+        app.flow_control.resume()
+        lock = conductor._tp_to_callback_lock
+        if block == "flow":
+            app.flow_control.suspend()
+        elif block == "lock":
+            await lock.acquire()
+        elif block == "waiter":
+            await lock.acquire()
+            waiter = asyncio.ensure_future(lock.acquire())
+            await asyncio.sleep(0)
+            lock.release()  # unlocked, but the waiter takes it first
+            assert not lock.locked()
+        elif block == "queue":
+            while not queue.full():
+                queue.put_nowait(None)
+        elif block == "producer":
+            for _ in range(app.producer.buffer.max_messages + 1):
+                app.producer.buffer.pending.put_nowait(None)
+        elif block == "channel":  # a second channel of the partition, handler not rebuilt
+            conductor._tp_index[tp].add(timeline)
+        answers: list[bool] = []
+        sent = []
+        for offset, (key, value) in enumerate(messages):
+            msg = Message(changelog_name, 1, offset, 0.0, 0, [("h", b"1")], key, value,
+                          None, tp=tp)
+            sent.append(msg)
+            if way == "faust":
+                await handler(msg)
+            else:
+                answers.append(conductor.take_now(msg))
+        # the timeline's partition is never handed over here
+        other = Message("timeline", 1, 0, 0.0, 0, None, b"k", b"v", None,
+                        tp=TP("timeline", 1))
+        assert conductor.take_now(other) is False
+        if block == "waiter":
+            await waiter
+        got: list[tuple[object, ...]] = []
+        while not queue.empty():
+            event = queue.get_nowait()
+            if event is not None:
+                got.append((type(event), event.key, event.value, event.headers,
+                            sent.index(event.message), event.message.refcount))
+        return got, answers
+
+    return asyncio.run(main())
+
+
+CHANGELOG_RECORDS: list[tuple[bytes | None, bytes | None]] = [
+    (b"c:1", b"\x04\x00\x01"), (b"p", b"\xff\x00"), (b"c:2", None), (None, b"x")]
+
+
+def test_a_changelog_record_is_handed_over_as_fausts_handler_does() -> None:
+    faust_events, _ = _handover(CHANGELOG_RECORDS, "faust")
+    now_events, answers = _handover(CHANGELOG_RECORDS, "now")
+    assert answers == [True] * len(CHANGELOG_RECORDS)
+    assert now_events == faust_events
+    assert [e[1:3] for e in now_events] == CHANGELOG_RECORDS  # raw bytes, as written
+    assert {e[5] for e in now_events} == {1}
+
+
+def test_a_hand_over_that_would_wait_is_left_to_faust() -> None:
+    # controls: wherever Faust's handler would wait, take_now does nothing at all
+    for block in ("flow", "lock", "waiter", "queue", "producer", "channel"):
+        events, answers = _handover(CHANGELOG_RECORDS[:1], "now", block)
+        assert answers == [False] and events == [], block
+
+
+def test_a_changelog_that_decodes_is_left_to_faust() -> None:
+    """A channel whose schema decodes (not raw bytes) keeps Faust's handler."""
+    from faust.types import TP
+
+    async def main(value_type: type | None, codec: str) -> object:
+        app = WorkerApp("changelog-probe", broker="kafka://127.0.0.1:1",
+                        web_enabled=False)
+        chan = app.topic("state-changelog", key_type=bytes, value_type=value_type,
+                         key_serializer="raw", value_serializer=codec
+                         ).clone_using_queue(cast(Any, app.tables).changelog_queue)
+        return transport.changelog_handler(app, TP("state-changelog", 0), {chan}, None)
+
+    assert asyncio.run(main(None, "json")) is None
+    assert asyncio.run(main(bytes, "json")) is None
+    assert isinstance(asyncio.run(main(bytes, "raw")), transport.ChangelogHandler)

@@ -97,11 +97,21 @@ class BatchedRecovery(Recovery):
                 # still queued then: taken next, in order, under the new assignment.
                 await asyncio.sleep(LINGER_S)
             batch = self._drain(queue, first)
+            now = monotonic()
+            taken = {"restore": 0, "standby": 0}
             for event in batch:
                 try:
-                    await self._take(event)
+                    copy = await self._take(event, now)
                 except Exception as exc:  # Faust's loop logs it and takes the next record
                     log.warning("Error in recovery %s", exc)
+                else:
+                    if copy is not None:
+                        taken[copy] += 1
+            counted = getattr(self.app, "changelog_taken", None)
+            if counted is not None:
+                for copy, records in taken.items():
+                    if records:
+                        counted(copy, records)
             await self._checked(self._end_if_caught_up(0))
             await self._checked(self._standbys_if_caught_up())
 
@@ -128,13 +138,14 @@ class BatchedRecovery(Recovery):
         except Exception as exc:
             log.warning("Error in recovery %s", exc)
 
-    async def _take(self, event: EventT[Any]) -> None:
+    async def _take(self, event: EventT[Any], now: float) -> str | None:
         """One changelog record from Faust's queue, as Faust's loop takes it: counted
         toward its partition's active or standby offset if past it, buffered, the
-        table's buffer applied when full."""
+        table's buffer applied when full. `now`: when its batch was taken (the time
+        Faust's loop notes per record). Returns the copy it went to ("restore",
+        "standby"), None if it was not taken."""
         tp: TP = event.message.tp
         offset: int = event.message.offset
-        now = monotonic()
         table = self.tp_to_table.get(tp)
         if tp in self.active_tps and table is not None:
             active, offsets = True, self.active_offsets
@@ -146,10 +157,10 @@ class BatchedRecovery(Recovery):
             self._standby_events_received_at[tp] = now
         else:
             log.warning("recovery unknown topic %s offset %s", tp, offset)
-            return
+            return None
         buf = self.buffers[table]
         if not recovery_takes(active, self.in_recovery, offset, offsets.get(tp)):
-            return
+            return None
         offsets[tp] = offset
         buf.append(event)
         await table.on_changelog_event(event)
@@ -159,9 +170,8 @@ class BatchedRecovery(Recovery):
             self._last_flush_at = now
         if active:
             self._sample_active(monotonic())
-        counted = getattr(self.app, "changelog_taken", None)
-        if counted is not None:
-            counted("restore" if active else "standby", 1)
+            return "restore"
+        return "standby"
 
     def _buffer_size(self, tp: TP, size: int) -> int:
         cached = self.buffer_sizes.get(tp)

@@ -39,12 +39,31 @@ gives them the event loop at every message, this one every 100 messages (Faust's
 milliseconds does anyway; a rebalance's callbacks (from the consumer thread, through
 the event loop) may so begin a few messages later.
 
+A changelog record takes a shorter way still (`ChangelogConductor`, `ChangelogHandler`).
+Faust's conductor hands a changelog record to the table manager's changelog queue by the
+same per-message coroutine as a timeline record: its lock, the flow control, the producer
+buffer's check, the schema's decode into an event, the queue. For a partition whose only
+channel is that queue's, with raw bytes keys and values (the decode returns the record's
+own key and value: `changelog_handler`), the loop first asks `ChangelogConductor.take_now`,
+which makes those checks without awaiting and, when none of them would wait, puts the
+event Faust would have built into the queue at once: the same event, the same queue, the
+same reference count, pressure callbacks that do what Faust's do, in the same order (they
+are the handler's own: while the queue is under pressure, Faust's monitor may count a
+partition's full buffer once for each). When one of them would
+wait (the lock held or awaited, the flow suspended, the producer buffer over its size, the
+queue full), nothing has been done yet and the message goes through Faust's handler, from
+its start, as before. A standby copy reads only such records (a py-spy profile of the
+joining worker of a 2-worker run: the conductor's coroutine and the decode about 22% of
+the event loop's busy samples).
+
 Private names used (listed in upstream.py; tests/stream/test_transport.py checks how
 they are used): `faust.App._new_transport`, `Consumer._new_consumer_thread`,
 `AIOKafkaConsumerThread._create_worker_consumer`, and aiokafka's
 `AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts; Faust's
 `Consumer._drain_messages` (overridden) and what it reads: `Consumer._read_offset`,
-`_commit_every`, `_n_acked`, `_add_gap` and mode's `Service._stopped`.
+`_commit_every`, `_n_acked`, `_add_gap` and mode's `Service._stopped`; Faust's
+`Conductor._build_handler` (extended), `_tp_to_callback`, `_tp_to_callback_lock`
+(read), asyncio's `Lock._waiters` and the producer buffer's `pending` queue (read).
 """
 
 from __future__ import annotations
@@ -57,6 +76,7 @@ from typing import Any, Final
 
 import aiokafka
 import faust
+from faust.transport import conductor as faust_conductor
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types.auth import CredentialsT
@@ -177,6 +197,7 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
         unset_flag = self.diag.unset_flag
         commit_every = self._commit_every
         acks_enabled_for = self.app.topics.acks_enabled_for
+        take_now = getattr(self.app.topics, "take_now", None)
 
         yield_every = 100
         num_since_yield = 0
@@ -209,10 +230,11 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
                         if commit_every is not None and self._n_acked >= commit_every:
                             self._n_acked = 0
                             await self.commit()
-                        step = callback(message)
-                        rest = deliver(step) if asyncio.iscoroutine(step) else step
-                        if rest is not None:
-                            await self.wait_first(rest, self.suspend_flow.wait())
+                        if take_now is None or not take_now(message):
+                            step = callback(message)
+                            rest = deliver(step) if asyncio.iscoroutine(step) else step
+                            if rest is not None:
+                                await self.wait_first(rest, self.suspend_flow.wait())
                         set_read_offset(tp, offset)
                     else:
                         # Faust's line named the record's key and value: raw input
@@ -221,10 +243,113 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
                 unset_flag(flag_consumer_fetching)
 
 
+class ChangelogHandler:
+    """Faust's handler of one changelog partition (`faust_handler`, awaited as before),
+    and `now`: the same hand-over done at once when nothing in it would wait."""
+
+    __slots__ = ("faust_handler", "now")
+
+    def __init__(self, faust_handler: Any, now: Any) -> None:
+        self.faust_handler = faust_handler
+        #: (message) -> bool: True if the message is in the queue (the module doc).
+        self.now = now
+
+    def __call__(self, message: Any) -> Any:
+        return self.faust_handler(message)
+
+
+def changelog_handler(app: Any, tp: Any, channels: Any, faust_handler: Any
+                      ) -> ChangelogHandler | None:
+    """A `ChangelogHandler` for `tp` if its only channel is the table manager's changelog
+    queue's and decodes raw bytes (key and value as the record has them), else None.
+
+    Faust's handler (`ConductorCompiler.build`, faust-streaming 0.15.3) for one channel,
+    when nothing waits: flow control acquired (not suspended), the producer buffer at or
+    below its size, the message's reference count up by one, the schema's decode
+    (`Schema.compile`: the raw codec and the `bytes` type give the record's own key and
+    value, a missing key or value None either way), `app.create_event` (its event class
+    read once), the queue not full, then
+    `put_nowait_enhanced` with its pressure callbacks (the sensor and the consumer's
+    buffer-full, buffer-drop of `tp`)."""
+    if len(channels) != 1:
+        return None
+    (chan,) = channels
+    tables = getattr(app, "tables", None)
+    if tables is None or chan.queue is not tables.changelog_queue:
+        return None
+    schema, serializers = chan.schema, app.serializers
+    if schema is None:
+        return None
+    key_codec = schema.key_serializer or serializers.key_serializer
+    value_codec = serializers._serializer(schema.value_type, schema.value_serializer,
+                                          serializers.value_serializer)
+    if (schema.key_type, schema.value_type, key_codec, value_codec) != (
+            bytes, bytes, "raw", "raw"):
+        return None
+    flow_active = app.flow_control.is_active
+    buffer = app.producer.buffer
+    threaded = bool(app.conf.producer_threaded)
+    queue = chan.queue
+    full = queue.full
+    put = queue.put_nowait_enhanced
+    # `App.create_event` is `conf.Event(app, key, value, headers, message)`; the setting
+    # is read once here (a settings lookup per record was a third of this hand-over)
+    make_event = app.conf.Event
+    on_topic_buffer_full = app.sensors.on_topic_buffer_full
+    consumer = app.consumer
+    consumer_on_buffer_full = consumer.on_buffer_full
+    consumer_on_buffer_drop = consumer.on_buffer_drop
+
+    def on_pressure_high() -> None:
+        on_topic_buffer_full(tp)
+        consumer_on_buffer_full(tp)
+
+    def on_pressure_drop() -> None:
+        consumer_on_buffer_drop(tp)
+
+    def buffered() -> int:  # ProducerBuffer.size, its setting read once
+        pending = buffer.queue if threaded else buffer.pending
+        return 0 if pending is None else pending.qsize()
+
+    def now(message: Any) -> bool:
+        if len(channels) != 1:  # a channel added since (Faust's handler reads the set)
+            return False
+        if not flow_active() or buffered() > buffer.max_messages or full():
+            return False
+        message.incref(1)
+        put(make_event(app, message.key, message.value, message.headers, message),
+            on_pressure_high=on_pressure_high, on_pressure_drop=on_pressure_drop)
+        return True
+
+    return ChangelogHandler(faust_handler, now)
+
+
+class ChangelogConductor(faust_conductor.Conductor):
+    """Faust's conductor whose changelog partitions' handlers can hand a record over at
+    once (`take_now`, the module doc)."""
+
+    def _build_handler(self, tp: Any, channels: Any) -> Any:
+        handler = super()._build_handler(tp, channels)
+        return changelog_handler(self.app, tp, channels, handler) or handler
+
+    def take_now(self, message: Any) -> bool:
+        """Hand `message` over now if its partition's handler is a `ChangelogHandler` and
+        nothing would wait (True), else leave it to Faust's `on_message` (False)."""
+        lock = self._tp_to_callback_lock
+        if lock.locked() or lock._waiters:  # on_message would wait for the lock
+            return False
+        handler = self._tp_to_callback.get(message.tp)
+        if type(handler) is not ChangelogHandler:
+            return False
+        return bool(handler.now(message))
+
+
 class QuickPollTransport(faust_aiokafka.Transport):
-    """Faust's aiokafka transport with `QuickPollConsumer` (what WorkerApp uses)."""
+    """Faust's aiokafka transport with `QuickPollConsumer` and `ChangelogConductor`
+    (what WorkerApp uses)."""
 
     Consumer = QuickPollConsumer
+    Conductor = ChangelogConductor
 
 
 def faust_credentials(settings: Settings) -> CredentialsT | None:
