@@ -53,10 +53,12 @@ import gc
 import pstats
 import random
 import sys
+import tempfile
 import time
 import tracemalloc
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from processor.core.grid import UNIT
 from processor.core.rng import NoiseKey
@@ -66,7 +68,7 @@ from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.operator import DEFAULT_CACHE_SIZE, IDLE_DECODED, Operator
 from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import Event, encode_batch, encode_marker
-from processor.stream.model.state import DictStore
+from processor.stream.model.state import DictStore, StateStore
 
 TICK = 1000
 #: Marker-only ticks after the sparse workload's last events (see the module docstring).
@@ -234,19 +236,63 @@ def memory(mech: str, ticks: int, counters: int, cache_size: int, idle_decoded: 
               f"{frame.filename.split('/processor/')[-1]}:{frame.lineno}")
 
 
-def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int) -> None:
+class _NoChangelog:
+    """The producer of a `table.PartitionStore` whose changelog records go nowhere."""
+
+    def produce(self, *_a: object, **_k: object) -> None:
+        return None
+
+    def produce_many(self, *_a: object, **_k: object) -> None:
+        return None
+
+
+class _OneStore:
+    """commit.Stores of one partition's store, durable once written."""
+
+    def __init__(self, store: StateStore) -> None:
+        self.store = store
+
+    def of(self, partition: int) -> StateStore:
+        return self.store
+
+    async def flush(self) -> None:
+        return None
+
+
+def rocks_store(path: str) -> StateStore:
+    """The worker's store of one partition (`table.PartitionStore`) on a RocksDB database
+    opened as Faust opens the worker's (`table.ROCKSDB_OPTIONS`: its 8 MiB block cache),
+    its changelog records dropped."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from faust.stores.rocksdb import RocksDBOptions
+
+    from processor.stream.worker.table import ROCKSDB_OPTIONS, PartitionStore
+
+    options: Any = ROCKSDB_OPTIONS
+    db = RocksDBOptions(**options).open(Path(path))
+    table: Any = SimpleNamespace(data=SimpleNamespace(_db_for_partition=lambda _p: db))
+    producer: Any = _NoChangelog()
+    return PartitionStore(table, 0, producer, "changelog")
+
+
+def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int,
+             rocksdb: str | None = None) -> None:
     """Print the CPU of `counters` idle counters per tick of 1 s (= CPU-s per second of a
     worker's operator), the README's heartbeats (every 60 ticks, spread) and a checkpoint
     that is not full every 6 ticks, on a store that copies bytes as RocksDB does: markers
     through `warm` ticks first (creating the counters, and writing each once at the
     deferral bound), then `ticks` more, timed. Releases go to a sink that encodes them as
-    the worker's does and keeps nothing (no broker: their sending is not included)."""
+    the worker's does and keeps nothing (no broker: their sending is not included).
+    `rocksdb`: a directory for the store, the worker's (`rocks_store`), instead."""
     start = 1_767_225_600
     names = {f"counter-{c:07d}": start * TICK for c in range(counters)}
     s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
                        epsilon=1.0, delta=1e-6, heartbeat_ticks=60, heartbeat_spread=True)
+    store = CopyingStore() if rocksdb is None else _OneStore(rocks_store(rocksdb))
     bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), idle_decoded=idle_decoded),
-                     CopyingStore(), _Encoding())
+                     store, _Encoding())
 
     async def run(first: int, last: int) -> None:
         for i in range(first, last):
@@ -260,7 +306,8 @@ def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int)
     asyncio.run(run(warm + 1, warm + 1 + ticks))
     cpu = time.process_time() - c1
     beats = counters * ticks / 60
-    print(f"idle {mech} ({counters} ctrs, idle_decoded {idle_decoded}): warm-up "
+    where = "" if rocksdb is None else ", RocksDB"
+    print(f"idle {mech} ({counters} ctrs, idle_decoded {idle_decoded}{where}): warm-up "
           f"{c1 - c0:.1f} CPU-s, then {cpu / ticks:.4f} CPU-s per tick of 1 s over {ticks} "
           f"ticks ({cpu / beats * 1e6:.1f} us per heartbeat)", flush=True)
 
@@ -318,6 +365,9 @@ def main() -> None:
     ap.add_argument("--idle-cpu", type=int, nargs=2, metavar=("WARM", "TICKS"),
                     help="measure instead the CPU per tick of idle counters after WARM "
                     "ticks, over TICKS ticks (see idle_cpu)")
+    ap.add_argument("--rocksdb", metavar="DIR",
+                    help="--idle-cpu: the worker's store (a RocksDB database as the worker "
+                    "opens it, in a new directory under DIR) instead of one in memory")
     ap.add_argument("--checkpoint-ticks", type=int, default=1,
                     help="a checkpoint every this many ticks' batches (default 1: one per "
                     "batch; a worker checkpoints every checkpoint interval, 0.5 s or more: "
@@ -348,6 +398,11 @@ def main() -> None:
             memory(mech, args.ticks, args.counters, args.cache_size, args.idle_decoded, 15)
             continue
         if args.idle_cpu:
+            if args.rocksdb is not None:
+                with tempfile.TemporaryDirectory(dir=args.rocksdb) as d:
+                    idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters,
+                             args.idle_decoded, d)
+                continue
             idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters, args.idle_decoded)
             continue
         if args.restart:

@@ -53,7 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -272,6 +272,10 @@ class RocksStore:
     def get(self, key: str) -> bytes | None:
         value = self._db.get(key.encode("utf-8"))
         return None if value is None else bytes(value)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        got: Any = self._db.get([k.encode("utf-8") for k in keys]) if keys else []
+        return [None if v is None else bytes(v) for v in got]
 
     def set(self, key: str, value: bytes) -> None:
         self.write_many([(key, value)])

@@ -255,6 +255,8 @@ def test_wrong_write_order_is_caught() -> None:
         def get(self, key: str) -> bytes | None:
             return self.store.get(key)
 
+        get_many = DictStore.get_many  # its get, key by key
+
         def scan(self, prefix: str) -> Any:
             return self.store.scan(prefix)
 

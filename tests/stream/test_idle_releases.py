@@ -349,3 +349,60 @@ def test_a_restore_reads_the_bytes_its_wheel_scan_read(mechanism: str, calibrati
 
     with mock.patch.object(Operator, "_wheel", shifted):
         assert _restarted_digest(mechanism, calibration, crash) != got
+
+
+def _bound_run(mechanism: str) -> tuple[str, int]:
+    """60 counters, 6 with input, every idle counter released, periodic checkpoints that
+    are not full, a full one at the end, on a store that copies its bytes as RocksDB
+    does: the digest of what was published and stored, and how many stored values the
+    markers read in batches (`PartitionTransaction.stored_many`, two keys or more)."""
+    from processor.devtools.inmemory import CopyingStore
+    from processor.stream.model.transaction import PartitionTransaction
+
+    names = [f"k{i:02d}" for i in range(60)]
+    s = settings(dict.fromkeys(names, 100 * 1000), mechanism=mechanism, epsilon=1.0,
+                 heartbeat_ticks=7, heartbeat_spread=True)
+    rng = random.Random(17)
+    records = to_records(random_timeline(rng, names[:6], 100, 300, 0.05), 4)
+    store = CopyingStore()
+    pub = CollectingSink()
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    read: list[int] = []
+    real = PartitionTransaction.stored_many
+
+    def counted(txn: PartitionTransaction, slot: Any, idents: Any) -> list[bytes | None]:
+        read.append(len(idents))
+        return real(txn, slot, idents)
+
+    schedule = random.Random(5)
+    with mock.patch.object(PartitionTransaction, "stored_many", counted):
+        for batch in batches_of(records, rng):
+            asyncio.run(bc.apply(0, batch))
+            if schedule.random() < 0.3:
+                asyncio.run(bc.checkpoint(full=False))
+        asyncio.run(bc.checkpoint())
+    return _published_digest(pub, store), sum(n for n in read if n >= 2)
+
+
+@pytest.mark.parametrize("mechanism", ["ecc", "simecc"])
+def test_values_read_in_batches_publish_and_store_the_same_bytes(mechanism: str) -> None:
+    """The values a marker writes at the deferral bound read at once before it seals them
+    (`Operator._read_bound_writes`) or one by one (that method left out): the same
+    releases, ledger and stored bytes. Control: a batch read whose answers are shifted by
+    one key (each counter advanced from its neighbour's bytes) changes them."""
+    got, batched = _bound_run(mechanism)
+    assert batched > 100
+    with mock.patch.object(Operator, "_read_bound_writes", lambda *a: None):
+        one_by_one, none = _bound_run(mechanism)
+    assert none == 0 and one_by_one == got
+    from processor.stream.model.transaction import PartitionTransaction
+
+    real = PartitionTransaction.stored_many
+
+    def shifted(txn: PartitionTransaction, slot: Any, idents: Any) -> list[bytes | None]:
+        values = real(txn, slot, idents)
+        return values[1:] + values[:1]
+
+    with mock.patch.object(PartitionTransaction, "stored_many", shifted):
+        shifted_digest, _ = _bound_run(mechanism)
+    assert shifted_digest != got

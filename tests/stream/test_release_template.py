@@ -232,3 +232,45 @@ def test_kafka_sink_publishes_encoded_releases_as_their_releases(
     assert sorted(got, key=repr) == want
     # Every record twice: its Release's and its template's, byte for byte.
     assert all(want[i] == want[i + 1] for i in range(0, len(want), 2))
+
+
+class _ByEquality(ReleaseTemplate):
+    """Control: the bytes after the counter kept per equal value (0.0 == -0.0 == 0), not
+    per value object as `ReleaseTemplate.release` keeps them."""
+
+    __slots__ = ("_by_value",)
+
+    def __init__(self, **fields: Any) -> None:
+        super().__init__(**fields)
+        self._by_value: dict[float, bytes] = {}
+
+    def release(self, counter: str, value: float) -> EncodedRelease:
+        rest = self._by_value.get(value)
+        if rest is None:
+            rest = self._by_value[value] = b"".join(
+                (self._middle, orjson.dumps(value), self._tail))
+        return EncodedRelease(counter, self, b"".join(
+            (self._head, orjson.dumps(counter), rest)))
+
+
+def test_a_repeated_value_object_and_its_equals_encode_as_their_releases() -> None:
+    """A template keeps the bytes after the counter for the last value object it was
+    given (a marker's idle counters share one zero): the same object again, and values
+    equal to it but written otherwise (-0.0, an int 0, 1 against 1.0), each publish what
+    their Release does; `stamped` is what the sink sends of each. Control: kept per
+    equal value, the -0.0 and the ints are caught."""
+    zero, one = 0.0, 1.0
+    values: list[Any] = [zero, zero, -0.0, 0, zero, one, 1, one, float("inf"), zero]
+    rng = random.Random(9)
+    rows = [(_name(rng), v) for v in values]
+    cases = [(_fields(rng), rows) for _ in range(20)]
+    assert _disagreements(ReleaseTemplate, cases) == 0
+    for fields, rows_ in cases:
+        template = ReleaseTemplate(**fields)
+        for counter, value in rows_:
+            got = template.release(counter, value)
+            want = Release(counter=counter, value=value, **fields)
+            assert got.stamped() == want.stamped() == (
+                want.key(), want.to_json(), want.timestamp_ms(), want.headers())
+    # -0.0 after 0.0, 0 after -0.0 (equal: the control's dict holds 0.0's), 1 after 1.0
+    assert _disagreements(_ByEquality, cases) == 3 * 20

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 from processor.stream.model.restore import ChangelogTracker
 
@@ -94,7 +95,6 @@ def test_a_gap_rewrites_every_stored_kind_of_the_stage() -> None:
     nothing else of the database (Faust's own offset key). Control: the operator's
     prefixes leave the unit values out."""
     import asyncio
-    from typing import Any
 
     from processor.stream.worker.table import WorkerStores
 
@@ -169,7 +169,6 @@ def test_the_table_apply_writes_the_merge_and_the_offsets(tmp_path: Path) -> Non
     and a record without a key moves the offset only. Control: the newer value of the
     same key in the other partition is untouched by the first's stale record."""
     from types import SimpleNamespace
-    from typing import Any
 
     from faust.types import TP
     from rocksdict import Options, Rdict
@@ -200,3 +199,67 @@ def test_the_table_apply_writes_the_merge_and_the_offsets(tmp_path: Path) -> Non
     assert persisted == {TP("cl", 0): 103, TP("cl", 1): 51}
     for db in dbs.values():
         db.close()
+
+
+def _get_many_agrees(store: Any) -> int:
+    """How many of a fixed set of multi-key reads `store.get_many` answers otherwise than
+    `get` key by key (values and their order, missing keys as None, every value bytes):
+    the store contract of `StateStore.get_many`. The store holds c/k000..c/k099, written
+    with `write_many`, each a value of its own length."""
+    import random
+
+    store.write_many([(f"c/k{i:03d}", bytes([i]) * (i + 1)) for i in range(100)])
+    rng = random.Random(4)
+    keys = [f"c/k{i:03d}" for i in range(130)]  # 100..129 missing
+    reads = [[], ["c/k005"], ["c/k120"], sorted(keys), keys[::-1],
+             ["c/k007", "c/k007", "c/k120", "c/k007"]]
+    reads += [rng.sample(keys, rng.randint(2, 60)) for _ in range(20)]
+    bad = 0
+    for read in reads:
+        got = store.get_many(read)
+        want = [store.get(k) for k in read]
+        if got != want or not all(v is None or type(v) is bytes for v in got):
+            bad += 1
+    return bad
+
+
+class _SortedAnswers:
+    """Control: a store whose batch read answers in key order, not in the order asked."""
+
+    def __init__(self) -> None:
+        from processor.stream.model.state import DictStore
+
+        self.inner = DictStore()
+        self.get, self.write_many = self.inner.get, self.inner.write_many
+
+    def get_many(self, keys: Any) -> list[bytes | None]:
+        return [self.inner.get(k) for k in sorted(keys)]
+
+
+def test_the_batch_read_is_get_key_by_key_on_every_store(tmp_path: Path) -> None:
+    """`StateStore.get_many` (the operator's reads of the values a marker writes at the
+    deferral bound) on each store: a DictStore, a CopyingStore, and the worker's
+    `table.PartitionStore` on a RocksDB database opened as Faust opens the worker's
+    (`table.ROCKSDB_OPTIONS`), its changelog records kept aside. Control: a store that
+    answers a batch in key order fails the same check on every unsorted read."""
+    from types import SimpleNamespace
+
+    from faust.stores.rocksdb import RocksDBOptions
+
+    from processor.devtools.inmemory import CopyingStore
+    from processor.stream.model.state import DictStore
+    from processor.stream.worker.table import ROCKSDB_OPTIONS, PartitionStore
+
+    options: Any = ROCKSDB_OPTIONS
+    db = RocksDBOptions(**options).open(tmp_path / "db")
+    changelog: list[tuple[Any, ...]] = []
+    table: Any = SimpleNamespace(data=SimpleNamespace(_db_for_partition=lambda _p: db))
+    producer: Any = SimpleNamespace(produce_many=lambda *a: changelog.append(a))
+    try:
+        for store in (DictStore(), CopyingStore(), PartitionStore(table, 0, producer, "cl")):
+            assert _get_many_agrees(store) == 0
+        assert len(changelog) == 1 and len(changelog[0][1]) == 100  # the one write_many
+    finally:
+        db.close()
+    # the control: every read but the empty one, the two of one key and the sorted one
+    assert _get_many_agrees(_SortedAnswers()) == 26 - 4

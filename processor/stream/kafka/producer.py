@@ -252,8 +252,7 @@ class KafkaSink:
             stamped(self._ledger, ((e.key(), e.to_json(), e.timestamp_ms(), e.headers())
                                    for e in out.ledger))
         if out.releases:
-            stamped(self._counts, ((r.key(), r.to_json(), r.timestamp_ms(), r.headers())
-                                   for r in out.releases))
+            stamped(self._counts, (r.stamped() for r in out.releases))
         produce = self._producer.produce
         for tp, data in out.timeline:
             produce(self._timeline, data, partition=tp)

@@ -158,6 +158,11 @@ IDLE_DECODED: Final = 1 << 14
 #: from the store).
 SCANNED_BYTES: Final = 1 << 25
 
+#: The stored values of idle counters a marker writes at the deferral bound that it reads
+#: at once before it seals them (`_read_bound_writes`: one multi-get in key order, about
+#: 1 KB each, at most some 32 MiB); beyond it the rest are read one at a time.
+BOUND_READS: Final = 1 << 15
+
 #: The heartbeat templates an `IdleShape` keeps (one per local tick its counters beat at;
 #: with heartbeats spread, up to heartbeat_ticks of them are in use).
 HEARTBEAT_TEMPLATES: Final = 4096
@@ -380,7 +385,9 @@ class Operator:
         # the stored counters when a partition is first touched after `forget`).
         self._wheels: dict[int, DueWheel] = {}
         # The stored bytes the scan that built a due wheel read of the counters the
-        # marker that built it takes (`_wheel`, `_stored_raw`): for that marker only.
+        # marker that built it takes (`_wheel`, `_stored_raw`), and those the marker
+        # writes at the deferral bound, read at once (`_read_bound_writes`): for that
+        # marker only.
         self._scanned: dict[str, bytes] = {}
         # error_bound(beta) is a function of the mechanism's parameters and t only (the
         # Counter contract: public quantities), so a sweep over many counters at one tick
@@ -411,6 +418,8 @@ class Operator:
         self._views: dict[type[Counter], None] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
+        # `heartbeat_floor`'s catch-up span (`_beat_idle` inlines it).
+        self._catchup_ticks = max(settings.heartbeat_ticks, CATCHUP_HEARTBEAT_TICKS)
 
     # -- public entry points
 
@@ -800,9 +809,10 @@ class Operator:
             out.sealed_through = max(n, out.sealed_through or n)
             return
         wheel = self._wheel(txn, partition, n)
-        names = wheel.take_through(n)
+        names = sorted(wheel.take_through(n))
+        self._read_bound_writes(txn, partition, names, n)
         touched = 0
-        for name in sorted(names):  # name order: never the order events arrived in
+        for name in names:  # name order: never the order events arrived in
             entry = self._idle_entry(txn, partition, name)
             if entry is not None and self._beat_idle(
                     txn, partition, name, entry, n, offset, ps.frontier, out, wheel):
@@ -1087,6 +1097,35 @@ class Operator:
         raw = self._scanned.get(name)
         return txn.stored(self._counters, name) if raw is None else raw
 
+    def _read_bound_writes(self, txn: PartitionTransaction, partition: int,
+                           names: list[str], n: int) -> None:
+        """Read at once, in key order (`txn.stored_many`: one multi-get), the stored
+        values of the counters among `names` (in name order) that the marker through n
+        would write at the deferral bound from their idle entries (`_beat_idle`), into
+        the marker's `_scanned` (`_stored_raw`), up to BOUND_READS of them. Only reads:
+        a counter `_beat_idle` then declines is decoded as it would have been, and its
+        bytes are the store's for the whole marker (a marker writes nothing to the
+        store; a staged value is never read here)."""
+        deferred = self._deferred.get(partition)
+        if not deferred:
+            return
+        bound = n - self._defer_ticks
+        scanned = self._scanned
+        slot = self._counters
+        want: list[str] = []
+        for name in names:
+            entry = deferred.get(name)
+            if (entry is not None and len(entry) > 3 and entry[0] < bound
+                    and name not in scanned and not txn.is_staged(slot, name)):
+                want.append(name)
+                if len(want) >= BOUND_READS:
+                    break
+        if len(want) < 2:
+            return  # one read is one read
+        for name, raw in zip(want, txn.stored_many(slot, want), strict=True):
+            if raw is not None:
+                scanned[name] = raw
+
     def _shape(self, key: tuple[object, ...], rep: Callable[[], Counter]) -> int:
         """The index of the `IdleShape` of `key` (mechanism, eps, delta, bound key, start
         tick, ledger fingerprint, waiting), made with the mechanism `rep()` if new."""
@@ -1131,24 +1170,36 @@ class Operator:
                 or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks
-        phase = self._phase(name)
-        # `_seal`'s heartbeats, tick for tick: the floor, then every heartbeat through n.
-        floor = heartbeat_floor(n, start, h, frontier)
+        phase = self._phases.get(name)
+        if phase is None:
+            phase = self._phase(name)
+        # `_seal`'s heartbeats, tick for tick: the floor (`heartbeat_floor`, inlined as
+        # the rest of this loop's arithmetic: a marker runs it for every idle counter it
+        # takes), then every heartbeat through n (`next_heartbeat`).
+        floor = n - start + 1 - self._catchup_ticks
+        if frontier - start + 1 > floor:
+            floor = frontier - start + 1
         if nh <= floor:
-            nh = next_heartbeat(floor, phase, h)
+            nh = floor + h - (floor + phase) % h
         beats: list[int] = []
+        fingerprint = shape.ledger_fingerprint
         fingerprint_at = self.provenance.fingerprint_at
-        while start + nh - 1 <= n:
-            if fingerprint_at(name, nh) != shape.ledger_fingerprint:
+        last_local = n - start + 1
+        while nh <= last_local:
+            if fingerprint_at(name, nh) != fingerprint:
                 return False  # a "reconfigured" entry first: `_release`
             beats.append(nh)
-            nh = next_heartbeat(nh, phase, h)
-        due = self._idle_due(start, nh, mdue, n)
+            nh += h - (nh + phase) % h
+        # `_idle_due`
+        due = start + nh - 1
+        if mdue is not None and mdue < due and due > n + 1:
+            due = mdue
         rep = shape.rep
         written = None
         if n - since > self._defer_ticks:
             # Beyond the deferral bound the sealed value is written (`_keep`): computed
-            # on the stored bytes where the mechanism can (`Counter.advance_state`).
+            # on the stored bytes where the mechanism can (`Counter.advance_state`), read
+            # with the marker's others (`_read_bound_writes`).
             raw = self._stored_raw(txn, name)
             written = None if raw is None else advance_counter_value(
                 raw, self._advancer(rep), n, nh, offset, due)
@@ -1160,17 +1211,21 @@ class Operator:
         # Every field of these heartbeats but counter and value is the shape's at t (the
         # fingerprint is the shape's: checked above): encoded from its template.
         templates = shape.templates
+        append = out.releases.append
         for t in beats:
             template = templates.get(t)
             if template is None:
                 template = self._heartbeat_template(shape, t)
-            out.releases.append(template.release(name, y))
+            append(template.release(name, y))
         wheel.file(name, due)
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
             since = self._shared(due)
+        ints = self._ints
+        shared_nh = ints.get(nh)
         self._deferred.setdefault(partition, {})[name] = (
-            since, n, offset, self._shared(nh), y, mdue, index)
+            since, n, offset, self._shared(nh) if shared_nh is None else shared_nh, y,
+            mdue, index)
         return True
 
     @staticmethod

@@ -194,6 +194,10 @@ class Release:
         private events in it (docs/operator-channels.md, the residual timing channel)."""
         return self.tick_start_ms + self.tick_ms
 
+    def stamped(self) -> tuple[bytes, bytes, int, Headers]:
+        """(key, value, timestamp, headers) as the sink produces it."""
+        return self.key(), self.to_json(), self.timestamp_ms(), self.headers()
+
 
 class ReleaseTemplate:
     """The JSON of the releases that differ only in counter and value: `Release.to_json`
@@ -205,7 +209,8 @@ class ReleaseTemplate:
     writes a heartbeat per idle counter this way (`Operator._beat_idle`), without a Release
     object and its encoding per record (docs/state.md, idle counters)."""
 
-    __slots__ = ("_head", "_middle", "_tail", "headers", "kind", "tick", "timestamp")
+    __slots__ = ("_head", "_middle", "_rest", "_tail", "_value", "headers", "kind", "tick",
+                 "timestamp")
 
     def __init__(self, **fields: Any) -> None:
         """`fields`: every field of a Release but counter and value (schema_version may be
@@ -218,6 +223,10 @@ class ReleaseTemplate:
         head, rest = raw.split(counter)
         middle, tail = rest.split(value)
         self._head, self._middle, self._tail = head, middle, tail
+        # The bytes after the counter for the last value object given (`release`): the
+        # same object, the same bytes (a marker's idle counters share one zero).
+        self._value: object = _VALUE_SLOT
+        self._rest = b""
         self.tick: int = probe.tick
         self.kind: Literal["change", "heartbeat"] = probe.kind
         self.timestamp: int = probe.timestamp_ms()
@@ -225,8 +234,10 @@ class ReleaseTemplate:
 
     def release(self, counter: str, value: float) -> EncodedRelease:
         """The release of `counter` with `value` and this template's other fields."""
-        return EncodedRelease(counter, self, b"".join((
-            self._head, _dumps(counter), self._middle, _dumps(value), self._tail)))
+        if value is not self._value:
+            self._rest = b"".join((self._middle, _dumps(value), self._tail))
+            self._value = value
+        return EncodedRelease(counter, self, b"".join((self._head, _dumps(counter), self._rest)))
 
 
 #: The placeholders of a template's counter and value: no other field of a release holds
@@ -268,6 +279,12 @@ class EncodedRelease:
 
     def timestamp_ms(self) -> int:
         return self._template.timestamp
+
+    def stamped(self) -> tuple[bytes, bytes, int, Headers]:
+        """(key, value, timestamp, headers) as the sink produces it: the headers are the
+        template's own list, shared by its records (the producer only reads them)."""
+        t = self._template
+        return self.counter.encode("utf-8"), self._json, t.timestamp, t.headers
 
     def decoded(self) -> Release:
         return Release(**orjson.loads(self._json))

@@ -50,7 +50,7 @@ import heapq
 import struct
 import sys
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Final, NamedTuple, Protocol
 
 import orjson
@@ -488,6 +488,12 @@ class StateStore(Protocol):
 
     def get(self, key: str) -> bytes | None: ...
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """`get` of each key, in the order given, at once where the store can (one
+        RocksDB multi-get: the values a marker writes at the deferral bound, read in key
+        order)."""
+        ...
+
     def set(self, key: str, value: bytes) -> None: ...
 
     def delete(self, key: str) -> None: ...
@@ -513,6 +519,10 @@ class DictStore:
 
     def get(self, key: str) -> bytes | None:
         return self.data.get(key)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        get = self.get  # a subclass's get (CopyingStore's copies)
+        return [get(k) for k in keys]
 
     def set(self, key: str, value: bytes) -> None:
         self.data[key] = value

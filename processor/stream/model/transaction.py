@@ -238,6 +238,13 @@ class PartitionTransaction:
         raw = self._store.get(slot.key(ident))
         return None if raw is None else bytes(raw)
 
+    def stored_many(self, slot: Slot[Id, V], idents: Sequence[Id]) -> list[bytes | None]:
+        """`stored` of each of `idents`, in their order, read at once (`StateStore.get_many`)."""
+        if self._status is not Status.STARTED:
+            self._refuse("stored")
+        got = self._store.get_many([slot.key(i) for i in idents])
+        return [None if raw is None else bytes(raw) for raw in got]
+
     def stage_encoded(self, slot: Slot[Id, V], ident: Id, raw: bytes) -> None:
         """Stage `raw`, the encoded new value of `ident` in `slot`, as a released value
         is (`release`): the plan writes these bytes, a load decodes them, and any decoded

@@ -133,6 +133,14 @@ class PartitionStore:
         value = self.db().get(key.encode("utf-8"))
         return None if value is None else bytes(value)
 
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """One rocksdict multi-get (RocksDB's MultiGet: one call into the database for
+        every key, instead of one Python call and lookup each)."""
+        if not keys:
+            return []
+        got = self.db().get([k.encode("utf-8") for k in keys])
+        return [None if v is None else bytes(v) for v in got]
+
     def set(self, key: str, value: bytes) -> None:
         raw = key.encode("utf-8")
         self.db().put(raw, value)
