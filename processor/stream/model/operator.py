@@ -418,8 +418,6 @@ class Operator:
         self._views: dict[type[Counter], None] = {}
         self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
                                 CATCHUP_HEARTBEAT_TICKS)
-        # `heartbeat_floor`'s catch-up span (`_beat_idle` inlines it).
-        self._catchup_ticks = max(settings.heartbeat_ticks, CATCHUP_HEARTBEAT_TICKS)
 
     # -- public entry points
 
@@ -1170,30 +1168,19 @@ class Operator:
                 or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks
-        phase = self._phases.get(name)
-        if phase is None:
-            phase = self._phase(name)
-        # `_seal`'s heartbeats, tick for tick: the floor (`heartbeat_floor`, inlined as
-        # the rest of this loop's arithmetic: a marker runs it for every idle counter it
-        # takes), then every heartbeat through n (`next_heartbeat`).
-        floor = n - start + 1 - self._catchup_ticks
-        if frontier - start + 1 > floor:
-            floor = frontier - start + 1
+        phase = self._phase(name)
+        # `_seal`'s heartbeats, tick for tick: the floor, then every heartbeat through n.
+        floor = heartbeat_floor(n, start, h, frontier)
         if nh <= floor:
-            nh = floor + h - (floor + phase) % h
+            nh = next_heartbeat(floor, phase, h)
         beats: list[int] = []
-        fingerprint = shape.ledger_fingerprint
         fingerprint_at = self.provenance.fingerprint_at
-        last_local = n - start + 1
-        while nh <= last_local:
-            if fingerprint_at(name, nh) != fingerprint:
+        while start + nh - 1 <= n:
+            if fingerprint_at(name, nh) != shape.ledger_fingerprint:
                 return False  # a "reconfigured" entry first: `_release`
             beats.append(nh)
-            nh += h - (nh + phase) % h
-        # `_idle_due`
-        due = start + nh - 1
-        if mdue is not None and mdue < due and due > n + 1:
-            due = mdue
+            nh = next_heartbeat(nh, phase, h)
+        due = self._idle_due(start, nh, mdue, n)
         rep = shape.rep
         written = None
         if n - since > self._defer_ticks:
@@ -1211,21 +1198,17 @@ class Operator:
         # Every field of these heartbeats but counter and value is the shape's at t (the
         # fingerprint is the shape's: checked above): encoded from its template.
         templates = shape.templates
-        append = out.releases.append
         for t in beats:
             template = templates.get(t)
             if template is None:
                 template = self._heartbeat_template(shape, t)
-            append(template.release(name, y))
+            out.releases.append(template.release(name, y))
         wheel.file(name, due)
         if written is not None:
             txn.stage_encoded(self._counters, name, written)
             since = self._shared(due)
-        ints = self._ints
-        shared_nh = ints.get(nh)
         self._deferred.setdefault(partition, {})[name] = (
-            since, n, offset, self._shared(nh) if shared_nh is None else shared_nh, y,
-            mdue, index)
+            since, n, offset, self._shared(nh), y, mdue, index)
         return True
 
     @staticmethod
