@@ -208,17 +208,14 @@ class IdleShape:
     `error_bound_at(t)` gives every such counter's bound at t (a function of the
     parameters and t only: the Counter contract). `checked`: the provenance's parameter
     check passed for these parameters (it decides by the parameters alone; the name only
-    goes into its error). `waiting`: keys of an open family not admitted yet, which
-    publish nothing (`_waiting`). `templates`: the heartbeats' `ReleaseTemplate` at each
+    goes into its error). `templates`: the heartbeats' `ReleaseTemplate` at each
     local tick (`Operator._heartbeat_template`)."""
 
     __slots__ = ("bound_key", "checked", "ledger_fingerprint", "rep", "start_tick",
-                 "templates", "waiting")
+                 "templates")
 
-    def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str,
-                 waiting: bool) -> None:
+    def __init__(self, rep: Counter, start_tick: int, ledger_fingerprint: str) -> None:
         self.rep = rep
-        self.waiting = waiting
         self.bound_key = rep.bound_key()
         self.start_tick = start_tick
         self.ledger_fingerprint = ledger_fingerprint
@@ -1014,11 +1011,10 @@ class Operator:
         """Give the deferred entry of `cs`, just released as idle, what its heartbeats
         need without decoding it (`IdleEntry`; `_beat_idle`): an announced counter with
         nothing queued or pending, whose mechanism's bound is a function of its
-        parameters and the tick (`error_bound_at`). Not a key waiting for admission: it
-        publishes no heartbeat, and a marker that reaches it decodes it (`_beat_idle`
-        declines every waiting key), so an entry would only hold memory."""
+        parameters and the tick (`error_bound_at`). Not a key waiting for admission
+        (never announced): it publishes no heartbeat, and a marker that reaches it
+        decodes it, so an entry would only hold memory."""
         c = cs.mechanism
-        waiting = False
         if (not cs.announced or cs.queue or cs.pending
                 or type(c).error_bound_at is Counter.error_bound_at):
             return
@@ -1031,7 +1027,7 @@ class Operator:
             return
         # A copy: the counter itself may be loaded and changed again.
         shape = self._shape((c.mechanism, c.eps, c.delta, c.bound_key(), cs.start_tick,
-                             cs.ledger_fingerprint, waiting),
+                             cs.ledger_fingerprint),
                             lambda: type(c).from_bytes(c.to_bytes(), self.key))
         nd = self._next_due(cs)
         y = c.y
@@ -1063,7 +1059,6 @@ class Operator:
         if q is None or q.filed_due is None or q.key_id != self.key_id:
             return None
         # Not a key waiting for admission (`_remember_idle`): its entry would not be used.
-        waiting = False
         if not q.announced:
             return None
         for cls in self._views:
@@ -1078,7 +1073,7 @@ class Operator:
             return None
         try:
             shape = self._shape((view.mechanism, view.eps, view.delta, view.bound_key,
-                                 q.start_tick, q.ledger_fingerprint, waiting),
+                                 q.start_tick, q.ledger_fingerprint),
                                 lambda: self.factory.restore(q.mechanism, self.key))
         except StateFormatError:
             return None
@@ -1126,12 +1121,12 @@ class Operator:
 
     def _shape(self, key: tuple[object, ...], rep: Callable[[], Counter]) -> int:
         """The index of the `IdleShape` of `key` (mechanism, eps, delta, bound key, start
-        tick, ledger fingerprint, waiting), made with the mechanism `rep()` if new."""
+        tick, ledger fingerprint), made with the mechanism `rep()` if new."""
         shape = self._shapes.get(key)
         if shape is None:
-            start, fingerprint, waiting = key[4], key[5], key[6]
+            start, fingerprint = key[4], key[5]
             assert isinstance(start, int) and isinstance(fingerprint, str)
-            made = IdleShape(rep(), start, fingerprint, bool(waiting))
+            made = IdleShape(rep(), start, fingerprint)
             shape = self._shapes[key] = len(self._shape_list)
             self._shape_list.append(made)
         return shape
@@ -1158,12 +1153,9 @@ class Operator:
         since, through, last, nh, y, mdue, index = entry
         shape = self._shape_list[index]
         start = shape.start_tick
-        # A waiting key: filed at its mechanism's due tick (decoded there: `due_tick`),
-        # or nowhere, so a marker reaches it from an idle entry only where its value was
-        # filed at its heartbeat tick by the code before waiting keys never due without
-        # input were filed nowhere: decoded, it is unfiled (`_not_due`). What follows is
-        # for announced counters only.
-        if (shape.waiting or last >= offset or through >= n or start + nh - 1 > n
+        # Entries are made for announced counters only (`_remember_idle`,
+        # `_stored_idle`): a key waiting for admission is decoded by its marker.
+        if (last >= offset or through >= n or start + nh - 1 > n
                 or (mdue is not None and mdue <= n)
                 or txn.is_staged(self._counters, name)):
             return False
@@ -1214,8 +1206,7 @@ class Operator:
     @staticmethod
     def _idle_due(start: int, nh: int, mdue: int | None, n: int) -> int:
         """`due_tick` of an idle counter sealed through n with next heartbeat `nh` (a
-        local tick): that heartbeat, or its mechanism's due tick `mdue` if earlier (a
-        waiting key's mechanism is never due where an idle entry is used: `_beat_idle`)."""
+        local tick): that heartbeat, or its mechanism's due tick `mdue` if earlier."""
         due = start + nh - 1
         if due > n + 1 and mdue is not None:
             due = min(due, mdue)
@@ -1232,11 +1223,6 @@ class Operator:
         `state.supersedes`): nothing to stage."""
         _since, through, last, nh, _y, mdue, index = entry
         if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
-            return False
-        if self._shape_list[index].waiting and mdue is not None:
-            # A key not admitted is filed at its mechanism's next_due (`due_tick`), which
-            # `_idle_due` does not give: decoded, so that one rule files it. Without one,
-            # both file it at its next heartbeat, as `_beat_idle` does.
             return False
         raw = txn.stored(self._counters, name)
         held = stored_offset(raw)
