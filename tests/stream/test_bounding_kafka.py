@@ -229,6 +229,9 @@ def test_bounds_hold_across_a_rebalance_of_the_unit_stage(
     second = live.add_worker("w2")
     live.worker.start()
     _waves(live, 11, waves=4, per_wave=40, pause_s=0.5)
+    # Worker 1 running (it published) before the group changes: a worker stopped while
+    # still starting on a loaded machine exits 143 before its own shutdown runs.
+    live.wait_releases(lambda rs: len(rs) > 0, timeout_s=120)
     second.start()
     _waves(live, 12, waves=6, per_wave=40, pause_s=0.7)
     assert live.worker.stop() == 0
