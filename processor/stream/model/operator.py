@@ -1001,11 +1001,17 @@ class Operator:
             deferred = self._deferred[partition] = {}
         got = deferred.get(name)
         since = filed if got is None else got[0]
-        if since is None or n - since > self._defer_ticks:
+        if since is None or self._past_defer_bound(since, n):
             return False
         # `n` itself where it is the frontier: one int for every counter it sealed.
         deferred[name] = (since, n if cs.frontier == n else cs.frontier, cs.last_offset)
         return True
+
+    def _past_defer_bound(self, since: int, n: int) -> bool:
+        """Whether ⊥-only progress through n of a value stored at tick `since` is beyond
+        the deferral bound: then it is written, not deferred (`_defer`, `_beat_idle`,
+        `_read_bound_writes` all ask this)."""
+        return n - since > self._defer_ticks
 
     def _remember_idle(self, partition: int, name: str, cs: CounterState) -> None:
         """Give the deferred entry of `cs`, just released as idle, what its heartbeats
@@ -1102,13 +1108,13 @@ class Operator:
         deferred = self._deferred.get(partition)
         if not deferred:
             return
-        bound = n - self._defer_ticks
+        past = self._past_defer_bound
         scanned = self._scanned
         slot = self._counters
         want: list[str] = []
         for name in names:
             entry = deferred.get(name)
-            if (entry is not None and len(entry) > 3 and entry[0] < bound
+            if (entry is not None and len(entry) > 3 and past(entry[0], n)
                     and name not in scanned and not txn.is_staged(slot, name)):
                 want.append(name)
                 if len(want) >= BOUND_READS:
@@ -1175,7 +1181,7 @@ class Operator:
         due = self._idle_due(start, nh, mdue, n)
         rep = shape.rep
         written = None
-        if n - since > self._defer_ticks:
+        if self._past_defer_bound(since, n):
             # Beyond the deferral bound the sealed value is written (`_keep`): computed
             # on the stored bytes where the mechanism can (`Counter.advance_state`), read
             # with the marker's others (`_read_bound_writes`).
