@@ -36,7 +36,8 @@ Phases (each module's docstring is the exact specification of its figures):
   seen before) on one worker: kept up, RSS, keys seen and admitted, the admitted keys'
   error against the truth sent, CPU per stepped event, bytes per waiting key stored and in
   memory, the restore on a fresh worker; then the same load on each further --workers
-  count of one group: CPU per stepped event against one worker's.
+  count of one group: CPU per stepped event against one worker's. --repeat sets of runs,
+  the order rotated per set: the ratio of each set and their range.
 
 Clock: every time is a broker append time (all topics the bench creates, and the state
 changelog, use LogAppendTime), except the processor's end in phase throughput, which is the
@@ -120,8 +121,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true",
                    help="a smoke run: 2,000 events once; 500 counters at 200 events/s for 6 s")
     p.add_argument("--events", type=int, help="throughput: events per stage (default 20,000)")
-    p.add_argument("--repeat", type=int, help="throughput: repeats (default 3); scaleout: "
-                   "sets of runs, one per --workers count, order rotated (default 1)")
+    p.add_argument("--repeat", type=int,
+                   help="throughput: repeats (default 3); scaleout, open-keys: sets of "
+                   "runs, one per --workers count, order rotated (default 1)")
     p.add_argument("--loads", nargs="+", choices=("dense", "sparse"),
                    default=["dense", "sparse"], help="throughput loads")
     p.add_argument("--dense-counters", type=int, default=200,
@@ -287,22 +289,34 @@ def run_phases(a: argparse.Namespace, ctx: stream_counted.Ctx,
 
 def run_open_keys(a: argparse.Namespace, ctx: stream_counted.Ctx,
                   results: dict[str, Any]) -> list[str]:
-    """Phase open-keys: one worker (and its restore), then each further worker count."""
+    """Phase open-keys: one worker (and its restore), then each further worker count;
+    with --repeat, sets of runs, the order rotated per set (so a drift of the machine
+    over the hour does not fall on one worker count's side of every ratio)."""
     rate = a.rate or 3000.0
     seconds = a.seconds or 600.0
     ws = steady_settings(a, ctx)
     ws.setdefault("tick_ms", 100)
     ws["epsilon"] = a.epsilon
     lines: list[str] = []
-    runs: dict[int, dict[str, Any]] = {}
-    for w in sorted(set(a.workers or [1, 3]) | {1}):
-        print(f"phase open-keys: {w} worker(s)", flush=True)
-        runs[w] = stream_open_keys.open_keys_run(
-            ctx.conf, ctx.bootstrap, ctx.tmp, w, rate, seconds, ctx.children, ctx.standby,
-            ws, a.head_keys, a.seed, restore=w == 1 and not a.no_restore)
-        lines += _shown(stream_open_keys.report_open_keys(runs[w]))
-    results["open_keys"] = {str(w): r for w, r in runs.items()}
-    return lines + _shown(stream_open_keys.report_open_ratio(runs))
+    counts = sorted(set(a.workers or [1, 3]) | {1})
+    sets: list[dict[int, dict[str, Any]]] = []
+    for k in range(a.repeat or 1):
+        order = counts[k % len(counts):] + counts[:k % len(counts)]
+        runs: dict[int, dict[str, Any]] = {}
+        for w in order:
+            print(f"phase open-keys: {w} worker(s), set {k + 1}", flush=True)
+            runs[w] = stream_open_keys.open_keys_run(
+                ctx.conf, ctx.bootstrap, ctx.tmp, w, rate, seconds, ctx.children,
+                ctx.standby, ws, a.head_keys, a.seed,
+                restore=w == 1 and k == 0 and not a.no_restore)
+            lines += _shown(stream_open_keys.report_open_keys(runs[w]))
+        lines += _shown(stream_open_keys.report_open_ratio(runs))
+        sets.append(runs)
+    results["open_keys"] = {str(w): r for w, r in sets[0].items()}
+    if len(sets) > 1:
+        results["open_keys_sets"] = [{str(w): r for w, r in runs.items()} for runs in sets]
+        lines += _shown(stream_open_keys.report_open_ratio_range(sets))
+    return lines
 
 
 def _shown(lines: list[str]) -> list[str]:

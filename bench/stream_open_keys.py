@@ -356,5 +356,19 @@ def report_open_ratio(runs: Mapping[int, Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def report_open_ratio_range(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> list[str]:
+    """The ratio of each set (its runs side by side in one stretch of the hour), as a
+    range over the sets."""
+    out = []
+    for w in sorted({w for runs in sets for w in runs if w != 1}):
+        got = [runs[w]["cpu_per_stepped"] / runs[1]["cpu_per_stepped"]
+               for runs in sets if w in runs and 1 in runs]
+        if got:
+            out.append(f"Phase open-keys: {w} workers / 1 worker over {len(got)} sets, CPU "
+                       f"per stepped event {min(got):.2f}-{max(got):.2f} "
+                       f"({', '.join(f'{x:.2f}' for x in got)}; target <= 1.3 in each)")
+    return out
+
+
 def total(r: Mapping[str, Any]) -> float:
     return float(sum(r["cpu"])) / max(1, int(r["window_events"]))

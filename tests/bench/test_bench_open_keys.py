@@ -39,6 +39,7 @@ from stream_open_keys import (  # noqa: E402
     KeyFigure,
     error_summary,
     key_errors,
+    report_open_ratio_range,
     stepped_by,
 )
 
@@ -52,6 +53,16 @@ def test_stepped_by_passes_one_event_per_tick() -> None:
     assert [stepped_by(ticks, t) for t in (5, 6, 7, 8, 19, 20)] == [1, 2, 3, 4, 4, 5]
     # a gap empties the queue: no step is carried over
     assert [stepped_by([1, 10, 10], t) for t in (1, 9, 10, 11)] == [1, 1, 2, 3]
+
+
+def test_ratio_range_pairs_each_set_with_its_own_one_worker_run() -> None:
+    # a drift between sets must not mix: set 1 is 1.2x, set 2 is 1.4x; pooling the sets'
+    # runs (or pairing set 2's three workers with set 1's one) would say 1.0 or 1.68
+    sets = [{1: {"cpu_per_stepped": 0.20}, 3: {"cpu_per_stepped": 0.24}},
+            {3: {"cpu_per_stepped": 0.336}, 1: {"cpu_per_stepped": 0.24}}]
+    (line,) = report_open_ratio_range(sets)
+    assert "3 workers / 1 worker over 2 sets" in line
+    assert "1.20-1.40 (1.20, 1.40;" in line
 
 
 def test_errors_take_each_keys_last_release_against_its_truth() -> None:
