@@ -222,6 +222,13 @@ def steady_settings(a: argparse.Namespace, ctx: stream_counted.Ctx) -> dict[str,
     return out
 
 
+def rotated(counts: Sequence[int], k: int) -> list[int]:
+    """The worker counts in set k's order: each set starts one count further on, so that
+    across sets every count runs early and late in the hour."""
+    i = k % len(counts)
+    return [*counts[i:], *counts[:i]]
+
+
 def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, rate: float,
                  seconds: float, results: dict[str, Any],
                  cluster: LocalKafka | None = None) -> list[str]:
@@ -229,7 +236,7 @@ def run_scaleout(a: argparse.Namespace, ctx: stream_counted.Ctx, counters: int, 
     sets: list[dict[int, dict[str, Any]]] = []
     counts = sorted(set(a.workers or [1, 2]))
     for k in range(a.repeat or 1):
-        order = counts[k % len(counts):] + counts[:k % len(counts)]
+        order = rotated(counts, k)
         got: dict[int, dict[str, Any]] = {}
         for w in order:
             print(f"phase scaleout: {w} worker(s), set {k + 1}", flush=True)
@@ -301,7 +308,7 @@ def run_open_keys(a: argparse.Namespace, ctx: stream_counted.Ctx,
     counts = sorted(set(a.workers or [1, 3]) | {1})
     sets: list[dict[int, dict[str, Any]]] = []
     for k in range(a.repeat or 1):
-        order = counts[k % len(counts):] + counts[:k % len(counts)]
+        order = rotated(counts, k)
         runs: dict[int, dict[str, Any]] = {}
         for w in order:
             print(f"phase open-keys: {w} worker(s), set {k + 1}", flush=True)

@@ -74,3 +74,11 @@ def test_kill_broker_needs_its_own_cluster(extra: list[str]) -> None:
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert "starting" not in proc.stdout
+
+
+def test_sets_rotate_the_worker_counts_so_each_runs_first_in_turn() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from bench_stream import rotated
+
+    assert [rotated([1, 3], k) for k in range(3)] == [[1, 3], [3, 1], [1, 3]]
+    assert [rotated([1, 2, 3], k) for k in range(3)] == [[1, 2, 3], [2, 3, 1], [3, 1, 2]]
