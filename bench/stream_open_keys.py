@@ -343,6 +343,11 @@ def report_open_keys(r: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def stepped_ratio(runs: Mapping[int, Mapping[str, Any]], w: int) -> float:
+    """w workers' CPU per stepped event against the one worker of the same set."""
+    return float(runs[w]["cpu_per_stepped"]) / float(runs[1]["cpu_per_stepped"])
+
+
 def report_open_ratio(runs: Mapping[int, Mapping[str, Any]]) -> list[str]:
     base = runs.get(1)
     out = []
@@ -350,7 +355,7 @@ def report_open_ratio(runs: Mapping[int, Mapping[str, Any]]) -> list[str]:
         if w == 1 or base is None:
             continue
         out.append(f"Phase open-keys: {w} workers / 1 worker, CPU per stepped event "
-                   f"{r['cpu_per_stepped'] / base['cpu_per_stepped']:.2f} (target <= 1.3); "
+                   f"{stepped_ratio(runs, w):.2f} (target <= 1.3); "
                    "per produced event "
                    f"{total(r) / total(base):.2f}")
     return out
@@ -361,8 +366,7 @@ def report_open_ratio_range(sets: Sequence[Mapping[int, Mapping[str, Any]]]) -> 
     range over the sets."""
     out = []
     for w in sorted({w for runs in sets for w in runs if w != 1}):
-        got = [runs[w]["cpu_per_stepped"] / runs[1]["cpu_per_stepped"]
-               for runs in sets if w in runs and 1 in runs]
+        got = [stepped_ratio(runs, w) for runs in sets if w in runs and 1 in runs]
         if got:
             out.append(f"Phase open-keys: {w} workers / 1 worker over {len(got)} sets, CPU "
                        f"per stepped event {min(got):.2f}-{max(got):.2f} "
