@@ -542,7 +542,7 @@ def test_an_idle_counter_is_released_and_one_with_input_stays_decoded() -> None:
             return got
 
         with mock.patch.object(operator, "advance_counter_value", counted):
-            for n in range(100, 130):
+            for n in range(100, 190):
                 events = [Event(name, n * TICK, UNIT) for name in names[:5]]
                 asyncio.run(bc.apply(0, [(off, encode_batch(events)),
                                          (off + 1, encode_marker(n))]))
