@@ -41,7 +41,8 @@ operator's first marker and checkpoint (`restart_cpu`): the operator's part of a
 
 `--idle-cpu WARM TICKS` measures instead the CPU per tick of 1 s of `--counters` idle
 counters with the same heartbeats and checkpoints, after WARM ticks, over TICKS ticks
-(`idle_cpu`): what one worker's operator spends on them per second, without the broker.
+(`idle_cpu`): what one worker's operator spends on them per second, without the broker;
+with `--minutes` also the CPU of each 60 of those ticks.
 """
 
 from __future__ import annotations
@@ -278,14 +279,17 @@ def rocks_store(path: str) -> StateStore:
 
 
 def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int,
-             rocksdb: str | None = None) -> None:
+             rocksdb: str | None = None, minutes: bool = False) -> None:
     """Print the CPU of `counters` idle counters per tick of 1 s (= CPU-s per second of a
     worker's operator), the README's heartbeats (every 60 ticks, spread) and a checkpoint
     that is not full every 6 ticks, on a store that copies bytes as RocksDB does: markers
     through `warm` ticks first (creating the counters, and writing each once at the
     deferral bound), then `ticks` more, timed. Releases go to a sink that encodes them as
     the worker's does and keeps nothing (no broker: their sending is not included).
-    `rocksdb`: a directory for the store, the worker's (`rocks_store`), instead."""
+    `rocksdb`: a directory for the store, the worker's (`rocks_store`), instead. `minutes`:
+    also the CPU-ms per tick of each 60 timed ticks, in order (the writes of idle counters
+    at the deferral bound come in bursts: a window shorter than their cycle can miss
+    them)."""
     start = 1_767_225_600
     names = {f"counter-{c:07d}": start * TICK for c in range(counters)}
     s = with_overrides(Settings(), counters=names, partitions=1, mechanism=mech,
@@ -294,15 +298,23 @@ def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int,
     bc = BatchCommit(Operator(s, NoiseKey.from_seed(1), idle_decoded=idle_decoded),
                      store, _Encoding())
 
+    per_minute: list[float] = []
+
     async def run(first: int, last: int) -> None:
+        mark = time.process_time()
         for i in range(first, last):
             await bc.apply(0, [(i, encode_marker(start + i))])
             if i % 6 == 5:
                 await bc.checkpoint(full=False)
+            if (i - first) % 60 == 59:
+                now = time.process_time()
+                per_minute.append((now - mark) / 60 * 1000)
+                mark = now
 
     c0 = time.process_time()
     asyncio.run(run(0, warm + 1))
     c1 = time.process_time()
+    per_minute.clear()
     asyncio.run(run(warm + 1, warm + 1 + ticks))
     cpu = time.process_time() - c1
     beats = counters * ticks / 60
@@ -310,6 +322,9 @@ def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int,
     print(f"idle {mech} ({counters} ctrs, idle_decoded {idle_decoded}{where}): warm-up "
           f"{c1 - c0:.1f} CPU-s, then {cpu / ticks:.4f} CPU-s per tick of 1 s over {ticks} "
           f"ticks ({cpu / beats * 1e6:.1f} us per heartbeat)", flush=True)
+    if minutes:
+        print("CPU-ms per tick, each 60 ticks: " + " ".join(f"{m:.1f}" for m in per_minute),
+              flush=True)
 
 
 def restart_cpu(mech: str, warm: int, gap: int, counters: int, crash: bool) -> None:
@@ -368,6 +383,8 @@ def main() -> None:
     ap.add_argument("--rocksdb", metavar="DIR",
                     help="--idle-cpu: the worker's store (a RocksDB database as the worker "
                     "opens it, in a new directory under DIR) instead of one in memory")
+    ap.add_argument("--minutes", action="store_true",
+                    help="--idle-cpu: also print the CPU of each 60 timed ticks")
     ap.add_argument("--checkpoint-ticks", type=int, default=1,
                     help="a checkpoint every this many ticks' batches (default 1: one per "
                     "batch; a worker checkpoints every checkpoint interval, 0.5 s or more: "
@@ -401,9 +418,10 @@ def main() -> None:
             if args.rocksdb is not None:
                 with tempfile.TemporaryDirectory(dir=args.rocksdb) as d:
                     idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters,
-                             args.idle_decoded, d)
+                             args.idle_decoded, d, args.minutes)
                 continue
-            idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters, args.idle_decoded)
+            idle_cpu(mech, args.idle_cpu[0], args.idle_cpu[1], args.counters, args.idle_decoded,
+                     minutes=args.minutes)
             continue
         if args.restart:
             for crash in (False, True):
