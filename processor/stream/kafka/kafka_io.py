@@ -333,7 +333,9 @@ def produce_all(
     return n
 
 
-def _consumer(conf: Mapping[str, str]) -> Consumer:
+def reader_consumer(conf: Mapping[str, str]) -> Consumer:
+    """A consumer that reads assigned partitions only (a group id of its own, never
+    joined; no offsets committed), committed records only, from the earliest there are."""
     full = dict(conf)
     full.update({
         "group.id": f"dpc-reader-{uuid.uuid4().hex}",
@@ -348,7 +350,7 @@ def _consumer(conf: Mapping[str, str]) -> Consumer:
 def end_offsets(conf: Mapping[str, str], topic: str,
                 timeout_s: float = _DEFAULT_TIMEOUT_S) -> dict[int, tuple[int, int]]:
     """partition -> (low, high) watermarks of `topic`."""
-    consumer = _consumer(conf)
+    consumer = reader_consumer(conf)
     try:
         return _watermarks(consumer, topic, timeout_s)
     finally:
@@ -444,7 +446,7 @@ def read_range(conf: Mapping[str, str], topic: str, partition: int, start: int, 
     """The records of (topic, partition) with start <= offset < end, in offset order."""
     if end <= start:
         return []
-    consumer = _consumer(conf)
+    consumer = reader_consumer(conf)
     out: list[KafkaRecord] = []
     try:
         consumer.assign([TopicPartition(topic, partition, start)])
@@ -518,7 +520,7 @@ def messages(conf: Mapping[str, str], topic: str, marks: Mapping[int, tuple[int,
     todo = {p: hi for p, (lo, hi) in marks.items() if hi > lo}
     if not todo:
         return
-    consumer = _consumer({**conf, **_BULK_FETCH})
+    consumer = reader_consumer({**conf, **_BULK_FETCH})
     n = 0
     nxt = {p: marks[p][0] for p in todo}
     try:
@@ -588,7 +590,7 @@ def wait_for(
     Returns the records seen. Raises TimeoutError at the deadline: tests use this instead
     of sleeping, so they wait exactly as long as the system needs.
     """
-    consumer = _consumer(conf)
+    consumer = reader_consumer(conf)
     seen: list[KafkaRecord] = []
     try:
         md = consumer.list_topics(topic, timeout=_DEFAULT_TIMEOUT_S)
