@@ -357,6 +357,9 @@ class WorkerApp(faust.App):
     #: Told of each changelog record the recovery took (BatchedRecovery._take): copy
     #: "restore" or "standby", and how many.
     changelog_taken: Callable[[str, int], None] | None = None
+    #: The Kafka settings of the standby copies' reader (standby.py); None: Faust reads
+    #: standby copies itself.
+    standby_conf: Mapping[str, str] | None = None
 
     def _new_transport(self) -> TransportT:
         # The worker's consumer polls idle partitions briefly (transport.py): a joining
@@ -462,6 +465,8 @@ class Worker:
             self.stages.append(UnitStage(self, crash_point))
         self.app.before_stop = self.checkpoint
         self.app.changelog_taken = self._changelog_taken
+        # Standby copies read in a thread of their own, not on the event loop (standby.py).
+        self.app.standby_conf = {**kafka_io.base_config(settings), "log_level": "0"}
         self.app.on_partitions_assigned.connect(self.on_assigned)
         self.app.on_partitions_revoked.connect(self.on_revoked)
         self.app.on_partitions_revoked.connect(self.surface.on_revoked)

@@ -1,6 +1,10 @@
-"""Faust's table recovery (restore and standby copies) with a changelog loop that takes
-the records in batches: `BatchedRecovery`, installed by `BatchedTableManager`
-(`faust.App(TableManager=...)`), fed by Faust's changelog queue.
+"""Faust's table recovery with a changelog loop that takes the records in batches:
+`BatchedRecovery`, installed by `BatchedTableManager` (`faust.App(TableManager=...)`),
+fed by Faust's changelog queue. The worker's standby copies are not Faust's: the manager
+takes them out of each assignment (`BatchedRecovery.take_standbys`) for the standby
+reader (standby.py), which it stops before each rebalance reaches the tables and starts
+after it. An app that names no reader settings (`standby_conf`) keeps Faust's standby
+copies, through this loop.
 
 Faust's loop (`Recovery._slurp_changelogs`) takes one changelog record per turn of the
 event loop: a `wait_for` on its queue (a task, a timer and a future per record), debug
@@ -52,6 +56,9 @@ from faust.utils.tracing import finish_span
 from mode import Service
 
 from processor.stream.model.restore import recovery_takes
+from processor.stream.worker.stale import OFFSET_KEY
+from processor.stream.worker.standby import StandbyPartition, StandbyReader
+from processor.stream.worker.table import STANDBY_BUFFER
 
 log = logging.getLogger("processor.stream.recovery")
 
@@ -173,6 +180,18 @@ class BatchedRecovery(Recovery):
             return "restore"
         return "standby"
 
+    def take_standbys(self) -> set[TP]:
+        """The standby partitions of the assignment just made, taken out of this
+        recovery (which then neither seeks, resumes nor reads them: their changelog
+        partitions stay paused) for the standby reader (standby.py)."""
+        tps = set(self.standby_tps)
+        self.standby_tps.clear()  # the same set Faust's recovery task reads
+        self.standbys_for_table.clear()
+        for tp in tps:
+            self.standby_offsets.pop(tp, None)
+            self.standby_highwaters.pop(tp, None)
+        return tps
+
     def _buffer_size(self, tp: TP, size: int) -> int:
         cached = self.buffer_sizes.get(tp)
         if cached is None:
@@ -229,7 +248,10 @@ class BatchedRecovery(Recovery):
 
 
 class BatchedTableManager(TableManager):
-    """faust's TableManager with `BatchedRecovery` as its recovery service."""
+    """faust's TableManager with `BatchedRecovery` as its recovery service, and the
+    standby copies read by a `StandbyReader` (standby.py) when the app names the
+    reader's Kafka settings (`standby_conf`): stopped before each rebalance reaches the
+    tables, started after it on the new standby set, stopped before the tables stop."""
 
     #: Faust names a service's logger after its module: kept as it was before the
     #: worker package, so that log lines keep their logger names.
@@ -241,3 +263,45 @@ class BatchedTableManager(TableManager):
             self._recovery = BatchedRecovery(self.app, self, beacon=self.beacon,
                                              loop=self.loop)
         return self._recovery
+
+    standby_reader: StandbyReader | None = None
+
+    def _reader(self) -> StandbyReader | None:
+        reader = self.standby_reader
+        if reader is None:
+            conf = getattr(self.app, "standby_conf", None)
+            if conf is None:
+                return None  # Faust's own standby copies
+            taken = getattr(self.app, "changelog_taken", None)
+            reader = self.standby_reader = StandbyReader(
+                conf, STANDBY_BUFFER,
+                None if taken is None else (lambda n: taken("standby", n)))
+        return reader
+
+    async def on_rebalance(self, assigned: set[TP], revoked: set[TP],
+                           newly_assigned: set[TP], generation_id: int = 0) -> None:
+        reader = self._reader()
+        if reader is not None and reader.running:
+            # Its last buffers written before any database is closed, opened or read.
+            await asyncio.to_thread(reader.stop)
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+        if reader is None:
+            return
+        recovery = self.recovery
+        assert isinstance(recovery, BatchedRecovery)
+        parts: dict[tuple[str, int], StandbyPartition] = {}
+        for tp in recovery.take_standbys():
+            table: Any = self._changelogs.get(tp.topic)
+            if table is None:
+                continue
+            db = table.data._db_for_partition(tp.partition)
+            raw = db.get(OFFSET_KEY)
+            parts[(tp.topic, tp.partition)] = StandbyPartition(
+                db, None if raw is None else int(raw), table.stale[tp.partition])
+        reader.start(parts)
+
+    async def on_stop(self) -> None:
+        reader = self.standby_reader
+        if reader is not None and reader.running:
+            await asyncio.to_thread(reader.stop)
+        await super().on_stop()

@@ -57,11 +57,12 @@ ROCKSDB_OPTIONS: Final = {"write_buffer_size": 4 << 20, "max_write_buffer_number
 #: Rounds of rewriting per checkpoint while foreign writes keep landing among them (the
 #: rest waits for the next checkpoint).
 REWRITE_ROUNDS = 3
-#: Changelog records a standby holds before it applies them (Faust's default is 1,000):
-#: a key's records repeat across checkpoints, and one apply writes each key once, so a
-#: buffer spanning several checkpoints writes a fraction of the records. Faust applies
-#: the buffer before a standby becomes active (at every rebalance), and moves the
-#: persisted offset only over what it applied: a crash loses nothing but re-reading.
+#: Changelog records of a partition a standby copy holds before it writes them (Faust's
+#: default is 1,000): a key's records repeat across checkpoints, and one write batch
+#: writes each key once, so a buffer spanning several checkpoints writes a fraction of
+#: the records. The standby reader (standby.py) writes what it holds when it stops, at
+#: every rebalance, and moves the persisted offset only over what it wrote: a crash
+#: loses nothing but re-reading.
 STANDBY_BUFFER = 10_000
 
 

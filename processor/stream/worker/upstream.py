@@ -66,6 +66,10 @@ PRIVATE_NAMES: Final = (
      "the recovery service BatchedTableManager builds (BatchedRecovery)"),
     ("faust.stores.rocksdb:Store._db_for_partition", "table.py",
      "the partition's rocksdict database: checkpoints write it in one batch"),
+    ("faust.stores.rocksdb:Store._db_for_partition", "recovery.py",
+     "a standby partition's database, opened on the event loop for the standby reader"),
+    ("faust.tables.manager:TableManager._changelogs", "recovery.py",
+     "the table of a standby partition's changelog topic (the standby reader)"),
     ("faust.transport.consumer:Consumer._new_offset", "acks.py",
      "relied on: commits only up to the run of acked offsets (ack_refetched)"),
 )
