@@ -267,19 +267,28 @@ class BatchedTableManager(TableManager):
     standby_reader: StandbyReader | None = None
 
     def _reader(self) -> StandbyReader | None:
+        """The standby reader (made at the first rebalance, in the event loop); None
+        when the app names no reader settings."""
         reader = self.standby_reader
         if reader is None:
             conf = getattr(self.app, "standby_conf", None)
             if conf is None:
                 return None  # Faust's own standby copies
             taken = getattr(self.app, "changelog_taken", None)
-            reader = self.standby_reader = StandbyReader(
-                conf, STANDBY_BUFFER,
-                None if taken is None else (lambda n: taken("standby", n)))
+            loop = asyncio.get_running_loop()
+
+            def counted(n: int) -> None:
+                # The metrics belong to the event loop: counted there, not in the thread.
+                if taken is not None:
+                    loop.call_soon_threadsafe(taken, "standby", n)
+
+            reader = self.standby_reader = StandbyReader(conf, STANDBY_BUFFER, counted)
         return reader
 
     async def on_rebalance(self, assigned: set[TP], revoked: set[TP],
                            newly_assigned: set[TP], generation_id: int = 0) -> None:
+        """Faust's rebalance of the tables, with the standby reader stopped before it and
+        started after it on the assignment's standby partitions (standby.py)."""
         reader = self._reader()
         if reader is not None and reader.running:
             # Its last buffers written before any database is closed, opened or read.
