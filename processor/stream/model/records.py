@@ -28,7 +28,7 @@ import binascii
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal, TypeVar, cast
@@ -400,26 +400,41 @@ def announced_in(objects: Iterable[dict[str, Any]]) -> dict[str, frozenset[str]]
     tags of its entries (the Operator's `announced`). A counter's entry without a tag
     (written before tags existed) counts with the tag "", which no creation matches:
     announced, so never re-created."""
-    out: dict[str, frozenset[str]] = {}
-    # Nearly every counter has one tag, and all of them the same: one shared set per tag
-    # (a worker holds as many counters as the ledger has entries).
-    alone: dict[str, frozenset[str]] = {}
+    got = Announced()
     for obj in objects:
+        got.add(obj)
+    return got.tags
+
+
+class Announced:
+    """`announced_in`, entry by entry: `add` each decoded entry (or let them pass through
+    `passing` on their way to another reader), then read `tags`."""
+
+    def __init__(self) -> None:
+        self.tags: dict[str, frozenset[str]] = {}
+        # Nearly every counter has one tag, and all of them the same: one shared set per
+        # tag (a worker holds as many counters as the ledger has entries).
+        self._alone: dict[str, frozenset[str]] = {}
+
+    def add(self, obj: dict[str, Any]) -> None:
         tag = obj.get("creation")
         if type(tag) is not str:
             tag = ""
         name = obj["counter"]
-        tags = out.get(name)
+        tags = self.tags.get(name)
         if tags is None:
-            if tag not in alone:
-                alone[tag] = frozenset((tag,))
-            out[name] = alone[tag]
+            alone = self._alone.get(tag)
+            if alone is None:
+                alone = self._alone[tag] = frozenset((tag,))
+            self.tags[name] = alone
         elif tag not in tags:
-            out[name] = tags | {tag}
-    return out
+            self.tags[name] = tags | {tag}
 
-
-# ------------------------------------------------------------------------ partitioning
+    def passing(self, objects: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        """Each of `objects`, added on its way."""
+        for obj in objects:
+            self.add(obj)
+            yield obj
 
 
 def partition_for(counter: str, partitions: int) -> int:
