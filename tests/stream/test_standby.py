@@ -56,15 +56,17 @@ def test_the_reader_writes_the_merge_after_the_persisted_offset(
     try:
         db0[OFFSET_KEY] = b"2"
         db1[b"k"] = _v(50)  # newer than the changelog's record of k below
-        stale0, stale1 = {b"x"}, set()  # x: found stale by an earlier restore
+        stale0: set[bytes] = {b"x"}  # x: found stale by an earlier restore
+        stale1: set[bytes] = set()
         taken: list[int] = []
         reader = StandbyReader(conf, 3, taken.append)
         reader.start({(topic, 0): StandbyPartition(db0, 2, stale0),
                       (topic, 1): StandbyPartition(db1, None, stale1)})
         assert reader.running
-        p0 = [(b"a", _v(20)), (b"a", _v(15)), (b"d", _v(21)), (b"d", None), (b"x", _v(22))]
-        p1 = [(b"k", _v(40)), (b"m", _v(41)), (b"n", _v(42)), (b"m", _v(43)),
-              (None, _v(44))]
+        p0: list[tuple[bytes | None, bytes | None]] = [
+            (b"a", _v(20)), (b"a", _v(15)), (b"d", _v(21)), (b"d", None), (b"x", _v(22))]
+        p1: list[tuple[bytes | None, bytes | None]] = [
+            (b"k", _v(40)), (b"m", _v(41)), (b"n", _v(42)), (b"m", _v(43)), (None, _v(44))]
         kafka_io.produce_all(conf, topic, p0, partition=0)  # offsets 3-7
         kafka_io.produce_all(conf, topic, p1, partition=1)  # offsets 0-4
         _wait("every record taken", lambda: sum(taken) >= len(p0) + len(p1))

@@ -306,12 +306,13 @@ def produce_waiting(producer: Producer, topic: str, *args: Any, **kwargs: Any) -
 def produce_all(
     conf: Mapping[str, str],
     topic: str,
-    records: Iterable[tuple[bytes | None, bytes]],
+    records: Iterable[tuple[bytes | None, bytes | None]],
     *,
     partition: int | None = None,
     timeout_s: float = _DEFAULT_TIMEOUT_S,
 ) -> int:
-    """Produce (key, value) records in order and wait until all are acknowledged."""
+    """Produce (key, value) records in order (a None value: a deletion) and wait until
+    all are acknowledged."""
     producer = make_producer(conf)
     errors: list[str] = []
 
