@@ -63,7 +63,7 @@ def test_ctrl_c_is_clean_and_the_run_is_kept(kafka_bootstrap: str, tmp_path: Pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "processor", "demo", "--seconds", "120", "--tick-ms", "200",
          "--lateness-ms", "200", "--bootstrap", bootstrap, "--view-port", "0",
-         "--runs-dir", str(runs)],
+         "--metrics-port", "0", "--runs-dir", str(runs)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
         text=True, start_new_session=True)  # its own process group: killpg = a terminal's ^C
     lines: list[str] = []
@@ -153,7 +153,7 @@ def test_sigkill_of_the_demo_leaves_no_process(kafka_bootstrap: str, tmp_path: P
     proc = subprocess.Popen(
         [sys.executable, "-m", "processor", "demo", "--seconds", "120", "--tick-ms", "200",
          "--lateness-ms", "200", "--bootstrap", kafka_bootstrap, "--view-port", "0",
-         "--runs-dir", str(runs)],
+         "--metrics-port", "0", "--runs-dir", str(runs)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
         text=True, start_new_session=True)
     lines: list[str] = []
