@@ -30,11 +30,12 @@ from typing import Any, Final
 
 from confluent_kafka import KafkaException
 from rocksdict import Options as RdictOptions
-from rocksdict import Rdict, WriteBatch
+from rocksdict import Rdict
 
 from processor.stream.kafka import kafka_io
 from processor.stream.model.restore import Chunk, PartitionLoad, load_span
 from processor.stream.worker.stale import OFFSET_KEY
+from processor.stream.worker.table import merged_batch
 
 log = logging.getLogger("processor.stream.bulkload")
 
@@ -158,15 +159,8 @@ def _apply(db: Any, load: PartitionLoad,
     got: Chunk | None = load.take(records, db.get)
     if got is None:
         return 0
-    wb = WriteBatch(raw_mode=True)
-    for key, value in got.writes.items():
-        if value is None:
-            wb.delete(key)
-        else:
-            wb.put(key, value)
-    wb.put(OFFSET_KEY, str(got.through).encode())
     try:
-        db.write(wb)
+        db.write(merged_batch(got.writes, got.through))
     except Exception as exc:  # rocksdict raises plain Exception (disk full, I/O error)
         raise LocalDatabaseError(load.span.partition) from exc
     return len(records)

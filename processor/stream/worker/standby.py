@@ -46,11 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from rocksdict import WriteBatch
 
 from processor.stream.kafka import kafka_io
 from processor.stream.model.restore import merge_changelog
-from processor.stream.worker.stale import OFFSET_KEY
+from processor.stream.worker.table import merged_batch
 
 log = logging.getLogger("processor.stream.standby")
 
@@ -83,15 +82,8 @@ class StandbyPartition:
             return
         writes, stale = merge_changelog(
             ((k, v) for _o, k, v in recs if k is not None), self.db.get)
-        wb = WriteBatch(raw_mode=True)
-        for key, value in writes.items():
-            if value is None:
-                wb.delete(key)
-            else:
-                wb.put(key, value)
         through = recs[-1][0]
-        wb.put(OFFSET_KEY, str(through).encode())
-        self.db.write(wb)
+        self.db.write(merged_batch(writes, through))
         self.stale.difference_update(writes)
         self.stale.update(stale)
         self.through = through

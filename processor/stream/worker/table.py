@@ -42,6 +42,7 @@ from processor.stream.kafka.producer import AsyncProducer
 from processor.stream.model.restore import ChangelogTracker, merge_changelog, persist_after
 from processor.stream.model.state import StateStore
 from processor.stream.worker.heap import HeapTrim
+from processor.stream.worker.stale import OFFSET_KEY
 
 #: RocksDB options of the state tables (one database per partition). Faust's default
 #: memtable is 64 MiB, and the write-ahead log is kept until the memtable is flushed: with
@@ -64,6 +65,21 @@ REWRITE_ROUNDS = 3
 #: every rebalance, and moves the persisted offset only over what it wrote: a crash
 #: loses nothing but re-reading.
 STANDBY_BUFFER = 10_000
+
+
+def merged_batch(writes: dict[bytes, bytes | None], through: int | None = None) -> WriteBatch:
+    """One RocksDB write batch of a changelog merge's `writes` (None: delete the key) and,
+    when `through` is given, the persisted offset of the last record they cover: values
+    and offset land together or not at all (the bulk load, the standby reader)."""
+    wb = WriteBatch(raw_mode=True)
+    for key, value in writes.items():
+        if value is None:
+            wb.delete(key)
+        else:
+            wb.put(key, value)
+    if through is not None:
+        wb.put(OFFSET_KEY, str(through).encode())
+    return wb
 
 
 class MonotoneTable(faust.Table[bytes, bytes]):
@@ -100,13 +116,7 @@ class MonotoneTable(faust.Table[bytes, bytes]):
             stale_keys.difference_update(writes)
             stale_keys.update(stale)
             if writes:
-                wb = WriteBatch(raw_mode=True)
-                for key, value in writes.items():
-                    if value is None:
-                        wb.delete(key)
-                    else:
-                        wb.put(key, value)
-                db.write(wb)
+                db.write(merged_batch(writes))
         for tp, offset in offsets.items():
             store.set_persisted_offset(tp, offset)
 
