@@ -56,7 +56,6 @@ from faust.utils.tracing import finish_span
 from mode import Service
 
 from processor.stream.model.restore import recovery_takes
-from processor.stream.worker.stale import OFFSET_KEY
 from processor.stream.worker.standby import StandbyPartition, StandbyReader
 from processor.stream.worker.table import STANDBY_BUFFER
 
@@ -303,10 +302,9 @@ class BatchedTableManager(TableManager):
             table: Any = self._changelogs.get(tp.topic)
             if table is None:
                 continue
-            db = table.data._db_for_partition(tp.partition)
-            raw = db.get(OFFSET_KEY)
             parts[(tp.topic, tp.partition)] = StandbyPartition(
-                db, None if raw is None else int(raw), table.stale[tp.partition])
+                table.data._db_for_partition(tp.partition), table.persisted_offset(tp),
+                table.stale[tp.partition])
         reader.start(parts)
 
     async def on_stop(self) -> None:
