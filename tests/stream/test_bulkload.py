@@ -176,3 +176,21 @@ def test_a_bulk_load_killed_halfway_then_restarted_is_complete(
     print(f"load killed halfway: {sent[0]} events, resumed load {loaded[1]} records "
           f"(persisted before: {persisted}), {keys} keys equal to the changelog's merge, "
           f"{report.recomputed} releases identical")
+
+
+def test_the_start_loads_the_tables_of_the_workers_stages(tmp_path: Path) -> None:
+    """The start loads `state_tables` before the worker's stages exist: in both privacy
+    modes they name exactly the stages' tables and changelogs (a stage the load did not
+    know of would be restored by Faust's recovery alone, a record at a time)."""
+    from processor.core.rng import NoiseKey
+    from processor.stream.kafka.topics import STATE_TABLE, UNITS_TABLE, state_tables
+    from processor.stream.model.config import Settings, with_overrides, with_unit
+    from processor.stream.worker.app import Worker
+
+    event = with_overrides(Settings(), counters={"a": 0}, state_dir=str(tmp_path),
+                           metrics_port=0, app_id="tables-event")
+    user = with_unit(with_overrides(event, app_id="tables-user"), 1.0, 1e-6, 2, 2)
+    for s, names in ((event, {STATE_TABLE}), (user, {STATE_TABLE, UNITS_TABLE})):
+        worker = Worker(s, NoiseKey.from_seed(1))
+        staged = {st.table.name: st.changelog for st in worker.stages}
+        assert staged == state_tables(s) and set(staged) == names, (staged, s.privacy_unit)

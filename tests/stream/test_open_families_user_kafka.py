@@ -22,7 +22,7 @@ from processor.core.unit import derive
 from processor.stream.kafka import kafka_io
 from processor.stream.model.config import Settings, with_overrides
 from processor.stream.model.families import OpenFamily, key_counter
-from processor.stream.worker.app import ledger_at_start
+from processor.stream.worker.app import RUNNING_FLAG, ledger_at_start
 from tests.stream.test_app_e2e import (
     Live,
     _worker_start_error,
@@ -119,6 +119,11 @@ def test_open_keys_in_user_mode_end_to_end_across_a_kill(
     lines = (res.stdout + res.stderr).strip().splitlines()
     assert len(lines) == 1, lines
     assert lines[0].startswith("error: families.pages.selection_delta:"), lines
+    # The refused start loaded the changelog while the ledger was read (app.run_worker)
+    # and left no running flag: a next start keeps what it loaded and loads on.
+    state = tmp_path / "state"
+    assert list(state.rglob("*.db")), "no database loaded"
+    assert not list(state.glob(f"*.{RUNNING_FLAG}")), sorted(state.iterdir())
     published = [r.value for r in kafka_io.iter_topic(live.conf, live.topics.ledger)]
     claim = ledger_at_start(family(SEL / 10), live.key, published)[1]
     assert claim is not None and claim.gate_delta0 == d0

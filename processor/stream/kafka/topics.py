@@ -39,6 +39,16 @@ def units_changelog_topic(settings: Settings) -> str:
     return f"{settings.app_id}-{UNITS_TABLE}-changelog"
 
 
+def state_tables(settings: Settings) -> dict[str, str]:
+    """Table name -> changelog topic of every state table a worker of `settings` keeps:
+    the operator's, and in user mode the bounding stage's units table (the worker's
+    stages are built to match; the start loads these before the stages exist)."""
+    tables = {STATE_TABLE: changelog_topic(settings)}
+    if settings.privacy_unit == "user":
+        tables[UNITS_TABLE] = units_changelog_topic(settings)
+    return tables
+
+
 def retention_required(settings: Settings) -> dict[str, int]:
     """topic -> the retention.ms it is created with (-1: forever). The ledger is always
     kept forever: it records every (epsilon, delta) spent, and a restarted worker refuses

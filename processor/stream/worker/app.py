@@ -38,8 +38,10 @@ import re
 import shutil
 import signal
 import sys
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, NoReturn
 
@@ -59,8 +61,10 @@ from processor.stream.kafka.ingest import Ingest
 from processor.stream.kafka.producer import AsyncProducer, DeliveryError, KafkaSink
 from processor.stream.kafka.topics import (
     STATE_TABLE,
+    UNITS_TABLE,
     changelog_topic,
     retention_required,
+    state_tables,
     topic_name,
     units_changelog_topic,
     units_topic,
@@ -90,7 +94,7 @@ from processor.stream.model.records import (
 )
 from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.worker import transport
-from processor.stream.worker.bulkload import LocalDatabaseError, bulk_load
+from processor.stream.worker.bulkload import LoadResult, LocalDatabaseError, bulk_load
 from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
 from processor.stream.worker.heap import FULL_COLLECTION_S, OldGeneration
 from processor.stream.worker.ledger_tail import LedgerTail
@@ -372,6 +376,37 @@ class WorkerApp(faust.App):
         await super().on_stop()
 
 
+def worker_app(settings: Settings, replication: int = 1) -> WorkerApp:
+    """The Faust app of a worker of `settings` (`replication`: its topics' replication
+    factor)."""
+    return WorkerApp(
+        settings.app_id,
+        broker=transport.broker_urls(settings),
+        broker_credentials=transport.faust_credentials(settings),
+        store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict
+        # One directory per app id: two apps never share RocksDB files.
+        datadir=str(Path(settings.state_dir).resolve() / settings.app_id),
+        topic_partitions=settings.partitions,
+        processing_guarantee="at_least_once",  # exactly-once is avoided on purpose
+        consumer_auto_offset_reset="earliest",
+        web_enabled=False,
+        # Standby copies of each state partition on other workers (when there are any),
+        # so a failed worker's counters move with little changelog to replay.
+        table_standby_replicas=settings.standby_replicas,
+        topic_replication_factor=replication,
+        broker_session_timeout=kafka_io.SESSION_TIMEOUT_S,
+        broker_heartbeat_interval=1.0,
+        broker_commit_every=1000,
+        broker_commit_interval=1.0,
+        producer_linger=0.005,
+        # Records are acknowledged at checkpoints (commit.py), not when the agent is
+        # done with them; the revocation handler checkpoints and acknowledges.
+        stream_wait_empty=False,
+        # Restore and standby copies read the changelog in batches (recovery.py).
+        TableManager=BatchedTableManager,
+    )
+
+
 class Worker:
     """The Faust app of one worker process and what runs in it (see the module doc).
 
@@ -386,7 +421,8 @@ class Worker:
                  announced: Mapping[str, frozenset[str]] | None = None,
                  ledger_read: Mapping[int, int] | None = None,
                  clock: ClockGuard | None = None,
-                 unit_claim: UnitClaim | None = None) -> None:
+                 unit_claim: UnitClaim | None = None,
+                 app: WorkerApp | None = None) -> None:
         self.settings = settings
         # One hook for every stage: its call counts span the process.
         crash_point = self._crash_point = faults.crash_point()
@@ -394,32 +430,8 @@ class Worker:
         self.partitions = settings.partitions
         #: Why the worker stopped itself (an error type name), None while healthy.
         self.failure: str | None = None
-        self.app = WorkerApp(
-            settings.app_id,
-            broker=transport.broker_urls(settings),
-            broker_credentials=transport.faust_credentials(settings),
-            store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict
-            # One directory per app id: two apps never share RocksDB files.
-            datadir=str(Path(settings.state_dir).resolve() / settings.app_id),
-            topic_partitions=self.partitions,
-            processing_guarantee="at_least_once",  # exactly-once is avoided on purpose
-            consumer_auto_offset_reset="earliest",
-            web_enabled=False,
-            # Standby copies of each state partition on other workers (when there are any),
-            # so a failed worker's counters move with little changelog to replay.
-            table_standby_replicas=settings.standby_replicas,
-            topic_replication_factor=replication,
-            broker_session_timeout=kafka_io.SESSION_TIMEOUT_S,
-            broker_heartbeat_interval=1.0,
-            broker_commit_every=1000,
-            broker_commit_interval=1.0,
-            producer_linger=0.005,
-            # Records are acknowledged at checkpoints (commit.py), not when the agent is
-            # done with them; the revocation handler checkpoints and acknowledges.
-            stream_wait_empty=False,
-            # Restore and standby copies read the changelog in batches (recovery.py).
-            TableManager=BatchedTableManager,
-        )
+        # `app`: the one the start prepared the state directory with (run_worker).
+        self.app = app if app is not None else worker_app(settings, replication)
         self.timeline_name = topic_name(settings, "timeline")
         self.fence = SuspensionFence(SUSPENSION_LIMIT_S, self.fenced)
         self.producer = AsyncProducer(kafka_io.base_config(settings),
@@ -459,9 +471,10 @@ class Worker:
         self._warned_create_time = False
 
         #: Every stage, in the order they checkpoint, revoke and are assigned: the
-        #: operator's, then (privacy_unit = "user") the bounding stage (unit_stage.py).
+        #: operator's, then (privacy_unit = "user") the bounding stage (unit_stage.py):
+        #: one per table of `state_tables`, which the start loaded before they existed.
         self.stages: list[StageShell[Any, Any]] = [self.operator]
-        if settings.privacy_unit == "user":
+        if UNITS_TABLE in state_tables(settings):
             self.stages.append(UnitStage(self, crash_point))
         self.app.before_stop = self.checkpoint
         self.app.changelog_taken = self._changelog_taken
@@ -680,55 +693,40 @@ class Worker:
 
     # -- running
 
-    def _bulk_load(self, tabledir: Path) -> None:
-        """Fill the local databases from the changelogs before joining the group
-        (bulkload.py), without the running flag: the load writes nothing the changelog
-        lacks, so a crash during it leaves databases the next start keeps and continues.
-        The keys it found stale go to their tables (the owner writes them again)."""
-        s = self.settings
-        if not tabledir.is_absolute():
-            tabledir = Path(s.state_dir) / tabledir
-        flag = Path(s.state_dir) / f"{s.app_id}.{RUNNING_FLAG}"
-        flag.unlink()
-        conf = {**kafka_io.base_config(s), "log_level": "0"}
-        try:
-            got = bulk_load(conf, tabledir, {st.table.name: st.changelog for st in self.stages},
-                            crash_point=self._crash_point)
-        except LocalDatabaseError as exc:
-            cause = exc.__cause__ if exc.__cause__ is not None else exc
-            raise StorageError(storage_failure(cause, s) or (
-                f"a local state database under {str(tabledir)!r} cannot be loaded "
-                f"({type(cause).__name__}). Remedy: restart: the restart rebuilds the local "
-                "state from the changelog and loses nothing")) from None
-        finally:
-            flag.write_text(str(os.getpid()))
+    def take_loaded(self, loaded: LoadResult) -> None:
+        """What the start's bulk load applied (`load_local_state`): the keys it found
+        stale go to their tables (the owner writes them again), its records to the
+        metrics, and its line to the lifecycle log."""
         for stage in self.stages:
-            for partition, keys in got.stale.get(stage.table.name, {}).items():
+            for partition, keys in loaded.stale.get(stage.table.name, {}).items():
                 stage.table.stale[partition].update(keys)
-        self.metrics.add("changelog_bulk_records", got.records)
+        self.metrics.add("changelog_bulk_records", loaded.records)
         lifecycle.info("bulk load: %d changelog record(s) of %d partition(s) in %.1f s "
-                       "(%.0f records/s)%s", got.records, got.partitions, got.seconds,
-                       got.records / max(got.seconds, 1e-3),
-                       "" if got.complete else "; stopped early, the recovery reads the rest")
+                       "(%.0f records/s)%s", loaded.records, loaded.partitions,
+                       loaded.seconds, loaded.records / max(loaded.seconds, 1e-3),
+                       "" if loaded.complete else "; stopped early, the recovery reads the rest")
 
-    def run(self, loglevel: str = "warning",
+    def run(self, local: LocalState, loglevel: str = "warning",
             start_steps: Sequence[tuple[str, float]] = ()) -> int:
-        """Run until SIGTERM/SIGINT (or a failure); returns the exit code. `start_steps`:
-        the start's steps before this call and their seconds, logged with the state
-        directory's once it passed too (the `start checks` line)."""
+        """Run until SIGTERM/SIGINT (or a failure); returns the exit code. `local`: the
+        state directory as the start prepared and loaded it (`load_local_state`);
+        `start_steps`: the start's steps before this call and their seconds, logged with
+        the state directory's (the `start checks` line)."""
+        flag = local.flag
         try:
-            began = time.monotonic()
-            flag = _prepare_state_dir(self.settings, self.app)
-            # Only now: a start refused by any check (the state directory's included)
-            # prints its one error line and nothing else.
-            steps = [*start_steps, ("state directory", time.monotonic() - began)]
-            lifecycle.info("start checks: %s",
-                           ", ".join(f"{name} {s:.2f} s" for name, s in steps))
-            self._bulk_load(Path(self.app.conf.tabledir))
-        except StorageError as exc:
-            log.critical("the worker stopped: %s", exc)
-            print_error(str(exc), flush=True)
-            return 1
+            # From here on Faust may write the local databases: an unclean stop's files
+            # are discarded by the next start.
+            flag.write_text(str(os.getpid()))
+        except OSError as exc:
+            print_error(storage_failure(exc, self.settings) or (
+                f"the running flag {str(flag)!r} cannot be written ({type(exc).__name__}): "
+                "check the state directory and its permissions"), flush=True)
+            return 2
+        # Only now: a start refused by any check (the state directory's included)
+        # prints its one error line and nothing else.
+        lifecycle.info("start checks: %s", ", ".join(
+            f"{name} {s:.2f} s" for name, s in [*start_steps, *local.steps]))
+        self.take_loaded(local.loaded)
         # After every start check (brokers, topics, ledger, state directory): a start that
         # is refused prints its one error line and nothing else.
         s = self.settings
@@ -1032,13 +1030,109 @@ def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
     for line in far_starts(settings, int(time.time() * 1000)):
         log.warning("%s", line)
     steps.append(("topics", time.monotonic() - began))
-    began = time.monotonic()
-    announced, claim, families, ends = read_ledger(settings, key)
+    app = worker_app(settings, replication)
+    # The ledger is read in a thread of its own while this one prepares and loads the
+    # local state: each spends much of its time waiting on the brokers, and neither needs
+    # the other. The load publishes nothing and writes only what the changelog holds, so
+    # a start the ledger refuses loses nothing by it (docs/state.md, "Restore").
+    ledger = LedgerRead(settings, key)
+    local: LocalState | StreamError
+    try:
+        local = load_local_state(settings, app, faults.crash_point())
+    except (StartError, StorageError) as exc:
+        local = exc
+    # The ledger's verdict first, as when the two ran one after the other.
+    announced, claim, families, ends = ledger.result()
+    steps.append(("ledger", ledger.seconds))
+    if isinstance(local, StorageError):
+        log.critical("the worker stopped: %s", local)
+        print_error(str(local), flush=True)
+        return 1
+    if isinstance(local, StreamError):
+        raise local
     if families:
         record_families(settings, families)
-    steps.append(("ledger", time.monotonic() - began))
     return Worker(settings, key, replication=replication, faults=faults,
-                  announced=announced, ledger_read=ends, unit_claim=claim).run(loglevel, steps)
+                  announced=announced, ledger_read=ends, unit_claim=claim,
+                  app=app).run(local, loglevel, steps)
+
+
+@dataclass(frozen=True)
+class LocalState:
+    """The state directory as the start left it (`load_local_state`): the running flag's
+    path (absent until `Worker.run` writes it), what the bulk load applied, and the
+    steps' seconds for the `start checks` line."""
+
+    flag: Path
+    loaded: LoadResult
+    steps: tuple[tuple[str, float], ...]
+
+
+def load_local_state(settings: Settings, app: faust.App,
+                     crash_point: Callable[[str], None] | None) -> LocalState:
+    """Prepare the state directory (`_prepare_state_dir`) and fill its databases from the
+    changelogs of `state_tables` (bulkload.py), before the worker joins its group.
+    Returns with the running flag absent: the load writes nothing the changelog lacks, so
+    a crash during it, or a start refused after it, leaves databases the next start keeps
+    and continues. StartError or StorageError as `_prepare_state_dir`; StorageError when
+    a database cannot be loaded (the flag then stays: the next start discards the local
+    files). `crash_point`: the kill -9 tests' hook (faults.py)."""
+    began = time.monotonic()
+    flag = _prepare_state_dir(settings, app)
+    steps = (("state directory", time.monotonic() - began),)
+    tabledir = Path(app.conf.tabledir)
+    if not tabledir.is_absolute():
+        tabledir = Path(settings.state_dir) / tabledir
+    conf = {**kafka_io.base_config(settings), "log_level": "0"}
+    flag.unlink()
+    try:
+        loaded = bulk_load(conf, tabledir, state_tables(settings), crash_point=crash_point)
+    except BaseException as exc:
+        flag.write_text(str(os.getpid()))
+        if not isinstance(exc, LocalDatabaseError):
+            raise
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        raise StorageError(storage_failure(cause, settings) or (
+            f"a local state database under {str(tabledir)!r} cannot be loaded "
+            f"({type(cause).__name__}). Remedy: restart: the restart rebuilds the local "
+            "state from the changelog and loses nothing")) from None
+    return LocalState(flag, loaded, steps)
+
+
+#: What `read_ledger` returns: counter -> announced creation tags, the per-unit claim, the
+#: open families' records to write, and where the read ended (partition -> next offset).
+LedgerAtStart = tuple[dict[str, frozenset[str]], UnitClaim | None,
+                      list[tuple[bytes, bytes]], dict[int, int]]
+
+
+class LedgerRead:
+    """`read_ledger` in a thread of its own, started at once. `result()` waits for it and
+    returns what it returned or raises what it raised; `seconds` is how long it took."""
+
+    def __init__(self, settings: Settings, key: NoiseKey) -> None:
+        self.seconds = 0.0
+        self._got: LedgerAtStart | None = None
+        self._failed: BaseException | None = None
+        # A daemon: a start that fails in the meantime does not wait for it to exit.
+        self._thread = threading.Thread(target=self._read, args=(settings, key),
+                                        name="ledger-read", daemon=True)
+        self._thread.start()
+
+    def _read(self, settings: Settings, key: NoiseKey) -> None:
+        began = time.monotonic()
+        try:
+            self._got = read_ledger(settings, key)
+        except BaseException as exc:  # handed to the start's thread by result()
+            self._failed = exc
+        finally:
+            self.seconds = time.monotonic() - began
+
+    def result(self) -> LedgerAtStart:
+        self._thread.join()
+        if self._failed is not None:
+            raise self._failed
+        assert self._got is not None
+        return self._got
 
 
 def record_families(settings: Settings, records: Sequence[tuple[bytes, bytes]]) -> None:
@@ -1055,9 +1149,7 @@ def record_families(settings: Settings, records: Sequence[tuple[bytes, bytes]]) 
                          "delta0 before a key is made") from None
 
 
-def read_ledger(settings: Settings, key: NoiseKey
-                ) -> tuple[dict[str, frozenset[str]], UnitClaim | None,
-                           list[tuple[bytes, bytes]], dict[int, int]]:
+def read_ledger(settings: Settings, key: NoiseKey) -> LedgerAtStart:
     """The ledger topic read at start: `ledger_at_start` of its values, the open
     families' records this start writes before anything else (lifetime.family_entries),
     and where the read ended (partition -> next offset: the worker's LedgerTail reads on
