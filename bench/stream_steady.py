@@ -496,16 +496,20 @@ class SteadyRun:
         self.res["state"] = {w: dir_sizes(d) for w, d in dirs.items()}
         self.res["dbs"] = {w: partition_dbs(d) for w, d in dirs.items()}
 
-    def restore(self, timeout_s: float = 900, ready_s: float = 120) -> None:
+    def restore(self, timeout_s: float = 900, ready_s: float = 120,
+                stop_s: float = 300) -> None:
         """Stop every worker; start a fresh one with an empty state dir in the same group.
         restore_s = from its start until it committed a batch on every timeline partition
         (the first partition value `p/<p>` appended after its start: its table came back
         from the changelog and the operator applies the timeline again); ready_s = until
         its /readyz answers 200 (it also caught up with the ticks sealed while no worker
         ran: a marker applied within a tick of now on each partition), at most `ready_s`
-        more."""
-        for w in self.procs:
-            w.stop()
+        more. The workers' stop is timed and its exit codes kept (stop_s, stop_exits): a
+        clean stop writes every counter's deferred progress, so what the fresh worker
+        reseals depends on it; up to `stop_s` for it, then SIGKILL (exit code -9)."""
+        began = time.monotonic()
+        self.res["stop_exits"] = [w.stop(timeout_s=stop_s) for w in self.procs]
+        self.res["stop_s"] = time.monotonic() - began
         self.view.update()
         fresh = self.new_worker("fresh")
         port = load_settings(fresh.config_path, env={}).metrics_port
@@ -951,6 +955,10 @@ def report_idle(r: Mapping[str, Any]) -> list[str]:
         ready = (f"ready (/readyz: caught up with the ticks sealed while no worker ran) "
                  f"{r['ready_s']:.1f} s after its start" if "ready_s" in r else
                  f"NOT ready {r.get('restore_waited_s', 0):.0f} s after its start")
+        if "stop_s" in r:
+            lines.append(f"  the workers stopped in {r['stop_s']:.1f} s, exit code(s) "
+                         f"{', '.join(str(c) for c in r['stop_exits'])} (a clean stop writes "
+                         "every counter's deferred progress to the changelog)")
         lines.append(f"  restore on a fresh worker (empty state dir, same group): {first}; "
                      f"{ready}; changelog {r['restore_changelog_records']:,} records; its RSS "
                      f"{_mib(r['restore_rss'])}")
