@@ -725,7 +725,8 @@ class Worker:
         # Only now: a start refused by any check (the state directory's included)
         # prints its one error line and nothing else.
         lifecycle.info("start checks: %s", ", ".join(
-            f"{name} {s:.2f} s" for name, s in [*start_steps, *local.steps]))
+            f"{name} {s:.2f} s"
+            for name, s in [*start_steps, ("state directory", local.prepared_s)]))
         self.take_loaded(local.loaded)
         # After every start check (brokers, topics, ledger, state directory): a start that
         # is refused prints its one error line and nothing else.
@@ -895,18 +896,22 @@ def check_retention(settings: Settings, conf: Mapping[str, str]) -> None:
                         "own setting", topic, ms, "forever (-1)" if want < 0 else want)
 
 
-def _prepare_state_dir(settings: Settings, app: faust.App) -> Path:
-    """Discard local table files after an unclean stop; mark this run as running.
-    StartError (one line: cause, path, remedy) when the directory cannot be written or
-    its disk is full."""
+def _tabledir(settings: Settings, app: faust.App) -> Path:
+    """Where Faust keeps `app`'s partition databases (its tabledir, under the state
+    directory when relative)."""
+    tabledir = Path(app.conf.tabledir)
+    return tabledir if tabledir.is_absolute() else Path(settings.state_dir) / tabledir
+
+
+def _prepare_state_dir(settings: Settings, tabledir: Path) -> Path:
+    """Discard the local table files under `tabledir` after an unclean stop; mark this run
+    as running. StartError (one line: cause, path, remedy) when the directory cannot be
+    written or its disk is full."""
     state_dir = Path(settings.state_dir)
     try:
         state_dir.mkdir(parents=True, exist_ok=True)
         check_free_space(settings)
         flag = state_dir / f"{settings.app_id}.{RUNNING_FLAG}"
-        tabledir = Path(app.conf.tabledir)
-        if not tabledir.is_absolute():
-            tabledir = state_dir / tabledir
         # Before an unclean stop's files are discarded: those of other topics are not.
         _check_not_stale(tabledir, settings)
         if flag.exists():
@@ -1061,11 +1066,11 @@ def run_worker(settings: Settings, key: NoiseKey, *, loglevel: str = "warning",
 class LocalState:
     """The state directory as the start left it (`load_local_state`): the running flag's
     path (absent until `Worker.run` writes it), what the bulk load applied, and the
-    steps' seconds for the `start checks` line."""
+    seconds the state directory's checks took (the `start checks` line)."""
 
     flag: Path
     loaded: LoadResult
-    steps: tuple[tuple[str, float], ...]
+    prepared_s: float
 
 
 def load_local_state(settings: Settings, app: faust.App,
@@ -1078,11 +1083,9 @@ def load_local_state(settings: Settings, app: faust.App,
     a database cannot be loaded (the flag then stays: the next start discards the local
     files). `crash_point`: the kill -9 tests' hook (faults.py)."""
     began = time.monotonic()
-    flag = _prepare_state_dir(settings, app)
-    steps = (("state directory", time.monotonic() - began),)
-    tabledir = Path(app.conf.tabledir)
-    if not tabledir.is_absolute():
-        tabledir = Path(settings.state_dir) / tabledir
+    tabledir = _tabledir(settings, app)
+    flag = _prepare_state_dir(settings, tabledir)
+    prepared_s = time.monotonic() - began
     conf = {**kafka_io.base_config(settings), "log_level": "0"}
     flag.unlink()
     try:
@@ -1096,7 +1099,7 @@ def load_local_state(settings: Settings, app: faust.App,
             f"a local state database under {str(tabledir)!r} cannot be loaded "
             f"({type(cause).__name__}). Remedy: restart: the restart rebuilds the local "
             "state from the changelog and loses nothing")) from None
-    return LocalState(flag, loaded, steps)
+    return LocalState(flag, loaded, prepared_s)
 
 
 #: What `read_ledger` returns: counter -> announced creation tags, the per-unit claim, the
