@@ -14,15 +14,25 @@ process CPU time, best of 5, for reads of 8 words (one block: the call's own cos
 and 4,096 words (in cache) and 2^20 words (8 MB), and one `discrete_laplace_run` call of 1
 and of 9 draws at the SVT's scale of an ECC with eps 1 (a new counter's Z_0, its first
 dense prefix), in us per call.
+
+`--beside-python` instead: what a restored ECC counter's advance over ⊥ ticks inside
+its SVT's dense prefix costs (`ECC.advance_state` with the noise key: a stop's or a
+marker's write of an idle counter, 8 draws in the extension), alone and beside a thread
+running Python in short bursts as the worker's event loop does, the median of 5 runs of
+3,000 counters (contention is what is measured, so not the best run), us of wall clock
+and of this thread's CPU per counter; with `DPC_SAMPLERS=reference` the same through the
+pure-Python samplers. A native call that gives the GIL up and takes it back pays for the
+other thread's bursts: the second line shows it.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from collections.abc import Callable
 
-from processor.core.ecc import ecc_parameters
+from processor.core.ecc import ECC, ecc_parameters
 from processor.core.rng import KeyedStream, NoiseKey, WordCursor
 from processor.core.samplers.block import LaplaceBank, discrete_laplace_block
 from processor.core.samplers.native import NATIVE
@@ -85,14 +95,64 @@ def keystream() -> None:
         print(f"discrete_laplace_run t={t1}, {n} draws: {per * 1e6:.2f} us a call")
 
 
+def beside_python(counters: int = 3000) -> None:
+    """The --beside-python figures."""
+    key = NoiseKey.from_seed(2026)
+    states = []
+    for i in range(counters):
+        c = ECC(1.0, 1e-6, key, f"bench/advance/{i}")
+        c.skip(3)  # inside the SVT's dense prefix: the advance draws
+        states.append(c.to_bytes())
+
+    def median() -> tuple[float, float]:
+        walls: list[float] = []
+        cpus: list[float] = []
+        for _ in range(5):
+            w0, c0 = time.perf_counter(), time.thread_time()
+            for data in states:
+                if ECC.advance_state(data, 30, key) is None:
+                    raise SystemExit("advance_state refused a quiet advance")
+            walls.append((time.perf_counter() - w0) / counters)
+            cpus.append((time.thread_time() - c0) / counters)
+        return sorted(walls)[2], sorted(cpus)[2]
+
+    stop = threading.Event()
+
+    def bursts() -> None:
+        x = 0
+        while not stop.is_set():
+            time.sleep(0.0002)
+            for i in range(300):  # about 10 us of Python
+                x += i
+
+    print(f"samplers: {'native' if NATIVE is not None else 'reference'}")
+    wall, cpu = median()
+    print(f"advance_state, dense prefix, alone:          {wall * 1e6:6.1f} us wall, "
+          f"{cpu * 1e6:6.1f} us CPU a counter")
+    other = threading.Thread(target=bursts, daemon=True)
+    other.start()
+    try:
+        wall, cpu = median()
+    finally:
+        stop.set()
+        other.join()
+    print(f"the same beside a thread's Python bursts:    {wall * 1e6:6.1f} us wall, "
+          f"{cpu * 1e6:6.1f} us CPU a counter")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="fewer draws")
     ap.add_argument("--keystream", action="store_true",
                     help="the extension's keystream and draw runs instead (see the doc)")
+    ap.add_argument("--beside-python", action="store_true",
+                    help="a restored counter's advance alone and beside a busy Python "
+                    "thread instead (see the doc)")
     args = ap.parse_args()
-    if args.keystream:
-        keystream()
+    other = (beside_python if args.beside_python
+             else keystream if args.keystream else None)
+    if other is not None:
+        other()
         return
     scale = 1 if args.quick else 4
 
