@@ -23,9 +23,14 @@ def topic_name(settings: Settings, which: TopicRole) -> str:
     return names[which]
 
 
+def table_changelog(settings: Settings, table: str) -> str:
+    """The name Faust gives the changelog topic of the app's table `table`."""
+    return f"{settings.app_id}-{table}-changelog"
+
+
 def changelog_topic(settings: Settings) -> str:
     """The name Faust gives the state table's changelog topic."""
-    return f"{settings.app_id}-{STATE_TABLE}-changelog"
+    return table_changelog(settings, STATE_TABLE)
 
 
 def units_topic(settings: Settings) -> str:
@@ -36,7 +41,7 @@ def units_topic(settings: Settings) -> str:
 
 def units_changelog_topic(settings: Settings) -> str:
     """The name Faust gives the units table's changelog topic."""
-    return f"{settings.app_id}-{UNITS_TABLE}-changelog"
+    return table_changelog(settings, UNITS_TABLE)
 
 
 def state_tables(settings: Settings) -> dict[str, str]:

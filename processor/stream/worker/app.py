@@ -65,6 +65,7 @@ from processor.stream.kafka.topics import (
     changelog_topic,
     retention_required,
     state_tables,
+    table_changelog,
     topic_name,
     units_changelog_topic,
     units_topic,
@@ -942,8 +943,7 @@ def _check_not_stale(tabledir: Path, settings: Settings) -> None:
         except KafkaException as exc:
             raise StartError(kafka_io.broker_failure(conf, exc)) from None
 
-    stale = stale_databases(tabledir, lambda table: f"{settings.app_id}-{table}-changelog",
-                            ends)
+    stale = stale_databases(tabledir, lambda table: table_changelog(settings, table), ends)
     if stale:
         first = stale[0]
         where = Path(settings.state_dir)
