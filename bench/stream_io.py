@@ -72,14 +72,20 @@ class Tail:
         self.not_log_append = 0
 
     def catch_up(self, timeout_s: float = 120.0) -> list[Rec]:
-        """Everything appended before this call that was not returned yet.
+        """Everything appended before this call that was not returned yet."""
+        return list(self.records(timeout_s))
+
+    def records(self, timeout_s: float = 120.0) -> Iterator[Rec]:
+        """Everything appended before this call that was not returned yet, a fetch at a
+        time: a reader that keeps only what it decodes holds no more than one fetch (a
+        million counters' heartbeats over a long window are tens of millions of records,
+        too many to hold as a list).
 
         Fails after `timeout_s` without a record read: a topic of millions of records
         (a million counters' heartbeats) takes longer than that to read, and is not stuck.
         """
         deadline = time.monotonic() + timeout_s
         his = {p: self._high(p, deadline) for p in self.partitions}
-        out: list[Rec] = []
         while any(self._next[p] < his[p] for p in self.partitions):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {self.topic!r} timed out")
@@ -97,15 +103,14 @@ class Tail:
                           ts_type == TIMESTAMP_LOG_APPEND_TIME, msg.key(), msg.value())
                 self.not_log_append += not rec.log_append
                 self._next[rec.partition] = rec.offset + 1
-                out.append(rec)
+                self.count += 1
+                yield rec
             # Compacted or transactional tails never reach the watermark by record offsets.
             for p in self.partitions:
                 if self._next[p] < his[p]:
                     pos = self._c.position([TopicPartition(self.topic, p)])[0].offset
                     if pos is not None and pos > self._next[p]:
                         self._next[p] = int(pos)
-        self.count += len(out)
-        return out
 
     def _high(self, p: int, deadline: float) -> int:
         """The high watermark of partition p; retries while a new topic's leader settles."""

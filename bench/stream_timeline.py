@@ -11,7 +11,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from collections.abc import Callable, Mapping
+from array import array
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import orjson
@@ -74,8 +75,11 @@ class TimelineView:
         self.sources: set[tuple[int, int]] = set()
         self.event_rows = 0
         self.foreign = 0
-        # per timeline partition: (global tick, append time) of each release
-        self.releases: dict[int, list[tuple[int, int]]] = {p: [] for p in range(self.parts)}
+        # per timeline partition: the global tick and the append time of each release, in
+        # two arrays of 8-byte integers (a million counters' heartbeats over a long window
+        # are tens of millions of releases: tuples of them would not fit in memory)
+        self.release_ticks: dict[int, array[int]] = {p: array("q") for p in range(self.parts)}
+        self.release_ts: dict[int, array[int]] = {p: array("q") for p in range(self.parts)}
         # per timeline partition: the highest input offset per input partition on it
         self.needed: dict[int, dict[int, int]] = {p: {} for p in range(self.parts)}
         # per timeline partition: (append time, marker offset, duplicate filter) of each
@@ -88,7 +92,7 @@ class TimelineView:
         # the state table's latest value size per (changelog partition, key)
         self.live: dict[tuple[int, bytes | None], int] = {}
         # append time of every changelog record read
-        self.changelog_ts: list[int] = []
+        self.changelog_ts: array[int] = array("q")
         # the format byte of the latest value of each counter key `c/...` (state.py: 4 a
         # mechanism's whole state, 5 the compact form of a key waiting for admission)
         self.live_forms: dict[bytes, int] = {}
@@ -112,7 +116,7 @@ class TimelineView:
         return self.timeline.not_log_append + self.counts.not_log_append
 
     def update(self) -> None:
-        for r in self.timeline.catch_up():
+        for r in self.timeline.records():
             try:
                 rec = decode_timeline(r.value or b"")
             except TimelineFormatError:
@@ -141,16 +145,17 @@ class TimelineView:
                     need[e.src_partition] = max(need.get(e.src_partition, -1), e.src_offset)
                 log.batches.append((r.offset, r.ts, max(e.ts_ms for e in rec.events)
                                     // self.tick, len(rec.events)))
-        for r in self.counts.catch_up():
+        for r in self.counts.records():
             d = orjson.loads(r.value or b"{}")
             p = partition_for(str(d["counter"]), self.parts)
-            self.releases[p].append((int(d["tick_start_ms"]) // self.tick, r.ts))
+            self.release_ticks[p].append(int(d["tick_start_ms"]) // self.tick)
+            self.release_ts[p].append(r.ts)
         self._update_changelog()
 
     def _update_changelog(self) -> None:
         if self.changelog is None:
             return
-        for r in self.changelog.catch_up():
+        for r in self.changelog.records():
             self.changelog_ts.append(r.ts)
             if r.value is None:
                 self.live.pop((r.partition, r.key), None)
@@ -169,6 +174,10 @@ class TimelineView:
                     seen[src] = max(offset, seen.get(src, -1))
                 self.commits[int(r.key[2:])].append((r.ts, r.log_append, ps.marker_offset,
                                                      seen))
+
+    def releases(self, p: int) -> Iterator[tuple[int, int]]:
+        """(global tick, append time) of each release of timeline partition p read so far."""
+        return zip(self.release_ticks[p], self.release_ts[p], strict=True)
 
     def close(self) -> None:
         self.timeline.close()
@@ -214,7 +223,7 @@ class TimelineView:
                 acc.pending.append(p)
                 continue
             acc.not_log_append += not done[1]
-            own = [ts for g, ts in self.releases[p] if seal.prev < g <= seal.n]
+            own = [ts for g, ts in self.releases(p) if seal.prev < g <= seal.n]
             acc.released += len(own)
             acc.end = max(acc.end or 0, done[0], *own)
             acc.seal_lag = max(acc.seal_lag, done[0] - seal.ts)
@@ -254,9 +263,8 @@ class TimelineView:
         """(marker append time, seal-to-release ms) of each release whose sealing marker
         (the first one with n >= its tick) was appended in [lo_ms, hi_ms]."""
         out: list[tuple[int, int]] = []
-        for p, rels in self.releases.items():
-            log = self.logs[p]
-            for g, ts in rels:
+        for p, log in self.logs.items():
+            for g, ts in self.releases(p):
                 j = bisect.bisect_left(log.marker_ns, g)
                 if j < len(log.markers) and lo_ms <= log.markers[j].ts <= hi_ms:
                     out.append((log.markers[j].ts, ts - log.markers[j].ts))
