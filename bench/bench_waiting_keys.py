@@ -74,9 +74,9 @@ class Counting(Operator):
     decode_s = 0.0
     wakes = 0
 
-    def _idle_entry(self, txn: Any, partition: int, name: str) -> Any:
+    def _idle_entry(self, txn: Any, name: str, entry: Any) -> Any:
         self.wakes += 1
-        return super()._idle_entry(txn, partition, name)
+        return super()._idle_entry(txn, name, entry)
 
     def _decode_counter(self, raw: bytes) -> CounterState:
         t0 = time.process_time()

@@ -417,9 +417,9 @@ class Touches(Operator):
         super().__init__(*args, **kw)
         self.touches: dict[str, int] = {}
 
-    def _idle_entry(self, txn: Any, partition: int, name: str) -> Any:
+    def _idle_entry(self, txn: Any, name: str, entry: Any) -> Any:
         self.touches[name] = self.touches.get(name, 0) + 1
-        return super()._idle_entry(txn, partition, name)
+        return super()._idle_entry(txn, name, entry)
 
 
 class HeartbeatFiled(Touches):

@@ -229,9 +229,10 @@ class IdleShape:
 #: `Operator._deferred`'s entry of a counter: (the tick its stored value is filed under,
 #: the tick it is sealed through, the offset it reflects), and for a counter released as
 #: idle (`IdleEntry`) also its next heartbeat (local tick), its value y, the global tick
-#: its mechanism is next due at (None: never) and its `IdleShape`'s index.
-Deferred = tuple[int, int, int] | tuple[int, int, int, int, float, int | None, int]
-IdleEntry = tuple[int, int, int, int, float, int | None, int]
+#: its mechanism is next due at (None: never), its `IdleShape`'s index and its heartbeat
+#: phase (`heartbeat_phase`).
+Deferred = tuple[int, int, int] | tuple[int, int, int, int, float, int | None, int, int]
+IdleEntry = tuple[int, int, int, int, float, int | None, int, int]
 
 
 class AnnouncedCounterError(RefusedError):
@@ -567,12 +568,22 @@ class Operator:
                             key_id=self.key_id)
 
     def _phase(self, name: str) -> int:
+        """`heartbeat_phase` of counter `name`, kept while it is decoded (bounded)."""
         phase = self._phases.get(name)
         if phase is None:
             if len(self._phases) > 4 * max(self._cache_size, 1024):
                 self._phases.clear()
             phase = self._phases[name] = heartbeat_phase(self.settings, name)
         return phase
+
+    def _idle_phase(self, name: str) -> int:
+        """`heartbeat_phase` of counter `name` for its idle entry, which keeps it from now
+        on (`_phases` keeps the decoded counters'): `_beat_idle` needs it at every
+        heartbeat, and at a million counters a lookup in a map of all their names is a
+        few cache misses. A counter decoded again gets it again from `_phase`."""
+        phase = self._phases.pop(name, None)
+        return self._shared(heartbeat_phase(self.settings, name) if phase is None
+                            else phase)
 
     # -- the due wheel
 
@@ -808,10 +819,21 @@ class Operator:
             return
         wheel = self._wheel(txn, partition, n)
         names = sorted(wheel.take_through(n))
-        self._read_bound_writes(txn, partition, names, n)
+        # Each name's deferred entry, looked up once for the bound reads and the loop (at
+        # a million counters a lookup is a few cache misses). Valid for the whole loop:
+        # the loop changes the entry of the name it is at only, and names are distinct.
+        deferred = self._deferred.get(partition)
+        entries: list[Deferred | None] = (
+            [None] * len(names) if not deferred else list(map(deferred.get, names)))
+        self._read_bound_writes(txn, names, entries, n)
         touched = 0
-        for name in names:  # name order: never the order events arrived in
-            entry = self._idle_entry(txn, partition, name)
+        for i, name in enumerate(names):  # name order: never the order events arrived in
+            # Taken out of the list: an entry `_beat_idle` replaces is freed at the next
+            # name, as when it was looked up here, and the next new entry reuses its
+            # memory (a million counters' entries left to the loop's end, each new one
+            # took memory of another, about 15% more CPU per heartbeat).
+            got, entries[i] = entries[i], None
+            entry = self._idle_entry(txn, name, got)
             if entry is not None and self._beat_idle(
                     txn, partition, name, entry, n, offset, ps.frontier, out, wheel):
                 touched += 1
@@ -1042,14 +1064,14 @@ class Operator:
         y = c.y
         deferred[name] = (self._shared(since), cs.frontier, cs.last_offset,
                           self._shared(cs.next_heartbeat), _ZERO if _is_zero(y) else y,
-                          None if nd is None else self._shared(cs.start_tick + nd - 1), shape)
+                          None if nd is None else self._shared(cs.start_tick + nd - 1), shape,
+                          self._idle_phase(name))
 
-    def _idle_entry(self, txn: PartitionTransaction, partition: int,
-                    name: str) -> IdleEntry | None:
-        """The counter's idle entry: the one remembered (`_remember_idle`, `_beat_idle`),
-        else, with no deferred entry at all, one read off its stored value."""
-        deferred = self._deferred.get(partition)
-        entry = None if deferred is None else deferred.get(name)
+    def _idle_entry(self, txn: PartitionTransaction, name: str,
+                    entry: Deferred | None) -> IdleEntry | None:
+        """The idle entry of counter `name`, whose deferred entry is `entry`: the one
+        remembered (`_remember_idle`, `_beat_idle`), else, with no deferred entry at all,
+        one read off its stored value."""
         if entry is None:
             return self._stored_idle(txn, name) if self._views else None
         return entry if len(entry) > 3 else None
@@ -1089,7 +1111,8 @@ class Operator:
         nd, y = view.next_due, view.y
         return (self._shared(q.filed_due), q.frontier, q.offset,
                 self._shared(q.next_heartbeat), _ZERO if _is_zero(y) else y,
-                None if nd is None else self._shared(q.start_tick + nd - 1), shape)
+                None if nd is None else self._shared(q.start_tick + nd - 1), shape,
+                self._idle_phase(name))
 
     def _stored_raw(self, txn: PartitionTransaction, name: str) -> bytes | None:
         """`txn.stored` of counter `name`: the bytes the scan that built the wheel read
@@ -1099,24 +1122,20 @@ class Operator:
         raw = self._scanned.get(name)
         return txn.stored(self._counters, name) if raw is None else raw
 
-    def _read_bound_writes(self, txn: PartitionTransaction, partition: int,
-                           names: list[str], n: int) -> None:
+    def _read_bound_writes(self, txn: PartitionTransaction, names: list[str],
+                           entries: list[Deferred | None], n: int) -> None:
         """Read at once, in key order (`txn.stored_many`: one multi-get), the stored
-        values of the counters among `names` (in name order) that the marker through n
-        would write at the deferral bound from their idle entries (`_beat_idle`), into
-        the marker's `_scanned` (`_stored_raw`), up to BOUND_READS of them. Only reads:
-        a counter `_beat_idle` then declines is decoded as it would have been, and its
-        bytes are the store's for the whole marker (a marker writes nothing to the
-        store; a staged value is never read here)."""
-        deferred = self._deferred.get(partition)
-        if not deferred:
-            return
+        values of the counters among `names` (in name order; `entries` their deferred
+        entries) that the marker through n would write at the deferral bound from their
+        idle entries (`_beat_idle`), into the marker's `_scanned` (`_stored_raw`), up to
+        BOUND_READS of them. Only reads: a counter `_beat_idle` then declines is decoded
+        as it would have been, and its bytes are the store's for the whole marker (a
+        marker writes nothing to the store; a staged value is never read here)."""
         past = self._past_defer_bound
         scanned = self._scanned
         slot = self._counters
         want: list[str] = []
-        for name in names:
-            entry = deferred.get(name)
+        for name, entry in zip(names, entries, strict=True):
             if (entry is not None and len(entry) > 3 and past(entry[0], n)
                     and name not in scanned and not txn.is_staged(slot, name)):
                 want.append(name)
@@ -1159,7 +1178,7 @@ class Operator:
         again. Returns False, changing nothing, whenever the marker would do anything
         else (then the counter is loaded and sealed as usual): its stored value beyond
         the deferral bound, a staged value, a ledger entry due, the mechanism due."""
-        since, through, last, nh, y, mdue, index = entry
+        since, through, last, nh, y, mdue, index, phase = entry
         shape = self._shape_list[index]
         start = shape.start_tick
         # Entries are made for announced counters only (`_remember_idle`,
@@ -1169,7 +1188,6 @@ class Operator:
                 or txn.is_staged(self._counters, name)):
             return False
         h = self.settings.heartbeat_ticks
-        phase = self._phase(name)
         # `_seal`'s heartbeats, tick for tick: the floor, then every heartbeat through n.
         floor = heartbeat_floor(n, start, h, frontier)
         if nh <= floor:
@@ -1209,7 +1227,7 @@ class Operator:
             txn.stage_encoded(self._counters, name, written)
             since = self._shared(due)
         self._deferred.setdefault(partition, {})[name] = (
-            since, n, offset, self._shared(nh), y, mdue, index)
+            since, n, offset, self._shared(nh), y, mdue, index, phase)
         return True
 
     @staticmethod
@@ -1230,7 +1248,7 @@ class Operator:
         offset, a mechanism that cannot advance on its bytes): then it is decoded. A
         stored value of the entry's offset is its state already (one offset, one value:
         `state.supersedes`): nothing to stage."""
-        _since, through, last, nh, _y, mdue, index = entry
+        _since, through, last, nh, _y, mdue, index, _phase = entry
         if counter_key(name) in self._cached_counters or txn.is_staged(self._counters, name):
             return False
         raw = txn.stored(self._counters, name)
