@@ -68,7 +68,7 @@ def run_deployment(bootstrap: str, counters: int, seconds: float, rate: float,
         def created() -> bool:
             if not dep.worker.alive():
                 raise RuntimeError("worker exited: " + dep.worker.log_tail())
-            ledger.catch_up()
+            ledger.drain()
             return ledger.count >= counters
         created_s = wait_until(created, max(seconds, 600), f"ledger entries for {counters} "
                                "counters", 0.5)

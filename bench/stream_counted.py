@@ -352,7 +352,7 @@ def run_processor(mechanism: str, ctx: Ctx, load: Load) -> StageResult:
         dep.worker.start()
 
         def created() -> bool:
-            ledger.catch_up()
+            ledger.drain()
             return dequeued() >= 0 and ledger.count >= load.counters
         wait_until(created, 900, "processor: ledger entries of every counter")
         created_s = time.monotonic() - t0

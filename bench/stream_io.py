@@ -75,6 +75,12 @@ class Tail:
         """Everything appended before this call that was not returned yet."""
         return list(self.records(timeout_s))
 
+    def drain(self, timeout_s: float = 120.0) -> None:
+        """Read everything appended before this call, keeping none of it (`count` says
+        how many were read: a million counters' ledger entries, counted as they come)."""
+        for _ in self.records(timeout_s):
+            pass
+
     def records(self, timeout_s: float = 120.0) -> Iterator[Rec]:
         """Everything appended before this call that was not returned yet, a fetch at a
         time: a reader that keeps only what it decodes holds no more than one fetch (a

@@ -246,7 +246,7 @@ class SteadyRun:
 
         def created() -> bool:
             self.check_alive()
-            self.ledger.catch_up()
+            self.ledger.drain()
             return self.ledger.count >= self.counters
         wait_until(created, 1800, f"ledger entries for {self.counters} counters")
         self.res["created_s"] = time.monotonic() - t0
