@@ -20,7 +20,13 @@ from processor.stream.model import operator
 from processor.stream.model.clock import PROBE_RECORD
 from processor.stream.model.commit import CRASH_POINTS, INLINE_STEPS, BatchCommit
 from processor.stream.model.config import Settings
-from processor.stream.model.operator import DEFERRED_HEARTBEATS, Operator, heartbeat_floor
+from processor.stream.model.operator import (
+    CATCHUP_HEARTBEAT_TICKS,
+    DEFERRED_HEARTBEATS,
+    DEFERRED_TICKS_MAX,
+    Operator,
+    heartbeat_floor,
+)
 from processor.stream.model.outputs import CollectingSink, Output
 from processor.stream.model.records import Event, LedgerEntry, Release, encode_batch, encode_marker
 from processor.stream.model.state import CounterState, DictStore, advance_counter_value
@@ -139,6 +145,37 @@ def run_with_crashes(s: Settings, batches: Batches, factory: Any, seed: int,
             i = done
     asyncio.run(bc.checkpoint())
     return store, pub, crashes
+
+
+def every_third_checkpoint(s: Settings, batches: Batches, store: DictStore, full: bool,
+                           crash_at: Iterable[int] = (),
+                           checked: Callable[[DictStore, int], None] | None = None,
+                           at_crash: Callable[[DictStore], None] | None = None) -> Published:
+    """Apply `batches` through BatchCommit on `store`: a checkpoint (`full` or not) after
+    every third, `checked(store, i)` after each; a crash after each batch i of `crash_at`
+    that no checkpoint follows (`at_crash(store)` first; a cold operator on the store,
+    the batches since the last checkpoint again). Then a full checkpoint. Returns what
+    was published."""
+    pub = Published()
+    bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
+    i = done = 0
+    crashes = set(crash_at)
+    while i < len(batches):
+        asyncio.run(bc.apply(0, batches[i]))
+        i += 1
+        if i % 3 == 0:
+            asyncio.run(bc.checkpoint(full=full))
+            done = i
+            if checked is not None:
+                checked(store, i)
+        elif i in crashes:
+            crashes.discard(i)
+            if at_crash is not None:
+                at_crash(store)
+            bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
+            i = done
+    asyncio.run(bc.checkpoint())
+    return pub
 
 
 def run_with_crash(s: Settings, batches: Batches, factory: Any, at: int,
@@ -360,34 +397,28 @@ def test_idle_counters_stay_behind_in_the_store_within_the_bound() -> None:
     names = [f"k{i:02d}" for i in range(20)]
     s = settings(dict.fromkeys(names, 100 * TICK), mechanism="ecc", epsilon=1.0,
                  heartbeat_ticks=5)
-    batches: Batches = [[(i, encode_marker(n))] for i, n in enumerate(range(100, 400))]
+    # Over 800 ticks: the bound (DEFERRED_HEARTBEATS intervals, 320 ticks) is reached
+    # twice.
+    batches: Batches = [[(i, encode_marker(n))] for i, n in enumerate(range(100, 900))]
+    assert len(batches) > 2 * DEFERRED_HEARTBEATS * 5
     clean_store, clean_pub = run_clean(s, batches, registry)
 
+    def within_bound(store: DictStore, i: int) -> None:
+        for raw in (v for k, v in store.data.items() if k.startswith("c/")):
+            cs = CounterState.from_bytes(raw, registry, KEY)
+            assert cs.frontier >= 100 + i - 1 - 5 * (DEFERRED_HEARTBEATS + 2)
+
     def run(full: bool, crash_at: int | None) -> tuple[DictStore, Published, int]:
-        store, pub = FailingStore({}, 0), Published()
-        bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
-        i = done = 0
-        while i < len(batches):
-            asyncio.run(bc.apply(0, batches[i]))
-            i += 1
-            if i % 3 == 0:
-                asyncio.run(bc.checkpoint(full=full))
-                done = i
-                for raw in (v for k, v in store.data.items() if k.startswith("c/")):
-                    cs = CounterState.from_bytes(raw, registry, KEY)
-                    assert cs.frontier >= 100 + i - 1 - 5 * (DEFERRED_HEARTBEATS + 2)
-            if i == crash_at:
-                crash_at = None
-                bc = BatchCommit(Operator(s, KEY, factory=registry), store, pub)
-                i = done
-        asyncio.run(bc.checkpoint())
+        store = FailingStore({}, 0)
+        pub = every_third_checkpoint(s, batches, store, full,
+                                     () if crash_at is None else (crash_at,), within_bound)
         return store, pub, store.writes
 
     _, _, every = run(True, None)
     store, pub, deferred = run(False, None)
-    assert every >= 20 * 300 // 5 // 2 and deferred * 3 < every
+    assert every >= 20 * 800 // 5 // 2 and deferred * 3 < every
     assert pub.releases == clean_pub.releases and store.data == clean_store.data
-    store, pub, _ = run(False, 250)
+    store, pub, _ = run(False, 650)
     assert pub.releases == clean_pub.releases and pub.ledger == clean_pub.ledger
     assert store.data == clean_store.data
 
@@ -419,6 +450,53 @@ def test_what_a_restart_re_sends_does_not_depend_on_which_counters_had_input() -
     with mock.patch.object(operator, "heartbeat_floor", lambda n, start, h, published:
                            heartbeat_floor(n, start, h, None)):
         _, leaky = run(False)
+    assert leaky.sent != full_pub.sent
+
+
+def test_a_restart_re_sealing_beyond_the_catch_up_window_re_sends_what_full_checkpoints_send(
+        ) -> None:
+    """Heartbeats every 20 ticks, so the deferral bound (DEFERRED_HEARTBEATS intervals)
+    is longer than the catch-up window (CATCHUP_HEARTBEAT_TICKS): crashes where counters'
+    stored values are further behind than that window re-seal more ticks at once than
+    a catch-up publishes heartbeats of. Every record sent, re-sends included and in
+    order, is still what full checkpoints send, and the final state is the same: what a
+    re-seal sends does not depend on how far behind the stored value was
+    (`heartbeat_floor` counts from the marker and the partition's frontier). Control:
+    without the partition's frontier the re-sends differ."""
+    h = 20
+    assert CATCHUP_HEARTBEAT_TICKS < DEFERRED_HEARTBEATS * h <= DEFERRED_TICKS_MAX
+    names = [f"k{i:02d}" for i in range(8)]
+    s = settings(dict.fromkeys(names, 100 * TICK), mechanism="ecc", epsilon=1.0,
+                 heartbeat_ticks=h, heartbeat_spread=True)
+    rng = random.Random(5)
+    recs = random_timeline(rng, names[:2], 100, 2700, 0.01)
+    batches = batches_of(to_records(recs, 4), rng)
+    # Not after a checkpoint: batches since it are applied again.
+    crash_at = {k + (k % 3 == 0) for k in (len(batches) * 45 // 100, len(batches) * 95 // 100)}
+
+    def run(full: bool) -> tuple[DictStore, Published, int]:
+        """The store, what was published and the most ticks a stored counter value was
+        behind another at a crash."""
+        lag = [0]
+
+        def behind(store: DictStore) -> None:
+            frontiers = [CounterState.from_bytes(v, registry, KEY).frontier
+                         for k, v in store.data.items() if k.startswith("c/")]
+            lag[0] = max(lag[0], max(frontiers) - min(frontiers))
+
+        store = DictStore()
+        pub = every_third_checkpoint(s, batches, store, full, crash_at, at_crash=behind)
+        return store, pub, lag[0]
+
+    full_store, full_pub, _ = run(True)
+    store, pub, lag = run(False)
+    assert lag > CATCHUP_HEARTBEAT_TICKS  # the crashes re-sealed beyond the window
+    assert len(pub.sent) > len(pub.order)  # and re-sent something
+    assert pub.sent == full_pub.sent
+    assert store.data == full_store.data
+    with mock.patch.object(operator, "heartbeat_floor", lambda n, start, h, published:
+                           heartbeat_floor(n, start, h, None)):
+        _, leaky, _ = run(False)
     assert leaky.sent != full_pub.sent
 
 
@@ -542,7 +620,8 @@ def test_an_idle_counter_is_released_and_one_with_input_stays_decoded() -> None:
             return got
 
         with mock.patch.object(operator, "advance_counter_value", counted):
-            for n in range(100, 190):
+            # Past the deferral bound (DEFERRED_HEARTBEATS intervals of 5 ticks).
+            for n in range(100, 110 + 5 * DEFERRED_HEARTBEATS):
                 events = [Event(name, n * TICK, UNIT) for name in names[:5]]
                 asyncio.run(bc.apply(0, [(off, encode_batch(events)),
                                          (off + 1, encode_marker(n))]))

@@ -29,6 +29,12 @@ from processor.stream.model.state import DictStore
 from tests.stream.test_commit import batches_of
 from tests.stream.test_operator import KEY, random_timeline, settings, to_records
 
+#: The deferral bound of these runs, in heartbeat intervals: 16 (112 ticks), so that a
+#: 400-tick run writes idle counters at the bound several times; the worker's bound
+#: (`operator.DEFERRED_HEARTBEATS`) is longer. The code before the bound was a parameter
+#: ran with 16.
+BOUND = 16
+
 #: (mechanism, calibration) -> the hash main (5665904) gave for `_digest(...)`.
 GOLDEN = {
     ("ecc", "paper"):
@@ -56,7 +62,7 @@ def _published_digest(pub: CollectingSink, store: DictStore | None = None) -> st
     return h.hexdigest()
 
 
-def _digest(mechanism: str, calibration: str, idle_decoded: int) -> str:
+def _digest(mechanism: str, calibration: str, idle_decoded: int, bound: int = BOUND) -> str:
     names = [f"k{i:02d}" for i in range(30)]
     s = settings(dict.fromkeys(names, 100 * 1000), mechanism=mechanism, epsilon=1.0,
                  calibration=calibration, heartbeat_ticks=7, heartbeat_spread=True)
@@ -64,7 +70,8 @@ def _digest(mechanism: str, calibration: str, idle_decoded: int) -> str:
     recs = random_timeline(rng, names[:6], 100, 400, 0.08)
     records = to_records(recs, 4)
     pub = CollectingSink()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=idle_decoded), DictStore(), pub)
+    op = Operator(s, KEY, idle_decoded=idle_decoded, defer_heartbeats=bound)
+    bc = BatchCommit(op, DictStore(), pub)
     schedule = random.Random(5)
     for batch in batches_of(records, rng):
         asyncio.run(bc.apply(0, batch))
@@ -95,6 +102,8 @@ def test_releases_equal_those_before(mechanism: str, calibration: str) -> None:
     # The paths in question ran: heartbeats from idle entries, writes from bytes.
     assert sum(beats) > 300 and sum(w is not None for w in writes) > 25
     assert _digest(mechanism, calibration, 1 << 30) == got
+    # The worker's bound (no write at it in 400 ticks): the same releases.
+    assert _digest(mechanism, calibration, 0, operator.DEFERRED_HEARTBEATS) == got
     floor = operator.heartbeat_floor
     with mock.patch.object(operator, "heartbeat_floor", lambda *a: floor(*a) + 1):
         assert _digest(mechanism, calibration, 0) != got
@@ -110,7 +119,7 @@ def _stopped_store(mechanism: str, write_idle: bool) -> tuple[dict[str, bytes], 
     rng = random.Random(11)
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
     store = DictStore()
-    op = Operator(s, KEY, idle_decoded=0)
+    op = Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND)
     bc = BatchCommit(op, store, CollectingSink())
     schedule = random.Random(5)
     for batch in batches_of(records, rng):
@@ -162,7 +171,7 @@ def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
     pub = CollectingSink()
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
     schedule = random.Random(7)
     for batch in batches_of(records, rng):
         asyncio.run(bc.apply(0, batch))
@@ -170,7 +179,7 @@ def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
             asyncio.run(bc.checkpoint(full=False))
         if schedule.random() < 0.06:
             asyncio.run(bc.checkpoint(full=not crash))
-            bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+            bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
     asyncio.run(bc.checkpoint())
     return _published_digest(pub, store)
 
@@ -248,7 +257,7 @@ def _young_restart(calibration: str, crash: bool, decodes: list[int]) -> str:
                  calibration=calibration, heartbeat_ticks=7, heartbeat_spread=True)
     pub = CollectingSink()
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
     offset = 0
     for n in (100, 102, 104):
         offset += 1
@@ -264,7 +273,7 @@ def _young_restart(calibration: str, crash: bool, decodes: list[int]) -> str:
         return decode(self, raw)
 
     with mock.patch.object(Operator, "_decode_counter", counted):
-        bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+        bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
         for n in (106, 110, 115, 121, 128, 134):
             offset += 1
             asyncio.run(bc.apply(0, [(offset, encode_marker(n))]))
@@ -366,7 +375,7 @@ def _bound_run(mechanism: str) -> tuple[str, int]:
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.05), 4)
     store = CopyingStore()
     pub = CollectingSink()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0), store, pub)
+    bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
     read: list[int] = []
     real = PartitionTransaction.stored_many
 

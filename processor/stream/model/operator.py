@@ -134,12 +134,20 @@ CATCHUP_HEARTBEAT_TICKS: Final = 1000
 
 #: A counter a marker advanced by ⊥ ticks only (no input taken, nothing published but
 #: heartbeats) is not written at a periodic checkpoint while its stored value is at most
-#: this many heartbeat intervals (and CATCHUP_HEARTBEAT_TICKS ticks) behind: restoring that
+#: this many heartbeat intervals (and DEFERRED_TICKS_MAX ticks) behind: restoring that
 #: value and sealing the same ticks again gives the same state and the same records. Each
 #: such write of an idle counter costs a read, two JSON round trips and a changelog record
-#: (about 25 us of the operator's CPU): 16 intervals write an idle counter once per 18
-#: heartbeats, where 4 wrote it once per 6 (bench/README.md, "The deferral bound").
-DEFERRED_HEARTBEATS: Final = 16
+#: (about 30 us of the operator's CPU, against about 6 us for a heartbeat from its idle
+#: entry): 64 intervals write an idle counter once per 66 heartbeats, where 16 wrote it
+#: once per 18 (bench/README.md, "The deferral bound").
+DEFERRED_HEARTBEATS: Final = 64
+
+#: The deferral bound in ticks, whatever the heartbeat interval (heartbeats of a million
+#: ticks turn them off): how far a restore re-seals a counter at most. What the re-seal
+#: sends does not depend on how far it goes: a marker sends no heartbeat at or before the
+#: partition's frontier it starts from (`heartbeat_floor`), and the catch-up floor counts
+#: from the marker's tick, not from the stored value's.
+DEFERRED_TICKS_MAX: Final = 4096
 
 #: The store key an error names for a counter that is not declared: declared names are
 #: public, an undeclared one is private input until announced.
@@ -320,6 +328,7 @@ class Operator:
     def __init__(self, settings: Settings, key: NoiseKey, *,
                  factory: CounterFactory | None = None,
                  cache_size: int = DEFAULT_CACHE_SIZE, idle_decoded: int = IDLE_DECODED,
+                 defer_heartbeats: int = DEFERRED_HEARTBEATS,
                  announced: Mapping[str, Collection[str]] | None = None,
                  provenance: Provenance | None = None,
                  unit_claim: UnitClaim | None = None,
@@ -335,7 +344,9 @@ class Operator:
         the ledger read at start), by default the configuration's own derivation: the
         default provenance's (`ConfiguredProvenance`). `cache_size`: how many counters
         stay decoded at most (least recently used out); `idle_decoded`: idle counters
-        stay decoded while the cache holds at most this many (`_keep`). `homes`: the
+        stay decoded while the cache holds at most this many (`_keep`);
+        `defer_heartbeats`: the deferral bound in heartbeat intervals (`_defer`; what it
+        changes is when idle counters are written, never a record published). `homes`: the
         timeline partition of every declared counter and of nothing else
         (`declared_homes`), if the caller has it (replay: one map for the operators of
         all partitions)."""
@@ -417,8 +428,8 @@ class Operator:
         # The mechanism classes of the counters decoded so far: whose `idle_view` reads
         # a stored value that no idle entry stands for yet (`_stored_idle`).
         self._views: dict[type[Counter], None] = {}
-        self._defer_ticks = min(DEFERRED_HEARTBEATS * settings.heartbeat_ticks,
-                                CATCHUP_HEARTBEAT_TICKS)
+        self._defer_ticks = min(defer_heartbeats * settings.heartbeat_ticks,
+                                DEFERRED_TICKS_MAX)
 
     # -- public entry points
 
