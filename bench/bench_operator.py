@@ -283,8 +283,10 @@ def idle_cpu(mech: str, warm: int, ticks: int, counters: int, idle_decoded: int,
     """Print the CPU of `counters` idle counters per tick of 1 s (= CPU-s per second of a
     worker's operator), the README's heartbeats (every 60 ticks, spread) and a checkpoint
     that is not full every 6 ticks, on a store that copies bytes as RocksDB does: markers
-    through `warm` ticks first (creating the counters, and writing each once at the
-    deferral bound), then `ticks` more, timed. Releases go to a sink that encodes them as
+    through `warm` ticks first (creating the counters; past DEFERRED_HEARTBEATS + 2
+    heartbeat intervals, 3,960 ticks, also each counter's first write at the deferral
+    bound, which uses the noise key), then `ticks` more, timed (a whole cycle of the
+    writes at the bound is 3,960 ticks). Releases go to a sink that encodes them as
     the worker's does and keeps nothing (no broker: their sending is not included).
     `rocksdb`: a directory for the store, the worker's (`rocks_store`), instead. `minutes`:
     also the CPU-ms per tick of each 60 timed ticks, in order (the writes of idle counters

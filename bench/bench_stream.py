@@ -164,7 +164,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--window-after", type=float, default=0.0, metavar="S",
                    help="idle: start the window no earlier than S s after the counters' "
                    "first tick (each counter's first write at the deferral bound falls "
-                   "4-5 heartbeat intervals after it: 300 with the README configuration)")
+                   "DEFERRED_HEARTBEATS + 1-2 heartbeat intervals after it: about 3,900 s "
+                   "with the README configuration)")
     p.add_argument("--profile", type=Path, metavar="FILE",
                    help="idle: py-spy record (--gil --threads, raw) of the worker over the "
                    "window into FILE (py-spy installed next to this Python)")
