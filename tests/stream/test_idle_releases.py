@@ -22,6 +22,7 @@ from processor.core import registry
 from processor.core.rng import NoiseKey
 from processor.stream.model import operator, state
 from processor.stream.model.commit import BatchCommit
+from processor.stream.model.config import Settings
 from processor.stream.model.operator import Operator
 from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.records import encode_marker
@@ -34,6 +35,11 @@ from tests.stream.test_operator import KEY, random_timeline, settings, to_record
 #: (`operator.DEFERRED_HEARTBEATS`) is longer. The code before the bound was a parameter
 #: ran with 16.
 BOUND = 16
+
+
+def _idle_operator(s: Settings) -> Operator:
+    """An operator of these runs: every idle counter released, the bound BOUND."""
+    return Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND)
 
 #: (mechanism, calibration) -> the hash main (5665904) gave for `_digest(...)`.
 GOLDEN = {
@@ -119,7 +125,7 @@ def _stopped_store(mechanism: str, write_idle: bool) -> tuple[dict[str, bytes], 
     rng = random.Random(11)
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
     store = DictStore()
-    op = Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND)
+    op = _idle_operator(s)
     bc = BatchCommit(op, store, CollectingSink())
     schedule = random.Random(5)
     for batch in batches_of(records, rng):
@@ -171,7 +177,7 @@ def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.08), 4)
     pub = CollectingSink()
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
+    bc = BatchCommit(_idle_operator(s), store, pub)
     schedule = random.Random(7)
     for batch in batches_of(records, rng):
         asyncio.run(bc.apply(0, batch))
@@ -179,7 +185,7 @@ def _restarted_digest(mechanism: str, calibration: str, crash: bool) -> str:
             asyncio.run(bc.checkpoint(full=False))
         if schedule.random() < 0.06:
             asyncio.run(bc.checkpoint(full=not crash))
-            bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
+            bc = BatchCommit(_idle_operator(s), store, pub)
     asyncio.run(bc.checkpoint())
     return _published_digest(pub, store)
 
@@ -257,7 +263,7 @@ def _young_restart(calibration: str, crash: bool, decodes: list[int]) -> str:
                  calibration=calibration, heartbeat_ticks=7, heartbeat_spread=True)
     pub = CollectingSink()
     store = DictStore()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
+    bc = BatchCommit(_idle_operator(s), store, pub)
     offset = 0
     for n in (100, 102, 104):
         offset += 1
@@ -273,7 +279,7 @@ def _young_restart(calibration: str, crash: bool, decodes: list[int]) -> str:
         return decode(self, raw)
 
     with mock.patch.object(Operator, "_decode_counter", counted):
-        bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
+        bc = BatchCommit(_idle_operator(s), store, pub)
         for n in (106, 110, 115, 121, 128, 134):
             offset += 1
             asyncio.run(bc.apply(0, [(offset, encode_marker(n))]))
@@ -375,7 +381,7 @@ def _bound_run(mechanism: str) -> tuple[str, int]:
     records = to_records(random_timeline(rng, names[:6], 100, 400, 0.05), 4)
     store = CopyingStore()
     pub = CollectingSink()
-    bc = BatchCommit(Operator(s, KEY, idle_decoded=0, defer_heartbeats=BOUND), store, pub)
+    bc = BatchCommit(_idle_operator(s), store, pub)
     read: list[int] = []
     real = PartitionTransaction.stored_many
 
