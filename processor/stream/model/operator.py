@@ -137,7 +137,7 @@ CATCHUP_HEARTBEAT_TICKS: Final = 1000
 #: this many heartbeat intervals (and DEFERRED_TICKS_MAX ticks) behind: restoring that
 #: value and sealing the same ticks again gives the same state and the same records. Each
 #: such write of an idle counter costs a read, two JSON round trips and a changelog record
-#: (about 30 us of the operator's CPU, against about 6 us for a heartbeat from its idle
+#: (about 30 us of the operator's CPU, against 4-8 us for a heartbeat from its idle
 #: entry): 64 intervals write an idle counter once per 66 heartbeats, where 16 wrote it
 #: once per 18 (bench/README.md, "The deferral bound").
 DEFERRED_HEARTBEATS: Final = 64
