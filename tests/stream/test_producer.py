@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 
 from processor.stream.kafka.kafka_io import produce_waiting
-from processor.stream.kafka.producer import PRODUCE_CHUNK, AsyncProducer, KafkaSink
+from processor.stream.kafka.producer import AsyncProducer, DeliveryError, KafkaSink
 from processor.stream.kafka.topics import topic_name
 from processor.stream.model.config import Settings
 from processor.stream.model.outputs import Output
@@ -191,19 +192,21 @@ def test_kafka_sink_sends_each_kind_to_its_topic_in_order_and_counts_the_stages_
 
 
 class StampedClient:
-    """Takes produce_stamped's calls as librdkafka's Producer (topic, value, key, then
-    on_delivery, timestamp and headers by name); BufferError at the calls in `full`
-    once each, `fail_at`'s exception at that call."""
+    """Takes produce_stamped's calls as the public librdkafka client (topic, value, key,
+    then timestamp and headers by name; no callback per record); BufferError at the
+    calls in `full` once each, `fail_at`'s exception at that call. Its length is the
+    records whose reports were not served yet, as librdkafka's queue length."""
 
     def __init__(self, full: Iterable[int] = (), fail_at: int | None = None) -> None:
         self.sent: list[tuple[Any, ...]] = []
         self.calls = 0
         self.polls = 0
+        self.unserved = 0
         self.full = set(full)
         self.fail_at = fail_at
 
-    def produce(self, topic: str, value: bytes, key: bytes, *, on_delivery: Any,
-                timestamp: int, headers: Any) -> None:
+    def produce(self, topic: str, value: bytes, key: bytes, *, timestamp: int,
+                headers: Any) -> None:
         n = self.calls
         self.calls += 1
         if n in self.full:
@@ -211,39 +214,95 @@ class StampedClient:
             raise BufferError("queue full")
         if n == self.fail_at:
             raise RuntimeError("broken")
-        self.sent.append((topic, value, key, timestamp, headers, on_delivery))
+        self.sent.append((topic, value, key, timestamp, headers))
+        self.unserved += 1
 
     def poll(self, timeout: float) -> int:
         self.polls += 1
         return 0
 
+    def __len__(self) -> int:
+        return self.unserved
 
-def test_stamped_records_in_order_across_chunks_a_full_queue_waited_out() -> None:
+
+def _public(client: StampedClient) -> AsyncProducer:
+    p = AsyncProducer({})
+    p._public_client = client  # type: ignore[assignment]
+    return p
+
+
+def test_stamped_records_in_order_a_full_queue_waited_out_flush_waits_for_all() -> None:
     """produce_stamped: every record once, in order, with its timestamp and headers,
-    over more than one chunk; a full queue polled until it drains; flush waits for all
-    and returns once all are acknowledged. A failure midway leaves exactly the records
-    sent in flight."""
-    n = PRODUCE_CHUNK + 10
+    through the public client; a full queue polled until it drains. flush returns only
+    once the client's queue is empty, woken by the check after the poll that served the
+    last report (`_public_drained`), and at once when nothing is queued. A failure
+    midway leaves exactly the records sent queued."""
+    n = 50
     records = [(b"k%d" % i, b"v%d" % i, 1000 + i, [("h", b"x")]) for i in range(n)]
-    client = StampedClient(full=[3, PRODUCE_CHUNK + 2])
-    p = _producer(client)  # type: ignore[arg-type]
+    client = StampedClient(full=[3, 42])
+    p = _public(client)
     p.produce_stamped("t", iter(records))
-    assert [s[:5] for s in client.sent] == [("t", v, k, ts, h) for k, v, ts, h in records]
+    assert client.sent == [("t", v, k, ts, h) for k, v, ts, h in records]
     assert client.polls == 2
 
-    async def flush_after_acks(upto: int) -> None:
+    async def flush_after_reports(step: int) -> None:
         waiting = asyncio.ensure_future(p.flush())
-        for i, s in enumerate(client.sent[:upto]):
+        while client.unserved:
             await asyncio.sleep(0)
             assert not waiting.done()
-            s[5](None, Delivered("t", 0, i))
+            client.unserved = max(0, client.unserved - step)  # a poll served `step`
+            p._public_drained()
         await asyncio.wait_for(waiting, 1.0)
 
-    asyncio.run(flush_after_acks(n))
-    broken = StampedClient(fail_at=PRODUCE_CHUNK + 1)
-    p = _producer(broken)  # type: ignore[arg-type]
+    asyncio.run(flush_after_reports(7))
+    asyncio.run(asyncio.wait_for(p.flush(), 1.0))  # nothing queued: returns at once
+    broken = StampedClient(fail_at=20)
+    p = _public(broken)
     with pytest.raises(RuntimeError):
         p.produce_stamped("t", records)
-    assert len(broken.sent) == PRODUCE_CHUNK + 1
+    assert len(broken) == len(broken.sent) == 20
     client = broken
-    asyncio.run(flush_after_acks(PRODUCE_CHUNK + 1))
+    asyncio.run(flush_after_reports(20))
+
+
+def test_a_failed_public_record_fails_the_flush_that_waits_for_it() -> None:
+    """The public client reports failures only (`_public_failed`): the flush waiting for
+    the failed record raises DeliveryError once, the next flush is clean. Control: a
+    success reported there (never, with `delivery.report.only.error`) fails nothing."""
+    client = StampedClient()
+    p = _public(client)
+    p.produce_stamped("t", [(b"k", b"v", 1, [])])
+
+    async def flush_after(err: Any) -> None:
+        waiting = asyncio.ensure_future(p.flush())
+        await asyncio.sleep(0)
+        p._public_failed(err, None)  # type: ignore[arg-type]
+        client.unserved = 0
+        p._public_drained()
+        await asyncio.wait_for(waiting, 1.0)
+
+    asyncio.run(flush_after(None))
+    p.produce_stamped("t", [(b"k", b"v", 1, [])])
+    with pytest.raises(DeliveryError):
+        asyncio.run(flush_after(KafkaError(KafkaError._MSG_TIMED_OUT)))
+    asyncio.run(asyncio.wait_for(p.flush(), 1.0))
+
+
+@pytest.mark.timeout(60)
+def test_records_no_broker_acknowledged_fail_the_flush_on_both_clients() -> None:
+    """Real librdkafka clients with no broker to reach (a closed port) and a message
+    timeout of 0.3 s: a release (the public client, reporting failures only) and a
+    changelog record (the tracked client) each make their flush raise DeliveryError
+    instead of returning as if acknowledged."""
+    conf = {"bootstrap.servers": "127.0.0.1:9", "log_level": "0"}
+    for send in ("stamped", "tracked"):
+        p = AsyncProducer(conf, message_timeout_ms=300)
+        try:
+            if send == "stamped":
+                p.produce_stamped("t", [(b"k", b"v", 1, [("h", b"x")])])
+            else:
+                p.produce("t", b"v", key=b"k", partition=0)
+            with pytest.raises(DeliveryError):
+                asyncio.run(asyncio.wait_for(p.flush(), 30.0))
+        finally:
+            p.close(timeout_s=0.0)

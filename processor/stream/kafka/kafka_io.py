@@ -175,9 +175,9 @@ def missing_topics(conf: Mapping[str, str], topics: Iterable[str],
     return [t for t in topics if t not in md.topics or md.topics[t].error is not None]
 
 
-def make_producer(conf: Mapping[str, str], **extra: str) -> Producer:
+def make_producer(conf: Mapping[str, str], **extra: Any) -> Producer:
     """An idempotent producer (acks=all) on top of `conf`."""
-    full = dict(conf)
+    full: dict[str, Any] = dict(conf)
     full.update({"enable.idempotence": "true", "acks": "all", "linger.ms": "5"})
     full.update(extra)
     return Producer(with_logger(full))

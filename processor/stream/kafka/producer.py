@@ -1,4 +1,4 @@
-"""The worker's librdkafka producer for everything its stages write: releases, ledger
+"""The worker's librdkafka producers for everything its stages write: releases, ledger
 entries, the bounding stage's forwards and dead letters (`KafkaSink`, the one sink of
 every stage), and the state tables' changelog records.
 
@@ -9,9 +9,14 @@ ordered per partition, retried without duplicates), a thread serves the delivery
 reports, and `flush()` lets a coroutine wait for all acknowledgements without blocking
 the event loop (Faust's heartbeats and the consumer keep running meanwhile).
 
-Delivery reports also tell at which offsets this process's records landed
-(`on_delivered`): restore.ChangelogTracker uses them to know whether anything else wrote
-to a changelog partition between them.
+Two clients, one per kind of report. The tracked one reports every record: delivery
+reports tell at which offsets this process's records landed (`on_delivered`), which
+restore.ChangelogTracker uses to know whether anything else wrote to a changelog
+partition between them. The public one (releases and ledger entries, whose offsets
+nobody tracks) reports failures only: its successes are counted by librdkafka (the
+client's queue length), not in Python, which saves a Python callback and a message
+object per record (about 1 us of a release's 3-4: bench/README.md, "Public records
+without a report each").
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from itertools import islice
 from typing import Any, Final
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -53,47 +57,63 @@ class DeliveryError(StreamError, RuntimeError):
 Headers = Sequence[tuple[str, bytes]]
 #: (key, value, timestamp_ms, headers) of one record (`produce_stamped`).
 StampedRecord = tuple[bytes, bytes, int, Headers]
-#: Records `produce_stamped` hands to librdkafka per count of those in flight: bounds
-#: what a call holds encoded at once (a ledger entry per counter at a first start).
-PRODUCE_CHUNK: Final = 4096
 OnDelivered = Callable[[str, int, int], None]
+#: A coroutine's wait in `flush`: its loop and the future the poll thread resolves.
+Waiter = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]"]
 
 
 class AsyncProducer:
-    """An idempotent librdkafka producer whose acknowledgements a coroutine can await.
+    """Idempotent librdkafka producers whose acknowledgements a coroutine can await.
 
     `produce` never blocks (a full local queue is served by polling until it drains);
     `flush()` returns once every record produced before it was acknowledged, and raises
     DeliveryError if any of them failed since the last flush. `on_delivered(topic,
     partition, offset)` is called (in the poll thread) for every acknowledged record but
-    those of `produce_stamped`.
+    those of `produce_stamped`, which go through the public client (module docstring).
     """
 
     def __init__(self, conf: Mapping[str, str], *, on_delivered: OnDelivered | None = None,
-                 linger_ms: int = 5) -> None:
+                 linger_ms: int = 5, message_timeout_ms: int = MESSAGE_TIMEOUT_MS) -> None:
         # No compression: Faust (aiokafka) reads the changelog back without lz4 or snappy.
         self._conf = {**conf, "linger.ms": str(linger_ms),
-                      "message.timeout.ms": str(MESSAGE_TIMEOUT_MS),
+                      "message.timeout.ms": str(message_timeout_ms),
                       "queue.buffering.max.messages": "1000000"}
         # Made at the first produce: a worker that never publishes (tests, a refused
         # start) opens no connection.
         self._client: Producer | None = None
+        self._public_client: Producer | None = None
         self._on_delivered = on_delivered
         self._lock = threading.Lock()
         self._in_flight = 0
         self._failed: KafkaError | None = None
-        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+        self._waiters: list[Waiter] = []
+        # Waiting for the public client's queue to be empty (`_public_drained`).
+        self._public_waiters: list[Waiter] = []
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
 
     @property
     def _producer(self) -> Producer:
         if self._client is None:
             self._client = kafka_io.make_producer(self._conf)
-            self._thread = threading.Thread(target=self._poll, name="dpc-producer",
-                                            daemon=True)
-            self._thread.start()
+            self._start_thread(self._poll, "dpc-producer")
         return self._client
+
+    @property
+    def _public(self) -> Producer:
+        """The client of the records whose offsets nobody tracks: it reports failures
+        only (confluent-kafka's `delivery.report.only.error`, to `_public_failed`)."""
+        if self._public_client is None:
+            self._public_client = kafka_io.make_producer(
+                self._conf, **{"delivery.report.only.error": True,
+                               "on_delivery": self._public_failed})
+            self._start_thread(self._poll_public, "dpc-producer-public")
+        return self._public_client
+
+    def _start_thread(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        self._threads.append(thread)
+        thread.start()
 
     def produce(self, topic: str, value: bytes | None, *, key: bytes | None = None,
                 partition: int | None = None, timestamp_ms: int | None = None,
@@ -141,43 +161,39 @@ class AsyncProducer:
 
     def produce_stamped(self, topic: str, records: Iterable[StampedRecord]) -> None:
         """`produce` of each (key, value, timestamp_ms, headers), in order, to the
-        partitioner's choice, with what `produce` does per record done once per chunk of
-        PRODUCE_CHUNK (an idle worker's marker round sends thousands of heartbeats, a
-        first start a ledger entry per counter). Their deliveries are not reported to
-        `on_delivered` (the public topics: nobody tracks their offsets)."""
-        client = self._producer
-        # No `on_delivered` for these: it tracks where changelog writes landed (a
-        # million-counter worker sends 16,700 heartbeats a second this way).
-        send, delivered = client.produce, self._acked
-        it = iter(records)
-        while chunk := list(islice(it, PRODUCE_CHUNK)):
-            with self._lock:
-                self._in_flight += len(chunk)
-            for i, (key, value, timestamp, headers) in enumerate(chunk):
-                while True:  # kafka_io.produce_waiting inlined (see produce_many)
-                    try:
-                        # A list as librdkafka takes it (records' `headers()` make one
-                        # each: not copied again).
-                        send(topic, value, key, on_delivery=delivered, timestamp=timestamp,
-                             headers=headers if type(headers) is list else list(headers))
-                        break
-                    except BufferError:
-                        client.poll(0.05)
-                    except BaseException:
-                        with self._lock:
-                            self._in_flight -= len(chunk) - i
-                        raise
+        partitioner's choice, through the public client (the public topics: nobody
+        tracks their offsets; a million-counter worker sends 16,700 heartbeats a second
+        this way, a first start a ledger entry per counter). `flush` waits for them as
+        for every other record."""
+        client = self._public
+        send = client.produce
+        for key, value, timestamp, headers in records:
+            while True:  # kafka_io.produce_waiting inlined (see produce_many)
+                try:
+                    # A list as librdkafka takes it (records' `headers()` make one each:
+                    # not copied again).
+                    send(topic, value, key, timestamp=timestamp,
+                         headers=headers if type(headers) is list else list(headers))
+                    break
+                except BufferError:
+                    client.poll(0.05)  # serves reports: maybe the last one a flush awaits
+                    self._public_drained()
 
     async def flush(self) -> None:
-        """Wait until every record produced so far is acknowledged (or failed)."""
+        """Wait until every record produced so far is acknowledged (or failed): the
+        tracked client's records counted in flight, the public client's queue empty
+        (librdkafka counts a record there until its report is served)."""
         loop = asyncio.get_running_loop()
+        waits: list[asyncio.Future[None]] = []
         with self._lock:
             if self._in_flight:
-                fut: asyncio.Future[None] = loop.create_future()
-                self._waiters.append((loop, fut))
-            else:
-                fut = None  # type: ignore[assignment]
-        if fut is not None:
+                waits.append(loop.create_future())
+                self._waiters.append((loop, waits[-1]))
+            public = self._public_client
+            if public is not None and len(public):
+                waits.append(loop.create_future())
+                self._public_waiters.append((loop, waits[-1]))
+        for fut in waits:
             await fut
         with self._lock:
             failed, self._failed = self._failed, None
@@ -186,17 +202,42 @@ class AsyncProducer:
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
-        if self._client is not None:
-            self._client.flush(timeout_s)
+        for thread in self._threads:
+            thread.join(timeout=2.0)
+        for client in (self._client, self._public_client):
+            if client is not None:
+                client.flush(timeout_s)
 
-    # -- the poll thread
+    # -- the poll threads
 
     def _poll(self) -> None:
         client = self._producer
         while not self._stop.is_set():
             client.poll(POLL_S)
+
+    def _poll_public(self) -> None:
+        client = self._public
+        while not self._stop.is_set():
+            client.poll(POLL_S)
+            self._public_drained()
+
+    def _public_drained(self) -> None:
+        """Wake the flushes waiting for the public client once its queue is empty. Its
+        length falls only while reports are served (in a poll), and every poll is
+        followed by this check, under the lock a flush registers under: a flush that saw
+        records queued is woken by the poll that serves the last one's report."""
+        client = self._public_client
+        with self._lock:
+            if self._public_waiters and client is not None and not len(client):
+                _wake(self._public_waiters)
+                self._public_waiters = []
+
+    def _public_failed(self, err: KafkaError | None, _msg: Message) -> None:
+        """The report of a public record: only failures reach here."""
+        if err is not None:
+            with self._lock:
+                if self._failed is None:
+                    self._failed = err
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         if err is None and self._on_delivered is not None:
@@ -208,16 +249,19 @@ class AsyncProducer:
         self._acked(err, msg)
 
     def _acked(self, err: KafkaError | None, _msg: Message) -> None:
-        """The delivery report of a record whose offset nobody tracks (`produce_stamped`:
-        the public topics), and the accounting of every record."""
+        """The accounting of every record of the tracked client."""
         with self._lock:
             self._in_flight -= 1
             if err is not None and self._failed is None:
                 self._failed = err
             if self._in_flight == 0 and self._waiters:
-                waiters, self._waiters = self._waiters, []
-                for loop, fut in waiters:
-                    loop.call_soon_threadsafe(_resolve, fut)
+                _wake(self._waiters)
+                self._waiters = []
+
+
+def _wake(waiters: list[Waiter]) -> None:
+    for loop, fut in waiters:
+        loop.call_soon_threadsafe(_resolve, fut)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
