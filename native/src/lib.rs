@@ -60,8 +60,7 @@ fn chacha20_block(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64
 /// are rotated by 1, 2 and 3 words (and rotated back).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-unsafe fn chacha20_block_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3],
-                              out: &mut [u64; 8]) {
+unsafe fn chacha20_block_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64; 8]) {
     use std::arch::x86_64::*;
     let row = |w: [u32; 4]| _mm_set_epi32(w[3] as i32, w[2] as i32, w[1] as i32, w[0] as i32);
     let a0 = row([0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574]);
@@ -70,15 +69,23 @@ unsafe fn chacha20_block_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3],
     let d0 = row([counter, nonce[0], nonce[1], nonce[2]]);
     let (mut a, mut b, mut c, mut d) = (a0, b0, c0, d0);
     macro_rules! rotl {
-        ($x:expr, 16) => { _mm_shufflehi_epi16(_mm_shufflelo_epi16($x, 0xb1), 0xb1) };
-        ($x:expr, $r:literal) => { _mm_or_si128(_mm_slli_epi32($x, $r), _mm_srli_epi32($x, 32 - $r)) };
+        ($x:expr, 16) => {
+            _mm_shufflehi_epi16(_mm_shufflelo_epi16($x, 0xb1), 0xb1)
+        };
+        ($x:expr, $r:literal) => {
+            _mm_or_si128(_mm_slli_epi32($x, $r), _mm_srli_epi32($x, 32 - $r))
+        };
     }
     macro_rules! quarter {
         () => {
-            a = _mm_add_epi32(a, b); d = rotl!(_mm_xor_si128(d, a), 16);
-            c = _mm_add_epi32(c, d); b = rotl!(_mm_xor_si128(b, c), 12);
-            a = _mm_add_epi32(a, b); d = rotl!(_mm_xor_si128(d, a), 8);
-            c = _mm_add_epi32(c, d); b = rotl!(_mm_xor_si128(b, c), 7);
+            a = _mm_add_epi32(a, b);
+            d = rotl!(_mm_xor_si128(d, a), 16);
+            c = _mm_add_epi32(c, d);
+            b = rotl!(_mm_xor_si128(b, c), 12);
+            a = _mm_add_epi32(a, b);
+            d = rotl!(_mm_xor_si128(d, a), 8);
+            c = _mm_add_epi32(c, d);
+            b = rotl!(_mm_xor_si128(b, c), 7);
         };
     }
     for _ in 0..10 {
@@ -104,22 +111,45 @@ unsafe fn chacha20_block_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3],
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
 fn chacha20_block_words(key: &[u32; 8], counter: u32, nonce: &[u32; 3], out: &mut [u64; 8]) {
     let init: [u32; 16] = [
-        0x6170_7865, 0x3320_646e, 0x7962_2d32, 0x6b20_6574,
-        key[0], key[1], key[2], key[3], key[4], key[5], key[6], key[7],
-        counter, nonce[0], nonce[1], nonce[2],
+        0x6170_7865,
+        0x3320_646e,
+        0x7962_2d32,
+        0x6b20_6574,
+        key[0],
+        key[1],
+        key[2],
+        key[3],
+        key[4],
+        key[5],
+        key[6],
+        key[7],
+        counter,
+        nonce[0],
+        nonce[1],
+        nonce[2],
     ];
     let mut x = init;
     macro_rules! qr {
         ($a:expr, $b:expr, $c:expr, $d:expr) => {
-            x[$a] = x[$a].wrapping_add(x[$b]); x[$d] = (x[$d] ^ x[$a]).rotate_left(16);
-            x[$c] = x[$c].wrapping_add(x[$d]); x[$b] = (x[$b] ^ x[$c]).rotate_left(12);
-            x[$a] = x[$a].wrapping_add(x[$b]); x[$d] = (x[$d] ^ x[$a]).rotate_left(8);
-            x[$c] = x[$c].wrapping_add(x[$d]); x[$b] = (x[$b] ^ x[$c]).rotate_left(7);
+            x[$a] = x[$a].wrapping_add(x[$b]);
+            x[$d] = (x[$d] ^ x[$a]).rotate_left(16);
+            x[$c] = x[$c].wrapping_add(x[$d]);
+            x[$b] = (x[$b] ^ x[$c]).rotate_left(12);
+            x[$a] = x[$a].wrapping_add(x[$b]);
+            x[$d] = (x[$d] ^ x[$a]).rotate_left(8);
+            x[$c] = x[$c].wrapping_add(x[$d]);
+            x[$b] = (x[$b] ^ x[$c]).rotate_left(7);
         };
     }
     for _ in 0..10 {
-        qr!(0, 4, 8, 12); qr!(1, 5, 9, 13); qr!(2, 6, 10, 14); qr!(3, 7, 11, 15);
-        qr!(0, 5, 10, 15); qr!(1, 6, 11, 12); qr!(2, 7, 8, 13); qr!(3, 4, 9, 14);
+        qr!(0, 4, 8, 12);
+        qr!(1, 5, 9, 13);
+        qr!(2, 6, 10, 14);
+        qr!(3, 7, 11, 15);
+        qr!(0, 5, 10, 15);
+        qr!(1, 6, 11, 12);
+        qr!(2, 7, 8, 13);
+        qr!(3, 4, 9, 14);
     }
     for i in 0..8 {
         let lo = x[2 * i].wrapping_add(init[2 * i]) as u64;
@@ -146,46 +176,87 @@ fn chacha20_blocks4(key: &[u32; 8], counter: u64, nonce: &[u32; 3], out: &mut [u
     #[cfg(not(target_arch = "x86_64"))]
     for j in 0..WIDE as usize {
         let mut block = [0u64; 8];
-        chacha20_block(key, (counter as u32).wrapping_add(j as u32), nonce, &mut block);
+        chacha20_block(
+            key,
+            (counter as u32).wrapping_add(j as u32),
+            nonce,
+            &mut block,
+        );
         out[8 * j..8 * j + 8].copy_from_slice(&block);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse2")]
-unsafe fn chacha20_blocks4_sse2(key: &[u32; 8], counter: u32, nonce: &[u32; 3],
-                                out: &mut [u64; 32]) {
+unsafe fn chacha20_blocks4_sse2(
+    key: &[u32; 8],
+    counter: u32,
+    nonce: &[u32; 3],
+    out: &mut [u64; 32],
+) {
     use std::arch::x86_64::*;
     let splat = |w: u32| _mm_set1_epi32(w as i32);
     let c = counter;
     let init: [__m128i; 16] = [
-        splat(0x6170_7865), splat(0x3320_646e), splat(0x7962_2d32), splat(0x6b20_6574),
-        splat(key[0]), splat(key[1]), splat(key[2]), splat(key[3]),
-        splat(key[4]), splat(key[5]), splat(key[6]), splat(key[7]),
-        _mm_set_epi32(c.wrapping_add(3) as i32, c.wrapping_add(2) as i32,
-                      c.wrapping_add(1) as i32, c as i32),
-        splat(nonce[0]), splat(nonce[1]), splat(nonce[2]),
+        splat(0x6170_7865),
+        splat(0x3320_646e),
+        splat(0x7962_2d32),
+        splat(0x6b20_6574),
+        splat(key[0]),
+        splat(key[1]),
+        splat(key[2]),
+        splat(key[3]),
+        splat(key[4]),
+        splat(key[5]),
+        splat(key[6]),
+        splat(key[7]),
+        _mm_set_epi32(
+            c.wrapping_add(3) as i32,
+            c.wrapping_add(2) as i32,
+            c.wrapping_add(1) as i32,
+            c as i32,
+        ),
+        splat(nonce[0]),
+        splat(nonce[1]),
+        splat(nonce[2]),
     ];
     let mut x = init;
     macro_rules! rotl {
-        ($x:expr, 16) => { _mm_shufflehi_epi16(_mm_shufflelo_epi16($x, 0xb1), 0xb1) };
-        ($x:expr, $r:literal) => { _mm_or_si128(_mm_slli_epi32($x, $r), _mm_srli_epi32($x, 32 - $r)) };
+        ($x:expr, 16) => {
+            _mm_shufflehi_epi16(_mm_shufflelo_epi16($x, 0xb1), 0xb1)
+        };
+        ($x:expr, $r:literal) => {
+            _mm_or_si128(_mm_slli_epi32($x, $r), _mm_srli_epi32($x, 32 - $r))
+        };
     }
     macro_rules! qr {
         ($a:literal, $b:literal, $c:literal, $d:literal) => {
-            x[$a] = _mm_add_epi32(x[$a], x[$b]); x[$d] = rotl!(_mm_xor_si128(x[$d], x[$a]), 16);
-            x[$c] = _mm_add_epi32(x[$c], x[$d]); x[$b] = rotl!(_mm_xor_si128(x[$b], x[$c]), 12);
-            x[$a] = _mm_add_epi32(x[$a], x[$b]); x[$d] = rotl!(_mm_xor_si128(x[$d], x[$a]), 8);
-            x[$c] = _mm_add_epi32(x[$c], x[$d]); x[$b] = rotl!(_mm_xor_si128(x[$b], x[$c]), 7);
+            x[$a] = _mm_add_epi32(x[$a], x[$b]);
+            x[$d] = rotl!(_mm_xor_si128(x[$d], x[$a]), 16);
+            x[$c] = _mm_add_epi32(x[$c], x[$d]);
+            x[$b] = rotl!(_mm_xor_si128(x[$b], x[$c]), 12);
+            x[$a] = _mm_add_epi32(x[$a], x[$b]);
+            x[$d] = rotl!(_mm_xor_si128(x[$d], x[$a]), 8);
+            x[$c] = _mm_add_epi32(x[$c], x[$d]);
+            x[$b] = rotl!(_mm_xor_si128(x[$b], x[$c]), 7);
         };
     }
     for _ in 0..10 {
-        qr!(0, 4, 8, 12); qr!(1, 5, 9, 13); qr!(2, 6, 10, 14); qr!(3, 7, 11, 15);
-        qr!(0, 5, 10, 15); qr!(1, 6, 11, 12); qr!(2, 7, 8, 13); qr!(3, 4, 9, 14);
+        qr!(0, 4, 8, 12);
+        qr!(1, 5, 9, 13);
+        qr!(2, 6, 10, 14);
+        qr!(3, 7, 11, 15);
+        qr!(0, 5, 10, 15);
+        qr!(1, 6, 11, 12);
+        qr!(2, 7, 8, 13);
+        qr!(3, 4, 9, 14);
     }
     let mut words = [[0u32; 4]; 16];
     for i in 0..16 {
-        _mm_storeu_si128(words[i].as_mut_ptr() as *mut __m128i, _mm_add_epi32(x[i], init[i]));
+        _mm_storeu_si128(
+            words[i].as_mut_ptr() as *mut __m128i,
+            _mm_add_epi32(x[i], init[i]),
+        );
     }
     for j in 0..WIDE as usize {
         for i in 0..8 {
@@ -219,7 +290,14 @@ impl Words {
             k[i] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
         let nonce = [lane as u32, (lane >> 32) as u32, (lane >> 64) as u32];
-        Words { key: k, nonce, position, start: u64::MAX, len: 0, buf: [0; 32] }
+        Words {
+            key: k,
+            nonce,
+            position,
+            start: u64::MAX,
+            len: 0,
+            buf: [0; 32],
+        }
     }
 
     fn next(&mut self) -> Result<u64, EndOfLane> {
@@ -454,20 +532,31 @@ fn neg_log(num: u128) -> f64 {
 /// svt.py `_Uniform.e_bounds_float` at 64 bits: float bounds (lo, hi) on E = -ln U.
 fn e_bounds(m: u64) -> (f64, f64) {
     let lo = neg_log(m as u128 + 1) * (1.0 - REL);
-    let hi = if m == 0 { f64::INFINITY } else { neg_log(m as u128) * (1.0 + REL) };
+    let hi = if m == 0 {
+        f64::INFINITY
+    } else {
+        neg_log(m as u128) * (1.0 + REL)
+    };
     (lo, hi)
 }
 
 /// svt.py `SVT._sample(v, start, end, pos)` on the skip lane's words from `src`'s
 /// position: (first firing step or None, position after); None where the reference must
 /// run it (float bounds cannot decide, a draw this crate leaves, a value past 62 bits).
-fn svt_sample(src: &mut Words, p: &Plan, v: i64, start: u64, end: u64)
-              -> Result<Option<Option<u64>>, EndOfLane> {
+fn svt_sample(
+    src: &mut Words,
+    p: &Plan,
+    v: i64,
+    start: u64,
+    end: u64,
+) -> Result<Option<Option<u64>>, EndOfLane> {
     let mut s = start;
     while s < end {
         let Some(k) = p.k(v, s) else { return Ok(None) };
         if k < 0 {
-            let Some(z) = src.discrete_laplace(p.t1, 1)? else { return Ok(None) };
+            let Some(z) = src.discrete_laplace(p.t1, 1)? else {
+                return Ok(None);
+            };
             if z > k {
                 return Ok(Some(Some(s)));
             }
@@ -540,7 +629,8 @@ fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64) -> Result<Attempts,
     // Bernoulli(exp(-U/t)): von Neumann step k is Bernoulli(U / (t k)); the modulus t k
     // and its acceptance limit by k (block._block_tables), k below 2 + 4 x 9.
     let m_tab: Vec<u64> = (0..2 + VN_COLUMNS_LATER as u64 * (MAX_SUB as u64 + 1))
-        .map(|k| t * k.max(1)).collect();
+        .map(|k| t * k.max(1))
+        .collect();
     let lim_tab: Vec<u64> = m_tab.iter().map(|&m| accept_limit(m)).collect();
     let mut d_k: Vec<u64> = vec![1; d_ids.len()];
     let mut passed: Vec<usize> = Vec::new();
@@ -550,7 +640,11 @@ fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64) -> Result<Attempts,
         if nd == 0 {
             break;
         }
-        let ncol = if sub == 0 { VN_COLUMNS } else { VN_COLUMNS_LATER };
+        let ncol = if sub == 0 {
+            VN_COLUMNS
+        } else {
+            VN_COLUMNS_LATER
+        };
         words.clear();
         for _ in 0..nd * ncol {
             words.push(src.next()?);
@@ -600,7 +694,11 @@ fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64) -> Result<Attempts,
         if nv == 0 {
             break;
         }
-        let ncol = if sub == 0 { GEOMETRIC_COLUMNS } else { GEOMETRIC_COLUMNS_LATER };
+        let ncol = if sub == 0 {
+            GEOMETRIC_COLUMNS
+        } else {
+            GEOMETRIC_COLUMNS_LATER
+        };
         words.clear();
         for _ in 0..nv * ncol {
             words.push(src.next()?);
@@ -645,7 +743,14 @@ fn block_attempts(src: &mut Words, a: usize, t: u64, s: u64) -> Result<Attempts,
         v_v = next_v;
     }
     for (j, v) in v_ids.iter().zip(v_v.iter()) {
-        parked.push((*j as i64, PARKED_IN_GEOMETRIC, uu[*j], neg[*j], 0, *v as i64));
+        parked.push((
+            *j as i64,
+            PARKED_IN_GEOMETRIC,
+            uu[*j],
+            neg[*j],
+            0,
+            *v as i64,
+        ));
     }
     done.sort_by_key(|&(j, _)| j);
     let mut ids = Vec::with_capacity(done.len());
@@ -680,9 +785,8 @@ fn run_sized<T: Send>(py: Python<'_>, units: usize, f: impl FnOnce() -> T + Send
 
 fn key_of(key: &[u8]) -> PyResult<[u8; 32]> {
     // The message names the length only, never the bytes.
-    key.try_into().map_err(|_| {
-        pyo3::exceptions::PyValueError::new_err("a derived stream key has 32 bytes")
-    })
+    key.try_into()
+        .map_err(|_| pyo3::exceptions::PyValueError::new_err("a derived stream key has 32 bytes"))
 }
 
 /// n draws scalar._discrete_laplace(t, s) from word `position` of `lane`, as a flat list
@@ -691,11 +795,19 @@ fn key_of(key: &[u8]) -> PyResult<[u8; 32]> {
 #[pyfunction]
 #[pyo3(signature = (key, lane, position, t, s, n))]
 fn discrete_laplace_run(
-    py: Python<'_>, key: &[u8], lane: u128, position: u64, t: u64, s: u64, n: usize,
+    py: Python<'_>,
+    key: &[u8],
+    lane: u128,
+    position: u64,
+    t: u64,
+    s: u64,
+    n: usize,
 ) -> PyResult<Vec<i64>> {
     let key = key_of(key)?;
     if t < 1 || s < 1 || lane >= 1u128 << 96 {
-        return Err(pyo3::exceptions::PyValueError::new_err("t, s >= 1 and lane < 2^96"));
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "t, s >= 1 and lane < 2^96",
+        ));
     }
     Ok(run_sized(py, n, || {
         let mut src = Words::new(&key, lane, position);
@@ -720,12 +832,19 @@ fn discrete_laplace_run(
 #[pyo3(signature = (key, lane, position, a, t, s))]
 #[allow(clippy::type_complexity)]
 fn discrete_laplace_attempts(
-    py: Python<'_>, key: &[u8], lane: u128, position: u64, a: usize, t: u64, s: u64,
+    py: Python<'_>,
+    key: &[u8],
+    lane: u128,
+    position: u64,
+    a: usize,
+    t: u64,
+    s: u64,
 ) -> PyResult<Option<(Vec<i64>, Vec<i64>, Vec<Parked>, u64)>> {
     let key = key_of(key)?;
     if !(1..=1 << 48).contains(&t) || s < 1 || lane >= 1u128 << 96 {
         return Err(pyo3::exceptions::PyValueError::new_err(
-            "1 <= t <= 2^48, s >= 1 and lane < 2^96"));
+            "1 <= t <= 2^48, s >= 1 and lane < 2^96",
+        ));
     }
     Ok(run_sized(py, a, || {
         let mut src = Words::new(&key, lane, position);
@@ -744,16 +863,37 @@ fn discrete_laplace_attempts(
 #[pyo3(signature = (key, pos, v, start, end, tau, b8, c, z0, t1, lam, log1pq, g))]
 #[allow(clippy::too_many_arguments)]
 fn svt_plan(
-    key: &[u8], pos: u64, v: i64, start: u64, end: u64, tau: f64, b8: f64, c: i64, z0: i64,
-    t1: u64, lam: f64, log1pq: f64, g: f64,
+    key: &[u8],
+    pos: u64,
+    v: i64,
+    start: u64,
+    end: u64,
+    tau: f64,
+    b8: f64,
+    c: i64,
+    z0: i64,
+    t1: u64,
+    lam: f64,
+    log1pq: f64,
+    g: f64,
 ) -> PyResult<Option<(Option<u64>, u64)>> {
     let key = key_of(key)?;
     let limit = 1u64 << 62;
     if t1 < 1 || start < 1 || end > limit || !(0..1 << 62).contains(&c) {
         return Err(pyo3::exceptions::PyValueError::new_err(
-            "t1 >= 1, 1 <= start, end <= 2^62, 0 <= c < 2^62"));
+            "t1 >= 1, 1 <= start, end <= 2^62, 0 <= c < 2^62",
+        ));
     }
-    let plan = Plan { tau, b8, c, z0, t1, lam, log1pq, g };
+    let plan = Plan {
+        tau,
+        b8,
+        c,
+        z0,
+        t1,
+        lam,
+        log1pq,
+        g,
+    };
     let mut src = Words::new(&key, 0, pos);
     Ok(match svt_sample(&mut src, &plan, v, start, end) {
         Ok(Some(step)) => Some((step, src.position)),
@@ -766,7 +906,11 @@ fn svt_plan(
 /// Block by block into the output (one bounds check per call, not one per word).
 #[pyfunction]
 fn keystream<'py>(
-    py: Python<'py>, key: &[u8], lane: u128, start: u64, n: u64,
+    py: Python<'py>,
+    key: &[u8],
+    lane: u128,
+    start: u64,
+    n: u64,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let key = key_of(key)?;
     if lane >= 1u128 << 96 {
@@ -775,7 +919,9 @@ fn keystream<'py>(
     let first = start / WORDS_PER_BLOCK;
     let end = start.checked_add(n).map(|e| e.div_ceil(WORDS_PER_BLOCK));
     if end.is_none_or(|e| e > MAX_BLOCK) {
-        return Err(pyo3::exceptions::PyValueError::new_err("stream position beyond 2^32 blocks"));
+        return Err(pyo3::exceptions::PyValueError::new_err(
+            "stream position beyond 2^32 blocks",
+        ));
     }
     let src = Words::new(&key, lane, start);
     let (k, nonce) = (src.key, src.nonce);
