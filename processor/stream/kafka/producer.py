@@ -96,7 +96,7 @@ class AsyncProducer:
     def _producer(self) -> Producer:
         if self._client is None:
             self._client = kafka_io.make_producer(self._conf)
-            self._start_thread(self._poll, "dpc-producer")
+            self._start_thread(self._client, "dpc-producer", lambda: None)
         return self._client
 
     @property
@@ -107,11 +107,20 @@ class AsyncProducer:
             self._public_client = kafka_io.make_producer(
                 self._conf, **{"delivery.report.only.error": True,
                                "on_delivery": self._public_failed})
-            self._start_thread(self._poll_public, "dpc-producer-public")
+            self._start_thread(self._public_client, "dpc-producer-public",
+                               self._public_drained)
         return self._public_client
 
-    def _start_thread(self, target: Callable[[], None], name: str) -> None:
-        thread = threading.Thread(target=target, name=name, daemon=True)
+    def _start_thread(self, client: Producer, name: str, served: Callable[[], None]
+                      ) -> None:
+        """The poll thread of `client`: serves its reports (their callbacks run there),
+        then calls `served`, until `close`."""
+        def serve() -> None:
+            while not self._stop.is_set():
+                client.poll(POLL_S)
+                served()
+
+        thread = threading.Thread(target=serve, name=name, daemon=True)
         self._threads.append(thread)
         thread.start()
 
@@ -208,18 +217,7 @@ class AsyncProducer:
             if client is not None:
                 client.flush(timeout_s)
 
-    # -- the poll threads
-
-    def _poll(self) -> None:
-        client = self._producer
-        while not self._stop.is_set():
-            client.poll(POLL_S)
-
-    def _poll_public(self) -> None:
-        client = self._public
-        while not self._stop.is_set():
-            client.poll(POLL_S)
-            self._public_drained()
+    # -- in the poll threads
 
     def _public_drained(self) -> None:
         """Wake the flushes waiting for the public client once its queue is empty. Its
