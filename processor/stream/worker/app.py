@@ -95,6 +95,7 @@ from processor.stream.model.records import (
 )
 from processor.stream.model.state import COUNTER_PREFIX, PARTITION_PREFIX, StateVersionError
 from processor.stream.worker import transport
+from processor.stream.worker.assignor import BalancedPartitionAssignor
 from processor.stream.worker.bulkload import LoadResult, LocalDatabaseError, bulk_load
 from processor.stream.worker.fencing import FENCED_EXIT, SuspensionFence
 from processor.stream.worker.heap import FULL_COLLECTION_S, OldGeneration
@@ -405,6 +406,8 @@ def worker_app(settings: Settings, replication: int = 1) -> WorkerApp:
         stream_wait_empty=False,
         # Restore and standby copies read the changelog in batches (recovery.py).
         TableManager=BatchedTableManager,
+        # Every worker its share of the partitions, standby replicas on (assignor.py).
+        PartitionAssignor=BalancedPartitionAssignor,
     )
 
 

@@ -70,6 +70,8 @@ PRIVATE_NAMES: Final = (
      "a standby partition's database, opened on the event loop for the standby reader"),
     ("faust.tables.manager:TableManager._changelogs", "recovery.py",
      "the table of a standby partition's changelog topic (the standby reader)"),
+    ("faust.assignor.partition_assignor:PartitionAssignor._perform_assignment",
+     "assignor.py", "run with the balanced copartitioned assignor in its globals"),
     ("faust.transport.consumer:Consumer._new_offset", "acks.py",
      "relied on: commits only up to the run of acked offsets (ack_refetched)"),
 )
