@@ -8,7 +8,7 @@ only). So with 4 timeline partitions, two workers holding 2 each and a third joi
 every worker is at its capacity of 2 and the third gets no partition, neither active nor
 standby: it ingests but counts nothing and copies nothing, for as long as no other
 rebalance reshuffles the group. The bench's 3-worker scale-out found that group in 2 of
-15 joins, at a load average below 1 too; a third worker started after the other two
+14 joins, at a load average below 1 too; a third worker started after the other two
 settled finds it every time.
 
 `BalancedCopartitionedAssignor` takes Faust's assignment as it is and then evens it out,
