@@ -185,16 +185,6 @@ def create_deployment_topics(conf: Mapping[str, str], dep: Deployment) -> None:
                   dep.settings.partitions, KEPT)
 
 
-def group_assignment(conf: Mapping[str, str], group: str,
-                     topic: str) -> dict[str, list[int]]:
-    """member id -> partitions of `topic` it holds, from the broker's group description."""
-    admin = kafka_io.make_admin(conf)
-    desc = admin.describe_consumer_groups([group], request_timeout=30)[group].result(timeout=30)
-    return {str(m.member_id): sorted(int(tp.partition) for tp in m.assignment.topic_partitions
-                                     if tp.topic == topic)
-            for m in desc.members}
-
-
 def groups_with_prefix(conf: Mapping[str, str], prefix: str) -> list[str]:
     admin = kafka_io.make_admin(conf)
     res = admin.list_consumer_groups(request_timeout=30).result(timeout=30)

@@ -92,7 +92,6 @@ from stream_io import (
     Tail,
     create_deployment_topics,
     event_value,
-    group_assignment,
     groups_with_prefix,
     produce_one,
     records_in,
@@ -116,6 +115,7 @@ from stream_timeline import TimelineView, wait_accounted
 from processor.devtools.deployment import (
     Deployment,
     WorkerProcess,
+    group_assignment,
     isolated_deployment,
     write_config,
 )

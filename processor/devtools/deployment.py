@@ -223,6 +223,16 @@ class WorkerProcess:
 
 # --- one isolated deployment -----------------------------------------------------------
 
+def group_assignment(conf: Mapping[str, str], group: str,
+                     topic: str) -> dict[str, list[int]]:
+    """member id -> partitions of `topic` it holds, from the broker's group description."""
+    admin = kafka_io.make_admin(conf)
+    desc = admin.describe_consumer_groups([group], request_timeout=30)[group].result(timeout=30)
+    return {str(m.member_id): sorted(int(tp.partition) for tp in m.assignment.topic_partitions
+                                     if tp.topic == topic)
+            for m in desc.members}
+
+
 def isolated_topics(name: str, uid: str) -> TopicSettings:
     """Five topic names that start with `name` and end with the run's unique `uid`."""
     return TopicSettings(input=f"{name}-in-{uid}", timeline=f"{name}-tl-{uid}",

@@ -11,19 +11,11 @@ from typing import Any
 
 import pytest
 
-from processor.stream.kafka import kafka_io
+from processor.devtools.deployment import group_assignment
 
 #: How long a group may take to give every member its partitions (a rebalance waits for
 #: every member's next poll and the session timeout of a member that left).
 SETTLE_S = 90.0
-
-
-def _timeline_held(conf: dict[str, str], group: str, topic: str) -> list[list[int]]:
-    """Each member's partitions of `topic`, from the broker's description of the group."""
-    admin = kafka_io.make_admin(conf)
-    desc = admin.describe_consumer_groups([group], request_timeout=10)[group].result(timeout=10)
-    return [sorted(tp.partition for tp in m.assignment.topic_partitions if tp.topic == topic)
-            for m in desc.members]
 
 
 def _settle(conf: dict[str, str], group: str, topic: str, members: int) -> list[list[int]]:
@@ -31,7 +23,7 @@ def _settle(conf: dict[str, str], group: str, topic: str, members: int) -> list[
     deadline = time.monotonic() + SETTLE_S
     seen: list[list[list[int]]] = []
     while time.monotonic() < deadline:
-        held = sorted(_timeline_held(conf, group, topic))
+        held = sorted(group_assignment(conf, group, topic).values())
         seen.append(held)
         if len(held) == members and sum(map(len, held)) == 4 and seen[-3:] == [held] * 3:
             return held

@@ -19,10 +19,10 @@ then the standby copies, for as long as a worker holds two or more more than ano
 that may take one of them (not its active partition, not a copy it has). Every move
 keeps Faust's rules (each partition active on one worker, standby on min(replicas,
 workers - 1) others, never on its active holder) and lowers the sum of the squared
-counts of its kind, so each loop ends; where
-Faust's assignment is even already nothing moves. The choices depend on the member ids
-and partition numbers only, as Faust's do. The changelogs follow their copartitioned
-timeline partitions and the global tables' standbys are assigned as Faust assigns them.
+counts of its kind, so each loop ends; where Faust's assignment is even already nothing
+moves. The choices depend on the member ids and partition numbers only, as Faust's do.
+The changelogs follow their copartitioned timeline partitions and the global tables'
+standbys are assigned as Faust assigns them.
 
 `BalancedPartitionAssignor` is Faust's `PartitionAssignor` with its
 `_perform_assignment` run unchanged but for the one name it looks up for the
