@@ -10,12 +10,16 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from processor.devtools.deployment import group_assignment
 
 #: How long a group may take to give every member its partitions (a rebalance waits for
 #: every member's next poll and the session timeout of a member that left).
 SETTLE_S = 90.0
+_COORDINATOR_NOT_READY = frozenset({KafkaError.NOT_COORDINATOR,
+                                    KafkaError.COORDINATOR_NOT_AVAILABLE,
+                                    KafkaError.COORDINATOR_LOAD_IN_PROGRESS})
 
 
 def _settle(conf: dict[str, str], group: str, topic: str, members: int) -> list[list[int]]:
@@ -23,7 +27,14 @@ def _settle(conf: dict[str, str], group: str, topic: str, members: int) -> list[
     deadline = time.monotonic() + SETTLE_S
     seen: list[list[list[int]]] = []
     while time.monotonic() < deadline:
-        held = sorted(group_assignment(conf, group, topic).values())
+        try:
+            held = sorted(group_assignment(conf, group, topic).values())
+        except KafkaException as exc:
+            # A fresh broker answers a new group's description with NOT_COORDINATOR
+            # until its coordinator is loaded (not flagged retriable): no reading yet.
+            if exc.args[0].code() not in _COORDINATOR_NOT_READY:
+                raise
+            held = []
         seen.append(held)
         if len(held) == members and sum(map(len, held)) == 4 and seen[-3:] == [held] * 3:
             return held
