@@ -265,8 +265,9 @@ class SteadyRun:
         return w
 
     def join(self, workers: int) -> None:
-        """Start workers 2..`workers`; wait until every one holds timeline partitions and
-        the assignment stayed the same over 8 readings."""
+        """Start workers 2..`workers`; wait until every one holds timeline partitions (as
+        many as there are partitions when the workers outnumber them) and the assignment
+        stayed the same over 8 readings."""
         if workers < 2:
             return
         for i in range(2, workers + 1):
@@ -277,7 +278,8 @@ class SteadyRun:
             self.check_alive()
             a = self.assignment()
             last.append(a)
-            full = len(a) == workers and all(a.values())
+            holding = sum(1 for ps in a.values() if ps)
+            full = len(a) == workers and holding == min(workers, self.dep.settings.partitions)
             return full and len(last) >= 8 and all(x == a for x in last[-8:])
         self.res["join_s"] = wait_until(stable, 300, f"a stable {workers}-worker assignment")
         # Members that joined later are named in the order they appear (one join at a
