@@ -336,6 +336,35 @@ def test_command_line_start_status_stop(tmp_path: Path) -> None:
 
 @pytest.mark.kafka
 @pytest.mark.usefixtures("local_kafka_available")
+def test_a_start_whose_output_is_closed_leaves_a_broker_stop_finds(tmp_path: Path) -> None:
+    """`start 2>&1 | head -1`: the reader goes after the first line, so every later print
+    fails; the broker started meanwhile is still recorded, and `stop` ends it. (Before,
+    the state was written after the prints: such a start left a broker no command knew.)"""
+    state = tmp_path / "state.json"
+    base = [sys.executable, str(KAFKA_SCRIPT)]
+    start = subprocess.Popen([*base, "start", "--state-file", str(state)],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert start.stdout is not None
+    first = start.stdout.readline()
+    start.stdout.close()  # as `head -1` does after its line
+    start.wait(timeout=180)
+    assert first.startswith(b"starting 1 Kafka node(s)")
+    try:
+        info = json.loads(state.read_text())
+        assert lk_cluster.broker_ids(info["bootstrap_servers"], timeout=10.0) == {1}
+    finally:
+        stopped = subprocess.run([*base, "stop", "--state-file", str(state)],
+                                 capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    pid = info["nodes"][0]["pid"]
+    assert (
+        not Path(f"/proc/{pid}").exists()
+        or b"kafka.Kafka" not in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )
+
+
+@pytest.mark.kafka
+@pytest.mark.usefixtures("local_kafka_available")
 def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> None:
     """`start --security sasl_ssl` prints the bootstrap servers and the path of the client
     properties; both client files are mode 0600 and hold the SCRAM password that the

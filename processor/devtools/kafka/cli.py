@@ -103,6 +103,12 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
     print(f"starting {nodes} Kafka node(s) on 127.0.0.1 ...", file=sys.stderr)
     kafka.start()
     took = time.monotonic() - started
+    if not args.foreground:
+        # Recorded before anything is printed: a print that fails (the output piped into
+        # `head -1` and closed) or a Ctrl-C from here on leaves a broker `stop` can find.
+        state_file.parent.mkdir(parents=True, exist_ok=True)
+        state = {**kafka.state(), "security": args.security}
+        state_file.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     written: tuple[Path, Path] | None = None
     if args.security != "plaintext":
         state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -124,9 +130,6 @@ def _cmd_start(args: argparse.Namespace, nodes: int) -> int:
             kafka.stop()
             remove_client_files(state_file)
         return EXIT_OK
-    state_file.parent.mkdir(parents=True, exist_ok=True)
-    state = {**kafka.state(), "security": args.security}
-    state_file.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
     print(f"stop it with: python deploy/kafka.py stop   (state in {state_file})", file=sys.stderr)
     return EXIT_OK
 
