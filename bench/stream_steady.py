@@ -191,6 +191,14 @@ class BrokerKill:
         return thread, failed
 
 
+def every_worker_placed(held: Mapping[str, list[int]], workers: int, partitions: int) -> bool:
+    """Whether a group's assignment (member -> timeline partitions) has all `workers`
+    members and gives partitions to as many of them as can hold one: every member, or
+    every partition's own member when the workers outnumber the partitions."""
+    holding = sum(1 for ps in held.values() if ps)
+    return len(held) == workers and holding == min(workers, partitions)
+
+
 class SteadyRun:
     """One deployment of the README configuration with `counters` counters."""
 
@@ -265,8 +273,7 @@ class SteadyRun:
         return w
 
     def join(self, workers: int) -> None:
-        """Start workers 2..`workers`; wait until every one holds timeline partitions (as
-        many as there are partitions when the workers outnumber them) and the assignment
+        """Start workers 2..`workers`; wait until `every_worker_placed` and the assignment
         stayed the same over 8 readings."""
         if workers < 2:
             return
@@ -278,8 +285,7 @@ class SteadyRun:
             self.check_alive()
             a = self.assignment()
             last.append(a)
-            holding = sum(1 for ps in a.values() if ps)
-            full = len(a) == workers and holding == min(workers, self.dep.settings.partitions)
+            full = every_worker_placed(a, workers, self.dep.settings.partitions)
             return full and len(last) >= 8 and all(x == a for x in last[-8:])
         self.res["join_s"] = wait_until(stable, 300, f"a stable {workers}-worker assignment")
         # Members that joined later are named in the order they appear (one join at a

@@ -82,3 +82,16 @@ def test_sets_rotate_the_worker_counts_so_each_runs_first_in_turn() -> None:
 
     assert [rotated([1, 3], k) for k in range(3)] == [[1, 3], [3, 1], [1, 3]]
     assert [rotated([1, 2, 3], k) for k in range(3)] == [[1, 2, 3], [2, 3, 1], [3, 1, 2]]
+
+
+def test_a_join_is_placed_when_every_worker_or_every_partition_has_its_member() -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from stream_steady import every_worker_placed
+
+    assert every_worker_placed({"a": [0, 1], "b": [2, 3]}, 2, 4)
+    assert not every_worker_placed({"a": [0, 1, 2, 3], "b": []}, 2, 4)
+    assert not every_worker_placed({"a": [0, 1], "b": [2, 3]}, 3, 4)  # one not joined yet
+    # Five workers, four partitions: one member holds none, and must be allowed to.
+    five = {"a": [0], "b": [1], "c": [2], "d": [3], "e": []}
+    assert every_worker_placed(five, 5, 4)
+    assert not every_worker_placed({**five, "d": [], "c": [2, 3]}, 5, 4)
