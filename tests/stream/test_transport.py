@@ -13,10 +13,13 @@ import inspect
 from typing import Any, cast
 
 import aiokafka
+import pytest
+from confluent_kafka import Producer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from processor.stream.worker import transport
 from processor.stream.worker.app import WorkerApp
+from tests.conftest import create_topics, unique_topic
 
 
 def _built_consumer() -> tuple[WorkerApp, aiokafka.AIOKafkaConsumer, int]:
@@ -337,3 +340,89 @@ def test_a_changelog_that_decodes_is_left_to_faust() -> None:
     assert asyncio.run(main(None, "json")) is None
     assert asyncio.run(main(bytes, "json")) is None
     assert isinstance(asyncio.run(main(bytes, "raw")), transport.ChangelogHandler)
+
+
+class _SeekThread:
+    """The consumer thread's seeks, recorded: seek_to_committed answers `committed`; a
+    seek of a partition in `unassigned` raises as aiokafka's does."""
+
+    def __init__(self, committed: dict[aiokafka.TopicPartition, int | None],
+                 unassigned: set[aiokafka.TopicPartition]) -> None:
+        self.committed = committed
+        self.unassigned = unassigned
+        self.seeks: list[tuple[aiokafka.TopicPartition, int]] = []
+
+    async def seek_to_committed(self) -> dict[aiokafka.TopicPartition, int | None]:
+        return dict(self.committed)
+
+    def seek(self, partition: aiokafka.TopicPartition, offset: int) -> None:
+        if partition in self.unassigned:
+            raise aiokafka.errors.IllegalStateError("not assigned")
+        self.seeks.append((partition, offset))
+
+
+def test_the_seek_also_takes_a_never_committed_stream_partition_to_its_start() -> None:
+    """The seek that ends a rebalance's recovery: aiokafka seeks only committed offsets
+    above 0, so the worker's consumer seeks the stream partitions with none (or 0) to
+    their first offset, and no changelog partition (the recovery's). Faust's consumer
+    alone seeks none of them (the small unit campaign's stalled drain)."""
+    tl = [aiokafka.TopicPartition("tl", p) for p in range(5)]
+    changelog = aiokafka.TopicPartition("app-dpc-state-changelog", 1)
+    committed: dict[aiokafka.TopicPartition, int | None] = {
+        tl[0]: 7, tl[1]: None, tl[2]: 0, tl[3]: 1, tl[4]: None, changelog: None}
+
+    async def seek() -> tuple[object, list[tuple[aiokafka.TopicPartition, int]]]:
+        app = WorkerApp("seek-probe", broker="kafka://127.0.0.1:1", web_enabled=False)
+        consumer = app.consumer
+        assert isinstance(consumer, transport.QuickPollConsumer)
+        app.topics.acks_enabled_for = lambda topic: topic == "tl"  # type: ignore[method-assign]
+        # tl[4] was revoked meanwhile: skipped, the others still sought.
+        thread = _SeekThread(committed, unassigned={tl[4]})
+        consumer._thread = cast(Any, thread)
+        got = await consumer.seek_to_committed()
+        return got, thread.seeks
+
+    got, seeks = asyncio.run(seek())
+    assert got == committed
+    assert sorted(seeks) == [(tl[1], 0), (tl[2], 0)]
+
+
+@pytest.mark.kafka
+def test_aiokafka_leaves_a_never_committed_partition_past_what_it_fetched(
+        kafka_bootstrap: str) -> None:
+    """Why the seek above is needed, on a real broker: after a fetch, aiokafka's
+    seek_to_committed leaves a partition the group never committed where the fetch left
+    it (records fetched and then dropped are never read again); a seek to 0 (what the
+    worker's consumer adds) reads them again."""
+    topic = unique_topic("seek-back")
+    create_topics(kafka_bootstrap, [topic], partitions=1)
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    for i in range(5):
+        producer.produce(topic, value=b"%d" % i, partition=0)
+    assert producer.flush(30) == 0
+    tp = aiokafka.TopicPartition(topic, 0)
+
+    async def run() -> tuple[int, int, list[int]]:
+        consumer = aiokafka.AIOKafkaConsumer(
+            bootstrap_servers=kafka_bootstrap, group_id=unique_topic("seek-group"),
+            enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            fetched: list[int] = []
+            while len(fetched) < 5:
+                batch = await consumer.getmany(tp, timeout_ms=5000)
+                fetched += [r.offset for r in batch.get(tp, [])]
+            await consumer.seek_to_committed(tp)
+            after_committed = await consumer.position(tp)
+            consumer.seek(tp, 0)
+            after_beginning = await consumer.position(tp)
+            again = await consumer.getmany(tp, timeout_ms=5000)
+            return after_committed, after_beginning, [r.offset for r in again.get(tp, [])]
+        finally:
+            await consumer.stop()
+
+    after_committed, after_beginning, again = asyncio.run(run())
+    assert after_committed == 5
+    assert after_beginning == 0
+    assert again == [0, 1, 2, 3, 4]

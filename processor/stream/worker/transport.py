@@ -56,6 +56,20 @@ its start, as before. A standby copy reads only such records (a py-spy profile o
 joining worker of a 2-worker run: the conductor's coroutine and the decode about 22% of
 the event loop's busy samples).
 
+Seek back. Around a rebalance Faust's consumer drops records it fetched (those of a batch
+still being handed over when the generation changed or the flow was suspended, and those
+of a partition paused meanwhile), and relies on the seek that ends each rebalance's
+recovery (`seek_to_committed`) to read them again. aiokafka's seek_to_committed seeks
+only a partition whose committed offset is above 0: one the group has never committed
+stays where the fetch left it, past the dropped records. The agent's gap guard
+(acks.GapGuard) re-reads such records when a later one of the partition arrives, but a
+partition that receives none (the units topic once its input stops) kept them unapplied
+and its commit at 0 for good (the small unit campaign caught it: a drain waited 180 s on
+a units partition never committed). `QuickPollConsumer.seek_to_committed` seeks those
+partitions to offset 0, where the group starts when it has committed nothing (or the log's
+start: `consumer_auto_offset_reset="earliest"`); what is read again is applied again, a
+no-op (each stage skips an offset it applied), and acknowledged.
+
 Private names used (listed in upstream.py; tests/stream/test_transport.py checks how
 they are used): `faust.App._new_transport`, `Consumer._new_consumer_thread`,
 `AIOKafkaConsumerThread._create_worker_consumer`, and aiokafka's
@@ -71,14 +85,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Coroutine, Generator
-from typing import Any, Final
+from collections.abc import Callable, Coroutine, Generator, Mapping
+from typing import Any, Final, cast
 
 import aiokafka
 import faust
 from faust.transport import conductor as faust_conductor
 from faust.transport import consumer as faust_consumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 from faust.types.auth import CredentialsT
 
 from processor.stream.kafka import kafka_io
@@ -99,6 +114,16 @@ class QuickPollConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # the Fetcher is built from it
         return consumer
+
+
+def uncommitted_stream_partitions(committed: Mapping[Any, int | None],
+                                  is_stream: Callable[[str], bool]) -> list[Any]:
+    """Of aiokafka's committed offsets (its TopicPartition -> offset, None where the group
+    committed nothing), the partitions of stream topics (`is_stream`: an agent reads the
+    topic and acknowledges its records) whose offset aiokafka's seek_to_committed leaves
+    unsought: none, or 0. Changelogs are the recovery's."""
+    return [tp for tp, offset in committed.items()
+            if (offset is None or offset <= 0) and is_stream(tp.topic)]
 
 
 class Resumed:
@@ -158,6 +183,25 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
 
     def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:
         return QuickPollConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    async def seek_to_committed(self) -> Mapping[TP, int]:
+        """Faust's seek of every assigned partition to the group's committed offset, and
+        of each stream partition that has none (or 0) to its first offset (module doc,
+        "Seek back"). Returns the committed offsets, as Faust's does."""
+        committed = await super().seek_to_committed()
+        # Typed as Faust types it; aiokafka's answer holds None where nothing is committed.
+        fresh = uncommitted_stream_partitions(cast(Mapping[Any, "int | None"], committed),
+                                              self.app.topics.acks_enabled_for)
+        for tp in fresh:
+            # Offset 0, not aiokafka's seek_to_beginning, which waits for the partition's
+            # reset and so for a paused partition's resumption: Faust's fetch loop calls
+            # this while the flow is stopped. Below the log's start the fetch resets to
+            # it (auto_offset_reset "earliest").
+            try:
+                await self.seek(tp, 0)
+            except aiokafka.errors.IllegalStateError:
+                continue  # no longer assigned: the next assignment's seek is its own
+        return committed
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover
         """Faust's `Consumer._drain_messages` (faust-streaming 0.15.3) line for line, but
