@@ -85,8 +85,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine, Generator, Mapping
-from typing import Any, Final, cast
+from collections.abc import Coroutine, Generator, Mapping
+from typing import Any, Final
 
 import aiokafka
 import faust
@@ -114,16 +114,6 @@ class QuickPollConsumerThread(faust_aiokafka.AIOKafkaConsumerThread):
         consumer = super()._create_worker_consumer(transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # the Fetcher is built from it
         return consumer
-
-
-def uncommitted_stream_partitions(committed: Mapping[Any, int | None],
-                                  is_stream: Callable[[str], bool]) -> list[Any]:
-    """Of aiokafka's committed offsets (its TopicPartition -> offset, None where the group
-    committed nothing), the partitions of stream topics (`is_stream`: an agent reads the
-    topic and acknowledges its records) whose offset aiokafka's seek_to_committed leaves
-    unsought: none, or 0. Changelogs are the recovery's."""
-    return [tp for tp, offset in committed.items()
-            if (offset is None or offset <= 0) and is_stream(tp.topic)]
 
 
 class Resumed:
@@ -189,10 +179,11 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
         of each stream partition that has none (or 0) to its first offset (module doc,
         "Seek back"). Returns the committed offsets, as Faust's does."""
         committed = await super().seek_to_committed()
-        # Typed as Faust types it; aiokafka's answer holds None where nothing is committed.
-        fresh = uncommitted_stream_partitions(cast(Mapping[Any, "int | None"], committed),
-                                              self.app.topics.acks_enabled_for)
-        for tp in fresh:
+        is_stream = self.app.topics.acks_enabled_for  # agents' topics, not changelogs
+        for tp, offset in committed.items():
+            # aiokafka's answer holds None where nothing is committed (Faust types it int).
+            if (offset is not None and offset > 0) or not is_stream(tp.topic):
+                continue  # sought by aiokafka, or the recovery's
             # Offset 0, not aiokafka's seek_to_beginning, which waits for the partition's
             # reset and so for a paused partition's resumption: Faust's fetch loop calls
             # this while the flow is stopped. Below the log's start the fetch resets to
