@@ -45,14 +45,39 @@ def test_the_default_plan_is_inert() -> None:
 def test_crash_at_parsing() -> None:
     assert FaultPlan.from_env({CRASH_ENV: "after_acks:3"}).crash_at == CrashAt("after_acks", 3)
     assert (FaultPlan.from_env({CRASH_ENV: " ingest_delivered:12:raise "}).crash_at
-            == CrashAt("ingest_delivered", 12, raise_fault=True))
+            == CrashAt("ingest_delivered", 12, "raise"))
+    assert (FaultPlan.from_env({CRASH_ENV: "bulk_chunk_written:1:term"}).crash_at
+            == CrashAt("bulk_chunk_written", 1, "term"))
     assert FaultPlan.from_env({CRASH_ENV: "after_acks:3"}) != NO_FAULTS
     for bad in ("after_acks", "after_acks:0", ":2", "after_acks:x", "after_acks:1:boom",
-                "after_acks:-1", "after_acks:1:raise:raise", "a:b:c"):
+                "after_acks:-1", "after_acks:1:raise:raise", "a:b:c", "after_acks:1:kill",
+                "after_acks:1:term:raise"):
         with pytest.raises(ConfigError, match=CRASH_ENV) as err:
             FaultPlan.from_env({CRASH_ENV: bad})
         assert err.value.field == CRASH_ENV
-        assert "<point>:<k>[:raise] with k >= 1" in str(err.value)
+        assert "<point>:<k>[:raise|:term] with k >= 1" in str(err.value)
+
+
+def test_the_term_hook_sends_sigterm_at_the_kth_call_of_its_point_only() -> None:
+    """`:term`: a stop request at that point. The process's own SIGTERM handler runs
+    (here a recording one, in place of the worker's, which raises Terminated) at the
+    k-th call and at no other."""
+    import signal
+
+    hook = FaultPlan.from_env({CRASH_ENV: "bulk_chunk_written:2:term"}).crash_point()
+    assert hook is not None
+    got: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: got.append(signum))
+    try:
+        hook("bulk_chunk_written")
+        hook("after_acks")
+        assert got == []
+        hook("bulk_chunk_written")
+        assert got == [signal.SIGTERM]
+        hook("bulk_chunk_written")  # once only
+        assert got == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def test_the_raising_hook_fires_at_the_kth_call_of_its_point_only() -> None:
@@ -125,7 +150,7 @@ def test_the_worker_shares_one_hook_between_its_stages_and_shifts_its_clock(
 
     s = with_overrides(Settings(), counters={"a": 0}, state_dir=str(tmp_path),
                        metrics_port=0, app_id="faults-wiring")
-    plan = FaultPlan(crash_at=CrashAt("after_acks", 2, raise_fault=True),
+    plan = FaultPlan(crash_at=CrashAt("after_acks", 2, "raise"),
                      clock_offset_ms=-60_000)
     worker = Worker(s, NoiseKey.from_seed(1), faults=plan)
     hook = worker.operator.commit.crash_point

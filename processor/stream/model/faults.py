@@ -3,10 +3,11 @@
 The kill -9 tests, the clock tests and the reliability campaign
 (processor/devtools/campaign.py) start real worker processes with:
 
-- `DPC_TEST_CRASH_AT=<point>:<k>[:raise]`: at the k-th call of crash point <point> the
-  process kills itself with SIGKILL, so no cleanup runs, exactly like a machine crash;
-  with `:raise` it raises InjectedFault there instead, the failure path a bug or a broker
-  error takes. The points are named by the stages that call the hook:
+- `DPC_TEST_CRASH_AT=<point>:<k>[:raise|:term]`: at the k-th call of crash point <point>
+  the process kills itself with SIGKILL, so no cleanup runs, exactly like a machine
+  crash; with `:raise` it raises InjectedFault there instead, the failure path a bug or a
+  broker error takes; with `:term` it sends itself SIGTERM, an operator's stop request
+  arriving at that point. The points are named by the stages that call the hook:
   `commit.CRASH_POINTS`, `bounding.CRASH_POINTS`, INGEST_DELIVERED and the bulk load's
   `bulk_chunk_written` (worker/bulkload.py).
 - `DPC_TEST_CLOCK_OFFSET_MS=<ms>`: shifts the worker's wall clock (a clock that runs
@@ -52,26 +53,32 @@ class InjectedFault(RuntimeError):
     error, so every handler must treat it as one, never as an error raised on purpose."""
 
 
+#: What a crash point does when it is hit: SIGKILL, raise InjectedFault, or SIGTERM.
+CRASH_ACTIONS: Final = ("kill", "raise", "term")
+
+
 @dataclass(frozen=True, slots=True)
 class CrashAt:
-    """Fail at the `call`-th call of crash point `point`: SIGKILL, or InjectedFault when
-    `raise_fault`."""
+    """Fail at the `call`-th call of crash point `point`: `action` one of CRASH_ACTIONS
+    (SIGKILL, InjectedFault, SIGTERM)."""
 
     point: str
     call: int
-    raise_fault: bool = False
+    action: str = "kill"
 
     @classmethod
     def parse(cls, spec: str) -> CrashAt:
-        """`<point>:<k>[:raise]` with k >= 1; ConfigError naming DPC_TEST_CRASH_AT if not."""
+        """`<point>:<k>[:raise|:term]` with k >= 1; ConfigError naming DPC_TEST_CRASH_AT if
+        not."""
         parts = spec.split(":")
-        raise_fault = len(parts) == 3 and parts[2] == "raise"
-        if raise_fault:
-            parts = parts[:2]
+        action = "kill"
+        if len(parts) == 3 and parts[2] in CRASH_ACTIONS[1:]:
+            action = parts.pop()
         if (len(parts) != 2 or not parts[0] or not parts[1].isdigit()
                 or int(parts[1]) < 1):
-            raise ConfigError(CRASH_ENV, "must look like <point>:<k>[:raise] with k >= 1")
-        return cls(parts[0], int(parts[1]), raise_fault)
+            raise ConfigError(CRASH_ENV,
+                              "must look like <point>:<k>[:raise|:term] with k >= 1")
+        return cls(parts[0], int(parts[1]), action)
 
     def hook(self) -> CrashPoint:
         """A fresh hook (its own call counts, thread-safe: ingest calls it from its
@@ -85,8 +92,13 @@ class CrashAt:
                 hit = name == self.point and calls[name] == self.call
             if not hit:
                 return
-            if self.raise_fault:
+            if self.action == "raise":
                 raise InjectedFault(f"test fault at {name} (call {self.call})")
+            if self.action == "term":
+                log.warning("test crash point %s reached (call %d): SIGTERM", name,
+                            self.call)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
             log.warning("test crash point %s reached (call %d): SIGKILL", name, self.call)
             logging.shutdown()
             os.kill(os.getpid(), signal.SIGKILL)
