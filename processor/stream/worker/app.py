@@ -1080,11 +1080,14 @@ def load_local_state(settings: Settings, app: faust.App,
                      crash_point: Callable[[str], None] | None) -> LocalState:
     """Prepare the state directory (`_prepare_state_dir`) and fill its databases from the
     changelogs of `state_tables` (bulkload.py), before the worker joins its group.
-    Returns with the running flag absent: the load writes nothing the changelog lacks, so
-    a crash during it, or a start refused after it, leaves databases the next start keeps
-    and continues. StartError or StorageError as `_prepare_state_dir`; StorageError when
-    a database cannot be loaded (the flag then stays: the next start discards the local
-    files). `crash_point`: the kill -9 tests' hook (faults.py)."""
+    Returns with the running flag absent: the load writes nothing the changelog lacks (each
+    chunk's values and persisted offset in one write batch), so a crash during it, a stop
+    request that ends it (SIGTERM, Ctrl-C), or a start refused after it, leaves databases
+    the next start keeps and continues. Any other error ending the load writes the flag,
+    so the next start discards the local files (a database that failed in a way nobody
+    foresaw is not read again); StorageError when a database cannot be opened or written.
+    StartError or StorageError as `_prepare_state_dir`. `crash_point`: the kill -9 tests'
+    hook (faults.py)."""
     began = time.monotonic()
     tabledir = _tabledir(settings, app)
     flag = _prepare_state_dir(settings, tabledir)
@@ -1093,6 +1096,8 @@ def load_local_state(settings: Settings, app: faust.App,
     flag.unlink()
     try:
         loaded = bulk_load(conf, tabledir, state_tables(settings), crash_point=crash_point)
+    except KeyboardInterrupt:
+        raise  # a stop request (main.Terminated at SIGTERM): the databases stay, as at a kill
     except BaseException as exc:
         flag.write_text(str(os.getpid()))
         if not isinstance(exc, LocalDatabaseError):
