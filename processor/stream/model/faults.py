@@ -94,14 +94,12 @@ class CrashAt:
                 return
             if self.action == "raise":
                 raise InjectedFault(f"test fault at {name} (call {self.call})")
-            if self.action == "term":
-                log.warning("test crash point %s reached (call %d): SIGTERM", name,
-                            self.call)
-                os.kill(os.getpid(), signal.SIGTERM)
-                return
-            log.warning("test crash point %s reached (call %d): SIGKILL", name, self.call)
-            logging.shutdown()
-            os.kill(os.getpid(), signal.SIGKILL)
+            sig = signal.SIGTERM if self.action == "term" else signal.SIGKILL
+            log.warning("test crash point %s reached (call %d): %s", name, self.call,
+                        sig.name)
+            if sig is signal.SIGKILL:
+                logging.shutdown()  # nothing runs after it: flush the line above
+            os.kill(os.getpid(), sig)  # SIGTERM returns: its handler runs next
 
         return crash_point
 
