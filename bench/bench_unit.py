@@ -79,6 +79,7 @@ from processor.stream.model.records import (
     TimelineFormatError,
     decode_timeline,
 )
+from processor.stream.model.transaction import StoreGeneration
 
 IDLE_S = 3.0
 #: Both modes checkpoint every 2 s (the operator and the bounding stage alike): each
@@ -268,6 +269,10 @@ class RocksStore:
     def __init__(self, path: str) -> None:
         self._db = Rdict(path, options=Options(raw_mode=True))
         self.writes = 0
+        self._generation = StoreGeneration()
+
+    def generation(self) -> int | None:
+        return self._generation.now(self._db, self._db.latest_sequence_number())
 
     def get(self, key: str) -> bytes | None:
         value = self._db.get(key.encode("utf-8"))
@@ -285,10 +290,14 @@ class RocksStore:
 
     def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
         wb = WriteBatch(raw_mode=True)
+        n = 0
         for key, value in writes:
             wb.put(key.encode("utf-8"), value)
-            self.writes += 1
+            n += 1
+        before = self._db.latest_sequence_number()
         self._db.write(wb)
+        self._generation.wrote(self._db, before, self._db.latest_sequence_number(), n)
+        self.writes += n
 
     def scan(self, prefix: str) -> Any:
         return iter(())

@@ -289,6 +289,8 @@ def test_wrong_write_order_is_caught() -> None:
             self.store = store
             self.held: list[tuple[str, bytes]] = []
 
+        generation = DictStore.generation  # None: it cannot tell
+
         def get(self, key: str) -> bytes | None:
             return self.store.get(key)
 

@@ -5,6 +5,7 @@ Pure: the delivery reports are calls here."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,47 @@ def test_the_batch_read_is_get_key_by_key_on_every_store(tmp_path: Path) -> None
         db.close()
     # the control: every read but the empty one, the two of one key and the sorted one
     assert _get_many_agrees(_SortedAnswers()) == 26 - 4
+
+
+def test_the_worker_store_generation_moves_on_every_write_but_its_own(tmp_path: Path) -> None:
+    """`PartitionStore.generation` on a RocksDB database opened as Faust opens the
+    worker's: the same across the store's own plan writes (`write_many`) and its
+    persisted offset, a new one after a write by anyone else (a value put straight into
+    the database, a restore's or standby copy's write batch, the store's own `set`), and
+    after the database was reopened (Faust closes and opens it at rebalances)."""
+    from types import SimpleNamespace
+
+    from faust.stores.rocksdb import RocksDBOptions
+
+    from processor.stream.worker.table import ROCKSDB_OPTIONS, PartitionStore, merged_batch
+
+    options: Any = ROCKSDB_OPTIONS
+    dbs = [RocksDBOptions(**options).open(tmp_path / "db")]
+
+    def persist(_tp: object, offset: int) -> None:
+        dbs[0].put(b"__faust\x00offset__", str(offset).encode())
+
+    table: Any = SimpleNamespace(data=SimpleNamespace(_db_for_partition=lambda _p: dbs[0],
+                                                      set_persisted_offset=persist))
+    producer: Any = SimpleNamespace(produce_many=lambda *a: None, produce=lambda *a, **k: None)
+    store = PartitionStore(table, 0, producer, "cl")
+    try:
+        first = store.generation()
+        store.write_many([("c/a", b"1"), ("c/b", b"2"), ("p/0", b"3")])
+        store.set_persisted_offset(7)
+        assert store.generation() == first
+        others: list[Callable[[], object]] = [
+            lambda: dbs[0].put(b"c/a", b"9"),
+            lambda: dbs[0].write(merged_batch({b"c/b": b"8", b"c/z": None}, 3)),
+            lambda: store.set("c/a", b"7")]
+        seen = {first}
+        for write in others:
+            write()
+            now = store.generation()
+            assert now not in seen and store.generation() == now
+            seen.add(now)
+        dbs[0].close()
+        dbs[0] = RocksDBOptions(**options).open(tmp_path / "db")
+        assert store.generation() not in seen
+    finally:
+        dbs[0].close()

@@ -486,6 +486,13 @@ class StateStore(Protocol):
     #: returns a fresh copy): what the state cache's check may keep (transaction.py).
     shares_bytes: bool
 
+    def generation(self) -> int | None:
+        """A number that stays the same between two calls only if nothing but this
+        store's own `write_many` calls wrote it meanwhile (transaction.py: a cached value
+        checked at a generation still equals the stored bytes while it lasts); None: the
+        store cannot tell, and every load reads the stored bytes."""
+        ...
+
     def get(self, key: str) -> bytes | None: ...
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
@@ -500,7 +507,8 @@ class StateStore(Protocol):
 
     def write_many(self, writes: Iterable[tuple[str, bytes]]) -> None:
         """Set each (key, value) in order, at once where the store can (a checkpoint's
-        write plan for one partition: one RocksDB write batch)."""
+        write plan for one partition: one RocksDB write batch). Only a transaction's
+        plan (`PartitionTransaction.prepare`) is written so: it keeps the generation."""
         ...
 
     def scan(self, prefix: str) -> Iterator[tuple[str, bytes]]:
@@ -516,6 +524,10 @@ class DictStore:
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
+
+    def generation(self) -> int | None:
+        # It keeps the very bytes: a load's check is an `is` (transaction.py).
+        return None
 
     def get(self, key: str) -> bytes | None:
         return self.data.get(key)

@@ -41,6 +41,7 @@ from rocksdict import WriteBatch
 from processor.stream.kafka.producer import AsyncProducer
 from processor.stream.model.restore import ChangelogTracker, merge_changelog, persist_after
 from processor.stream.model.state import StateStore
+from processor.stream.model.transaction import StoreGeneration
 from processor.stream.worker.heap import HeapTrim
 from processor.stream.worker.stale import OFFSET_KEY
 
@@ -134,11 +135,27 @@ class PartitionStore:
         self._producer = producer
         self._changelog = changelog
         self._heap = heap
+        self._generation = StoreGeneration()
 
     def db(self) -> Any:
         """The partition's rocksdict database (raw bytes keys and values)."""
         store: Any = self._table.data
         return store._db_for_partition(self._partition)
+
+    def generation(self) -> int | None:
+        """From the database's sequence number, which any write to it moves: a restore's,
+        a standby copy's, this store's own `set` (transaction.StoreGeneration)."""
+        db = self.db()
+        return self._generation.now(db, db.latest_sequence_number())
+
+    def set_persisted_offset(self, offset: int) -> None:
+        """Persist the changelog offset this partition's database reflects (Faust's
+        offset key, one write): it writes no value a cache holds, so it keeps the
+        generation."""
+        db = self.db()
+        before = db.latest_sequence_number()
+        self._table.data.set_persisted_offset(TP(self._changelog, self._partition), offset)
+        self._generation.wrote(db, before, db.latest_sequence_number(), 1)
 
     def get(self, key: str) -> bytes | None:
         value = self.db().get(key.encode("utf-8"))
@@ -172,7 +189,10 @@ class PartitionStore:
             raw = key.encode("utf-8")
             wb.put(raw, value)
             records.append((raw, value))
-        self.db().write(wb)
+        db = self.db()
+        before = db.latest_sequence_number()
+        db.write(wb)
+        self._generation.wrote(db, before, db.latest_sequence_number(), len(records))
         self._producer.produce_many(self._changelog, records, self._partition)
         if self._heap is not None:
             self._heap.written(len(records))
@@ -233,7 +253,7 @@ class WorkerStores:
             tp = TP(self._changelog, partition)
             moved = persist_after(through, self._table.persisted_offset(tp))
             if moved is not None:
-                self._table.data.set_persisted_offset(tp, moved)
+                self._stores[partition].set_persisted_offset(moved)
         self.heap.after_flush()
 
     def _rewrite(self) -> int:
