@@ -75,6 +75,7 @@ import math
 import os
 import random
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -220,7 +221,6 @@ class SteadyRun:
         self.view = TimelineView(conf, self.dep)
         self.ledger = Tail(conf, self.dep.topics.ledger)
         self.procs: list[WorkerProcess] = [self.dep.worker]
-        self.members: dict[str, str] = {}
         self.res: dict[str, Any] = {"counters": counters, "tick_ms": s.tick_ms,
                                     "lateness_ms": s.lateness_ms, "standby_replicas": standby,
                                     "checkpoint_ms": s.checkpoint_interval_ms()}
@@ -241,9 +241,18 @@ class SteadyRun:
     def assignment(self) -> dict[str, list[int]]:
         return group_assignment(self.conf, self.group, self.dep.topics.timeline)
 
+    def member_name(self, member: str) -> str:
+        """The worker (worker1, worker2, ... in start order) whose process a group member
+        id names: it begins with the process's client id (`kafka_io.client_id`)."""
+        host = socket.gethostname()
+        for i, w in enumerate(self.procs):
+            if w.proc is not None and member.startswith(
+                    f"dpc-{self.group}-{host}-{w.proc.pid}-"):
+                return f"worker{i + 1}"
+        return f"member-{member[-6:]}"
+
     def named_assignment(self) -> dict[str, list[int]]:
-        return {self.members.get(m, f"member-{m[-6:]}"): ps
-                for m, ps in sorted(self.assignment().items())}
+        return {self.member_name(m): ps for m, ps in sorted(self.assignment().items())}
 
     # -- steps
 
@@ -261,7 +270,6 @@ class SteadyRun:
         self.view.attach_changelog()
         first = self.assignment()
         self.res["assign_before"] = {"worker1": sorted(p for ps in first.values() for p in ps)}
-        self.members = {m: "worker1" for m in first}
 
     def new_worker(self, label: str) -> WorkerProcess:
         """Another worker of the group with a state dir, and a metrics port, of its own (a
@@ -288,10 +296,6 @@ class SteadyRun:
             full = every_worker_placed(a, workers, self.dep.settings.partitions)
             return full and len(last) >= 8 and all(x == a for x in last[-8:])
         self.res["join_s"] = wait_until(stable, 300, f"a stable {workers}-worker assignment")
-        # Members that joined later are named in the order they appear (one join at a
-        # time is not guaranteed, so with 3 workers the names 2 and 3 may be swapped).
-        for k, m in enumerate(sorted(set(last[-1]) - set(self.members))):
-            self.members[m] = f"worker{k + 2}"
 
     def idle(self, settle_s: float, idle_s: float, profile: Path | None = None) -> None:
         """What the workers burn with no input (markers, heartbeats, polling), after a

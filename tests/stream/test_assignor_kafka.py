@@ -1,10 +1,11 @@
 """A third worker joining two that hold every timeline partition gets its share (real
 broker, real workers, standby replicas on). With Faust's own assignor the two keep 2 of
 the 4 partitions each, at their capacity, and the third gets none, for good
-(worker/assignor.py)."""
+(worker/assignor.py). The members' ids name their processes (kafka_io.client_id)."""
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,3 +59,11 @@ def test_a_third_worker_joining_two_gets_a_partition(
     assert sorted(len(p) for p in three) == [1, 1, 2], (three, third.log_tail())
     for w in (first, second, third):
         assert w.alive(), w.log_tail()
+    # Each member id begins with its process's own client id (kafka_io.client_id): the
+    # group's description tells the workers apart (Faust's default was one id for all).
+    host = socket.gethostname()
+    members = list(group_assignment(conf, group, topic))
+    owners = [[w for w in (first, second, third)
+               if m.startswith(f"dpc-{group}-{host}-{w.proc.pid}-")] for m in members]
+    assert sorted(id(o[0]) for o in owners if len(o) == 1) == sorted(
+        id(w) for w in (first, second, third)), members

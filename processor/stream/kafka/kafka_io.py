@@ -9,6 +9,8 @@ the same `ssl_context`). Nothing here logs record contents or secrets.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import ssl
 import time
 import uuid
@@ -96,9 +98,18 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     return ctx
 
 
+def client_id(settings: Settings) -> str:
+    """The client id of every Kafka client of this process: the app id, the host and the
+    process id, so that a group's description (`kafka-consumer-groups --describe`, whose
+    member ids begin with it) and the brokers' logs tell the workers apart. Nothing in it
+    depends on an event."""
+    return f"dpc-{settings.app_id}-{socket.gethostname()}-{os.getpid()}"
+
+
 def base_config(settings: Settings) -> dict[str, str]:
-    """Bootstrap servers plus security: the part every librdkafka client shares."""
-    conf = {"bootstrap.servers": settings.bootstrap_servers}
+    """Bootstrap servers, security and the client id: the part every librdkafka client
+    shares."""
+    conf = {"bootstrap.servers": settings.bootstrap_servers, "client.id": client_id(settings)}
     conf.update(security_config(settings))
     return conf
 

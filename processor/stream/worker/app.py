@@ -385,6 +385,8 @@ def worker_app(settings: Settings, replication: int = 1) -> WorkerApp:
         settings.app_id,
         broker=transport.broker_urls(settings),
         broker_credentials=transport.faust_credentials(settings),
+        # Faust's default is "faust-<version>" for every worker of every app.
+        broker_client_id=kafka_io.client_id(settings),
         store="rocksdb://",  # faust-streaming's RocksDB store, on rocksdict
         # One directory per app id: two apps never share RocksDB files.
         datadir=str(Path(settings.state_dir).resolve() / settings.app_id),
