@@ -411,7 +411,10 @@ def test_command_line_secured_start_writes_client_settings(tmp_path: Path) -> No
                               "[counters]\na = 0\n")
 
         write_config(toml_file.read_text())
-        assert kafka_io.base_config(load_settings(str(config), {})) == conf
+        settings = load_settings(str(config), {})
+        # The client properties plus the process's own client id (kafka_io.client_id).
+        assert kafka_io.base_config(settings) == {
+            **conf, "client.id": kafka_io.client_id(settings)}
         replay = [sys.executable, "-m", "processor", "replay", "--config", str(config)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("DPC_")}
         res = subprocess.run(replay, capture_output=True, text=True, timeout=60, cwd=ROOT,

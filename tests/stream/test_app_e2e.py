@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
+import socket
 import subprocess
 import sys
 import time
@@ -432,9 +434,12 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
                            sasl_username="svc", sasl_password="s3cret-pw")
     s = with_overrides(base, security=sec)
     conf = kafka_io.base_config(s)
+    client = kafka_io.client_id(s)
     assert conf == {"bootstrap.servers": "k1.example:9093,k2.example:9093",
+                    "client.id": client,
                     "security.protocol": "sasl_ssl", "sasl.mechanism": "SCRAM-SHA-512",
                     "sasl.username": "svc", "sasl.password": "s3cret-pw"}
+    assert client == f"dpc-{s.app_id}-{socket.gethostname()}-{os.getpid()}"
     creds = faust_credentials(s)
     assert isinstance(creds, faust.SASLCredentials)
     assert creds.username == "svc" and creds.password == "s3cret-pw"
@@ -445,4 +450,5 @@ def test_broker_security_settings_reach_both_clients(tmp_path: Path) -> None:
     # Control: plaintext.
     assert faust_credentials(base) is None
     assert kafka_io.base_config(base) == {"bootstrap.servers": "k1.example:9093,k2.example:9093",
+                                          "client.id": client,
                                           "security.protocol": "plaintext"}
