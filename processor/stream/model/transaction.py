@@ -260,8 +260,9 @@ class PartitionTransaction:
             return value
         cached: V | None = entries.get(key)
         # Read before the get: a write landing between the two moves the generation
-        # after this one, and the next load compares again.
-        generation = self._store.generation()
+        # after this one, and the next load compares again. A slot that caches nothing
+        # has no use for it (the units' values: one load per event).
+        generation = self._store.generation() if slot.cache != 0 else None
         if (cached is not None and generation is not None and cached.saved is not None
                 and self._checked.get(key) == generation):
             if slot.cache is not None:
