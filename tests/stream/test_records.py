@@ -156,8 +156,75 @@ def test_parse_input_never_raises(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("boom")
 
     monkeypatch.setattr(records, "to_units", boom)
-    got = parse_input(b'{"counter":"signups","ts":1767225600000}', S, NOW)
-    assert got == Rejection("schema_violation", "not a valid event (RuntimeError)")
+    # A value of 0.5 is not a plain event's (`_plain_event`): the full checks run.
+    for parse in (parse_input, records.parse_input_reference):
+        got = parse(b'{"counter":"signups","ts":1767225600000,"value":0.5}', S, NOW)
+        assert got == Rejection("schema_violation", "not a valid event (RuntimeError)")
+
+
+_COUNTERS: list[object] = ["signups", "late", "pages", "signupz", "", 7, None, "x" * 201,
+                           "\ud800", "caf\u00e9"]
+_TS: list[object] = [NOW, NOW - 3_600_000, NOW - 3_600_001, NOW + 10_000, NOW + 60_000,
+                     NOW + 60_001, -5, 0, True, 1.5, "2026-01-01T00:00:00Z", None]
+_VALUES: list[object] = [0, 1, 2, -1, True, False, 0.5, 1.0, 0.0, None, "1"]
+_EXTRA: list[dict[str, object]] = [{}, {"user": "u1"}, {"user": 7}, {"key": "k"},
+                                   {"vaule": 1}]
+
+
+def _inputs() -> list[bytes]:
+    """Every combination of a counter, a ts, a value (or none) and an extra field (or
+    none), each field also left out, as the JSON an input record would hold."""
+    out = []
+    for counter in [*_COUNTERS, ...]:
+        for ts in [*_TS, ...]:
+            for value in [*_VALUES, ...]:
+                for extra in _EXTRA:
+                    d = {k: v for k, v in (("counter", counter), ("ts", ts),
+                                           ("value", value)) if v is not ...}
+                    # The escapes stay escapes in the JSON text (a lone surrogate).
+                    out.append(json.dumps({**d, **extra}).replace("\\\\u", "\\u")
+                               .encode())
+    return out
+
+
+def _plain_settings() -> list[Settings]:
+    from processor.stream.model.config import with_unit
+    return [S, with_overrides(S, allow_undeclared=True, families={}),
+            with_unit(with_overrides(S, families={}), 1.0, 1e-6, 2, 2)]
+
+
+def test_plain_events_agree_with_the_full_checks() -> None:
+    """The fast path (`_plain_event`) takes only events the full checks accept, and makes
+    the same Event of them: parse_input and parse_input_reference agree on every
+    combination of fields (11 x 13 x 12 x 5 records, 3 configurations: event mode with
+    an open family, undeclared counters allowed, user mode)."""
+    raws = _inputs()
+    fast = 0
+    for s in _plain_settings():
+        for i, raw in enumerate(raws):
+            got = parse_input(raw, s, NOW, 2, i)
+            assert got == records.parse_input_reference(raw, s, NOW, 2, i), raw
+            obj = records._loads_input(raw)
+            fast += records._plain_event(obj, s, NOW, 2, i) is not None
+    # The fast path took exactly the plain ones: in each event-mode configuration
+    # "signups" at 4 of the ts and "late" at 2, each with a value of 0, 1 or none, no
+    # extra field; none in user mode.
+    assert fast == 2 * (4 + 2) * 3
+
+
+def test_plain_event_agreement_rejects_a_wrong_fast_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: a fast path that takes a value of 2 as 1 (or any event past max_future_ms)
+    disagrees with the full checks on some record, and the comparison above sees it."""
+    def wrong(obj: Any, s: Settings, now_ms: int, partition: int,
+              offset: int) -> Event | None:
+        if type(obj) is dict and obj.get("value") == 2 and obj.get("counter") == "signups":
+            return Event("signups", int(obj["ts"]), UNIT, partition, offset)
+        return None
+
+    monkeypatch.setattr(records, "_plain_event", wrong)
+    assert any(parse_input(raw, S, NOW) != records.parse_input_reference(raw, S, NOW)
+               for raw in _inputs())
 
 
 def test_marker_tick_reads_markers_only() -> None:

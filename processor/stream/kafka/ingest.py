@@ -140,7 +140,7 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
     input_topic = settings.topics.input
     partitions = settings.partitions
     by_partition: dict[int, list[Event]] = {}
-    raw_of: dict[tuple[int, int], bytes] = {}
+    raw = _Sources(records)
 
     def dead(rejection: Rejection, rec: InputRecord) -> None:
         out.deadletters.append(deadletter_record(rejection, rec.value, input_topic,
@@ -166,7 +166,6 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
                 if tp < 0:
                     tp = home[parsed.counter] = partition_for(parsed.counter, partitions)
             by_partition.setdefault(tp, []).append(parsed)
-            raw_of[(rec.partition, rec.offset)] = rec.value
         except Exception as exc:
             dead(_failure(exc), rec)
 
@@ -175,9 +174,7 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
             data = encode_batch(events, source)
         except Exception as exc:
             if len(events) == 1:
-                ev = events[0]
-                dead(_failure(exc), InputRecord(ev.src_partition, ev.src_offset,
-                                                raw_of[(ev.src_partition, ev.src_offset)]))
+                dead(_failure(exc), raw(events[0]))
                 return
             data = b""
         if data and (len(data) <= max_bytes or len(events) == 1):
@@ -191,7 +188,7 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
 
     if units:
         with gc_deferred():  # a units row per event (bounding.gc_deferred)
-            return _route_units(out, by_partition, raw_of, settings, unit_key, source,
+            return _route_units(out, by_partition, raw, settings, unit_key, source,
                                 max_events, max_bytes, dead)
     for tp in sorted(by_partition):
         events = by_partition[tp]
@@ -199,6 +196,21 @@ def route(records: Sequence[InputRecord], settings: Settings, now_ms: int, *,
             encode(tp, events[i:i + max_events])
     out.metrics["timeline_batches"] += len(out.timeline)
     return out
+
+
+class _Sources:
+    """The input record an event of a batch was parsed from (to dead-letter it after its
+    parse), looked up by where it was read: the map is made at the first lookup only, not
+    a tuple and an entry per event of every batch."""
+
+    def __init__(self, records: Sequence[InputRecord]) -> None:
+        self._records = records
+        self._by: dict[tuple[int, int], InputRecord] | None = None
+
+    def __call__(self, ev: Event) -> InputRecord:
+        if self._by is None:
+            self._by = {(r.partition, r.offset): r for r in self._records}
+        return self._by[(ev.src_partition, ev.src_offset)]
 
 
 _HASHERS: dict[bytes, UnitHasher] = {}
@@ -214,7 +226,7 @@ def _hasher(unit_key: bytes) -> UnitHasher:
 
 
 def _route_units(out: Routed, by_partition: dict[int, list[Event]],
-                 raw_of: dict[tuple[int, int], bytes], settings: Settings,
+                 raw: Callable[[Event], InputRecord], settings: Settings,
                  unit_key: bytes | None, source: str, max_events: int, max_bytes: int,
                  dead: Callable[[Rejection, InputRecord], None]) -> Routed:
     """privacy_unit = "user": the valid events, their unit ids replaced by the keyed hash,
@@ -229,8 +241,7 @@ def _route_units(out: Routed, by_partition: dict[int, list[Event]],
     for ev in events:
         if ev.unit is None:  # parse_input rejects these in user mode: never counted
             dead(Rejection("unit_missing", "user is required (privacy_unit = user)"),
-                 InputRecord(ev.src_partition, ev.src_offset,
-                             raw_of[(ev.src_partition, ev.src_offset)]))
+                 raw(ev))
             continue
         h = hasher(ev.unit)
         by_unit.setdefault(unit_partition(h, settings.partitions), []).append(unit_row(h, ev))
