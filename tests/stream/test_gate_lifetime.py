@@ -181,6 +181,17 @@ def test_the_totals_check_flags_what_the_family_records_contradict() -> None:
     assert [w for w, _ in check_totals([*ledger, orjson.dumps(higher)])] == ["a"]
     # Control: the event-mode ledger and one without families have nothing to check.
     assert check_totals(_entries(USER1, None) + _entries(EVENT, None)) == []
+    # Records the check reads are found however their strings are written: with every
+    # "family" and "user" escaped (a value holding neither word is not decoded) they
+    # are flagged as before.
+    def escape(d: dict[str, object]) -> bytes:
+        raw = orjson.dumps(d).replace(b"family", b"f\\u0061mily")
+        raw = raw.replace(b"user", b"\\u0075ser")
+        assert b"family" not in raw and b"user" not in raw and orjson.loads(raw) == d
+        return raw
+
+    assert [w for w, _ in check_totals([escape(loose), *ledger[1:]])] == ["pages", "a"]
+    assert [w for w, _ in check_totals([ledger[1], escape(key)])] == ["pages[x]"]
 
 
 #: SHA-256 of `_declared_only_digest` on main (c08cf25's main, before open families in
