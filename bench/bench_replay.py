@@ -20,6 +20,10 @@ Phases (each the best of --repeats):
              identical. The CLI's start-up alone (`replay --help`) is timed too, and the
              CLI's rate without it printed.
 
+`--compare H`: the comparison alone, one partition's share of --counters counters with H
+heartbeats each, all identical: its bulk paths against its per-record loops
+(`comparison.FAST`), alternated, CPU-us per release.
+
     .venv/bin/python bench/bench_replay.py [--ticks 3000] [--counters 1000] [--events 40]
         [--partitions 4] [--repeats 3] [--bootstrap HOST:PORT] [--profile]
 """
@@ -164,6 +168,44 @@ def deployment(args: argparse.Namespace) -> None:
                          args.repeats, args.replay_timeout, args.keep)
 
 
+def compare_phase(counters: int, heartbeats: int, repeats: int) -> None:
+    """Phase compare: `replay.compare` of one partition's share (`counters` counters,
+    `heartbeats` heartbeats each, every record committed and published as recomputed)
+    with its bulk paths and with its per-record loops (`comparison.FAST`), alternated,
+    best of `repeats`: CPU-us per release."""
+    from processor.stream.replay import comparison
+    from processor.stream.replay.comparison import ledger_key, release_key
+    from processor.stream.replay.partitioned import split_keyed
+    from processor.stream.replay.recompute import Keyed, Recomputed
+
+    fp = "c486bf14c5228811c1ccd31720d7d203251ad3b59ec50ac444db28ce472d1152"
+    releases: Keyed = [((c, t, "heartbeat"), orjson.dumps({"counter": c, "tick": t, "kind":
+                                                    "heartbeat", "value": 0.0,
+                                                    "fingerprint": fp}))
+                for c in (f"m{i:07d}" for i in range(counters))
+                for t in range(60, 60 * heartbeats + 1, 60)]
+    entries: Keyed = [((c, "cr", fp), orjson.dumps({"counter": c, "entry": "created",
+                                             "creation": "cr", "fingerprint": fp}))
+               for c in (f"m{i:07d}" for i in range(counters))]
+    published, rkeys, _ = split_keyed([raw for _k, raw in releases], 1, release_key)
+    ledger, lkeys, _ = split_keyed([raw for _k, raw in entries], 1, ledger_key)
+    best = {True: float("inf"), False: float("inf")}
+    for _ in range(repeats):
+        for fast in (True, False):
+            comparison.FAST = fast
+            got = Recomputed([], [], [], [], 0, 0, _encoded=(releases, [], entries, []))
+            t = time.process_time()
+            rel, _ent, diffs = compare(got, published[0], ledger[0], totals=False,
+                                       keys=(rkeys[0], lkeys[0]))
+            best[fast] = min(best[fast], time.process_time() - t)
+            assert not diffs and rel.due == len(releases)
+    comparison.FAST = True
+    print(f"compare, {len(releases):,} releases and {counters:,} ledger entries, all "
+          f"identical, CPU-us per release (best of {repeats}): bulk paths "
+          f"{best[True] / len(releases) * 1e6:.2f}, per-record loops "
+          f"{best[False] / len(releases) * 1e6:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ticks", type=int, default=3000, help="ticks of timeline")
@@ -175,6 +217,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="best of this many runs")
     ap.add_argument("--bootstrap", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", ""),
                     help="a broker for the end-to-end phase (default: skip it)")
+    ap.add_argument("--compare", type=int, default=0, metavar="HEARTBEATS",
+                    help="instead: the comparison alone on --counters counters with "
+                    "HEARTBEATS heartbeats each, bulk paths against per-record loops")
     ap.add_argument("--profile", action="store_true",
                     help="print a cProfile of one in-memory recomputation")
     ap.add_argument("--deployment", type=float, default=0.0, metavar="SECONDS",
@@ -206,6 +251,9 @@ def main() -> None:
         return
     if args.deployment:
         deployment(args)
+        return
+    if args.compare:
+        compare_phase(args.counters, args.compare, args.repeats)
         return
     secret = bytes(range(32))
     key = NoiseKey(secret)

@@ -154,10 +154,11 @@ def _verdict(partition: int) -> PartitionVerdict:
                               totals=False, keys=(release_keys.get(partition, ()),
                                                   ledger_keys.get(partition, ())))
     wanted = {(d.topic, d.key) for d in diffs if d.problem == "missing"}
+    # Looked for only when something is missing: a pass over every recomputed record.
     missing = {(topic, k): raw
                for topic, keyed in (("counts", mine[0]), ("counts", mine[1]),
                                     ("ledger", mine[2]), ("ledger", mine[3]))
-               for k, raw in keyed if (topic, k) in wanted}
+               for k, raw in keyed if (topic, k) in wanted} if wanted else {}
     return PartitionVerdict(rel, ent, diffs, missing, got.records, got.duplicates_dropped)
 
 
