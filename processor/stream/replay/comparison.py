@@ -151,13 +151,17 @@ def compare(result: Recomputed, published: Iterable[bytes | None],
     mine, settled = _recomputed("counts", settled_releases, unsettled_releases, diffs)
     theirs = published_records(published, "counts", diffs,
                                None if keys is None else keys[0])
-    covered: dict[str, int] = {}  # T_c: the highest published tick of each counter
-    if not _identical(mine, settled, theirs):  # else `_check` needs no `release_due`
-        for c, t, _kind in theirs:
-            if isinstance(t, int) and t > covered.get(c, -1):
-                covered[c] = t
+    # T_c: the highest published tick of each counter, made at the first `release_due`
+    # (`_check` asks none when every record is identical and committed).
+    covered: dict[str, int] | None = None
 
     def release_due(k: RecordKey) -> bool:
+        nonlocal covered
+        if covered is None:
+            covered = {}
+            for c, tick, _kind in theirs:
+                if isinstance(tick, int) and tick > covered.get(c, -1):
+                    covered[c] = tick
         t = k[1]
         return k in settled or (isinstance(t, int) and t <= covered.get(k[0], -1))
 
