@@ -204,7 +204,7 @@ def test_plain_events_agree_with_the_full_checks() -> None:
         for i, raw in enumerate(raws):
             got = parse_input(raw, s, NOW, 2, i)
             assert got == records.parse_input_reference(raw, s, NOW, 2, i), raw
-            obj = records._loads_input(raw)
+            obj = records._loads(raw)
             fast += records._plain_event(obj, s, NOW, 2, i) is not None
     # The fast path took exactly the plain ones: in each event-mode configuration
     # "signups" at 4 of the ts and "late" at 2, each with a value of 0, 1 or none, no

@@ -499,30 +499,30 @@ def parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int = -1
     declared, timestamp not beyond now + max_future_ms, timestamp not before the counter's
     start. Never raises: an unexpected exception is a schema_violation.
     """
-    try:
-        return _parse_input(raw, settings, now_ms, partition, offset)
-    except Exception as exc:  # a bad record must never stop the ingest loop
-        return Rejection("schema_violation", f"not a valid event ({type(exc).__name__})")
+    return _parse_input(raw, settings, now_ms, partition, offset, True)
 
 
 def parse_input_reference(raw: bytes, settings: Settings, now_ms: int, partition: int = -1,
                           offset: int = -1) -> Event | Rejection:
     """`parse_input` without its fast path (`_plain_event`): every check in turn. The
     reference the fast path must agree with (tests/stream/test_records.py)."""
+    return _parse_input(raw, settings, now_ms, partition, offset, False)
+
+
+def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int, offset: int,
+                 fast: bool) -> Event | Rejection:
+    """`parse_input`, with its plain-event fast path if `fast`."""
     try:
-        obj = _loads_input(raw)
-        if isinstance(obj, Rejection):
-            return obj
-        return _checked_input(obj, settings, now_ms, partition, offset)
-    except Exception as exc:  # as parse_input
+        try:
+            obj = _loads(bytes(raw))
+        except (ValueError, UnicodeDecodeError, RecursionError, TypeError):
+            return Rejection("unparsable", "not a UTF-8 JSON document")
+        # Most events are plain: taken at a third of the full checks' cost. (A plain
+        # name's start is >= 0, so ts >= start implies the full checks' ts >= 0.)
+        return ((fast and _plain_event(obj, settings, now_ms, partition, offset))
+                or _checked_input(obj, settings, now_ms, partition, offset))
+    except Exception as exc:  # a bad record must never stop the ingest loop
         return Rejection("schema_violation", f"not a valid event ({type(exc).__name__})")
-
-
-def _loads_input(raw: bytes) -> Any:
-    try:
-        return _loads(bytes(raw))
-    except (ValueError, UnicodeDecodeError, RecursionError, TypeError):
-        return Rejection("unparsable", "not a UTF-8 JSON document")
 
 
 #: The last `_plain_names`: its settings and their map.
@@ -571,17 +571,6 @@ def _plain_event(obj: Any, settings: Settings, now_ms: int, partition: int,
             or not start <= ts <= now_ms + settings.max_future_ms):
         return None
     return Event(counter, ts, _PLAIN_UNITS[value], partition, offset)
-
-
-def _parse_input(raw: bytes, settings: Settings, now_ms: int, partition: int,
-                 offset: int) -> Event | Rejection:
-    obj = _loads_input(raw)
-    if isinstance(obj, Rejection):
-        return obj
-    # Most events are plain: taken at a third of the full checks' cost. (A plain name's
-    # start is >= 0, so ts >= start implies the full checks' ts >= 0.)
-    return (_plain_event(obj, settings, now_ms, partition, offset)
-            or _checked_input(obj, settings, now_ms, partition, offset))
 
 
 def _checked_input(obj: Any, settings: Settings, now_ms: int, partition: int,

@@ -39,7 +39,7 @@ def _objects(values: Iterable[bytes | None]) -> list[dict[str, Any]]:
                            and b"\\" not in raw):
             continue
         try:
-            obj = orjson.loads(raw or b"")
+            obj = orjson.loads(raw)
         except orjson.JSONDecodeError:
             continue
         if type(obj) is dict:
