@@ -167,13 +167,13 @@ def _run_agent(settings: Settings, records: list[Any], before: Sequence[int],
     async def run() -> None:
         await worker.operator.gaps.reseed({0})
         await worker.operator.agent(_SkippingStream(consumer, records, before))  # type: ignore[arg-type]
-        await worker.checkpoint()
+        await worker.operator.on_revoked()
         for bookkeeping in (consumer._acked, consumer._acked_index, consumer._gap):
             bookkeeping.pop(TP(topic, 0), None)  # what Faust's revocation does
         consumer._committed_offset[TP(topic, 0)] = 2  # and its seek at the assignment
         await worker.operator.gaps.reseed({0})
         await worker.operator.agent(_SkippingStream(consumer, records, after))  # type: ignore[arg-type]
-        await worker.checkpoint()
+        await worker.close_stages()
 
     asyncio.run(run())
     return worker, consumer

@@ -482,7 +482,7 @@ class Worker:
         self.stages: list[StageShell[Any, Any]] = [self.operator]
         if UNITS_TABLE in state_tables(settings):
             self.stages.append(UnitStage(self, crash_point))
-        self.app.before_stop = self.checkpoint
+        self.app.before_stop = self.close_stages
         self.app.changelog_taken = self._changelog_taken
         # Standby copies read in a thread of their own, not on the event loop (standby.py).
         self.app.standby_conf = {**kafka_io.base_config(settings), "log_level": "0"}
@@ -506,11 +506,12 @@ class Worker:
 
     # -- the stages
 
-    async def checkpoint(self) -> None:
-        """A checkpoint of every stage now (at a clean stop: a restart then finds every
-        counter's state, under whatever configuration it is started with)."""
+    async def close_stages(self) -> None:
+        """At a clean stop, before Faust stops anything: each stage's last checkpoint (a
+        restart then finds every counter's state, under whatever configuration it is
+        started with), after which it applies nothing more (`StageShell.close`)."""
         for stage in self.stages:
-            await stage.checkpoint()
+            await stage.close()
 
     async def on_revoked(self, sender: Any, /, *args: Any, signal: Any,
                          **kwargs: Any) -> None:

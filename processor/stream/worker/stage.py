@@ -94,6 +94,8 @@ class StageShell(ABC, Generic[C, Out]):
         self.lock = asyncio.Lock()
         # Applied since the last checkpoint, acknowledged to the group by the next one.
         self._pending = PendingAcks(s)
+        # Set by the clean stop's last checkpoint (`close`): nothing is applied after it.
+        self._closed = False
         worker.app.agent(faust_topic, name=agent)(self.agent)
         periodic(worker.app, s.checkpoint_interval_ms() / 2000, self.checkpoint_timer,
                  name=timer)
@@ -141,6 +143,8 @@ class StageShell(ABC, Generic[C, Out]):
         async for event in stream.noack().events():  # type: ignore[attr-defined]
             msg = event.message
             async with self.lock:
+                if self._closed:
+                    continue  # unapplied and unacknowledged: the next start reads it
                 # Records Faust skipped are applied first, in order, in the same batch:
                 # their state belongs to the same partition.
                 gap = await self.gaps.missing(msg.partition, msg.offset)
@@ -176,10 +180,16 @@ class StageShell(ABC, Generic[C, Out]):
                   "has applied changelog %s through offset %s", self.topic_name, partition,
                   offset, self.changelog, persisted)
 
-    async def checkpoint(self) -> None:
-        """A checkpoint now (at a clean stop: a restart then finds every state)."""
+    async def close(self) -> None:
+        """The clean stop's last checkpoint; the stage applies nothing after it. Faust
+        stops its tables (and lets their databases go) before its agents, and the
+        agent's stream may still hold messages it fetched: applied then, one would
+        reopen a database whose lock the old handle still holds, and the worker would
+        fail its clean stop. A message left so is neither applied nor acknowledged: the
+        next start reads it again."""
         async with self.lock:
             await self._checkpoint()
+            self._closed = True
 
     async def checkpoint_timer(self) -> None:
         """A checkpoint when applied state has waited the checkpoint interval (a quiet
