@@ -153,6 +153,27 @@ MIN_FREE_BYTES: Final = 64 << 20
 
 _CORRUPT_FILE = re.compile(r"(/[^\s]+?\.(?:sst|log|ldb)|MANIFEST-\d+|CURRENT)\b")
 
+#: The kinds RocksDB's errors begin with (`rocksdb::Status::ToString`), raised by rocksdict
+#: as a bare Exception: fixed words, safe to log, unlike the rest of the text (a path, a
+#: key).
+ROCKSDB_KINDS: Final = ("NotFound", "Corruption", "Not implemented", "Invalid argument",
+                        "IO error", "Merge in progress", "Result incomplete",
+                        "Shutdown in progress", "Operation timed out", "Operation aborted",
+                        "Resource busy", "Operation expired", "Operation failed. Try again.",
+                        "Compaction too large", "Column family dropped")
+
+
+def failure_name(exc: BaseException) -> str:
+    """A failure as the log names it: its type, and for an error of RocksDB the kind its
+    text begins with (`ROCKSDB_KINDS`), never the rest of the text."""
+    name = type(exc).__name__
+    if type(exc) is Exception:
+        text = str(exc)
+        for kind in ROCKSDB_KINDS:
+            if text.startswith(kind + ": "):
+                return f"{name}: RocksDB {kind}"
+    return name
+
 
 def storage_failure(exc: BaseException, settings: Settings) -> str | None:
     """One line for a failure of the local state directory: the cause, the path and the
@@ -532,14 +553,14 @@ class Worker:
         # corrupt state or a bug. Skipping the record would fork the published stream from
         # the log, so the process exits at once, like a crash: the record is retried at
         # the next start, which rebuilds the local state from the changelog (the running
-        # flag stays). Only the error type or a storage_failure line is logged: a message
-        # might name a counter.
+        # flag stays). Only the error type (with RocksDB's kind: `failure_name`) or a
+        # storage_failure line is logged: a message might name a counter.
         storage = storage_failure(exc, self.settings)
         if storage is not None:
             log.critical("stopping the worker: %s", storage)
             print_error(storage, flush=True)
         else:
-            log.critical("operator failed (%s); stopping the worker", type(exc).__name__)
+            log.critical("operator failed (%s); stopping the worker", failure_name(exc))
         logging.shutdown()
         os._exit(1)
 
