@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -38,7 +39,7 @@ def test_control_anything_else_is_named_by_its_type(exc: Exception) -> None:
 
 
 def test_the_operator_failure_line_names_the_kind_and_nothing_of_the_text(
-        tmp_path: object, monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     """The production path (`Worker.operator_failed`, os._exit stubbed): one critical
     line with the kind, the path and key in the text nowhere."""
