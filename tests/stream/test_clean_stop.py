@@ -32,10 +32,16 @@ from processor.stream.model.outputs import CollectingSink
 from processor.stream.model.state import DictStore
 from processor.stream.worker.app import Worker
 from processor.stream.worker.stage import StageShell
-from tests.stream.test_gap_acks import _consumer, _Event, _next_commit, _SkippingStream, _timeline
+from tests.stream.agent_harness import (
+    Event,
+    SkippingStream,
+    faust_consumer,
+    next_commit,
+    timeline_with_markers,
+)
 
 
-class _StoppedStream(_SkippingStream):
+class _StoppedStream(SkippingStream):
     """The timeline as the agent's stream hands it over when the worker is stopped after
     `stop_after` of its messages (None: never): the app's stop hook runs, then the
     stream hands over the messages it had fetched."""
@@ -49,13 +55,13 @@ class _StoppedStream(_SkippingStream):
     def noack(self) -> _StoppedStream:
         return self
 
-    async def events(self) -> AsyncIterator[_Event]:
+    async def events(self) -> AsyncIterator[Event]:
         for i, m in enumerate(self._messages):
             if i == self._stop_after:
                 hook = self._worker.app.before_stop
                 assert hook is not None
                 await hook()
-            yield _Event(m)
+            yield Event(m)
 
 
 def _run(settings: Settings, records: list[Any], stop_after: int | None) -> tuple[Worker, Any]:
@@ -63,7 +69,7 @@ def _run(settings: Settings, records: list[Any], stop_after: int | None) -> tupl
     worker = Worker(settings, key)
     worker.operator.commit = BatchCommit(Operator(settings, key), DictStore(),
                                          CollectingSink())
-    consumer = _consumer(worker.app, settings.topics.timeline, committed=2)
+    consumer = faust_consumer(worker.app, settings.topics.timeline, committed=2)
 
     async def run() -> None:
         await worker.operator.gaps.reseed({0})
@@ -83,13 +89,13 @@ def test_a_clean_stop_applies_nothing_after_its_last_checkpoint(
     """A timeline partition of 12 markers, the group committed at 2; the agent gets 2..11
     and the worker is stopped after `stop_after` of them: exactly those are applied and
     acknowledged (Faust's next commit just past them), the rest neither."""
-    settings, records = _timeline(kafka_bootstrap, tmp_path)
+    settings, records = timeline_with_markers(kafka_bootstrap, tmp_path)
     worker, consumer = _run(settings, records, stop_after)
     applied = 10 if stop_after is None else stop_after
     assert worker.metrics.counts["operator_markers_applied"] == applied
     assert worker.metrics.counts["checkpoints"] >= 1
     # Nothing acknowledged past the committed offset: Faust has no new commit to make.
-    assert _next_commit(consumer, settings.topics.timeline) == (2 + applied if applied
+    assert next_commit(consumer, settings.topics.timeline) == (2 + applied if applied
                                                                  else None)
 
 
@@ -103,6 +109,6 @@ def test_control_a_stop_that_only_checkpoints_goes_on_applying(
             await self._checkpoint()
 
     monkeypatch.setattr(StageShell, "close", checkpoint_only)
-    settings, records = _timeline(kafka_bootstrap, tmp_path)
+    settings, records = timeline_with_markers(kafka_bootstrap, tmp_path)
     worker, _ = _run(settings, records, stop_after=4)
     assert worker.metrics.counts["operator_markers_applied"] == 10

@@ -18,138 +18,59 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import faust
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 from faust.types import TP, Message
 
 from processor.core.rng import NoiseKey
-from processor.stream.kafka import kafka_io
 from processor.stream.model.commit import BatchCommit
-from processor.stream.model.config import Settings, with_overrides
+from processor.stream.model.config import Settings
 from processor.stream.model.operator import Operator
 from processor.stream.model.outputs import CollectingSink
-from processor.stream.model.records import encode_marker
 from processor.stream.model.state import DictStore
 from processor.stream.worker import acks
 from processor.stream.worker.acks import ack_refetched
 from processor.stream.worker.app import Worker
+from tests.stream.agent_harness import (
+    SkippingStream,
+    faust_consumer,
+    message,
+    next_commit,
+    timeline_with_markers,
+)
 
 TOPIC = "timeline-under-test"
-
-
-def _consumer(app: faust.App, topic: str, committed: int) -> Any:
-    """Faust's consumer as its stream sees `topic` partition 0 after `perform_seek` put
-    the group's committed offset in its bookkeeping (private: what the test pins)."""
-    consumer: Any = app.consumer
-    consumer.app.topics._acking_topics.add(topic)  # done when the agent subscribes
-    consumer._committed_offset[TP(topic, 0)] = committed
-    return consumer
-
-
-def _message(topic: str, offset: int, value: bytes | None = None,
-             timestamp_ms: int = 0) -> Message:
-    return Message(topic, 0, offset, timestamp_ms / 1000, 0, None, None, value, None,
-                   tp=TP(topic, 0))
-
-
-def _next_commit(consumer: Any, topic: str) -> int | None:
-    """The offset Faust's next commit of partition 0 would write (None: none)."""
-    offset: int | None = consumer._new_offset(TP(topic, 0))
-    return offset
 
 
 def test_faust_commits_past_re_read_records_only_once_they_are_acked() -> None:
     """Committed 10; Faust delivered and acked 10, 11, 16, 17 and skipped 12..15 without
     an ack. Its commit runs to 12 and then stalls. With 12..15 acked by `ack_refetched`
     it commits through 17. Control: the same flow without those acks stalls."""
-    stalled = _consumer(faust.App(f"gap-acks-{uuid.uuid4().hex}", web_enabled=False),
+    stalled = faust_consumer(faust.App(f"gap-acks-{uuid.uuid4().hex}", web_enabled=False),
                         TOPIC, committed=10)
-    fixed = _consumer(faust.App(f"gap-acks-{uuid.uuid4().hex}", web_enabled=False),
+    fixed = faust_consumer(faust.App(f"gap-acks-{uuid.uuid4().hex}", web_enabled=False),
                       TOPIC, committed=10)
     for consumer in (stalled, fixed):
         for offset in (10, 11, 16, 17):
-            assert consumer.ack(_message(TOPIC, offset))
+            assert consumer.ack(message(TOPIC, offset))
     ack_refetched(fixed, TP(TOPIC, 0), range(12, 16))
-    assert _next_commit(fixed, TOPIC) == 18
-    assert _next_commit(stalled, TOPIC) == 12
+    assert next_commit(fixed, TOPIC) == 18
+    assert next_commit(stalled, TOPIC) == 12
     stalled._committed_offset[TP(TOPIC, 0)] = 12  # what committing 12 records
-    assert _next_commit(stalled, TOPIC) is None  # and so on forever
+    assert next_commit(stalled, TOPIC) is None  # and so on forever
 
 
 def test_ack_refetched_never_acks_below_the_committed_offset() -> None:
     """Records re-read below what the group already committed (a kept partition) change
     nothing in Faust's bookkeeping: nothing to commit, nothing past an unacked offset."""
-    consumer = _consumer(faust.App(f"gap-acks-{uuid.uuid4().hex}", web_enabled=False),
+    consumer = faust_consumer(faust.App(f"gap-acks-{uuid.uuid4().hex}", web_enabled=False),
                          TOPIC, committed=10)
     ack_refetched(consumer, TP(TOPIC, 0), range(4, 10))
-    assert _next_commit(consumer, TOPIC) is None
-
-
-@dataclass
-class _Event:
-    message: Message
-
-
-class _SkippingStream:
-    """Faust's stream as the operator agent sees it around a skip: it yields the events
-    of `offsets` only (the others it skipped without an ack) and acks each event after
-    the agent's iteration over it, as Faust's stream iterator does."""
-
-    def __init__(self, consumer: Any, records: Sequence[kafka_io.KafkaRecord],
-                 offsets: Sequence[int], acks: bool = True) -> None:
-        self._consumer = consumer
-        self._records = records
-        self._offsets = offsets
-        self._acks = acks
-        # With the records' own log-append times: the operator checks markers by them.
-        self._messages = [_message(r.topic, r.offset, r.value, r.timestamp_ms)
-                          for r in records if r.offset in offsets]
-
-    def noack(self) -> _SkippingStream:
-        """The same stream without acks (the agent acknowledges at its checkpoints)."""
-        return _SkippingStream(self._consumer, self._records, self._offsets, acks=False)
-
-    async def events(self) -> AsyncIterator[_Event]:
-        for m in self._messages:
-            yield _Event(m)
-            if self._acks:
-                self._consumer.ack(m)
-
-
-def _commit_group(conf: dict[str, str], group: str, topic: str, offset: int) -> None:
-    c = Consumer({**conf, "group.id": group, "enable.auto.commit": "false",
-                  "log_level": "0"})
-    try:
-        c.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
-    finally:
-        c.close()
-
-
-def _timeline(kafka_bootstrap: str, tmp_path: Path) -> tuple[Settings, list[Any]]:
-    """Settings of a one-partition deployment whose timeline holds 12 markers, the
-    group committed at 2; and those records."""
-    conf = {"bootstrap.servers": kafka_bootstrap}
-    suffix = uuid.uuid4().hex[:10]
-    base: Settings = with_overrides(Settings(), bootstrap_servers=kafka_bootstrap,
-                                    app_id=f"gap-acks-{suffix}", partitions=1, tick_ms=100,
-                                    counters={"x": 0}, state_dir=str(tmp_path),
-                                    metrics_port=0)
-    settings = replace(base, topics=replace(base.topics, timeline=f"gap-acks-tl-{suffix}"))
-    topic = settings.topics.timeline
-    kafka_io.create_topics(conf, [topic], 1)
-    kafka_io.produce_all(conf, topic, [(None, encode_marker(n)) for n in range(1, 13)],
-                         partition=0)
-    _commit_group(conf, settings.app_id, topic, 2)
-    records = [r for recs in kafka_io.read_topic(conf, topic, timeout_s=30).values()
-               for r in recs]
-    assert [r.offset for r in records] == list(range(12))
-    return settings, records
+    assert next_commit(consumer, TOPIC) is None
 
 
 def _run_agent(settings: Settings, records: list[Any], before: Sequence[int],
@@ -162,17 +83,17 @@ def _run_agent(settings: Settings, records: list[Any], before: Sequence[int],
     worker.operator.commit = BatchCommit(Operator(settings, key), DictStore(),
                                       CollectingSink())
     topic = settings.topics.timeline
-    consumer = _consumer(worker.app, topic, committed=0)
+    consumer = faust_consumer(worker.app, topic, committed=0)
 
     async def run() -> None:
         await worker.operator.gaps.reseed({0})
-        await worker.operator.agent(_SkippingStream(consumer, records, before))  # type: ignore[arg-type]
+        await worker.operator.agent(SkippingStream(consumer, records, before))  # type: ignore[arg-type]
         await worker.operator.on_revoked()
         for bookkeeping in (consumer._acked, consumer._acked_index, consumer._gap):
             bookkeeping.pop(TP(topic, 0), None)  # what Faust's revocation does
         consumer._committed_offset[TP(topic, 0)] = 2  # and its seek at the assignment
         await worker.operator.gaps.reseed({0})
-        await worker.operator.agent(_SkippingStream(consumer, records, after))  # type: ignore[arg-type]
+        await worker.operator.agent(SkippingStream(consumer, records, after))  # type: ignore[arg-type]
         await worker.close_stages()
 
     asyncio.run(run())
@@ -188,7 +109,7 @@ def test_operator_agent_acks_what_gapguard_re_read(
     2, 3 and then 8..11 (it skipped 4..7). The agent applies 4..7 from GapGuard's re-read
     and acks them: Faust's next commit covers all 12. Control: `ack_refetched` disabled,
     the commit stops at 4 and then stalls."""
-    settings, records = _timeline(kafka_bootstrap, tmp_path)
+    settings, records = timeline_with_markers(kafka_bootstrap, tmp_path)
     if not with_acks:
         monkeypatch.setattr(acks, "ack_refetched", lambda *a: None)
     worker, consumer = _run_agent(settings, records, before=[], after=[2, 3, 8, 9, 10, 11])
@@ -197,11 +118,11 @@ def test_operator_agent_acks_what_gapguard_re_read(
     # 2..11 applied, the re-read ones included.
     assert worker.metrics.counts["operator_markers_applied"] == 10
     if with_acks:
-        assert _next_commit(consumer, topic) == 12
+        assert next_commit(consumer, topic) == 12
     else:
-        assert _next_commit(consumer, topic) == 4
+        assert next_commit(consumer, topic) == 4
         consumer._committed_offset[TP(topic, 0)] = 4
-        assert _next_commit(consumer, topic) is None
+        assert next_commit(consumer, topic) is None
 
 
 @pytest.mark.kafka
@@ -214,13 +135,13 @@ def test_a_kept_partition_is_expected_from_the_committed_offset(
     Faust commits all 12. Expecting it from where the worker got to (10) would see no
     gap, and Faust's commit would stay at 2 (the control in
     test_operator_agent_acks_what_gapguard_re_read shows that stall)."""
-    settings, records = _timeline(kafka_bootstrap, tmp_path)
+    settings, records = timeline_with_markers(kafka_bootstrap, tmp_path)
     worker, consumer = _run_agent(settings, records, before=list(range(10)),
                                   after=[10, 11])
     topic = settings.topics.timeline
     assert worker.metrics.counts[f"gap_records_refetched_{topic}"] == 8
     assert worker.metrics.counts["operator_markers_applied"] == 12  # re-reads: no-ops
-    assert _next_commit(consumer, topic) == 12
+    assert next_commit(consumer, topic) == 12
 
 
 def test_pending_acks_hold_until_the_checkpoint_and_say_when_one_is_due() -> None:
