@@ -142,6 +142,12 @@ class StageShell(ABC, Generic[C, Out]):
         checkpoint (`_checkpoint`)."""
         async for event in stream.noack().events():  # type: ignore[attr-defined]
             msg = event.message
+            # No message of a revoked assignment is applied after its revocation's
+            # checkpoint: Faust's stream hands over a message only while its flow is
+            # active and the message is of the current generation, and nothing awaits
+            # between that check and this acquire. A revocation suspends the flow before
+            # `on_revoked` queues on the lock, and the lock serves in order, so a message
+            # handed over earlier is applied before that checkpoint, never after it.
             async with self.lock:
                 if self._closed:
                     continue  # unapplied and unacknowledged: the next start reads it
