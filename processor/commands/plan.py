@@ -14,7 +14,8 @@ event falls in a tick with probability p = min(1, R MS / 1000) (a warning says w
 rate saturates the ticks). A checkpoint closes a block every g ticks: SimECC's g_l = mu +
 ceil(4 ln l / eps_p) (data-independent); ECC's block ends once its p g events pass Part's
 threshold tau_l + (8 / eps_p) ln(g + ceil(12 / eps_p)) under the SVT's noise, which
-makes it fire well before (a quick simulation of Part's SVT, 128 runs). Block l's value is released
+makes it fire well before (a quick simulation of Part's SVT, 128 runs:
+simulator/svt_block.py). Block l's value is released
 D_l = a_l + N(0, sigma'_l^2) ticks later (BCC's shift a_l and noise), with CC noise of sd
 sigma_l. At a tick whose last released checkpoint is A + D ticks old (A uniform on the
 block), the error is e - (events in those ticks), so
@@ -42,10 +43,10 @@ from processor.core.ecc import ecc_parameters, simecc_parameters
 from processor.core.errors import CoreError
 from processor.core.grid import UNIT
 from processor.core.partition import part_tau
-from processor.core.svt import svt_scales, svt_threshold
 from processor.core.tight import CALIBRATIONS
 from processor.core.unit import derive
 from processor.errors import print_error
+from processor.simulator.svt_block import block_steps
 
 MECHANISMS = ("ecc", "simecc")
 #: Default moments (seconds): a minute, an hour, a day, a week.
@@ -119,28 +120,10 @@ class _Model:
 @lru_cache(maxsize=1024)
 def _svt_block(eps_p: float, tau_l: float, p: float, runs: int = 128) -> float:
     """Mean number of ticks until Part's SVT instance with threshold tau_l fires on events
-    of probability p per tick: a quick simulation (fixed seed) of Algorithm 1 with the
-    core's noise scales (svt_scales) and threshold growth (svt_threshold), because the
-    per-step noise makes it fire well before tau_l / p."""
-    rng = np.random.default_rng(20240)
-    s0, s1 = (v / UNIT for v in svt_scales(eps_p))
-    z0 = rng.laplace(0.0, s0, runs)
-    total = np.zeros(runs)
-    fired = np.full(runs, -1, dtype=np.int64)
-    start, chunk = 0, 4096
-    while (fired < 0).any():
-        k = np.arange(start + 1, start + chunk + 1)
-        growth = np.array([svt_threshold(eps_p, 0.0, int(v)) for v in k])
-        counts = total[:, None] + np.cumsum(rng.random((runs, chunk)) < p, axis=1)
-        hit = counts + rng.laplace(0.0, s1, (runs, chunk)) > tau_l + growth + z0[:, None]
-        first = np.where(hit.any(axis=1), hit.argmax(axis=1) + start + 1, -1)
-        new = (fired < 0) & (first > 0)
-        fired[new] = first[new]
-        total = counts[:, -1]
-        start += chunk
-        if start > 10**8:  # pragma: no cover - p this small never closes a block in practice
-            return math.inf
-    return float(fired.mean())
+    of probability p per tick: a quick simulation (fixed seed, `simulator.svt_block`) of
+    Algorithm 1 with the core's noise scales and threshold growth, because the per-step
+    noise makes it fire well before tau_l / p."""
+    return float(np.mean(block_steps(eps_p, tau_l, p, runs, np.random.default_rng(20240))))
 
 
 def _model(mechanism: str, eps: float, delta: float, calibration: str) -> _Model:
@@ -234,8 +217,9 @@ def _parser() -> argparse.ArgumentParser:
     p = CommandParser(
         prog="python -m processor plan",
         description="Expected error, time to the first change and time between changes of "
-        "each stream mechanism and calibration, before deploying (closed forms, < 1 s; with a "
-        "per-unit target the tight derivations take a few seconds more).")
+        "each stream mechanism and calibration, before deploying (closed forms and quick "
+        "simulations, a few seconds; with a per-unit target the tight derivations take a "
+        "few seconds more).")
     p.add_argument("--epsilon", type=float, help="privacy parameter epsilon (per event)")
     p.add_argument("--delta", type=float, help="privacy parameter delta (per event)")
     unit = p.add_argument_group(
