@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 
 import numpy as np
@@ -68,6 +69,18 @@ def test_plan_table_and_warnings(capsys: pytest.CaptureFixture[str]) -> None:
     lines = out.splitlines()
     assert sum(x.startswith("simecc ") for x in lines) == 2
     assert sum(x.startswith("ecc ") for x in lines) == 2
+
+
+def test_plan_table_keeps_wide_cells_apart(capsys: pytest.CaptureFixture[str]) -> None:
+    """At a tiny epsilon SimECC's bounds run to millions, wider than a column: each cell
+    still starts after a space (before, ")3024000.5" ran two cells together)."""
+    rc = main_plan(["--epsilon", "1e-9", "--delta", "1e-6", "--tick-ms", "1", "--rate", "5",
+                    "--horizon", "1d", "7d"])
+    rows = [x for x in capsys.readouterr().out.splitlines() if x.startswith("simecc ")]
+    assert rc == 0 and len(rows) == 2
+    for row in rows:
+        assert re.search(r"\)\S", row) is None, row
+        assert len(re.findall(r"\d \(\d+\)", row)) == 2, row
 
 
 @pytest.mark.parametrize("bad", [["--tick-ms", "0", "--rate", "1"],

@@ -304,7 +304,8 @@ def main_plan(argv: Sequence[str] | None = None) -> int:
     head = "".join(f"{'RMSE@' + _duration(h):>16s}" for h in horizons)
     print(f"{'mechanism':10s}{'calibration':12s}{'first change':>14s}{'between':>10s}{head}")
     for r in rows:
-        cells = "".join(f"{e:9.1f} ({'-' if b is None else f'{b:.0f}'})".rjust(16)
+        # A space before each cell: a wide one (a bound of millions) stays apart.
+        cells = "".join(" " + f"{e:9.1f} ({'-' if b is None else f'{b:.0f}'})".rjust(15)
                         for _, e, b in r.error)
         print(f"{r.mechanism:10s}{r.calibration:12s}{_duration(r.first_change_s):>14s}"
               f"{_duration(r.between_changes_s):>10s}{cells}")
