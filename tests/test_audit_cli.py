@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from processor.audit.plans import DEFAULTS, FEATURES, PATTERNS
+from processor.commands import audit as audit_command
 from processor.commands.audit import main_audit
 from processor.core import registry
 from tests.test_offline import ExactCounter
@@ -48,6 +49,28 @@ def test_basecc_fails_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
                      "--runs", "200", "--events", "200", "--json"])
     rep = orjson.loads(capsys.readouterr().out)
     assert rc == 1 and rep["passed"] is False and rep["eps_lower_bound"] > 10
+
+
+@pytest.mark.parametrize(("backend", "limit", "said"), [("core", 0, True),
+                                                         ("core", None, False),
+                                                         ("sim", 0, False)])
+def test_a_long_core_audit_says_so_before_it_runs(
+        backend: str, limit: int | None, said: bool, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A core-backend audit over more ticks than LONG_CORE_TICKS says, before its runs,
+    how long it may take and that --backend sim is faster. Controls: the same audit under
+    the default limit (200 x 2 x 201 ticks) and on the simulator say nothing of it."""
+    if limit is not None:
+        monkeypatch.setattr(audit_command, "LONG_CORE_TICKS", limit)
+    rc = main_audit(["--mechanism", "basecc", "--epsilon", "10", "--delta", "1e-6",
+                     "--runs", "200", "--events", "200", "--backend", backend])
+    err = capsys.readouterr().err
+    assert rc == 1 and "audit FAILED" in err
+    note = ("note: 200 runs of each stream, 201 ticks each: 80,400 ticks on the core backend, "
+            "which takes minutes; --backend sim")
+    assert (note in err) is said
+    if said:
+        assert err.index(note) < err.index("audit FAILED")
 
 
 def test_partitioncc_fails_on_the_simulator_backend(capsys: pytest.CaptureFixture[str]) -> None:

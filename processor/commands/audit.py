@@ -108,6 +108,10 @@ def sim_backend(mechanism: str, eps: float, delta: float, seed: int,
 
 #: releases held in memory at once (runs x ticks); longer audits run in chunks of runs
 CHUNK_CELLS = 20_000_000
+#: ticks the core backend steps (both streams, every run) above which the command says,
+#: before it starts, that it will take minutes: ECC steps about 1.3 us a tick on a 2-core
+#: machine, the slower mechanisms up to ~40 us
+LONG_CORE_TICKS = 50_000_000
 
 
 def scores(releases: Releases, plan: Plan, xs: Stream, runs: int, label: str
@@ -341,6 +345,13 @@ def audit(args: argparse.Namespace, params: dict[str, Any],
     plan = plan_for(args.mechanism, args.epsilon, args.delta, x0, x1, args.feature,
                     **params)
     backend = core_backend if args.backend == "core" else sim_backend
+    ticks = 2 * args.runs * len(x0)
+    if args.backend == "core" and ticks > LONG_CORE_TICKS:
+        # Said before the runs, which print nothing until they end.
+        print(f"note: {args.runs} runs of each stream, {len(x0):,} ticks each: "
+              f"{ticks:,} ticks on the core backend, which takes minutes; --backend sim "
+              f"runs the simulator's same laws much faster (docs/audit.md, 'Cost')",
+              file=sys.stderr, flush=True)
     releases = backend(args.mechanism, args.epsilon, args.delta, args.seed, params)
     res = run_audit(releases, plan, args.runs, eps=claim_eps, delta=claim_delta,
                     alpha=args.alpha)
