@@ -20,9 +20,10 @@ from processor.simulator import svt_block
 from processor.simulator.svt_block import block_steps, growth, step_by_step
 
 RUNS = 512
-# (eps_p, tau, p): Part's epsilon, threshold and event probability per step; the fourth
-# and fifth are ECC's tight and paper calibrations at epsilon 1 with 1% of ticks carrying
-# an event (planned blocks of about 180,000 and 1,000,000 steps).
+# (eps_p, tau, p): Part's epsilon, threshold and event probability per step. The fourth is
+# ECC's tight calibration at epsilon 1 with 1% of ticks carrying an event (a block of about
+# 180,000 steps, nearly all of them in chunks far from the threshold); the fifth a short
+# block on dense events, mostly stepped through.
 CASES = [(0.05, 2000.0, 0.2), (1.0, 500.0, 0.05), (0.5, 300.0, 0.5), (0.105, 1174.0, 0.01),
          (2.0, 20.0, 0.9)]
 
