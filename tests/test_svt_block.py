@@ -12,12 +12,16 @@ off by more than 5% where events are dense enough to move the gap within a chunk
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
+from processor.core import svt
 from processor.core.svt import svt_threshold
-from processor.simulator import svt_block
-from processor.simulator.svt_block import block_steps, growth, step_by_step
+from processor.simulator import params, svt_block
+from processor.simulator.params import svt_growth
+from processor.simulator.svt_block import block_steps, step_by_step
 
 RUNS = 512
 # (eps_p, tau, p): Part's epsilon, threshold and event probability per step. The fourth is
@@ -58,6 +62,19 @@ def test_a_block_that_cannot_close_is_infinite(monkeypatch: pytest.MonkeyPatch) 
 def test_growth_is_the_svt_threshold_over_steps() -> None:
     steps = np.array([1, 2, 17, 4096, 10**6])
     for eps_p in (0.02, 0.1, 1.0):
-        assert np.allclose(growth(eps_p, steps),
+        assert np.allclose(svt_growth(eps_p, steps),
                            [svt_threshold(eps_p, 0.0, int(k)) for k in steps],
                            rtol=1e-12, atol=0)
+
+
+def test_growth_refuses_a_core_threshold_of_another_form(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Control: were the core's threshold to grow otherwise, the array form is refused."""
+    monkeypatch.setattr(svt, "svt_threshold",
+                        lambda eps, tau, t: tau + (8.0 / eps) * math.log(t + 1))
+    params._svt_growth_checked.cache_clear()
+    try:
+        with pytest.raises(AssertionError, match="svt_threshold is not"):
+            svt_growth(0.5, np.array([1, 2]))
+    finally:
+        params._svt_growth_checked.cache_clear()

@@ -185,6 +185,24 @@ def svt_scales(eps: float) -> tuple[float, float]:
     return a / UNIT, b / UNIT
 
 
+def svt_growth(eps: float, steps: npt.NDArray[np.int64]) -> FloatArray:
+    """svt_threshold(eps, 0, k) at every step k of `steps` (the threshold's growth), as one
+    array operation: (8 / eps) ln(k + ceil(12 / eps)), the form `_svt_growth_checked`
+    confirms against the core on a few steps for each eps."""
+    _svt_growth_checked(eps)
+    out: FloatArray = (8.0 / eps) * np.log(steps + math.ceil(12.0 / eps))
+    return out
+
+
+@lru_cache(maxsize=64)
+def _svt_growth_checked(eps: float) -> None:
+    for k in (1, 2, 17, 4096, 10**6):
+        core = _svt.svt_threshold(eps, 0.0, k)
+        if not math.isclose((8.0 / eps) * math.log(k + math.ceil(12.0 / eps)), core,
+                            rel_tol=1e-12):
+            raise AssertionError("svt_threshold is not tau + (8/eps) ln(k + ceil(12/eps))")
+
+
 def simpart_gap(mu: int, l: int, eps_p: float, z: int) -> int:  # noqa: E741
     """The gap from checkpoint l-1 to checkpoint l given the Laplace draw z (partition.py)."""
     return int(_part.simpart_gap(mu, l, eps_p, z))

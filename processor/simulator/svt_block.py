@@ -2,8 +2,8 @@
 
 One run is Algorithm 1's sparse vector test on Bernoulli(p) events, one a step: at step k
 with count C_k it fires when C_k + L_k > T_k, where T_k = tau + growth(k) + Z_0 (the
-core's threshold, `svt.svt_threshold`, and scales, `svt.svt_scales`) and L_k is fresh
-Laplace noise of scale s1. Stepping through every step costs two draws a step, and a block
+core's threshold and scales, through `params.svt_growth` and `params.svt_scales`) and L_k
+is fresh Laplace noise of scale s1. Stepping through every step costs two draws a step, and a block
 can last millions of steps when events are rare and epsilon is small.
 
 `block_steps` samples the same law without visiting every step. Given the count C_k, a
@@ -26,8 +26,7 @@ import math
 
 import numpy as np
 
-from processor.core.grid import UNIT
-from processor.core.svt import svt_scales
+from processor.simulator.params import svt_growth, svt_scales
 
 #: Steps per chunk.
 CHUNK = 4096
@@ -36,12 +35,6 @@ CHUNK = 4096
 DENSE = 4.0
 #: A run that has not fired after this many steps never will at this rate: infinity.
 MAX_STEPS = 10**8
-
-
-def growth(eps_p: float, steps: np.ndarray) -> np.ndarray:
-    """svt_threshold(eps_p, 0, k) at each step k of `steps` (the threshold's growth)."""
-    out: np.ndarray = (8.0 / eps_p) * np.log(steps + math.ceil(12.0 / eps_p))
-    return out
 
 
 def survival(gap: np.ndarray, scale: float) -> np.ndarray:
@@ -62,7 +55,7 @@ def lowest_gap(threshold_next: np.ndarray, count: np.ndarray,
 def block_steps(eps_p: float, tau: float, p: float, runs: int,
                 rng: np.random.Generator) -> np.ndarray:
     """The step at which each of `runs` runs fires (inf: not within MAX_STEPS)."""
-    s0, s1 = (v / UNIT for v in svt_scales(eps_p))
+    s0, s1 = svt_scales(eps_p)
     base = tau + rng.laplace(0.0, s0, runs)  # tau + Z_0
     fired = np.full(runs, math.inf)
     steps = np.zeros(runs, dtype=np.int64)
@@ -72,7 +65,7 @@ def block_steps(eps_p: float, tau: float, p: float, runs: int,
     spread = CHUNK * p + 6.0 * math.sqrt(CHUNK * p * (1.0 - p)) + 1.0
     while live.size:
         at, have = steps[live], count[live]
-        threshold_next = base[live] + growth(eps_p, at + 1)
+        threshold_next = base[live] + svt_growth(eps_p, at + 1)
         # Decided from what is known before the chunk: its events are likely below `spread`.
         likely = survival(lowest_gap(threshold_next, have, np.full(live.size, spread)), s1)
         dense = likely * CHUNK > DENSE
@@ -82,7 +75,7 @@ def block_steps(eps_p: float, tau: float, p: float, runs: int,
             k = at[d, None] + offsets
             counts = have[d, None] + np.cumsum(rng.random((d.size, CHUNK)) < p, axis=1)
             hit = (counts + rng.laplace(0.0, s1, (d.size, CHUNK))
-                   > base[live[d], None] + growth(eps_p, k))
+                   > base[live[d], None] + svt_growth(eps_p, k))
             first = hit.any(axis=1)
             fired[live[d[first]]] = at[d[first]] + hit[first].argmax(axis=1) + 1
             done[d[first]] = True
@@ -122,7 +115,7 @@ def _first_accepted(rng: np.random.Generator, candidates: int, events: int, q: f
         left_events -= got
         left_steps -= take
         seen = int(place)
-        gap = base + float(growth(eps_p, np.array(at + seen))) - (have + before)
+        gap = base + float(svt_growth(eps_p, np.array(at + seen))) - (have + before)
         if rng.random() * q < float(survival(np.array(gap), s1)):
             return at + seen
     return None
@@ -131,7 +124,7 @@ def _first_accepted(rng: np.random.Generator, candidates: int, events: int, q: f
 def step_by_step(eps_p: float, tau: float, p: float, runs: int,
                  rng: np.random.Generator) -> np.ndarray:
     """The reference: every step of every run simulated (the fire step of each run)."""
-    s0, s1 = (v / UNIT for v in svt_scales(eps_p))
+    s0, s1 = svt_scales(eps_p)
     base = tau + rng.laplace(0.0, s0, runs)
     fired = np.full(runs, math.inf)
     count = np.zeros(runs)
@@ -140,7 +133,7 @@ def step_by_step(eps_p: float, tau: float, p: float, runs: int,
     while np.isinf(fired).any() and start <= MAX_STEPS:
         counts = count[:, None] + np.cumsum(rng.random((runs, CHUNK)) < p, axis=1)
         hit = (counts + rng.laplace(0.0, s1, (runs, CHUNK))
-               > base[:, None] + growth(eps_p, start + offsets))
+               > base[:, None] + svt_growth(eps_p, start + offsets))
         new = np.isinf(fired) & hit.any(axis=1)
         fired[new] = start + hit[new].argmax(axis=1) + 1
         count = counts[:, -1]
