@@ -16,6 +16,7 @@ import aiokafka
 import pytest
 from confluent_kafka import Producer
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 from processor.stream.worker import transport
 from processor.stream.worker.app import WorkerApp
@@ -344,18 +345,31 @@ def test_a_changelog_that_decodes_is_left_to_faust() -> None:
 
 class _SeekThread:
     """The consumer thread's seeks, recorded: seek_to_committed answers `committed`; a
-    seek of a partition in `unassigned` raises as aiokafka's does."""
+    seek of a partition in `unassigned` raises as aiokafka's does; a seek made other than
+    through `call_thread` (on the consumer thread, as mode runs it) is an error."""
 
     def __init__(self, committed: dict[aiokafka.TopicPartition, int | None],
                  unassigned: set[aiokafka.TopicPartition]) -> None:
         self.committed = committed
         self.unassigned = unassigned
         self.seeks: list[tuple[aiokafka.TopicPartition, int]] = []
+        self._on_thread = False
 
     async def seek_to_committed(self) -> dict[aiokafka.TopicPartition, int | None]:
         return dict(self.committed)
 
+    async def call_thread(self, fun: Any, *args: Any) -> Any:
+        # mode's method queue: the call, awaited if it returns an awaitable
+        self._on_thread = True
+        try:
+            got = fun(*args)
+            return (await got) if inspect.isawaitable(got) else got
+        finally:
+            self._on_thread = False
+
     def seek(self, partition: aiokafka.TopicPartition, offset: int) -> None:
+        if not self._on_thread:
+            raise AssertionError("aiokafka's seek called off the consumer thread")
         if partition in self.unassigned:
             raise aiokafka.errors.IllegalStateError("not assigned")
         self.seeks.append((partition, offset))
@@ -371,7 +385,8 @@ def test_the_seek_also_takes_a_never_committed_stream_partition_to_its_start() -
     committed: dict[aiokafka.TopicPartition, int | None] = {
         tl[0]: 7, tl[1]: None, tl[2]: 0, tl[3]: 1, tl[4]: None, changelog: None}
 
-    async def seek() -> tuple[object, list[tuple[aiokafka.TopicPartition, int]]]:
+    async def seek() -> tuple[object, list[tuple[aiokafka.TopicPartition, int]],
+                              dict[TP, int | None]]:
         app = WorkerApp("seek-probe", broker="kafka://127.0.0.1:1", web_enabled=False)
         consumer = app.consumer
         assert isinstance(consumer, transport.QuickPollConsumer)
@@ -379,12 +394,15 @@ def test_the_seek_also_takes_a_never_committed_stream_partition_to_its_start() -
         # tl[4] was revoked meanwhile: skipped, the others still sought.
         thread = _SeekThread(committed, unassigned={tl[4]})
         consumer._thread = cast(Any, thread)
+        consumer._read_offset.clear()
         got = await consumer.seek_to_committed()
-        return got, thread.seeks
+        return got, thread.seeks, dict(consumer._read_offset)
 
-    got, seeks = asyncio.run(seek())
+    got, seeks, read = asyncio.run(seek())
     assert got == committed
     assert sorted(seeks) == [(tl[1], 0), (tl[2], 0)]
+    # Faust's own seek of offset 0 forgets the last offset read: the same here.
+    assert read == {TP("tl", 1): None, TP("tl", 2): None}
 
 
 @pytest.mark.kafka

@@ -67,14 +67,16 @@ partition that receives none (the units topic once its input stops) kept them un
 and its commit at 0 for good (the small unit campaign caught it: a drain waited 180 s on
 a units partition never committed). `QuickPollConsumer.seek_to_committed` seeks those
 partitions to offset 0, where the group starts when it has committed nothing (or the log's
-start: `consumer_auto_offset_reset="earliest"`); what is read again is applied again, a
-no-op (each stage skips an offset it applied), and acknowledged.
+start: `consumer_auto_offset_reset="earliest"`), on the consumer thread as Faust's
+recovery seeks; what is read again is applied again, a no-op (each stage skips an offset
+it applied), and acknowledged.
 
 Private names used (listed in upstream.py; tests/stream/test_transport.py checks how
 they are used): `faust.App._new_transport`, `Consumer._new_consumer_thread`,
 `AIOKafkaConsumerThread._create_worker_consumer`, and aiokafka's
 `AIOKafkaConsumer._fetch_max_wait_ms`, read when the consumer starts; Faust's
-`Consumer._drain_messages` (overridden) and what it reads: `Consumer._read_offset`,
+`Consumer._drain_messages` (overridden) and what it reads: `Consumer._read_offset`
+(set by the seek too), `ThreadDelegateConsumer._thread` (the consumer thread),
 `_commit_every`, `_n_acked`, `_add_gap` and mode's `Service._stopped`; Faust's
 `Conductor._build_handler` (extended), `_tp_to_callback`, `_tp_to_callback_lock`
 (read), asyncio's `Lock._waiters` and the producer buffer's `pending` queue (read).
@@ -180,6 +182,11 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
         "Seek back"). Returns the committed offsets, as Faust's does."""
         committed = await super().seek_to_committed()
         is_stream = self.app.topics.acks_enabled_for  # agents' topics, not changelogs
+        thread = self._thread
+
+        async def seek_start(tp: TP) -> None:
+            thread.seek(tp, 0)
+
         for tp, offset in committed.items():
             # aiokafka's answer holds None where nothing is committed (Faust types it int).
             if (offset is not None and offset > 0) or not is_stream(tp.topic):
@@ -188,10 +195,14 @@ class QuickPollConsumer(faust_aiokafka.Consumer):
             # reset and so for a paused partition's resumption: Faust's fetch loop calls
             # this while the flow is stopped. Below the log's start the fetch resets to
             # it (auto_offset_reset "earliest").
+            # On the consumer thread, as Faust's own recovery seeks (`seek_wait`): aiokafka's
+            # seek wakes its fetcher through a future of that thread's event loop, which
+            # only that thread may complete.
             try:
-                await self.seek(tp, 0)
+                await thread.call_thread(seek_start, tp)
             except aiokafka.errors.IllegalStateError:
                 continue  # no longer assigned: the next assignment's seek is its own
+            self._read_offset[faust_consumer.ensure_TP(tp)] = None  # Faust's seek of 0
         return committed
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover
